@@ -1,0 +1,68 @@
+"""Adapters: one module per agent CLI, each exposing ``ADAPTER``.
+
+An adapter builds a turn's launch and parses its output; it does no I/O. See
+:mod:`adapters._base` for the contract and :mod:`adapters.generic` for the line protocol
+anyone can speak.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ._base import (
+    Adapter,
+    Error,
+    Event,
+    Launch,
+    Parser,
+    Result,
+    SessionId,
+    StaleSession,
+    Status,
+    Text,
+    TodoItem,
+    Todos,
+    ToolResult,
+    ToolUse,
+    TurnRequest,
+    Unparsed,
+)
+
+#: Adapter names and the module that defines each.
+KNOWN_ADAPTERS: dict[str, str] = {
+    "generic": "adapters.generic",
+    "demo": "adapters.demo",
+    "claude": "adapters.claude",
+    "codex": "adapters.codex",
+    "gemini": "adapters.gemini",
+    "qwen": "adapters.qwen",
+    "aider": "adapters.aider",
+}
+
+
+def get_adapter(name: str) -> Adapter:
+    """The adapter called ``name``; ``KeyError`` if corral has none by that name."""
+    module = importlib.import_module(KNOWN_ADAPTERS[name])
+    return module.ADAPTER
+
+
+__all__ = [
+    "KNOWN_ADAPTERS",
+    "Adapter",
+    "Error",
+    "Event",
+    "Launch",
+    "Parser",
+    "Result",
+    "SessionId",
+    "StaleSession",
+    "Status",
+    "Text",
+    "TodoItem",
+    "Todos",
+    "ToolResult",
+    "ToolUse",
+    "TurnRequest",
+    "Unparsed",
+    "get_adapter",
+]

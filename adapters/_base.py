@@ -1,0 +1,220 @@
+"""What every adapter is made of: the launch it builds, the events its parser emits.
+
+Theory of operation
+-------------------
+
+An adapter is data plus two pure functions, in the style of h11: it never touches a
+process, a file or a socket. The supervisor asks it
+
+1. ``build_launch(request) -> Launch``: the argv, the environment additions, the working
+   directory, what to write on stdin (or ``None`` for ``/dev/null``), and any private files
+   the CLI needs in its HOME (written by the supervisor before the spawn);
+2. ``new_parser(request) -> Parser``: a small state machine that turns one decoded stdout
+   line into zero or more events, and is told once how the process ended.
+
+Events are frozen, slotted dataclasses. The supervisor maps them to transcript entries;
+after a stop it keeps only :class:`SessionId` from the leftover lines.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+TodoStatus = Literal["pending", "in_progress", "completed", "cancelled"]
+TODO_STATUSES: tuple[str, ...] = ("pending", "in_progress", "completed", "cancelled")
+
+#: Longest preview of a tool's input kept in a ``tool`` entry.
+TOOL_PREVIEW_CHARS = 200
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """A piece of the agent's answer. ``delta`` marks a fragment of a longer text."""
+
+    text: str
+    delta: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A progress line that is not part of the answer ("thinking…", "retrying…")."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """The agent called a tool; ``preview`` is a bounded rendering of its input."""
+
+    name: str
+    preview: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A tool finished; ``preview`` is a bounded rendering of its output."""
+
+    preview: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TodoItem:
+    """One item of an agent's plan."""
+
+    content: str
+    status: TodoStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Todos:
+    """The agent's whole current plan (it replaces the previous one)."""
+
+    items: tuple[TodoItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionId:
+    """The id the next turn passes to resume this conversation."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The end of the turn as the CLI reports it; ``text`` is the final answer if any."""
+
+    text: str = ""
+    ok: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """Something went wrong that the user should see."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StaleSession:
+    """The CLI does not know the session id it was asked to resume."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unparsed:
+    """A line the parser could not make sense of; logged, never fatal."""
+
+    line: str
+    reason: str
+
+
+Event = Text | Status | ToolUse | ToolResult | Todos | SessionId | Result | Error | StaleSession | Unparsed
+
+
+# ---------------------------------------------------------------- launch
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """Everything an adapter may use to build a turn's launch. Pure data."""
+
+    prompt: str
+    channel: str
+    turn_id: str
+    agent: str
+    command: tuple[str, ...]
+    """The configured command, or the adapter's default binary when not configured."""
+    args: tuple[str, ...] = ()
+    """Extra arguments from the agent's config, placed before the prompt."""
+    session_id: str | None = None
+    model: str | None = None
+    cwd: str = "."
+    """The fixed working directory of this channel and agent."""
+    home: str = "."
+    """A private HOME (and TMPDIR parent) for this agent; the CLI writes its state there."""
+    options: Mapping[str, object] = field(default_factory=dict)
+    """Adapter-specific keys from the agent's config (e.g. ``resume_args``, ``prompt``)."""
+    unattended: bool = True
+    """Run without permission prompts: nobody in a chat can answer one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How to start one turn's process."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added to the scrubbed environment."""
+    cwd: str = "."
+    stdin: bytes | None = None
+    """``None``: stdin is ``/dev/null``. Bytes: written to a pipe, then closed."""
+    files: Mapping[str, str] = field(default_factory=dict)
+    """Files to create before the spawn, by path (absolute, or relative to HOME)."""
+
+
+class Parser(Protocol):
+    """Turns a CLI's stdout lines into events. No I/O."""
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one line (without its newline)."""
+        ...
+
+    def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
+        """Called once when the process has ended; may add a final Result or Error."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A CLI corral knows how to run."""
+
+    name: str
+    default_command: tuple[str, ...]
+    build_launch: Callable[[TurnRequest], Launch]
+    new_parser: Callable[[TurnRequest], Parser]
+    interrupt_signal: signal.Signals = signal.SIGINT
+    """Sent to the process group first on a stop; the CLI's chance to clean up."""
+    point_of_no_return: Literal["spawn", "stdin"] = "spawn"
+    """Where a model call becomes inevitable: the spawn, or the prompt written on stdin."""
+    option_keys: frozenset[str] = frozenset()
+    """Extra ``[agents.NAME]`` keys this adapter accepts."""
+    description: str = ""
+
+
+def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:
+    """A one-line rendering of ``value`` bounded to ``limit`` characters."""
+    if isinstance(value, str):
+        text = value
+    else:
+        import json
+
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        except (TypeError, ValueError):
+            text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_todos(raw: object) -> Todos | None:
+    """Read a todo list shaped like ``[{"content": str, "status": str}, …]``; None if it is not one."""
+    if not isinstance(raw, list):
+        return None
+    items = []
+    for item in raw:
+        if not isinstance(item, dict):
+            return None
+        content = item.get("content")
+        status = item.get("status")
+        if not isinstance(content, str) or status not in TODO_STATUSES:
+            return None
+        items.append(TodoItem(content=content, status=status))
+    return Todos(tuple(items))

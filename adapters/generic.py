@@ -1,0 +1,140 @@
+"""The ``generic`` adapter: any command, plus a small line protocol anyone can speak.
+
+Every stdout line is the agent's text, unless it is a JSON object with a ``type``:
+
+=========  =====================================================================
+type       fields
+=========  =====================================================================
+text       ``text`` — a piece of the answer
+status     ``text`` — progress that is not the answer
+tool       ``name``, ``input`` — the agent ran a tool
+todos      ``todos`` — ``[{"content": str, "status": "pending|in_progress|completed"}]``
+session    ``id`` — resume the conversation with this id next turn
+result     ``text`` — the final answer; the turn is a success
+error      ``text`` — the turn failed
+=========  =====================================================================
+
+The prompt is the last argument, or written to stdin and closed when the agent sets
+``prompt = "stdin"``. Once a session id is known, ``resume_args`` (for example
+``["--session", "{session}"]``) is inserted before the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ._base import (
+    Adapter,
+    Error,
+    Event,
+    Launch,
+    Result,
+    SessionId,
+    Status,
+    Text,
+    ToolUse,
+    TurnRequest,
+    Unparsed,
+    parse_todos,
+    preview,
+)
+
+OPTION_KEYS = frozenset({"resume_args", "prompt"})
+
+
+def resume_arguments(request: TurnRequest) -> tuple[str, ...]:
+    """The configured ``resume_args`` with ``{session}`` filled in; empty without a session."""
+    if not request.session_id:
+        return ()
+    template = request.options.get("resume_args") or ()
+    return tuple(str(arg).replace("{session}", request.session_id) for arg in template)  # type: ignore[union-attr]
+
+
+def build_launch(request: TurnRequest) -> Launch:
+    """Command, configured args, resume args, then the prompt (or the prompt on stdin)."""
+    argv = (*request.command, *request.args, *resume_arguments(request))
+    if request.options.get("prompt") == "stdin":
+        return Launch(argv=argv, cwd=request.cwd, stdin=request.prompt.encode())
+    return Launch(argv=(*argv, request.prompt), cwd=request.cwd)
+
+
+@dataclass(slots=True)
+class GenericParser:
+    """Parser for the generic line protocol."""
+
+    saw_result: bool = False
+    saw_error: bool = False
+    _pending: list[Event] = field(default_factory=list)
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one stdout line."""
+        stripped = line.strip()
+        if not stripped.startswith("{"):
+            return [Text(line)] if stripped else []
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            return [Text(line)]
+        if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+            return [Text(line)]
+        return self._event(obj)
+
+    def _event(self, obj: dict) -> list[Event]:
+        kind = obj["type"]
+        text = obj.get("text")
+        if kind in ("text", "status", "result", "error") and not isinstance(text, str):
+            if kind == "result" and text is None:
+                text = ""
+            else:
+                return [Unparsed(json.dumps(obj), f"{kind!r} needs a string 'text'")]
+        if kind == "text":
+            return [Text(text)]
+        if kind == "status":
+            return [Status(text)]
+        if kind == "tool":
+            name = obj.get("name")
+            if not isinstance(name, str):
+                return [Unparsed(json.dumps(obj), "'tool' needs a string 'name'")]
+            return [ToolUse(name, preview(obj.get("input", "")))]
+        if kind == "todos":
+            todos = parse_todos(obj.get("todos"))
+            if todos is None:
+                return [Unparsed(json.dumps(obj), "'todos' needs a list of {content, status}")]
+            return [todos]
+        if kind == "session":
+            sid = obj.get("id")
+            if not isinstance(sid, str) or not sid:
+                return [Unparsed(json.dumps(obj), "'session' needs a string 'id'")]
+            return [SessionId(sid)]
+        if kind == "result":
+            self.saw_result = True
+            return [Result(text, ok=True)]
+        if kind == "error":
+            self.saw_error = True
+            return [Error(text)]
+        return [Unparsed(json.dumps(obj), f"unknown type {kind!r}")]
+
+    def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
+        """A non-zero exit is an error unless the agent already reported one."""
+        if interrupted or self.saw_result or self.saw_error:
+            return []
+        if returncode == 0:
+            return [Result("", ok=True)]
+        return [Error(f"agent exited with status {returncode}")]
+
+
+def new_parser(request: TurnRequest) -> GenericParser:
+    """A fresh parser for one turn."""
+    return GenericParser()
+
+
+ADAPTER = Adapter(
+    name="generic",
+    default_command=(),
+    build_launch=build_launch,
+    new_parser=new_parser,
+    point_of_no_return="spawn",
+    option_keys=OPTION_KEYS,
+    description="any command; stdout lines are text, or JSON objects of the corral line protocol",
+)
