@@ -1,0 +1,361 @@
+"""The ``claude`` adapter: Claude Code in print mode with ``stream-json`` output.
+
+Theory of operation
+-------------------
+
+A turn is ``claude -p --output-format stream-json --verbose [flags] -- PROMPT``; the
+``--`` keeps a prompt that starts with ``-`` from being read as an option, and keeps the
+variadic options a user may put in ``args`` (``--allowedTools A B``) from eating the prompt.
+A resumed turn adds ``--resume SESSION_ID``; Claude Code keeps the same id on resume, and
+finds the conversation only from the same working directory.
+
+stdout is one JSON object per line (measured with 2.1.197, see
+``tests/data/captures/claude/``):
+
+==========================  =====================================================
+line                        events
+==========================  =====================================================
+``system/init``             :class:`SessionId` (first line of every turn)
+``system/api_retry``        :class:`Status` (the CLI retries a failed model call)
+``assistant``               :class:`Text` per text block, :class:`ToolUse` per tool
+                            call, :class:`Todos` for a ``TodoWrite`` call; a
+                            synthetic message with an ``error`` key is an
+                            :class:`Error` ("API Error: 400 …")
+``user``                    :class:`ToolResult` per ``tool_result`` block;
+                            ``[Request interrupted by user…]`` is a :class:`Status`
+``result``                  :class:`Result` on success; :class:`Error` then
+                            ``Result(ok=False)`` when ``is_error``;
+                            :class:`StaleSession` when the resumed id is unknown
+==========================  =====================================================
+
+A stale session id ("No conversation found with session ID: …", or "--resume requires a
+valid session ID …" for a value that is not a UUID) is reported in the ``result`` line's
+``errors`` *and* on stderr; both paths yield one :class:`StaleSession`, and the stale
+line's ``session_id`` (the unknown id itself, or a throwaway one) is never reported as a
+:class:`SessionId`.
+
+On SIGINT to its process group the CLI kills its tool tree (which runs in a session of its
+own), prints a ``result`` line with ``subtype: error_during_execution`` and exits with 0, 1
+or, now and then, -9: the exit status alone says nothing, so the parser goes by the lines.
+
+The plan tool: Claude Code 2.1 replaced ``TodoWrite`` by ``TaskCreate``/``TaskUpdate``
+(one call per item, ids assigned by the CLI). ``CLAUDE_CODE_ENABLE_TASKS=0`` brings
+``TodoWrite`` back, whose input is the whole plan: that is what :class:`Todos` needs.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ._base import (
+    Adapter,
+    Error,
+    Event,
+    Launch,
+    Result,
+    SessionId,
+    StaleSession,
+    Status,
+    Text,
+    ToolResult,
+    ToolUse,
+    TurnRequest,
+    Unparsed,
+    parse_todos,
+    preview,
+)
+
+#: The CLI's plan tool; its calls become :class:`Todos`, not tool entries.
+TODO_TOOL = "TodoWrite"
+
+#: Environment of every turn. Telemetry and update checks would reach api.anthropic.com
+#: (and hang or fail offline); ``CLAUDE_CODE_ENABLE_TASKS=0`` restores ``TodoWrite``.
+BASE_ENV: Mapping[str, str] = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_ENABLE_TASKS": "0",
+}
+
+#: Unattended turns bypass permission prompts; as root the CLI refuses the bypass unless
+#: it is told it runs in a sandbox.
+UNATTENDED_ARGS: tuple[str, ...] = ("--dangerously-skip-permissions",)
+UNATTENDED_ENV: Mapping[str, str] = {"IS_SANDBOX": "1"}
+
+#: What the CLI says, on stderr and in the ``result`` line, when it cannot resume.
+STALE_MARKERS: tuple[str, ...] = (
+    "No conversation found with session ID",
+    "--resume requires a valid session ID",
+)
+
+#: The input key that says the most about a call of each well-known tool.
+PREVIEW_KEYS: Mapping[str, str] = {
+    "Bash": "command",
+    "Read": "file_path",
+    "Edit": "file_path",
+    "MultiEdit": "file_path",
+    "Write": "file_path",
+    "NotebookEdit": "notebook_path",
+    "Grep": "pattern",
+    "Glob": "pattern",
+    "WebFetch": "url",
+    "WebSearch": "query",
+    "Task": "description",
+}
+
+#: ``system`` subtypes that carry nothing for the transcript.
+QUIET_SYSTEM: frozenset[str] = frozenset({"hook_started", "hook_response", "status", "task_started", "task_progress",
+                                          "task_notification", "files_persisted"})
+#: Line types that carry nothing for the transcript (partial-message stream events are
+#: only printed with ``--include-partial-messages``; the whole message follows anyway).
+QUIET_TYPES: frozenset[str] = frozenset({"stream_event", "rate_limit_event", "keep_alive", "tool_progress"})
+
+
+def build_launch(request: TurnRequest) -> Launch:
+    """Print mode, stream-json; bypass permissions when unattended; ``--`` before the prompt."""
+    argv: list[str] = [*request.command, "-p", "--output-format", "stream-json", "--verbose"]
+    env = dict(BASE_ENV)
+    if request.unattended:
+        argv += UNATTENDED_ARGS
+        env.update(UNATTENDED_ENV)
+    if request.model:
+        argv += ["--model", request.model]
+    if request.session_id:
+        argv += ["--resume", request.session_id]
+    argv += [*request.args, "--", request.prompt]
+    return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=None)
+
+
+def tool_preview(name: str, tool_input: object) -> str:
+    """The telling field of a well-known tool's input, or the whole input, bounded."""
+    key = PREVIEW_KEYS.get(name)
+    if key and isinstance(tool_input, dict) and isinstance(tool_input.get(key), str):
+        return preview(tool_input[key])
+    return preview(tool_input)
+
+
+def result_text(content: object) -> str:
+    """The text of a ``tool_result``'s content: a string, or a list of text/image blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+            elif isinstance(block, dict):
+                parts.append(f"[{block.get('type', 'block')}]")
+        return "\n".join(parts)
+    return "" if content is None else preview(content)
+
+
+def stale_text(text: str) -> bool:
+    """Whether ``text`` is the CLI saying it cannot resume the session it was given."""
+    return any(marker in text for marker in STALE_MARKERS)
+
+
+@dataclass(slots=True)
+class ClaudeParser:
+    """Turns Claude Code's stream-json lines into events; see the module docstring."""
+
+    session_id: str | None = None
+    """The last session id reported, so a repeated one is not reported twice."""
+    saw_result: bool = False
+    saw_stale: bool = False
+    _todo_calls: set[str] = field(default_factory=set)
+    """Ids of TodoWrite calls: their results are bookkeeping, not tool output."""
+    _errors: set[str] = field(default_factory=set)
+    """Error texts already reported (the result line repeats the synthetic message's)."""
+
+    # ------------------------------------------------------------ entry points
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one stdout line; never raises."""
+        stripped = line.strip()
+        if not stripped:
+            return []
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            return [Unparsed(line, "not JSON")]
+        if not isinstance(obj, dict):
+            return [Unparsed(line, "not a JSON object")]
+        kind = obj.get("type")
+        try:
+            if kind == "system":
+                return self._system(obj, line)
+            if kind == "assistant":
+                return self._assistant(obj, line)
+            if kind == "user":
+                return self._user(obj, line)
+            if kind == "result":
+                return self._result(obj, line)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            # A line of a known type in a shape we did not expect: log it, carry on.
+            return [Unparsed(line, f"malformed {kind!r} line: {exc}")]
+        if isinstance(kind, str) and kind in QUIET_TYPES:
+            return []
+        return [Unparsed(line, f"unknown type {kind!r}")]
+
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Spot the stale-session message, which the CLI also prints on stderr."""
+        if stale_text(line):
+            return self._stale(line.strip())
+        return []
+
+    def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
+        """An Error when the CLI ended without its ``result`` line (killed, crashed)."""
+        if self.saw_result or self.saw_stale:
+            return []
+        if interrupted:
+            return [Error("claude was stopped before the end of its turn")]
+        return [Error(f"claude exited with status {returncode} before the end of its turn")]
+
+    # ------------------------------------------------------------ line types
+
+    def _session(self, obj: dict) -> list[Event]:
+        sid = obj.get("session_id")
+        if isinstance(sid, str) and sid and sid != self.session_id and not self.saw_stale:
+            self.session_id = sid
+            return [SessionId(sid)]
+        return []
+
+    def _stale(self, text: str) -> list[Event]:
+        if self.saw_stale:
+            return []
+        self.saw_stale = True
+        return [StaleSession(text)]
+
+    def _error(self, text: str) -> list[Event]:
+        if text in self._errors:
+            return []
+        self._errors.add(text)
+        return [Error(text)]
+
+    def _system(self, obj: dict, line: str) -> list[Event]:
+        subtype = obj.get("subtype")
+        if subtype == "init":
+            return self._session(obj)
+        if subtype == "api_retry":
+            status = obj.get("error_status")
+            what = obj.get("error") or "error"
+            code = f" {status}" if status is not None else ""
+            return [Status(f"model API{code} ({what}); retrying, attempt {obj.get('attempt')} of {obj.get('max_retries')}")]
+        if subtype == "compact_boundary":
+            return [Status("conversation compacted")]
+        if subtype in QUIET_SYSTEM:
+            return []
+        return [Unparsed(line, f"unhandled system subtype {subtype!r}")]
+
+    def _assistant(self, obj: dict, line: str) -> list[Event]:
+        message = obj.get("message")
+        if not isinstance(message, dict):
+            return [Unparsed(line, "'assistant' without a message")]
+        blocks = message.get("content")
+        if not isinstance(blocks, list):
+            return [Unparsed(line, "'assistant' message without content blocks")]
+        # A subagent's words are progress, not the answer; the CLI marks them with the
+        # id of the Task call they belong to.
+        nested = bool(obj.get("parent_tool_use_id"))
+        failed = obj.get("error") is not None
+        events: list[Event] = []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            btype = block.get("type")
+            if btype == "text" and isinstance(block.get("text"), str):
+                text = block["text"]
+                if failed:
+                    events += self._error(text)
+                elif nested:
+                    events.append(Status(text))
+                elif text:
+                    events.append(Text(text))
+            elif btype == "tool_use":
+                events += self._tool_use(block)
+        return events
+
+    def _tool_use(self, block: dict) -> list[Event]:
+        name = str(block.get("name") or "?")
+        tool_input = block.get("input")
+        if name == TODO_TOOL and isinstance(tool_input, dict):
+            todos = parse_todos(tool_input.get("todos"))
+            if todos is not None:
+                self._todo_calls.add(str(block.get("id")))
+                return [todos]
+        return [ToolUse(name, tool_preview(name, tool_input))]
+
+    def _user(self, obj: dict, line: str) -> list[Event]:
+        message = obj.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        if not isinstance(content, list):
+            return [Unparsed(line, "'user' message without content")]
+        events: list[Event] = []
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "tool_result":
+                if str(block.get("tool_use_id")) in self._todo_calls:
+                    continue
+                events.append(ToolResult(preview(result_text(block.get("content"))), is_error=bool(block.get("is_error"))))
+            elif block.get("type") == "text" and str(block.get("text", "")).startswith("[Request interrupted"):
+                # The CLI's own record of the stop (SIGINT), echoed as a user message.
+                events.append(Status(block["text"].strip("[]")))
+        return events
+
+    def _result(self, obj: dict, line: str) -> list[Event]:
+        self.saw_result = True
+        errors = [str(e) for e in obj.get("errors") or [] if e]
+        text = obj.get("result") if isinstance(obj.get("result"), str) else ""
+        failed = bool(obj.get("is_error")) or obj.get("subtype") != "success"
+        if failed:
+            stale = [e for e in errors if stale_text(e)]
+            if stale:
+                return self._stale(stale[0])
+        events: list[Event] = self._session(obj)
+        for denial in obj.get("permission_denials") or []:
+            if isinstance(denial, dict):
+                name = str(denial.get("tool_name") or "?")
+                events.append(Status(f"permission denied: {name} {tool_preview(name, denial.get('tool_input'))}"))
+        if not failed:
+            events.append(Result(text, ok=True))
+            return events
+        events += self._error(text or self._failure_text(obj, errors))
+        events.append(Result("", ok=False))
+        return events
+
+    @staticmethod
+    def _failure_text(obj: dict, errors: list[str]) -> str:
+        """Words for a failed turn whose result line has no text of its own."""
+        reason = obj.get("terminal_reason")
+        if isinstance(reason, str) and reason.startswith("aborted"):
+            return "claude: turn interrupted"
+        # "[ede_diagnostic] …" entries are the CLI's internal bookkeeping, not a message.
+        useful = [e for e in errors if not e.startswith("[ede_diagnostic]")]
+        if useful:
+            return "; ".join(useful)
+        return f"claude: {obj.get('subtype') or 'error'}"
+
+
+def new_parser(request: TurnRequest) -> ClaudeParser:
+    """A fresh parser for one turn."""
+    return ClaudeParser()
+
+
+ADAPTER = Adapter(
+    name="claude",
+    default_command=("claude",),
+    build_launch=build_launch,
+    new_parser=new_parser,
+    # Measured: SIGINT makes the CLI kill its tool tree (in a session of its own) and exit
+    # within ~0.15 s; SIGTERM can leave the tool running, SIGKILL always does.
+    interrupt_signal=signal.SIGINT,
+    point_of_no_return="spawn",
+    description="Claude Code (claude -p, stream-json); resumes with --resume; SIGINT kills its tool tree",
+)

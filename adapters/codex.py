@@ -1,0 +1,355 @@
+"""The ``codex`` adapter: OpenAI Codex CLI in ``codex exec --json`` mode.
+
+Launch
+------
+
+A fresh turn runs ``codex exec --json --skip-git-repo-check --disable plugins [-m MODEL]
+[ARGS…] -- PROMPT``; once a thread id is known the turn runs ``codex exec resume … -- ID
+PROMPT`` instead (codex resumes from any working directory). ``--disable plugins`` keeps codex
+from syncing its plugin marketplace over the network at start-up.
+
+Codex reads its settings from ``$CODEX_HOME/config.toml``, so the adapter writes that file
+(``Launch.files``) into the agent's private HOME and points ``CODEX_HOME`` at ``HOME/.codex``:
+analytics off, and for an unattended agent ``approval_policy = "never"`` with
+``sandbox_mode = "danger-full-access"`` (nobody in a chat can answer an approval prompt; the
+``resume`` subcommand has no ``--sandbox`` flag, so the config file is the one place that covers
+both forms). Codex ignores ``OPENAI_BASE_URL``; an OpenAI-compatible endpoint is configured with
+the ``base_url`` option (and ``env_key``, the variable holding its API key), which defines a
+``corral`` model provider speaking the Responses API. Without ``base_url`` codex uses its
+built-in OpenAI provider and whatever login lives in ``$CODEX_HOME``.
+
+Output
+------
+
+One JSON object per stdout line (``codex exec --json``)::
+
+    {"type":"thread.started","thread_id":"…"}            -> SessionId
+    {"type":"turn.started"}                              -> (nothing)
+    {"type":"item.started|item.updated|item.completed","item":{…}}
+        agent_message {text}                             -> Text (whole messages, no deltas)
+        reasoning {text}                                 -> Status
+        command_execution {command, aggregated_output, exit_code, status}
+                                                         -> ToolUse("exec_command"), ToolResult
+        file_change {changes, status}                    -> ToolUse("apply_patch"), ToolResult
+        mcp_tool_call {server, tool, arguments, result, error, status}
+                                                         -> ToolUse("server.tool"), ToolResult
+        web_search {query}                               -> ToolUse("web_search")
+        todo_list {items: [{text, completed}]}           -> Todos
+        error {message}  (a non-fatal warning)           -> Status
+    {"type":"turn.completed","usage":{…}}                -> Result(last agent message)
+    {"type":"turn.failed","error":{"message":…}}         -> Error
+    {"type":"error","message":"Reconnecting... 1/5 …"}   -> Status (codex retries by itself)
+    {"type":"error","message":…}  (anything else)        -> Error
+
+A thread id that does not exist makes codex exit 1 with nothing on stdout and, on stderr,
+``Error: thread/resume: thread/resume failed: no rollout found for thread id ID (code -32600)``:
+:meth:`CodexParser.feed_stderr` turns that into :class:`StaleSession`.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ._base import (
+    Adapter,
+    Error,
+    Event,
+    Launch,
+    Result,
+    SessionId,
+    StaleSession,
+    Status,
+    Text,
+    TodoItem,
+    Todos,
+    ToolResult,
+    ToolUse,
+    TurnRequest,
+    Unparsed,
+    preview,
+)
+
+OPTION_KEYS = frozenset({"base_url", "env_key"})
+
+#: Where codex keeps its config, sessions and login, relative to the agent's HOME.
+CODEX_DIR = ".codex"
+
+#: The provider name the adapter defines when ``base_url`` is configured.
+PROVIDER = "corral"
+
+#: Flags every turn carries, fresh or resumed: JSON lines on stdout; no refusal outside a
+#: git repository (a channel's cwd need not be one); no plugin marketplace sync at start-up.
+COMMON_FLAGS: tuple[str, ...] = ("--json", "--skip-git-repo-check", "--disable", "plugins")
+
+#: Codex's own message when the thread id given to ``resume`` has no saved rollout.
+STALE_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"no rollout found for thread id", re.I),
+    re.compile(r"no (?:saved )?(?:session|conversation|thread) found", re.I),
+)
+
+#: Retry notices codex prints as ``error`` events while it reconnects on its own.
+_RETRY = re.compile(r"^\s*Reconnecting\b", re.I)
+
+#: ``/bin/bash -lc 'CMD'``: how codex wraps every shell command it reports.
+_SHELL_WRAPPER = re.compile(r"^\S*/?(?:ba|z|da)?sh$")
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string; JSON's escapes are valid TOML (non-ASCII is kept verbatim)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _option(options: Mapping[str, object], key: str) -> str | None:
+    """A non-empty string option, or None (the config loader checks types; stay total here)."""
+    value = options.get(key)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def config_toml(request: TurnRequest) -> str:
+    """The ``$CODEX_HOME/config.toml`` for this turn (rewritten before every turn)."""
+    lines = ["# Written by corral before every turn; edits here are overwritten."]
+    if request.unattended:
+        lines += ['approval_policy = "never"', 'sandbox_mode = "danger-full-access"']
+    base_url = _option(request.options, "base_url")
+    if base_url is not None:
+        env_key = _option(request.options, "env_key") or "OPENAI_API_KEY"
+        lines += [
+            f"model_provider = {_toml_string(PROVIDER)}",
+            "",
+            f"[model_providers.{PROVIDER}]",
+            f"name = {_toml_string(PROVIDER)}",
+            f"base_url = {_toml_string(base_url)}",
+            f"env_key = {_toml_string(env_key)}",
+            'wire_api = "responses"',
+        ]
+    # Top-level keys must precede every table, so analytics comes last.
+    lines += ["", "[analytics]", "enabled = false", ""]
+    return "\n".join(lines)
+
+
+def build_launch(request: TurnRequest) -> Launch:
+    """``codex exec`` (or ``codex exec resume ID``) with the config file and CODEX_HOME."""
+    command = request.command or ADAPTER.default_command
+    model = ("--model", request.model) if request.model else ()
+    prompt = request.prompt
+    stdin: bytes | None = None
+    if prompt == "-":
+        # A bare "-" tells codex to read the prompt from stdin; send it that way so the
+        # user's "-" is still the prompt.
+        stdin = b"-"
+    if request.session_id:
+        head: tuple[str, ...] = (*command, "exec", "resume", *COMMON_FLAGS)
+        tail: tuple[str, ...] = ("--", request.session_id, prompt)
+    else:
+        head = (*command, "exec", *COMMON_FLAGS)
+        tail = ("--", prompt)
+    # "--" ends the options, so a prompt starting with "-" is never read as a flag.
+    argv = (*head, *model, *request.args, *tail)
+    env = {"CODEX_HOME": posixpath.join(request.home, CODEX_DIR)}
+    return Launch(
+        argv=argv,
+        env=env,
+        cwd=request.cwd,
+        stdin=stdin,
+        files={f"{CODEX_DIR}/config.toml": config_toml(request)},
+    )
+
+
+def _unwrap_shell(command: str) -> str:
+    """``/bin/bash -lc 'echo hi'`` -> ``echo hi``; anything else unchanged."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    if len(words) == 3 and _SHELL_WRAPPER.match(words[0].rsplit("/", 1)[-1]) and words[1] in ("-c", "-lc"):
+        return words[2]
+    return command
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(slots=True)
+class CodexParser:
+    """Parser for ``codex exec --json`` (one turn)."""
+
+    session_id: str | None = None
+    """The session id the turn was asked to resume, if any."""
+    ended: bool = False
+    """``turn.completed`` or ``turn.failed`` was seen: the turn ended on its own terms."""
+    failed: bool = False
+    stale: bool = False
+    last_message: str = ""
+    _last_error: str = ""
+    _tools_seen: set[str] = field(default_factory=set)
+    _tools_done: set[str] = field(default_factory=set)
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one stdout line; never raises."""
+        stripped = line.strip()
+        if not stripped:
+            return []
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            return [Unparsed(line, "not JSON")]
+        if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+            return [Unparsed(line, "not a JSON object with a string 'type'")]
+        try:
+            return self._event(obj, line)
+        except (TypeError, ValueError, AttributeError) as exc:  # a shape codex never printed so far
+            return [Unparsed(line, f"unexpected shape: {exc}")]
+
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Codex reports an unknown thread id on stderr only; everything else there is log."""
+        if any(p.search(line) for p in STALE_PATTERNS):
+            self.stale = True
+            return [StaleSession(line.strip())]
+        return []
+
+    def _event(self, obj: dict[str, object], line: str) -> list[Event]:
+        kind = obj["type"]
+        if kind == "thread.started":
+            tid = obj.get("thread_id")
+            if not isinstance(tid, str) or not tid:
+                return [Unparsed(line, "'thread.started' without a thread_id")]
+            if self.session_id and tid != self.session_id:
+                # ``resume NAME`` with an unknown thread *name* (not a UUID) silently starts a
+                # new thread; the turn still runs, so say so rather than retry it.
+                return [Status(f"codex could not resume {self.session_id}; started thread {tid}"), SessionId(tid)]
+            return [SessionId(tid)]
+        if kind == "turn.started":
+            return []
+        if kind == "turn.completed":
+            self.ended = True
+            return [Result(self.last_message, ok=True)]
+        if kind == "turn.failed":
+            self.ended = self.failed = True
+            err = obj.get("error")
+            message = _text(err.get("message")) if isinstance(err, dict) else ""
+            message = message or "codex reported a failed turn"
+            if message == self._last_error:
+                # The same text already went out as an ``error`` event just before.
+                return []
+            return [Error(message)]
+        if kind == "error":
+            message = _text(obj.get("message"))
+            if _RETRY.match(message):
+                return [Status(message)]
+            if any(p.search(message) for p in STALE_PATTERNS):
+                self.stale = True
+                return [StaleSession(message)]
+            self._last_error = message
+            return [Error(message or "codex reported an error")]
+        if kind in ("item.started", "item.updated", "item.completed"):
+            item = obj.get("item")
+            if not isinstance(item, dict):
+                return [Unparsed(line, f"{kind!r} without an item")]
+            return self._item(item, done=kind == "item.completed", line=line)
+        return [Unparsed(line, f"unknown type {kind!r}")]
+
+    def _item(self, item: dict[str, object], *, done: bool, line: str) -> list[Event]:
+        itype = item.get("type")
+        iid = str(item.get("id", ""))
+        if itype == "agent_message":
+            text = _text(item.get("text"))
+            if not done:
+                return []
+            self.last_message = text
+            return [Text(text)] if text else []
+        if itype == "reasoning":
+            text = _text(item.get("text"))
+            return [Status(text)] if done and text else []
+        if itype == "error":
+            # Non-fatal notices ("Model metadata for … not found"); the turn goes on.
+            text = _text(item.get("message"))
+            return [Status(text)] if text else []
+        if itype == "todo_list":
+            return self._todos(item, line)
+        if itype == "command_execution":
+            use = ToolUse("exec_command", preview(_unwrap_shell(_text(item.get("command")))))
+            output = _text(item.get("aggregated_output"))
+            exit_code = item.get("exit_code")
+            failed = item.get("status") in ("failed", "declined") or (isinstance(exit_code, int) and exit_code != 0)
+            if failed and not output and isinstance(exit_code, int):
+                output = f"exit code {exit_code}"
+            return self._tool(iid, use, done, ToolResult(preview(output), is_error=failed))
+        if itype == "file_change":
+            changes = item.get("changes")
+            parts = [
+                f"{c.get('kind', '?')} {c.get('path', '?')}" for c in changes if isinstance(c, dict)
+            ] if isinstance(changes, list) else []
+            use = ToolUse("apply_patch", preview(", ".join(parts)))
+            status = _text(item.get("status"))
+            return self._tool(iid, use, done, ToolResult(preview(status), is_error=status == "failed"))
+        if itype == "mcp_tool_call":
+            name = f"{_text(item.get('server')) or 'mcp'}.{_text(item.get('tool')) or '?'}"
+            use = ToolUse(name, preview(item.get("arguments", "")))
+            err = item.get("error")
+            if isinstance(err, dict) and err.get("message"):
+                result = ToolResult(preview(_text(err.get("message"))), is_error=True)
+            else:
+                res = item.get("result")
+                content = res.get("content") if isinstance(res, dict) else res
+                result = ToolResult(preview(content if content is not None else ""), is_error=item.get("status") == "failed")
+            return self._tool(iid, use, done, result)
+        if itype == "web_search":
+            use = ToolUse("web_search", preview(_text(item.get("query"))))
+            # A search reports no output worth showing; its use is the whole story.
+            return self._tool(iid, use, False, None)
+        return [Unparsed(line, f"unknown item type {itype!r}")]
+
+    def _tool(self, iid: str, use: ToolUse, done: bool, result: ToolResult | None) -> list[Event]:
+        """A tool's use once (when first seen) and its result once (when completed)."""
+        events: list[Event] = []
+        if iid not in self._tools_seen:
+            self._tools_seen.add(iid)
+            events.append(use)
+        if done and result is not None and iid not in self._tools_done:
+            self._tools_done.add(iid)
+            events.append(result)
+        return events
+
+    def _todos(self, item: dict[str, object], line: str) -> list[Event]:
+        raw = item.get("items")
+        if not isinstance(raw, list):
+            return [Unparsed(line, "'todo_list' without items")]
+        todos = []
+        for entry in raw:
+            if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
+                return [Unparsed(line, "'todo_list' item without text")]
+            # Codex only says done or not; "not done" is pending.
+            todos.append(TodoItem(entry["text"], "completed" if entry.get("completed") is True else "pending"))
+        return [Todos(tuple(todos))]
+
+    def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
+        """A turn that ended without ``turn.completed``/``turn.failed`` is an error, unless stopped."""
+        if interrupted or self.ended or self.stale:
+            # A stop is the user's doing (never a success); a stale id is retried by the supervisor.
+            return []
+        return [Error(f"codex exited with status {returncode} without finishing the turn")]
+
+
+def new_parser(request: TurnRequest) -> CodexParser:
+    """A fresh parser for one turn."""
+    return CodexParser(session_id=request.session_id)
+
+
+ADAPTER = Adapter(
+    name="codex",
+    default_command=("codex",),
+    build_launch=build_launch,
+    new_parser=new_parser,
+    # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (see CLI-FACTS).
+    interrupt_signal=signal.SIGINT,
+    point_of_no_return="spawn",
+    option_keys=OPTION_KEYS,
+    description="OpenAI Codex CLI (codex exec --json); resumes by thread id",
+)

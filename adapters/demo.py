@@ -1,0 +1,42 @@
+"""The ``demo`` adapter: the bundled demo agent, run with the Python running corral.
+
+It is the generic adapter with the demo agent as its command and ``--session`` as its
+resume form; see :mod:`adapters.demo_agent` for what the agent does.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from . import demo_agent, generic
+from ._base import Adapter, Launch, TurnRequest
+
+DEFAULT_COMMAND = (sys.executable, str(Path(demo_agent.__file__).resolve()))
+
+
+def build_launch(request: TurnRequest) -> Launch:
+    """The generic launch, with ``--session ID`` when resuming."""
+    options = {"resume_args": ["--session", "{session}"], **request.options}
+    launch = generic.build_launch(_with_options(request, options))
+    env = {"DEMO_AGENT_DELAY": str(request.options.get("delay", 0.05))}
+    return Launch(argv=launch.argv, env=env, cwd=launch.cwd, stdin=launch.stdin)
+
+
+def _with_options(request: TurnRequest, options: dict[str, object]) -> TurnRequest:
+    from dataclasses import replace
+
+    return replace(request, options=options)
+
+
+ADAPTER = Adapter(
+    name="demo",
+    default_command=DEFAULT_COMMAND,
+    build_launch=build_launch,
+    new_parser=generic.new_parser,
+    interrupt_signal=signal.SIGINT,
+    point_of_no_return="spawn",
+    option_keys=frozenset({"delay"}),
+    description="the bundled demo agent: no API needed",
+)

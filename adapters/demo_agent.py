@@ -1,0 +1,120 @@
+"""The demo agent: a small program that behaves like a real agent CLI where it matters.
+
+It speaks the generic line protocol (see :mod:`adapters.generic`) and needs no model API:
+
+* prints its session id first, and remembers the conversation by it across turns
+  (in ``$HOME/.demo-agent/``), so a follow-up after a stop resumes the same session;
+* streams its reply a line at a time;
+* reports a todo plan;
+* for a prompt that asks for a *long* task, runs a tool: a child in its own process group
+  and a grandchild in a new session (``setsid``) that holds stdout open — exactly the shape
+  that outlives a naive ``killpg``;
+* exits promptly on SIGINT (status 130), leaving its tool's setsid grandchild behind for
+  the supervisor to find, as Gemini CLI does.
+
+Words in the prompt steer it: ``long`` (run the tool for ``long N`` seconds, default 600),
+``plan`` (report a three-step plan and finish step one), ``fail`` (report an error),
+``silent`` (print the session id, then nothing for a long time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+# The tool: a shell-like child that starts a setsid grandchild sharing its stdout.
+TOOL = r"""
+import subprocess, sys, time
+seconds = float(sys.argv[1])
+subprocess.Popen([sys.executable, "-c", "import time,sys; time.sleep(float(sys.argv[1]))", str(seconds)],
+                 start_new_session=True)
+time.sleep(seconds)
+"""
+
+
+def emit(kind: str, **fields: object) -> None:
+    """Print one protocol line and flush it at once, as a streaming CLI does."""
+    print(json.dumps({"type": kind, **fields}), flush=True)
+
+
+def state_dir() -> Path:
+    """Where conversations are kept (the agent's private HOME)."""
+    path = Path(os.environ.get("HOME", ".")) / ".demo-agent"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    """Run one turn."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    session = None
+    delay = float(os.environ.get("DEMO_AGENT_DELAY", "0.05"))
+    args = list(argv)
+    if len(args) >= 2 and args[0] == "--session":
+        session, args = args[1], args[2:]
+    prompt = " ".join(args).strip()
+    if not prompt:
+        print("usage: demo_agent [--session ID] PROMPT", file=sys.stderr)
+        return 2
+    store = state_dir()
+    history: list[dict[str, str]] = []
+    if session is not None:
+        file = store / f"{session}.json"
+        if not file.exists():
+            emit("error", text=f"No conversation found with session ID: {session}")
+            return 1
+        history = json.loads(file.read_text())
+    else:
+        session = uuid.uuid4().hex[:12]
+    file = store / f"{session}.json"
+    emit("session", id=session)
+    earlier = [h["text"] for h in history if h["role"] == "user"]
+    history.append({"role": "user", "text": prompt})
+    file.write_text(json.dumps(history))
+
+    words = prompt.lower()
+    if "silent" in words:
+        time.sleep(3600)
+        return 0
+    emit("status", text="thinking")
+    time.sleep(delay)
+    if "fail" in words:
+        emit("error", text="the demo agent was asked to fail")
+        return 1
+    if "plan" in words or "long" in words:
+        steps = ["read the code", "make the change", "run the tests"]
+        emit("todos", todos=[{"content": s, "status": "in_progress" if i == 0 else "pending"} for i, s in enumerate(steps)])
+    if "long" in words:
+        match = re.search(r"long\s+(\d+(?:\.\d+)?)", words)
+        seconds = float(match.group(1)) if match else 600.0
+        emit("tool", name="shell", input={"command": f"sleep {seconds:g}  # with a setsid helper"})
+        subprocess.run([sys.executable, "-c", TOOL, str(seconds)], check=False)
+        emit("text", text=f"The long task ran for {seconds:g} s.")
+    reply = [
+        f"You said: {prompt}",
+        (
+            f"This conversation ({session}) had {len(earlier)} earlier message(s); the last was: {earlier[-1]!r}."
+            if earlier
+            else f"This is the start of conversation {session}."
+        ),
+    ]
+    for line in reply:
+        time.sleep(delay)
+        emit("text", text=line)
+    if "plan" in words or "long" in words:
+        emit("todos", todos=[{"content": s, "status": "completed" if i == 0 else "pending"} for i, s in enumerate(steps)])
+    history.append({"role": "agent", "text": " ".join(reply)})
+    file.write_text(json.dumps(history))
+    emit("result", text="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,340 @@
+"""Loading and validating ``corral.toml``.
+
+Every problem is collected — unknown keys (with a did-you-mean), wrong types, unknown
+adapters, missing files — and reported together, each with the file, the key and the fix,
+before anything starts. ``corral check`` runs exactly this.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 is not supported, kept for the dependency table's sake
+    import tomli as tomllib
+
+from adapters import KNOWN_ADAPTERS, get_adapter
+
+DEFAULT_CONFIG_NAME = "corral.toml"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a config file."""
+
+    file: str
+    key: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.message} — fix: {self.fix}"
+
+
+class ConfigError(Exception):
+    """The config has problems; ``problems`` lists every one."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """``[server]``: where the control API listens."""
+
+    socket: Path
+    tcp: str | None = None
+    token_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Times and policies that ``[defaults]`` sets and each agent may override."""
+
+    stop_grace: float = 2.0
+    """Seconds between the interrupt signal and SIGKILL."""
+    stall_timeout: float = 600.0
+    """End a turn that prints nothing for this long (0: never)."""
+    turn_timeout: float = 3600.0
+    """End a turn that runs longer than this (0: never)."""
+    keep_background: bool = False
+    """Leave processes a normal turn started in the background running."""
+    max_nudges: int = 3
+    """Remind the agent of unfinished todos at most this many times in a row (0: never)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """``[agents.NAME]``: one CLI corral can run."""
+
+    name: str
+    adapter: str
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    model: str | None = None
+    limits: Limits = Limits()
+    unattended: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A whole, valid configuration."""
+
+    path: Path | None
+    server: ServerConfig
+    store_path: Path
+    state_dir: Path
+    default_agent: str
+    limits: Limits
+    agents: Mapping[str, AgentConfig]
+
+    def agent(self, name: str | None) -> AgentConfig:
+        """The named agent, or the default one; KeyError if there is none."""
+        return self.agents[name or self.default_agent]
+
+
+_TOP = {"server", "store", "defaults", "agents"}
+_SERVER = {"socket", "tcp", "token_file"}
+_STORE = {"path"}
+_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges"}
+_DEFAULTS = {"agent"} | _LIMIT_KEYS
+_AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended"} | _LIMIT_KEYS
+
+
+class _Checker:
+    def __init__(self, file: str, base: Path) -> None:
+        self.file = file
+        self.base = base
+        self.problems: list[Problem] = []
+
+    def add(self, key: str, message: str, fix: str) -> None:
+        self.problems.append(Problem(self.file, key, message, fix))
+
+    def unknown(self, table: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                fix = f"did you mean {close[0]!r}?" if close else f"remove it; known keys: {', '.join(sorted(allowed))}"
+                self.add(f"{prefix}{key}", "unknown key", fix)
+
+    def table(self, data: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            self.add(f"{prefix}{key}", f"expected a table, got {type(value).__name__}", f"write it as [{prefix}{key}]")
+            return {}
+        return value
+
+    def string(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None = None) -> str | None:
+        value = data.get(key, default)
+        if value is not None and not isinstance(value, str):
+            self.add(f"{prefix}{key}", f"expected a string, got {value!r}", f'write {key} = "..."')
+            return default
+        return value
+
+    def seconds(self, data: Mapping[str, Any], key: str, prefix: str, default: float) -> float:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            self.add(
+                f"{prefix}{key}",
+                f"expected a number of seconds (>= 0), got {value!r}",
+                f"write {key} = {default:g}",
+            )
+            return default
+        return float(value)
+
+    def boolean(self, data: Mapping[str, Any], key: str, prefix: str, default: bool) -> bool:
+        value = data.get(key, default)
+        if not isinstance(value, bool):
+            self.add(f"{prefix}{key}", f"expected true or false, got {value!r}", f"write {key} = {str(default).lower()}")
+            return default
+        return value
+
+    def count(self, data: Mapping[str, Any], key: str, prefix: str, default: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.add(f"{prefix}{key}", f"expected a whole number >= 0, got {value!r}", f"write {key} = {default}")
+            return default
+        return value
+
+    def strings(self, data: Mapping[str, Any], key: str, prefix: str) -> tuple[str, ...] | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.add(f"{prefix}{key}", f"expected a list of strings, got {value!r}", f'write {key} = ["...", "..."]')
+            return None
+        return tuple(value)
+
+    def path(self, value: str) -> Path:
+        expanded = Path(os.path.expanduser(value))
+        return expanded if expanded.is_absolute() else (self.base / expanded)
+
+    def limits(self, data: Mapping[str, Any], prefix: str, base: Limits) -> Limits:
+        return Limits(
+            stop_grace=self.seconds(data, "stop_grace", prefix, base.stop_grace),
+            stall_timeout=self.seconds(data, "stall_timeout", prefix, base.stall_timeout),
+            turn_timeout=self.seconds(data, "turn_timeout", prefix, base.turn_timeout),
+            keep_background=self.boolean(data, "keep_background", prefix, base.keep_background),
+            max_nudges=self.count(data, "max_nudges", prefix, base.max_nudges),
+        )
+
+
+def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: bool) -> tuple[str, ...]:
+    program = argv[0]
+    if "/" in program:
+        resolved = check.path(program)
+        if not resolved.exists():
+            check.add(key, f"{program!r} does not exist (looked at {resolved})", "install it, or give the right path")
+        elif not os.access(resolved, os.X_OK):
+            check.add(key, f"{resolved} is not executable", f"chmod +x {resolved}")
+        return (str(resolved), *argv[1:])
+    if shutil.which(program) is None:
+        origin = "" if explicit else " (the adapter's default command)"
+        check.add(
+            key,
+            f"{program!r}{origin} is not on PATH",
+            "install it, or set command = [\"/path/to/it\"] on this agent",
+        )
+    return argv
+
+
+def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path | None = None) -> Config:
+    """Validate a parsed TOML document; raise :class:`ConfigError` listing every problem."""
+    base = base or Path.cwd()
+    check = _Checker(file, base)
+    check.unknown(data, _TOP, "")
+
+    server = check.table(data, "server")
+    check.unknown(server, _SERVER, "server.")
+    socket_path = check.path(check.string(server, "socket", "server.", "corral.sock") or "corral.sock")
+    tcp = check.string(server, "tcp", "server.")
+    token_file_s = check.string(server, "token_file", "server.")
+    token_file = check.path(token_file_s) if token_file_s else None
+    if tcp is not None:
+        host, _, port = tcp.rpartition(":")
+        if host not in ("127.0.0.1", "localhost", "[::1]", "::1") or not port.isdigit():
+            check.add("server.tcp", f"{tcp!r} is not a loopback address with a port", 'write tcp = "127.0.0.1:8765"')
+        if token_file is None:
+            check.add("server.tcp", "a TCP listener needs a token", 'add token_file = "corral.token" to [server]')
+    if token_file is not None and not token_file.is_file():
+        check.add("server.token_file", f"{token_file} does not exist", f"create it with a secret: openssl rand -hex 32 > {token_file}")
+
+    store = check.table(data, "store")
+    check.unknown(store, _STORE, "store.")
+    store_path = check.path(check.string(store, "path", "store.", "corral.db") or "corral.db")
+
+    defaults = check.table(data, "defaults")
+    check.unknown(defaults, _DEFAULTS, "defaults.")
+    limits = check.limits(defaults, "defaults.", Limits())
+
+    agents_raw = check.table(data, "agents")
+    agents: dict[str, AgentConfig] = {}
+    for name, raw in agents_raw.items():
+        prefix = f"agents.{name}."
+        if not isinstance(raw, dict):
+            check.add(f"agents.{name}", "expected a table", f"write it as [agents.{name}]")
+            continue
+        adapter_name = check.string(raw, "adapter", prefix)
+        if adapter_name is None:
+            check.add(f"{prefix}adapter", "missing", f'add adapter = "generic" (one of: {", ".join(KNOWN_ADAPTERS)})')
+            continue
+        if adapter_name not in KNOWN_ADAPTERS:
+            close = difflib.get_close_matches(adapter_name, list(KNOWN_ADAPTERS), n=1)
+            check.add(
+                f"{prefix}adapter",
+                f"unknown adapter {adapter_name!r}",
+                f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(KNOWN_ADAPTERS)}",
+            )
+            continue
+        adapter = get_adapter(adapter_name)
+        check.unknown(raw, _AGENT | adapter.option_keys, prefix)
+        command = check.strings(raw, "command", prefix)
+        if command == ():
+            check.add(f"{prefix}command", "is empty", 'write command = ["program", "arg"]')
+            command = None
+        if command is None and not adapter.default_command:
+            if "command" not in raw:
+                check.add(f"{prefix}command", f"the {adapter_name} adapter needs a command", 'add command = ["program"]')
+            command = ()
+        elif command is not None:
+            command = _check_command(check, command, f"{prefix}command", True)
+        else:
+            command = _check_command(check, adapter.default_command, f"{prefix}adapter", False)
+        env_raw = raw.get("env", {})
+        if not isinstance(env_raw, dict) or not all(isinstance(v, str) for v in env_raw.values()):
+            check.add(f"{prefix}env", f"expected a table of strings, got {env_raw!r}", f'write [agents.{name}.env] with KEY = "value"')
+            env_raw = {}
+        cwd_s = check.string(raw, "cwd", prefix)
+        cwd = check.path(cwd_s) if cwd_s else None
+        if cwd is not None and not cwd.is_dir():
+            check.add(f"{prefix}cwd", f"{cwd} is not a directory", f"mkdir -p {cwd}, or remove cwd to use a folder per channel")
+        options = {k: raw[k] for k in adapter.option_keys if k in raw}
+        if "resume_args" in options and check.strings(raw, "resume_args", prefix) is None:
+            options.pop("resume_args")
+        if "prompt" in options and options["prompt"] not in ("argument", "stdin"):
+            check.add(f"{prefix}prompt", f"expected \"argument\" or \"stdin\", got {options['prompt']!r}", 'write prompt = "stdin"')
+        agents[name] = AgentConfig(
+            name=name,
+            adapter=adapter_name,
+            command=command or (),
+            args=check.strings(raw, "args", prefix) or (),
+            env=dict(env_raw),
+            cwd=cwd,
+            model=check.string(raw, "model", prefix),
+            limits=check.limits(raw, prefix, limits),
+            unattended=check.boolean(raw, "unattended", prefix, True),
+            options=options,
+        )
+
+    default_agent = check.string(defaults, "agent", "defaults.")
+    if not agents_raw:
+        check.add("agents", "no agent is configured", 'add [agents.demo] with adapter = "demo"')
+    elif default_agent is None:
+        if len(agents_raw) == 1:
+            default_agent = next(iter(agents_raw))
+        else:
+            check.add("defaults.agent", "several agents and no default", f'add agent = "{next(iter(agents_raw))}" to [defaults]')
+    elif default_agent not in agents_raw:
+        close = difflib.get_close_matches(default_agent, list(agents_raw), n=1)
+        check.add("defaults.agent", f"no agent is called {default_agent!r}", f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
+
+    if check.problems:
+        raise ConfigError(check.problems)
+    return Config(
+        path=None,
+        server=ServerConfig(socket=socket_path, tcp=tcp, token_file=token_file),
+        store_path=store_path,
+        state_dir=store_path.parent / (store_path.stem + ".d"),
+        default_agent=default_agent or "",
+        limits=limits,
+        agents=agents,
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a config file; raise :class:`ConfigError` listing every problem."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(str(file), "-", "the config file does not exist", "copy config.example.toml to it, or pass -c FILE")]) from None
+    except OSError as exc:
+        raise ConfigError([Problem(str(file), "-", f"cannot read it: {exc.strerror}", "check the path and its permissions")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([Problem(str(file), "-", f"not valid TOML: {exc}", "fix the syntax at that line")]) from None
+    config = parse_config(data, file=str(file), base=file.resolve().parent)
+    return replace(config, path=file.resolve())

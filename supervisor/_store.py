@@ -1,0 +1,426 @@
+"""The store: one SQLite file (WAL) holding the transcript, stops, sessions, todos and queue.
+
+Theory of operation
+-------------------
+
+* ``seq`` is assigned synchronously, in memory, the moment the store accepts a write, so
+  the order of ``seq`` is exactly the order in which the supervisor decided things (a
+  message stamped by the ledger and then a stop can never swap places).
+* Writes are queued and committed by one writer task. While a commit runs, new writes pile
+  up and go into the next commit together (group commit): a fast stream costs one commit
+  per batch, not per line, and an idle store costs nothing — the writer sleeps on an event.
+* **Saved before shown**: an entry reaches followers only after its transaction commits. A
+  failed commit fails every write in it; the callers see :class:`StoreError` and nothing of
+  it is ever published.
+* Reads and writes share one connection serialised by a capacity limiter of one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+log = logging.getLogger("corral.store")
+
+KINDS = ("message", "status", "tool", "todos", "notice", "error")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, author TEXT NOT NULL, kind TEXT NOT NULL,
+    text TEXT NOT NULL, turn TEXT, generation INTEGER NOT NULL, ts REAL NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX IF NOT EXISTS entries_by_channel ON entries(channel, seq);
+CREATE TABLE IF NOT EXISTS stops (
+    seq INTEGER PRIMARY KEY, channel TEXT, generation INTEGER NOT NULL, ts REAL NOT NULL,
+    result TEXT NOT NULL DEFAULT '{}');
+CREATE TABLE IF NOT EXISTS generations (channel TEXT PRIMARY KEY, generation INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    channel TEXT NOT NULL, agent TEXT NOT NULL, session_id TEXT, cwd TEXT NOT NULL,
+    updated REAL NOT NULL, PRIMARY KEY (channel, agent));
+CREATE TABLE IF NOT EXISTS todos (
+    channel TEXT NOT NULL, agent TEXT NOT NULL, items TEXT NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (channel, agent));
+CREATE TABLE IF NOT EXISTS queue (
+    seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, agent TEXT NOT NULL, author TEXT NOT NULL,
+    text TEXT NOT NULL, generation INTEGER NOT NULL, nudge INTEGER NOT NULL DEFAULT 0);
+"""
+
+
+class StoreError(RuntimeError):
+    """A write could not be committed; nothing of it was shown to anyone."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of a channel's transcript."""
+
+    seq: int
+    channel: str
+    author: str
+    kind: str
+    text: str
+    turn: str | None
+    generation: int
+    ts: float
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as the control API and ``--json`` print it."""
+        return {
+            "seq": self.seq,
+            "channel": self.channel,
+            "author": self.author,
+            "kind": self.kind,
+            "text": self.text,
+            "turn": self.turn,
+            "generation": self.generation,
+            "ts": self.ts,
+            "meta": dict(self.meta),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRow:
+    """An accepted message not yet run, as the store keeps it across restarts."""
+
+    seq: int
+    channel: str
+    agent: str
+    author: str
+    text: str
+    generation: int
+    nudge: bool
+
+
+class Pending:
+    """A write accepted but maybe not yet committed."""
+
+    __slots__ = ("entry", "_apply", "_done", "_error")
+
+    def __init__(self, apply: Callable[[sqlite3.Connection], None], entry: Entry | None) -> None:
+        self.entry = entry
+        self._apply = apply
+        self._done = trio.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The commit has failed."""
+        return self._error is not None
+
+    async def committed(self) -> Entry | None:
+        """Wait for the commit; raise :class:`StoreError` if it failed."""
+        await self._done.wait()
+        if self._error is not None:
+            raise StoreError(f"could not store: {self._error}") from self._error
+        return self.entry
+
+
+class _Subscription:
+    def __init__(self, channel: str | None) -> None:
+        self.channel = channel
+        self.send, self.receive = trio.open_memory_channel[Entry](10_000)
+        self.overflowed = False
+
+
+class Store:
+    """The SQLite store. Open it with :func:`open_store`."""
+
+    def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        self._limiter = trio.CapacityLimiter(1)
+        row = self._db.execute(
+            "SELECT max(m) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
+            " UNION ALL SELECT max(seq) FROM queue)"
+        ).fetchone()
+        self._seq = row[0] or 0
+        self._pending: list[Pending] = []
+        self._wake = trio.Event()
+        self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
+        self._sessions: dict[tuple[str, str], tuple[str | None, str]] = {
+            (c, a): (s, d) for c, a, s, d in self._db.execute("SELECT channel, agent, session_id, cwd FROM sessions")
+        }
+        self._todos: dict[tuple[str, str], list[dict[str, str]]] = {
+            (c, a): json.loads(items) for c, a, items in self._db.execute("SELECT channel, agent, items FROM todos")
+        }
+        self.commits = 0
+        self._closed = False
+
+    # ------------------------------------------------------------ writing
+
+    def next_seq(self) -> int:
+        """Allocate the next ``seq``."""
+        self._seq += 1
+        return self._seq
+
+    def _submit(self, apply: Callable[[sqlite3.Connection], None], entry: Entry | None = None) -> Pending:
+        if self._closed:
+            raise StoreError("the store is closed")
+        pending = Pending(apply, entry)
+        self._pending.append(pending)
+        self._wake.set()
+        return pending
+
+    def submit_entry(
+        self,
+        channel: str,
+        author: str,
+        kind: str,
+        text: str,
+        *,
+        turn: str | None = None,
+        generation: int = 0,
+        meta: Mapping[str, Any] | None = None,
+        also: Callable[[sqlite3.Connection, int], None] | None = None,
+    ) -> Pending:
+        """Accept a transcript entry now (its ``seq`` is final); it commits shortly.
+
+        ``also`` runs in the same transaction with the entry's seq (e.g. to queue a message).
+        """
+        if kind not in KINDS:
+            raise ValueError(f"unknown entry kind {kind!r}")
+        entry = Entry(self.next_seq(), channel, author, kind, text, turn, generation, time.time(), dict(meta or {}))
+        meta_json = json.dumps(entry.meta, ensure_ascii=False)
+
+        def apply(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO entries (seq, channel, author, kind, text, turn, generation, ts, meta)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (entry.seq, channel, author, kind, text, turn, generation, entry.ts, meta_json),
+            )
+            if also is not None:
+                also(db, entry.seq)
+
+        return self._submit(apply, entry)
+
+    async def append(self, channel: str, author: str, kind: str, text: str, **kw: Any) -> Entry:
+        """Store an entry and wait until it is committed (and shown)."""
+        entry = await self.submit_entry(channel, author, kind, text, **kw).committed()
+        assert entry is not None
+        return entry
+
+    def submit_write(self, sql: str, params: tuple[Any, ...]) -> Pending:
+        """Queue a plain write in the same commit order as entries."""
+        return self._submit(lambda db: db.execute(sql, params) and None)
+
+    # ------------------------------------------------------------ the writer
+
+    async def run_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Commit queued writes in batches until cancelled; started by :func:`open_store`."""
+        task_status.started()
+        while True:
+            if not self._pending:
+                self._wake = trio.Event()
+                await self._wake.wait()
+            await self._commit_pending()
+
+    async def _commit_pending(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+        except Exception as exc:  # noqa: BLE001 - every failure fails the batch, visibly
+            log.error("store commit of %d writes failed: %s", len(batch), exc)
+            for pending in batch:
+                pending._error = exc
+                pending._done.set()
+            return
+        self.commits += 1
+        for pending in batch:
+            pending._done.set()
+            if pending.entry is not None:
+                self._publish(pending.entry)
+
+    def _commit(self, batch: list[Pending]) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for pending in batch:
+                pending._apply(db)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    async def flush(self) -> None:
+        """Wait until everything accepted so far is committed (failures are not raised here)."""
+        if self._pending:
+            await self._pending[-1]._done.wait()
+
+    # ------------------------------------------------------------ followers
+
+    def _publish(self, entry: Entry) -> None:
+        for key in (entry.channel, None):
+            for sub in list(self._subs.get(key, ())):
+                try:
+                    sub.send.send_nowait(entry)
+                except trio.WouldBlock:
+                    sub.overflowed = True
+                    sub.send.close()
+                    self._subs[key].discard(sub)
+
+    async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+        """Every committed entry of ``channel`` (all channels if None) after ``after``, then live."""
+        while True:
+            sub = _Subscription(channel)
+            self._subs[channel].add(sub)
+            try:
+                for entry in await self.entries(channel, after=after):
+                    yield entry
+                    after = entry.seq
+                async for entry in sub.receive:
+                    if entry.seq > after:
+                        yield entry
+                        after = entry.seq
+            finally:
+                self._subs[channel].discard(sub)
+                sub.send.close()
+            if not sub.overflowed:
+                return
+            # A follower that fell 10,000 entries behind re-reads from the database.
+
+    # ------------------------------------------------------------ reading
+
+    async def entries(self, channel: str | None, *, after: int = 0, limit: int = 100_000) -> list[Entry]:
+        """Committed entries after ``after``, oldest first."""
+
+        def read() -> list[Entry]:
+            if channel is None:
+                rows = self._db.execute(
+                    "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
+                    " WHERE seq > ? ORDER BY seq LIMIT ?",
+                    (after, limit),
+                )
+            else:
+                rows = self._db.execute(
+                    "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
+                    " WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    (channel, after, limit),
+                )
+            return [Entry(*row[:8], json.loads(row[8])) for row in rows.fetchall()]
+
+        return await trio.to_thread.run_sync(read, limiter=self._limiter)
+
+    async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run a read-only query (for status and tests)."""
+        return await trio.to_thread.run_sync(
+            lambda: self._db.execute(sql, params).fetchall(), limiter=self._limiter
+        )
+
+    # ------------------------------------------------------------ sessions, todos, stops, queue
+
+    def session(self, channel: str, agent: str) -> tuple[str | None, str | None]:
+        """``(session id, working directory)`` of this channel and agent."""
+        return self._sessions.get((channel, agent), (None, None))
+
+    def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
+        """Remember the session id (None forgets it) and working directory."""
+        self._sessions[(channel, agent)] = (session_id, cwd)
+        return self.submit_write(
+            "INSERT INTO sessions (channel, agent, session_id, cwd, updated) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT(channel, agent) DO UPDATE SET session_id=excluded.session_id, cwd=excluded.cwd,"
+            " updated=excluded.updated",
+            (channel, agent, session_id, cwd, time.time()),
+        )
+
+    def todos(self, channel: str, agent: str) -> list[dict[str, str]]:
+        """The channel's current todo plan for ``agent``."""
+        return [dict(item) for item in self._todos.get((channel, agent), [])]
+
+    def todo_agents(self, channel: str) -> list[str]:
+        """Agents that have a todo plan in ``channel``."""
+        return [a for (c, a) in self._todos if c == channel]
+
+    def save_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> Pending:
+        """Replace the todo plan."""
+        self._todos[(channel, agent)] = [dict(i) for i in items]
+        return self.submit_write(
+            "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
+            (channel, agent, json.dumps(items, ensure_ascii=False), time.time()),
+        )
+
+    def record_stop(self, seq: int, channel: str | None, generation: int, result: Mapping[str, Any]) -> Pending:
+        """Keep a stop (with its own seq) and the channel's generation for restarts."""
+
+        def apply(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
+                (seq, channel, generation, time.time(), json.dumps(result, ensure_ascii=False)),
+            )
+            if channel is not None:
+                db.execute(
+                    "INSERT INTO generations (channel, generation) VALUES (?, ?)"
+                    " ON CONFLICT(channel) DO UPDATE SET generation=max(generation, excluded.generation)",
+                    (channel, generation),
+                )
+
+        return self._submit(apply)
+
+    def queue_insert(self, db: sqlite3.Connection, row: QueuedRow) -> None:
+        """(In a transaction) keep an accepted message until its turn begins."""
+        db.execute(
+            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge)),
+        )
+
+    def dequeue(self, seqs: list[int]) -> Pending:
+        """The messages have begun or been dropped: they are no longer waiting."""
+        return self._submit(
+            lambda db: db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in seqs]) and None
+        )
+
+    async def load_queue(self) -> list[QueuedRow]:
+        """Messages accepted before a restart and not yet run, oldest first."""
+        rows = await self.query(
+            "SELECT seq, channel, agent, author, text, generation, nudge FROM queue ORDER BY seq"
+        )
+        return [QueuedRow(*r[:6], bool(r[6])) for r in rows]
+
+    async def load_generations(self) -> dict[str, int]:
+        """Every channel's stop generation as of the last run."""
+        return dict(await self.query("SELECT channel, generation FROM generations"))
+
+    def close(self) -> None:
+        """Close the database (after the writer has stopped)."""
+        self._closed = True
+        self._db.close()
+
+
+@asynccontextmanager
+async def open_store(path: str, *, synchronous: str = "FULL") -> AsyncIterator[Store]:
+    """Open the store and run its writer; on exit, commit what is pending and close."""
+    store = await trio.to_thread.run_sync(lambda: Store(path, synchronous=synchronous))
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run_writer)
+            try:
+                yield store
+            finally:
+                with trio.CancelScope(shield=True):
+                    while store._pending:
+                        await store._commit_pending()
+                nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+def finite(value: float) -> float:
+    """``value`` if it is a finite number, else 0 (for JSON-safe durations)."""
+    return value if math.isfinite(value) else 0.0

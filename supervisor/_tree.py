@@ -1,0 +1,392 @@
+"""Spawning a turn's process and killing its whole tree.
+
+A turn's CLI runs in a new session, so its process group is its own. The real CLIs run
+their shell tools in *further* new sessions, so killing the group is not enough: after the
+interrupt signal, a grace period and SIGKILL to the group, every remaining descendant of
+the turn is found and killed. Descendants are found three ways, because each alone misses
+some:
+
+* a **snapshot** of the leader's descendants (pid + create time, so a reused pid is never
+  killed), taken before signalling and again after — it sees setsid children that have
+  not yet been orphaned;
+* an **environment marker**, ``CORRAL_TURN=<turn id>``, every descendant inherits — it sees
+  double-forked daemons that have already been re-parented;
+* the **child subreaper** bit (daemon mode): orphans re-parent to corral rather than to
+  init, so they stay reachable and are reaped by corral.
+
+Only pids corral can prove are its own children are ever waited for; never ``waitpid(-1)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+import trio
+
+log = logging.getLogger("corral.tree")
+
+#: The variable every process of a turn inherits.
+TURN_MARKER = "CORRAL_TURN"
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_child_subreaper(enabled: bool = True) -> bool:
+    """Make orphaned descendants re-parent to this process. Process-wide; Linux only.
+
+    Returns False (and logs) if the kernel refused.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot become a child subreaper: %s", exc)
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ProcId:
+    """A process identity that survives pid reuse: pid plus create time."""
+
+    pid: int
+    created: float
+
+    def matches(self) -> bool:
+        """Is this exact process still there (and not yet reaped)?"""
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self.created and proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return False
+        except psutil.AccessDenied:
+            return True
+
+
+def _ident(proc: psutil.Process) -> ProcId | None:
+    try:
+        return ProcId(proc.pid, proc.create_time())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+def descendants(pid: int, *, include_self: bool = True) -> set[ProcId]:
+    """A snapshot of ``pid`` and its living descendants."""
+    found: set[ProcId] = set()
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True)
+        if include_self:
+            procs.append(root)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return found
+    for proc in procs:
+        ident = _ident(proc)
+        if ident is not None:
+            found.add(ident)
+    return found
+
+
+def scan_markers(values: Iterable[str]) -> dict[str, set[ProcId]]:
+    """Every process (other than this one) whose environment carries ``CORRAL_TURN=<value>``.
+
+    Blocking; reads ``/proc/*/environ``. Run it in a thread.
+    """
+    wanted = {f"{TURN_MARKER}={v}".encode(): v for v in values}
+    found: dict[str, set[ProcId]] = {v: set() for v in wanted.values()}
+    if not wanted:
+        return found
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        for entry in env.split(b"\0"):
+            value = wanted.get(entry)
+            if value is not None:
+                try:
+                    ident = _ident(psutil.Process(int(name)))
+                except psutil.Error:
+                    ident = None
+                if ident is not None:
+                    found[value].add(ident)
+                break
+    return found
+
+
+class MarkerScanner:
+    """Shares one ``/proc`` scan among every sweep that needs one at the same time.
+
+    A stop-all of 200 turns must not read ``/proc`` 200 times: a sweep asks for a scan that
+    began after its own kill, and all sweeps waiting at that moment share the next one.
+    """
+
+    def __init__(self) -> None:
+        self._wanted: set[str] = set()
+        self._result: dict[str, set[ProcId]] = {}
+        self._result_started = -1.0
+        self._running: trio.Event | None = None
+
+    async def scan(self, marker: str, *, not_before: float) -> set[ProcId]:
+        """Processes carrying ``marker``, from a scan that started at or after ``not_before``."""
+        self._wanted.add(marker)
+        while True:
+            if self._result_started >= not_before and marker in self._result:
+                return self._result[marker]
+            if self._running is not None:
+                await self._running.wait()
+                continue
+            self._running = done = trio.Event()
+            try:
+                wanted = set(self._wanted)
+                started = time.monotonic()
+                result = await trio.to_thread.run_sync(scan_markers, wanted)
+                self._result, self._result_started = result, started
+                self._wanted -= wanted
+            finally:
+                self._running = None
+                done.set()
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a process group; False if the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError as exc:
+        log.warning("cannot signal process group %d: %s", pgid, exc)
+        return False
+
+
+def kill_exact(ident: ProcId) -> bool:
+    """SIGKILL this exact process (pid and create time); False if it is already gone."""
+    if ident.pid == os.getpid() or not ident.matches():
+        return False
+    try:
+        os.kill(ident.pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def reap_if_child(pid: int) -> bool:
+    """Reap ``pid`` if it is a dead child of this process. Never waits on any other pid."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == pid
+
+
+async def wait_gone(idents: Iterable[ProcId], deadline: float) -> set[ProcId]:
+    """Wait until each process has exited (reaping our own children); return those still alive."""
+    alive = set(idents)
+    while alive and trio.current_time() < deadline:
+        for ident in list(alive):
+            reap_if_child(ident.pid)
+            if not ident.matches():
+                alive.discard(ident)
+        if not alive:
+            break
+        # A pidfd turns readable when its process exits, child or not: no polling loop.
+        ident = next(iter(alive))
+        try:
+            fd = os.pidfd_open(ident.pid)
+        except OSError:
+            continue
+        try:
+            with trio.move_on_at(deadline):
+                await trio.lowlevel.wait_readable(fd)
+        finally:
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+    for ident in list(alive):
+        reap_if_child(ident.pid)
+        if not ident.matches():
+            alive.discard(ident)
+    return alive
+
+
+@dataclass(slots=True)
+class KillReport:
+    """What tearing a turn's tree down did."""
+
+    killed: list[int] = field(default_factory=list)
+    """Processes of the turn's group that were signalled while alive."""
+    swept: list[int] = field(default_factory=list)
+    """Descendants outside the group (or that outlived it) killed by the sweep."""
+    survivors: list[int] = field(default_factory=list)
+    """Processes that could not be confirmed dead: the stop failed for them."""
+    returncode: int | None = None
+
+
+#: Variables an agent inherits from the daemon; everything else comes from its config.
+INHERITED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "USER", "LOGNAME", "SHELL")
+
+
+def scrubbed_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment an agent starts from: a short allow-list of the daemon's.
+
+    An allow-list, not a deny-list: the daemon's ``NOTIFY_SOCKET``, ``WATCHDOG_*`` and
+    ``LISTEN_*`` (an agent could tell systemd the service is ready, or take its sockets),
+    corral's own ``CORRAL_*`` variables, and whatever secrets the daemon was started with
+    never reach an agent. An agent gets more only by naming it in its ``env``.
+    """
+    return {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith("LC_")}
+
+
+async def spawn(
+    argv: tuple[str, ...],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    stdin_pipe: bool,
+) -> trio.Process:
+    """Start ``argv`` in a new session with piped stdout/stderr.
+
+    The caller must register the result before its next checkpoint and kill it in a
+    ``finally``: the spawn itself cannot be cancelled half-way.
+    """
+    return await trio.lowlevel.open_process(
+        list(argv),
+        stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=dict(env),
+        start_new_session=True,
+    )
+
+
+class ProcessTree:
+    """One turn's process: its group, what is known of its descendants, and how to end them.
+
+    ``interrupt`` and ``kill_group`` are synchronous so a stop can decide and signal with
+    no checkpoint in between; ``terminate`` and ``sweep`` do the waiting.
+    """
+
+    def __init__(self, process: trio.Process, marker: str) -> None:
+        self.process = process
+        self.pgid = process.pid
+        self.marker = marker
+        self.known: set[ProcId] = descendants(process.pid)
+        self.report = KillReport()
+        self._interrupted = False
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid (also the group id)."""
+        return self.process.pid
+
+    @property
+    def interrupted(self) -> bool:
+        """Has a stop (or timeout) signalled this tree?"""
+        return self._interrupted
+
+    def _remember(self) -> None:
+        self.known |= descendants(self.pid)
+
+    def interrupt(self, sig: int) -> None:
+        """Snapshot the descendants, then send the interrupt signal to the group."""
+        self._remember()
+        self._interrupted = True
+        living = [p.pid for p in self.known if p.matches() and _pgid(p.pid) == self.pgid]
+        if signal_group(self.pgid, sig):
+            self.report.killed = sorted(set(self.report.killed) | set(living))
+
+    def kill_group(self) -> None:
+        """Snapshot again, then SIGKILL the whole group."""
+        self._remember()
+        self._interrupted = True
+        signal_group(self.pgid, signal.SIGKILL)
+
+    async def terminate(self, sig: int, grace: float) -> None:
+        """Interrupt, wait up to ``grace`` for the leader, then SIGKILL the group."""
+        if self.process.returncode is None:
+            if not self._interrupted:
+                self.interrupt(sig)
+            with trio.move_on_after(grace):
+                await self.process.wait()
+        self.kill_group()
+
+    async def sweep(self, scanner: MarkerScanner, *, budget: float = 5.0) -> None:
+        """Kill every remaining process of the turn, and wait until they are gone."""
+        deadline = trio.current_time() + budget
+        killed, swept = set(self.report.killed), set()
+        for _ in range(20):
+            self.kill_group()
+            started = time.monotonic()
+            candidates = set(self.known) | await scanner.scan(self.marker, not_before=started)
+            self.known |= candidates
+            hit = []
+            for ident in candidates:
+                in_group = _pgid(ident.pid) == self.pgid
+                if kill_exact(ident):
+                    hit.append(ident)
+                    (killed if in_group else swept).add(ident.pid)
+            if self.process.returncode is None:
+                with trio.move_on_at(deadline):
+                    await self.process.wait()
+            others = [h for h in hit if h.pid != self.pid]
+            if not others or trio.current_time() >= deadline:
+                break
+            await wait_gone(others, deadline)
+        survivors = await wait_gone([c for c in self.known if c.pid != self.pid], deadline)
+        if self.process.returncode is None:
+            survivors.add(ProcId(self.pid, 0.0))
+        self.report.killed = sorted(killed)
+        self.report.swept = sorted(swept - killed)
+        self.report.survivors = sorted({s.pid for s in survivors})
+        self.report.returncode = self.process.returncode
+
+
+def reap_orphans(exclude: Iterable[int]) -> list[int]:
+    """Reap dead children of this process that nobody else waits for (subreaper adoptees).
+
+    ``exclude`` holds the pids of live turn leaders, which Trio waits for itself.
+    """
+    skip = set(exclude)
+    reaped = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return reaped
+    for child in children:
+        if child.pid in skip:
+            continue
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        if reap_if_child(child.pid):
+            reaped.append(child.pid)
+    return reaped
+
+
+def errno_name(exc: OSError) -> str:
+    """A short name for an OSError, for log lines."""
+    return errno.errorcode.get(exc.errno or 0, str(exc.errno))

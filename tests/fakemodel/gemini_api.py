@@ -1,0 +1,207 @@
+"""A fake Gemini API (``generativelanguage.googleapis.com`` shape) for the real ``gemini`` CLI.
+
+The CLI, pointed here by ``GOOGLE_GEMINI_BASE_URL``, makes two kinds of model calls:
+
+* ``POST /v1beta/models/MODEL:generateContent`` with a ``responseJsonSchema`` (or
+  ``responseSchema``): side calls — the model router ("flash" or "pro"), the next-speaker
+  check, loop detection. They get a quick JSON object shaped by the schema.
+* ``POST /v1beta/models/MODEL:streamGenerateContent?alt=sse``: the turn itself, answered
+  from the markers of :mod:`tests.fakemodel.script`. The shell tool is
+  ``run_shell_command``.
+
+``countTokens`` and model listing get plausible answers too, so the CLI never stalls on
+a request this server does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ._http import FakeModelServer, Request, Responder
+from .script import Script, read_script
+
+SHELL_TOOL = "run_shell_command"
+
+#: ``/v1beta/models/gemini-2.5-pro:streamGenerateContent`` -> model, method.
+_MODEL_CALL = re.compile(r"^/v1(?:beta|alpha)?/models/([^:/?]+):([A-Za-z]+)")
+
+
+def agent_env(server_url: str) -> dict[str, str]:
+    """Environment variables that point the real ``gemini`` CLI at a fake server.
+
+    Without ``GEMINI_CLI_NO_RELAUNCH`` the CLI re-spawns itself as a child node process
+    (whose parent ignores SIGINT/SIGTERM); without ``GEMINI_CLI_TRUST_WORKSPACE`` it
+    refuses to run yolo in an untrusted folder.
+    """
+    return {
+        "GEMINI_API_KEY": "fake-gemini-key",
+        "GOOGLE_GEMINI_BASE_URL": server_url,
+        "GEMINI_CLI_NO_RELAUNCH": "true",
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+        "GEMINI_TELEMETRY_ENABLED": "false",
+        "NO_COLOR": "1",
+    }
+
+
+#: ``~/.gemini/settings.json`` for an offline run: API-key auth, no usage statistics.
+SETTINGS: dict[str, Any] = {
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "privacy": {"usageStatisticsEnabled": False},
+}
+
+
+def _usage() -> dict[str, int]:
+    return {"promptTokenCount": 12, "candidatesTokenCount": 5, "totalTokenCount": 17}
+
+
+def _fill_schema(schema: Any, key: str = "") -> Any:
+    """A plausible value for a JSON schema (upper- or lower-case Gemini ``Type`` names)."""
+    if not isinstance(schema, dict):
+        return "ok"
+    kind = str(schema.get("type", "object")).lower()
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        # The next-speaker check must say "user", or the CLI would keep the turn going.
+        if "user" in enum:
+            return "user"
+        return "flash" if "flash" in enum else enum[0]
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {name: _fill_schema(sub, name) for name, sub in props.items()}
+    if kind == "array":
+        return []
+    if kind == "boolean":
+        return False
+    if kind in ("integer", "number"):
+        return 10
+    return f"fake {key}".strip()
+
+
+class FakeGeminiServer(FakeModelServer):
+    """The Gemini API, scripted by prompt markers.
+
+    Set :attr:`fail_status` to make every turn call (``streamGenerateContent``; the side
+    calls still succeed) fail with that HTTP status and a Gemini-shaped error body, to
+    capture how the CLI reports it.
+    """
+
+    #: When set, every turn call is answered with this HTTP error status.
+    fail_status: int | None = None
+
+    def handle(self, req: Request, out: Responder) -> None:
+        """Route one request of the CLI."""
+        path = req.path.split("?", 1)[0]
+        match = _MODEL_CALL.match(path)
+        if req.method == "GET" and re.match(r"^/v1(beta|alpha)?/models/?$", path):
+            out.json(200, {"models": [{"name": "models/gemini-2.5-pro"}, {"name": "models/gemini-2.5-flash"}]})
+            return
+        if not match or req.method != "POST":
+            out.json(404, {"error": {"code": 404, "message": f"no route for {req.method} {req.path}", "status": "NOT_FOUND"}})
+            return
+        model, method = match.groups()
+        body = req.body if isinstance(req.body, dict) else {}
+        if self.fail_status is not None and method == "streamGenerateContent":
+            out.json(self.fail_status, _error_body(self.fail_status))
+            return
+        if method == "countTokens":
+            out.json(200, {"totalTokens": 42})
+        elif method == "generateContent":
+            self._side_call(body, model, out)
+        elif method == "streamGenerateContent":
+            self._turn(body, model, out)
+        else:
+            out.json(404, {"error": {"code": 404, "message": f"unknown method {method}", "status": "NOT_FOUND"}})
+
+    # ------------------------------------------------------------ side calls
+
+    def _side_call(self, body: dict[str, Any], model: str, out: Responder) -> None:
+        config = body.get("generationConfig") or {}
+        schema = config.get("responseJsonSchema") or config.get("responseSchema")
+        if schema is not None:
+            text = json.dumps(_fill_schema(schema))
+        else:
+            # A plain side call (a summary, a title): any short text will do.
+            text = "fake summary"
+        out.json(200, self._candidate([{"text": text}], model, finish="STOP"))
+
+    # ------------------------------------------------------------ the turn
+
+    def _turn(self, body: dict[str, Any], model: str, out: Responder) -> None:
+        contents = body.get("contents") or []
+        prompt, after = _latest_prompt(contents)
+        script = read_script(prompt)
+        last_is_tool_result = bool(contents) and _has_part(contents[-1], "functionResponse")
+        shell_done = any(_has_call(c, SHELL_TOOL) for c in after)
+        if script.silent:
+            out.start_sse()
+            out.go_silent()
+            return
+        if script.shell and not shell_done and not last_is_tool_result:
+            out.start_sse()
+            call = {"functionCall": {"name": SHELL_TOOL, "args": {"command": script.shell, "description": "run a command"}}}
+            out.event(self._candidate([call], model, finish="STOP"))
+            return
+        self._stream_text(script, model, out)
+
+    def _stream_text(self, script: Script, model: str, out: Responder) -> None:
+        out.start_sse()
+        chunks = script.chunks() if script.slow else [script.say]
+        pause = script.slow / max(1, len(chunks))
+        for i, chunk in enumerate(chunks):
+            if i and pause:
+                out.pause(pause)
+            last = i == len(chunks) - 1
+            out.event(self._candidate([{"text": chunk}], model, finish="STOP" if last else None))
+
+    @staticmethod
+    def _candidate(parts: list[dict[str, Any]], model: str, finish: str | None) -> dict[str, Any]:
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        if finish:
+            candidate["finishReason"] = finish
+        return {"candidates": [candidate], "usageMetadata": _usage(), "modelVersion": model}
+
+
+_STATUS_NAMES = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+
+
+def _error_body(status: int) -> dict[str, Any]:
+    """The error object Google APIs send."""
+    name = _STATUS_NAMES.get(status, "UNKNOWN")
+    return {"error": {"code": status, "message": f"fake server error {status} ({name})", "status": name}}
+
+
+def _has_part(content: Any, kind: str) -> bool:
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return isinstance(parts, list) and any(isinstance(p, dict) and kind in p for p in parts)
+
+
+def _has_call(content: Any, name: str) -> bool:
+    parts = content.get("parts") if isinstance(content, dict) else None
+    if not isinstance(parts, list):
+        return False
+    return any(isinstance(p, dict) and isinstance(p.get("functionCall"), dict) and p["functionCall"].get("name") == name for p in parts)
+
+
+def _latest_prompt(contents: list[Any]) -> tuple[str, list[Any]]:
+    """The latest user-typed prompt, and the contents that follow its message.
+
+    The CLI merges consecutive user messages into one (its own ``<session_context>``
+    block and the first prompt; or, after a killed turn whose model reply was empty, the
+    old prompt and the new one), so the prompt is the message's LAST text part.
+    """
+    for index in range(len(contents) - 1, -1, -1):
+        content = contents[index]
+        if not isinstance(content, dict) or content.get("role") != "user" or _has_part(content, "functionResponse"):
+            continue
+        texts = [
+            p["text"]
+            for p in content.get("parts") or []
+            if isinstance(p, dict)
+            and isinstance(p.get("text"), str)
+            and not p["text"].lstrip().startswith("<session_context>")
+        ]
+        if texts:
+            return texts[-1], contents[index + 1 :]
+    return "", []
