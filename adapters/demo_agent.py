@@ -30,11 +30,14 @@ import uuid
 from pathlib import Path
 
 # The tool: a shell-like child that starts a setsid grandchild sharing its stdout.
+# It says so on the shared stdout once the whole tree exists.
 TOOL = r"""
-import subprocess, sys, time
+import json, os, subprocess, sys, time
 seconds = float(sys.argv[1])
-subprocess.Popen([sys.executable, "-c", "import time,sys; time.sleep(float(sys.argv[1]))", str(seconds)],
-                 start_new_session=True)
+helper = subprocess.Popen([sys.executable, "-c", "import time,sys; time.sleep(float(sys.argv[1]))", str(seconds)],
+                          start_new_session=True)
+print(json.dumps({"type": "status", "text": f"tool running (pid {os.getpid()}, setsid helper pid {helper.pid})"}),
+      flush=True)
 time.sleep(seconds)
 """
 
