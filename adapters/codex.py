@@ -87,17 +87,15 @@ PROVIDER = "corral"
 #: git repository (a channel's cwd need not be one); no plugin marketplace sync at start-up.
 COMMON_FLAGS: tuple[str, ...] = ("--json", "--skip-git-repo-check", "--disable", "plugins")
 
-#: Codex's own message when the thread id given to ``resume`` has no saved rollout.
-STALE_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"no rollout found for thread id", re.I),
-    re.compile(r"no (?:saved )?(?:session|conversation|thread) found", re.I),
-)
+#: Codex's own message when the thread id given to ``resume`` has no saved rollout (0.171.0:
+#: ``Error: thread/resume: thread/resume failed: no rollout found for thread id ID (code -32600)``).
+STALE_PATTERNS: tuple[re.Pattern[str], ...] = (re.compile(r"no rollout found for thread id", re.I),)
 
 #: Retry notices codex prints as ``error`` events while it reconnects on its own.
 _RETRY = re.compile(r"^\s*Reconnecting\b", re.I)
 
 #: ``/bin/bash -lc 'CMD'``: how codex wraps every shell command it reports.
-_SHELL_WRAPPER = re.compile(r"^\S*/?(?:ba|z|da)?sh$")
+_SHELL_WRAPPER = re.compile(r"^(?:ba|z|da)?sh$")
 
 
 def _toml_string(value: str) -> str:
@@ -173,6 +171,7 @@ def _unwrap_shell(command: str) -> str:
 
 
 def _text(value: object) -> str:
+    """``value`` if it is a string, else empty (codex's fields are optional in practice)."""
     return value if isinstance(value, str) else ""
 
 
@@ -185,8 +184,11 @@ class CodexParser:
     ended: bool = False
     """``turn.completed`` or ``turn.failed`` was seen: the turn ended on its own terms."""
     failed: bool = False
+    """The turn ended with ``turn.failed``."""
     stale: bool = False
+    """Codex said the resumed thread does not exist."""
     last_message: str = ""
+    """The latest whole ``agent_message``: the turn's final answer once it completes."""
     _last_error: str = ""
     _tools_seen: set[str] = field(default_factory=set)
     _tools_done: set[str] = field(default_factory=set)
@@ -198,18 +200,19 @@ class CodexParser:
             return []
         try:
             obj = json.loads(stripped)
-        except ValueError:
+        except (ValueError, RecursionError):
             return [Unparsed(line, "not JSON")]
         if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
             return [Unparsed(line, "not a JSON object with a string 'type'")]
         try:
             return self._event(obj, line)
-        except (TypeError, ValueError, AttributeError) as exc:  # a shape codex never printed so far
+        except (TypeError, ValueError, AttributeError, RecursionError) as exc:  # a shape codex never printed so far
             return [Unparsed(line, f"unexpected shape: {exc}")]
 
     def feed_stderr(self, line: str) -> list[Event]:
         """Codex reports an unknown thread id on stderr only; everything else there is log."""
-        if any(p.search(line) for p in STALE_PATTERNS):
+        # Only a resumed turn can have a stale id; elsewhere a look-alike log line is just log.
+        if self.session_id and any(p.search(line) for p in STALE_PATTERNS):
             self.stale = True
             return [StaleSession(line.strip())]
         return []
@@ -243,7 +246,7 @@ class CodexParser:
             message = _text(obj.get("message"))
             if _RETRY.match(message):
                 return [Status(message)]
-            if any(p.search(message) for p in STALE_PATTERNS):
+            if self.session_id and any(p.search(message) for p in STALE_PATTERNS):
                 self.stale = True
                 return [StaleSession(message)]
             self._last_error = message

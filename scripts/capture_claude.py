@@ -35,16 +35,13 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from adapters._base import TurnRequest  # noqa: E402
+from adapters.claude import build_launch  # noqa: E402
 from tests.fakemodel.anthropic import FakeAnthropicServer, agent_env  # noqa: E402
 from tests.fakemodel.clis import PACKAGES, cli_path  # noqa: E402
 
 #: Environment variable every process of a captured turn inherits, to find leftovers.
 MARK = "CORRAL_CAPTURE_MARK"
-#: Flags of every captured turn (the adapter's unattended launch).
-BASE_FLAGS = ("--output-format", "stream-json", "--verbose")
-UNATTENDED = ("--dangerously-skip-permissions",)
-#: Environment the adapter adds besides the server's: plan via TodoWrite, bypass as root.
-ADAPTER_ENV = {"CLAUDE_CODE_ENABLE_TASKS": "0", "IS_SANDBOX": "1"}
 
 
 @dataclass
@@ -55,7 +52,9 @@ class Turn:
     prompt: str
     resume: str | None = None
     """``"previous"``: the session id of the previous turn; any other string: used as is."""
-    extra: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    """The agent's extra ``args`` (TurnRequest.args)."""
+    model: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     unattended: bool = True
     interrupt_on: str | None = None
@@ -140,27 +139,27 @@ def run_turn(server: FakeAnthropicServer, root: Path, turn: Turn, session: str |
     for d in (home, tmp, cwd):
         d.mkdir(parents=True, exist_ok=True)
     mark = uuid.uuid4().hex
+    # The launch is the adapter's own, so the captures show what corral will run.
+    launch = build_launch(TurnRequest(
+        prompt=turn.prompt, channel="capture", turn_id=turn.name, agent="claude",
+        command=(str(cli_path("claude")),), args=turn.args, session_id=session, model=turn.model,
+        cwd=str(cwd), home=str(home), unattended=turn.unattended))
+    # What the supervisor provides (a scrubbed env, HOME, TMPDIR), the adapter's additions,
+    # then the agent's configuration: the server, and the scenario's extras.
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LANG": "C.UTF-8",
         "HOME": str(home),
         "TMPDIR": str(tmp),
         MARK: mark,
-        **ADAPTER_ENV,
+        **launch.env,
         **agent_env(server.url),
         **turn.env,
     }
-    if not turn.unattended:
-        env.pop("IS_SANDBOX")
-    argv = [str(cli_path("claude")), "-p", turn.prompt, *BASE_FLAGS]
-    if turn.unattended:
-        argv += UNATTENDED
-    if session:
-        argv += ["--resume", session]
-    argv += list(turn.extra)
+    argv = list(launch.argv)
     started = time.monotonic()
     pieces_before, streams_before = server.text_pieces_sent, server.streams_started
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, env=env, cwd=launch.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     tool_seen: list[str] = []
     notes: list[str] = []
@@ -226,7 +225,9 @@ def _same_session(server: FakeAnthropicServer, outcomes: list[Outcome]) -> list[
 SCENARIOS: list[Scenario] = [
     Scenario("text", "a plain text turn", [Turn("text", "Say hello. [[say:Hello from the fake model.]]")]),
     Scenario("model", "a text turn with --model", [
-        Turn("model", "Which model? [[say:A small one.]]", extra=("--model", "claude-haiku-4-5"))], check=_model_check),
+        Turn("model", "Which model? [[say:A small one.]]", model="claude-haiku-4-5")], check=_model_check),
+    Scenario("args-dash", "variadic args (--allowedTools Bash Read) and a prompt that starts with '-'", [
+        Turn("args-dash", "- starts with a dash [[say:Dash prompt understood.]]", args=("--allowedTools", "Bash", "Read"))]),
     Scenario("resume", "two turns: the second resumes the first's session id", [
         Turn("resume-1", "Remember the word pineapple. [[say:I will remember pineapple.]]"),
         Turn("resume-2", "Which word? [[say:The word was pineapple.]]", resume="previous"),
@@ -241,6 +242,10 @@ SCENARIOS: list[Scenario] = [
         Turn("interrupted", "Wait a while. [[shell:sleep 300]] [[say:Finished waiting.]]", interrupt_on="sleep"),
         Turn("interrupted-resume", "Carry on. [[say:Resumed after the stop.]]", resume="previous"),
     ], check=_same_session),
+    Scenario("interrupted-tree", "SIGINT to the CLI's group while the tool has a background child and a detached one", [
+        Turn("interrupted-tree", "Wait a while. [[shell:sleep 301 & (setsid sleep 302 &); sleep 300]] [[say:Finished waiting.]]",
+             interrupt_on="sleep"),
+    ]),
     Scenario("interrupted-text", "SIGINT to the CLI's group while the answer streams slowly", [
         Turn("interrupted-text", "Talk slowly. [[slow:30]] [[say:one two three four five six seven eight nine ten]]",
              interrupt_on="text")]),
@@ -329,8 +334,13 @@ def main() -> int:
         print("\n".join(report[first:]), flush=True)
     if args.only:
         return 0
-    readme = README_HEAD.format(version=version, package=PACKAGES["claude"], flags=" ".join(BASE_FLAGS),
-                                env=" ".join(f"{k}={v}" for k, v in {**ADAPTER_ENV, **agent_env("http://127.0.0.1:PORT")}.items()))
+    sample = build_launch(TurnRequest(prompt="PROMPT", channel="c", turn_id="t", agent="claude", command=("claude",)))
+    fill = {"version": version, "package": PACKAGES["claude"],
+            "env": " ".join(f"{k}={v}" for k, v in {**sample.env, **agent_env("http://127.0.0.1:PORT")}.items())}
+    readme = README_HEAD
+    for key, value in fill.items():
+        # Not str.format: the measured notes quote JSON, braces and all.
+        readme = readme.replace("{" + key + "}", value)
     (args.out / "README.md").write_text(readme + "\n".join(report))
     return 0
 
@@ -341,13 +351,50 @@ Real stdout (`NAME.jsonl`) and, when not empty, stderr (`NAME.stderr`) of **{ver
 (`{package}`), run offline against `tests/fakemodel/anthropic.py` by
 `scripts/capture_claude.py` — rerun that script to regenerate every file here (and this README).
 
-Every turn: `claude -p PROMPT {flags} --dangerously-skip-permissions [--resume ID] [extra]`,
+Every turn is launched by `adapters/claude.py`'s `build_launch`:
+`claude -p --output-format stream-json --verbose --dangerously-skip-permissions [--model M] [--resume ID] [args] -- PROMPT`
+(no `--dangerously-skip-permissions` and no `IS_SANDBOX` in `attended-tool`),
 stdin `/dev/null`, own session, private `HOME`/`TMPDIR`/cwd under a temp dir `$ROOT`
-(`$ROOT/home`, `$ROOT/tmp`, `$ROOT/work`), and env `{env}`.
+(`$ROOT/home`, `$ROOT/tmp`, `$ROOT/work`), and env `{env}`
+(plus `PATH`, `LANG=C.UTF-8`, `HOME`, `TMPDIR`). Each argv below is exact.
 The prompt markers (`[[say:…]]`, `[[shell:…]]`, …) script the fake model (`tests/fakemodel/script.py`).
 Interrupted turns get SIGINT on the CLI's process group once the tool (`sleep`) runs, or
 once the model call is under way; "processes alive after" lists what the turn left behind
 (found by an environment marker every child inherits).
+
+## What the captures show (2.1.197, confirmed over repeated runs)
+
+- **SIGINT to the CLI's group mid-tool**: the tool runs in a session of its own (its pgid is
+  not the CLI's), yet the CLI kills the tool's whole process group itself and exits within
+  ~0.15 s. It prints a `user` tool_result "The user doesn't want to proceed…", a `user` text
+  `[Request interrupted by user for tool use]`, then a last line
+  `{"type":"result","subtype":"error_during_execution","is_error":true,"terminal_reason":"aborted_tools",…}`
+  with the session id. **The exit code varies from run to run: 0 or 1 (4 of each in 8
+  runs), and -9 in 2 of about 12 runs** (the binary has a `process.kill(process.pid,
+  "SIGKILL")` fallback when `process.exit` throws) — never trust it.
+  A grandchild that left the tool's session (`setsid`) survives (`interrupted-tree`).
+- **SIGINT mid-answer or on a silent stream**: the partial text is flushed as an `assistant`
+  line, then `[Request interrupted by user]` and a result with `terminal_reason: aborted_streaming`.
+- **Resume** keeps the same session id; after an interrupted turn it works, and the next
+  request carries the earlier conversation (the aborted tool call is closed by the CLI's
+  "doesn't want to proceed" tool_result).
+- **Stale session**: an unknown UUID, or a real one resumed from another cwd, prints only a
+  result line (`error_during_execution`, `errors: ["No conversation found with session ID: …"]`,
+  `session_id` = the unknown id) and the same message on stderr; exit 1. A value that is not
+  a UUID: "Error: --resume requires a valid session ID or session title when used with
+  --print. …", with a throwaway session id in the result line.
+- **API errors**: a synthetic `assistant` message (`"model":"<synthetic>"`, `"error":…`,
+  text "API Error: 400 …"), then a result with `subtype: success` but `is_error: true`; exit 1.
+  5xx are retried first, one `system/api_retry` line per attempt.
+- **`nohup sleep 300 &`** started by a tool outlives a normal, successful turn (`background`).
+- **Plans**: 2.1 offers `TaskCreate`/`TaskUpdate` instead of `TodoWrite`;
+  `CLAUDE_CODE_ENABLE_TASKS=0` brings `TodoWrite` back (used for every capture).
+- **Without `--dangerously-skip-permissions`** a read-only command runs, a writing one is
+  refused in the tool result and listed in the result line's `permission_denials`.
+- Only one kind of request: `POST /v1/messages?beta=true` with `stream: true`; no side calls
+  in print mode with `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`.
+
+## Scenarios
 
 """
 

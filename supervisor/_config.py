@@ -145,7 +145,8 @@ class _Checker:
 
     def seconds(self, data: Mapping[str, Any], key: str, prefix: str, default: float) -> float:
         value = data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        # ``not value >= 0`` also rejects NaN (valid TOML), which trio's timeouts refuse.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             self.add(
                 f"{prefix}{key}",
                 f"expected a number of seconds (>= 0), got {value!r}",

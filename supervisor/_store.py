@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+import os
 import sqlite3
 import time
 from collections import defaultdict
@@ -138,6 +138,10 @@ class Store:
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.path = path
+        if path != ":memory:" and not os.path.exists(path):
+            # Transcripts can hold secrets: the file (and SQLite's -wal/-shm, which copy its
+            # mode) is readable by its owner only.
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
@@ -419,8 +423,3 @@ async def open_store(path: str, *, synchronous: str = "FULL") -> AsyncIterator[S
                 nursery.cancel_scope.cancel()
     finally:
         store.close()
-
-
-def finite(value: float) -> float:
-    """``value`` if it is a finite number, else 0 (for JSON-safe durations)."""
-    return value if math.isfinite(value) else 0.0

@@ -81,6 +81,7 @@ def session_in(name: str) -> str:
 EXPECTED: dict[str, tuple[dict[str, object], list[str]]] = {
     "text": ({}, ["SessionId", "Text", "Result"]),
     "model": ({}, ["SessionId", "Text", "Result"]),
+    "args-dash": ({}, ["SessionId", "Text", "Result"]),
     "resume-1": ({}, ["SessionId", "Text", "Result"]),
     "resume-2": ({}, ["SessionId", "Text", "Result"]),
     "stale-cwd-1": ({}, ["SessionId", "Text", "Result"]),
@@ -92,6 +93,8 @@ EXPECTED: dict[str, tuple[dict[str, object], list[str]]] = {
     "todos": ({}, ["SessionId", "Todos", "Text", "Result"]),
     "interrupted": ({"interrupted": True, "returncode": 1},
                     ["SessionId", "ToolUse", "ToolResult", "Status", "Error", "Result"]),
+    "interrupted-tree": ({"interrupted": True, "returncode": 1},
+                         ["SessionId", "ToolUse", "ToolResult", "Status", "Error", "Result"]),
     "interrupted-silent": ({"interrupted": True, "returncode": 0}, ["SessionId", "Status", "Error", "Result"]),
     "stale-session": ({"returncode": 1}, ["StaleSession"]),
     "stale-cwd": ({"returncode": 1}, ["StaleSession"]),
@@ -172,7 +175,7 @@ def test_permission_denial_is_reported() -> None:
     assert next(e for e in events if isinstance(e, ToolResult)).is_error
 
 
-@pytest.mark.parametrize("name", ["interrupted", "interrupted-silent", "interrupted-text"])
+@pytest.mark.parametrize("name", ["interrupted", "interrupted-tree", "interrupted-silent", "interrupted-text"])
 def test_interrupted_turn_never_succeeds(name: str) -> None:
     """SIGINT mid-tool or mid-answer: the CLI's own result line is a failure, and so is finish."""
     events = replay(name, interrupted=True, returncode=0)

@@ -7,7 +7,8 @@ The CLI, pointed here by ``GOOGLE_GEMINI_BASE_URL``, makes two kinds of model ca
   check, loop detection. They get a quick JSON object shaped by the schema.
 * ``POST /v1beta/models/MODEL:streamGenerateContent?alt=sse``: the turn itself, answered
   from the markers of :mod:`tests.fakemodel.script`. The shell tool is
-  ``run_shell_command``.
+  ``run_shell_command``; ``[[todos]]`` calls ``write_todos`` when the request offers it
+  (the CLI does so only for a Gemini 2 model).
 
 ``countTokens`` and model listing get plausible answers too, so the CLI never stalls on
 a request this server does not know.
@@ -23,6 +24,16 @@ from ._http import FakeModelServer, Request, Responder
 from .script import Script, read_script
 
 SHELL_TOOL = "run_shell_command"
+
+#: gemini's plan tool; the CLI offers it only with a Gemini 2 model (``--model gemini-2.5-pro``).
+TODO_TOOL = "write_todos"
+
+#: The three-step plan ``[[todos]]`` asks for.
+TODO_PLAN: list[dict[str, str]] = [
+    {"description": "Read the request", "status": "completed"},
+    {"description": "Run the command", "status": "in_progress"},
+    {"description": "Report back", "status": "pending"},
+]
 
 #: ``/v1beta/models/gemini-2.5-pro:streamGenerateContent`` -> model, method.
 _MODEL_CALL = re.compile(r"^/v1(?:beta|alpha)?/models/([^:/?]+):([A-Za-z]+)")
@@ -132,18 +143,23 @@ class FakeGeminiServer(FakeModelServer):
         contents = body.get("contents") or []
         prompt, after = _latest_prompt(contents)
         script = read_script(prompt)
-        last_is_tool_result = bool(contents) and _has_part(contents[-1], "functionResponse")
-        shell_done = any(_has_call(c, SHELL_TOOL) for c in after)
+        # Calls made since the prompt: each scripted call happens once per prompt, so the
+        # function response that comes back moves the script on to its next step.
+        called = {name for content in after for name in _calls(content)}
         if script.silent:
             out.start_sse()
             out.go_silent()
             return
-        if script.shell and not shell_done and not last_is_tool_result:
-            out.start_sse()
-            call = {"functionCall": {"name": SHELL_TOOL, "args": {"command": script.shell, "description": "run a command"}}}
-            out.event(self._candidate([call], model, finish="STOP"))
-            return
-        self._stream_text(script, model, out)
+        if script.todos and TODO_TOOL in _offered(body) and TODO_TOOL not in called:
+            self._call(TODO_TOOL, {"todos": TODO_PLAN}, model, out)
+        elif script.shell and SHELL_TOOL not in called:
+            self._call(SHELL_TOOL, {"command": script.shell, "description": "run a command"}, model, out)
+        else:
+            self._stream_text(script, model, out)
+
+    def _call(self, name: str, args: dict[str, Any], model: str, out: Responder) -> None:
+        out.start_sse()
+        out.event(self._candidate([{"functionCall": {"name": name, "args": args}}], model, finish="STOP"))
 
     def _stream_text(self, script: Script, model: str, out: Responder) -> None:
         out.start_sse()
@@ -177,11 +193,26 @@ def _has_part(content: Any, kind: str) -> bool:
     return isinstance(parts, list) and any(isinstance(p, dict) and kind in p for p in parts)
 
 
-def _has_call(content: Any, name: str) -> bool:
+def _calls(content: Any) -> list[str]:
+    """The names of the functions a model message calls."""
     parts = content.get("parts") if isinstance(content, dict) else None
     if not isinstance(parts, list):
-        return False
-    return any(isinstance(p, dict) and isinstance(p.get("functionCall"), dict) and p["functionCall"].get("name") == name for p in parts)
+        return []
+    return [
+        p["functionCall"]["name"]
+        for p in parts
+        if isinstance(p, dict) and isinstance(p.get("functionCall"), dict) and isinstance(p["functionCall"].get("name"), str)
+    ]
+
+
+def _offered(body: dict[str, Any]) -> set[str]:
+    """The tool names a request offers the model."""
+    names = set()
+    for tool in body.get("tools") or []:
+        for decl in (tool.get("functionDeclarations") or []) if isinstance(tool, dict) else []:
+            if isinstance(decl, dict) and isinstance(decl.get("name"), str):
+                names.add(decl["name"])
+    return names
 
 
 def _latest_prompt(contents: list[Any]) -> tuple[str, list[Any]]:

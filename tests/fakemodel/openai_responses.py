@@ -15,6 +15,14 @@ user typed (see :mod:`tests.fakemodel.script`):
 
 For error captures a test sets :attr:`OpenAIResponsesServer.fail` to ``(status, body)``;
 every model request is then answered with that status.
+
+Codex takes its endpoint from ``$CODEX_HOME/config.toml`` only (it ignores ``OPENAI_BASE_URL``),
+so pointing it here takes the codex adapter's options (:func:`agent_options`) plus the key in
+:func:`agent_env`::
+
+    with OpenAIResponsesServer() as server:
+        request = TurnRequest(..., options=agent_options(server.url))
+        env = {**scrubbed, **launch.env, **agent_env(server.url)}
 """
 
 from __future__ import annotations
@@ -38,18 +46,6 @@ _CONTEXT_BLOCK = re.compile(r"^\s*<([A-Za-z_][\w-]*)>.*</\1>\s*$", re.S)
 _CONTEXT_PREFIXES = ("# AGENTS.md instructions",)
 
 SHELL_TOOL = "exec_command"
-
-
-def _message_text(item: dict[str, Any]) -> str:
-    """The text of a message item's ``input_text``/``output_text`` parts, joined."""
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content or ():
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            parts.append(part["text"])
-    return "\n".join(parts)
 
 
 def _is_context(text: str) -> bool:

@@ -1,0 +1,331 @@
+"""The ``aider`` adapter: Aider (PyPI ``aider-chat``) in one-shot ``--message`` mode.
+
+Aider prints plain text, not JSON, and has no session ids. Its conversation lives in a
+markdown chat history file that ``--restore-chat-history`` reads back, so corral's
+"session id" for aider is the *name of that file* inside the channel's working directory
+(aider runs with ``cwd=request.cwd``, so a bare name resolves there):
+
+* a fresh turn writes a new file, ``.aider.chat.history.<turn id>.md``. A new name per
+  conversation matters: aider only ever appends, so reusing one fixed name after corral
+  dropped a session would silently restore the old conversation on the next resume;
+* a turn with ``request.session_id`` passes ``--chat-history-file <id> --restore-chat-history``.
+  A missing file is not an error for aider (it creates it and starts afresh), so there is
+  no stale-session case to report.
+
+Measured facts about aider 0.86.2 that shape the launch (see the report in
+``tests/data/captures/aider/README.md``):
+
+* ``--message TEXT`` fails on a prompt that starts with ``-``; ``--message=TEXT`` does not.
+* Without a TTY aider still answers every confirmation: ``--yes-always`` says yes to all of
+  them *except* running shell commands (it refuses those); without ``--yes-always``, stdin
+  at EOF makes every question take its default — which is yes, shell commands included.
+  So an attended turn (``unattended=False``) gets ``--no-suggest-shell-commands``: nobody can
+  approve a command, and EOF must not count as approval.
+* Tool messages wrap at 80 columns when stdout is not a terminal; ``COLUMNS`` widens them so
+  one error stays on one line. ``--no-pretty`` stops the rule lines and 80-column padding.
+* A failing model API is retried for about a minute, then aider exits **0**; the parser
+  therefore turns "errors and no answer" into ``Result(ok=False)``.
+* SIGINT while streaming: aider prints ``^C again to exit`` and exits 0 with the partial
+  answer saved in the history file; during a shell command it dies with a traceback (-2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ._base import (
+    Adapter,
+    Error,
+    Event,
+    Launch,
+    Result,
+    SessionId,
+    Status,
+    Text,
+    ToolResult,
+    ToolUse,
+    TurnRequest,
+    preview,
+)
+
+#: Flags every turn gets, before the configured args so that a configured ``--git`` or
+#: ``--pretty`` (aider's flags are last-one-wins) can undo them.
+BASE_ARGS: tuple[str, ...] = (
+    # Plain text: no horizontal rules, no markdown rendering padded to the terminal width.
+    "--no-pretty",
+    "--no-fancy-input",
+    # No network calls and no questions that have nothing to do with the prompt.
+    "--no-check-update",
+    "--no-show-release-notes",
+    "--no-analytics",
+    "--no-show-model-warnings",
+    # Without git, aider would (with --yes-always) create a repository in the channel's
+    # directory, edit its .gitignore and commit every change; opt in with ``--git``.
+    "--no-git",
+    # A URL in the prompt would otherwise make aider offer to pip-install Playwright.
+    "--disable-playwright",
+    # The input history only feeds aider's interactive prompt, which corral never shows.
+    "--input-history-file",
+    "/dev/null",
+)
+
+#: Added to the environment: wide enough that aider's messages are never wrapped.
+ENV: dict[str, str] = {"COLUMNS": "4096"}
+
+#: What a fresh conversation's history file is called (``{}`` is the sanitised turn id).
+HISTORY_FILE_TEMPLATE = ".aider.chat.history.{}.md"
+
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+
+
+def history_file_for(turn_id: str) -> str:
+    """The history file name a fresh conversation started by turn ``turn_id`` uses."""
+    stem = _UNSAFE_CHARS.sub("-", turn_id).strip("-.")[:80] or "session"
+    return HISTORY_FILE_TEMPLATE.format(stem)
+
+
+def is_valid_session(session_id: str | None) -> bool:
+    """Whether ``session_id`` is a plain file name in the working directory.
+
+    A session id comes back from corral's store, so it must not be able to point aider at a
+    file elsewhere (``../x``, ``/etc/passwd``) or read as an option (``-x``).
+    """
+    return bool(session_id) and bool(_SAFE_NAME.match(session_id or "")) and ".." not in (session_id or "")
+
+
+def session_file(request: TurnRequest) -> str:
+    """The chat history file this turn reads and appends to."""
+    if is_valid_session(request.session_id):
+        return request.session_id  # type: ignore[return-value]
+    return history_file_for(request.turn_id)
+
+
+def build_launch(request: TurnRequest) -> Launch:
+    """Defaults, model, configured args, the history file, then ``--message=PROMPT``."""
+    argv: list[str] = [*request.command, *BASE_ARGS]
+    if request.unattended:
+        argv.append("--yes-always")
+    else:
+        # Nobody can answer "Run shell command?"; with stdin at EOF aider would take the
+        # default answer, yes, so the only way to not run commands is not to suggest them.
+        argv.append("--no-suggest-shell-commands")
+    if request.model:
+        argv += ["--model", request.model]
+    argv += request.args
+    argv += ["--chat-history-file", session_file(request)]
+    if is_valid_session(request.session_id):
+        argv.append("--restore-chat-history")
+    # The ``=`` form: ``--message -x`` is an argparse error ("expected one argument").
+    argv.append(f"--message={request.prompt}")
+    return Launch(argv=tuple(argv), env=dict(ENV), cwd=request.cwd, stdin=None)
+
+
+# ---------------------------------------------------------------- parsing
+
+#: Banner lines that repeat identically every turn; dropped so they do not fill the
+#: channel's transcript (the model is in the agent's config anyway).
+_BANNER = re.compile(
+    r"^(?:Aider v\d\S*|(?:Main |Weak |Editor )?[Mm]odel: .*|Git repo: .*|Repo-map: .*"
+    r"|Analytics have been permanently disabled\.)$"
+)
+_BANNER_START = re.compile(r"^Aider v\d")
+_USAGE = re.compile(r"^Tokens: \S+ sent\b.* received\.(?: Cost: .*)?$|^Cost: \$\S+ message, \$\S+ session\.$")
+_RETRY = re.compile(r"^Retrying in [\d.]+ seconds\.\.\.$")
+_RUNNING = re.compile(r"^Running (.+)$")
+_OUTPUT_ADDED = re.compile(r"^Added \d+ lines? of output to the chat\.$")
+_EDITED = re.compile(r"^Applied edit to (.+)$")
+_COMMIT = re.compile(r"^Commit [0-9a-f]{7,40} .+$")
+_INTERRUPT = re.compile(r"^\^C (?:again to exit|KeyboardInterrupt)$")
+#: aider rejecting the reply's edit blocks and asking the model again (it recovers itself).
+_REFLECTION = re.compile(r"^The LLM did not conform to the edit format\.$|^https://aider\.chat/docs/\S*$")
+#: aider's model-metadata download failing offline is harmless: it falls back to defaults.
+_METADATA_FETCH = re.compile(r"model_prices_and_context_window\.json")
+_ERROR = re.compile(
+    r"^(?:litellm\.\w+"  # litellm.AuthenticationError: …, litellm.InternalServerError: …
+    r"|[A-Za-z_][\w.]*(?:Error|Exception):"  # ValueError: …, openai.APIError: …
+    r"|Error\b|Unable to |Exception while "
+    r"|Empty response received from LLM"
+    r"|Only \d+ reflections allowed"
+    r"|The API provider )"  # aider's explanations of litellm errors
+    r"|: (?:file not found error|is a directory|unable to read: .*)$"
+)
+
+
+def looks_like_error(line: str) -> bool:
+    """Whether aider printed ``line`` as an error (it has no colour to tell us without a TTY)."""
+    return bool(_ERROR.search(line)) and not _METADATA_FETCH.search(line)
+
+
+@dataclass(slots=True)
+class AiderParser:
+    """Plain aider output to events.
+
+    States: ``preamble`` (banner, up to the first blank line after ``Aider vX``), ``answer``
+    (the model's reply; every line a :class:`Text` delta), ``tool`` (output of a command
+    aider runs, up to ``Added N lines of output``). A usage line (``Tokens: …``) ends an
+    answer; text after it (aider's reflection round) continues the same answer.
+    """
+
+    session: str
+    state: str = "preamble"
+    saw_banner: bool = False
+    sent_session: bool = False
+    errors: int = 0
+    answer: list[str] = field(default_factory=list)
+    """Every Text delta emitted, in order; joined, it is the Result text."""
+    _blank_lines: int = 0
+    _block_open: bool = False
+    _text_since_error: bool = False
+    _tool_output: list[str] = field(default_factory=list)
+    _after_usage: bool = False
+    _in_fence: bool = False
+    _fenced: set[str] = field(default_factory=set)
+    """Lines inside the answer's fenced code blocks, to recognise echoed shell commands."""
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one stdout line."""
+        events: list[Event] = []
+        if not self.sent_session:
+            # First thing: aider has already created the history file when it prints, and
+            # after a stop the supervisor keeps only SessionId from the leftover lines.
+            self.sent_session = True
+            events.append(SessionId(self.session))
+        events += self._line(line.rstrip())
+        return events
+
+    def _line(self, line: str) -> list[Event]:
+        if self.state == "tool":
+            return self._tool_line(line)
+        if _METADATA_FETCH.search(line):
+            return [Status(line)]
+        if looks_like_error(line):
+            self.errors += 1
+            self._text_since_error = False
+            self._close_block()
+            return [Error(line)]
+        if self.state == "preamble":
+            return self._preamble_line(line)
+        return self._answer_line(line)
+
+    def _preamble_line(self, line: str) -> list[Event]:
+        if not line:
+            if self.saw_banner:
+                self.state = "answer"
+            return []
+        if _BANNER_START.match(line):
+            self.saw_banner = True
+            return []
+        if _BANNER.match(line):
+            return []
+        # "Restored previous conversation history.", "Added x.py to the chat.", warnings.
+        return [Status(line)]
+
+    def _answer_line(self, line: str) -> list[Event]:
+        if not line:
+            # Held back: a blank line matters between paragraphs, not at the end.
+            if self._block_open:
+                self._blank_lines += 1
+            return []
+        if _USAGE.match(line):
+            self._close_block()
+            self._after_usage = True
+            return [Status(line)]
+        if _RETRY.match(line) or _INTERRUPT.match(line):
+            self._close_block()
+            return [Status(line)]
+        if _COMMIT.match(line) or _OUTPUT_ADDED.match(line) or _REFLECTION.match(line):
+            self._close_block()
+            return [Status(line)]
+        if self._after_usage and line.strip() in self._fenced:
+            # aider echoes a shell command the reply suggested before asking to run it;
+            # under --yes-always it then declines without printing anything more.
+            return [Status(f"suggested command: {line.strip()}")]
+        if m := _EDITED.match(line):
+            self._close_block()
+            return [ToolUse("edit", preview(m.group(1)))]
+        if m := _RUNNING.match(line):
+            self._close_block()
+            self.state = "tool"
+            self._tool_output = []
+            return [ToolUse("shell", preview(m.group(1)))]
+        return [self._text(line)]
+
+    def _tool_line(self, line: str) -> list[Event]:
+        if _OUTPUT_ADDED.match(line):
+            return [*self._end_tool(), Status(line)]
+        if _RUNNING.match(line) or _USAGE.match(line):
+            # The next command, or the model's next round: the output is complete.
+            events = self._end_tool()
+            return events + self._line(line)
+        self._tool_output.append(line)
+        return []
+
+    def _end_tool(self) -> list[Event]:
+        self.state = "answer"
+        output = "\n".join(self._tool_output).strip()
+        self._tool_output = []
+        return [ToolResult(preview(output))]
+
+    def _text(self, line: str) -> Text:
+        if self._block_open:
+            sep = "\n" * (1 + self._blank_lines)
+        elif self.answer:
+            sep = "\n\n"  # a later round of the same turn: a new paragraph
+        else:
+            sep = ""
+        self._blank_lines = 0
+        self._block_open = True
+        self._text_since_error = True
+        self._after_usage = False
+        if line.startswith("```"):
+            self._in_fence = not self._in_fence
+        elif self._in_fence:
+            self._fenced.add(line.strip())
+        piece = sep + line
+        self.answer.append(piece)
+        return Text(piece, delta=True)
+
+    def _close_block(self) -> None:
+        self._block_open = False
+        self._blank_lines = 0
+
+    def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
+        """Exit 0 is a Result (not ok if aider only printed errors); anything else an Error."""
+        events: list[Event] = []
+        if not self.sent_session:
+            # Even a silent or killed turn leaves a history file worth resuming.
+            self.sent_session = True
+            events.append(SessionId(self.session))
+        if self.state == "tool":
+            events += self._end_tool()
+        text = "".join(self.answer)
+        if interrupted:
+            return events
+        if returncode == 0:
+            # aider exits 0 after giving up on a failing API: errors and no answer since.
+            ok = not (self.errors and not self._text_since_error)
+            return [*events, Result(text, ok=ok)]
+        if returncode is None:
+            return [*events, Error("aider ended without an exit status")]
+        if returncode < 0:
+            return [*events, Error(f"aider was killed by signal {-returncode}")]
+        if returncode == 2 and not self.saw_banner:
+            return [*events, Error("aider rejected its arguments (exit status 2); see the agent's args")]
+        return [*events, Error(f"aider exited with status {returncode}")]
+
+
+def new_parser(request: TurnRequest) -> AiderParser:
+    """A fresh parser for one turn; it reports the history file as the session id."""
+    return AiderParser(session=session_file(request))
+
+
+ADAPTER = Adapter(
+    name="aider",
+    default_command=("aider",),
+    build_launch=build_launch,
+    new_parser=new_parser,
+    point_of_no_return="spawn",
+    description="Aider (aider-chat) one-shot --message turns; the session is a chat history file in the channel's cwd",
+)

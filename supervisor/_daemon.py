@@ -1,0 +1,171 @@
+"""``corral run``: the supervisor behind a control API, until a signal or a shutdown request.
+
+The Unix socket is bound by corral, chmodded to 0600 and only then listened on (nobody can
+connect to a socket that is not listening, so there is no window with looser rights), and
+handed to hypercorn's Trio worker as ``fd://``. An optional TCP listener binds loopback
+only and requires a bearer token. SIGINT or SIGTERM (or ``POST /v1/shutdown``) ends it in
+order: listeners close, running turns end as "interrupted — daemon restarting", their
+trees are killed and swept, the store is flushed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from ._api import ControlAPI
+from ._config import Config
+from ._supervisor import open_supervisor
+
+log = logging.getLogger("corral.daemon")
+
+#: Seconds hypercorn gives open requests (followers) to finish at shutdown.
+GRACEFUL_SECONDS = 1.0
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start (socket in use, bad address); the message says how to fix it."""
+
+
+def bind_unix_socket(path: Path) -> socket.socket:
+    """Bind ``path`` with mode 0600. A stale socket file is replaced; a live daemon is not."""
+    if len(os.fsencode(path)) >= 108:
+        raise DaemonError(f"socket path {path} is too long for a Unix socket (max 107 bytes); choose a shorter [server] socket")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise DaemonError(f"{path} exists and is not a socket; remove it or choose another [server] socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody answers: a stale socket from a daemon that died
+        else:
+            raise DaemonError(f"a corral daemon is already running on {path}; `corral shutdown` stops it")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_loopback_tcp(address: str) -> socket.socket:
+    """Bind a loopback TCP address; anything else is refused."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host == "localhost":
+        host = "127.0.0.1"
+    if host not in ("127.0.0.1", "::1"):
+        raise DaemonError(f"the TCP listener must bind loopback (127.0.0.1 or ::1), not {host!r}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise DaemonError(f"cannot bind {address}: {exc.strerror}") from None
+    return sock
+
+
+def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
+    hc = HypercornConfig()
+    # hypercorn wraps the descriptor in a socket object of its own and closes it: hand
+    # the descriptor over (detach) so it is never closed twice.
+    hc.bind = [f"fd://{sock.detach()}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("corral.http")
+    hc.graceful_timeout = GRACEFUL_SECONDS
+    hc.keep_alive_timeout = 5
+    return hc
+
+
+def notify_systemd(message: str) -> bool:
+    """Send ``message`` to systemd's notify socket if the daemon runs under ``Type=notify``."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(address)
+            sock.sendall(message.encode())
+        except OSError as exc:
+            log.warning("cannot notify systemd: %s", exc)
+            return False
+    return True
+
+
+async def run_daemon(
+    config: Config,
+    *,
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the daemon until SIGINT/SIGTERM (if ``handle_signals``) or ``POST /v1/shutdown``."""
+    stopping = trio.Event()
+    token = None
+    if config.server.token_file is not None:
+        token = config.server.token_file.read_text().strip()
+        if not token:
+            raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
+    unix_sock = bind_unix_socket(config.server.socket)
+    tcp_sock = bind_loopback_tcp(config.server.tcp) if config.server.tcp else None
+    try:
+        async with open_supervisor(config, subreaper=True) as sup:
+            restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
+            async with trio.open_nursery() as nursery:
+                if handle_signals:
+                    nursery.start_soon(_watch_signals, stopping)
+                app = ControlAPI(sup, shutdown=stopping.set)
+                await nursery.start(
+                    lambda task_status: hypercorn_serve(app, _hypercorn_config(unix_sock), shutdown_trigger=stopping.wait, task_status=task_status)
+                )
+                if tcp_sock is not None:
+                    tcp_app = ControlAPI(sup, shutdown=stopping.set, token=token)
+                    await nursery.start(
+                        lambda task_status: hypercorn_serve(tcp_app, _hypercorn_config(tcp_sock), shutdown_trigger=stopping.wait, task_status=task_status)
+                    )
+                log.info(
+                    "corral %d ready on %s%s; %d agent(s); %d channel(s) with queued messages restored",
+                    os.getpid(), config.server.socket, f" and {config.server.tcp}" if tcp_sock else "",
+                    len(config.agents), restored,
+                )
+                notify_systemd("READY=1\nSTATUS=serving")
+                task_status.started()
+                await stopping.wait()
+                log.info("shutting down")
+                notify_systemd("STOPPING=1")
+                with trio.CancelScope(shield=True):
+                    await sup.shutdown()
+                nursery.cancel_scope.deadline = trio.current_time() + GRACEFUL_SECONDS + 1
+    finally:
+        for sock in (unix_sock, tcp_sock):
+            if sock is not None and sock.fileno() >= 0:
+                sock.close()
+        try:
+            config.server.socket.unlink()
+        except FileNotFoundError:
+            pass
+        log.info("stopped")
+
+
+async def _watch_signals(stopping: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            stopping.set()
