@@ -49,6 +49,7 @@ import json
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._base import (
     Adapter,
@@ -217,7 +218,7 @@ class ClaudeParser:
 
     # ------------------------------------------------------------ line types
 
-    def _session(self, obj: dict) -> list[Event]:
+    def _session(self, obj: dict[str, Any]) -> list[Event]:
         sid = obj.get("session_id")
         if isinstance(sid, str) and sid and sid != self.session_id and not self.saw_stale:
             self.session_id = sid
@@ -236,7 +237,7 @@ class ClaudeParser:
         self._errors.add(text)
         return [Error(text)]
 
-    def _system(self, obj: dict, line: str) -> list[Event]:
+    def _system(self, obj: dict[str, Any], line: str) -> list[Event]:
         subtype = obj.get("subtype")
         if subtype == "init":
             return self._session(obj)
@@ -251,7 +252,7 @@ class ClaudeParser:
             return []
         return [Unparsed(line, f"unhandled system subtype {subtype!r}")]
 
-    def _assistant(self, obj: dict, line: str) -> list[Event]:
+    def _assistant(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message")
         if not isinstance(message, dict):
             return [Unparsed(line, "'assistant' without a message")]
@@ -279,7 +280,7 @@ class ClaudeParser:
                 events += self._tool_use(block)
         return events
 
-    def _tool_use(self, block: dict) -> list[Event]:
+    def _tool_use(self, block: dict[str, Any]) -> list[Event]:
         name = str(block.get("name") or "?")
         tool_input = block.get("input")
         if name == TODO_TOOL and isinstance(tool_input, dict):
@@ -289,7 +290,7 @@ class ClaudeParser:
                 return [todos]
         return [ToolUse(name, tool_preview(name, tool_input))]
 
-    def _user(self, obj: dict, line: str) -> list[Event]:
+    def _user(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message")
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
@@ -309,7 +310,7 @@ class ClaudeParser:
                 events.append(Status(block["text"].strip("[]")))
         return events
 
-    def _result(self, obj: dict, line: str) -> list[Event]:
+    def _result(self, obj: dict[str, Any], line: str) -> list[Event]:
         self.saw_result = True
         errors = [str(e) for e in obj.get("errors") or [] if e]
         text = obj.get("result") if isinstance(obj.get("result"), str) else ""
@@ -331,7 +332,7 @@ class ClaudeParser:
         return events
 
     @staticmethod
-    def _failure_text(obj: dict, errors: list[str]) -> str:
+    def _failure_text(obj: dict[str, Any], errors: list[str]) -> str:
         """Words for a failed turn whose result line has no text of its own."""
         reason = obj.get("terminal_reason")
         if isinstance(reason, str) and reason.startswith("aborted"):

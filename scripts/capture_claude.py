@@ -251,7 +251,7 @@ SCENARIOS: list[Scenario] = [
              interrupt_on="text")]),
     Scenario("interrupted-silent", "SIGINT to the CLI's group while the model sends nothing", [
         Turn("interrupted-silent", "Hang. [[silent]]", interrupt_on="stream")]),
-    Scenario("background", "a tool that starts `nohup sleep 300 &`: does it outlive a normal turn?", [
+    Scenario("background", "a tool that starts `nohup sleep 300 &` in a normal, successful turn", [
         Turn("background", "Start it. [[shell:nohup sleep 300 >/dev/null 2>&1 &]] [[say:Started in the background.]]")]),
     Scenario("stale-session", "--resume with a well-formed session id that does not exist", [
         Turn("stale-session", "Hello again. [[say:unused]]", resume="0b7c4a1e-5d2f-4c3b-9a8e-000000000000")]),

@@ -13,6 +13,7 @@ from ._config import AgentConfig, Config, ConfigError, Limits, Problem, ServerCo
 from ._ledger import LedgerError, StopDecision, StopLedger
 from ._store import Entry, StoreError
 from ._supervisor import (
+    Hooks,
     SHUTDOWN_NOTICE,
     STOP_NOTICE,
     Accepted,
@@ -31,6 +32,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Entry",
+    "Hooks",
     "LedgerError",
     "Limits",
     "Problem",

@@ -154,6 +154,9 @@ class Store:
         ).fetchone()
         self._seq = row[0] or 0
         self._pending: list[Pending] = []
+        # The newest accepted write: batches commit in order, so when it is done, all are.
+        # (``_pending`` alone is not enough: the writer empties it when it takes a batch.)
+        self._last: Pending | None = None
         self._wake = trio.Event()
         self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
         self._sessions: dict[tuple[str, str], tuple[str | None, str]] = {
@@ -177,6 +180,7 @@ class Store:
             raise StoreError("the store is closed")
         pending = Pending(apply, entry)
         self._pending.append(pending)
+        self._last = pending
         self._wake.set()
         return pending
 
@@ -264,8 +268,8 @@ class Store:
 
     async def flush(self) -> None:
         """Wait until everything accepted so far is committed (failures are not raised here)."""
-        if self._pending:
-            await self._pending[-1]._done.wait()
+        if self._last is not None:
+            await self._last._done.wait()
 
     # ------------------------------------------------------------ followers
 

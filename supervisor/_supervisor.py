@@ -110,10 +110,27 @@ class _Message:
     committed: Any  # Pending | None (restored messages are already stored)
 
 
+@dataclass(slots=True)
+class Hooks:
+    """Points where a test can park a turn to drive a race deterministically.
+
+    Each is an optional ``async (channel, turn_id) -> None`` awaited at that point; ``spawn``
+    replaces the spawner (same signature as :func:`supervisor._tree.spawn`). Production
+    code passes none, and then no extra checkpoint exists.
+    """
+
+    took: Any = None
+    """After the worker took a message off the queue, before the turn is built."""
+    preparing: Any = None
+    """Inside the turn, after the launch is built, right before the point of no return."""
+    spawn: Any = None
+
+
 class Supervisor:
     """Runs agents for channels. Make one with :func:`open_supervisor`."""
 
-    def __init__(self, config: Config, store: Store, nursery: trio.Nursery) -> None:
+    def __init__(self, config: Config, store: Store, nursery: trio.Nursery, hooks: Hooks | None = None) -> None:
+        self.hooks = hooks or Hooks()
         self.config = config
         self.store = store
         self.ledger = StopLedger(max_nudges=config.limits.max_nudges)
@@ -206,6 +223,8 @@ class Supervisor:
                     break
                 message: _Message = take.ticket.message.payload  # type: ignore[assignment]
                 self.store.dequeue([take.ticket.message.id])
+                if self.hooks.took is not None:
+                    await self.hooks.took(channel, take.ticket.turn_id)
                 await self._run_turn(channel, take.ticket, message)
         finally:
             self._workers.discard(channel)
@@ -513,7 +532,9 @@ def check_channel(channel: object) -> None:
 
 
 @asynccontextmanager
-async def open_supervisor(config: Config, *, subreaper: bool = False) -> AsyncIterator[Supervisor]:
+async def open_supervisor(
+    config: Config, *, subreaper: bool = False, hooks: Hooks | None = None
+) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the duration of the block.
 
     ``subreaper`` makes this process a child subreaper so escaped descendants of turns
@@ -525,7 +546,7 @@ async def open_supervisor(config: Config, *, subreaper: bool = False) -> AsyncIt
         set_child_subreaper(True)
     async with open_store(str(config.store_path)) as store:
         async with trio.open_nursery() as nursery:
-            sup = Supervisor(config, store, nursery)
+            sup = Supervisor(config, store, nursery, hooks)
             await sup.restore()
             try:
                 yield sup

@@ -202,10 +202,13 @@ class Turn:
         launch = self.adapter.build_launch(request)
         env = self._environment(launch)
         await trio.to_thread.run_sync(_write_files, Path(request.home), launch.files)
+        if sup.hooks.preparing is not None:
+            await sup.hooks.preparing(self.channel, self.turn_id)
         # The point of no return: the ledger is asked, then the spawn follows at once.
         if not sup.ledger.may_start(self.channel, self.turn_id):
             return
-        process = await spawn(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None)
+        spawner = sup.hooks.spawn or spawn
+        process = await spawner(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None)
         # No checkpoint between the spawn returning and the registration: a stop that
         # landed during the spawn is seen here and the process dies at once.
         self.tree = ProcessTree(process, self.turn_id)

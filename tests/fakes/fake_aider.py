@@ -13,7 +13,7 @@ It exists so corral's tests can run an "aider" turn anywhere. What it does, per 
   reads it back the way aider does — the reply says how many earlier user messages it
   found (``earlier user messages: N``), which proves resumption;
 * reads the prompt markers of :mod:`tests.fakemodel.script` from the message:
-  ``[[say:TEXT]]`` the reply, ``[[slow:S]]`` stream it word by word over S seconds,
+  ``[[say:TEXT]]`` the reply, ``[[slow:S]]`` stream it one word per line over S seconds,
   ``[[silent]]`` hang before replying, ``[[shell:CMD]]`` run CMD first with ``sh -c`` *in a
   new session* (as the other agent CLIs' shell tools do; real aider would not run it under
   ``--yes-always``) and wait for it, printing ``Running CMD``, its output and ``Added N lines
@@ -235,12 +235,12 @@ def main(argv: list[str]) -> int:
     reply = f"{text}\n\nearlier user messages: {earlier_users}"
     slow = float(markers["slow"] or 2) if "slow" in markers else 0.0
     if slow:
-        words = text.split(" ")
-        for i, word in enumerate(words):
-            sys.stdout.write(word + (" " if i < len(words) - 1 else ""))
-            sys.stdout.flush()
+        # One word per line, spread over ``slow`` seconds: a stop mid-answer finds
+        # some of the reply already read (real aider streams partial lines).
+        words = text.split()
+        for word in words:
+            say(word)
             time.sleep(slow / max(1, len(words)))
-        say()
         say()
         say(f"earlier user messages: {earlier_users}")
     else:

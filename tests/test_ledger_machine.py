@@ -1,0 +1,317 @@
+"""A hypothesis state machine for the stop ledger, checked against an independent model.
+
+The driver calls (accept, stop, stop_all, take, may_start, keep_process, keep_output,
+end_turn, notice_stored) are interleaved in any order over three channels. The model below
+is written from DESIGN.md's stop contract, not from the ledger's code: it tracks each
+message's fate (queued, taken, dropped) and each turn's staleness, and every step checks
+the ledger's answer against it, then every invariant is rechecked for every channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from supervisor._ledger import LedgerError, OutputKind, Phase, StopDecision, StopLedger
+
+CHANNELS = ("a", "b", "c")
+channels = st.sampled_from(CHANNELS)
+
+
+@dataclass
+class _Msg:
+    channel: str
+    human: bool
+    nudge: bool
+    generation: int
+    stops_before: int
+    """How many non-repeat stops of its channel happened before it was accepted."""
+    fate: str = "queued"  # queued | taken | dropped
+
+
+@dataclass
+class _Chan:
+    generation: int = 0
+    queue: list[int] = field(default_factory=list)
+    turn: str | None = None
+    started: bool = False
+    ticket_since_stop: bool = True
+    """A take returned a ticket since the last stop (vacuously true before any stop)."""
+    stops: int = 0
+    """Non-repeat stops so far."""
+    notices_due: int = 0
+    notice_seq: int | None = None
+    routing_rests: bool = False
+    nudges_in_row: int = 0
+    """Nudges granted since the last human turn began or the last turn ended without one."""
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Drive a StopLedger and an independent model side by side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.max_nudges = 2
+        self.ledger = StopLedger(max_nudges=self.max_nudges)
+        self.chans: dict[str, _Chan] = {name: _Chan() for name in CHANNELS}
+        self.msgs: dict[int, _Msg] = {}
+        self.turns: list[tuple[str, str]] = []  # every turn ever taken: (channel, turn_id)
+        self.stale: set[str] = set()  # turns a non-repeat stop made stale
+        self.turn_message: dict[str, int] = {}
+        self.next_id = 0
+
+    @initialize(max_nudges=st.integers(min_value=0, max_value=3))
+    def make_ledger(self, max_nudges: int) -> None:
+        self.max_nudges = max_nudges
+        self.ledger = StopLedger(max_nudges=max_nudges)
+
+    # ------------------------------------------------------------ helpers
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _snapshot(self, channel: str) -> tuple[object, ...]:
+        turn = self.ledger.current_turn(channel)
+        return (
+            self.ledger.generation(channel),
+            self.ledger.queued(channel),
+            turn,
+            self.ledger.turn_phase(channel),
+            self.ledger.is_busy(channel),
+            self.ledger.is_stale(channel, turn) if turn else None,
+            self.ledger.may_route(channel, from_human=False),
+        )
+
+    def _accept(self, channel: str, *, human: bool, nudge: bool) -> None:
+        model = self.chans[channel]
+        message_id = self._new_id()
+        message = self.ledger.accept(channel, message_id, human=human, nudge=nudge)
+        assert message.id == message_id and message.human == human and message.nudge == nudge
+        assert message.generation == model.generation  # stamped with the current generation
+        self.msgs[message_id] = _Msg(channel, human, nudge, model.generation, model.stops)
+        model.queue.append(message_id)
+        if human:
+            model.routing_rests = False
+
+    def _check_stop(self, decision: StopDecision) -> None:
+        """Check one channel's stop decision against the model, then apply it to the model."""
+        channel = decision.channel
+        model = self.chans[channel]
+        # Contract 11: a repeat iff no turn began (take returned a ticket) since the last stop.
+        assert decision.repeat == (not model.ticket_since_stop)
+        # Contract 10: exactly one notice per non-repeat stop, none for a repeat.
+        assert decision.notice_due == (not decision.repeat)
+        if decision.repeat:
+            assert decision.generation == model.generation
+            assert decision.dropped == ()  # a message typed after the first press survives
+            assert decision.stopped_turn is None
+            assert decision.notice_seq == model.notice_seq
+            return
+        model.generation += 1
+        model.stops += 1
+        model.notices_due += 1
+        model.notice_seq = None
+        model.ticket_since_stop = False
+        model.routing_rests = True
+        assert decision.generation == model.generation
+        assert decision.notice_seq is None
+        # Contract 3: exactly the messages queued before the stop are dropped, oldest first.
+        assert [m.id for m in decision.dropped] == model.queue
+        for message in decision.dropped:
+            record = self.msgs[message.id]
+            assert record.fate == "queued" and record.channel == channel
+            assert record.stops_before < model.stops  # accepted before this stop
+            record.fate = "dropped"
+        model.queue.clear()
+        assert decision.stopped_turn == model.turn
+        if model.turn is not None:
+            self.stale.add(model.turn)
+
+    # ------------------------------------------------------------ rules
+
+    @rule(channel=channels, human=st.booleans())
+    def accept(self, channel: str, human: bool) -> None:
+        self._accept(channel, human=human, nudge=False)
+
+    @rule(channel=channels)
+    def stop(self, channel: str) -> None:
+        others = {name: self._snapshot(name) for name in CHANNELS if name != channel}
+        decision = self.ledger.stop(channel)
+        assert decision.channel == channel
+        # Contract 2: the generation has moved by the time stop returns.
+        assert self.ledger.generation(channel) == decision.generation
+        self._check_stop(decision)
+        # Contract 1: nothing of another channel changed.
+        assert {name: self._snapshot(name) for name in others} == others
+
+    @rule()
+    def stop_all(self) -> None:
+        busy = {name for name, model in self.chans.items() if model.queue or model.turn is not None}
+        idle = {name: self._snapshot(name) for name in CHANNELS if name not in busy}
+        decisions = self.ledger.stop_all()
+        names = [d.channel for d in decisions]
+        assert len(names) == len(set(names))
+        assert set(names) == busy  # only channels with work are stopped
+        for decision in decisions:
+            self._check_stop(decision)
+        assert {name: self._snapshot(name) for name in idle} == idle
+
+    @rule(channel=channels)
+    def take(self, channel: str) -> None:
+        model = self.chans[channel]
+        turn_id = f"t{self._new_id()}"
+        if model.turn is not None:
+            before = self._snapshot(channel)
+            try:
+                self.ledger.take(channel, turn_id)
+            except LedgerError:
+                pass
+            else:
+                raise AssertionError("take in a busy channel must raise LedgerError")
+            assert self._snapshot(channel) == before
+            return
+        result = self.ledger.take(channel, turn_id)
+        # Every queued message is current (stops empty the queue), so nothing is dropped here.
+        assert result.dropped == ()
+        if not model.queue:
+            assert result.ticket is None
+            return
+        ticket = result.ticket
+        assert ticket is not None and ticket.turn_id == turn_id
+        assert ticket.message.id == model.queue[0]  # oldest first
+        record = self.msgs[ticket.message.id]
+        # Contract 3: no message accepted before a (non-repeat) stop of its channel runs after it.
+        assert record.fate == "queued" and record.channel == channel
+        assert record.stops_before == model.stops
+        assert ticket.generation == model.generation == ticket.message.generation
+        record.fate = "taken"
+        model.queue.pop(0)
+        model.turn = turn_id
+        model.started = False
+        model.ticket_since_stop = True
+        if record.human:
+            model.nudges_in_row = 0
+        self.turns.append((channel, turn_id))
+        self.turn_message[turn_id] = ticket.message.id
+
+    @precondition(lambda self: bool(self.turns))
+    @rule(data=st.data())
+    def may_start(self, data: st.DataObject) -> None:
+        channel, turn_id = data.draw(st.sampled_from(self.turns), label="turn")
+        model = self.chans[channel]
+        current = model.turn == turn_id and turn_id not in self.stale
+        answer = self.ledger.may_start(channel, turn_id)
+        # Contract 5: a stopped (or finished) turn never passes the point of no return.
+        assert answer == current
+        if answer:
+            model.started = True
+
+    @precondition(lambda self: bool(self.turns))
+    @rule(data=st.data())
+    def keep_process(self, data: st.DataObject) -> None:
+        channel, turn_id = data.draw(st.sampled_from(self.turns), label="turn")
+        current = self.chans[channel].turn == turn_id and turn_id not in self.stale
+        # Contract 6: a process registered for a stopped turn is killed on the spot.
+        assert self.ledger.keep_process(channel, turn_id) == current
+
+    @precondition(lambda self: bool(self.turns))
+    @rule(data=st.data(), kind=st.sampled_from(OutputKind))
+    def keep_output(self, data: st.DataObject, kind: OutputKind) -> None:
+        channel, turn_id = data.draw(st.sampled_from(self.turns), label="turn")
+        current = self.chans[channel].turn == turn_id and turn_id not in self.stale
+        # Contract 8: a stopped turn's output is discarded, except its session id.
+        expected = True if kind is OutputKind.SESSION else current
+        assert self.ledger.keep_output(channel, turn_id, kind) == expected
+
+    @rule(channel=channels, ok=st.booleans(), todos=st.integers(min_value=0, max_value=3), data=st.data())
+    def end_turn(self, channel: str, ok: bool, todos: int, data: st.DataObject) -> None:
+        model = self.chans[channel]
+        if model.turn is None:
+            # Ending a turn that is not running is a driver bug.
+            past = [t for c, t in self.turns if c == channel] + ["never-taken"]
+            turn_id = data.draw(st.sampled_from(past), label="not running")
+            try:
+                self.ledger.end_turn(channel, turn_id, ok=ok, unfinished_todos=todos)
+            except LedgerError:
+                return
+            raise AssertionError("end_turn of a turn that is not running must raise LedgerError")
+        turn_id = model.turn
+        stale = turn_id in self.stale
+        queued = bool(model.queue)
+        decision = self.ledger.end_turn(channel, turn_id, ok=ok, unfinished_todos=todos)
+        model.turn = None
+        model.started = False
+        assert decision.stale == stale
+        if decision.nudge:
+            # Contract 9 and the nudge rules: only after an ok, current turn with unfinished
+            # todos and nothing queued; never a stopped turn; at most max_nudges in a row.
+            assert not stale and ok and todos > 0 and not queued
+            model.nudges_in_row += 1
+            assert model.nudges_in_row <= self.max_nudges
+            self._accept(channel, human=False, nudge=True)  # the driver queues the nudge at once
+        else:
+            model.nudges_in_row = 0
+            if not stale and ok and todos > 0 and not queued and self.max_nudges > 0:
+                # A human's turn starts a fresh row, so its nudge cannot be withheld.
+                assert not self.msgs[self.turn_message[turn_id]].human
+
+    @rule(channel=channels, old=st.booleans())
+    def notice_stored(self, channel: str, old: bool) -> None:
+        model = self.chans[channel]
+        seq = self._new_id()
+        generation = model.generation - 1 if old else model.generation
+        self.ledger.notice_stored(channel, generation, seq)
+        if not old:
+            model.notice_seq = seq
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def channels_match_the_model(self) -> None:
+        for name, model in self.chans.items():
+            assert self.ledger.generation(name) == model.generation
+            assert [m.id for m in self.ledger.queued(name)] == model.queue
+            assert all(m.generation == model.generation for m in self.ledger.queued(name))
+            assert self.ledger.current_turn(name) == model.turn
+            assert self.ledger.is_busy(name) == bool(model.queue or model.turn)
+            if model.turn is not None:
+                assert self.ledger.turn_phase(name) is (Phase.STARTED if model.started else Phase.PREPARING)
+                assert self.ledger.is_stale(name, model.turn) == (model.turn in self.stale)
+            else:
+                assert self.ledger.turn_phase(name) is None
+            # Contract 12: routing rests after a stop until a human speaks; humans never gated.
+            assert self.ledger.may_route(name, from_human=False) == (not model.routing_rests)
+            assert self.ledger.may_route(name, from_human=True)
+            # Contract 10: one notice per non-repeat stop.
+            assert model.notices_due == model.stops == model.generation
+
+    @invariant()
+    def stale_turns_stay_stale(self) -> None:
+        for channel, turn_id in self.turns:
+            if turn_id in self.stale:
+                assert self.ledger.is_stale(channel, turn_id)
+                assert not self.ledger.keep_process(channel, turn_id)
+                assert not self.ledger.keep_output(channel, turn_id, OutputKind.OTHER)
+                assert self.ledger.keep_output(channel, turn_id, OutputKind.SESSION)
+
+    @invariant()
+    def every_message_has_one_fate(self) -> None:
+        for message_id, record in self.msgs.items():
+            model = self.chans[record.channel]
+            assert (message_id in model.queue) == (record.fate == "queued")
+            if record.fate == "queued":
+                # Contract 4: a message accepted after the last stop is still waiting to run.
+                assert record.stops_before == model.stops
+
+
+TestLedgerMachine = LedgerMachine.TestCase
+TestLedgerMachine.settings = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

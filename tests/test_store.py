@@ -1,0 +1,329 @@
+"""Tests for ``supervisor._store``: ordering, saved-before-shown, group commit, persistence."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from supervisor._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
+
+#: Upper bound for a blocked commit thread, so a failing test cannot hang the run forever.
+GATE_TIMEOUT = 30
+
+
+def db_path(tmp_path: Path) -> str:
+    """The store file of a test."""
+    return str(tmp_path / "corral.db")
+
+
+@asynccontextmanager
+async def following(store: Store, channel: str | None, after: int = 0) -> AsyncIterator[trio.MemoryReceiveChannel[Entry]]:
+    """Run ``store.follow`` in a task; what it yields arrives on the returned channel."""
+    send, receive = trio.open_memory_channel[Entry](10_000)
+
+    async def run() -> None:
+        async with aclosing(store.follow(channel, after)) as entries:
+            async for entry in entries:
+                send.send_nowait(entry)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        yield receive
+        nursery.cancel_scope.cancel()
+
+
+def nothing_received(receive: trio.MemoryReceiveChannel[Entry]) -> bool:
+    """True if the follower has yielded nothing more."""
+    try:
+        receive.receive_nowait()
+    except trio.WouldBlock:
+        return True
+    return False
+
+
+class BlockedCommits:
+    """Makes ``Store._commit`` wait on a gate (in its worker thread) before committing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.gate = threading.Event()
+        self.entered = trio.Event()
+        self.calls = 0
+        original: Callable[[Store, list[Pending]], None] = Store._commit
+
+        def blocked(store: Store, batch: list[Pending]) -> None:
+            self.calls += 1
+            trio.from_thread.run_sync(self.entered.set)
+            if not self.gate.wait(GATE_TIMEOUT):
+                raise RuntimeError("test gate never opened")
+            original(store, batch)
+
+        monkeypatch.setattr(Store, "_commit", blocked)
+
+
+# ---------------------------------------------------------------- ordering
+
+
+async def test_seq_strictly_increases_in_submit_order_across_channels(tmp_path: Path) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        pendings = [store.submit_entry(ch, "u", "message", f"m{i}") for i, ch in enumerate("abacbca")]
+        stop_seq = store.next_seq()
+        store.record_stop(stop_seq, "a", 1, {})
+        last = await store.append("b", "u", "status", "after the stop")
+        seqs = [p.entry.seq for p in pendings if p.entry]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert seqs[-1] < stop_seq < last.seq
+        for p in pendings:
+            assert await p.committed() == p.entry
+        stored = await store.entries(None)
+        assert [e.seq for e in stored] == [*seqs, last.seq]
+        assert [e.text for e in stored] == [f"m{i}" for i in range(7)] + ["after the stop"]
+        assert [e.channel for e in stored] == [*"abacbca", "b"]
+
+
+async def test_unknown_kind_is_refused(tmp_path: Path) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        with pytest.raises(ValueError, match="kind"):
+            store.submit_entry("a", "u", "shout", "x")
+
+
+# ---------------------------------------------------------------- saved before shown
+
+
+async def test_follower_sees_an_entry_only_after_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        first = await store.append("c", "u", "message", "first")
+        async with following(store, "c") as chan, following(store, None) as everything:
+            assert await chan.receive() == first
+            assert await everything.receive() == first
+            blocked = BlockedCommits(monkeypatch)
+            try:
+                pending = store.submit_entry("c", "agent", "message", "second")
+                await blocked.entered.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                # The commit is running but not finished: nobody may see the entry yet.
+                assert nothing_received(chan) and nothing_received(everything)
+                assert not pending._done.is_set()
+            finally:
+                blocked.gate.set()
+            entry = await pending.committed()
+            assert entry is not None and entry.text == "second"
+            assert await chan.receive() == entry
+            assert await everything.receive() == entry
+
+
+async def test_failed_commit_shows_nothing_and_append_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        first = await store.append("c", "u", "message", "first")
+        async with following(store, "c") as chan:
+            assert await chan.receive() == first
+            await trio.testing.wait_all_tasks_blocked()
+
+            def broken(self: Store, batch: list[Pending]) -> None:
+                raise sqlite3.OperationalError("disk I/O error")
+
+            monkeypatch.setattr(Store, "_commit", broken)
+            commits = store.commits
+            with pytest.raises(StoreError, match="disk I/O error"):
+                await store.append("c", "agent", "message", "lost")
+            await trio.testing.wait_all_tasks_blocked()
+            assert nothing_received(chan)
+            assert store.commits == commits
+            monkeypatch.undo()
+            later = await store.append("c", "agent", "message", "kept")
+            assert await chan.receive() == later
+            assert [e.text for e in await store.entries("c")] == ["first", "kept"]
+
+
+async def test_a_failed_batch_fails_every_write_in_it_and_later_writes_work(tmp_path: Path) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        async with following(store, None) as everything:
+            await trio.testing.wait_all_tasks_blocked()
+            # Submitted without a checkpoint in between, so they form one batch; the bad
+            # statement in the middle makes the whole transaction roll back.
+            batch = [
+                store.submit_entry("a", "u", "message", "one"),
+                store.submit_write("INSERT INTO no_such_table VALUES (?)", (1,)),
+                store.submit_entry("b", "u", "message", "two"),
+            ]
+            for pending in batch:
+                with pytest.raises(StoreError):
+                    await pending.committed()
+                assert pending.failed
+            assert store.commits == 0
+            await trio.testing.wait_all_tasks_blocked()
+            assert nothing_received(everything)
+            assert await store.entries(None) == []
+            later = await store.append("a", "u", "message", "three")
+            assert later.seq > batch[2].entry.seq  # type: ignore[union-attr]
+            assert await everything.receive() == later
+            assert [e.text for e in await store.entries(None)] == ["three"]
+
+
+# ---------------------------------------------------------------- group commit
+
+
+async def test_quick_submits_share_one_commit(tmp_path: Path) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        before = store.commits
+        pendings = [store.submit_entry("a", "u", "message", str(i)) for i in range(200)]
+        await store.flush()
+        for p in pendings:
+            await p.committed()
+        assert store.commits - before == 1
+        assert len(await store.entries("a")) == 200
+
+
+async def test_writes_made_during_a_commit_go_into_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        blocked = BlockedCommits(monkeypatch)
+        try:
+            first = store.submit_entry("a", "u", "message", "first")
+            await blocked.entered.wait()
+            rest = []
+            for i in range(50):
+                rest.append(store.submit_entry("a", "u", "message", str(i)))
+                await trio.lowlevel.checkpoint()  # let the writer run: it must not start a commit
+            await trio.testing.wait_all_tasks_blocked()
+            assert blocked.calls == 1
+        finally:
+            blocked.gate.set()
+        await first.committed()
+        for p in rest:
+            await p.committed()
+        assert blocked.calls == 2
+        assert store.commits == 2
+
+
+async def test_flush_waits_for_a_batch_already_committing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        blocked = BlockedCommits(monkeypatch)
+        flushed = trio.Event()
+
+        async def flush() -> None:
+            await store.flush()
+            flushed.set()
+
+        try:
+            pending = store.submit_entry("a", "u", "message", "x")
+            await blocked.entered.wait()  # the writer has taken the batch: nothing is queued
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flush)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not flushed.is_set(), "flush returned before the write was committed"
+                blocked.gate.set()
+        finally:
+            blocked.gate.set()
+        assert pending._done.is_set() and not pending.failed
+
+
+# ---------------------------------------------------------------- following
+
+
+async def test_follow_gives_history_then_live_entries_per_channel(tmp_path: Path) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        a1 = await store.append("a", "u", "message", "a1")
+        b1 = await store.append("b", "u", "message", "b1")
+        a2 = await store.append("a", "u", "message", "a2")
+        async with following(store, "a") as only_a, following(store, None) as every, following(store, "a", a1.seq) as later_a:
+            assert [await only_a.receive() for _ in range(2)] == [a1, a2]
+            assert [await every.receive() for _ in range(3)] == [a1, b1, a2]
+            assert await later_a.receive() == a2
+            b2 = await store.append("b", "u", "message", "b2")
+            a3 = await store.append("a", "agent", "status", "a3", turn="t1", generation=2, meta={"k": [1]})
+            assert await only_a.receive() == a3
+            assert await later_a.receive() == a3
+            assert [await every.receive() for _ in range(2)] == [b2, a3]
+            await trio.testing.wait_all_tasks_blocked()
+            assert nothing_received(only_a) and nothing_received(every) and nothing_received(later_a)
+        assert (a3.turn, a3.generation, dict(a3.meta)) == ("t1", 2, {"k": [1]})
+
+
+# ---------------------------------------------------------------- persistence
+
+
+async def test_entries_persist_and_seq_continues_after_reopen(tmp_path: Path) -> None:
+    path = db_path(tmp_path)
+    async with open_store(path) as store:
+        written = [
+            await store.append("a", "u", "message", "héllo", meta={"x": 1}),
+            await store.append("b", "agent", "tool", "ls", turn="t", generation=3),
+        ]
+        stop_seq = store.next_seq()
+        await store.record_stop(stop_seq, None, 0, {"killed": 2}).committed()
+        # Accepted but not awaited: closing the store must still commit it.
+        unawaited = store.submit_entry("a", "u", "notice", "last words").entry
+    async with open_store(path) as store:
+        assert await store.entries(None) == [*written, unawaited]
+        assert unawaited is not None and unawaited.seq > stop_seq
+        nxt = await store.append("a", "u", "message", "again")
+        assert nxt.seq == unawaited.seq + 1
+        assert (await store.query("SELECT seq, result FROM stops")) == [(stop_seq, '{"killed": 2}')]
+
+
+async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(tmp_path: Path) -> None:
+    path = db_path(tmp_path)
+    async with open_store(path) as store:
+        await store.append("a", "u", "message", "m")
+        stop_seq = store.next_seq()
+        await store.record_stop(stop_seq, "a", 1, {}).committed()
+    async with open_store(path) as store:
+        assert store.next_seq() == stop_seq + 1
+        q_seq = store.next_seq()
+        row = QueuedRow(q_seq, "a", "demo", "u", "queued", 1, False)
+        await store.submit_write(
+            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (row.seq, row.channel, row.agent, row.author, row.text, row.generation, 0),
+        ).committed()
+    async with open_store(path) as store:
+        assert store.next_seq() == q_seq + 1
+
+
+async def test_sessions_todos_queue_and_generations_survive_a_reopen(tmp_path: Path) -> None:
+    path = db_path(tmp_path)
+    todos = [{"content": "write tests", "status": "in_progress"}, {"content": "ship", "status": "pending"}]
+    async with open_store(path) as store:
+        store.save_session("c1", "claude", "sess-1", "/w/c1")
+        store.save_session("c1", "claude", "sess-2", "/w/c1b")  # replaces
+        store.save_session("c2", "codex", None, "/w/c2")
+        store.save_todos("c1", "claude", todos)
+        assert store.todos("c1", "claude") == todos
+        rows = []
+        for text, nudge in (("first", False), ("second", True), ("third", False)):
+            row_box: list[QueuedRow] = []
+
+            def also(db: sqlite3.Connection, seq: int, text: str = text, nudge: bool = nudge) -> None:
+                row = QueuedRow(seq, "c1", "claude", "u", text, 4, nudge)
+                row_box.append(row)
+                store.queue_insert(db, row)
+
+            await store.append("c1", "u", "message", text, also=also)
+            rows.extend(row_box)
+        await store.dequeue([rows[0].seq]).committed()
+        await store.record_stop(store.next_seq(), "c1", 4, {}).committed()
+        await store.record_stop(store.next_seq(), "c1", 2, {}).committed()  # never goes back
+        await store.record_stop(store.next_seq(), "c2", 1, {}).committed()
+        await store.record_stop(store.next_seq(), None, 9, {}).committed()  # global: no generation row
+    async with open_store(path) as store:
+        assert store.session("c1", "claude") == ("sess-2", "/w/c1b")
+        assert store.session("c2", "codex") == (None, "/w/c2")
+        assert store.session("c3", "claude") == (None, None)
+        assert store.todos("c1", "claude") == todos
+        assert store.todos("c2", "claude") == []
+        assert store.todo_agents("c1") == ["claude"]
+        assert await store.load_queue() == rows[1:]
+        assert (await store.load_queue())[0].nudge is True
+        assert await store.load_generations() == {"c1": 4, "c2": 1}
+
+
+async def test_closed_store_refuses_writes(tmp_path: Path) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        pass
+    with pytest.raises(StoreError):
+        store.submit_entry("a", "u", "message", "x")
