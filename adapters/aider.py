@@ -77,7 +77,8 @@ ENV: dict[str, str] = {"COLUMNS": "4096"}
 HISTORY_FILE_TEMPLATE = ".aider.chat.history.{}.md"
 
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+#: A plain file name: safe characters, no "/", not "." or "..", not an option ("-x").
+_SAFE_NAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._][A-Za-z0-9._-]{0,199}$")
 
 
 def history_file_for(turn_id: str) -> str:
@@ -92,7 +93,7 @@ def is_valid_session(session_id: str | None) -> bool:
     A session id comes back from corral's store, so it must not be able to point aider at a
     file elsewhere (``../x``, ``/etc/passwd``) or read as an option (``-x``).
     """
-    return bool(session_id) and bool(_SAFE_NAME.match(session_id or "")) and ".." not in (session_id or "")
+    return session_id is not None and bool(_SAFE_NAME.match(session_id))
 
 
 def session_file(request: TurnRequest) -> str:

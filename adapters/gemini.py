@@ -12,7 +12,8 @@ turns need it. The environment adds:
 * ``GEMINI_CLI_NO_RELAUNCH=true`` — otherwise the CLI re-spawns itself as a child node
   whose parent ignores SIGINT/SIGTERM/SIGHUP, one more process between a stop and the work;
 * ``GEMINI_CLI_TRUST_WORKSPACE=true`` — headless gemini refuses an untrusted folder;
-* ``GEMINI_TELEMETRY_ENABLED=false``.
+* ``GEMINI_TELEMETRY_ENABLED=false``;
+* ``NO_COLOR=1`` — fatal errors on stderr are otherwise wrapped in ANSI colour codes.
 
 ``~/.gemini/settings.json`` (in the agent's private HOME) selects API-key auth
 (``GEMINI_API_KEY`` comes from the agent's configured environment) and turns usage
@@ -40,6 +41,7 @@ exit 42), so :meth:`GeminiParser.finish` and :meth:`GeminiParser.feed_stderr` ma
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,6 +82,9 @@ EXIT_FATAL_INPUT = 42
 #: gemini's todo tool; its ``todos`` are ``[{"description", "status"}]``.
 TODO_TOOL = "write_todos"
 
+#: An ANSI escape sequence (CSI), as gemini's fatal errors may carry.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
 #: How many stderr lines to keep for the message of an unexplained failure.
 _STDERR_TAIL = 5
 
@@ -111,6 +116,7 @@ def build_launch(request: TurnRequest) -> Launch:
         "GEMINI_CLI_NO_RELAUNCH": "true",
         "GEMINI_CLI_TRUST_WORKSPACE": "true",
         "GEMINI_TELEMETRY_ENABLED": "false",
+        "NO_COLOR": "1",
     }
     files = {SETTINGS_PATH: json.dumps(settings(request), indent=2) + "\n"}
     return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=None, files=files)
@@ -169,7 +175,8 @@ class GeminiParser:
 
     def feed_stderr(self, line: str) -> list[Event]:
         """Spot a failed resume, which gemini reports only on stderr; keep a short tail."""
-        text = line.strip()
+        # Colour codes, should any get through, must not hide the message.
+        text = _ANSI.sub("", line).strip()
         if not text:
             return []
         self.stderr_tail = [*self.stderr_tail[-(_STDERR_TAIL - 1) :], text]

@@ -215,12 +215,18 @@ def _offered(body: dict[str, Any]) -> set[str]:
     return names
 
 
+#: How the user-role texts the CLI writes itself begin.
+_CLI_WRITTEN = ("<session_context>", "[System:")
+
+
 def _latest_prompt(contents: list[Any]) -> tuple[str, list[Any]]:
     """The latest user-typed prompt, and the contents that follow its message.
 
     The CLI merges consecutive user messages into one (its own ``<session_context>``
     block and the first prompt; or, after a killed turn whose model reply was empty, the
-    old prompt and the new one), so the prompt is the message's LAST text part.
+    old prompt and the new one), so the prompt is the message's LAST text part — leaving
+    out what the CLI itself writes: the context block and its ``[System: …]`` nudges (sent
+    after an empty model reply).
     """
     for index in range(len(contents) - 1, -1, -1):
         content = contents[index]
@@ -231,7 +237,7 @@ def _latest_prompt(contents: list[Any]) -> tuple[str, list[Any]]:
             for p in content.get("parts") or []
             if isinstance(p, dict)
             and isinstance(p.get("text"), str)
-            and not p["text"].lstrip().startswith("<session_context>")
+            and not p["text"].lstrip().startswith(_CLI_WRITTEN)
         ]
         if texts:
             return texts[-1], contents[index + 1 :]

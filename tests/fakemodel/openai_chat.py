@@ -139,6 +139,9 @@ class OpenAIChatServer(FakeModelServer):
 
     def handle(self, req: Request, out: Responder) -> None:
         """Route one request."""
+        # One request per connection: a CLI retrying on errors otherwise leaves idle
+        # keep-alive sockets that it resets, and the base server prints their tracebacks.
+        out.handler.close_connection = True
         path = req.path.split("?", 1)[0].rstrip("/")
         if req.method == "GET" and path.endswith("/models"):
             out.json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "corral"}]})

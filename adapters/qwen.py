@@ -1,0 +1,375 @@
+"""The ``qwen`` adapter: Qwen Code (``@qwen-code/qwen-code``) in headless stream-json mode.
+
+Launch
+------
+
+``qwen [ARGS] [--resume ID] [--model M] --auth-type openai --output-format stream-json
+--include-partial-messages [--yolo] -- PROMPT`` with stdin on ``/dev/null``.
+
+* Qwen's option parser (yargs) turns a repeated option into an array, and then crashes
+  ("Cannot read properties of undefined") or silently falls back to text output; so an
+  option the agent's ``args`` already carry is never added a second time. ``--yolo`` and
+  ``--approval-mode`` together are refused, so ``--yolo`` is left out when ``args`` pick a mode.
+* The prompt follows ``--`` so a prompt starting with ``-`` is not read as an option.
+* ``~/.qwen/settings.json`` turns off what phones home or spends tokens behind the user's
+  back: usage statistics (on by default; they go to an Alibaba RUM host), telemetry, the
+  update check, and the managed auto-memory side job (an extra model call with tools after
+  each turn). The ``settings`` option is merged over these defaults.
+
+Output
+------
+
+One JSON object per line, shaped like Claude Code's: ``system``/``init`` (session id),
+``assistant`` (text / ``tool_use`` / ``thinking`` blocks), ``user`` (``tool_result``
+blocks), ``stream_event`` (partial text, with ``--include-partial-messages``) and a closing
+``result``. Facts this parser relies on, from captures of qwen 0.15.10:
+
+* an API failure is *not* an error result: qwen prints an assistant text
+  ``[API Error: 400 …]`` and a ``result`` with ``subtype: success`` and exit status 0;
+* resuming an unknown session prints nothing on stdout, and on stderr
+  ``No saved session found with ID …`` (or ``… with title "…"`` for a non-UUID), status 1;
+* a turn stopped with SIGINT prints the cancelled ``tool_result``
+  (``[Operation Cancelled] …``) and no ``result`` line; stderr says ``Operation cancelled.``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._base import (
+    Adapter,
+    Error,
+    Event,
+    Launch,
+    Result,
+    SessionId,
+    StaleSession,
+    Status,
+    Text,
+    ToolResult,
+    ToolUse,
+    TurnRequest,
+    Unparsed,
+    parse_todos,
+    preview,
+)
+
+#: ``[agents.NAME]`` keys this adapter reads: ``auth_type`` (default ``"openai"``; empty to
+#: let qwen choose), ``settings`` (a table merged into ``~/.qwen/settings.json``),
+#: ``partial_messages`` (default true: stream text as it is written).
+OPTION_KEYS = frozenset({"auth_type", "settings", "partial_messages"})
+
+#: The settings written to ``~/.qwen/settings.json`` before each turn.
+DEFAULT_SETTINGS: dict[str, Any] = {
+    # The schema version qwen 0.15 migrates to; written as-is so qwen does not rewrite the file.
+    "$version": 4,
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"enableAutoUpdate": False},
+    "memory": {"enableManagedAutoMemory": False},
+}
+
+SETTINGS_PATH = ".qwen/settings.json"
+
+#: qwen's todo tool; its calls become :class:`Todos` instead of tool entries.
+TODO_TOOL = "todo_write"
+
+# Option names (long and short) that must not be given twice.
+_RESUME_OPTS = ("--resume", "-r", "--continue", "-c", "--session-id")
+_MODEL_OPTS = ("--model", "-m")
+_AUTH_OPTS = ("--auth-type",)
+_FORMAT_OPTS = ("--output-format", "-o")
+_PARTIAL_OPTS = ("--include-partial-messages",)
+_APPROVAL_OPTS = ("--yolo", "-y", "--approval-mode")
+
+# qwen reports a failed model call as answer text of this shape.
+_API_ERROR = re.compile(r"^\s*\[API Error\b")
+# What qwen prints on stderr for a session it does not have.
+_STALE = re.compile(r"No saved session found with (ID|title)\b")
+
+
+def _has_option(args: tuple[str, ...], names: tuple[str, ...]) -> bool:
+    """Whether ``args`` carry one of ``names``, as ``--opt value``, ``--opt=value`` or a flag."""
+    for arg in args:
+        if arg == "--":
+            return False
+        for name in names:
+            if arg == name or arg.startswith(name + "="):
+                return True
+    return False
+
+
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` merged in, tables recursively."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _flag(options: Mapping[str, object], key: str, default: bool) -> bool:
+    """A boolean option, tolerant of the strings a config file may hold."""
+    value = options.get(key, default)
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "no", "off")
+    return bool(value)
+
+
+def build_launch(request: TurnRequest) -> Launch:
+    """The headless qwen command for one turn (see the module docstring)."""
+    args = tuple(request.args)
+    argv: list[str] = [*request.command, *args]
+    if request.session_id and not _has_option(args, _RESUME_OPTS):
+        argv += ["--resume", request.session_id]
+    if request.model and not _has_option(args, _MODEL_OPTS):
+        argv += ["--model", request.model]
+    auth_type = request.options.get("auth_type", "openai")
+    if auth_type and not _has_option(args, _AUTH_OPTS):
+        argv += ["--auth-type", str(auth_type)]
+    if not _has_option(args, _FORMAT_OPTS):
+        argv += ["--output-format", "stream-json"]
+    if _flag(request.options, "partial_messages", True) and not _has_option(args, _PARTIAL_OPTS):
+        argv.append("--include-partial-messages")
+    # Nobody in a chat can answer a permission prompt; headless qwen would deny the tool.
+    if request.unattended and not _has_option(args, _APPROVAL_OPTS):
+        argv.append("--yolo")
+    argv += ["--", request.prompt]
+
+    extra = request.options.get("settings") or {}
+    settings = _merge(DEFAULT_SETTINGS, extra if isinstance(extra, Mapping) else {})
+    env = {
+        # Belt and braces with the settings file: OpenTelemetry export and the session
+        # title side call stay off whatever the settings say.
+        "QWEN_TELEMETRY_ENABLED": "false",
+        "QWEN_DISABLE_AUTO_TITLE": "1",
+    }
+    return Launch(
+        argv=tuple(argv),
+        env=env,
+        cwd=request.cwd,
+        stdin=None,
+        files={SETTINGS_PATH: json.dumps(settings, indent=2) + "\n"},
+    )
+
+
+def _block_text(content: object) -> str:
+    """The text of a ``tool_result`` content: a string or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, dict) and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+            elif isinstance(block, str):
+                parts.append(block)
+        return "\n".join(parts)
+    if content is None:
+        return ""
+    return preview(content)
+
+
+@dataclass(slots=True)
+class QwenParser:
+    """Parser for ``qwen --output-format stream-json`` (with or without partial messages)."""
+
+    session_id: str | None = None
+    saw_result: bool = False
+    saw_error: bool = False
+    saw_stale: bool = False
+    stderr_tail: list[str] = field(default_factory=list)
+    _streaming_id: str | None = None
+    _streamed_ids: set[str] = field(default_factory=set)
+    _todo_calls: set[str] = field(default_factory=set)
+
+    # ------------------------------------------------------------- stdout
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one stdout line."""
+        stripped = line.strip()
+        if not stripped:
+            return []
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            return [Unparsed(line, "not JSON")]
+        if not isinstance(obj, dict):
+            return [Unparsed(line, "not a JSON object")]
+        kind = obj.get("type")
+        try:
+            if kind == "system":
+                return self._session(obj)
+            if kind == "assistant":
+                return self._session(obj) + self._assistant(obj)
+            if kind == "user":
+                return self._session(obj) + self._user(obj)
+            if kind == "stream_event":
+                return self._session(obj) + self._stream_event(obj)
+            if kind == "result":
+                return self._session(obj) + self._result(obj)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            # A known type with an unexpected shape: never fatal.
+            return [Unparsed(line, f"malformed {kind!r}: {exc}")]
+        return [Unparsed(line, f"unknown type {kind!r}")]
+
+    def _session(self, obj: dict[str, Any]) -> list[Event]:
+        """A SessionId the first time an id shows up (every qwen line carries it)."""
+        sid = obj.get("session_id")
+        if isinstance(sid, str) and sid and sid != self.session_id:
+            self.session_id = sid
+            return [SessionId(sid)]
+        return []
+
+    def _assistant(self, obj: dict[str, Any]) -> list[Event]:
+        message = obj.get("message") or {}
+        blocks = message.get("content") or []
+        if isinstance(blocks, str):
+            blocks = [{"type": "text", "text": blocks}]
+        # Lines of a subagent (the ``agent`` tool) are its work, not the answer.
+        nested = obj.get("parent_tool_use_id") is not None
+        # With partial messages the text was already sent as deltas under this id.
+        streamed = message.get("id") in self._streamed_ids
+        events: list[Event] = []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            btype = block.get("type")
+            if btype == "text":
+                text = block.get("text")
+                if not isinstance(text, str) or not text:
+                    continue
+                if _API_ERROR.match(text):
+                    self.saw_error = True
+                    events.append(Error(text.strip()))
+                elif nested:
+                    events.append(Status(preview(text)))
+                elif not streamed:
+                    events.append(Text(text))
+            elif btype == "tool_use":
+                name = block.get("name")
+                if not isinstance(name, str):
+                    continue
+                tool_input = block.get("input")
+                if name == TODO_TOOL and isinstance(tool_input, dict):
+                    todos = parse_todos(tool_input.get("todos"))
+                    if todos is not None:
+                        if isinstance(block.get("id"), str):
+                            self._todo_calls.add(block["id"])
+                        events.append(todos)
+                        continue
+                events.append(ToolUse(name, preview(tool_input if tool_input is not None else "")))
+            # thinking blocks are the model's scratchpad: not shown.
+        return events
+
+    def _user(self, obj: dict[str, Any]) -> list[Event]:
+        message = obj.get("message") or {}
+        blocks = message.get("content") or []
+        events: list[Event] = []
+        if not isinstance(blocks, list):
+            return events
+        for block in blocks:
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            if block.get("tool_use_id") in self._todo_calls:
+                # The plan is already shown as Todos; its "updated" note adds nothing.
+                continue
+            events.append(ToolResult(preview(_block_text(block.get("content"))), is_error=bool(block.get("is_error"))))
+        return events
+
+    def _stream_event(self, obj: dict[str, Any]) -> list[Event]:
+        if obj.get("parent_tool_use_id") is not None:
+            return []
+        event = obj.get("event") or {}
+        etype = event.get("type")
+        if etype == "message_start":
+            msg = event.get("message") or {}
+            self._streaming_id = msg.get("id") if isinstance(msg.get("id"), str) else None
+            return []
+        if etype == "content_block_delta":
+            delta = event.get("delta") or {}
+            text = delta.get("text")
+            if delta.get("type") == "text_delta" and isinstance(text, str) and text:
+                if self._streaming_id is not None:
+                    self._streamed_ids.add(self._streaming_id)
+                return [Text(text, delta=True)]
+        # Block starts/stops, tool-input and thinking deltas: the whole message follows.
+        return []
+
+    def _result(self, obj: dict[str, Any]) -> list[Event]:
+        self.saw_result = True
+        events: list[Event] = []
+        for denial in obj.get("permission_denials") or []:
+            if isinstance(denial, dict) and isinstance(denial.get("tool_name"), str):
+                events.append(Status(f"permission denied: {denial['tool_name']} {preview(denial.get('tool_input', ''), 120)}".rstrip()))
+        text = obj.get("result")
+        text = text if isinstance(text, str) else ""
+        if obj.get("is_error") or (isinstance(obj.get("subtype"), str) and obj["subtype"] != "success"):
+            err = obj.get("error")
+            message = err.get("message") if isinstance(err, dict) else None
+            self.saw_error = True
+            events.append(Error(message if isinstance(message, str) and message else f"qwen: {obj.get('subtype', 'error')}"))
+            events.append(Result("", ok=False))
+        elif _API_ERROR.match(text) or self.saw_error:
+            # qwen reports a failed model call as a "successful" result whose text is the
+            # error; the Error is already out (from the assistant line, or now).
+            if not self.saw_error:
+                events.append(Error(text.strip()))
+            self.saw_error = True
+            events.append(Result("", ok=False))
+        else:
+            events.append(Result(text, ok=True))
+        return events
+
+    # ------------------------------------------------------------- stderr
+
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Spot an unknown session id on stderr; keep the last lines for a failure message."""
+        text = line.strip()
+        if not text:
+            return []
+        # Stack frames say nothing to a chat user; the message line above them does.
+        if not text.startswith("at "):
+            self.stderr_tail = (self.stderr_tail + [text])[-5:]
+        if _STALE.search(text):
+            self.saw_stale = True
+            return [StaleSession(text)]
+        return []
+
+    # ------------------------------------------------------------- end
+
+    def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
+        """Close the turn: an Error unless a result line (or a stale session) already did."""
+        if interrupted or self.saw_result or self.saw_stale:
+            return []
+        if self.saw_error:
+            return [Result("", ok=False)]
+        hint = next((t for t in reversed(self.stderr_tail) if t), "")
+        if returncode == 0:
+            return [Error("qwen ended without a result" + (f": {hint}" if hint else ""))]
+        return [Error(f"qwen exited with status {returncode}" + (f": {hint}" if hint else ""))]
+
+
+def new_parser(request: TurnRequest) -> QwenParser:
+    """A fresh parser for one turn."""
+    return QwenParser()
+
+
+ADAPTER = Adapter(
+    name="qwen",
+    default_command=("qwen",),
+    build_launch=build_launch,
+    new_parser=new_parser,
+    # Measured: SIGINT to the group makes qwen cancel the tool and kill its tree (~1 s).
+    interrupt_signal=signal.SIGINT,
+    point_of_no_return="spawn",
+    option_keys=OPTION_KEYS,
+    description="Qwen Code (qwen) in headless stream-json mode, OpenAI-compatible API",
+)
