@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ._base import (
     Adapter,
@@ -78,7 +79,7 @@ HISTORY_FILE_TEMPLATE = ".aider.chat.history.{}.md"
 
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 #: A plain file name: safe characters, no "/", not "." or "..", not an option ("-x").
-_SAFE_NAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._][A-Za-z0-9._-]{0,199}$")
+_SAFE_NAME = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9._][A-Za-z0-9._-]{0,199}")
 
 
 def history_file_for(turn_id: str) -> str:
@@ -93,7 +94,7 @@ def is_valid_session(session_id: str | None) -> bool:
     A session id comes back from corral's store, so it must not be able to point aider at a
     file elsewhere (``../x``, ``/etc/passwd``) or read as an option (``-x``).
     """
-    return session_id is not None and bool(_SAFE_NAME.match(session_id))
+    return session_id is not None and _SAFE_NAME.fullmatch(session_id) is not None
 
 
 def session_file(request: TurnRequest) -> str:
@@ -143,20 +144,29 @@ _INTERRUPT = re.compile(r"^\^C (?:again to exit|KeyboardInterrupt)$")
 _REFLECTION = re.compile(r"^The LLM did not conform to the edit format\.$|^https://aider\.chat/docs/\S*$")
 #: aider's model-metadata download failing offline is harmless: it falls back to defaults.
 _METADATA_FETCH = re.compile(r"model_prices_and_context_window\.json")
+#: Errors aider prints during or after an answer: phrased so that a reply rarely matches.
 _ERROR = re.compile(
-    r"^(?:litellm\.\w+"  # litellm.AuthenticationError: …, litellm.InternalServerError: …
-    r"|[A-Za-z_][\w.]*(?:Error|Exception):"  # ValueError: …, openai.APIError: …
-    r"|Error\b|Unable to |Exception while "
-    r"|Empty response received from LLM"
-    r"|Only \d+ reflections allowed"
-    r"|The API provider )"  # aider's explanations of litellm errors
+    r"^(?:litellm\.[A-Za-z]+: "  # litellm.AuthenticationError: …, litellm.InternalServerError: …
+    r"|The API provider\b"  # aider's explanations of litellm errors
+    r"|Empty response received from LLM\."
+    r"|Only \d+ reflections allowed, stopping\."
+    r"|Unable to commit: |Unable to create .*, skipping edits\.$"
+    r"|Exception while updating files:$)"
     r"|: (?:file not found error|is a directory|unable to read: .*)$"
 )
+#: Further error shapes trusted only before the answer starts, where no reply can be.
+_PREAMBLE_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception): |Error\b|Unable to )")
 
 
-def looks_like_error(line: str) -> bool:
-    """Whether aider printed ``line`` as an error (it has no colour to tell us without a TTY)."""
-    return bool(_ERROR.search(line)) and not _METADATA_FETCH.search(line)
+def looks_like_error(line: str, *, in_answer: bool = True) -> bool:
+    """Whether aider printed ``line`` as an error (it has no colour to tell us without a TTY).
+
+    Inside an answer only aider's own phrasings count, so a reply that says "Error: …" or
+    quotes a traceback stays text; before the answer, Python-style errors count too.
+    """
+    if _METADATA_FETCH.search(line):
+        return False
+    return bool(_ERROR.search(line)) or (not in_answer and bool(_PREAMBLE_ERROR.match(line)))
 
 
 @dataclass(slots=True)
@@ -170,7 +180,7 @@ class AiderParser:
     """
 
     session: str
-    state: str = "preamble"
+    state: Literal["preamble", "answer", "tool"] = "preamble"
     saw_banner: bool = False
     sent_session: bool = False
     errors: int = 0
@@ -184,6 +194,7 @@ class AiderParser:
     _in_fence: bool = False
     _fenced: set[str] = field(default_factory=set)
     """Lines inside the answer's fenced code blocks, to recognise echoed shell commands."""
+    _reported: set[str] = field(default_factory=set)
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line."""
@@ -200,11 +211,17 @@ class AiderParser:
         if self.state == "tool":
             return self._tool_line(line)
         if _METADATA_FETCH.search(line):
-            return [Status(line)]
-        if looks_like_error(line):
+            return [Status(preview(line))]
+        in_fence = self._in_fence and self.state == "answer"
+        if not in_fence and looks_like_error(line, in_answer=self.state != "preamble"):
             self.errors += 1
             self._text_since_error = False
             self._close_block()
+            if line in self._reported:
+                # aider retries a failing API ~9 times, printing the same two lines each time;
+                # the "Retrying in …" statuses already show that it is still trying.
+                return []
+            self._reported.add(line)
             return [Error(line)]
         if self.state == "preamble":
             return self._preamble_line(line)

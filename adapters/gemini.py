@@ -106,8 +106,9 @@ def build_launch(request: TurnRequest) -> Launch:
         argv.append("--approval-mode=yolo")
     if request.model:
         argv.append(f"--model={request.model}")
-    # Configured args go after corral's flags, so that a configured flag the CLI rejects
-    # when repeated shows up as the user's, and before the prompt.
+    # Configured args come after corral's own flags and before the resume and the prompt,
+    # which must stay last. (gemini rejects --yolo next to --approval-mode: an agent that
+    # wants another approval mode sets unattended = false and passes its own.)
     argv.extend(request.args)
     if request.session_id:
         argv.append(f"--resume={request.session_id}")

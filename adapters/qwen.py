@@ -4,13 +4,15 @@ Launch
 ------
 
 ``qwen [ARGS] [--resume ID] [--model M] --auth-type openai --output-format stream-json
---include-partial-messages [--yolo] -- PROMPT`` with stdin on ``/dev/null``.
+--include-partial-messages [--yolo] --prompt=PROMPT`` with stdin on ``/dev/null``.
 
 * Qwen's option parser (yargs) turns a repeated option into an array, and then crashes
   ("Cannot read properties of undefined") or silently falls back to text output; so an
   option the agent's ``args`` already carry is never added a second time. ``--yolo`` and
   ``--approval-mode`` together are refused, so ``--yolo`` is left out when ``args`` pick a mode.
-* The prompt follows ``--`` so a prompt starting with ``-`` is not read as an option.
+* The prompt goes in ``--prompt=PROMPT`` (deprecated but working in 0.15), never as the
+  positional query: yargs reads a positional ``-x…`` as an option and turns ``0x10`` into
+  ``16``, and a prompt after ``--`` is not taken as the query at all ("No input provided").
 * ``~/.qwen/settings.json`` turns off what phones home or spends tokens behind the user's
   back: usage statistics (on by default; they go to an Alibaba RUM host), telemetry, the
   update check, and the managed auto-memory side job (an extra model call with tools after
@@ -141,7 +143,8 @@ def build_launch(request: TurnRequest) -> Launch:
     # Nobody in a chat can answer a permission prompt; headless qwen would deny the tool.
     if request.unattended and not _has_option(args, _APPROVAL_OPTS):
         argv.append("--yolo")
-    argv += ["--", request.prompt]
+    # One argv element, ``=``-joined: kept verbatim whatever it starts with.
+    argv.append("--prompt=" + request.prompt)
 
     extra = request.options.get("settings") or {}
     settings = _merge(DEFAULT_SETTINGS, extra if isinstance(extra, Mapping) else {})
@@ -297,6 +300,11 @@ class QwenParser:
             delta = event.get("delta") or {}
             text = delta.get("text")
             if delta.get("type") == "text_delta" and isinstance(text, str) and text:
+                first = self._streaming_id not in self._streamed_ids
+                if first and _API_ERROR.match(text):
+                    # A failed model call, dressed as answer text: the whole message that
+                    # follows becomes an Error instead.
+                    return []
                 if self._streaming_id is not None:
                     self._streamed_ids.add(self._streaming_id)
                 return [Text(text, delta=True)]

@@ -446,7 +446,7 @@ regenerate everything here. `manifest.json` has each run's exact argv, exit code
 Each run: its own session (`start_new_session`), stdin `/dev/null`, a private `HOME` and
 `TMPDIR`, cwd `$TMP/work`; env = `PATH`, `LANG`, `HOME`, `TMPDIR` + `Launch.env` of
 `adapters/gemini.py` (`GEMINI_CLI_NO_RELAUNCH=true`, `GEMINI_CLI_TRUST_WORKSPACE=true`,
-`GEMINI_TELEMETRY_ENABLED=false`) + `agent_env()` (`GEMINI_API_KEY`,
+`GEMINI_TELEMETRY_ENABLED=false`, `NO_COLOR=1`) + `agent_env()` (`GEMINI_API_KEY`,
 `GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:PORT`); `~/.gemini/settings.json` from
 `Launch.files`. The argv is `adapters.gemini.build_launch`'s:
 

@@ -209,6 +209,9 @@ class Capturer:
                 except psutil.Error:
                     tree = []
                 sleeper = next((p for p in tree if _name(p) == "sleep"), None)
+                for p in tree:
+                    _NAMES[p.pid] = _name(p)
+                    _PGIDS[p.pid] = _pgid(p)
                 if sleeper is not None:
                     break
             time.sleep(0.05)
@@ -229,10 +232,18 @@ class Capturer:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         if when == "tool":
-            alive = [p for p in tree if _alive(p)]
-            run.notes.append(
-                "tool tree killed by qwen" if not alive else f"tool processes still alive: {[_name(p) for p in alive]}"
-            )
+            # The CLI is a node wrapper plus an inner node (same group) that owns the tool;
+            # the wrapper exits first, so watch the rest die on their own for a while.
+            gone: dict[int, float] = {}
+            watch_until = time.monotonic() + 5
+            while time.monotonic() < watch_until and len(gone) < len(tree):
+                for p in tree:
+                    if p.pid not in gone and not _alive(p):
+                        gone[p.pid] = time.monotonic() - sent
+                time.sleep(0.01)
+            for p in tree:
+                when_gone = f"gone {gone[p.pid]:.2f} s after SIGINT" if p.pid in gone else "STILL ALIVE 5 s after SIGINT"
+                run.notes.append(f"{_name(p)} pid {p.pid} (pgid {'CLI' if _pgid(p) == proc.pid else 'own'}): {when_gone}")
 
     def _sweep(self, mark: str, run: Run) -> None:
         """Kill every process of this run still around (found by its environment marker)."""
@@ -243,6 +254,8 @@ class Capturer:
                     leftovers.append(p)
             except psutil.Error:
                 continue
+        if not leftovers:
+            run.notes.append("no process of the run left once it exited")
         for p in leftovers:
             run.notes.append(f"left behind after exit: {_name(p)} {' '.join(p.cmdline())!r} (killed)")
             try:
@@ -259,11 +272,22 @@ class Capturer:
         ]
 
 
+_NAMES: dict[int, str] = {}
+_PGIDS: dict[int, int | None] = {}
+
+
 def _name(p: psutil.Process) -> str:
     try:
         return p.name()
     except psutil.Error:
-        return "?"
+        return _NAMES.get(p.pid, "?")
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return _PGIDS.get(p.pid)
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -370,6 +394,13 @@ def write_readme(c: Capturer, version: str) -> None:
         "HOME and TMPDIR, stdin /dev/null, its own session. `NAME.jsonl` is stdout byte for",
         "byte; `NAME.stderr.txt` is stderr when there was any. The prompt markers are those of",
         "`tests/fakemodel/script.py`. `$TMP` is the run's temp folder.",
+        "",
+        "Measured by hand with the same server, not captured here: with HTTP 500 qwen retries",
+        "for about 105 s (28 requests) and then prints the same `[API Error: 500 …]` text and a",
+        "`success` result, exit status 0, like `error_400`. Background processes started by a",
+        "tool (`bg_nohup`, `bg_setsid`) were usually killed by qwen (it SIGKILLs the tool's pty",
+        "process group) but not always: some runs left `sleep 300` behind, so the supervisor's",
+        "own sweep is still needed.",
         "",
     ]
     for run in c.runs:

@@ -114,9 +114,14 @@ async def run_daemon(
     config: Config,
     *,
     handle_signals: bool = True,
+    subreaper: bool = True,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the daemon until SIGINT/SIGTERM (if ``handle_signals``) or ``POST /v1/shutdown``."""
+    """Run the daemon until SIGINT/SIGTERM (if ``handle_signals``) or ``POST /v1/shutdown``.
+
+    ``subreaper`` (process-wide) makes escaped descendants of turns re-parent to this
+    process; ``corral run`` always sets it, a program hosting the daemon may not want to.
+    """
     stopping = trio.Event()
     token = None
     if config.server.token_file is not None:
@@ -126,7 +131,7 @@ async def run_daemon(
     unix_sock = bind_unix_socket(config.server.socket)
     tcp_sock = bind_loopback_tcp(config.server.tcp) if config.server.tcp else None
     try:
-        async with open_supervisor(config, subreaper=True) as sup:
+        async with open_supervisor(config, subreaper=subreaper) as sup:
             restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
             async with trio.open_nursery() as nursery:
                 if handle_signals:

@@ -337,6 +337,10 @@ class Store:
         """``(session id, working directory)`` of this channel and agent."""
         return self._sessions.get((channel, agent), (None, None))
 
+    def sessions_of(self, channel: str) -> dict[str, str]:
+        """Every agent's session id in ``channel``."""
+        return {a: s for (c, a), (s, _) in self._sessions.items() if c == channel and s}
+
     def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
         """Remember the session id (None forgets it) and working directory."""
         self._sessions[(channel, agent)] = (session_id, cwd)

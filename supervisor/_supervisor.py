@@ -304,22 +304,27 @@ class Supervisor:
         check_channel(channel)
         started = trio.current_time()
         decision = self.ledger.stop(channel)  # first act: the generation moves now
+        # The stop's seq is taken in the same step: on the server clock it precedes every
+        # message accepted after it, even those accepted while the turn winds down.
+        stop_seq = None if decision.repeat else self.store.next_seq()
         turn = self._apply(decision, reason="user")
-        return await self._complete(decision, turn, started)
+        return await self._complete(decision, turn, started, stop_seq)
 
     async def stop_all(self) -> StopResult:
         """Stop every channel that has work; the result lists each."""
         started = trio.current_time()
         decisions = self.ledger.stop_all()
-        applied = [(d, self._apply(d, reason="user")) for d in decisions]
+        applied = [
+            (d, None if d.repeat else self.store.next_seq(), self._apply(d, reason="user")) for d in decisions
+        ]
         results: list[StopResult] = [None] * len(applied)  # type: ignore[list-item]
 
-        async def one(i: int, decision: StopDecision, turn: Turn | None) -> None:
-            results[i] = await self._complete(decision, turn, started)
+        async def one(i: int, decision: StopDecision, stop_seq: int | None, turn: Turn | None) -> None:
+            results[i] = await self._complete(decision, turn, started, stop_seq)
 
         async with trio.open_nursery() as nursery:
-            for i, (decision, turn) in enumerate(applied):
-                nursery.start_soon(one, i, decision, turn)
+            for i, (decision, stop_seq, turn) in enumerate(applied):
+                nursery.start_soon(one, i, decision, stop_seq, turn)
         total = StopResult(channel=None, generation=0, channels=results)
         for r in results:
             total.stopped_turns += r.stopped_turns
@@ -346,7 +351,9 @@ class Supervisor:
         self.registry.interrupt(decision.channel, turn.turn_id, turn.adapter.interrupt_signal)
         return turn
 
-    async def _complete(self, decision: StopDecision, turn: Turn | None, started: float) -> StopResult:
+    async def _complete(
+        self, decision: StopDecision, turn: Turn | None, started: float, stop_seq: int | None = None
+    ) -> StopResult:
         channel = decision.channel
         result = StopResult(channel, decision.generation, repeat=decision.repeat, dropped=len(decision.dropped))
         if decision.repeat:
@@ -376,7 +383,8 @@ class Supervisor:
                 result.stopped_turns.append(decision.stopped_turn)
             await self._cancel_todos(channel, decision.generation)
             text = STOP_NOTICE if result.ok else f"Stopping failed — {result.error}."
-            stop_seq = self.store.next_seq()
+            if stop_seq is None:
+                stop_seq = self.store.next_seq()
             notice = await self.store.append(
                 channel, "system", "notice", text, turn=decision.stopped_turn, generation=decision.generation,
                 meta={"stop_seq": stop_seq, "ok": result.ok},
@@ -447,6 +455,7 @@ class Supervisor:
             channels[name] = {
                 "generation": self.ledger.generation(name),
                 "queued": len(self.ledger.queued(name)),
+                "sessions": self.store.sessions_of(name),
                 "turn": None
                 if turn is None
                 else {

@@ -63,8 +63,11 @@ class TurnLimit(Exception):
 
 
 def new_turn_id() -> str:
-    """A unique, sortable turn id."""
-    return f"t{time.time_ns() // 1_000_000:x}-{secrets.token_hex(3)}"
+    """A unique turn id: ``t<supervisor pid>-<ms>-<random>`` (hex).
+
+    The pid says which supervisor a stray process belongs to when several run on a host.
+    """
+    return f"t{os.getpid():x}-{time.time_ns() // 1_000_000:x}-{secrets.token_hex(3)}"
 
 
 def channel_slug(channel: str) -> str:
@@ -107,6 +110,7 @@ class Turn:
         """'user' or 'shutdown' once the supervisor has stopped this turn."""
         self._text: list[str] = []
         self._streamed = ""
+        self._last_message = ""
         self._last: Pending | None = None
         self._result: Result | None = None
         self._error: str | None = None
@@ -140,6 +144,7 @@ class Turn:
             text = "".join(self._text)
             self._text.clear()
             self._streamed += text
+            self._last_message = text
             self._post("message", text)
 
     def _handle(self, event: Event) -> None:
@@ -154,6 +159,7 @@ class Turn:
         self._flush_text()
         if isinstance(event, Text):
             self._streamed += event.text
+            self._last_message = event.text
             self._post("message", event.text)
         elif isinstance(event, Status):
             self._post("status", event.text)
@@ -345,7 +351,10 @@ class Turn:
             return
         result = self._result
         if result is not None and result.ok and self._error is None:
-            if result.text and result.text.strip() != self._streamed.strip():
+            # The final answer is often what was just streamed (or all of it): post it
+            # only if the transcript does not already end with it.
+            already = {self._last_message.strip(), self._streamed.strip()}
+            if result.text and result.text.strip() not in already:
                 self._post("message", result.text)
             self.outcome.ok = True
         elif result is not None and not result.ok:

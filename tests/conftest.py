@@ -47,16 +47,29 @@ def script_agent(code: str, **extra: Any) -> dict[str, Any]:
     return {"adapter": "generic", "command": [PYTHON, "-c", code], **extra}
 
 
+#: Supervisors started by this test run: this process, and every daemon it launched.
+SUPERVISOR_PIDS: set[int] = {os.getpid()}
+
+
+def _ours(turn_id: str) -> bool:
+    return any(turn_id.startswith(f"t{pid:x}-") for pid in SUPERVISOR_PIDS)
+
+
 def turn_processes(turn_ids: list[str] | None = None) -> list[psutil.Process]:
-    """Living (non-zombie) processes carrying the turn marker (of the given turns, or any)."""
+    """Living (non-zombie) processes of turns run by this test run (of the given turns, or any).
+
+    Turn ids carry their supervisor's pid, so processes of other corral instances on the
+    machine are never counted (nor killed) here.
+    """
     found = []
     for proc in psutil.process_iter(["environ", "status"]):
         env = proc.info.get("environ") or {}
-        if TURN_MARKER not in env or proc.pid == os.getpid():
+        turn = env.get(TURN_MARKER)
+        if turn is None or proc.pid == os.getpid() or not _ours(turn):
             continue
         if proc.info.get("status") == psutil.STATUS_ZOMBIE:
             continue
-        if turn_ids is None or env[TURN_MARKER] in turn_ids:
+        if turn_ids is None or turn in turn_ids:
             found.append(proc)
     return found
 
@@ -73,3 +86,57 @@ def no_leftover_turn_processes() -> Iterator[None]:
         except psutil.Error:
             pass
     assert not left, f"processes of turns left alive: {[(p.pid, p.info.get('name')) for p in left]}"
+
+
+CORRAL = [PYTHON, "-m", "supervisor.cli"]
+
+
+class DaemonProcess:
+    """A real `corral run` subprocess in ``folder``, ready once it has logged that it serves."""
+
+    def __init__(self, folder: Path, config_text: str) -> None:
+        import subprocess
+        import time
+
+        self.folder = folder
+        self.socket = folder / "corral.sock"
+        (folder / "corral.toml").write_text(config_text)
+        self.proc = subprocess.Popen(
+            [*CORRAL, "run", "-c", "corral.toml"], cwd=folder, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        SUPERVISOR_PIDS.add(self.proc.pid)
+        self.log: list[str] = []
+        deadline = time.monotonic() + 30
+        assert self.proc.stderr is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError("the daemon exited before it was ready:\n" + "".join(self.log))
+            self.log.append(line)
+            if "ready on" in line:
+                return
+        raise AssertionError("the daemon did not become ready")
+
+    def cli(self, *args: str, timeout: float = 120, check: bool = False) -> Any:
+        """Run ``corral ARGS`` against this daemon."""
+        import subprocess
+
+        env = {**os.environ, "CORRAL_SOCKET": str(self.socket)}
+        return subprocess.run(
+            [*CORRAL, *args], cwd=self.folder, env=env, capture_output=True, text=True, timeout=timeout, check=check
+        )
+
+    def stop(self) -> int:
+        """SIGTERM, and wait for the orderly shutdown."""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            out = self.proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.log.append(out or "")
+        return self.proc.returncode

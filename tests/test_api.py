@@ -23,7 +23,7 @@ def _client(folder: Path) -> httpx.AsyncClient:
 async def test_bad_input_is_answered_and_the_daemon_keeps_serving(short_tmp: Path) -> None:
     config = make_config(short_tmp)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, task_status=task_status))
+        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, subreaper=False, task_status=task_status))
         async with _client(short_tmp) as http:
             ok = await http.post("/v1/channels/c/messages", json={"text": "first"})
             assert ok.status_code == 202
@@ -59,7 +59,7 @@ async def test_bad_input_is_answered_and_the_daemon_keeps_serving(short_tmp: Pat
 async def test_channel_names_with_slashes_round_trip(short_tmp: Path) -> None:
     config = make_config(short_tmp)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, task_status=task_status))
+        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, subreaper=False, task_status=task_status))
         async with _client(short_tmp) as http:
             response = await http.post("/v1/channels/team%2Fthread%201/messages", json={"text": "hi"})
             assert response.json()["channel"] == "team/thread 1"
@@ -83,7 +83,7 @@ async def test_tcp_listener_requires_the_token(short_tmp: Path) -> None:
         base=short_tmp,
     )
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, task_status=task_status))
+        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, subreaper=False, task_status=task_status))
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             assert (await http.get("/v1/status")).status_code == 401
             assert (await http.get("/v1/status", headers={"authorization": "Bearer wrong"})).status_code == 401
@@ -103,9 +103,9 @@ def test_tcp_listener_refuses_non_loopback_addresses() -> None:
 async def test_a_second_daemon_on_the_same_socket_is_refused(short_tmp: Path) -> None:
     config = make_config(short_tmp)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, task_status=task_status))
+        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, subreaper=False, task_status=task_status))
         with pytest.raises(DaemonError, match="already running"):
-            await run_daemon(config, handle_signals=False)
+            await run_daemon(config, handle_signals=False, subreaper=False)
         async with _client(short_tmp) as http:
             await http.post("/v1/shutdown")
 
@@ -113,7 +113,7 @@ async def test_a_second_daemon_on_the_same_socket_is_refused(short_tmp: Path) ->
 async def test_follow_over_sse_delivers_committed_entries_live(short_tmp: Path) -> None:
     config = make_config(short_tmp)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, task_status=task_status))
+        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, subreaper=False, task_status=task_status))
         async with _client(short_tmp) as http:
             seen: list[dict] = []
             async with http.stream("GET", "/v1/channels/live/events") as stream:

@@ -15,9 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import turn_processes
-
-CORRAL = [sys.executable, "-m", "supervisor.cli"]
+from conftest import CORRAL, DaemonProcess, turn_processes
 
 CONFIG = """
 [server]
@@ -38,37 +36,11 @@ def corral(folder: Path, *args: str, timeout: float = 60, check: bool = False) -
     return subprocess.run([*CORRAL, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout, check=check)
 
 
-class Daemon:
-    """A `corral run` subprocess, ready once it has logged that it serves."""
+class Daemon(DaemonProcess):
+    """The demo-agent daemon these tests share."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        (folder / "corral.toml").write_text(CONFIG)
-        self.proc = subprocess.Popen(
-            [*CORRAL, "run", "-c", "corral.toml"], cwd=folder, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-        self.log: list[str] = []
-        deadline = time.monotonic() + 30
-        assert self.proc.stderr is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise AssertionError("the daemon exited before it was ready:\n" + "".join(self.log))
-            self.log.append(line)
-            if "ready on" in line:
-                return
-        raise AssertionError("the daemon did not become ready")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            out = self.proc.communicate(timeout=30)[1]
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        self.log.append(out or "")
-        return self.proc.returncode
+        super().__init__(folder, CONFIG)
 
 
 @pytest.fixture

@@ -137,6 +137,17 @@ class LedgerMachine(RuleBasedStateMachine):
     def accept(self, channel: str, human: bool) -> None:
         self._accept(channel, human=human, nudge=False)
 
+    @rule(channel=channels, human=st.booleans())
+    def accept_and_run(self, channel: str, human: bool) -> None:
+        """What a worker does for a message on an idle channel: accept, take, start."""
+        self._accept(channel, human=human, nudge=False)
+        if self.chans[channel].turn is None:
+            self.take(channel)
+            turn = self.chans[channel].turn
+            assert turn is not None
+            assert self.ledger.may_start(channel, turn) is True
+            self.chans[channel].started = True
+
     @rule(channel=channels)
     def stop(self, channel: str) -> None:
         others = {name: self._snapshot(name) for name in CHANNELS if name != channel}
@@ -227,7 +238,7 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = True if kind is OutputKind.SESSION else current
         assert self.ledger.keep_output(channel, turn_id, kind) == expected
 
-    @rule(channel=channels, ok=st.booleans(), todos=st.integers(min_value=0, max_value=3), data=st.data())
+    @rule(channel=channels, ok=st.booleans(), todos=st.sampled_from((0, 1, 3)), data=st.data())
     def end_turn(self, channel: str, ok: bool, todos: int, data: st.DataObject) -> None:
         model = self.chans[channel]
         if model.turn is None:
@@ -310,8 +321,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedgerMachine = LedgerMachine.TestCase
 TestLedgerMachine.settings = settings(
-    max_examples=300,
-    stateful_step_count=40,
+    max_examples=1000,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

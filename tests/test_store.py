@@ -39,6 +39,12 @@ async def following(store: Store, channel: str | None, after: int = 0) -> AsyncI
         nursery.cancel_scope.cancel()
 
 
+async def receive(channel: trio.MemoryReceiveChannel[Entry]) -> Entry:
+    """The follower's next entry; fail (rather than hang) if it never comes."""
+    with trio.fail_after(GATE_TIMEOUT):
+        return await channel.receive()
+
+
 def nothing_received(receive: trio.MemoryReceiveChannel[Entry]) -> bool:
     """True if the follower has yielded nothing more."""
     try:
@@ -100,8 +106,8 @@ async def test_follower_sees_an_entry_only_after_its_commit(tmp_path: Path, monk
     async with open_store(db_path(tmp_path)) as store:
         first = await store.append("c", "u", "message", "first")
         async with following(store, "c") as chan, following(store, None) as everything:
-            assert await chan.receive() == first
-            assert await everything.receive() == first
+            assert await receive(chan) == first
+            assert await receive(everything) == first
             blocked = BlockedCommits(monkeypatch)
             try:
                 pending = store.submit_entry("c", "agent", "message", "second")
@@ -114,15 +120,15 @@ async def test_follower_sees_an_entry_only_after_its_commit(tmp_path: Path, monk
                 blocked.gate.set()
             entry = await pending.committed()
             assert entry is not None and entry.text == "second"
-            assert await chan.receive() == entry
-            assert await everything.receive() == entry
+            assert await receive(chan) == entry
+            assert await receive(everything) == entry
 
 
 async def test_failed_commit_shows_nothing_and_append_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async with open_store(db_path(tmp_path)) as store:
         first = await store.append("c", "u", "message", "first")
         async with following(store, "c") as chan:
-            assert await chan.receive() == first
+            assert await receive(chan) == first
             await trio.testing.wait_all_tasks_blocked()
 
             def broken(self: Store, batch: list[Pending]) -> None:
@@ -137,7 +143,7 @@ async def test_failed_commit_shows_nothing_and_append_raises(tmp_path: Path, mon
             assert store.commits == commits
             monkeypatch.undo()
             later = await store.append("c", "agent", "message", "kept")
-            assert await chan.receive() == later
+            assert await receive(chan) == later
             assert [e.text for e in await store.entries("c")] == ["first", "kept"]
 
 
@@ -162,7 +168,7 @@ async def test_a_failed_batch_fails_every_write_in_it_and_later_writes_work(tmp_
             assert await store.entries(None) == []
             later = await store.append("a", "u", "message", "three")
             assert later.seq > batch[2].entry.seq  # type: ignore[union-attr]
-            assert await everything.receive() == later
+            assert await receive(everything) == later
             assert [e.text for e in await store.entries(None)] == ["three"]
 
 
@@ -232,14 +238,14 @@ async def test_follow_gives_history_then_live_entries_per_channel(tmp_path: Path
         b1 = await store.append("b", "u", "message", "b1")
         a2 = await store.append("a", "u", "message", "a2")
         async with following(store, "a") as only_a, following(store, None) as every, following(store, "a", a1.seq) as later_a:
-            assert [await only_a.receive() for _ in range(2)] == [a1, a2]
-            assert [await every.receive() for _ in range(3)] == [a1, b1, a2]
-            assert await later_a.receive() == a2
+            assert [await receive(only_a) for _ in range(2)] == [a1, a2]
+            assert [await receive(every) for _ in range(3)] == [a1, b1, a2]
+            assert await receive(later_a) == a2
             b2 = await store.append("b", "u", "message", "b2")
             a3 = await store.append("a", "agent", "status", "a3", turn="t1", generation=2, meta={"k": [1]})
-            assert await only_a.receive() == a3
-            assert await later_a.receive() == a3
-            assert [await every.receive() for _ in range(2)] == [b2, a3]
+            assert await receive(only_a) == a3
+            assert await receive(later_a) == a3
+            assert [await receive(every) for _ in range(2)] == [b2, a3]
             await trio.testing.wait_all_tasks_blocked()
             assert nothing_received(only_a) and nothing_received(every) and nothing_received(later_a)
         assert (a3.turn, a3.generation, dict(a3.meta)) == ("t1", 2, {"k": [1]})

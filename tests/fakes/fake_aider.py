@@ -154,9 +154,6 @@ def say(line: str = "") -> None:
 
 def run_shell(command: str, history: History) -> None:
     """Run ``command`` like an agent's shell tool: ``sh -c`` in a new session; wait for it."""
-    say()
-    say(f"Running {command}")
-    history.tool(f"Running {command}")
     proc = subprocess.Popen(
         ["sh", "-c", command],
         stdin=subprocess.DEVNULL,
@@ -167,6 +164,10 @@ def run_shell(command: str, history: History) -> None:
     pid_file = os.environ.get("FAKE_AIDER_PID_FILE")
     if pid_file:
         Path(pid_file).write_text(f"{proc.pid}\n")
+    # Printed once the command exists (aider prints it just before): a test that waits for
+    # this line finds the pid file written.
+    say(f"Running {command}")
+    history.tool(f"Running {command}")
     assert proc.stdout is not None
     lines = 0
     for raw in proc.stdout:
@@ -191,11 +192,11 @@ def main(argv: list[str]) -> int:
 
     history = History(Path(args.chat_history_file))
     earlier = split_chat_history(history.path.read_text(encoding="utf-8")) if history.path.exists() else []
-    history.append(f"\n# aider chat started at {datetime.datetime.now():%Y-%m-%d %H:%M:%S}\n")
+    history.append(f"\n# aider chat started at {datetime.datetime.now():%Y-%m-%d %H:%M:%S}\n\n")
     history.tool("fake_aider " + " ".join(argv))
     model = args.model or "gpt-4o"
     banner = [f"Aider v{VERSION}", f"Model: {model} with whole edit format"]
-    banner += ["Git repo: none" if not args.git else "Git repo: (fake: none found)", "Repo-map: disabled"]
+    banner += ["Git repo: none", "Repo-map: disabled"]  # the fake never looks for a repository
     if args.analytics_disable:
         say("Analytics have been permanently disabled.")
     say()

@@ -1,0 +1,936 @@
+"""The stop contract (DESIGN.md), one test (or more) per line, in process.
+
+Every test runs a real supervisor (``open_supervisor``) with a generic script agent. Races
+are driven deterministically: a turn is parked at a hook (``took``, ``preparing``, or a
+``spawn`` that wraps the real spawner) or at a *gate* — a FIFO the agent blocks on until
+the test writes to it — and the stop lands while it is parked. Nothing sleeps to let
+things settle; real processes get real time under generous ``fail_after`` limits.
+
+Each hole of the post-mortems in ``/work/shared/reference`` has its own test: a message
+already taken off the queue, a stop during preparation and during the spawn, the todo
+nudge queued by the stopped turn, output flushed after the kill, a message typed after the
+stop plus the client's automatic re-send, a stop in an idle channel, stop-all, and a stop
+during a silent stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import trio
+import trio.testing
+from conftest import make_config, script_agent, turn_processes
+
+from supervisor._ledger import StopLedger
+from supervisor._registry import ProcessRegistry
+from supervisor._store import Entry, StoreError
+from supervisor._supervisor import NUDGE_TEXT, STOP_NOTICE, Hooks, Supervisor, open_supervisor
+from supervisor._tree import TURN_MARKER, ProcessTree
+from supervisor._tree import spawn as real_spawn
+
+#: Generous limit for anything that involves a real process.
+SLOW = 20.0
+
+# The test agent speaks the generic line protocol; words of its prompt steer it:
+#   ignore            ignore SIGINT and SIGTERM (only SIGKILL ends it)
+#   flush             on SIGINT print text, a status, todos, a session id and a result, then exit
+#   windup=FIFO       on SIGINT wait for the FIFO gate before exiting (a slow wind-down)
+#   session=ID        print a session id first
+#   child             start a child in the same process group (it sleeps)
+#   todos             report a plan with one item done, one in progress, one pending
+#   silent            print nothing more and sleep (a stalled stream)
+#   tick              print a line every 50 ms forever
+#   gate=FIFO         after "ready", wait for the FIFO gate
+#   hang              after the result, sleep instead of exiting
+# A plain "ready" line (a message entry) tells the test the agent is where it should be.
+# Resume arguments (``--resume ID``) come before the prompt; the agent reports them.
+AGENT = r"""
+import json, os, signal, subprocess, sys, time
+prompt = sys.argv[-1]
+words = prompt.split()
+opts = dict(w.split("=", 1) for w in words if "=" in w)
+
+def emit(kind, **fields):
+    print(json.dumps({"type": kind, **fields}), flush=True)
+
+def wait_gate(path):
+    os.read(os.open(path, os.O_RDONLY), 1)
+
+if "ignore" in words:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif "flush" in words:
+    def flush(*_):
+        print("flushed text after the kill", flush=True)
+        emit("status", text="flushed status")
+        emit("todos", todos=[{"content": "flushed plan", "status": "pending"}])
+        emit("session", id="sess-flushed")
+        emit("result", text="flushed final answer")
+        os._exit(0)
+    signal.signal(signal.SIGINT, flush)
+elif "windup" in opts:
+    def windup(*_):
+        wait_gate(opts["windup"])
+        os._exit(130)
+    signal.signal(signal.SIGINT, windup)
+else:
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+if len(sys.argv) > 2:
+    emit("status", text="args " + " ".join(sys.argv[1:-1]))
+if "session" in opts:
+    emit("session", id=opts["session"])
+if "child" in words:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    emit("status", text=f"child {child.pid}")
+if "todos" in words:
+    emit("todos", todos=[{"content": "one", "status": "completed"},
+                         {"content": "two", "status": "in_progress"},
+                         {"content": "three", "status": "pending"}])
+if "silent" in words:
+    time.sleep(3600)
+if "tick" in words:
+    while True:
+        print("tick", flush=True)
+        time.sleep(0.05)
+print("ready", flush=True)
+if "gate" in opts:
+    wait_gate(opts["gate"])
+emit("result", text="done: " + prompt)
+if "hang" in words:
+    time.sleep(3600)
+"""
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_turn_processes(short_tmp: Path) -> Iterator[None]:
+    """conftest's check, limited to this test's own turns (their HOME is under its folder).
+
+    Other test runs may share the machine: their turn processes must neither fail this
+    test nor be killed by it.
+    """
+    yield
+    mine = str(short_tmp) + os.sep
+    left = [p for p in turn_processes() if (p.info.get("environ") or {}).get("HOME", "").startswith(mine)]
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes of turns left alive: {[(p.pid, p.info.get('name')) for p in left]}"
+
+
+
+class Gate:
+    """A FIFO the agent blocks on (``gate=PATH``) until the test opens it.
+
+    The test holds the FIFO open read-write, so the agent's open never blocks and its read
+    blocks until a byte arrives.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        os.mkfifo(path)
+        self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+    def open(self, readers: int = 1) -> None:
+        """Let ``readers`` blocked agents through."""
+        os.write(self._fd, b"x" * readers)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+@pytest.fixture
+def gates(short_tmp: Path) -> Iterator[Callable[[], Gate]]:
+    """Make gates in the test's folder; all are closed at the end."""
+    made: list[Gate] = []
+
+    def make() -> Gate:
+        gate = Gate(short_tmp / f"gate{len(made)}")
+        made.append(gate)
+        return gate
+
+    yield make
+    for gate in made:
+        gate.close()
+
+
+@dataclass
+class Spawned:
+    turn_id: str
+    process: trio.Process
+
+
+@dataclass
+class SpawnRecorder:
+    """``Hooks.spawn``: the real spawner, recording every call; can park after the spawn.
+
+    Shielded like the real one, which cannot be cancelled half-way.
+    """
+
+    park: bool = False
+    calls: list[Spawned] = field(default_factory=list)
+    arrived: trio.Event = field(default_factory=trio.Event)
+    go: trio.Event = field(default_factory=trio.Event)
+
+    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool) -> trio.Process:
+        with trio.CancelScope(shield=True):
+            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe)
+            self.calls.append(Spawned(env[TURN_MARKER], process))
+            if self.park and not self.go.is_set():
+                self.arrived.set()
+                with trio.fail_after(SLOW):
+                    await self.go.wait()
+        return process
+
+
+@dataclass
+class Park:
+    """A ``took`` or ``preparing`` hook that parks the first turn until ``go`` is set."""
+
+    shield: bool = False
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    arrived: trio.Event = field(default_factory=trio.Event)
+    go: trio.Event = field(default_factory=trio.Event)
+    cancelled: bool = False
+
+    async def __call__(self, channel: str, turn_id: str) -> None:
+        self.calls.append((channel, turn_id))
+        if len(self.calls) > 1:
+            return
+        self.arrived.set()
+        try:
+            with trio.CancelScope(shield=self.shield), trio.fail_after(SLOW):
+                await self.go.wait()
+        except trio.Cancelled:
+            self.cancelled = True
+            raise
+
+
+@asynccontextmanager
+async def running(
+    folder: Path, *, took: Any = None, preparing: Any = None, spawn: SpawnRecorder | None = None,
+    **agent: Any,
+) -> AsyncIterator[tuple[Supervisor, SpawnRecorder]]:
+    """A supervisor with one script agent, ``bot``; limits and options go in ``agent``."""
+    recorder = spawn or SpawnRecorder()
+    config = make_config(folder, {"bot": script_agent(AGENT, **agent)})
+    async with open_supervisor(config, hooks=Hooks(took=took, preparing=preparing, spawn=recorder)) as sup:
+        yield sup, recorder
+
+
+async def wait_entry(sup: Supervisor, channel: str, match: Callable[[Entry], bool], timeout: float = SLOW) -> Entry:
+    """The first committed entry of ``channel`` that matches (past or future)."""
+    with trio.fail_after(timeout):
+        async with aclosing(sup.follow(channel)) as entries:
+            async for entry in entries:
+                if match(entry):
+                    return entry
+    raise AssertionError("the follow ended")
+
+
+def is_ready(entry: Entry) -> bool:
+    return entry.kind == "message" and entry.text == "ready"
+
+
+async def send_and_wait_ready(sup: Supervisor, channel: str, prompt: str) -> Entry:
+    await sup.send(channel, prompt)
+    return await wait_entry(sup, channel, is_ready)
+
+
+def notices(entries: list[Entry]) -> list[Entry]:
+    return [e for e in entries if e.kind == "notice"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def idle(sup: Supervisor, channel: str) -> None:
+    assert await sup.wait_idle(channel, timeout=SLOW), f"channel {channel!r} did not become idle"
+
+
+# ---------------------------------------------------------------- 1. scoped
+
+
+async def test_contract_01_stop_leaves_the_same_agent_in_another_channel_alone(short_tmp: Path, gates: Any) -> None:
+    a_gate, b_gate = gates(), gates()
+    async with running(short_tmp) as (sup, spawned):
+        await send_and_wait_ready(sup, "A", f"gate={a_gate}")
+        await send_and_wait_ready(sup, "B", f"gate={b_gate}")
+        b_proc = next(s.process for s in spawned.calls if sup._turns["B"].turn_id == s.turn_id)
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("A")
+
+        assert result.ok and len(result.stopped_turns) == 1
+        assert sup.ledger.generation("A") == 1 and sup.ledger.generation("B") == 0
+        assert b_proc.returncode is None and alive(b_proc.pid)
+        b_gate.open()
+        await idle(sup, "B")
+        b = await sup.entries("B")
+        assert not notices(b)
+        assert b[-1].kind == "message" and b[-1].text.startswith("done: ") and b[-1].author == "agent:bot"
+        assert b_proc.returncode == 0
+        assert [e.text for e in notices(await sup.entries("A"))] == [STOP_NOTICE]
+
+
+async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await send_and_wait_ready(sup, "busy", f"gate={gate}")
+        busy_turn = sup._turns["busy"].turn_id
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("idle")
+
+        # The idle channel still gets its notice (the UI settles), and nothing else moves.
+        assert result.ok and result.stopped_turns == [] and result.killed == []
+        assert [e.text for e in await sup.entries("idle")] == [STOP_NOTICE]
+        assert sup._turns["busy"].turn_id == busy_turn
+        assert not sup.ledger.is_stale("busy", busy_turn)
+        assert spawned.calls[0].process.returncode is None
+        gate.open()
+        await idle(sup, "busy")
+        busy = await sup.entries("busy")
+        assert not notices(busy) and busy[-1].text.startswith("done: ")
+
+
+async def test_contract_01_stop_all_stops_every_busy_channel(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        for channel in ("c1", "c2", "c3"):
+            await send_and_wait_ready(sup, channel, f"gate={gate}")
+        await sup.stop("quiet")  # a channel the ledger knows, with nothing to stop
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop(None)
+
+        assert result.ok and result.channels is not None
+        assert sorted(r.channel for r in result.channels) == ["c1", "c2", "c3"]
+        assert len(result.stopped_turns) == 3
+        assert sorted(result.killed) == sorted(s.process.pid for s in spawned.calls)
+        assert all(s.process.returncode is not None for s in spawned.calls)
+        for channel in ("c1", "c2", "c3"):
+            assert [e.text for e in notices(await sup.entries(channel))] == [STOP_NOTICE]
+        assert len(notices(await sup.entries("quiet"))) == 1  # only its own earlier stop
+        assert not turn_processes([s.turn_id for s in spawned.calls])
+
+
+# ---------------------------------------------------------------- 2. on record before any await
+
+
+class FirstStep(trio.abc.Instrument):
+    """Takes a snapshot when the named task first yields to the scheduler."""
+
+    def __init__(self, name: str, probe: Callable[[], dict[str, Any]]) -> None:
+        self.name = name
+        self.probe = probe
+        self.seen: dict[str, Any] | None = None
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == self.name and self.seen is None:
+            self.seen = self.probe()
+
+
+async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_await(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, _):
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        await sup.send("ch", "queued behind the running turn")
+        turn = sup._turns["ch"]
+        assert turn.tree is not None
+
+        def probe() -> dict[str, Any]:
+            return {
+                "generation": sup.ledger.generation("ch"),
+                "stale": sup.ledger.is_stale("ch", turn.turn_id),
+                "cancelled": turn.scope.cancel_called,
+                "signalled": turn.tree is not None and turn.tree.interrupted,
+                "queued": len(sup.ledger.queued("ch")),
+            }
+
+        first = FirstStep("stop-under-test", probe)
+        trio.lowlevel.add_instrument(first)
+        results = []
+        try:
+            async def stop() -> None:
+                results.append(await sup.stop("ch"))
+
+            with trio.fail_after(SLOW):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stop, name="stop-under-test")
+        finally:
+            trio.lowlevel.remove_instrument(first)
+
+        assert first.seen == {"generation": 1, "stale": True, "cancelled": True, "signalled": True, "queued": 0}
+        assert results[0].ok and results[0].dropped == 1
+
+
+# ---------------------------------------------------------------- 3. queued work is dropped
+
+
+async def test_contract_03_queued_messages_are_dropped(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        second = await sup.send("ch", "second")
+        third = await sup.send("ch", "third")
+        assert third.queued == 2
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        await idle(sup, "ch")
+
+        assert result.dropped == 2
+        assert len(spawned.calls) == 1
+        assert await sup.store.query("SELECT seq FROM queue") == []
+        entries = await sup.entries("ch")
+        assert not [e for e in entries if e.author == "agent:bot" and e.seq > second.seq]
+        assert entries[-1].kind == "notice"
+
+
+async def test_contract_03_message_taken_off_the_queue_never_starts(short_tmp: Path) -> None:
+    # Hole 1 of openagents#676: the drain loop had already shifted the message.
+    took = Park()
+    async with running(short_tmp, took=took) as (sup, spawned):
+        accepted = await sup.send("ch", "taken off the queue")
+        with trio.fail_after(SLOW):
+            await took.arrived.wait()
+        assert sup.ledger.queued("ch") == ()  # no longer queued: only the ledger's turn knows it
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        took.go.set()
+        await idle(sup, "ch")
+
+        assert result.ok and result.stopped_turns == [took.calls[0][1]]
+        assert spawned.calls == []
+        entries = await sup.entries("ch")
+        assert [(e.seq, e.kind) for e in entries] == [(accepted.seq, "message"), (result.notice_seq, "notice")]
+
+        # The channel is not wedged: the next message runs.
+        await sup.send("ch", "next")
+        await idle(sup, "ch")
+        assert len(spawned.calls) == 1
+        assert (await sup.entries("ch"))[-1].text == "done: next"
+
+
+async def test_contract_03_half_prepared_turn_never_spawns(short_tmp: Path) -> None:
+    # Hole 2 of openagents#676: a stop during the preparation round trips found no process.
+    preparing = Park()
+    async with running(short_tmp, preparing=preparing) as (sup, spawned):
+        await sup.send("ch", "half prepared")
+        with trio.fail_after(SLOW):
+            await preparing.arrived.wait()
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        await idle(sup, "ch")
+
+        assert preparing.cancelled  # the stop cancelled the preparation itself
+        assert spawned.calls == []
+        assert result.ok and result.stopped_turns == [preparing.calls[0][1]] and result.killed == []
+        entries = await sup.entries("ch")
+        assert [e.kind for e in entries] == ["message", "notice"]
+
+
+# ---------------------------------------------------------------- 4. new work runs
+
+
+async def test_contract_04_message_after_the_stop_runs_while_the_stopped_turn_winds_down(
+    short_tmp: Path, gates: Any
+) -> None:
+    gate, windup = gates(), gates()
+    async with running(short_tmp) as (sup, spawned):
+        await send_and_wait_ready(sup, "ch", f"gate={gate} windup={windup}")
+        results = []
+
+        async def stop() -> None:
+            results.append(await sup.stop("ch"))
+
+        with trio.fail_after(SLOW):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop)
+                await trio.testing.wait_all_tasks_blocked()
+                assert sup.ledger.generation("ch") == 1
+                first = spawned.calls[0].process
+                assert first.returncode is None  # still winding down: its SIGINT handler waits
+
+                after = await sup.send("ch", "typed after the stop")
+                assert after.generation == 1
+                windup.open()
+        await idle(sup, "ch")
+
+        result = results[0]
+        assert result.ok and first.returncode == 130
+        assert len(spawned.calls) == 2
+        entries = await sup.entries("ch")
+        notice = next(e for e in entries if e.kind == "notice")
+        # The stop's own seq is on the server clock at the moment of the stop.
+        assert notice.meta["stop_seq"] < after.seq
+        assert entries[-1].text == "done: typed after the stop" and entries[-1].generation == 1
+
+
+# ---------------------------------------------------------------- 5. checked at the point of no return
+
+
+async def test_contract_05_stale_turn_gives_up_at_the_point_of_no_return(short_tmp: Path) -> None:
+    # A preparation step that does not notice cancellation (shielded, like an HTTP round
+    # trip that must complete): only the check right before the spawn can save the day.
+    preparing = Park(shield=True)
+    async with running(short_tmp, preparing=preparing) as (sup, spawned):
+        await sup.send("ch", "prepared past the stop")
+        with trio.fail_after(SLOW):
+            await preparing.arrived.wait()
+        results = []
+
+        async def stop() -> None:
+            results.append(await sup.stop("ch"))
+
+        with trio.fail_after(SLOW):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop)
+                await trio.testing.wait_all_tasks_blocked()
+                assert results == []  # the stop waits for the turn to finish
+                preparing.go.set()
+        await idle(sup, "ch")
+
+        assert not preparing.cancelled
+        assert spawned.calls == []
+        assert results[0].ok
+        assert [e.kind for e in await sup.entries("ch")] == ["message", "notice"]
+
+
+# ---------------------------------------------------------------- 6. late registrations die
+
+
+async def test_contract_06_process_registered_for_a_stopped_turn_is_killed_at_once(short_tmp: Path) -> None:
+    # The process ignores SIGINT and the grace is long: only the registry's SIGKILL on
+    # registration ends it in time.
+    spawner = SpawnRecorder(park=True)
+    async with running(short_tmp, spawn=spawner, stop_grace=60) as (sup, _):
+        await sup.send("ch", "ignore")
+        with trio.fail_after(SLOW):
+            await spawner.arrived.wait()
+        spawned = spawner.calls[0]
+        results = []
+
+        async def stop() -> None:
+            results.append(await sup.stop("ch"))
+
+        with trio.fail_after(SLOW):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop)
+                await trio.testing.wait_all_tasks_blocked()
+                assert sup.registry.get("ch", spawned.turn_id) is None  # nothing to kill yet
+                assert spawned.process.returncode is None
+                spawner.go.set()
+        await idle(sup, "ch")
+
+        result = results[0]
+        assert result.ok and result.elapsed_ms < 10_000
+        assert spawned.process.returncode == -signal.SIGKILL
+        assert sup.registry.get("ch", spawned.turn_id) is None
+        entries = await sup.entries("ch")
+        assert [e.kind for e in entries] == ["message", "notice"]
+        assert sup.store.session("ch", "bot")[0] is None
+        assert not turn_processes([spawned.turn_id])
+
+
+async def test_contract_06_release_is_by_identity(short_tmp: Path) -> None:
+    ledger = StopLedger()
+    ledger.accept("ch", 1, human=True)
+    ledger.take("ch", "t1")
+    registry = ProcessRegistry(ledger)
+    env = {"PATH": os.environ["PATH"], TURN_MARKER: "t1"}
+    old = ProcessTree(await real_spawn(("true",), env=env, cwd=str(short_tmp), stdin_pipe=False), "t1")
+    new = ProcessTree(await real_spawn(("true",), env=env, cwd=str(short_tmp), stdin_pipe=False), "t1")
+    try:
+        assert registry.register("ch", "t1", old)
+        assert registry.register("ch", "t1", new)  # the successor (a retry of the same turn)
+        assert not registry.release("ch", "t1", old)  # the late exit of the old one
+        assert registry.get("ch", "t1") is new
+        assert registry.release("ch", "t1", new)
+        assert registry.get("ch", "t1") is None
+    finally:
+        for tree in (old, new):
+            await tree.process.wait()
+            for stream in (tree.process.stdout, tree.process.stderr):
+                assert stream is not None
+                await stream.aclose()
+
+
+# ---------------------------------------------------------------- 7. the whole tree dies
+
+
+async def test_contract_07_stop_kills_the_group_and_reports_it(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await sup.send("ch", f"child gate={gate}")
+        child = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("child "))
+        child_pid = int(child.text.split()[1])
+        await wait_entry(sup, "ch", is_ready)
+        leader = spawned.calls[0]
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+
+        assert result.ok
+        assert {leader.process.pid, child_pid} <= set(result.killed)
+        assert not alive(child_pid) and leader.process.returncode is not None
+        assert not turn_processes([leader.turn_id])
+
+
+async def test_contract_07_sigkill_after_the_grace_when_sigint_is_ignored(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    grace = 0.5
+    async with running(short_tmp, stop_grace=grace) as (sup, spawned):
+        await send_and_wait_ready(sup, "ch", f"ignore child gate={gate}")
+        leader = spawned.calls[0]
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+
+        assert result.ok and result.error is None
+        assert result.elapsed_ms >= grace * 1000
+        assert leader.process.returncode == -signal.SIGKILL
+        assert leader.process.pid in result.killed and len(result.killed) == 2
+        assert not turn_processes([leader.turn_id])
+        assert (await sup.entries("ch"))[-1].text == STOP_NOTICE
+
+
+# ---------------------------------------------------------------- 8. leftover output is discarded, except the session id
+
+
+async def test_contract_08_output_flushed_after_the_kill_keeps_only_the_session_id(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp, resume_args=["--resume", "{session}"]) as (sup, spawned):
+        await send_and_wait_ready(sup, "ch", f"flush session=sess-first gate={gate}")
+        assert sup.store.session("ch", "bot")[0] == "sess-first"
+        turn_id = spawned.calls[0].turn_id
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+
+        assert result.ok
+        assert spawned.calls[0].process.returncode == 0  # it did flush and exit on its own
+        entries = await sup.entries("ch")
+        assert not [e for e in entries if "flushed" in e.text]
+        assert [e.kind for e in entries if e.turn == turn_id] == ["message", "notice"]  # "ready", then the notice
+        assert entries[-1].seq == result.notice_seq
+        assert sup.store.session("ch", "bot")[0] == "sess-flushed"
+        assert sup.store.todos("ch", "bot") == []
+
+        # The next message resumes the conversation the killed CLI named last.
+        await sup.send("ch", "resume me")
+        await idle(sup, "ch")
+        later = [e for e in await sup.entries("ch") if e.seq > result.notice_seq]
+        assert any(e.kind == "status" and e.text == "args --resume sess-flushed" for e in later)
+        assert later[-1].text == "done: resume me"
+
+
+# ---------------------------------------------------------------- 9. no self-resumption
+
+
+async def test_contract_09_no_nudge_after_a_stop_and_the_plan_is_cancelled(short_tmp: Path) -> None:
+    async with running(short_tmp, max_nudges=1) as (sup, spawned):
+        # Control: a turn that ends normally with unfinished todos does get nudged.
+        await sup.send("control", "todos")
+        await idle(sup, "control")
+        control = await sup.entries("control")
+        assert [e.text for e in control if e.meta.get("nudge")] == [NUDGE_TEXT.format(n=2)]
+
+        # The stop lands as the turn is finishing: plan reported, answer given.
+        await sup.send("ch", "todos hang")
+        await wait_entry(sup, "ch", is_ready)
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        await idle(sup, "ch")
+
+        assert result.ok
+        entries = await sup.entries("ch")
+        assert not [e for e in entries if e.meta.get("nudge") or "remaining task" in e.text]
+        assert sum(1 for s in spawned.calls if s.turn_id == result.stopped_turns[0]) == 1
+        assert len(spawned.calls) == 3  # control, its nudge, the stopped turn: nothing after
+        cancelled = [e for e in entries if e.kind == "todos" and e.author == "system"]
+        assert len(cancelled) == 1
+        expected = [
+            {"content": "one", "status": "completed"},
+            {"content": "two", "status": "cancelled"},
+            {"content": "three", "status": "cancelled"},
+        ]
+        assert cancelled[0].meta["todos"] == expected
+        assert sup.store.todos("ch", "bot") == expected
+        assert cancelled[0].seq < result.notice_seq == entries[-1].seq
+
+
+# ---------------------------------------------------------------- 10. the notice is last, once, always
+
+
+async def test_contract_10_notice_is_the_last_entry_of_the_stopped_turn(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await send_and_wait_ready(sup, "ch", f"todos session=s1 gate={gate}")
+        turn_id = spawned.calls[0].turn_id
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        await idle(sup, "ch")
+
+        entries = await sup.entries("ch")
+        notice = entries[-1]
+        assert notice.kind == "notice" and notice.text == STOP_NOTICE and notice.seq == result.notice_seq
+        assert notice.turn == turn_id and notice.generation == 1
+        of_turn = [e for e in entries if e.turn == turn_id]
+        assert max(e.seq for e in of_turn) == notice.seq
+        assert [e.kind for e in entries] == ["message", "todos", "message", "todos", "notice"]
+
+
+async def test_contract_10_a_stop_with_nothing_running_still_posts_the_notice(short_tmp: Path) -> None:
+    async with running(short_tmp) as (sup, spawned):
+        with trio.fail_after(SLOW):
+            result = await sup.stop("never-used")
+        assert result.ok and not result.repeat and result.stopped_turns == []
+        entries = await sup.entries("never-used")
+        assert [(e.kind, e.text, e.seq) for e in entries] == [("notice", STOP_NOTICE, result.notice_seq)]
+        assert spawned.calls == []
+
+
+async def test_contract_10_a_burst_of_stops_posts_one_notice(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, _):
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        results = []
+
+        async def stop() -> None:
+            results.append(await sup.stop("ch"))
+
+        with trio.fail_after(SLOW):
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(stop)
+
+        assert sorted(r.repeat for r in results) == [False, True, True, True, True]
+        assert len({r.notice_seq for r in results}) == 1 and results[0].notice_seq is not None
+        assert len({r.generation for r in results}) == 1
+        assert len(notices(await sup.entries("ch"))) == 1
+        assert await sup.store.query("SELECT count(*) FROM stops") == [(1,)]
+
+
+# ---------------------------------------------------------------- 11. repeats are idempotent
+
+
+async def test_contract_11_repeat_stop_keeps_the_message_typed_after_the_first(short_tmp: Path, gates: Any) -> None:
+    # The client re-sends Stop after a few seconds; the message typed in between must run.
+    gate, windup = gates(), gates()
+    async with running(short_tmp) as (sup, spawned):
+        await send_and_wait_ready(sup, "ch", f"gate={gate} windup={windup}")
+        results: dict[str, Any] = {}
+
+        async def stop(name: str) -> None:
+            results[name] = await sup.stop("ch")
+
+        with trio.fail_after(SLOW):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop, "first")
+                await trio.testing.wait_all_tasks_blocked()
+                typed = await sup.send("ch", "typed between the presses")
+                nursery.start_soon(stop, "repeat")
+                await trio.testing.wait_all_tasks_blocked()
+                assert sup.ledger.generation("ch") == 1
+                assert [m.id for m in sup.ledger.queued("ch")] == [typed.seq]
+                windup.open()
+        await idle(sup, "ch")
+
+        first, repeat = results["first"], results["repeat"]
+        assert not first.repeat and repeat.repeat
+        assert repeat.generation == first.generation == 1
+        assert repeat.notice_seq == first.notice_seq is not None
+        assert repeat.dropped == 0 and repeat.stopped_turns == [] and repeat.killed == []
+        entries = await sup.entries("ch")
+        assert len(notices(entries)) == 1
+        assert await sup.store.query("SELECT count(*) FROM stops") == [(1,)]
+        assert entries[-1].text == "done: typed between the presses"
+        assert len(spawned.calls) == 2
+
+
+async def test_contract_11_stop_after_a_new_turn_began_is_not_a_repeat(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, _):
+        first = await sup.stop("ch")
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        with trio.fail_after(SLOW):
+            second = await sup.stop("ch")
+        assert not second.repeat and second.generation == first.generation + 1 == 2
+        assert second.notice_seq != first.notice_seq and len(second.stopped_turns) == 1
+
+
+# ---------------------------------------------------------------- 13. fast and acknowledged
+
+
+async def test_contract_13_the_result_says_what_the_stop_did_and_it_is_logged(
+    short_tmp: Path, gates: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="corral")
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await sup.send("ch", f"child gate={gate}")
+        child = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("child "))
+        await wait_entry(sup, "ch", is_ready)
+        await sup.send("ch", "queued one")
+        await sup.send("ch", "queued two")
+
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+
+        assert result.ok and result.error is None and not result.repeat
+        assert result.generation == 1 and result.dropped == 2
+        assert result.stopped_turns == [spawned.calls[0].turn_id]
+        assert set(result.killed) == {spawned.calls[0].process.pid, int(child.text.split()[1])}
+        assert result.swept == []
+        assert 0 < result.elapsed_ms < 10_000
+        as_json = result.to_json()
+        assert as_json["killed"] == result.killed and as_json["notice_seq"] == result.notice_seq
+        logged = [r for r in caplog.records if r.name == "corral" and r.levelno == logging.INFO]
+        assert any(r.getMessage().startswith("stop 'ch': generation 1") for r in logged)
+
+
+async def test_contract_13_a_stop_that_cannot_be_carried_out_answers_with_an_error(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="corral")
+    async with running(short_tmp) as (sup, _):
+        def broken(batch: Any) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(sup.store, "_commit", broken)
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        monkeypatch.undo()
+        assert not result.ok and result.error is not None and "could not be stored" in result.error
+        assert result.notice_seq is None
+        assert any("FAILED" in r.getMessage() for r in caplog.records if r.name == "corral")
+        assert await sup.entries("ch") == []
+
+
+# ---------------------------------------------------------------- 14. a stalled stream still stops
+
+
+async def test_contract_14_stop_during_a_silent_stream_returns_within_the_budget(short_tmp: Path) -> None:
+    # The sorcar post-mortem: a stream silent for minutes, and a process that does not
+    # react to the polite signal. The stop must not wait for the stream to wake.
+    grace = 1.0
+    async with running(short_tmp, stop_grace=grace) as (sup, spawned):
+        await sup.send("ch", "ignore session=sess-silent child silent")
+        await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("child "))
+        assert sup.store.session("ch", "bot")[0] == "sess-silent"
+
+        start = trio.current_time()
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        elapsed = trio.current_time() - start
+
+        assert result.ok
+        assert elapsed < grace + 3.0
+        assert spawned.calls[0].process.returncode == -signal.SIGKILL
+        assert not turn_processes([spawned.calls[0].turn_id])
+        assert sup.store.session("ch", "bot")[0] == "sess-silent"
+
+
+async def test_contract_14_stall_timeout_ends_a_silent_turn(short_tmp: Path) -> None:
+    async with running(short_tmp, stall_timeout=0.5, stop_grace=0.5) as (sup, spawned):
+        await sup.send("ch", "silent")
+        with trio.fail_after(SLOW):
+            error = await wait_entry(sup, "ch", lambda e: e.kind == "error")
+        await idle(sup, "ch")
+        assert "stall_timeout" in error.text and "0.5 s" in error.text
+        assert spawned.calls[0].process.returncode is not None
+        assert not turn_processes([spawned.calls[0].turn_id])
+        assert not notices(await sup.entries("ch"))
+
+
+async def test_contract_14_turn_timeout_ends_a_turn_that_runs_too_long(short_tmp: Path) -> None:
+    async with running(short_tmp, turn_timeout=1.0, stall_timeout=30) as (sup, spawned):
+        await sup.send("ch", "tick")
+        with trio.fail_after(SLOW):
+            error = await wait_entry(sup, "ch", lambda e: e.kind == "error")
+        await idle(sup, "ch")
+        assert "turn_timeout" in error.text and "1 s" in error.text
+        entries = await sup.entries("ch")
+        assert any(e.text == "tick" for e in entries)
+        assert entries[-1].seq == error.seq
+        assert not turn_processes([spawned.calls[0].turn_id])
+
+
+# ---------------------------------------------------------------- 16. saved before shown
+
+
+async def test_contract_16_a_failed_store_write_is_an_error_the_caller_sees(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(short_tmp) as (sup, spawned):
+        seen: list[Entry] = []
+
+        async def follow(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async with aclosing(sup.follow("ch")) as entries:
+                task_status.started()
+                async for entry in entries:
+                    seen.append(entry)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow)
+
+            def broken(batch: Any) -> None:
+                raise sqlite3.OperationalError("disk I/O error")
+
+            monkeypatch.setattr(sup.store, "_commit", broken)
+            with pytest.raises(StoreError), trio.fail_after(SLOW):
+                await sup.send("ch", "lost to the disk")
+            with trio.fail_after(SLOW):
+                stop = await sup.stop("ch")
+            assert not stop.ok and "could not be stored" in (stop.error or "")
+            await idle(sup, "ch")
+            monkeypatch.undo()
+
+            # The unstored message never ran, and nobody was shown it.
+            assert spawned.calls == []
+            await sup.send("ch", "after the disk came back")
+            await idle(sup, "ch")
+            await wait_entry(sup, "ch", lambda e: e.text == "done: after the disk came back")
+            nursery.cancel_scope.cancel()
+
+        texts = [e.text for e in seen]
+        assert "lost to the disk" not in texts and STOP_NOTICE not in texts
+        assert texts[0] == "after the disk came back" and texts[-1] == "done: after the disk came back"
+        stored = await sup.store.query("SELECT text FROM entries")
+        assert ("lost to the disk",) not in stored
+        assert len(spawned.calls) == 1
+
+
+# ---------------------------------------------------------------- the agent itself
+
+
+def test_helpers_agent_compiles() -> None:
+    compile(AGENT, "<agent>", "exec")
+
