@@ -153,6 +153,8 @@ def build_launch(request: TurnRequest) -> Launch:
         # title side call stay off whatever the settings say.
         "QWEN_TELEMETRY_ENABLED": "false",
         "QWEN_DISABLE_AUTO_TITLE": "1",
+        # The bundled update-notifier would spawn a detached checker that calls npm.
+        "NO_UPDATE_NOTIFIER": "1",
     }
     return Launch(
         argv=tuple(argv),

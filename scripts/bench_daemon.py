@@ -177,6 +177,44 @@ def kill_leftovers(found: Iterable[tuple[int, str, str]]) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
+class ForeignTests:
+    """Notes test runs of this project in this pid namespace while the script runs.
+
+    The suite's autouse fixture (tests/conftest.py, ``no_leftover_turn_processes``) SIGKILLs
+    every new ``CORRAL_TURN`` process on the machine, this script's included: a turn killed
+    "from nowhere" (status -9) while such a run was active is most likely its doing.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[int, str] = {}
+        self._ns = os.readlink("/proc/self/ns/pid")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            for name in os.listdir("/proc"):
+                if not name.isdigit() or int(name) in self.seen:
+                    continue
+                try:
+                    with open(f"/proc/{name}/cmdline", "rb") as fh:
+                        cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+                    if "pytest" in cmd and "unshare" not in cmd and os.readlink(f"/proc/{name}/ns/pid") == self._ns:
+                        self.seen[int(name)] = cmd[:120]
+                except OSError:
+                    continue
+
+    def close(self) -> str:
+        """Stop watching; a note for the report ('' if none was seen)."""
+        self._stop.set()
+        self._thread.join()
+        if not self.seen:
+            return ""
+        return (f"note: {len(self.seen)} pytest process(es) ran in this pid namespace meanwhile (their autouse fixture "
+                f"SIGKILLs any new CORRAL_TURN process on the machine), e.g. {next(iter(self.seen.values()))!r}")
+
+
 def pct(values: list[float], q: float) -> float:
     """The q-quantile (0..1) by nearest rank."""
     ordered = sorted(values)
@@ -452,6 +490,7 @@ def main() -> int:
     root = short_tmp("cb-")
     home_prefix = str(root)
     failures: list[str] = []
+    foreign = ForeignTests()
     try:
         print(f"corral daemon benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}")
         print(f"daemon: `corral run -c FILE` subprocess; demo agent (delay 0.01); client: httpx over the Unix socket")
@@ -508,6 +547,9 @@ def main() -> int:
             kill_leftovers(left)
         print(f"\nleftover processes ({MARKER} / {DIRECT_MARKER} marker, HOME under {root}): {len(left)}")
         shutil.rmtree(root, ignore_errors=True)
+        note = foreign.close()
+        if note:
+            print(note)
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures))
         return 1

@@ -343,7 +343,8 @@ class Runner:
         try:
             await self._run(trial)
         except Exception as exc:  # noqa: BLE001 - a harness failure is reported like a violation
-            trial.violations.append(f"the trial failed: {type(exc).__name__}: {exc}")
+            leaves = list(_leaves(exc))
+            trial.violations.append("the trial failed: " + "; ".join(f"{type(e).__name__}: {e}" for e in leaves))
             await self.ensure_daemon(trial)
 
     async def _run(self, trial: Trial) -> None:
@@ -351,7 +352,7 @@ class Runner:
         channel, other = f"c{trial.index}", f"c{trial.index}-other"
         text = "long 30" if trial.long else f"hello {trial.index}"
         got = trio.Event()
-        watch = trio.CancelScope()
+        watch, watch_idle = trio.CancelScope(), trio.CancelScope()
         waited_for: str | None = None
 
         async def watch_entries() -> None:
@@ -361,16 +362,17 @@ class Runner:
         async with trio.open_nursery() as nursery:
             if trial.moment.startswith("entry:"):
                 nursery.start_soon(watch_entries)
-
+            if trial.other:
+                nursery.start_soon(api.send, other, f"other {trial.index}")
+            accepted = await api.send(channel, text)
+            if trial.moment.startswith("entry:"):
+                # Only once the message is in: a wait sent before it would find the channel idle.
                 async def idle_then_give_up() -> None:
-                    with watch:
+                    with watch_idle:
                         await api.wait(channel)
                         got.set()  # the turn ended without that entry: stop now, and say so below
 
                 nursery.start_soon(idle_then_give_up)
-            if trial.other:
-                nursery.start_soon(api.send, other, f"other {trial.index}")
-            accepted = await api.send(channel, text)
             # The stop moment.
             if trial.moment == "delay":
                 await trio.sleep(trial.delay)
@@ -380,6 +382,7 @@ class Runner:
                 with trio.move_on_after(WAIT_S):
                     await got.wait()
                 watch.cancel()
+                watch_idle.cancel()
                 if not got.is_set():
                     v.append(f"harness: no {trial.moment[6:]!r} entry within {WAIT_S:g} s")
                     waited_for = None
@@ -483,6 +486,14 @@ class Runner:
                 v.append(f"the follow-up never got a reply; after it: {_brief(after)}")
 
 
+def _leaves(exc: BaseException) -> Any:
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            yield from _leaves(sub)
+    else:
+        yield exc
+
+
 async def _append(results: list[dict[str, Any]], api: API, channel: str) -> None:
     results.append(await api.stop(channel))
 
@@ -564,6 +575,13 @@ def main() -> int:
         print(f"stop call (client side): median {stops[len(stops) // 2]:.1f} ms, p95 {stops[int(len(stops) * 0.95)]:.1f} ms, max {stops[-1]:.1f} ms")
     print(f"processes left after the daemon stopped: {len(left)}")
     print(f"violations: {violations} (in {len(bad)} trial(s))")
+    by_kind: dict[str, int] = {}
+    for t in bad:
+        for line in t.violations:
+            key = line.split(":")[0][:70]
+            by_kind[key] = by_kind.get(key, 0) + 1
+    for key, n in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:>4} x {key}")
     for t in bad[:5]:
         print(f"  {t.describe()}")
         for line in t.violations[:4]:

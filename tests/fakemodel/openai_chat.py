@@ -2,9 +2,10 @@
 
 ``POST /v1/chat/completions`` with ``stream: true`` is answered with SSE chunks carrying
 ``choices[0].delta`` (text, or ``tool_calls`` fragments), a last chunk with a
-``finish_reason`` and ``usage``, then ``data: [DONE]``. A request without ``stream`` (the
-CLI's side calls: next-speaker checks, summaries, titles) gets one whole completion, and
-when it asks for JSON (``response_format``) a small plausible JSON object.
+``finish_reason`` and ``usage``, then ``data: [DONE]``; a request without ``stream`` gets
+one whole completion. Side jobs of the CLI (memory extraction, titles, summaries: anything
+whose system prompt is not the main agent's) get a short plausible answer, a JSON object
+when they ask for JSON (``response_format``).
 
 What to answer is read from the markers of :mod:`tests.fakemodel.script` in the latest
 user-typed message of the request — never from tool results, so a command's output that
@@ -23,7 +24,7 @@ import uuid
 from typing import Any
 
 from ._http import FakeModelServer, Request, Responder
-from .script import MARKER, Script, read_script
+from .script import Script, read_script
 
 #: The model name the CLI is told to use; any name works, the server ignores it.
 MODEL = "fake-qwen"
@@ -39,9 +40,9 @@ TODO_PLAN: list[dict[str, str]] = [
     {"id": "3", "content": "Report back", "status": "pending"},
 ]
 
-# Qwen wraps context it adds itself (environment, reminders) in tags like these inside
-# user messages; such text is not what the user typed.
-_SYSTEM_TEXT = re.compile(r"^\s*<(system-reminder|environment_context|context)\b", re.I)
+# Qwen adds user messages of its own: the session context first, reminders in tags. Such
+# text is not what the user typed.
+_CLI_TEXT = re.compile(r"^\s*(<(system-reminder|environment_context|context)\b|This is the Qwen Code\.)", re.I)
 
 
 def agent_env(server_url: str) -> dict[str, str]:
@@ -50,11 +51,9 @@ def agent_env(server_url: str) -> dict[str, str]:
         "OPENAI_API_KEY": "sk-fake-corral",
         "OPENAI_BASE_URL": server_url.rstrip("/") + "/v1",
         "OPENAI_MODEL": MODEL,
-        # Keep every optional phone-home off: the only network is the fake server.
+        # Belt and braces: the adapter's settings file already keeps these off.
         "QWEN_TELEMETRY_ENABLED": "false",
-        "GEMINI_TELEMETRY_ENABLED": "false",
         "NO_UPDATE_NOTIFIER": "1",
-        "NO_BROWSER": "1",
     }
 
 
@@ -74,18 +73,18 @@ def _text_of(content: Any) -> str:
 
 
 def user_prompt_index(messages: list[dict[str, Any]]) -> int | None:
-    """Index of the latest user-typed message (a ``user`` message that is not CLI context)."""
-    fallback = None
+    """Index of the latest user-typed message: a ``user`` message that is not CLI context.
+
+    Tool results have their own role (``tool``), so they are never taken for a prompt.
+    """
     for i in range(len(messages) - 1, -1, -1):
         msg = messages[i]
         if msg.get("role") != "user":
             continue
         text = _text_of(msg.get("content"))
-        if MARKER.search(text):
+        if text.strip() and not _CLI_TEXT.match(text):
             return i
-        if fallback is None and text.strip() and not _SYSTEM_TEXT.match(text):
-            fallback = i
-    return fallback
+    return None
 
 
 def is_main_agent(body: dict[str, Any]) -> bool:

@@ -1,0 +1,223 @@
+"""The real agent CLIs, run by a real `corral run` daemon against fake model servers.
+
+For each CLI: a text turn streams and stores its session id; a stop mid-tool kills
+everything the CLI started (its tools run in their own sessions) and the notice is the last
+entry; the next message resumes the session (the model sees the earlier conversation); a
+stop while the model stream is silent lands within the stop budget; a normal turn's
+background process is swept when the turn ends.
+
+The CLIs are installed by scripts/install-clis.sh (`make test` runs it). A CLI that is not
+installed makes its tests fail, never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import DaemonProcess, turn_processes
+from fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+from fakemodel._http import FakeModelServer
+from fakemodel.clis import cli_path
+
+pytestmark = pytest.mark.realcli
+
+STOP_GRACE = 3.0
+#: A stop must return within the grace period plus this (the CLI's exit, sweep, drain).
+STOP_MARGIN = 3.0
+
+
+@dataclass(frozen=True)
+class CLI:
+    """How to point one real CLI at its fake model server."""
+
+    name: str
+    server: Callable[[], FakeModelServer]
+    agent: Callable[[str, Path], dict[str, Any]]
+
+
+CLIS = [
+    CLI("claude", anthropic.FakeAnthropicServer, lambda url, cli: {"adapter": "claude", "command": [str(cli)], "env": anthropic.agent_env(url)}),
+    CLI(
+        "codex",
+        openai_responses.OpenAIResponsesServer,
+        lambda url, cli: {"adapter": "codex", "command": [str(cli)], "env": openai_responses.agent_env(url), **openai_responses.agent_options(url)},
+    ),
+    CLI("gemini", gemini_api.FakeGeminiServer, lambda url, cli: {"adapter": "gemini", "command": [str(cli)], "env": gemini_api.agent_env(url)}),
+    CLI("qwen", openai_chat.OpenAIChatServer, lambda url, cli: {"adapter": "qwen", "command": [str(cli)], "env": openai_chat.agent_env(url)}),
+]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(value)
+
+
+def config_text(agent: dict[str, Any]) -> str:
+    """A corral.toml with one agent, ``cli``."""
+    lines = [
+        '[server]\nsocket = "corral.sock"',
+        '[store]\npath = "corral.db"',
+        f'[defaults]\nagent = "cli"\nstop_grace = {STOP_GRACE}\nstall_timeout = 120\nturn_timeout = 300',
+        "[agents.cli]",
+    ]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in agent.items()]
+    return "\n".join(lines) + "\n"
+
+
+class Rig:
+    """A fake model server, a daemon running one real CLI against it, and helpers."""
+
+    def __init__(self, folder: Path, cli: CLI) -> None:
+        self.folder = folder
+        self.server = cli.server().start()
+        try:
+            self.daemon = DaemonProcess(folder, config_text(cli.agent(self.server.url, cli_path(cli.name))))
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def close(self) -> None:
+        try:
+            assert self.daemon.stop() == 0, "".join(self.daemon.log[-30:])
+        finally:
+            self.server.stop()
+
+    def json(self, *args: str) -> Any:
+        out = self.daemon.cli(*args, "--json")
+        assert out.returncode == 0, f"corral {' '.join(args)} failed: {out.stderr}\n" + "".join(self.daemon.log[-40:])
+        return json.loads(out.stdout)
+
+    def entries(self, channel: str, after: int = 0) -> list[dict[str, Any]]:
+        out = self.daemon.cli("tail", channel, "--after", str(after), "--json")
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    def send_and_wait(self, channel: str, text: str) -> list[dict[str, Any]]:
+        seq = self.json("send", channel, text)["seq"]
+        wait = self.daemon.cli("wait", channel, "--timeout", "180")
+        assert wait.returncode == 0, "the turn did not end:\n" + "".join(self.daemon.log[-40:])
+        return self.entries(channel, after=seq - 1)
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float = 90) -> None:
+        """Wait for something outside corral (a file, a request) to happen."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}:\n" + "".join(self.daemon.log[-40:]))
+            time.sleep(0.05)
+
+
+@pytest.fixture(params=CLIS, ids=[c.name for c in CLIS])
+def rig(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Rig]:
+    rig = Rig(short_tmp, request.param)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _agent_messages(entries: list[dict[str, Any]]) -> list[str]:
+    return [e["text"] for e in entries if e["author"] == "agent:cli" and e["kind"] == "message"]
+
+
+def _tool_script(folder: Path) -> tuple[Path, Path]:
+    """A tool that starts a long process and a setsid grandchild, then says it has."""
+    script = folder / "tool.sh"
+    started = folder / "tool.started"
+    script.write_text(
+        "#!/bin/sh\n"
+        "setsid sleep 3001 </dev/null >/dev/null 2>&1 &\n"
+        "echo $! > \"$1.setsid\"\n"
+        "sleep 3000 &\n"
+        "echo $! > \"$1\"\n"
+        "wait\n"
+    )
+    return script, started
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_text_turn_streams_and_stores_the_session_id(rig: Rig) -> None:
+    entries = rig.send_and_wait("chat", "[[say:Hello from the fake model.]] greet me")
+    assert any("Hello from the fake model." in text for text in _agent_messages(entries)), entries
+    assert not [e for e in entries if e["kind"] == "error"], entries
+    status = rig.json("status")
+    assert status["channels"]["chat"]["sessions"].get("cli"), status["channels"]["chat"]
+
+
+def test_stop_mid_tool_kills_everything_and_the_notice_is_last(rig: Rig) -> None:
+    script, started = _tool_script(rig.folder)
+    seq = rig.json("send", "work", f"[[shell:sh {script} {started}]] [[say:tool done]] run the tool")["seq"]
+    rig.wait_for(lambda: started.exists() and started.read_text().strip() != "" and Path(f"{started}.setsid").exists(), "the tool to start")
+    tool_pid = int(started.read_text())
+    setsid_pid = int(Path(f"{started}.setsid").read_text())
+    assert _alive(tool_pid) and _alive(setsid_pid)
+    result = rig.json("stop", "work")
+    assert result["ok"] and result["stopped_turns"], result
+    assert not _alive(tool_pid) and not _alive(setsid_pid), result
+    assert not turn_processes(result["stopped_turns"])
+    entries = rig.entries("work", after=seq - 1)
+    assert entries[-1]["kind"] == "notice" and entries[-1]["seq"] == result["notice_seq"], entries
+    assert rig.daemon.cli("wait", "work", "--timeout", "5").returncode == 0
+    assert rig.entries("work", after=result["notice_seq"]) == [], "nothing may follow the notice"
+
+
+def test_next_message_resumes_the_session_after_a_stop(rig: Rig) -> None:
+    first = rig.send_and_wait("resume", "[[say:first answer]] remember the word pelican")
+    assert any("first answer" in t for t in _agent_messages(first)), first
+    session = rig.json("status")["channels"]["resume"]["sessions"]["cli"]
+    script, started = _tool_script(rig.folder)
+    rig.json("send", "resume", f"[[shell:sh {script} {started}]] run the tool")
+    rig.wait_for(lambda: started.exists() and started.read_text().strip() != "", "the tool to start")
+    assert rig.json("stop", "resume")["ok"]
+    before = len(rig.server.requests)
+    second = rig.send_and_wait("resume", "[[say:second answer]] what was the word?")
+    assert any("second answer" in t for t in _agent_messages(second)), second
+    later = [r.raw.decode("utf-8", "replace") for r in rig.server.requests[before:]]
+    assert any("pelican" in body for body in later), "the resumed turn did not carry the earlier conversation"
+    assert rig.json("status")["channels"]["resume"]["sessions"]["cli"] == session
+
+
+def test_stop_while_the_model_stream_is_silent_lands_within_the_budget(rig: Rig) -> None:
+    seq = rig.json("send", "quiet", "[[silent]] think very hard")["seq"]
+    rig.wait_for(lambda: any(b"think very hard" in r.raw for r in rig.server.requests), "the model request")
+    started = time.monotonic()
+    result = rig.json("stop", "quiet")
+    elapsed = time.monotonic() - started
+    assert result["ok"] and result["stopped_turns"], result
+    assert elapsed < STOP_GRACE + STOP_MARGIN, f"stop took {elapsed:.2f} s"
+    entries = rig.entries("quiet", after=seq - 1)
+    assert entries[-1]["kind"] == "notice"
+    assert not turn_processes(result["stopped_turns"])
+
+
+def test_background_process_of_a_normal_turn_is_swept(rig: Rig) -> None:
+    pidfile = rig.folder / "bg.pid"
+    script = rig.folder / "bg.sh"
+    script.write_text(f"#!/bin/sh\nsetsid nohup sleep 3002 </dev/null >/dev/null 2>&1 &\necho $! > {pidfile}\necho started\n")
+    entries = rig.send_and_wait("bg", f"[[shell:sh {script}]] [[say:background started]] start it")
+    assert any("background started" in t for t in _agent_messages(entries)), entries
+    pid = int(pidfile.read_text())
+    assert not _alive(pid), "the background process outlived its turn"
+    assert not turn_processes()

@@ -1,0 +1,361 @@
+"""Real process trees through the supervisor (contract line 7): the whole tree dies.
+
+A generic script agent builds the tree shapes real CLIs make — a same-group grandchild, a
+setsid grandchild holding stdout open, a double-forked daemon, a tree that ignores SIGINT
+and SIGTERM, a background process left behind by a normal turn — and each test checks
+that no process of the turn is alive afterwards and that the stop result (or the turn's
+kill report) lists what was killed and swept. Real time, generous ``fail_after``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import trio
+from conftest import PYTHON, make_config, turn_processes
+
+from supervisor._supervisor import STOP_NOTICE, Hooks, Supervisor, open_supervisor
+from supervisor._tree import TURN_MARKER, set_child_subreaper
+from supervisor._tree import spawn as real_spawn
+from supervisor._turn import DRAIN_SECONDS, Turn
+
+SLOW = 20.0
+
+# The agent is a file so its tool processes can be more copies of it, in other roles:
+#   --sleep LABEL [FD]   print "LABEL PID" (or write the pid to FD), then sleep
+#   --child ROLE         start "--sleep grandchild" in the same group (ROLE=group) or in a
+#                        new session with the turn's stdout (ROLE=setsid); print "child PID"
+#   --daemon             double fork + setsid (stdio on /dev/null), wait until re-parented,
+#                        print "daemon PID" through the first process, which exits
+#   --escapee            the same, but keep the turn's stdout and exec with an environment
+#                        that no longer carries the turn marker
+# As the agent (the prompt is its only argument), words steer it: ignore (SIGINT and
+# SIGTERM ignored, inherited by its tools), child, setsid, daemon, escapee, bg (a setsid
+# background process sharing stdout), exit (finish normally instead of sleeping).
+TREE_AGENT = r'''
+import json, os, signal, subprocess, sys, time
+
+def say(*parts):
+    print(*parts, flush=True)
+
+def me(*args, **kw):
+    return subprocess.Popen([sys.executable, __file__, *args], **kw)
+
+def escape(keep_stdout):
+    r, w = os.pipe()
+    if os.fork():
+        os.close(w)
+        say("escapee" if keep_stdout else "daemon", int(os.read(r, 32)))
+        os._exit(0)
+    os.setsid()
+    middle = os.getpid()
+    if os.fork():
+        os._exit(0)
+    while os.getppid() == middle:  # until the middle process is gone: escaped
+        time.sleep(0.001)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in ((0, 2) if keep_stdout else (0, 1, 2)):
+        os.dup2(null, fd)
+    os.write(w, str(os.getpid()).encode())
+    os.close(w)
+    if keep_stdout:
+        os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)"], {})
+    time.sleep(3600)
+
+role = sys.argv[1]
+if role == "--sleep":
+    if len(sys.argv) > 3:
+        os.write(int(sys.argv[3]), str(os.getpid()).encode())
+    else:
+        say(sys.argv[2], os.getpid())
+    time.sleep(3600)
+elif role == "--child":
+    me("--sleep", "grandchild", start_new_session=sys.argv[2] == "setsid")
+    say("child", os.getpid())
+    time.sleep(3600)
+elif role in ("--daemon", "--escapee"):
+    escape(role == "--escapee")
+else:
+    words = role.split()
+    if "ignore" in words:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    if "child" in words:
+        me("--child", "group")
+    if "setsid" in words:
+        me("--child", "setsid")
+    if "daemon" in words:
+        subprocess.run([sys.executable, __file__, "--daemon"], check=True)
+    if "escapee" in words:
+        subprocess.run([sys.executable, __file__, "--escapee"], check=True)
+    if "bg" in words:
+        r, w = os.pipe()
+        me("--sleep", "bg", str(w), pass_fds=[w], start_new_session=True)
+        os.close(w)
+        say("bg", int(os.read(r, 32)))
+    say("ready")
+    if "exit" in words:
+        print(json.dumps({"type": "result", "text": "done"}), flush=True)
+        sys.exit(0)
+    time.sleep(3600)
+'''
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_turn_processes(short_tmp: Path) -> Iterator[None]:
+    """conftest's check, limited to this test's own turns (their HOME is under its folder).
+
+    Other test runs may share the machine: their turn processes must neither fail this
+    test nor be killed by it.
+    """
+    yield
+    mine = str(short_tmp) + os.sep
+    left = [p for p in turn_processes() if (p.info.get("environ") or {}).get("HOME", "").startswith(mine)]
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes of turns left alive: {[(p.pid, p.info.get('name')) for p in left]}"
+
+
+@pytest.fixture
+def subreaper_restored() -> Iterator[None]:
+    """Put the process-wide child-subreaper bit back as it was (a test may turn it on)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = ctypes.c_int(0)
+    libc.prctl(37, ctypes.byref(before), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    try:
+        yield
+    finally:
+        set_child_subreaper(bool(before.value))
+
+
+@dataclass
+class Recorder:
+    """``Hooks.spawn``: the real spawner, remembering each turn (shielded like the real one)."""
+
+    sup: Supervisor | None = None
+    turns: list[Turn] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+
+    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool) -> trio.Process:
+        with trio.CancelScope(shield=True):
+            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe)
+        assert self.sup is not None
+        self.turns += [t for t in self.sup._turns.values() if t.turn_id == env[TURN_MARKER]]
+        self.pids.append(process.pid)
+        return process
+
+
+@asynccontextmanager
+async def running(folder: Path, *, subreaper: bool = False, **agent: Any) -> AsyncIterator[tuple[Supervisor, Recorder]]:
+    script = folder / "tree_agent.py"
+    script.write_text(TREE_AGENT)
+    config = make_config(folder, {"bot": {"adapter": "generic", "command": [PYTHON, str(script)], **agent}})
+    recorder = Recorder()
+    async with open_supervisor(config, subreaper=subreaper, hooks=Hooks(spawn=recorder)) as sup:
+        recorder.sup = sup
+        yield sup, recorder
+
+
+async def pids_of(sup: Supervisor, channel: str, *labels: str) -> dict[str, int]:
+    """Wait for a "LABEL PID" line of each label; return the pids."""
+    found: dict[str, int] = {}
+    ready = False
+    with trio.fail_after(SLOW):
+        async with aclosing(sup.follow(channel)) as entries:
+            async for entry in entries:
+                parts = entry.text.split()
+                if entry.kind == "message" and len(parts) == 2 and parts[0] in labels and parts[1].isdigit():
+                    found[parts[0]] = int(parts[1])
+                ready = ready or (entry.kind == "message" and entry.text == "ready")
+                if ready and set(found) == set(labels):
+                    return found
+                if entry.kind in ("error", "notice"):
+                    raise AssertionError(f"the turn ended early: {entry.text}")
+    raise AssertionError("the follow ended")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def descendants_of(pid: int) -> set[int]:
+    return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+
+
+async def stop(sup: Supervisor, channel: str) -> Any:
+    with trio.fail_after(SLOW):
+        result = await sup.stop(channel)
+    assert result.ok, result.error
+    entries = await sup.entries(channel)
+    assert entries[-1].kind == "notice" and entries[-1].text == STOP_NOTICE
+    return result
+
+
+async def wait_until(check: Callable[[], bool], what: str) -> None:
+    """Poll a condition about a process we do not own (no pidfd wakeup for its state)."""
+    with trio.fail_after(SLOW):
+        while not check():
+            await trio.sleep(0.01)
+    assert check(), what
+
+
+# ---------------------------------------------------------------- trees
+
+
+async def test_tree_same_group_grandchild_dies_with_the_group(short_tmp: Path) -> None:
+    async with running(short_tmp, stop_grace=2.0) as (sup, rec):
+        await sup.send("ch", "child")
+        pids = await pids_of(sup, "ch", "child", "grandchild")
+        leader = rec.pids[0]
+        assert {pids["child"], pids["grandchild"]} <= descendants_of(leader)
+        assert {os.getpgid(p) for p in pids.values()} == {leader}
+
+        result = await stop(sup, "ch")
+
+        assert {leader, pids["child"], pids["grandchild"]} <= set(result.killed)
+        assert result.swept == []
+        assert not any(alive(p) for p in (leader, *pids.values()))
+        assert not turn_processes([rec.turns[0].turn_id])
+
+
+async def test_tree_setsid_grandchild_holding_stdout_is_swept_promptly(short_tmp: Path) -> None:
+    grace = 2.0
+    async with running(short_tmp, stop_grace=grace) as (sup, rec):
+        await sup.send("ch", "setsid")
+        pids = await pids_of(sup, "ch", "child", "grandchild")
+        leader = rec.pids[0]
+        assert os.getsid(pids["grandchild"]) == pids["grandchild"] != leader  # its own session
+
+        result = await stop(sup, "ch")
+
+        # The leader and the child leave on SIGINT; the grandchild holding stdout is
+        # found and killed without waiting for it to close the pipe.
+        assert result.elapsed_ms < (grace + 1.0) * 1000
+        assert {leader, pids["child"]} <= set(result.killed)
+        assert pids["grandchild"] in result.swept
+        assert not any(alive(p) for p in (leader, *pids.values()))
+        assert not turn_processes([rec.turns[0].turn_id])
+
+
+async def test_tree_stop_respects_the_drain_deadline_when_stdout_stays_open(short_tmp: Path) -> None:
+    # A process that escaped before the stop *and* dropped the turn marker cannot be found
+    # (no ancestry, no marker); it still holds the turn's stdout. The stop must not wait
+    # for that pipe to close: it drains only until its deadline.
+    grace = 1.0
+    async with running(short_tmp, stop_grace=grace) as (sup, rec):
+        await sup.send("ch", "escapee")
+        pids = await pids_of(sup, "ch", "escapee")
+        holder = pids["escapee"]
+        try:
+            assert holder not in descendants_of(rec.pids[0])
+            with trio.fail_after(SLOW):
+                result = await sup.stop("ch")
+            assert result.ok
+            assert result.elapsed_ms < (grace + 3 * DRAIN_SECONDS + 1.0) * 1000
+            assert not turn_processes([rec.turns[0].turn_id])
+        finally:
+            if alive(holder):
+                os.kill(holder, signal.SIGKILL)
+                await wait_until(lambda: not alive(holder), "the escapee is gone")
+
+
+@pytest.mark.parametrize("subreaper", [False, True], ids=["plain", "subreaper"])
+async def test_tree_double_forked_daemon_is_found_by_its_marker(
+    short_tmp: Path, subreaper: bool, subreaper_restored: None
+) -> None:
+    async with running(short_tmp, subreaper=subreaper, stop_grace=2.0) as (sup, rec):
+        await sup.send("ch", "daemon")
+        daemon = (await pids_of(sup, "ch", "daemon"))["daemon"]
+        leader = rec.pids[0]
+        # Escaped before the stop: no longer a descendant of the turn's leader.
+        assert daemon not in descendants_of(leader)
+        assert os.getsid(daemon) != leader
+        if subreaper:
+            assert psutil.Process(daemon).ppid() == os.getpid()
+
+        result = await stop(sup, "ch")
+
+        assert daemon in result.swept
+        assert leader in result.killed
+        assert not alive(daemon)
+        if subreaper:
+            assert not psutil.pid_exists(daemon) or psutil.Process(daemon).ppid() != os.getpid()  # reaped
+        assert not turn_processes([rec.turns[0].turn_id])
+
+
+async def test_tree_ignoring_sigint_and_sigterm_still_dies(short_tmp: Path) -> None:
+    grace = 0.5
+    async with running(short_tmp, stop_grace=grace) as (sup, rec):
+        await sup.send("ch", "ignore child")
+        pids = await pids_of(sup, "ch", "child", "grandchild")
+        leader = rec.pids[0]
+        status = psutil.Process(pids["grandchild"]).as_dict(["status"])
+        assert status["status"] != psutil.STATUS_ZOMBIE
+
+        result = await stop(sup, "ch")
+
+        assert result.elapsed_ms >= grace * 1000
+        assert rec.turns[0].tree is not None and rec.turns[0].tree.process.returncode == -signal.SIGKILL
+        assert {leader, pids["child"], pids["grandchild"]} <= set(result.killed)
+        assert not any(alive(p) for p in (leader, *pids.values()))
+        assert not turn_processes([rec.turns[0].turn_id])
+
+
+# ---------------------------------------------------------------- a normal turn's leftovers
+
+
+async def test_tree_normal_turn_background_process_is_swept(short_tmp: Path) -> None:
+    async with running(short_tmp) as (sup, rec):
+        await sup.send("ch", "bg exit")
+        bg = (await pids_of(sup, "ch", "bg"))["bg"]
+        assert await sup.wait_idle("ch", timeout=SLOW)
+
+        turn = rec.turns[0]
+        assert turn.outcome.ok and not turn.outcome.stopped
+        assert bg in turn.outcome.report.swept
+        assert not alive(bg)
+        assert not turn_processes([turn.turn_id])
+        assert (await sup.entries("ch"))[-1].text == "done"
+
+
+async def test_tree_keep_background_leaves_it_alive(short_tmp: Path) -> None:
+    async with running(short_tmp, keep_background=True) as (sup, rec):
+        await sup.send("ch", "bg exit")
+        bg = (await pids_of(sup, "ch", "bg"))["bg"]
+        try:
+            # The background process holds stdout open: the turn still ends, after the
+            # drain deadline, and leaves it running.
+            with trio.fail_after(SLOW):
+                assert await sup.wait_idle("ch")
+            turn = rec.turns[0]
+            assert turn.outcome.ok and turn.outcome.report.swept == []
+            assert alive(bg)
+            assert [p.pid for p in turn_processes([turn.turn_id])] == [bg]
+            assert (await sup.entries("ch"))[-1].text == "done"
+        finally:
+            if alive(bg):
+                os.kill(bg, signal.SIGKILL)
+            await wait_until(lambda: not alive(bg), "the background process is gone")
+        assert not turn_processes([rec.turns[0].turn_id])
+
+
+def test_tree_agent_compiles() -> None:
+    compile(TREE_AGENT, "<tree agent>", "exec")
+
