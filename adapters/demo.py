@@ -10,8 +10,13 @@ import signal
 import sys
 from pathlib import Path
 
+from dataclasses import replace
+
 from . import demo_agent, generic
-from ._base import Adapter, Launch, TurnRequest
+from ._base import Adapter, Error, Event, Launch, StaleSession, TurnRequest
+
+#: What the demo agent (like Claude Code) says when asked to resume a session it does not have.
+STALE_SESSION = "No conversation found with session ID"
 
 DEFAULT_COMMAND = (sys.executable, str(Path(demo_agent.__file__).resolve()))
 
@@ -25,16 +30,27 @@ def build_launch(request: TurnRequest) -> Launch:
 
 
 def _with_options(request: TurnRequest, options: dict[str, object]) -> TurnRequest:
-    from dataclasses import replace
-
     return replace(request, options=options)
+
+
+class DemoParser(generic.GenericParser):
+    """The generic protocol, plus the demo agent's stale-session error."""
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one line; an unknown-session error becomes :class:`StaleSession`."""
+        return [StaleSession(e.text) if isinstance(e, Error) and e.text.startswith(STALE_SESSION) else e for e in super().feed(line)]
+
+
+def new_parser(request: TurnRequest) -> DemoParser:
+    """A fresh parser for one turn."""
+    return DemoParser()
 
 
 ADAPTER = Adapter(
     name="demo",
     default_command=DEFAULT_COMMAND,
     build_launch=build_launch,
-    new_parser=generic.new_parser,
+    new_parser=new_parser,
     interrupt_signal=signal.SIGINT,
     point_of_no_return="spawn",
     option_keys=frozenset({"delay"}),

@@ -131,9 +131,13 @@ class Turn:
     def _stale(self) -> bool:
         return self.sup.ledger.is_stale(self.channel, self.turn_id)
 
+    def _silenced(self) -> bool:
+        """Stopped by a user (stale) or by shutdown: nothing more of it may be stored."""
+        return self.stop_reason is not None or self._stale()
+
     def _post(self, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
         """Submit an entry unless the turn is stale (ledger decides, no checkpoint before submit)."""
-        if not self.sup.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+        if self.stop_reason is not None or not self.sup.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
             return
         self._last = self.sup.store.submit_entry(
             self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
@@ -168,7 +172,7 @@ class Turn:
         elif isinstance(event, ToolResult):
             self._post("tool", f"→ {event.preview}", {"result": event.preview, "is_error": event.is_error})
         elif isinstance(event, Todos):
-            if self._stale():
+            if self._silenced():
                 return
             items = [{"content": i.content, "status": i.status} for i in event.items]
             self.sup.store.save_todos(self.channel, self.agent.name, items)
@@ -299,7 +303,7 @@ class Turn:
         """End the tree, drain leftovers, report. Shielded; same order every time."""
         sup = self.sup
         tree = self.tree
-        stopped = self.stop_reason is not None or self._stale()
+        stopped = self._silenced()
         self.outcome.stopped = stopped
         interrupted = stopped or self.outcome.error is not None
         try:
@@ -322,7 +326,7 @@ class Turn:
                 for event in self._parser.finish(returncode, interrupted=interrupted):
                     self._handle(event)
             self._flush_text()
-            if not self._stale():
+            if not self._silenced():
                 self._finish_entries()
             if self._last is not None:
                 try:
@@ -346,6 +350,8 @@ class Turn:
 
     def _finish_entries(self) -> None:
         """The turn's last words: its final answer or the reason it failed."""
+        if self.outcome.stale_session and self.outcome.error is None:
+            return  # the supervisor retries without the session; that turn speaks for both
         if self.outcome.error:
             self._post("error", self.outcome.error)
             return

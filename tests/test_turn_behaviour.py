@@ -1,0 +1,111 @@
+"""A turn survives what real CLIs print, retries a forgotten session, and keeps its limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from conftest import make_config, script_agent
+from supervisor import open_supervisor
+from supervisor._lines import MAX_LINE
+
+MESSY = r"""
+import json, sys
+out = sys.stdout.buffer
+out.write(json.dumps({"type": "session", "id": "s-1"}).encode() + b"\n")
+out.write(b"caf\xe9 \xff\xfe not utf-8\n")
+out.write(b"x" * (2 * 1024 * 1024) + b"\n")
+out.write(b'{"type": "text", "text": "unterminated\n')
+out.write(b'{"type": "mystery", "text": "?"}\n')
+out.write(b'{"type": "todos", "todos": "not a list"}\n')
+out.write(json.dumps({"type": "result", "text": "still fine"}).encode() + b"\n")
+out.flush()
+"""
+
+
+async def test_bad_bytes_overlong_lines_and_garbage_do_not_break_the_turn(short_tmp: Path) -> None:
+    config = make_config(short_tmp, {"messy": script_agent(MESSY)})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "go")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        entries = await sup.entries("c", after=accepted.seq)
+    texts = [e.text for e in entries]
+    assert "caf\ufffd \ufffd\ufffd not utf-8" in texts
+    long_lines = [t for t in texts if t.startswith("xxxx")]
+    assert long_lines and len(long_lines[0].encode()) == MAX_LINE, "an over-long line is capped, not dropped"
+    assert texts[-1] == "still fine"
+    assert not [e for e in entries if e.kind == "error"]
+    assert sup.store.session("c", "messy")[0] == "s-1"
+
+
+async def test_a_forgotten_session_is_dropped_and_the_turn_retried_once(short_tmp: Path) -> None:
+    config = make_config(short_tmp)
+    async with open_supervisor(config) as sup:
+        await sup.send("c", "hello")
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+        _, cwd = sup.store.session("c", "demo")
+        sup.store.save_session("c", "demo", "no-such-session", cwd)
+        accepted = await sup.send("c", "are you there?")
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+        entries = await sup.entries("c", after=accepted.seq)
+        new_session = sup.store.session("c", "demo")[0]
+    kinds = [(e.kind, e.text) for e in entries]
+    assert ("status", "Session no-such-session is gone; starting a new conversation.") in kinds
+    assert not [e for e in entries if e.kind == "error"], kinds
+    assert any(e.kind == "message" and "You said: are you there?" in e.text for e in entries)
+    assert new_session not in (None, "no-such-session")
+
+
+async def test_the_agent_gets_a_scrubbed_environment_plus_its_own(short_tmp: Path, monkeypatch) -> None:
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+    monkeypatch.setenv("WATCHDOG_USEC", "1000")
+    monkeypatch.setenv("LISTEN_FDS", "1")
+    monkeypatch.setenv("CORRAL_SOCKET", "/tmp/x.sock")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
+    code = "import json, os; print(json.dumps({'type': 'result', 'text': json.dumps(dict(os.environ))}))"
+    config = make_config(short_tmp, {"env": script_agent(code, env={"MY_TOKEN": "mine"})})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "env?")
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+        entries = await sup.entries("c", after=accepted.seq)
+    import json
+
+    env = json.loads(entries[-1].text)
+    for leaked in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "LISTEN_FDS", "CORRAL_SOCKET", "AWS_SECRET_ACCESS_KEY"):
+        assert leaked not in env
+    assert env["MY_TOKEN"] == "mine"
+    assert env["CORRAL_TURN"] == entries[-1].turn
+    assert env["HOME"].startswith(str(short_tmp)) and env["TMPDIR"].startswith(env["HOME"])
+
+
+async def test_message_text_never_reaches_a_shell(short_tmp: Path) -> None:
+    code = "import sys, json; print(json.dumps({'type': 'result', 'text': sys.argv[1]}))"
+    config = make_config(short_tmp, {"echo": script_agent(code)})
+    nasty = "$(touch pwned) `touch pwned2`; touch pwned3 && echo '\"' | cat"
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", nasty)
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+        entries = await sup.entries("c", after=accepted.seq)
+        cwd = Path(sup.store.session("c", "echo")[1] or sup.channel_cwd("c", config.agents["echo"]))
+    assert entries[-1].text == nasty
+    assert not list(cwd.glob("pwned*")) and not list(short_tmp.glob("pwned*"))
+
+
+async def test_each_channel_keeps_a_fixed_working_directory_per_agent(short_tmp: Path) -> None:
+    code = "import os, json; print(json.dumps({'type': 'session', 'id': 'x'})); print(json.dumps({'type': 'result', 'text': os.getcwd()}))"
+    config = make_config(short_tmp, {"pwd": script_agent(code)})
+    async with open_supervisor(config) as sup:
+        seen = []
+        for channel in ("a", "a", "b"):
+            accepted = await sup.send(channel, "where?")
+            with trio.fail_after(60):
+                await sup.wait_idle(channel)
+            seen.append((await sup.entries(channel, after=accepted.seq))[-1].text)
+    assert seen[0] == seen[1] != seen[2]
+    assert all(Path(p).is_dir() for p in seen)
