@@ -219,8 +219,9 @@ class API:
 
     def __init__(self, socket: Path) -> None:
         self.http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(socket)), base_url="http://corral", timeout=WAIT_S + 30,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # The limits go on the transport: a client's own limits do not apply to a transport passed in.
+            transport=httpx.AsyncHTTPTransport(uds=str(socket), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)),
+            base_url="http://corral", timeout=WAIT_S + 30,
         )
 
     async def aclose(self) -> None:

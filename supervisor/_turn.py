@@ -277,7 +277,8 @@ class Turn:
                     log.warning("[%s %s] line over %d bytes truncated", self.channel, self.turn_id, len(line.data))
                 for event in self._parser.feed(line.text()):
                     self._handle(event)
-            self._flush_text()
+            # Deltas stay buffered across reads: one contiguous run of them is one message,
+            # stored when the next event (or the end of the turn) closes it.
             if self._last is not None and self._last.failed:
                 return StoreError("an entry of this turn could not be stored")
 

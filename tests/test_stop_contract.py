@@ -115,25 +115,6 @@ if "hang" in words:
 # ---------------------------------------------------------------- helpers
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_turn_processes(short_tmp: Path) -> Iterator[None]:
-    """conftest's check, limited to this test's own turns (their HOME is under its folder).
-
-    Other test runs may share the machine: their turn processes must neither fail this
-    test nor be killed by it.
-    """
-    yield
-    mine = str(short_tmp) + os.sep
-    left = [p for p in turn_processes() if (p.info.get("environ") or {}).get("HOME", "").startswith(mine)]
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    assert not left, f"processes of turns left alive: {[(p.pid, p.info.get('name')) for p in left]}"
-
-
-
 class Gate:
     """A FIFO the agent blocks on (``gate=PATH``) until the test opens it.
 
