@@ -54,6 +54,13 @@ def state_dir() -> Path:
     return path
 
 
+def save(file: Path, history: list[dict[str, str]]) -> None:
+    """Write the conversation through a temporary file and a rename, so it is never half written."""
+    tmp = file.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(history))
+    os.replace(tmp, file)
+
+
 def main(argv: list[str]) -> int:
     """Run one turn."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
@@ -77,10 +84,12 @@ def main(argv: list[str]) -> int:
     else:
         session = uuid.uuid4().hex[:12]
     file = store / f"{session}.json"
-    emit("session", id=session)
     earlier = [h["text"] for h in history if h["role"] == "user"]
     history.append({"role": "user", "text": prompt})
-    file.write_text(json.dumps(history))
+    # Saved (atomically) before the id is printed: a stop at any moment leaves an id that
+    # names a whole conversation file.
+    save(file, history)
+    emit("session", id=session)
 
     words = prompt.lower()
     if "silent" in words:
@@ -114,7 +123,7 @@ def main(argv: list[str]) -> int:
     if "plan" in words or "long" in words:
         emit("todos", todos=[{"content": s, "status": "completed" if i == 0 else "pending"} for i, s in enumerate(steps)])
     history.append({"role": "agent", "text": " ".join(reply)})
-    file.write_text(json.dumps(history))
+    save(file, history)
     emit("result", text="")
     return 0
 

@@ -37,7 +37,8 @@ class Client:
         if url is not None:
             self._http = httpx.Client(base_url=url, headers=headers, timeout=None)
         else:
-            transport = httpx.HTTPTransport(uds=socket_path)
+            # No pool cap: each follower holds a connection for as long as it follows.
+            transport = httpx.HTTPTransport(uds=socket_path, limits=httpx.Limits(max_connections=None, max_keepalive_connections=20))
             self._http = httpx.Client(base_url="http://corral", transport=transport, headers=headers, timeout=None)
         self.where = url or socket_path
 

@@ -89,6 +89,8 @@ def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
     hc.accesslog = None
     hc.errorlog = logging.getLogger("corral.http")
     hc.graceful_timeout = GRACEFUL_SECONDS
+    # hypercorn's default of 100 overflows when hundreds of clients connect at once.
+    hc.backlog = 1024
     hc.keep_alive_timeout = 5
     return hc
 
@@ -134,8 +136,9 @@ async def run_daemon(
         async with open_supervisor(config, subreaper=subreaper) as sup:
             restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
             async with trio.open_nursery() as nursery:
+                signal_scope = trio.CancelScope()
                 if handle_signals:
-                    nursery.start_soon(_watch_signals, stopping)
+                    nursery.start_soon(_watch_signals, stopping, signal_scope)
                 app = ControlAPI(sup, shutdown=stopping.set)
                 await nursery.start(
                     lambda task_status: hypercorn_serve(app, _hypercorn_config(unix_sock), shutdown_trigger=stopping.wait, task_status=task_status)
@@ -157,6 +160,8 @@ async def run_daemon(
                 notify_systemd("STOPPING=1")
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
+                signal_scope.cancel()
+                # hypercorn is closing too (same trigger); open followers get the graceful time.
                 nursery.cancel_scope.deadline = trio.current_time() + GRACEFUL_SECONDS + 1
     finally:
         for sock in (unix_sock, tcp_sock):
@@ -169,8 +174,8 @@ async def run_daemon(
         log.info("stopped")
 
 
-async def _watch_signals(stopping: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+async def _watch_signals(stopping: trio.Event, scope: trio.CancelScope) -> None:
+    with scope, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)
             stopping.set()

@@ -24,8 +24,8 @@ import trio
 from ._config import AgentConfig, Config
 from ._ledger import StopDecision, StopLedger
 from ._registry import ProcessRegistry
-from ._store import Entry, QueuedRow, Store, StoreError, open_store
-from ._tree import MarkerScanner, ProcessTree, reap_if_child, reap_orphans, set_child_subreaper
+from ._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
+from ._tree import MarkerScanner, ProcessTree, is_child_subreaper, reap_if_child, reap_orphans, set_child_subreaper
 from ._turn import Turn, channel_slug, new_turn_id, unfinished
 
 log = logging.getLogger("corral")
@@ -381,18 +381,23 @@ class Supervisor:
                     result.error = f"processes {report.survivors} could not be confirmed dead"
             elif decision.stopped_turn is not None:
                 result.stopped_turns.append(decision.stopped_turn)
-            await self._cancel_todos(channel, decision.generation)
+            # The cancelled plan, the notice and the stop's record go into one commit: they
+            # are submitted back to back and awaited together.
+            writes = self._cancel_todos(channel, decision.generation)
             text = STOP_NOTICE if result.ok else f"Stopping failed — {result.error}."
             if stop_seq is None:
                 stop_seq = self.store.next_seq()
-            notice = await self.store.append(
+            notice = self.store.submit_entry(
                 channel, "system", "notice", text, turn=decision.stopped_turn, generation=decision.generation,
                 meta={"stop_seq": stop_seq, "ok": result.ok},
             )
-            result.notice_seq = notice.seq
-            self.ledger.notice_stored(channel, decision.generation, notice.seq)
+            assert notice.entry is not None
+            result.notice_seq = notice.entry.seq
+            self.ledger.notice_stored(channel, decision.generation, notice.entry.seq)
             result.elapsed_ms = (trio.current_time() - started) * 1000
-            await self.store.record_stop(stop_seq, channel, decision.generation, result.to_json()).committed()
+            writes += [notice, self.store.record_stop(stop_seq, channel, decision.generation, result.to_json())]
+            for write in writes:
+                await write.committed()
         except StoreError as exc:
             result.ok = False
             result.error = f"the stop could not be stored: {exc}"
@@ -413,7 +418,9 @@ class Supervisor:
         state = self.ledger._channels.get(channel)
         return state.notice_seq if state else None
 
-    async def _cancel_todos(self, channel: str, generation: int) -> None:
+    def _cancel_todos(self, channel: str, generation: int) -> list[Pending]:
+        """Mark the channel's unfinished todos cancelled; returns the writes to await."""
+        writes: list[Pending] = []
         for agent in self.store.todo_agents(channel):
             items = self.store.todos(channel, agent)
             if not unfinished(items):
@@ -421,11 +428,14 @@ class Supervisor:
             for item in items:
                 if item["status"] in ("pending", "in_progress"):
                     item["status"] = "cancelled"
-            self.store.save_todos(channel, agent, items)
-            await self.store.append(
-                channel, "system", "todos", f"Plan cancelled ({agent}).", generation=generation,
-                meta={"todos": items, "agent": agent},
+            writes.append(self.store.save_todos(channel, agent, items))
+            writes.append(
+                self.store.submit_entry(
+                    channel, "system", "todos", f"Plan cancelled ({agent}).", generation=generation,
+                    meta={"todos": items, "agent": agent},
+                )
             )
+        return writes
 
     # ------------------------------------------------------------ observing
 
@@ -551,15 +561,26 @@ async def open_supervisor(
     On exit every running turn is ended, its tree killed, and the store flushed.
     """
     config.state_dir.mkdir(parents=True, exist_ok=True)
+    # The bit is process-wide: give it back as it was, or an embedding program keeps
+    # adopting orphans (and their zombies) after the supervisor is gone.
+    restore_subreaper = subreaper and not is_child_subreaper()
     if subreaper:
-        set_child_subreaper(True)
-    async with open_store(str(config.store_path)) as store:
-        async with trio.open_nursery() as nursery:
-            sup = Supervisor(config, store, nursery, hooks)
-            await sup.restore()
-            try:
-                yield sup
-            finally:
-                with trio.CancelScope(shield=True):
-                    await sup.shutdown()
-                nursery.cancel_scope.cancel()
+        subreaper = set_child_subreaper(True)
+    try:
+        async with open_store(str(config.store_path)) as store:
+            async with trio.open_nursery() as nursery:
+                sup = Supervisor(config, store, nursery, hooks)
+                if subreaper:
+                    # Every escaped descendant of a turn re-parents to this process, so the
+                    # marker scan need not read the whole of /proc.
+                    sup.scanner.within = os.getpid()
+                await sup.restore()
+                try:
+                    yield sup
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await sup.shutdown()
+                    nursery.cancel_scope.cancel()
+    finally:
+        if restore_subreaper:
+            set_child_subreaper(False)

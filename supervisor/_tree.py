@@ -38,6 +38,7 @@ log = logging.getLogger("corral.tree")
 TURN_MARKER = "CORRAL_TURN"
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 def set_child_subreaper(enabled: bool = True) -> bool:
@@ -53,6 +54,18 @@ def set_child_subreaper(enabled: bool = True) -> bool:
         log.warning("cannot become a child subreaper: %s", exc)
         return False
     return True
+
+
+def is_child_subreaper() -> bool:
+    """Is this process a child subreaper now? False if the kernel cannot tell."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = ctypes.c_int(0)
+        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return bool(value.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,34 +93,75 @@ def _ident(proc: psutil.Process) -> ProcId | None:
         return None
 
 
+def child_pids(pid: int) -> list[int]:
+    """The direct children of ``pid``, read from ``/proc/PID/task/*/children``.
+
+    Its cost follows the size of the tree, not of the machine (psutil's ``children()`` reads
+    every process in ``/proc``). Falls back to psutil on kernels without those files.
+    """
+    if not _PROC_CHILDREN:
+        try:
+            return [c.pid for c in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                found.extend(int(x) for x in fh.read().split())
+        except OSError:
+            continue
+    return found
+
+
+_PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """``pid``'s descendants, nearest first (a walk of the tree, not of ``/proc``)."""
+    found: list[int] = []
+    seen = {pid}
+    stack = [pid]
+    while stack:
+        for child in child_pids(stack.pop()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                stack.append(child)
+    return found
+
+
 def descendants(pid: int, *, include_self: bool = True) -> set[ProcId]:
     """A snapshot of ``pid`` and its living descendants."""
     found: set[ProcId] = set()
-    try:
-        root = psutil.Process(pid)
-        procs = root.children(recursive=True)
-        if include_self:
-            procs.append(root)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return found
-    for proc in procs:
-        ident = _ident(proc)
+    for candidate in ([pid] if include_self else []) + descendant_pids(pid):
+        try:
+            ident = _ident(psutil.Process(candidate))
+        except psutil.Error:
+            ident = None
         if ident is not None:
             found.add(ident)
     return found
 
 
-def scan_markers(values: Iterable[str]) -> dict[str, set[ProcId]]:
+def scan_markers(values: Iterable[str], *, within: int | None = None) -> dict[str, set[ProcId]]:
     """Every process (other than this one) whose environment carries ``CORRAL_TURN=<value>``.
 
-    Blocking; reads ``/proc/*/environ``. Run it in a thread.
+    ``within``: look only among that pid's descendants — enough when this process is a child
+    subreaper, since every escaped descendant of a turn re-parents to it. Otherwise every
+    process in ``/proc`` is read. Blocking; run it in a thread.
     """
     wanted = {f"{TURN_MARKER}={v}".encode(): v for v in values}
     found: dict[str, set[ProcId]] = {v: set() for v in wanted.values()}
     if not wanted:
         return found
     me = os.getpid()
-    for name in os.listdir("/proc"):
+    names = [str(p) for p in descendant_pids(within)] if within is not None else os.listdir("/proc")
+    for name in names:
         if not name.isdigit() or int(name) == me:
             continue
         try:
@@ -135,7 +189,9 @@ class MarkerScanner:
     began after its own kill, and all sweeps waiting at that moment share the next one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, within: int | None = None) -> None:
+        self.within = within
+        """Scan only this pid's descendants (set when it is a child subreaper)."""
         self._wanted: set[str] = set()
         self._result: dict[str, set[ProcId]] = {}
         self._result_started = -1.0
@@ -154,7 +210,7 @@ class MarkerScanner:
             try:
                 wanted = set(self._wanted)
                 started = time.monotonic()
-                result = await trio.to_thread.run_sync(scan_markers, wanted)
+                result = await trio.to_thread.run_sync(lambda: scan_markers(wanted, within=self.within))
                 self._result, self._result_started = result, started
                 self._wanted -= wanted
             finally:

@@ -317,6 +317,11 @@ class Turn:
                     await tree.process.wait()
                     sup.adopt_background(tree)
                 await self._drain_leftovers(tree)
+                if not interrupted and self._silenced():
+                    # Stopped while finishing (the leftovers were being kept or drained):
+                    # a stopped turn keeps nothing alive, whatever keep_background says.
+                    self.outcome.stopped = True
+                    await tree.sweep(sup.scanner)
                 for stream in (tree.process.stdout, tree.process.stderr):
                     if stream is not None:
                         await stream.aclose()

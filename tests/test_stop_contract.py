@@ -47,6 +47,7 @@ SLOW = 20.0
 #   windup=FIFO       on SIGINT wait for the FIFO gate before exiting (a slow wind-down)
 #   session=ID        print a session id first
 #   child             start a child in the same process group (it sleeps)
+#   setsid            start a child in a session of its own (it sleeps)
 #   todos             report a plan with one item done, one in progress, one pending
 #   silent            print nothing more and sleep (a stalled stream)
 #   tick              print a line every 50 ms forever
@@ -93,6 +94,10 @@ if "session" in opts:
 if "child" in words:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     emit("status", text=f"child {child.pid}")
+if "setsid" in words:
+    tool = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True,
+                            stdout=subprocess.DEVNULL)
+    emit("status", text=f"setsid {tool.pid}")
 if "todos" in words:
     emit("todos", todos=[{"content": "one", "status": "completed"},
                          {"content": "two", "status": "in_progress"},
@@ -167,6 +172,7 @@ class SpawnRecorder:
     """
 
     park: bool = False
+    """Park after the spawn (once), until ``go``; by then the process has printed."""
     calls: list[Spawned] = field(default_factory=list)
     arrived: trio.Event = field(default_factory=trio.Event)
     go: trio.Event = field(default_factory=trio.Event)
@@ -176,8 +182,10 @@ class SpawnRecorder:
             process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe)
             self.calls.append(Spawned(env[TURN_MARKER], process))
             if self.park and not self.go.is_set():
-                self.arrived.set()
                 with trio.fail_after(SLOW):
+                    assert process.stdout is not None
+                    await trio.lowlevel.wait_readable(process.stdout.fileno())  # peeks, reads nothing
+                    self.arrived.set()
                     await self.go.wait()
         return process
 
@@ -508,10 +516,11 @@ async def test_contract_05_stale_turn_gives_up_at_the_point_of_no_return(short_t
 
 async def test_contract_06_process_registered_for_a_stopped_turn_is_killed_at_once(short_tmp: Path) -> None:
     # The process ignores SIGINT and the grace is long: only the registry's SIGKILL on
-    # registration ends it in time.
+    # registration ends it in time. It has printed its session id (kept, line 8) and
+    # more (dropped) before the spawn returns.
     spawner = SpawnRecorder(park=True)
     async with running(short_tmp, spawn=spawner, stop_grace=60) as (sup, _):
-        await sup.send("ch", "ignore")
+        await sup.send("ch", "ignore session=sess-late hang")
         with trio.fail_after(SLOW):
             await spawner.arrived.wait()
         spawned = spawner.calls[0]
@@ -535,7 +544,7 @@ async def test_contract_06_process_registered_for_a_stopped_turn_is_killed_at_on
         assert sup.registry.get("ch", spawned.turn_id) is None
         entries = await sup.entries("ch")
         assert [e.kind for e in entries] == ["message", "notice"]
-        assert sup.store.session("ch", "bot")[0] is None
+        assert sup.store.session("ch", "bot")[0] == "sess-late"
         assert not turn_processes([spawned.turn_id])
 
 
@@ -652,6 +661,7 @@ async def test_contract_09_no_nudge_after_a_stop_and_the_plan_is_cancelled(short
         assert result.ok
         entries = await sup.entries("ch")
         assert not [e for e in entries if e.meta.get("nudge") or "remaining task" in e.text]
+        assert not [e for e in entries if e.text.startswith("done: ")]  # its answer is not posted either
         assert sum(1 for s in spawned.calls if s.turn_id == result.stopped_turns[0]) == 1
         assert len(spawned.calls) == 3  # control, its nudge, the stopped turn: nothing after
         cancelled = [e for e in entries if e.kind == "todos" and e.author == "system"]
@@ -813,6 +823,42 @@ async def test_contract_13_a_stop_that_cannot_be_carried_out_answers_with_an_err
         assert result.notice_seq is None
         assert any("FAILED" in r.getMessage() for r in caplog.records if r.name == "corral")
         assert await sup.entries("ch") == []
+
+
+async def test_contract_13_a_process_that_survives_the_sweep_fails_the_stop_loudly(
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Simulate a process the sweep cannot kill (another user's, or stuck in the kernel).
+    import supervisor._tree as tree_module
+
+    gate = gates()
+    immortal: set[int] = set()
+    real_kill_exact = tree_module.kill_exact
+    monkeypatch.setattr(tree_module, "kill_exact", lambda ident: ident.pid not in immortal and real_kill_exact(ident))
+    real_sweep = ProcessTree.sweep
+    monkeypatch.setattr(ProcessTree, "sweep", lambda self, scanner, budget=1.0: real_sweep(self, scanner, budget=budget))
+    async with running(short_tmp) as (sup, _):
+        await sup.send("ch", f"setsid gate={gate}")
+        tool = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("setsid "))
+        pid = int(tool.text.split()[1])
+        immortal.add(pid)
+        await wait_entry(sup, "ch", is_ready)
+        try:
+            with trio.fail_after(SLOW):
+                result = await sup.stop("ch")
+            assert not result.ok and result.error == f"processes [{pid}] could not be confirmed dead"
+            notice = (await sup.entries("ch"))[-1]
+            assert notice.kind == "notice" and notice.text.startswith("Stopping failed") and str(pid) in notice.text
+            assert notice.meta["ok"] is False
+        finally:
+            fd = os.pidfd_open(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                with trio.fail_after(SLOW):
+                    await trio.lowlevel.wait_readable(fd)  # it has exited
+            finally:
+                trio.lowlevel.notify_closing(fd)
+                os.close(fd)
 
 
 # ---------------------------------------------------------------- 14. a stalled stream still stops

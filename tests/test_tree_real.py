@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 import trio
+import trio.testing
 from conftest import PYTHON, make_config, turn_processes
 
 from supervisor._supervisor import STOP_NOTICE, Hooks, Supervisor, open_supervisor
@@ -112,16 +113,21 @@ else:
 '''
 
 
-@pytest.fixture
-def subreaper_restored() -> Iterator[None]:
-    """Put the process-wide child-subreaper bit back as it was (a test may turn it on)."""
+def is_subreaper() -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
-    before = ctypes.c_int(0)
-    libc.prctl(37, ctypes.byref(before), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    value = ctypes.c_int(0)
+    assert libc.prctl(37, ctypes.byref(value), 0, 0, 0) == 0  # PR_GET_CHILD_SUBREAPER
+    return bool(value.value)
+
+
+@pytest.fixture
+def subreaper_restored() -> Iterator[bool]:
+    """Put the process-wide child-subreaper bit back as it was; yields what it was."""
+    before = is_subreaper()
     try:
-        yield
+        yield before
     finally:
-        set_child_subreaper(bool(before.value))
+        set_child_subreaper(before)
 
 
 @dataclass
@@ -190,12 +196,20 @@ async def stop(sup: Supervisor, channel: str) -> Any:
     return result
 
 
-async def wait_until(check: Callable[[], bool], what: str) -> None:
-    """Poll a condition about a process we do not own (no pidfd wakeup for its state)."""
-    with trio.fail_after(SLOW):
-        while not check():
-            await trio.sleep(0.01)
-    assert check(), what
+async def kill_and_wait(pid: int) -> None:
+    """SIGKILL a process that is not our child and wait until it has exited (pidfd)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(SLOW):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+    assert not alive(pid)
 
 
 # ---------------------------------------------------------------- trees
@@ -253,14 +267,12 @@ async def test_tree_stop_respects_the_drain_deadline_when_stdout_stays_open(shor
             assert result.elapsed_ms < (grace + 3 * DRAIN_SECONDS + 1.0) * 1000
             assert not turn_processes([rec.turns[0].turn_id])
         finally:
-            if alive(holder):
-                os.kill(holder, signal.SIGKILL)
-                await wait_until(lambda: not alive(holder), "the escapee is gone")
+            await kill_and_wait(holder)
 
 
 @pytest.mark.parametrize("subreaper", [False, True], ids=["plain", "subreaper"])
 async def test_tree_double_forked_daemon_is_found_by_its_marker(
-    short_tmp: Path, subreaper: bool, subreaper_restored: None
+    short_tmp: Path, subreaper: bool, subreaper_restored: bool
 ) -> None:
     async with running(short_tmp, subreaper=subreaper, stop_grace=2.0) as (sup, rec):
         await sup.send("ch", "daemon")
@@ -280,6 +292,8 @@ async def test_tree_double_forked_daemon_is_found_by_its_marker(
         if subreaper:
             assert not psutil.pid_exists(daemon) or psutil.Process(daemon).ppid() != os.getpid()  # reaped
         assert not turn_processes([rec.turns[0].turn_id])
+    # The bit is process-wide: an embedding program gets it back as it was.
+    assert is_subreaper() == subreaper_restored
 
 
 async def test_tree_ignoring_sigint_and_sigterm_still_dies(short_tmp: Path) -> None:
@@ -332,10 +346,53 @@ async def test_tree_keep_background_leaves_it_alive(short_tmp: Path) -> None:
             assert [p.pid for p in turn_processes([turn.turn_id])] == [bg]
             assert (await sup.entries("ch"))[-1].text == "done"
         finally:
-            if alive(bg):
-                os.kill(bg, signal.SIGKILL)
-            await wait_until(lambda: not alive(bg), "the background process is gone")
+            await kill_and_wait(bg)
         assert not turn_processes([rec.turns[0].turn_id])
+
+
+async def test_tree_stop_while_a_kept_background_turn_finishes_still_kills_its_tree(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # keep_background keeps a *finished* turn's leftovers, not a stopped turn's: a stop
+    # that lands while the turn is finishing (parked here in its leftover drain, where a
+    # background process holding stdout keeps it for up to the drain deadline) must still
+    # leave nothing of the turn alive when it returns.
+    parked, go = trio.Event(), trio.Event()
+    original = Turn._drain_leftovers
+
+    async def parking(self: Turn, tree: Any) -> None:
+        parked.set()
+        with trio.fail_after(SLOW):
+            await go.wait()
+        await original(self, tree)
+
+    monkeypatch.setattr(Turn, "_drain_leftovers", parking)
+    async with running(short_tmp, keep_background=True) as (sup, rec):
+        await sup.send("ch", "bg exit")
+        bg = (await pids_of(sup, "ch", "bg"))["bg"]
+        try:
+            with trio.fail_after(SLOW):
+                await parked.wait()
+            results = []
+
+            async def stop() -> None:
+                results.append(await sup.stop("ch"))
+
+            with trio.fail_after(SLOW):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stop)
+                    await trio.testing.wait_all_tasks_blocked()
+                    go.set()
+            result = results[0]
+            assert result.ok and result.stopped_turns == [rec.turns[0].turn_id]
+            assert bg in result.swept
+            assert not alive(bg)
+            assert not turn_processes([rec.turns[0].turn_id])
+            entries = await sup.entries("ch")
+            assert entries[-1].kind == "notice" and not [e for e in entries if e.text == "done"]
+        finally:
+            if alive(bg):
+                await kill_and_wait(bg)
 
 
 def test_tree_agent_compiles() -> None:
