@@ -393,13 +393,15 @@ class Supervisor:
             )
             assert notice.entry is not None
             result.notice_seq = notice.entry.seq
-            self.ledger.notice_stored(channel, decision.generation, notice.entry.seq)
             result.elapsed_ms = (trio.current_time() - started) * 1000
             writes += [notice, self.store.record_stop(stop_seq, channel, decision.generation, result.to_json())]
             for write in writes:
                 await write.committed()
+            # Only a stored notice may be named (to the caller, or to a repeat of this stop).
+            self.ledger.notice_stored(channel, decision.generation, notice.entry.seq)
         except StoreError as exc:
             result.ok = False
+            result.notice_seq = None
             result.error = f"the stop could not be stored: {exc}"
         finally:
             done.set()

@@ -337,6 +337,26 @@ async def spawn(
     )
 
 
+async def wait_exited(process: trio.Process) -> None:
+    """Wait until ``process`` has exited, without reaping it.
+
+    An unreaped (zombie) leader keeps its pid, and with it the process group id, from being
+    reused, so the group can still be signalled safely.
+    """
+    if process.returncode is not None:
+        return
+    try:
+        fd = os.pidfd_open(process.pid)
+    except OSError:
+        await process.wait()
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+
+
 class ProcessTree:
     """One turn's process: its group, what is known of its descendants, and how to end them.
 
@@ -374,18 +394,25 @@ class ProcessTree:
             self.report.killed = sorted(set(self.report.killed) | set(living))
 
     def kill_group(self) -> None:
-        """Snapshot again, then SIGKILL the whole group."""
-        self._remember()
+        """Snapshot again, then SIGKILL the whole group — while that is still safe.
+
+        Once the leader is reaped its pid, and so the group id, may be reused by an unrelated
+        process group; from then on only processes known by identity are killed (``sweep``).
+        That is why nothing here reaps the leader before the sweep is over.
+        """
         self._interrupted = True
+        if self.process.returncode is not None:
+            return
+        self._remember()
         signal_group(self.pgid, signal.SIGKILL)
 
     async def terminate(self, sig: int, grace: float) -> None:
-        """Interrupt, wait up to ``grace`` for the leader, then SIGKILL the group."""
+        """Interrupt, wait up to ``grace`` for the leader to exit, then SIGKILL the group."""
         if self.process.returncode is None:
             if not self._interrupted:
                 self.interrupt(sig)
             with trio.move_on_after(grace):
-                await self.process.wait()
+                await wait_exited(self.process)
         self.kill_group()
 
     async def sweep(self, scanner: MarkerScanner, *, budget: float = 5.0) -> None:
@@ -405,12 +432,14 @@ class ProcessTree:
                     (killed if in_group else swept).add(ident.pid)
             if self.process.returncode is None:
                 with trio.move_on_at(deadline):
-                    await self.process.wait()
+                    await wait_exited(self.process)
             others = [h for h in hit if h.pid != self.pid]
             if not others or trio.current_time() >= deadline:
                 break
             await wait_gone(others, deadline)
         survivors = await wait_gone([c for c in self.known if c.pid != self.pid], deadline)
+        with trio.move_on_at(deadline):
+            await self.process.wait()  # reap the leader last: its zombie held the group id
         if self.process.returncode is None:
             survivors.add(ProcId(self.pid, 0.0))
         self.report.killed = sorted(killed)

@@ -45,7 +45,7 @@ from ._config import AgentConfig
 from ._ledger import OutputKind, TurnTicket
 from ._lines import LineReader
 from ._store import Pending, StoreError
-from ._tree import TURN_MARKER, KillReport, ProcessTree, scrubbed_environment, spawn
+from ._tree import TURN_MARKER, KillReport, ProcessTree, scrubbed_environment, spawn, wait_exited
 
 if TYPE_CHECKING:
     from ._supervisor import Supervisor
@@ -254,7 +254,7 @@ class Turn:
                 with drain:
                     failure = await self._read_stdout(reader)
                 if failure is None:
-                    await process.wait()
+                    await wait_exited(process)  # not reaped: the teardown may still signal its group
                 nursery.cancel_scope.cancel()
         if failure is not None:
             raise failure
@@ -285,7 +285,7 @@ class Turn:
     async def _drain_after_exit(self, process: trio.Process, drain: trio.CancelScope) -> None:
         """Once the CLI has exited, stop waiting for EOF after a deadline: an escaped
         descendant may hold stdout open forever."""
-        await process.wait()
+        await wait_exited(process)
         drain.deadline = trio.current_time() + DRAIN_SECONDS
 
     async def _pump_stderr(self, process: trio.Process) -> None:
