@@ -18,9 +18,22 @@ For 1, 50 and 200 channels, each running the demo agent inside its tool (every c
   the "tool running" line), then a bare ``os.killpg(pgid, SIGKILL)`` + wait of the leader,
   timed per tree. The setsid grandchild survives that; it is counted, then killed by pid.
 
-Adding a row for a real CLI: write a ``*_setup`` context manager like :func:`demo_setup`
-(start its fake model server, return the agent's TOML table, prompt and readiness tests) and
-add it to ``SETUPS``; the row functions take any :class:`AgentSetup`.
+Then, for each real CLI (claude, codex, gemini, qwen; ``--cli``), against its fake model
+server of tests/fakemodel/, each turn running a tool that starts a long process plus a setsid
+grandchild and writes their pids (ready = both pid files written):
+
+* **corral stop-one**: a ``corral run`` daemon with that CLI (stop_grace 3), N channels
+  (``--cli-channels``, default 3; 1 with ``--quick``) stopped one call at a time: time from the
+  call to its return, killed/swept counts, and the turn's processes still alive 1 s later
+  (the tool's pids from the pid files, and the ``CORRAL_TURN`` marker);
+* **SIGTERM group**: what most connectors do. The same CLI started directly with the launch
+  its adapter builds (same argv, env, cwd, HOME files), in its own session; once its tool
+  runs, ``os.killpg(pgid, SIGTERM)``, wait up to 5 s for the leader, then count what is alive
+  1 s later (by the pid files and by a ``CORRAL_BENCH_TREE`` marker). All of it is then
+  killed by pid.
+
+The demo rows are skipped with ``--no-demo``. Adding a demo-like agent: write a ``*_setup``
+context manager like :func:`demo_setup` and add it to ``SETUPS``; a real CLI goes in ``CLIS``.
 """
 
 from __future__ import annotations
@@ -44,9 +57,20 @@ from typing import Any
 
 import psutil
 
-from supervisor._client import Client
-
 REPO = Path(__file__).resolve().parent.parent
+# The fake model servers and the CLIs' install paths live with the tests.
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from adapters import claude as claude_adapter  # noqa: E402
+from adapters import codex as codex_adapter  # noqa: E402
+from adapters import gemini as gemini_adapter  # noqa: E402
+from adapters import qwen as qwen_adapter  # noqa: E402
+from adapters._base import Adapter, TurnRequest  # noqa: E402
+from fakemodel import anthropic, gemini_api, openai_chat, openai_responses  # noqa: E402
+from fakemodel._http import FakeModelServer  # noqa: E402
+from fakemodel.clis import cli_path  # noqa: E402
+from supervisor._client import Client  # noqa: E402
+from supervisor._tree import scrubbed_environment  # noqa: E402
 DEMO_AGENT = REPO / "adapters" / "demo_agent.py"
 MARKER = "CORRAL_TURN"
 #: The marker of trees this script starts directly. Not CORRAL_TURN on purpose: the test

@@ -293,6 +293,11 @@ class StopLedger:
         """Stop every channel that has work; idle channels are left alone."""
         return [self.stop(name) for name in list(self._channels) if self.is_busy(name)]
 
+    def notice_seq(self, channel: str) -> int | None:
+        """The seq of the notice stored for the channel's latest stop, once it is stored."""
+        state = self._channels.get(channel)
+        return state.notice_seq if state else None
+
     def notice_stored(self, channel: str, generation: int, seq: int) -> None:
         """Record the notice of the stop that moved the channel to ``generation``."""
         state = self._chan(channel)

@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from ._config import AgentConfig, Config
-from ._ledger import StopDecision, StopLedger
+from ._ledger import QueuedMessage, StopDecision, StopLedger
 from ._registry import ProcessRegistry
 from ._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
 from ._tree import MarkerScanner, ProcessTree, is_child_subreaper, reap_if_child, reap_orphans, set_child_subreaper
@@ -187,17 +187,17 @@ class Supervisor:
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
         generation = self.ledger.generation(channel)
         store = self.store
-        row_holder: dict[str, QueuedRow] = {}
 
-        def also(db: Any, seq: int) -> None:
-            store.queue_insert(db, row_holder["row"])
+        def keep_queued(db: Any, seq: int) -> None:
+            # In the entry's own transaction: stored and queued, or neither.
+            store.queue_insert(db, QueuedRow(seq, channel, agent, author, text, generation, nudge))
 
         pending = store.submit_entry(
-            channel, author, "message", text, generation=generation, meta={"agent": agent, **({"nudge": True} if nudge else {})}, also=also
+            channel, author, "message", text, generation=generation,
+            meta={"agent": agent, **({"nudge": True} if nudge else {})}, also=keep_queued,
         )
         assert pending.entry is not None
         seq = pending.entry.seq
-        row_holder["row"] = QueuedRow(seq, channel, agent, author, text, generation, nudge)
         ahead = len(self.ledger.queued(channel)) + (1 if self.ledger.current_turn(channel) else 0)
         self.ledger.accept(
             channel, seq, human=author.startswith("human:"), nudge=nudge, payload=_Message(agent, author, text, pending)
@@ -360,7 +360,7 @@ class Supervisor:
             pending = self._stops.get(channel)
             if pending is not None:
                 await pending.wait()
-            result.notice_seq = self.ledger_notice(channel)
+            result.notice_seq = self.ledger.notice_seq(channel)
             result.elapsed_ms = (trio.current_time() - started) * 1000
             log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
             return result
@@ -414,11 +414,6 @@ class Supervisor:
             result.elapsed_ms, "" if result.ok else f", FAILED: {result.error}",
         )
         return result
-
-    def ledger_notice(self, channel: str) -> int | None:
-        """The notice seq of the channel's latest stop."""
-        state = self.ledger._channels.get(channel)
-        return state.notice_seq if state else None
 
     def _cancel_todos(self, channel: str, generation: int) -> list[Pending]:
         """Mark the channel's unfinished todos cancelled; returns the writes to await."""
@@ -501,8 +496,6 @@ class Supervisor:
             self.ledger.restore(channel, generation)
         rows = await self.store.load_queue()
         for row in rows:
-            from ._ledger import QueuedMessage
-
             self.ledger.requeue(
                 row.channel,
                 QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge,

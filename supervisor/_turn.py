@@ -13,6 +13,7 @@ the session id if the turn was stopped, then report.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -72,8 +73,6 @@ def new_turn_id() -> str:
 
 def channel_slug(channel: str) -> str:
     """A folder name for a channel: readable, safe, and unique (a short hash is appended)."""
-    import hashlib
-
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", channel).strip("._")[:48] or "channel"
     return f"{safe}-{hashlib.sha256(channel.encode()).hexdigest()[:8]}"
 
