@@ -325,7 +325,7 @@ class ClaudeParser:
                 name = str(denial.get("tool_name") or "?")
                 events.append(Status(f"permission denied: {name} {tool_preview(name, denial.get('tool_input'))}"))
         if not failed:
-            events.append(Result(text, ok=True))
+            events.append(Result(text or "", ok=True))
             return events
         events += self._error(text or self._failure_text(obj, errors))
         events.append(Result("", ok=False))

@@ -48,7 +48,9 @@ def resume_arguments(request: TurnRequest) -> tuple[str, ...]:
     if not request.session_id:
         return ()
     template = request.options.get("resume_args") or ()
-    return tuple(str(arg).replace("{session}", request.session_id) for arg in template)  # type: ignore[union-attr]
+    if not isinstance(template, list | tuple):
+        return ()
+    return tuple(str(arg).replace("{session}", request.session_id) for arg in template)
 
 
 def build_launch(request: TurnRequest) -> Launch:
@@ -80,14 +82,14 @@ class GenericParser:
             return [Text(line)]
         return self._event(obj)
 
-    def _event(self, obj: dict) -> list[Event]:
+    def _event(self, obj: dict[str, object]) -> list[Event]:
         kind = obj["type"]
-        text = obj.get("text")
-        if kind in ("text", "status", "result", "error") and not isinstance(text, str):
-            if kind == "result" and text is None:
-                text = ""
-            else:
-                return [Unparsed(json.dumps(obj), f"{kind!r} needs a string 'text'")]
+        raw = obj.get("text")
+        if kind == "result" and raw is None:
+            raw = ""
+        if kind in ("text", "status", "result", "error") and not isinstance(raw, str):
+            return [Unparsed(json.dumps(obj), f"{kind!r} needs a string 'text'")]
+        text = raw if isinstance(raw, str) else ""
         if kind == "text":
             return [Text(text)]
         if kind == "status":

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -448,38 +449,359 @@ def row_floor_killpg(folder: Path, setup: AgentSetup, n: int, tag: str) -> StopR
     return row
 
 
+# ---------------------------------------------------------------- real CLIs
+
+#: The corral stop grace of the CLI rows (as in tests/test_realcli.py).
+CLI_STOP_GRACE = 3.0
+#: How long the comparison row waits for the CLI to exit after its SIGTERM.
+SIGTERM_WAIT = 5.0
+#: The tool's long process and its setsid grandchild (distinct, so a scan can tell them apart).
+TOOL_SLEEP, SETSID_SLEEP = "sleep 3000", "sleep 3001"
+
+
+@dataclass(frozen=True)
+class CliSpec:
+    """How to point one real CLI at its fake model server (as tests/test_realcli.py does)."""
+
+    name: str
+    adapter: Adapter
+    server: Callable[[], FakeModelServer]
+    env: Callable[[str], dict[str, str]]
+    """The agent's ``env`` for the server's URL."""
+    options: Callable[[str], dict[str, str]] = lambda url: {}
+    """The agent's adapter options (``TurnRequest.options``) for the server's URL."""
+
+
+CLIS: dict[str, CliSpec] = {
+    "claude": CliSpec("claude", claude_adapter.ADAPTER, anthropic.FakeAnthropicServer, anthropic.agent_env),
+    "codex": CliSpec("codex", codex_adapter.ADAPTER, openai_responses.OpenAIResponsesServer, openai_responses.agent_env,
+                     openai_responses.agent_options),
+    "gemini": CliSpec("gemini", gemini_adapter.ADAPTER, gemini_api.FakeGeminiServer, gemini_api.agent_env),
+    "qwen": CliSpec("qwen", qwen_adapter.ADAPTER, openai_chat.OpenAIChatServer, openai_chat.agent_env),
+}
+
+
+@dataclass(frozen=True)
+class CliSetup:
+    """One real CLI, its fake model server running, and the tool its turns run."""
+
+    name: str
+    adapter: Adapter
+    command: tuple[str, ...]
+    env: dict[str, str]
+    options: dict[str, str]
+    tool: Path
+    folder: Path
+
+    def prompt(self, pidfile: Path) -> str:
+        """A prompt whose turn runs the tool, which writes its pids to ``pidfile``(``.setsid``)."""
+        return f"[[shell:sh {self.tool} {pidfile}]] [[say:tool done]] run the tool"
+
+    def config_text(self) -> str:
+        """The daemon's config: this CLI as the only agent."""
+        table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options}
+        return (
+            '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
+            f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\nstall_timeout = 120\nturn_timeout = 300\n'
+            f"[agents.{self.name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items())
+        )
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML rendering of the few value types an agent table holds (JSON strings are TOML)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(value)
+
+
+@contextlib.contextmanager
+def cli_setup(spec: CliSpec, folder: Path) -> Iterator[CliSetup]:
+    """Start the CLI's fake model server and write the tool script; stop the server after."""
+    tool = folder / "tool.sh"
+    # The same tool as tests/test_realcli.py: a setsid grandchild and a long same-session
+    # child, each pid written once it exists ("$1.setsid" first, "$1" last = ready).
+    tool.write_text(
+        "#!/bin/sh\n"
+        f"setsid {SETSID_SLEEP} </dev/null >/dev/null 2>&1 &\n"
+        'echo $! > "$1.setsid"\n'
+        f"{TOOL_SLEEP} &\n"
+        'echo $! > "$1"\n'
+        "wait\n"
+    )
+    server = spec.server().start()
+    try:
+        yield CliSetup(spec.name, spec.adapter, (str(cli_path(spec.name)),), spec.env(server.url),
+                       spec.options(server.url), tool, folder)
+    finally:
+        server.stop()
+
+
+def tool_pids(pidfile: Path) -> tuple[int, int] | None:
+    """(long process, setsid grandchild) once the tool wrote both pid files, else None."""
+    try:
+        main, grandchild = pidfile.read_text().strip(), Path(f"{pidfile}.setsid").read_text().strip()
+    except FileNotFoundError:
+        return None
+    return (int(main), int(grandchild)) if main and grandchild else None
+
+
+def alive_tool(pid: int) -> str | None:
+    """The command line of ``pid`` if it is still one of the tool's sleeps (not a zombie)."""
+    try:
+        proc = psutil.Process(pid)
+        cmd = " ".join(proc.cmdline())
+        if proc.status() == psutil.STATUS_ZOMBIE or not cmd.startswith(("sleep 300", "/usr/bin/sleep 300", "/bin/sleep 300")):
+            return None
+        return cmd
+    except psutil.Error:
+        return None
+
+
+def left_of(pids: Iterable[int], found: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The marker scan plus any of the tool's ``pids`` still alive that it missed."""
+    seen = {pid for pid, _, _ in found}
+    extra = [(pid, "pidfile", cmd) for pid in pids if pid not in seen and (cmd := alive_tool(pid))]
+    return found + extra
+
+
+def row_cli_corral(daemon: Daemon, setup: CliSetup, n: int, tag: str) -> StopRow:
+    """``n`` channels of the CLI in their tool (pid files written); stop each in turn."""
+    row = StopRow("corral stop-one", n)
+    channels = [f"{tag}-{i}" for i in range(n)]
+    pidfiles = {c: setup.folder / f"{c}.pid" for c in channels}
+    started = time.perf_counter()
+    with Client(str(daemon.socket)) as client:
+        for channel in channels:
+            client.send(channel, setup.prompt(pidfiles[channel]), agent=setup.name)
+        pending, deadline, next_check = set(channels), time.monotonic() + READY_TIMEOUT, 0.0
+        while pending:
+            pending = {c for c in pending if tool_pids(pidfiles[c]) is None}
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{setup.name}: the tool did not start in {sorted(pending)} within {READY_TIMEOUT:g} s")
+            if time.monotonic() > next_check:  # a turn that ended without running the tool
+                next_check = time.monotonic() + 1.0
+                for c in pending:
+                    if client.wait(c, timeout=0):
+                        tail = [(e["kind"], e["text"][:120]) for e in client.entries(c)[-4:]]
+                        raise RuntimeError(f"{setup.name} {c}: the turn ended before its tool ran: {tail}")
+            time.sleep(0.05)
+    row.ready_ms = (time.perf_counter() - started) * 1000
+    pids = [pid for c in channels for pid in tool_pids(pidfiles[c]) or ()]
+    home = str(daemon.folder)
+    stopped: set[str] = set()
+    with Client(str(daemon.socket)) as client:
+        client.status()  # open the connection first: the timed calls reuse it
+        for channel in channels:
+            t0 = time.perf_counter()
+            result = client.stop(channel)
+            row.times_ms.append((time.perf_counter() - t0) * 1000)
+            row.server_ms.append(result["elapsed_ms"])
+            _account(row, result)
+            stopped.update(result["stopped_turns"])
+            row.alive_at_return += len(left_of(tool_pids(pidfiles[channel]) or (),
+                                               marker_processes(home, set(result["stopped_turns"]))))
+    time.sleep(1.0)  # "left after 1 s"
+    row.left_detail = left_of(pids, marker_processes(home, stopped))
+    row.left_after_1s = len(row.left_detail)
+    return row
+
+
+@dataclass
+class TermRow:
+    """The figures of the "SIGTERM to the CLI's group alone" comparison."""
+
+    trees: int
+    exit_ms: list[float] = field(default_factory=list)
+    """SIGTERM until the leader was reaped, for the leaders that exited within the wait."""
+    returncodes: list[int] = field(default_factory=list)
+    still_running: int = 0
+    """Leaders still running ``SIGTERM_WAIT`` after the signal."""
+    tool_pids_alive: int = 0
+    tool_pids_total: int = 0
+    left_detail: list[tuple[int, str, str]] = field(default_factory=list)
+    ready_ms: float = 0.0
+    cleaned: int = 0
+
+
+def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
+    """The CLI started directly with its adapter's launch; SIGTERM to its group, then count."""
+    row = TermRow(n)
+    base = setup.folder / f"direct-{tag}"
+    home = base / "home"
+    procs: list[subprocess.Popen[bytes]] = []
+    pidfiles: list[Path] = []
+    logs = []
+    started = time.perf_counter()
+    try:
+        for i in range(n):
+            cwd = base / "work" / str(i)
+            cwd.mkdir(parents=True)
+            pidfile = base / f"{i}.pid"
+            pidfiles.append(pidfile)
+            request = TurnRequest(
+                prompt=setup.prompt(pidfile), channel=f"{tag}-{i}", turn_id=f"{tag}-{i}", agent=setup.name,
+                command=setup.command, cwd=str(cwd), home=str(home), options=setup.options,
+            )
+            launch = setup.adapter.build_launch(request)
+            assert launch.stdin is None, "the bench prompt never needs stdin"
+            (home / "tmp").mkdir(parents=True, exist_ok=True)
+            for rel, content in launch.files.items():  # as the supervisor writes them
+                path = Path(rel) if os.path.isabs(rel) else home / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content, encoding="utf-8")
+            # The supervisor's environment, with this script's marker instead of CORRAL_TURN.
+            env = scrubbed_environment(os.environ)
+            env.setdefault("PATH", os.defpath)
+            env.update({"HOME": str(home), "TMPDIR": str(home / "tmp")})
+            env.update(launch.env)
+            env.update(setup.env)
+            env[DIRECT_MARKER] = f"term-{tag}-{i}"
+            log = (base / f"{i}.out").open("wb")
+            logs.append(log)
+            procs.append(subprocess.Popen(list(launch.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          env=env, cwd=launch.cwd, start_new_session=True))
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not all(tool_pids(p) for p in pidfiles):
+            for proc, pidfile in zip(procs, pidfiles):
+                if proc.poll() is not None and tool_pids(pidfile) is None:
+                    out = (base / f"{procs.index(proc)}.out").read_text(errors="replace")[-400:]
+                    raise RuntimeError(f"{setup.name} pid {proc.pid} exited {proc.returncode} before its tool ran: {out!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{setup.name}: the directly started tools did not start within {READY_TIMEOUT:g} s")
+            time.sleep(0.05)
+        row.ready_ms = (time.perf_counter() - started) * 1000
+        pids = [pid for p in pidfiles for pid in tool_pids(p) or ()]
+        row.tool_pids_total = len(pids)
+        for proc in procs:
+            t0 = time.perf_counter()
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=SIGTERM_WAIT)
+                row.exit_ms.append((time.perf_counter() - t0) * 1000)
+                row.returncodes.append(proc.returncode)
+            except subprocess.TimeoutExpired:
+                row.still_running += 1
+        time.sleep(1.0)  # "alive after 1 s", after the last leader's wait
+        row.tool_pids_alive = sum(1 for pid in pids if alive_tool(pid))
+        row.left_detail = left_of(pids, marker_processes(str(base), variable=DIRECT_MARKER))
+    finally:
+        # Clean up what SIGTERM left: the groups, then every marked process and tool pid, by pid.
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        leftover = marker_processes(str(base), variable=DIRECT_MARKER)
+        row.cleaned = kill_by_pid(left_of([pid for p in pidfiles for pid in tool_pids(p) or ()], leftover))
+        for log in logs:
+            log.close()
+    return row
+
+
+def kind_of(cmd: str) -> str:
+    """A short name for a leftover process's command line."""
+    if "time.sleep" in cmd and "import time" in cmd:
+        return "setsid helper"
+    if SETSID_SLEEP in cmd:
+        return "setsid grandchild"
+    if TOOL_SLEEP in cmd:
+        return "tool's long process"
+    words = cmd.split()
+    return (os.path.basename(words[0]) if words else "?")[:30]
+
+
+def kinds_text(found: list[tuple[int, str, str]]) -> str:
+    """`` (2 setsid grandchild, 1 node)`` or ''."""
+    kinds: dict[str, int] = {}
+    for _, _, cmd in found:
+        kinds[kind_of(cmd)] = kinds.get(kind_of(cmd), 0) + 1
+    return f" ({', '.join(f'{v} {k}' for k, v in kinds.items())})" if kinds else ""
+
+
+def print_term_row(row: TermRow) -> None:
+    """The comparison row, human-readable."""
+    exits = (f"leader exited in median {statistics.median(row.exit_ms):.0f} / max {max(row.exit_ms):.0f} ms"
+             if row.exit_ms else "no leader exited")
+    print(f"  {'SIGTERM group':<15} {row.trees:>3} ch: {exits}, rc {sorted(set(row.returncodes))};"
+          f" still running after {SIGTERM_WAIT:g} s: {row.still_running}")
+    print(f"  {'':<15} {'':>3}     alive after 1 s: tool pids {row.tool_pids_alive}/{row.tool_pids_total},"
+          f" marked processes {len(row.left_detail)}{kinds_text(row.left_detail)}; killed by pid afterwards: {row.cleaned};"
+          f" ready in {row.ready_ms:.0f} ms")
+
+
+def run_cli(name: str, root: Path, n: int, failures: list[str]) -> None:
+    """Both rows of one real CLI, one fake model server."""
+    folder = root / name
+    folder.mkdir()
+    with cli_setup(CLIS[name], folder) as setup:
+        sample = setup.adapter.build_launch(TurnRequest("PROMPT", "c", "t", name, (name,), home="HOME", options=setup.options))
+        print(f"\n[{name}] {' '.join(sample.argv)}  (interrupt {setup.adapter.interrupt_signal.name}, grace {CLI_STOP_GRACE:g} s)")
+        daemon = Daemon(folder, setup.config_text())
+        try:
+            one = row_cli_corral(daemon, setup, n, "c")
+            print_row(one)
+        finally:
+            code = daemon.stop()
+            if code != 0:
+                failures.append(f"{name}: the daemon exited with status {code}")
+        failures += [f"{name} corral: {e}" for e in one.errors]
+        if one.left_after_1s:
+            failures.append(f"{name} corral: {one.left_after_1s} leftover process(es) after 1 s: {one.left_detail[:4]}")
+        term = row_cli_sigterm(setup, n, "t")
+        print_term_row(term)
+        print(f"  corral leftovers after 1 s: {one.left_after_1s} -> {'meets' if one.left_after_1s == 0 else 'MISSES'} (target 0;"
+              f" alive at return {one.alive_at_return}); SIGTERM to the group alone left {len(term.left_detail)}")
+
+
 # ---------------------------------------------------------------- main
 
 
 def print_row(row: StopRow) -> None:
     """One row, human-readable."""
-    print(f"  {row.what:<13} {row.channels:>3} ch: {spread(row.times_ms)}"
+    print(f"  {row.what:<15} {row.channels:>3} ch: {spread(row.times_ms)}"
           + (f"   (daemon's own: {spread(row.server_ms)})" if row.server_ms else ""))
     extra = f"killed {row.killed}, swept {row.swept}, " if row.what != "killpg floor" else ""
     at_return = f"alive at return {row.alive_at_return}, " if row.what != "killpg floor" else ""
-    kinds: dict[str, int] = {}
-    for _, _, cmd in row.left_detail:
-        kind = "setsid helper" if "time.sleep" in cmd and "import time" in cmd else cmd.split(" ")[-1][:30]
-        kinds[kind] = kinds.get(kind, 0) + 1
-    left = f"left after 1 s {row.left_after_1s}" + (f" ({', '.join(f'{v} {k}' for k, v in kinds.items())})" if kinds else "")
-    print(f"  {'':<13} {'':>3}     {extra}{at_return}{left}; all trees ready in {row.ready_ms:.0f} ms")
+    left = f"left after 1 s {row.left_after_1s}" + kinds_text(row.left_detail)
+    print(f"  {'':<15} {'':>3}     {extra}{at_return}{left}; all trees ready in {row.ready_ms:.0f} ms")
     for e in row.errors[:5]:
-        print(f"  {'':<13}     ERROR: {e}")
+        print(f"  {'':<15}     ERROR: {e}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 and 10 channels only")
-    parser.add_argument("--setup", choices=sorted(SETUPS), action="append", help="which agent rows (default: all)")
+    parser.add_argument("--quick", action="store_true", help="demo rows at 1 and 10 channels, one channel per CLI")
+    parser.add_argument("--setup", choices=sorted(SETUPS), action="append", help="which demo-like agent rows (default: all)")
+    parser.add_argument("--no-demo", action="store_true", help="skip the demo agent rows")
+    parser.add_argument("--cli", default=",".join(CLIS), help="comma list of real CLIs to run ('' for none; default: %(default)s)")
+    parser.add_argument("--cli-channels", type=int, default=None, help="channels per CLI (default 3; 1 with --quick)")
     args = parser.parse_args()
     sizes = (1, 10) if args.quick else (1, 50, 200)
+    clis = [c.strip() for c in args.cli.split(",") if c.strip()]
+    unknown = [c for c in clis if c not in CLIS]
+    if unknown:
+        parser.error(f"unknown CLI(s) {unknown}; known: {', '.join(CLIS)}")
+    cli_channels = args.cli_channels or (1 if args.quick else 3)
     root = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
     failures: list[str] = []
     foreign = ForeignTests()
     print(f"stop benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s); daemon: `corral run` subprocess;")
     print("every daemon figure is the client-side time of supervisor._client.Client.stop(), HTTP round trip over the Unix socket included")
+    if clis:
+        print(f"real-CLI rows ({', '.join(clis)}; {cli_channels} channel(s) each; fake model servers on 127.0.0.1), each turn's tool"
+              f" = `{TOOL_SLEEP}` + a setsid `{SETSID_SLEEP}`, ready once both pid files exist:\n"
+              f"  corral stop-one = Client.stop(channel) one at a time on a `corral run` daemon (stop_grace {CLI_STOP_GRACE:g});"
+              " left after 1 s = tool pids alive + CORRAL_TURN-marked processes\n"
+              f"  SIGTERM group   = the CLI started directly (its adapter's argv/env/cwd/HOME files), os.killpg(pgid, SIGTERM),"
+              f" leader waited up to {SIGTERM_WAIT:g} s, then what is alive 1 s later (what most connectors do)")
     try:
-        for name in args.setup or list(SETUPS):
+        for name in [] if args.no_demo else args.setup or list(SETUPS):
             folder = root / name
             folder.mkdir()
             with SETUPS[name](folder) as setup:
@@ -514,6 +836,12 @@ def main() -> int:
                     code = daemon.stop()
                     if code != 0:
                         failures.append(f"the daemon exited with status {code}")
+        for name in clis:
+            try:
+                run_cli(name, root, cli_channels, failures)
+            except RuntimeError as exc:  # one CLI failing to start its tool must not hide the others
+                print(f"  ERROR: {exc}")
+                failures.append(f"{name}: {exc}")
     finally:
         left = marker_processes(str(root)) + marker_processes(str(root), variable=DIRECT_MARKER)
         if left:

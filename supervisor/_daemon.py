@@ -16,6 +16,7 @@ import signal
 import socket
 import stat
 from pathlib import Path
+from typing import Any, cast
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -141,12 +142,12 @@ async def run_daemon(
                     nursery.start_soon(_watch_signals, stopping, signal_scope)
                 app = ControlAPI(sup, shutdown=stopping.set)
                 await nursery.start(
-                    lambda task_status: hypercorn_serve(app, _hypercorn_config(unix_sock), shutdown_trigger=stopping.wait, task_status=task_status)
+                    lambda task_status: hypercorn_serve(cast(Any, app), _hypercorn_config(unix_sock), shutdown_trigger=stopping.wait, task_status=task_status)
                 )
                 if tcp_sock is not None:
                     tcp_app = ControlAPI(sup, shutdown=stopping.set, token=token)
                     await nursery.start(
-                        lambda task_status: hypercorn_serve(tcp_app, _hypercorn_config(tcp_sock), shutdown_trigger=stopping.wait, task_status=task_status)
+                        lambda task_status: hypercorn_serve(cast(Any, tcp_app), _hypercorn_config(tcp_sock), shutdown_trigger=stopping.wait, task_status=task_status)
                     )
                 log.info(
                     "corral %d ready on %s%s; %d agent(s); %d channel(s) with queued messages restored",

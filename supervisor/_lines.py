@@ -91,7 +91,7 @@ class LineReader:
             if not data:
                 self.eof = True
                 return self._splitter.flush()
-            lines = self._splitter.feed(data)
+            lines = self._splitter.feed(bytes(data))
             if lines:
                 return lines
         return []

@@ -102,6 +102,11 @@ class QueuedRow:
     nudge: bool
 
 
+def _entry(row: tuple[Any, ...]) -> Entry:
+    seq, channel, author, kind, text, turn, generation, ts, meta = row
+    return Entry(seq, channel, author, kind, text, turn, generation, ts, json.loads(meta))
+
+
 class Pending:
     """A write accepted but maybe not yet committed."""
 
@@ -224,7 +229,10 @@ class Store:
 
     def submit_write(self, sql: str, params: tuple[Any, ...]) -> Pending:
         """Queue a plain write in the same commit order as entries."""
-        return self._submit(lambda db: db.execute(sql, params) and None)
+        def apply(db: sqlite3.Connection) -> None:
+            db.execute(sql, params)
+
+        return self._submit(apply)
 
     # ------------------------------------------------------------ the writer
 
@@ -321,7 +329,7 @@ class Store:
                     " WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
                     (channel, after, limit),
                 )
-            return [Entry(*row[:8], json.loads(row[8])) for row in rows.fetchall()]
+            return [_entry(row) for row in rows.fetchall()]
 
         return await trio.to_thread.run_sync(read, limiter=self._limiter)
 
@@ -394,16 +402,17 @@ class Store:
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""
-        return self._submit(
-            lambda db: db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in seqs]) and None
-        )
+        def apply(db: sqlite3.Connection) -> None:
+            db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in seqs])
+
+        return self._submit(apply)
 
     async def load_queue(self) -> list[QueuedRow]:
         """Messages accepted before a restart and not yet run, oldest first."""
         rows = await self.query(
             "SELECT seq, channel, agent, author, text, generation, nudge FROM queue ORDER BY seq"
         )
-        return [QueuedRow(*r[:6], bool(r[6])) for r in rows]
+        return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6])) for r in rows]
 
     async def load_generations(self) -> dict[str, int]:
         """Every channel's stop generation as of the last run."""

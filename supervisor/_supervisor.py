@@ -459,6 +459,7 @@ class Supervisor:
         channels: dict[str, Any] = {}
         for name in sorted(self.ledger.channels()):
             turn = self._turns.get(name)
+            phase = self.ledger.turn_phase(name)
             channels[name] = {
                 "generation": self.ledger.generation(name),
                 "queued": len(self.ledger.queued(name)),
@@ -468,7 +469,7 @@ class Supervisor:
                 else {
                     "id": turn.turn_id,
                     "agent": turn.agent.name,
-                    "phase": (self.ledger.turn_phase(name).value if self.ledger.turn_phase(name) else "ending"),
+                    "phase": phase.value if phase is not None else "ending",
                     "pid": turn.tree.pid if turn.tree else None,
                     "started": turn.started_at,
                 },

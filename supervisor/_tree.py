@@ -20,6 +20,7 @@ Only pids corral can prove are its own children are ever waited for; never ``wai
 from __future__ import annotations
 
 import ctypes
+import functools
 import errno
 import logging
 import os
@@ -210,7 +211,7 @@ class MarkerScanner:
             try:
                 wanted = set(self._wanted)
                 started = time.monotonic()
-                result = await trio.to_thread.run_sync(lambda: scan_markers(wanted, within=self.within))
+                result = await trio.to_thread.run_sync(functools.partial(scan_markers, wanted, within=self.within))
                 self._result, self._result_started = result, started
                 self._wanted -= wanted
             finally:
@@ -418,7 +419,8 @@ class ProcessTree:
     async def sweep(self, scanner: MarkerScanner, *, budget: float = 5.0) -> None:
         """Kill every remaining process of the turn, and wait until they are gone."""
         deadline = trio.current_time() + budget
-        killed, swept = set(self.report.killed), set()
+        killed: set[int] = set(self.report.killed)
+        swept: set[int] = set()
         for _ in range(20):
             self.kill_group()
             started = time.monotonic()
@@ -454,7 +456,7 @@ def reap_orphans(exclude: Iterable[int]) -> list[int]:
     ``exclude`` holds the pids of live turn leaders, which Trio waits for itself.
     """
     skip = set(exclude)
-    reaped = []
+    reaped: list[int] = []
     try:
         children = psutil.Process().children()
     except psutil.Error:
