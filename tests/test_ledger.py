@@ -418,6 +418,8 @@ def test_contract_10_a_genuinely_newer_stop_owes_its_own_notice() -> None:
     _run_turn(ledger, "a", 1, "t1")
     second = ledger.stop("a")
     assert second.notice_due and not second.repeat and second.notice_seq is None
+    # Until the second stop's notice is stored, a repeat must not name the first one's.
+    assert ledger.stop("a").notice_seq is None
 
 
 # ---------------------------------------------------------------- 11. repeats

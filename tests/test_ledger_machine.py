@@ -1,10 +1,11 @@
 """A hypothesis state machine for the stop ledger, checked against an independent model.
 
-The driver calls (accept, stop, stop_all, take, may_start, keep_process, keep_output,
-end_turn, notice_stored) are interleaved in any order over three channels. The model below
-is written from DESIGN.md's stop contract, not from the ledger's code: it tracks each
-message's fate (queued, taken, dropped) and each turn's staleness, and every step checks
-the ledger's answer against it, then every invariant is rechecked for every channel.
+The driver's calls (accept, stop, stop_all, take, may_start, keep_process, keep_output,
+end_turn, notice_stored, and a daemon restart that restores generations and requeues
+messages) are interleaved in any order over three channels. The model below is written
+from DESIGN.md's stop contract, not from the ledger's code: it tracks each message's fate
+(queued, taken, dropped) and each turn's staleness. Every step checks the ledger's answer
+against the model, and every invariant is rechecked for every channel after every step.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from supervisor._ledger import LedgerError, OutputKind, Phase, StopDecision, StopLedger
+from supervisor._ledger import LedgerError, OutputKind, Phase, QueuedMessage, StopDecision, StopLedger
 
 CHANNELS = ("a", "b", "c")
 channels = st.sampled_from(CHANNELS)
+# Few distinct values: what matters is zero versus some, and hitting the nudge limit.
+todo_counts = st.sampled_from((0, 1, 3))
+nudge_limits = st.one_of(st.none(), st.integers(min_value=0, max_value=3))
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +49,9 @@ class _Msg:
 class _Chan:
     generation: int = 0
     queue: list[int] = field(default_factory=list)
+    """Live messages, oldest first."""
+    ghosts: list[int] = field(default_factory=list)
+    """Dropped messages a restart put back (the store missed their dequeue); never run."""
     turn: str | None = None
     started: bool = False
     ticket_since_stop: bool = True
@@ -55,7 +62,8 @@ class _Chan:
     notice_seq: int | None = None
     routing_rests: bool = False
     nudges_in_row: int = 0
-    """Nudges granted since the last human turn began or the last turn ended without one."""
+    """Nudges granted since the row began: a human turn began, or a turn that was not a
+    nudge ended without one."""
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -83,6 +91,10 @@ class LedgerMachine(RuleBasedStateMachine):
         self.next_id += 1
         return self.next_id
 
+    def _current(self, channel: str, turn_id: str) -> bool:
+        """The model's answer to "may this turn still act?"."""
+        return self.chans[channel].turn == turn_id and turn_id not in self.stale
+
     def _snapshot(self, channel: str) -> tuple[object, ...]:
         turn = self.ledger.current_turn(channel)
         return (
@@ -99,7 +111,7 @@ class LedgerMachine(RuleBasedStateMachine):
         model = self.chans[channel]
         message_id = self._new_id()
         message = self.ledger.accept(channel, message_id, human=human, nudge=nudge)
-        assert message.id == message_id and message.human == human and message.nudge == nudge
+        assert (message.id, message.human, message.nudge) == (message_id, human, nudge)
         assert message.generation == model.generation  # stamped with the current generation
         self.msgs[message_id] = _Msg(channel, human, nudge, model.generation, model.stops)
         model.queue.append(message_id)
@@ -129,74 +141,33 @@ class LedgerMachine(RuleBasedStateMachine):
         assert decision.generation == model.generation
         assert decision.notice_seq is None
         # Contract 3: exactly the messages queued before the stop are dropped, oldest first.
-        assert [m.id for m in decision.dropped] == model.queue
+        assert [m.id for m in decision.dropped] == model.ghosts + model.queue
         for message in decision.dropped:
             record = self.msgs[message.id]
-            assert record.fate == "queued" and record.channel == channel
+            assert record.channel == channel
             assert record.stops_before < model.stops  # accepted before this stop
+            assert record.fate == ("dropped" if message.id in model.ghosts else "queued")
             record.fate = "dropped"
         model.queue.clear()
+        model.ghosts.clear()
         assert decision.stopped_turn == model.turn
         if model.turn is not None:
             self.stale.add(model.turn)
 
-    # ------------------------------------------------------------ rules
-
-    @rule(channel=channels, human=st.booleans())
-    def accept(self, channel: str, human: bool) -> None:
-        self._accept(channel, human=human, nudge=False)
-
-    @rule(channel=channels, human=st.booleans())
-    def accept_and_run(self, channel: str, human: bool) -> None:
-        """What a worker does for a message on an idle channel: accept, take, start."""
-        self._accept(channel, human=human, nudge=False)
-        if self.chans[channel].turn is None:
-            self.take(channel)
-            turn = self.chans[channel].turn
-            assert turn is not None
-            assert self.ledger.may_start(channel, turn) is True
-            self.chans[channel].started = True
-
-    @rule(channel=channels)
-    def stop(self, channel: str) -> None:
-        others = {name: self._snapshot(name) for name in CHANNELS if name != channel}
-        decision = self.ledger.stop(channel)
-        assert decision.channel == channel
-        # Contract 2: the generation has moved by the time stop returns.
-        assert self.ledger.generation(channel) == decision.generation
-        self._check_stop(decision)
-        # Contract 1: nothing of another channel changed.
-        assert {name: self._snapshot(name) for name in others} == others
-
-    @rule()
-    def stop_all(self) -> None:
-        busy = {name for name, model in self.chans.items() if model.queue or model.turn is not None}
-        idle = {name: self._snapshot(name) for name in CHANNELS if name not in busy}
-        decisions = self.ledger.stop_all()
-        names = [d.channel for d in decisions]
-        assert len(names) == len(set(names))
-        assert set(names) == busy  # only channels with work are stopped
-        for decision in decisions:
-            self._check_stop(decision)
-        assert {name: self._snapshot(name) for name in idle} == idle
-
-    @rule(channel=channels)
-    def take(self, channel: str) -> None:
+    def _take(self, channel: str) -> None:
         model = self.chans[channel]
         turn_id = f"t{self._new_id()}"
         if model.turn is not None:
             before = self._snapshot(channel)
-            try:
+            with pytest.raises(LedgerError):  # a second turn in a busy channel is a driver bug
                 self.ledger.take(channel, turn_id)
-            except LedgerError:
-                pass
-            else:
-                raise AssertionError("take in a busy channel must raise LedgerError")
             assert self._snapshot(channel) == before
             return
         result = self.ledger.take(channel, turn_id)
-        # Every queued message is current (stops empty the queue), so nothing is dropped here.
-        assert result.dropped == ()
+        # Messages from before a stop that a restart put back are dropped, never run.
+        assert [m.id for m in result.dropped] == model.ghosts
+        assert all(self.msgs[m.id].fate == "dropped" for m in result.dropped)
+        model.ghosts.clear()
         if not model.queue:
             assert result.ticket is None
             return
@@ -218,66 +189,126 @@ class LedgerMachine(RuleBasedStateMachine):
         self.turns.append((channel, turn_id))
         self.turn_message[turn_id] = ticket.message.id
 
+    def _end(self, channel: str, ok: bool, todos: int, limit: int | None) -> None:
+        model = self.chans[channel]
+        turn_id = model.turn
+        assert turn_id is not None
+        stale = turn_id in self.stale
+        queued = bool(model.queue or model.ghosts)
+        was_nudge = self.msgs[self.turn_message[turn_id]].nudge
+        decision = self.ledger.end_turn(channel, turn_id, ok=ok, unfinished_todos=todos, max_nudges=limit)
+        model.turn = None
+        model.started = False
+        assert decision.stale == stale
+        # Contract 9 and the nudge rules: only after an ok, current turn with unfinished todos
+        # and nothing queued; never after a stop; at most the limit in a row (0 turns it off).
+        row_limit = self.max_nudges if limit is None else limit
+        expected = not stale and ok and todos > 0 and not queued and model.nudges_in_row < row_limit
+        assert decision.nudge == expected
+        if decision.nudge:
+            model.nudges_in_row += 1
+            assert model.nudges_in_row <= row_limit
+            self._accept(channel, human=False, nudge=True)  # the driver queues the nudge at once
+        elif not was_nudge:
+            model.nudges_in_row = 0
+
+    # ------------------------------------------------------------ rules
+
+    @rule(channel=channels, human=st.booleans())
+    def accept(self, channel: str, human: bool) -> None:
+        self._accept(channel, human=human, nudge=False)
+
+    @rule(channel=channels, human=st.booleans())
+    def accept_and_run(self, channel: str, human: bool) -> None:
+        """What a worker does for a message on an idle channel: accept, take, start."""
+        self._accept(channel, human=human, nudge=False)
+        if self.chans[channel].turn is None:
+            self._take(channel)
+            turn = self.chans[channel].turn
+            assert turn is not None
+            assert self.ledger.may_start(channel, turn) is True
+            self.chans[channel].started = True
+
+    @rule(channel=channels, ok=st.booleans(), todos=todo_counts)
+    def full_turn(self, channel: str, ok: bool, todos: int) -> None:
+        """A worker's whole cycle: take if idle, start unless stopped, end."""
+        model = self.chans[channel]
+        if model.turn is None:
+            self._take(channel)
+        if model.turn is None:
+            return
+        if self._current(channel, model.turn):
+            assert self.ledger.may_start(channel, model.turn) is True
+            model.started = True
+        self._end(channel, ok, todos, None)
+
+    @rule(channel=channels)
+    def stop(self, channel: str) -> None:
+        others = {name: self._snapshot(name) for name in CHANNELS if name != channel}
+        decision = self.ledger.stop(channel)
+        assert decision.channel == channel
+        # Contract 2: the generation has moved by the time stop returns.
+        assert self.ledger.generation(channel) == decision.generation
+        self._check_stop(decision)
+        # Contract 1: nothing of another channel changed.
+        assert {name: self._snapshot(name) for name in others} == others
+
+    @rule()
+    def stop_all(self) -> None:
+        busy = {name for name, m in self.chans.items() if m.queue or m.ghosts or m.turn is not None}
+        idle = {name: self._snapshot(name) for name in CHANNELS if name not in busy}
+        decisions = self.ledger.stop_all()
+        names = [d.channel for d in decisions]
+        assert len(names) == len(set(names))
+        assert set(names) == busy  # only channels with work are stopped
+        for decision in decisions:
+            self._check_stop(decision)
+        assert {name: self._snapshot(name) for name in idle} == idle
+
+    @rule(channel=channels)
+    def take(self, channel: str) -> None:
+        self._take(channel)
+
     @precondition(lambda self: bool(self.turns))
     @rule(data=st.data())
     def may_start(self, data: st.DataObject) -> None:
         channel, turn_id = data.draw(st.sampled_from(self.turns), label="turn")
-        model = self.chans[channel]
-        current = model.turn == turn_id and turn_id not in self.stale
         answer = self.ledger.may_start(channel, turn_id)
         # Contract 5: a stopped (or finished) turn never passes the point of no return.
-        assert answer == current
+        assert answer == self._current(channel, turn_id)
         if answer:
-            model.started = True
+            self.chans[channel].started = True
 
     @precondition(lambda self: bool(self.turns))
     @rule(data=st.data())
     def keep_process(self, data: st.DataObject) -> None:
         channel, turn_id = data.draw(st.sampled_from(self.turns), label="turn")
-        current = self.chans[channel].turn == turn_id and turn_id not in self.stale
         # Contract 6: a process registered for a stopped turn is killed on the spot.
-        assert self.ledger.keep_process(channel, turn_id) == current
+        assert self.ledger.keep_process(channel, turn_id) == self._current(channel, turn_id)
 
     @precondition(lambda self: bool(self.turns))
     @rule(data=st.data(), kind=st.sampled_from(OutputKind))
     def keep_output(self, data: st.DataObject, kind: OutputKind) -> None:
         channel, turn_id = data.draw(st.sampled_from(self.turns), label="turn")
-        current = self.chans[channel].turn == turn_id and turn_id not in self.stale
         # Contract 8: a stopped turn's output is discarded, except its session id.
-        expected = True if kind is OutputKind.SESSION else current
+        expected = kind is OutputKind.SESSION or self._current(channel, turn_id)
         assert self.ledger.keep_output(channel, turn_id, kind) == expected
 
-    @rule(channel=channels, ok=st.booleans(), todos=st.sampled_from((0, 1, 3)), data=st.data())
-    def end_turn(self, channel: str, ok: bool, todos: int, data: st.DataObject) -> None:
-        model = self.chans[channel]
-        if model.turn is None:
-            # Ending a turn that is not running is a driver bug.
-            past = [t for c, t in self.turns if c == channel] + ["never-taken"]
-            turn_id = data.draw(st.sampled_from(past), label="not running")
-            try:
-                self.ledger.end_turn(channel, turn_id, ok=ok, unfinished_todos=todos)
-            except LedgerError:
-                return
-            raise AssertionError("end_turn of a turn that is not running must raise LedgerError")
-        turn_id = model.turn
-        stale = turn_id in self.stale
-        queued = bool(model.queue)
-        decision = self.ledger.end_turn(channel, turn_id, ok=ok, unfinished_todos=todos)
-        model.turn = None
-        model.started = False
-        assert decision.stale == stale
-        if decision.nudge:
-            # Contract 9 and the nudge rules: only after an ok, current turn with unfinished
-            # todos and nothing queued; never a stopped turn; at most max_nudges in a row.
-            assert not stale and ok and todos > 0 and not queued
-            model.nudges_in_row += 1
-            assert model.nudges_in_row <= self.max_nudges
-            self._accept(channel, human=False, nudge=True)  # the driver queues the nudge at once
-        else:
-            model.nudges_in_row = 0
-            if not stale and ok and todos > 0 and not queued and self.max_nudges > 0:
-                # A human's turn starts a fresh row, so its nudge cannot be withheld.
-                assert not self.msgs[self.turn_message[turn_id]].human
+    @rule(channel=channels, ok=st.booleans(), todos=todo_counts, limit=nudge_limits)
+    def end_turn(self, channel: str, ok: bool, todos: int, limit: int | None) -> None:
+        if self.chans[channel].turn is not None:
+            self._end(channel, ok, todos, limit)
+
+    @rule(channel=channels, data=st.data())
+    def end_wrong_turn(self, channel: str, data: st.DataObject) -> None:
+        """Ending a turn that is not the one running is a driver bug, and changes nothing."""
+        current = self.chans[channel].turn
+        wrong = [t for c, t in self.turns if c == channel and t != current] + ["never-taken"]
+        turn_id = data.draw(st.sampled_from(wrong), label="not running")
+        before = self._snapshot(channel)
+        with pytest.raises(LedgerError):
+            self.ledger.end_turn(channel, turn_id, ok=True, unfinished_todos=1)
+        assert self._snapshot(channel) == before
 
     @rule(channel=channels, old=st.booleans())
     def notice_stored(self, channel: str, old: bool) -> None:
@@ -288,16 +319,39 @@ class LedgerMachine(RuleBasedStateMachine):
         if not old:
             model.notice_seq = seq
 
+    @rule(ghosts=st.booleans(), lower=st.booleans())
+    def restart(self, ghosts: bool, lower: bool) -> None:
+        """The daemon restarts: running turns end, queued messages and generations come back
+        from the store; with ``ghosts`` the store also missed dequeuing dropped messages."""
+        self.ledger = StopLedger(max_nudges=self.max_nudges)
+        for name, model in self.chans.items():
+            self.ledger.restore(name, model.generation)
+            if lower:
+                self.ledger.restore(name, model.generation - 1)  # never moves a generation back
+            model.turn = None
+            model.started = False
+            # A fresh ledger starts a fresh repeat window, routing rest and nudge row.
+            model.ticket_since_stop = True
+            model.routing_rests = False
+            model.notice_seq = None
+            model.nudges_in_row = 0
+            dropped = sorted(i for i, r in self.msgs.items() if r.channel == name and r.fate == "dropped")
+            model.ghosts = dropped if ghosts else []
+            for message_id in model.ghosts + model.queue:
+                record = self.msgs[message_id]
+                self.ledger.requeue(name, QueuedMessage(message_id, record.generation, record.human, record.nudge))
+
     # ------------------------------------------------------------ invariants
 
     @invariant()
     def channels_match_the_model(self) -> None:
         for name, model in self.chans.items():
             assert self.ledger.generation(name) == model.generation
-            assert [m.id for m in self.ledger.queued(name)] == model.queue
-            assert all(m.generation == model.generation for m in self.ledger.queued(name))
+            queued = self.ledger.queued(name)
+            assert [m.id for m in queued] == model.ghosts + model.queue
+            assert all(m.generation == model.generation for m in queued if m.id in model.queue)
             assert self.ledger.current_turn(name) == model.turn
-            assert self.ledger.is_busy(name) == bool(model.queue or model.turn)
+            assert self.ledger.is_busy(name) == bool(model.queue or model.ghosts or model.turn)
             if model.turn is not None:
                 assert self.ledger.turn_phase(name) is (Phase.STARTED if model.started else Phase.PREPARING)
                 assert self.ledger.is_stale(name, model.turn) == (model.turn in self.stale)
@@ -306,7 +360,7 @@ class LedgerMachine(RuleBasedStateMachine):
             # Contract 12: routing rests after a stop until a human speaks; humans never gated.
             assert self.ledger.may_route(name, from_human=False) == (not model.routing_rests)
             assert self.ledger.may_route(name, from_human=True)
-            # Contract 10: one notice per non-repeat stop.
+            # Contract 10: one notice per non-repeat stop; only such stops move the generation.
             assert model.notices_due == model.stops == model.generation
 
     @invariant()
@@ -314,6 +368,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for channel, turn_id in self.turns:
             if turn_id in self.stale:
                 assert self.ledger.is_stale(channel, turn_id)
+                assert not self.ledger.may_start(channel, turn_id)
                 assert not self.ledger.keep_process(channel, turn_id)
                 assert not self.ledger.keep_output(channel, turn_id, OutputKind.OTHER)
                 assert self.ledger.keep_output(channel, turn_id, OutputKind.SESSION)
@@ -323,6 +378,8 @@ class LedgerMachine(RuleBasedStateMachine):
         for message_id, record in self.msgs.items():
             model = self.chans[record.channel]
             assert (message_id in model.queue) == (record.fate == "queued")
+            if message_id in model.ghosts:
+                assert record.fate == "dropped"
             if record.fate == "queued":
                 # Contract 4: a message accepted after the last stop is still waiting to run.
                 assert record.stops_before == model.stops

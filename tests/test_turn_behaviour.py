@@ -109,3 +109,18 @@ async def test_each_channel_keeps_a_fixed_working_directory_per_agent(short_tmp:
             seen.append((await sup.entries(channel, after=accepted.seq))[-1].text)
     assert seen[0] == seen[1] != seen[2]
     assert all(Path(p).is_dir() for p in seen)
+
+
+async def test_messages_for_a_busy_channel_queue_and_run_in_order(short_tmp: Path) -> None:
+    code = "import sys, json; print(json.dumps({'type': 'result', 'text': 'echo ' + sys.argv[1]}))"
+    config = make_config(short_tmp, {"echo": script_agent(code)})
+    async with open_supervisor(config) as sup:
+        accepted = [await sup.send("c", f"m{i}") for i in range(5)]
+        assert [a.queued for a in accepted] == [0, 1, 2, 3, 4]
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+        entries = await sup.entries("c")
+    answers = [e.text for e in entries if e.author == "agent:echo"]
+    assert answers == [f"echo m{i}" for i in range(5)]
+    turns = [e.turn for e in entries if e.author == "agent:echo"]
+    assert len(set(turns)) == 5, "each message is its own turn"
