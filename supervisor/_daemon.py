@@ -134,7 +134,7 @@ async def run_daemon(
     unix_sock = bind_unix_socket(config.server.socket)
     tcp_sock = bind_loopback_tcp(config.server.tcp) if config.server.tcp else None
     try:
-        async with open_supervisor(config, subreaper=subreaper) as sup:
+        async with open_supervisor(config, subreaper=subreaper, owns_children=subreaper) as sup:
             restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
             async with trio.open_nursery() as nursery:
                 signal_scope = trio.CancelScope()

@@ -131,6 +131,10 @@ class Supervisor:
 
     def __init__(self, config: Config, store: Store, nursery: trio.Nursery, hooks: Hooks | None = None) -> None:
         self.hooks = hooks or Hooks()
+        self.reap_adopted = False
+        """Every child of this process is corral's: reap dead adoptees after each turn."""
+        self.spawning = 0
+        """Spawns in flight (their children exist before Trio can wait for them)."""
         self.config = config
         self.store = store
         self.ledger = StopLedger(max_nudges=config.limits.max_nudges)
@@ -272,6 +276,14 @@ class Supervisor:
             if self._turns.get(channel) is turn:
                 del self._turns[channel]
             turn.done.set()
+            self.reap_adoptees()
+
+    def reap_adoptees(self) -> None:
+        """Reap dead children that re-parented to this (subreaper) process, when it owns them all."""
+        if self.reap_adopted and self.spawning == 0:
+            reaped = reap_orphans(self.registry.leader_pids())
+            if reaped:
+                log.debug("reaped adopted processes %s", reaped)
 
     async def _end_turn_early(self, channel: str, turn_id: str, generation: int, why: str) -> None:
         self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
@@ -517,7 +529,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for turn in turns:
                 nursery.start_soon(self._finish_shutdown_turn, turn)
-        reap_orphans(self.registry.leader_pids())
+        self.reap_adoptees()
 
     async def _finish_shutdown_turn(self, turn: Turn) -> None:
         with trio.move_on_after(turn.agent.limits.stop_grace + STOP_SLACK):
@@ -548,12 +560,15 @@ def check_channel(channel: object) -> None:
 
 @asynccontextmanager
 async def open_supervisor(
-    config: Config, *, subreaper: bool = False, hooks: Hooks | None = None
+    config: Config, *, subreaper: bool = False, owns_children: bool = False, hooks: Hooks | None = None
 ) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the duration of the block.
 
     ``subreaper`` makes this process a child subreaper so escaped descendants of turns
     re-parent to it (process-wide: the daemon turns it on; an embedding program decides).
+    ``owns_children`` says every child of this process is corral's (true of ``corral run``):
+    then dead adoptees are reaped after each turn. A host with children of its own leaves it
+    off, and its subreaper adoptees are reaped only when a sweep finds them alive.
     On exit every running turn is ended, its tree killed, and the store flushed.
     """
     config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -566,6 +581,7 @@ async def open_supervisor(
         async with open_store(str(config.store_path)) as store:
             async with trio.open_nursery() as nursery:
                 sup = Supervisor(config, store, nursery, hooks)
+                sup.reap_adopted = bool(subreaper and owns_children)
                 if subreaper:
                     # Every escaped descendant of a turn re-parents to this process, so the
                     # marker scan need not read the whole of /proc.

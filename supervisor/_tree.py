@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import errno
 import logging
 import os
 import signal
@@ -450,30 +449,26 @@ class ProcessTree:
         self.report.returncode = self.process.returncode
 
 
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
+
+
 def reap_orphans(exclude: Iterable[int]) -> list[int]:
     """Reap dead children of this process that nobody else waits for (subreaper adoptees).
 
-    ``exclude`` holds the pids of live turn leaders, which Trio waits for itself.
+    A process re-parented to a subreaper and then dead on its own has no environment left
+    to read, so no sweep can attribute it; it is reaped here, by pid, as a dead child.
+    ``exclude`` holds the pids Trio waits for itself (live turn leaders). Only for a process
+    whose every child is corral's: a host program's own children must not be reaped.
     """
     skip = set(exclude)
     reaped: list[int] = []
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return reaped
-    for child in children:
-        if child.pid in skip:
-            continue
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        if reap_if_child(child.pid):
-            reaped.append(child.pid)
+    for pid in child_pids(os.getpid()):
+        if pid not in skip and _is_zombie(pid) and reap_if_child(pid):
+            reaped.append(pid)
     return reaped
-
-
-def errno_name(exc: OSError) -> str:
-    """A short name for an OSError, for log lines."""
-    return errno.errorcode.get(exc.errno or 0, str(exc.errno))

@@ -217,7 +217,11 @@ class Turn:
         if not sup.ledger.may_start(self.channel, self.turn_id):
             return
         spawner = sup.hooks.spawn or spawn
-        process = await spawner(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None)
+        sup.spawning += 1
+        try:
+            process = await spawner(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None)
+        finally:
+            sup.spawning -= 1
         # No checkpoint between the spawn returning and the registration: a stop that
         # landed during the spawn is seen here and the process dies at once.
         self.tree = ProcessTree(process, self.turn_id)

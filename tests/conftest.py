@@ -91,6 +91,14 @@ def no_leftover_turn_processes() -> Iterator[None]:
 CORRAL = [PYTHON, "-m", "supervisor.cli"]
 
 
+def _die_with_parent() -> None:
+    """In a test daemon: SIGTERM it (an orderly shutdown) if the test run dies first."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 class DaemonProcess:
     """A real `corral run` subprocess in ``folder``, ready once it has logged that it serves."""
 
@@ -102,7 +110,12 @@ class DaemonProcess:
         self.socket = folder / "corral.sock"
         (folder / "corral.toml").write_text(config_text)
         self.proc = subprocess.Popen(
-            [*CORRAL, "run", "-c", "corral.toml"], cwd=folder, stderr=subprocess.PIPE, text=True, start_new_session=True
+            [*CORRAL, "run", "-c", "corral.toml"],
+            cwd=folder,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         SUPERVISOR_PIDS.add(self.proc.pid)
         self.log: list[str] = []

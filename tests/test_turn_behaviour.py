@@ -124,3 +124,41 @@ async def test_messages_for_a_busy_channel_queue_and_run_in_order(short_tmp: Pat
     assert answers == [f"echo m{i}" for i in range(5)]
     turns = [e.turn for e in entries if e.author == "agent:echo"]
     assert len(set(turns)) == 5, "each message is its own turn"
+
+
+ORPHAN_THAT_DIES = r"""
+import json, os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.close(r)
+        while os.getppid() != int(sys.argv[2]):  # until re-parented to the subreaper
+            time.sleep(0.005)
+        os.write(w, str(os.getpid()).encode())
+        os._exit(0)  # dies on its own: a zombie of the subreaper, with no environment left
+    os._exit(0)
+os.close(w)
+os.wait()
+pid = int(os.read(r, 32))
+while True:  # wait until it is a zombie of the subreaper
+    with open(f"/proc/{pid}/stat") as fh:
+        if fh.read().rsplit(") ", 1)[1][0] == "Z":
+            break
+    time.sleep(0.005)
+print(json.dumps({"type": "result", "text": str(pid)}))
+"""
+
+
+async def test_the_daemon_reaps_adopted_processes_that_died_on_their_own(short_tmp: Path) -> None:
+    import os
+
+    agent = script_agent(ORPHAN_THAT_DIES, args=["--", str(os.getpid())])
+    config = make_config(short_tmp, {"orphans": agent})
+    async with open_supervisor(config, subreaper=True, owns_children=True) as sup:
+        accepted = await sup.send("c", "go")
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+        entries = await sup.entries("c", after=accepted.seq)
+        zombie = int(entries[-1].text)
+        assert not Path(f"/proc/{zombie}").exists(), "a dead adoptee was left as a zombie"
