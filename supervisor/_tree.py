@@ -69,28 +69,50 @@ def is_child_subreaper() -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcStat:
+    """What one read of ``/proc/PID/stat`` says about a process."""
+
+    state: str
+    ppid: int
+    pgid: int
+    started: int
+    """Start time in clock ticks since boot: with the pid, an identity no reuse can fake."""
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse ``/proc/PID/stat`` (one read, no psutil); None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class ProcId:
-    """A process identity that survives pid reuse: pid plus create time."""
+    """A process identity that survives pid reuse: pid plus start time."""
 
     pid: int
-    created: float
+    started: int
 
     def matches(self) -> bool:
-        """Is this exact process still there (and not yet reaped)?"""
-        try:
-            proc = psutil.Process(self.pid)
-            return proc.create_time() == self.created and proc.status() != psutil.STATUS_ZOMBIE
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return False
-        except psutil.AccessDenied:
-            return True
+        """Is this exact process still there (and not a zombie)?"""
+        stat = read_stat(self.pid)
+        return stat is not None and stat.started == self.started and stat.state != "Z"
 
 
-def _ident(proc: psutil.Process) -> ProcId | None:
-    try:
-        return ProcId(proc.pid, proc.create_time())
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+def ident(pid: int) -> ProcId | None:
+    """The identity of a living process ``pid``; None if it is gone or a zombie."""
+    stat = read_stat(pid)
+    if stat is None or stat.state == "Z":
         return None
+    return ProcId(pid, stat.started)
 
 
 def child_pids(pid: int) -> list[int]:
@@ -139,12 +161,9 @@ def descendants(pid: int, *, include_self: bool = True) -> set[ProcId]:
     """A snapshot of ``pid`` and its living descendants."""
     found: set[ProcId] = set()
     for candidate in ([pid] if include_self else []) + descendant_pids(pid):
-        try:
-            ident = _ident(psutil.Process(candidate))
-        except psutil.Error:
-            ident = None
-        if ident is not None:
-            found.add(ident)
+        proc = ident(candidate)
+        if proc is not None:
+            found.add(proc)
     return found
 
 
@@ -172,12 +191,9 @@ def scan_markers(values: Iterable[str], *, within: int | None = None) -> dict[st
         for entry in env.split(b"\0"):
             value = wanted.get(entry)
             if value is not None:
-                try:
-                    ident = _ident(psutil.Process(int(name)))
-                except psutil.Error:
-                    ident = None
-                if ident is not None:
-                    found[value].add(ident)
+                proc = ident(int(name))
+                if proc is not None:
+                    found[value].add(proc)
                 break
     return found
 
@@ -219,10 +235,13 @@ class MarkerScanner:
 
 
 def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
+    stat = read_stat(pid)
+    return stat.pgid if stat is not None else None
+
+
+def _in_group(proc: ProcId, pgid: int) -> bool:
+    stat = read_stat(proc.pid)
+    return stat is not None and stat.started == proc.started and stat.state != "Z" and stat.pgid == pgid
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -389,7 +408,7 @@ class ProcessTree:
         """Snapshot the descendants, then send the interrupt signal to the group."""
         self._remember()
         self._interrupted = True
-        living = [p.pid for p in self.known if p.matches() and _pgid(p.pid) == self.pgid]
+        living = [p.pid for p in self.known if _in_group(p, self.pgid)]
         if signal_group(self.pgid, sig):
             self.report.killed = sorted(set(self.report.killed) | set(living))
 
@@ -442,7 +461,7 @@ class ProcessTree:
         with trio.move_on_at(deadline):
             await self.process.wait()  # reap the leader last: its zombie held the group id
         if self.process.returncode is None:
-            survivors.add(ProcId(self.pid, 0.0))
+            survivors.add(ProcId(self.pid, 0))
         self.report.killed = sorted(killed)
         self.report.swept = sorted(swept - killed)
         self.report.survivors = sorted({s.pid for s in survivors})
@@ -450,12 +469,8 @@ class ProcessTree:
 
 
 def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
+    stat = read_stat(pid)
+    return stat is not None and stat.state == "Z"
 
 
 def reap_orphans(exclude: Iterable[int]) -> list[int]:
