@@ -32,7 +32,8 @@ from pathlib import Path
 # The tool: a shell-like child that starts a setsid grandchild sharing its stdout.
 # It says so on the shared stdout once the whole tree exists.
 TOOL = r"""
-import json, os, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
+signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # dies of ^C at once, as `sleep` does
 seconds = float(sys.argv[1])
 helper = subprocess.Popen([sys.executable, "-c", "import time,sys; time.sleep(float(sys.argv[1]))", str(seconds)],
                           start_new_session=True)
