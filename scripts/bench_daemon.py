@@ -24,14 +24,10 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,193 +36,22 @@ import httpx
 import psutil
 import trio
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO_AGENT = REPO / "adapters" / "demo_agent.py"
-MARKER = "CORRAL_TURN"
-#: The marker of agents this script starts directly. Not CORRAL_TURN on purpose: the test
-#: suite's autouse fixture kills (and fails on) any new CORRAL_TURN process on the machine.
-DIRECT_MARKER = "CORRAL_BENCH_TREE"
+from _bench import (
+    DEMO_AGENT,
+    DIRECT_MARKER,
+    MARKER,
+    Daemon,
+    demo_env,
+    short_tmp,
+    spread,
+    sweep_leftovers,
+)
+
 #: The first-entry target on top of the agent's own start-up.
 FIRST_ENTRY_SLACK_MS = 50.0
 
-CONFIG = """
-[server]
-socket = "corral.sock"
-[store]
-path = "corral.db"
-[defaults]
-stop_grace = 2
-[agents.demo]
-adapter = "demo"
-delay = 0.01
-"""
 
-
-# ---------------------------------------------------------------- helpers shared by the rows
-
-
-def corral_command() -> list[str]:
-    """``corral`` from this virtualenv (or ``python -m supervisor.cli`` if not installed)."""
-    exe = Path(sys.executable).with_name("corral")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor.cli"]
-
-
-def short_tmp(prefix: str) -> Path:
-    """A temporary folder with a short path: a Unix socket path must stay under 108 bytes."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-
-
-class Daemon:
-    """A ``corral run -c FILE`` subprocess in its own session, ready once it logged so."""
-
-    def __init__(self, folder: Path, config_text: str = CONFIG) -> None:
-        self.folder = folder
-        self.socket = folder / "corral.sock"
-        assert len(os.fsencode(self.socket)) < 108, self.socket
-        (folder / "corral.toml").write_text(config_text)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        self.proc = subprocess.Popen(
-            [*corral_command(), "run", "-c", str(folder / "corral.toml")],
-            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )
-        self.log_path = folder / "daemon.log"
-        log = self.log_path.open("w")
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 60
-        while True:
-            line = self.proc.stderr.readline()
-            log.write(line)
-            if not line:
-                log.close()
-                raise RuntimeError(f"the daemon exited before it was ready; see {self.log_path}")
-            if "ready on" in line:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not become ready within 60 s")
-        # Keep draining its log so a chatty daemon never blocks on a full pipe.
-        self._drain = threading.Thread(target=self._copy_log, args=(log,), daemon=True)
-        self._drain.start()
-
-    def _copy_log(self, log: Any) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            log.write(line)
-        log.close()
-
-    @property
-    def pid(self) -> int:
-        """The daemon's pid."""
-        return self.proc.pid
-
-    def stop(self) -> int:
-        """SIGTERM and wait for the orderly shutdown (SIGKILL after 60 s)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._drain.join(timeout=5)
-        return self.proc.returncode
-
-
-def marker_processes(home_prefix: str, variable: str = MARKER) -> list[tuple[int, str, str]]:
-    """Living processes carrying the turn marker whose HOME lies under ``home_prefix``.
-
-    The HOME scope keeps the scan to this script's own turns: other programs on the machine
-    may run corral turns of their own. Returns ``(pid, marker value, command line)``.
-    """
-    found = []
-    me = os.getpid()
-    key, home = f"{variable}=".encode(), f"HOME={home_prefix}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                state = fh.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == b"Z":
-            continue
-        marker = next((e[len(key):] for e in env if e.startswith(key)), None)
-        if marker is None or not any(e.startswith(home) for e in env):
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")[:100]
-        except OSError:
-            cmd = "?"
-        found.append((int(name), marker.decode(errors="replace"), cmd))
-    return found
-
-
-def kill_leftovers(found: Iterable[tuple[int, str, str]]) -> None:
-    """SIGKILL processes this script started (found by its own marker scan) and wait."""
-    procs = []
-    for pid, _, _ in found:
-        try:
-            proc = psutil.Process(pid)
-            proc.kill()
-            procs.append(proc)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=5)
-
-
-class ForeignTests:
-    """Notes test runs of this project in this pid namespace while the script runs.
-
-    The suite's autouse fixture (tests/conftest.py, ``no_leftover_turn_processes``) SIGKILLs
-    every new ``CORRAL_TURN`` process on the machine, this script's included: a turn killed
-    "from nowhere" (status -9) while such a run was active is most likely its doing.
-    """
-
-    def __init__(self) -> None:
-        self.seen: dict[int, str] = {}
-        self._ns = os.readlink("/proc/self/ns/pid")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.25):
-            for name in os.listdir("/proc"):
-                if not name.isdigit() or int(name) in self.seen:
-                    continue
-                try:
-                    with open(f"/proc/{name}/cmdline", "rb") as fh:
-                        cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-                    if "pytest" in cmd and "unshare" not in cmd and os.readlink(f"/proc/{name}/ns/pid") == self._ns:
-                        self.seen[int(name)] = cmd[:120]
-                except OSError:
-                    continue
-
-    def close(self) -> str:
-        """Stop watching; a note for the report ('' if none was seen)."""
-        self._stop.set()
-        self._thread.join()
-        if not self.seen:
-            return ""
-        return (f"note: {len(self.seen)} pytest process(es) ran in this pid namespace meanwhile (their autouse fixture "
-                f"SIGKILLs any new CORRAL_TURN process on the machine), e.g. {next(iter(self.seen.values()))!r}")
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def spread(values: list[float]) -> str:
-    """median / p95 / max in ms."""
-    if not values:
-        return "n/a"
-    return f"median {statistics.median(values):7.1f}  p95 {pct(values, 0.95):7.1f}  max {max(values):7.1f} ms"
+# ---------------------------------------------------------------- the control API, async
 
 
 class AsyncAPI:
@@ -275,12 +100,8 @@ class AsyncAPI:
 
 
 def agent_env(home: Path, marker: str) -> dict[str, str]:
-    """The environment the supervisor would give the demo agent (scrubbed, private HOME)."""
-    (home / "tmp").mkdir(parents=True, exist_ok=True)
-    return {
-        "PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "HOME": str(home), "TMPDIR": str(home / "tmp"), "DEMO_AGENT_DELAY": "0.01", DIRECT_MARKER: marker,
-    }
+    """The demo agent's environment under the supervisor, with this script's own marker."""
+    return {**demo_env(home), DIRECT_MARKER: marker}
 
 
 async def bare_startup(home: Path, n: int) -> list[float]:
@@ -491,6 +312,7 @@ async def idle_rows(daemon: Daemon, n: int, seconds: float) -> list[IdleRow]:
 
 
 def mib(n: int) -> str:
+    """A byte count in MiB."""
     return f"{n / 1048576:6.1f} MiB"
 
 
@@ -504,10 +326,9 @@ def main() -> int:
     root = short_tmp("cb-")
     home_prefix = str(root)
     failures: list[str] = []
-    foreign = ForeignTests()
     try:
         print(f"corral daemon benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}")
-        print(f"daemon: `corral run -c FILE` subprocess; demo agent (delay 0.01); client: httpx over the Unix socket")
+        print("daemon: `corral run -c FILE` subprocess; demo agent (delay 0.01); client: httpx over the Unix socket")
         alone = trio.run(_bare_alone, root / "ref")
         print(f"\nreference: demo agent bare start-up (spawn -> first stdout line), alone, 10 runs: {spread(alone)}")
         ref = statistics.median(alone)
@@ -554,7 +375,7 @@ def main() -> int:
             idles = trio.run(idle_rows, daemon, idle_channels, idle_seconds)
         finally:
             daemon.stop()
-        for title, idle in zip(("right after the last turn", "the next window (steady state)"), idles):
+        for title, idle in zip(("right after the last turn", "the next window (steady state)"), idles, strict=True):
             print(f"  {title}:")
             print(f"    CPU: {idle.cpu_s * 1000:.1f} ms = {idle.cpu_s / idle_seconds * 100:.3f} % of a core   (target: ~0)")
             print(f"    wake-ups: {idle.switches} context switches = {idle.switches / idle_seconds:.2f}/s over all threads   (target: 0)")
@@ -566,15 +387,11 @@ def main() -> int:
                 print(f"    {len(idle.exited)} thread(s) exited in the window ({', '.join(names)}: Trio's idle worker threads"
                       " time out after 10 s); their own switches are not counted")
     finally:
-        left = marker_processes(home_prefix) + marker_processes(home_prefix, DIRECT_MARKER)
+        left = sweep_leftovers(home_prefix)
         if left:
             failures.append(f"{len(left)} process(es) of turns left behind: {left[:5]}")
-            kill_leftovers(left)
         print(f"\nleftover processes ({MARKER} / {DIRECT_MARKER} marker, HOME under {root}): {len(left)}")
         shutil.rmtree(root, ignore_errors=True)
-        note = foreign.close()
-        if note:
-            print(note)
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures))
         return 1

@@ -48,8 +48,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -58,7 +56,24 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+from _bench import (
+    DEMO_AGENT,
+    DEMO_AGENT_TOML,
+    DIRECT_MARKER,
+    MARKER,
+    REPO,
+    SERVER_TOML,
+    Daemon,
+    Found,
+    demo_env,
+    kill_by_pid,
+    marker_processes,
+    pct,
+    short_tmp,
+    spread,
+    sweep_leftovers,
+)
+
 # The fake model servers and the CLIs' install paths live with the tests.
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
@@ -72,174 +87,11 @@ from fakemodel._http import FakeModelServer  # noqa: E402
 from fakemodel.clis import cli_path  # noqa: E402
 from supervisor._client import Client  # noqa: E402
 from supervisor._tree import scrubbed_environment  # noqa: E402
-DEMO_AGENT = REPO / "adapters" / "demo_agent.py"
-MARKER = "CORRAL_TURN"
-#: The marker of trees this script starts directly. Not CORRAL_TURN on purpose: the test
-#: suite's autouse fixture kills (and fails on) any new CORRAL_TURN process on the machine.
-DIRECT_MARKER = "CORRAL_BENCH_TREE"
+
 #: Targets, printed next to the figures.
 STOP_ONE_FACTOR, STOP_ONE_SLACK_MS = 2.0, 10.0
 STOP_ALL_200_MS = 150.0
 READY_TIMEOUT = 180.0
-
-
-# ---------------------------------------------------------------- the daemon and the scans
-
-
-def corral_command() -> list[str]:
-    """``corral`` from this virtualenv (or ``python -m supervisor.cli`` if not installed)."""
-    exe = Path(sys.executable).with_name("corral")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor.cli"]
-
-
-class Daemon:
-    """A ``corral run -c FILE`` subprocess in its own session, ready once it logged so."""
-
-    def __init__(self, folder: Path, config_text: str) -> None:
-        self.folder = folder
-        self.socket = folder / "corral.sock"
-        assert len(os.fsencode(self.socket)) < 108, self.socket
-        (folder / "corral.toml").write_text(config_text)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        self.proc = subprocess.Popen(
-            [*corral_command(), "run", "-c", str(folder / "corral.toml")],
-            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )
-        self.log_path = folder / "daemon.log"
-        log = self.log_path.open("w")
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 60
-        while True:
-            line = self.proc.stderr.readline()
-            log.write(line)
-            if not line:
-                log.close()
-                raise RuntimeError(f"the daemon exited before it was ready; see {self.log_path}")
-            if "ready on" in line:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not become ready within 60 s")
-        self._drain = threading.Thread(target=self._copy_log, args=(log,), daemon=True)
-        self._drain.start()
-
-    def _copy_log(self, log: Any) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            log.write(line)
-        log.close()
-
-    def stop(self) -> int:
-        """SIGTERM and wait for the orderly shutdown (SIGKILL after 60 s)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._drain.join(timeout=5)
-        return self.proc.returncode
-
-
-def marker_processes(
-    home_prefix: str, markers: set[str] | None = None, variable: str = MARKER
-) -> list[tuple[int, str, str]]:
-    """Living processes with the turn marker (of ``markers``, or any) and HOME under ``home_prefix``.
-
-    The HOME scope keeps the scan to this script's own turns: other programs on the machine
-    may run corral turns of their own. Returns ``(pid, marker value, command line)``.
-    """
-    found = []
-    me = os.getpid()
-    key, home = f"{variable}=".encode(), f"HOME={home_prefix}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                state = fh.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == b"Z":
-            continue
-        marker = next((e[len(key):].decode(errors="replace") for e in env if e.startswith(key)), None)
-        if marker is None or (markers is not None and marker not in markers) or not any(e.startswith(home) for e in env):
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")[:100]
-        except OSError:
-            cmd = "?"
-        found.append((int(name), marker, cmd))
-    return found
-
-
-def kill_by_pid(found: Iterable[tuple[int, str, str]]) -> int:
-    """SIGKILL processes this script started (found by its own marker scan); wait; how many."""
-    procs = []
-    for pid, _, _ in found:
-        try:
-            proc = psutil.Process(pid)
-            proc.kill()
-            procs.append(proc)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=5)
-    return len(procs)
-
-
-class ForeignTests:
-    """Notes test runs of this project in this pid namespace while the script runs.
-
-    The suite's autouse fixture (tests/conftest.py, ``no_leftover_turn_processes``) SIGKILLs
-    every new ``CORRAL_TURN`` process on the machine, this script's included: a turn killed
-    "from nowhere" (status -9) while such a run was active is most likely its doing.
-    """
-
-    def __init__(self) -> None:
-        self.seen: dict[int, str] = {}
-        self._ns = os.readlink("/proc/self/ns/pid")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.25):
-            for name in os.listdir("/proc"):
-                if not name.isdigit() or int(name) in self.seen:
-                    continue
-                try:
-                    with open(f"/proc/{name}/cmdline", "rb") as fh:
-                        cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-                    if "pytest" in cmd and "unshare" not in cmd and os.readlink(f"/proc/{name}/ns/pid") == self._ns:
-                        self.seen[int(name)] = cmd[:120]
-                except OSError:
-                    continue
-
-    def close(self) -> str:
-        """Stop watching; a note for the report ('' if none was seen)."""
-        self._stop.set()
-        self._thread.join()
-        if not self.seen:
-            return ""
-        return (f"note: {len(self.seen)} pytest process(es) ran in this pid namespace meanwhile (their autouse fixture "
-                f"SIGKILLs any new CORRAL_TURN process on the machine), e.g. {next(iter(self.seen.values()))!r}")
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def spread(values: list[float]) -> str:
-    """median / p95 / max in ms."""
-    if not values:
-        return "n/a"
-    return f"median {statistics.median(values):7.1f}  p95 {pct(values, 0.95):7.1f}  max {max(values):7.1f} ms"
 
 
 # ---------------------------------------------------------------- what an agent row needs
@@ -269,20 +121,14 @@ class AgentSetup:
 @contextlib.contextmanager
 def demo_setup(folder: Path) -> Iterator[AgentSetup]:
     """The bundled demo agent: its tool is a same-group child plus a setsid grandchild."""
-
-    def env(home: Path) -> dict[str, str]:
-        (home / "tmp").mkdir(parents=True, exist_ok=True)
-        return {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
-                "HOME": str(home), "TMPDIR": str(home / "tmp"), "DEMO_AGENT_DELAY": "0.01"}
-
     yield AgentSetup(
         label="demo",
         agent="demo",
-        agent_toml='[agents.demo]\nadapter = "demo"\ndelay = 0.01\n',
+        agent_toml=DEMO_AGENT_TOML,
         prompt="long 120",
         ready_entry=lambda e: e["kind"] == "status" and "tool running" in e["text"],
         direct_argv=lambda prompt: [sys.executable, str(DEMO_AGENT), prompt],
-        direct_env=env,
+        direct_env=demo_env,
         ready_line=lambda line: "tool running" in line,
     )
 
@@ -294,10 +140,7 @@ SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[AgentSetup]
 
 def config_text(setup: AgentSetup) -> str:
     """The daemon's config for one agent setup."""
-    return (
-        '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
-        f'[defaults]\nstop_grace = 2\nagent = "{setup.agent}"\n' + setup.agent_toml
-    )
+    return SERVER_TOML + f'[defaults]\nstop_grace = 2\nagent = "{setup.agent}"\n' + setup.agent_toml
 
 
 # ---------------------------------------------------------------- rows
@@ -315,7 +158,7 @@ class StopRow:
     """The daemon's own ``elapsed_ms`` of each stop."""
     alive_at_return: int = 0
     left_after_1s: int = 0
-    left_detail: list[tuple[int, str, str]] = field(default_factory=list)
+    left_detail: list[Found] = field(default_factory=list)
     killed: int = 0
     swept: int = 0
     errors: list[str] = field(default_factory=list)
@@ -360,6 +203,19 @@ def row_stop_one(daemon: Daemon, setup: AgentSetup, n: int, tag: str) -> StopRow
     row = StopRow("stop-one", n)
     channels = [f"{tag}-{i}" for i in range(n)]
     row.ready_ms = start_and_wait_ready(daemon.socket, setup, channels)
+    stop_one_by_one(daemon, row, channels)
+    return row
+
+
+def stop_one_by_one(
+    daemon: Daemon, row: StopRow, channels: list[str], tool_pids_of: Callable[[str], Iterable[int]] = lambda c: ()
+) -> None:
+    """Stop ``channels`` in turn, one call at a time, and fill in ``row``.
+
+    Per call: the client-side time, the daemon's own figures, and the processes of the
+    stopped turn alive right when it returned (by the marker, plus any of the channel's
+    ``tool_pids_of`` the scan missed); then the same for every stopped turn 1 s later.
+    """
     home = str(daemon.folder)
     stopped: set[str] = set()
     with Client(str(daemon.socket)) as client:
@@ -371,11 +227,10 @@ def row_stop_one(daemon: Daemon, setup: AgentSetup, n: int, tag: str) -> StopRow
             row.server_ms.append(result["elapsed_ms"])
             _account(row, result)
             stopped.update(result["stopped_turns"])
-            row.alive_at_return += len(marker_processes(home, set(result["stopped_turns"])))
+            row.alive_at_return += len(left_of(tool_pids_of(channel), marker_processes(home, set(result["stopped_turns"]))))
     time.sleep(1.0)  # the figure asked for is "left after 1 s"
-    row.left_detail = marker_processes(home, stopped)
+    row.left_detail = left_of([pid for c in channels for pid in tool_pids_of(c)], marker_processes(home, stopped))
     row.left_after_1s = len(row.left_detail)
-    return row
 
 
 def row_stop_all(daemon: Daemon, setup: AgentSetup, n: int, tag: str) -> StopRow:
@@ -399,6 +254,15 @@ def row_stop_all(daemon: Daemon, setup: AgentSetup, n: int, tag: str) -> StopRow
     row.left_detail = marker_processes(home, stopped)
     row.left_after_1s = len(row.left_detail)
     return row
+
+
+def kill_groups(procs: Iterable[subprocess.Popen[Any]]) -> None:
+    """SIGKILL the group of every leader (started with ``start_new_session``) still running; reap it."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def row_floor_killpg(folder: Path, setup: AgentSetup, n: int, tag: str, *, all_at_once: bool = False) -> StopRow:
@@ -444,11 +308,8 @@ def row_floor_killpg(folder: Path, setup: AgentSetup, n: int, tag: str, *, all_a
             proc.wait()
             row.times_ms.append((time.perf_counter() - t0) * 1000)
     finally:
+        kill_groups(procs)
         for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
         time.sleep(1.0)  # same "after 1 s" as the daemon rows
@@ -511,8 +372,8 @@ class CliSetup:
         """The daemon's config: this CLI as the only agent."""
         table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options}
         return (
-            '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
-            f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\nstall_timeout = 120\nturn_timeout = 300\n'
+            SERVER_TOML
+            + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\nstall_timeout = 120\nturn_timeout = 300\n'
             f"[agents.{self.name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items())
         )
 
@@ -571,7 +432,7 @@ def alive_tool(pid: int) -> str | None:
         return None
 
 
-def left_of(pids: Iterable[int], found: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+def left_of(pids: Iterable[int], found: list[Found]) -> list[Found]:
     """The marker scan plus any of the tool's ``pids`` still alive that it missed."""
     seen = {pid for pid, _, _ in found}
     extra = [(pid, "pidfile", cmd) for pid in pids if pid not in seen and (cmd := alive_tool(pid))]
@@ -602,23 +463,8 @@ def row_cli_corral(daemon: Daemon, setup: CliSetup, n: int, tag: str) -> StopRow
                         raise RuntimeError(f"{setup.name} {c}: the turn ended before its tool ran: {tail}")
             time.sleep(0.05)
     row.ready_ms = (time.perf_counter() - started) * 1000
-    pids = [pid for c in channels for pid in tool_pids(pidfiles[c]) or ()]
-    home = str(daemon.folder)
-    stopped: set[str] = set()
-    with Client(str(daemon.socket)) as client:
-        client.status()  # open the connection first: the timed calls reuse it
-        for channel in channels:
-            t0 = time.perf_counter()
-            result = client.stop(channel)
-            row.times_ms.append((time.perf_counter() - t0) * 1000)
-            row.server_ms.append(result["elapsed_ms"])
-            _account(row, result)
-            stopped.update(result["stopped_turns"])
-            row.alive_at_return += len(left_of(tool_pids(pidfiles[channel]) or (),
-                                               marker_processes(home, set(result["stopped_turns"]))))
-    time.sleep(1.0)  # "left after 1 s"
-    row.left_detail = left_of(pids, marker_processes(home, stopped))
-    row.left_after_1s = len(row.left_detail)
+    # The pid files stay in place after the stop, so each channel's tool pids can be read then.
+    stop_one_by_one(daemon, row, channels, lambda c: tool_pids(pidfiles[c]) or ())
     return row
 
 
@@ -634,7 +480,7 @@ class TermRow:
     """Leaders still running ``SIGTERM_WAIT`` after the signal."""
     tool_pids_alive: int = 0
     tool_pids_total: int = 0
-    left_detail: list[tuple[int, str, str]] = field(default_factory=list)
+    left_detail: list[Found] = field(default_factory=list)
     ready_ms: float = 0.0
     cleaned: int = 0
 
@@ -678,7 +524,7 @@ def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
                                           env=env, cwd=launch.cwd, start_new_session=True))
         deadline = time.monotonic() + READY_TIMEOUT
         while not all(tool_pids(p) for p in pidfiles):
-            for proc, pidfile in zip(procs, pidfiles):
+            for proc, pidfile in zip(procs, pidfiles, strict=True):
                 if proc.poll() is not None and tool_pids(pidfile) is None:
                     out = (base / f"{procs.index(proc)}.out").read_text(errors="replace")[-400:]
                     raise RuntimeError(f"{setup.name} pid {proc.pid} exited {proc.returncode} before its tool ran: {out!r}")
@@ -702,11 +548,7 @@ def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
         row.left_detail = left_of(pids, marker_processes(str(base), variable=DIRECT_MARKER))
     finally:
         # Clean up what SIGTERM left: the groups, then every marked process and tool pid, by pid.
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        kill_groups(procs)
         leftover = marker_processes(str(base), variable=DIRECT_MARKER)
         row.cleaned = kill_by_pid(left_of([pid for p in pidfiles for pid in tool_pids(p) or ()], leftover))
         for log in logs:
@@ -726,7 +568,7 @@ def kind_of(cmd: str) -> str:
     return (os.path.basename(words[0]) if words else "?")[:30]
 
 
-def kinds_text(found: list[tuple[int, str, str]]) -> str:
+def kinds_text(found: list[Found]) -> str:
     """`` (2 setsid grandchild, 1 node)`` or ''."""
     kinds: dict[str, int] = {}
     for _, _, cmd in found:
@@ -798,9 +640,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown CLI(s) {unknown}; known: {', '.join(CLIS)}")
     cli_channels = args.cli_channels or (1 if args.quick else 3)
-    root = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
+    root = short_tmp("cs-")
     failures: list[str] = []
-    foreign = ForeignTests()
     print(f"stop benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s); daemon: `corral run` subprocess;")
     print("every daemon figure is the client-side time of supervisor._client.Client.stop(), HTTP round trip over the Unix socket included")
     if clis:
@@ -855,15 +696,11 @@ def main() -> int:
                 print(f"  ERROR: {exc}")
                 failures.append(f"{name}: {exc}")
     finally:
-        left = marker_processes(str(root)) + marker_processes(str(root), variable=DIRECT_MARKER)
-        if left:
-            failures.append(f"{len(left)} process(es) left at the end: {left[:5]}")
-            kill_by_pid(left)
-        print(f"\nprocesses left at the end ({MARKER} / {DIRECT_MARKER} marker, HOME under {root}): {len(left)}")
+        leftover = sweep_leftovers(str(root))
+        if leftover:
+            failures.append(f"{len(leftover)} process(es) left at the end: {leftover[:5]}")
+        print(f"\nprocesses left at the end ({MARKER} / {DIRECT_MARKER} marker, HOME under {root}): {len(leftover)}")
         shutil.rmtree(root, ignore_errors=True)
-        note = foreign.close()
-        if note:
-            print(note)
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures[:20]))
         return 1

@@ -27,14 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,171 +39,17 @@ from urllib.parse import quote
 import httpx
 import trio
 
+from _bench import MARKER, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
+
 from supervisor._turn import channel_slug
 
-MARKER = "CORRAL_TURN"
 #: Trials running at once (on different channels).
 CONCURRENCY = 8
 #: Longest a trial may wait for anything (a follow-up turn, an entry, idleness).
 WAIT_S = 60.0
 
-CONFIG = """
-[server]
-socket = "corral.sock"
-[store]
-path = "corral.db"
-[defaults]
-stop_grace = 2
-[agents.demo]
-adapter = "demo"
-delay = 0.01
-"""
-
 LONG_KINDS = ["status:thinking", "todos", "tool", "status:tool running"]
 SHORT_KINDS = ["status:thinking", "message"]
-
-
-# ---------------------------------------------------------------- the daemon and the scans
-
-
-def corral_command() -> list[str]:
-    """``corral`` from this virtualenv (or ``python -m supervisor.cli`` if not installed)."""
-    exe = Path(sys.executable).with_name("corral")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor.cli"]
-
-
-class Daemon:
-    """A ``corral run -c FILE`` subprocess in its own session, ready once it logged so."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.socket = folder / "corral.sock"
-        assert len(os.fsencode(self.socket)) < 108, self.socket
-        (folder / "corral.toml").write_text(CONFIG)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        self.proc = subprocess.Popen(
-            [*corral_command(), "run", "-c", str(folder / "corral.toml")],
-            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )
-        self.log_path = folder / "daemon.log"
-        log = self.log_path.open("a")
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 60
-        while True:
-            line = self.proc.stderr.readline()
-            log.write(line)
-            if not line:
-                log.close()
-                raise RuntimeError(f"the daemon exited before it was ready; see {self.log_path}")
-            if "ready on" in line:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not become ready within 60 s")
-        self._drain = threading.Thread(target=self._copy_log, args=(log,), daemon=True)
-        self._drain.start()
-
-    def _copy_log(self, log: Any) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            log.write(line)
-        log.close()
-
-    def alive(self) -> bool:
-        """Is the daemon process still running?"""
-        return self.proc.poll() is None
-
-    def stop(self) -> int:
-        """SIGTERM and wait for the orderly shutdown (SIGKILL after 60 s)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._drain.join(timeout=5)
-        return self.proc.returncode
-
-
-def marker_processes(home_prefix: str, markers: set[str] | None = None, cwds: tuple[str, ...] = ()) -> list[tuple[int, str, str]]:
-    """Living turn processes (HOME under ``home_prefix``) whose marker is in ``markers`` or
-    whose cwd lies in one of ``cwds``; all of them if both are empty. ``(pid, marker, cwd)``.
-
-    The HOME scope keeps the scan to this script's own daemon: other programs on the machine
-    may run corral turns of their own.
-    """
-    found = []
-    me = os.getpid()
-    key, home = f"{MARKER}=".encode(), f"HOME={home_prefix}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                state = fh.read().rsplit(b")", 1)[1].split()[0]
-            cwd = os.readlink(f"/proc/{name}/cwd")
-        except OSError:
-            continue
-        if state == b"Z":
-            continue
-        marker = next((e[len(key):].decode(errors="replace") for e in env if e.startswith(key)), None)
-        if marker is None or not any(e.startswith(home) for e in env):
-            continue
-        wanted = (markers is None and not cwds) or (markers is not None and marker in markers)
-        wanted = wanted or any(cwd == c or cwd.startswith(c + "/") for c in cwds)
-        if wanted:
-            found.append((int(name), marker, cwd))
-    return found
-
-
-def kill_by_pid(found: list[tuple[int, str, str]]) -> None:
-    """SIGKILL processes of this script's own daemon (found by its marker scan)."""
-    for pid, _, _ in found:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-class ForeignTests:
-    """Notes test runs of this project in this pid namespace while the script runs.
-
-    The suite's autouse fixture (tests/conftest.py, ``no_leftover_turn_processes``) SIGKILLs
-    every new ``CORRAL_TURN`` process on the machine, this script's included: a turn killed
-    "from nowhere" (status -9) while such a run was active is most likely its doing.
-    """
-
-    def __init__(self) -> None:
-        self.seen: dict[int, str] = {}
-        self._ns = os.readlink("/proc/self/ns/pid")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.25):
-            for name in os.listdir("/proc"):
-                if not name.isdigit() or int(name) in self.seen:
-                    continue
-                try:
-                    with open(f"/proc/{name}/cmdline", "rb") as fh:
-                        cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-                    if "pytest" in cmd and "unshare" not in cmd and os.readlink(f"/proc/{name}/ns/pid") == self._ns:
-                        self.seen[int(name)] = cmd[:120]
-                except OSError:
-                    continue
-
-    def close(self) -> str:
-        """Stop watching; a note for the report ('' if none was seen)."""
-        self._stop.set()
-        self._thread.join()
-        if not self.seen:
-            return ""
-        return (f"note: {len(self.seen)} pytest process(es) ran in this pid namespace meanwhile (their autouse fixture "
-                f"SIGKILLs any new CORRAL_TURN process on the machine), e.g. {next(iter(self.seen.values()))!r}")
 
 
 # ---------------------------------------------------------------- the API, async
@@ -404,10 +245,10 @@ class Runner:
         trial.killed = sum(len(r.get("killed", [])) for r in results)
         trial.swept = sum(len(r.get("swept", [])) for r in results)
         if stopped:
-            alive = await trio.to_thread.run_sync(marker_processes, self.home, stopped)
+            alive = await trio.to_thread.run_sync(_turn_processes, self.home, stopped)
             if alive:
                 v.append(f"processes of the stopped turn alive when the stop returned: {alive}")
-                kill_by_pid(alive)
+                kill_by_pid(alive, wait=None)
         if trial.repeat == "after":
             results.append(await api.stop(channel))
         follow = await api.send(channel, f"after the stop {trial.index}") if trial.follow_up else None
@@ -421,7 +262,7 @@ class Runner:
                 v.append(f"the turn ended without a {waited_for!r} entry: {_brief([e for e in entries if e['kind'] in ('error', 'notice')])}")
         self.check_stop(trial, accepted, results, follow, entries)
         turns = {e["turn"] for e in entries if e["turn"]} | stopped
-        cwds = (self.cwd_of(channel),)
+        cwds: tuple[str, ...] = (self.cwd_of(channel),)
         if trial.other:
             other_entries = await api.entries(other)
             turns |= {e["turn"] for e in other_entries if e["turn"]}
@@ -432,10 +273,10 @@ class Runner:
             bad = [e for e in other_entries if e["kind"] in ("notice", "error")]
             if bad:
                 v.append(f"the other channel was disturbed: {_brief(bad)}")
-        alive = await trio.to_thread.run_sync(marker_processes, self.home, turns, cwds)
+        alive = await trio.to_thread.run_sync(_turn_processes, self.home, turns, cwds)
         if alive:
             v.append(f"processes of the trial alive at its end: {alive}")
-            kill_by_pid(alive)
+            kill_by_pid(alive, wait=None)
 
     def check_stop(
         self, trial: Trial, accepted: dict[str, Any], results: list[dict[str, Any]],
@@ -485,6 +326,11 @@ class Runner:
             if not replies:
                 after = [e for e in entries if e["seq"] > follow["seq"]]
                 v.append(f"the follow-up never got a reply; after it: {_brief(after)}")
+
+
+def _turn_processes(home: str, turns: set[str], cwds: tuple[str, ...] = ()) -> list[Found]:
+    """Living processes of ``turns`` or with a cwd in ``cwds`` (HOME under ``home``): ``(pid, turn, cwd)``."""
+    return marker_processes(home, turns, cwds=cwds, detail="cwd")
 
 
 def _leaves(exc: BaseException) -> Any:
@@ -538,12 +384,11 @@ def main() -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
     trials = [choose(i, rng) for i in range(count)]
-    root = Path(tempfile.mkdtemp(prefix="cc-", dir="/tmp"))
+    root = short_tmp("cc-")
     print(f"chaos stop: {count} trials, {args.concurrency} at a time, seed {seed}, one `corral run` daemon in {root}")
     started = time.monotonic()
     failures: list[str] = []
     runner: Runner | None = None
-    foreign = ForeignTests()
     try:
         runner = Runner(root)
         trio.run(run_all, runner, trials, args.concurrency)
@@ -552,12 +397,10 @@ def main() -> int:
             code = runner.daemon.stop()
             if code != 0:
                 failures.append(f"the daemon exited with status {code} at the end")
-        left = marker_processes(str(root))
+        left = sweep_leftovers(str(root), (MARKER,), detail="cwd")
         if left:
             failures.append(f"{len(left)} turn process(es) alive after the daemon stopped: {left[:5]}")
-            kill_by_pid(left)
     elapsed = time.monotonic() - started
-    note = foreign.close()
     bad = [t for t in trials if t.violations]
     violations = sum(len(t.violations) for t in trials) + len(failures)
     stops = sorted(t.stop_ms for t in trials if t.stop_ms)
@@ -589,8 +432,6 @@ def main() -> int:
             print(f"    - {line}")
     for line in failures:
         print(f"  - {line}")
-    if note:
-        print(note)
     if violations:
         print(f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}; daemon log kept in {root}/daemon.log)")
     else:
