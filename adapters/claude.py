@@ -45,7 +45,6 @@ The plan tool: Claude Code 2.1 replaced ``TodoWrite`` by ``TaskCreate``/``TaskUp
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,12 +60,20 @@ from ._base import (
     StaleSession,
     Status,
     Text,
-    ToolResult,
     ToolUse,
     TurnRequest,
     Unparsed,
     parse_todos,
     preview,
+)
+from ._common import (
+    blocks_text,
+    feed_json,
+    fresh_session_id,
+    permission_denials,
+    text_of,
+    tool_result,
+    unfinished_turn,
 )
 
 #: The CLI's plan tool; its calls become :class:`Todos`, not tool entries.
@@ -139,19 +146,18 @@ def tool_preview(name: str, tool_input: object) -> str:
     return preview(tool_input)
 
 
+def _result_block(block: object) -> str | None:
+    """A ``tool_result`` content block: its text, or ``[image]`` and the like for the rest."""
+    if not isinstance(block, dict):
+        return None
+    if block.get("type") == "text" and isinstance(block.get("text"), str):
+        return block["text"]
+    return f"[{block.get('type', 'block')}]"
+
+
 def result_text(content: object) -> str:
     """The text of a ``tool_result``'s content: a string, or a list of text/image blocks."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
-                parts.append(block["text"])
-            elif isinstance(block, dict):
-                parts.append(f"[{block.get('type', 'block')}]")
-        return "\n".join(parts)
-    return "" if content is None else preview(content)
+    return blocks_text(content, _result_block)
 
 
 def stale_text(text: str) -> bool:
@@ -176,31 +182,21 @@ class ClaudeParser:
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line; never raises."""
-        stripped = line.strip()
-        if not stripped:
-            return []
-        try:
-            obj = json.loads(stripped)
-        except ValueError:
-            return [Unparsed(line, "not JSON")]
-        if not isinstance(obj, dict):
-            return [Unparsed(line, "not a JSON object")]
+        return feed_json(line, self._dispatch, malformed="malformed {kind!r} line: {exc}")
+
+    def _dispatch(self, obj: dict[str, Any], line: str) -> list[Event] | None:
         kind = obj.get("type")
-        try:
-            if kind == "system":
-                return self._system(obj, line)
-            if kind == "assistant":
-                return self._assistant(obj, line)
-            if kind == "user":
-                return self._user(obj, line)
-            if kind == "result":
-                return self._result(obj, line)
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:
-            # A line of a known type in a shape we did not expect: log it, carry on.
-            return [Unparsed(line, f"malformed {kind!r} line: {exc}")]
+        if kind == "system":
+            return self._system(obj, line)
+        if kind == "assistant":
+            return self._assistant(obj, line)
+        if kind == "user":
+            return self._user(obj, line)
+        if kind == "result":
+            return self._result(obj, line)
         if isinstance(kind, str) and kind in QUIET_TYPES:
             return []
-        return [Unparsed(line, f"unknown type {kind!r}")]
+        return None
 
     def feed_stderr(self, line: str) -> list[Event]:
         """Spot the stale-session message, which the CLI also prints on stderr."""
@@ -214,16 +210,17 @@ class ClaudeParser:
             return []
         if interrupted:
             return [Error("claude was stopped before the end of its turn")]
-        return [Error(f"claude exited with status {returncode} before the end of its turn")]
+        return [unfinished_turn("claude", returncode, reason="before the end of its turn")]
 
     # ------------------------------------------------------------ line types
 
     def _session(self, obj: dict[str, Any]) -> list[Event]:
-        sid = obj.get("session_id")
-        if isinstance(sid, str) and sid and sid != self.session_id and not self.saw_stale:
-            self.session_id = sid
-            return [SessionId(sid)]
-        return []
+        # After a stale resume the line's id is the unknown one, or a throwaway.
+        sid = None if self.saw_stale else fresh_session_id(obj, self.session_id)
+        if sid is None:
+            return []
+        self.session_id = sid
+        return [SessionId(sid)]
 
     def _stale(self, text: str) -> list[Event]:
         if self.saw_stale:
@@ -304,7 +301,7 @@ class ClaudeParser:
             if block.get("type") == "tool_result":
                 if str(block.get("tool_use_id")) in self._todo_calls:
                     continue
-                events.append(ToolResult(preview(result_text(block.get("content"))), is_error=bool(block.get("is_error"))))
+                events.append(tool_result(block, _result_block))
             elif block.get("type") == "text" and str(block.get("text", "")).startswith("[Request interrupted"):
                 # The CLI's own record of the stop (SIGINT), echoed as a user message.
                 events.append(Status(block["text"].strip("[]")))
@@ -313,17 +310,16 @@ class ClaudeParser:
     def _result(self, obj: dict[str, Any], line: str) -> list[Event]:
         self.saw_result = True
         errors = [str(e) for e in obj.get("errors") or [] if e]
-        text = obj.get("result") if isinstance(obj.get("result"), str) else ""
+        text = text_of(obj.get("result"))
         failed = bool(obj.get("is_error")) or obj.get("subtype") != "success"
         if failed:
             stale = [e for e in errors if stale_text(e)]
             if stale:
                 return self._stale(stale[0])
         events: list[Event] = self._session(obj)
-        for denial in obj.get("permission_denials") or []:
-            if isinstance(denial, dict):
-                name = str(denial.get("tool_name") or "?")
-                events.append(Status(f"permission denied: {name} {tool_preview(name, denial.get('tool_input'))}"))
+        events += permission_denials(
+            obj.get("permission_denials"), lambda name, denial: tool_preview(name, denial.get("tool_input")), unnamed="?"
+        )
         if not failed:
             events.append(Result(text or "", ok=True))
             return events

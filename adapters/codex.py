@@ -74,6 +74,7 @@ from ._base import (
     Unparsed,
     preview,
 )
+from ._common import feed_json, optional_preview, text_of, unfinished_turn
 
 OPTION_KEYS = frozenset({"base_url", "env_key"})
 
@@ -93,6 +94,9 @@ STALE_PATTERNS: tuple[re.Pattern[str], ...] = (re.compile(r"no rollout found for
 
 #: Retry notices codex prints as ``error`` events while it reconnects on its own.
 _RETRY = re.compile(r"^\s*Reconnecting\b", re.I)
+
+#: Why a line that is JSON but not an event object is Unparsed.
+_NOT_AN_EVENT = "not a JSON object with a string 'type'"
 
 #: ``/bin/bash -lc 'CMD'``: how codex wraps every shell command it reports.
 _SHELL_WRAPPER = re.compile(r"^(?:ba|z|da)?sh$")
@@ -170,11 +174,6 @@ def _unwrap_shell(command: str) -> str:
     return command
 
 
-def _text(value: object) -> str:
-    """``value`` if it is a string, else empty (codex's fields are optional in practice)."""
-    return value if isinstance(value, str) else ""
-
-
 @dataclass(slots=True)
 class CodexParser:
     """Parser for ``codex exec --json`` (one turn)."""
@@ -195,19 +194,8 @@ class CodexParser:
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line; never raises."""
-        stripped = line.strip()
-        if not stripped:
-            return []
-        try:
-            obj = json.loads(stripped)
-        except (ValueError, RecursionError):
-            return [Unparsed(line, "not JSON")]
-        if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
-            return [Unparsed(line, "not a JSON object with a string 'type'")]
-        try:
-            return self._event(obj, line)
-        except (TypeError, ValueError, AttributeError, RecursionError) as exc:  # a shape codex never printed so far
-            return [Unparsed(line, f"unexpected shape: {exc}")]
+        # An unexpected shape is one codex never printed so far.
+        return feed_json(line, self._event, not_object=_NOT_AN_EVENT, malformed="unexpected shape: {exc}")
 
     def feed_stderr(self, line: str) -> list[Event]:
         """Codex reports an unknown thread id on stderr only; everything else there is log."""
@@ -217,8 +205,10 @@ class CodexParser:
             return [StaleSession(line.strip())]
         return []
 
-    def _event(self, obj: dict[str, object], line: str) -> list[Event]:
-        kind = obj["type"]
+    def _event(self, obj: dict[str, object], line: str) -> list[Event] | None:
+        kind = obj.get("type")
+        if not isinstance(kind, str):
+            return [Unparsed(line, _NOT_AN_EVENT)]
         if kind == "thread.started":
             tid = obj.get("thread_id")
             if not isinstance(tid, str) or not tid:
@@ -236,14 +226,14 @@ class CodexParser:
         if kind == "turn.failed":
             self.ended = self.failed = True
             err = obj.get("error")
-            message = _text(err.get("message")) if isinstance(err, dict) else ""
+            message = text_of(err.get("message")) if isinstance(err, dict) else ""
             message = message or "codex reported a failed turn"
             if message == self._last_error:
                 # The same text already went out as an ``error`` event just before.
                 return []
             return [Error(message)]
         if kind == "error":
-            message = _text(obj.get("message"))
+            message = text_of(obj.get("message"))
             if _RETRY.match(message):
                 return [Status(message)]
             if self.session_id and any(p.search(message) for p in STALE_PATTERNS):
@@ -256,29 +246,29 @@ class CodexParser:
             if not isinstance(item, dict):
                 return [Unparsed(line, f"{kind!r} without an item")]
             return self._item(item, done=kind == "item.completed", line=line)
-        return [Unparsed(line, f"unknown type {kind!r}")]
+        return None
 
     def _item(self, item: dict[str, object], *, done: bool, line: str) -> list[Event]:
         itype = item.get("type")
         iid = str(item.get("id", ""))
         if itype == "agent_message":
-            text = _text(item.get("text"))
+            text = text_of(item.get("text"))
             if not done:
                 return []
             self.last_message = text
             return [Text(text)] if text else []
         if itype == "reasoning":
-            text = _text(item.get("text"))
+            text = text_of(item.get("text"))
             return [Status(text)] if done and text else []
         if itype == "error":
             # Non-fatal notices ("Model metadata for … not found"); the turn goes on.
-            text = _text(item.get("message"))
+            text = text_of(item.get("message"))
             return [Status(text)] if text else []
         if itype == "todo_list":
             return self._todos(item, line)
         if itype == "command_execution":
-            use = ToolUse("exec_command", preview(_unwrap_shell(_text(item.get("command")))))
-            output = _text(item.get("aggregated_output"))
+            use = ToolUse("exec_command", preview(_unwrap_shell(text_of(item.get("command")))))
+            output = text_of(item.get("aggregated_output"))
             exit_code = item.get("exit_code")
             failed = item.get("status") in ("failed", "declined") or (isinstance(exit_code, int) and exit_code != 0)
             if failed and not output and isinstance(exit_code, int):
@@ -290,21 +280,21 @@ class CodexParser:
                 f"{c.get('kind', '?')} {c.get('path', '?')}" for c in changes if isinstance(c, dict)
             ] if isinstance(changes, list) else []
             use = ToolUse("apply_patch", preview(", ".join(parts)))
-            status = _text(item.get("status"))
+            status = text_of(item.get("status"))
             return self._tool(iid, use, done, ToolResult(preview(status), is_error=status == "failed"))
         if itype == "mcp_tool_call":
-            name = f"{_text(item.get('server')) or 'mcp'}.{_text(item.get('tool')) or '?'}"
+            name = f"{text_of(item.get('server')) or 'mcp'}.{text_of(item.get('tool')) or '?'}"
             use = ToolUse(name, preview(item.get("arguments", "")))
             err = item.get("error")
             if isinstance(err, dict) and err.get("message"):
-                result = ToolResult(preview(_text(err.get("message"))), is_error=True)
+                result = ToolResult(preview(text_of(err.get("message"))), is_error=True)
             else:
                 res = item.get("result")
                 content = res.get("content") if isinstance(res, dict) else res
-                result = ToolResult(preview(content if content is not None else ""), is_error=item.get("status") == "failed")
+                result = ToolResult(optional_preview(content), is_error=item.get("status") == "failed")
             return self._tool(iid, use, done, result)
         if itype == "web_search":
-            use = ToolUse("web_search", preview(_text(item.get("query"))))
+            use = ToolUse("web_search", preview(text_of(item.get("query"))))
             # A search reports no output worth showing; its use is the whole story.
             return self._tool(iid, use, False, None)
         return [Unparsed(line, f"unknown item type {itype!r}")]
@@ -337,7 +327,7 @@ class CodexParser:
         if interrupted or self.ended or self.stale:
             # A stop is the user's doing (never a success); a stale id is retried by the supervisor.
             return []
-        return [Error(f"codex exited with status {returncode} without finishing the turn")]
+        return [unfinished_turn("codex", returncode, reason="without finishing the turn")]
 
 
 def new_parser(request: TurnRequest) -> CodexParser:

@@ -40,10 +40,10 @@ exit 42), so :meth:`GeminiParser.finish` and :meth:`GeminiParser.feed_stderr` ma
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._base import (
     TODO_STATUSES,
@@ -64,6 +64,7 @@ from ._base import (
     Unparsed,
     preview,
 )
+from ._common import feed_json, json_file, keep_tail, optional_preview, unfinished_turn
 
 #: ``auth_type``: the ``security.auth.selectedType`` written to settings.json
 #: (``gemini-api-key`` by default; ``vertex-ai`` for Vertex credentials in the env).
@@ -84,9 +85,6 @@ TODO_TOOL = "write_todos"
 
 #: An ANSI escape sequence (CSI), as gemini's fatal errors may carry.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-#: How many stderr lines to keep for the message of an unexplained failure.
-_STDERR_TAIL = 5
 
 
 def settings(request: TurnRequest) -> dict[str, object]:
@@ -119,7 +117,7 @@ def build_launch(request: TurnRequest) -> Launch:
         "GEMINI_TELEMETRY_ENABLED": "false",
         "NO_COLOR": "1",
     }
-    files = {SETTINGS_PATH: json.dumps(settings(request), indent=2) + "\n"}
+    files = {SETTINGS_PATH: json_file(settings(request))}
     return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=None, files=files)
 
 
@@ -158,21 +156,13 @@ class GeminiParser:
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line."""
-        stripped = line.strip()
-        if not stripped:
-            return []
-        try:
-            obj = json.loads(stripped)
-        except ValueError:
-            return [Unparsed(line, "not JSON")]
-        if not isinstance(obj, dict):
-            return [Unparsed(line, "not a JSON object")]
-        kind = obj.get("type")
+        return feed_json(line, self._dispatch)
+
+    def _dispatch(self, obj: dict[str, Any], line: str) -> list[Event] | None:
         self.saw_output = True
+        kind = obj.get("type")
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
-        if handler is None:
-            return [Unparsed(line, f"unknown type {kind!r}")]
-        return handler(self, obj, line)
+        return None if handler is None else handler(self, obj, line)
 
     def feed_stderr(self, line: str) -> list[Event]:
         """Spot a failed resume, which gemini reports only on stderr; keep a short tail."""
@@ -180,7 +170,7 @@ class GeminiParser:
         text = _ANSI.sub("", line).strip()
         if not text:
             return []
-        self.stderr_tail = [*self.stderr_tail[-(_STDERR_TAIL - 1) :], text]
+        self.stderr_tail = keep_tail(self.stderr_tail, text)
         if text.startswith(STALE_PREFIX) and not self.saw_stale:
             self.saw_stale = True
             return [StaleSession(text)]
@@ -237,7 +227,7 @@ class GeminiParser:
         error = obj.get("error")
         if is_error and isinstance(error, dict) and isinstance(error.get("message"), str):
             output = error["message"]
-        return [ToolResult(preview(output if output is not None else ""), is_error=is_error)]
+        return [ToolResult(optional_preview(output), is_error=is_error)]
 
     def _error(self, obj: dict, line: str) -> list[Event]:
         message = obj.get("message")
@@ -281,10 +271,8 @@ class GeminiParser:
             # status before any output still tells a failed resume.
             self.saw_stale = True
             return [StaleSession(f"gemini could not resume session {self.resuming} (exit {returncode})")]
-        detail = f": {self.stderr_tail[-1]}" if self.stderr_tail else ""
-        if returncode == 0:
-            return [Error(f"gemini exited without ending the turn{detail}")]
-        return [Error(f"gemini exited with status {returncode}{detail}")]
+        detail = self.stderr_tail[-1] if self.stderr_tail else ""
+        return [unfinished_turn("gemini", returncode, clean_exit="exited without ending the turn", detail=detail)]
 
 
 _HANDLERS: dict[str, Callable[[GeminiParser, dict, str], list[Event]]] = {

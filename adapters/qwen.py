@@ -36,7 +36,6 @@ blocks), ``stream_event`` (partial text, with ``--include-partial-messages``) an
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from collections.abc import Mapping
@@ -53,12 +52,21 @@ from ._base import (
     StaleSession,
     Status,
     Text,
-    ToolResult,
     ToolUse,
     TurnRequest,
-    Unparsed,
     parse_todos,
     preview,
+)
+from ._common import (
+    feed_json,
+    fresh_session_id,
+    json_file,
+    keep_tail,
+    optional_preview,
+    permission_denials,
+    text_of,
+    tool_result,
+    unfinished_turn,
 )
 
 #: ``[agents.NAME]`` keys this adapter reads: ``auth_type`` (default ``"openai"``; empty to
@@ -161,25 +169,17 @@ def build_launch(request: TurnRequest) -> Launch:
         env=env,
         cwd=request.cwd,
         stdin=None,
-        files={SETTINGS_PATH: json.dumps(settings, indent=2) + "\n"},
+        files={SETTINGS_PATH: json_file(settings)},
     )
 
 
-def _block_text(content: object) -> str:
-    """The text of a ``tool_result`` content: a string or a list of text blocks."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, dict) and isinstance(block.get("text"), str):
-                parts.append(block["text"])
-            elif isinstance(block, str):
-                parts.append(block)
-        return "\n".join(parts)
-    if content is None:
-        return ""
-    return preview(content)
+def _result_block(block: object) -> str | None:
+    """A ``tool_result`` content block: a text block's text, or a bare string."""
+    if isinstance(block, dict) and isinstance(block.get("text"), str):
+        return block["text"]
+    if isinstance(block, str):
+        return block
+    return None
 
 
 @dataclass(slots=True)
@@ -199,39 +199,29 @@ class QwenParser:
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line."""
-        stripped = line.strip()
-        if not stripped:
-            return []
-        try:
-            obj = json.loads(stripped)
-        except ValueError:
-            return [Unparsed(line, "not JSON")]
-        if not isinstance(obj, dict):
-            return [Unparsed(line, "not a JSON object")]
+        return feed_json(line, self._dispatch)
+
+    def _dispatch(self, obj: dict[str, Any], line: str) -> list[Event] | None:
         kind = obj.get("type")
-        try:
-            if kind == "system":
-                return self._session(obj)
-            if kind == "assistant":
-                return self._session(obj) + self._assistant(obj)
-            if kind == "user":
-                return self._session(obj) + self._user(obj)
-            if kind == "stream_event":
-                return self._session(obj) + self._stream_event(obj)
-            if kind == "result":
-                return self._session(obj) + self._result(obj)
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:
-            # A known type with an unexpected shape: never fatal.
-            return [Unparsed(line, f"malformed {kind!r}: {exc}")]
-        return [Unparsed(line, f"unknown type {kind!r}")]
+        if kind == "system":
+            return self._session(obj)
+        if kind == "assistant":
+            return self._session(obj) + self._assistant(obj)
+        if kind == "user":
+            return self._session(obj) + self._user(obj)
+        if kind == "stream_event":
+            return self._session(obj) + self._stream_event(obj)
+        if kind == "result":
+            return self._session(obj) + self._result(obj)
+        return None
 
     def _session(self, obj: dict[str, Any]) -> list[Event]:
         """A SessionId the first time an id shows up (every qwen line carries it)."""
-        sid = obj.get("session_id")
-        if isinstance(sid, str) and sid and sid != self.session_id:
-            self.session_id = sid
-            return [SessionId(sid)]
-        return []
+        sid = fresh_session_id(obj, self.session_id)
+        if sid is None:
+            return []
+        self.session_id = sid
+        return [SessionId(sid)]
 
     def _assistant(self, obj: dict[str, Any]) -> list[Event]:
         message = obj.get("message") or {}
@@ -270,7 +260,7 @@ class QwenParser:
                             self._todo_calls.add(block["id"])
                         events.append(todos)
                         continue
-                events.append(ToolUse(name, preview(tool_input if tool_input is not None else "")))
+                events.append(ToolUse(name, optional_preview(tool_input)))
             # thinking blocks are the model's scratchpad: not shown.
         return events
 
@@ -286,7 +276,7 @@ class QwenParser:
             if block.get("tool_use_id") in self._todo_calls:
                 # The plan is already shown as Todos; its "updated" note adds nothing.
                 continue
-            events.append(ToolResult(preview(_block_text(block.get("content"))), is_error=bool(block.get("is_error"))))
+            events.append(tool_result(block, _result_block))
         return events
 
     def _stream_event(self, obj: dict[str, Any]) -> list[Event]:
@@ -315,12 +305,10 @@ class QwenParser:
 
     def _result(self, obj: dict[str, Any]) -> list[Event]:
         self.saw_result = True
-        events: list[Event] = []
-        for denial in obj.get("permission_denials") or []:
-            if isinstance(denial, dict) and isinstance(denial.get("tool_name"), str):
-                events.append(Status(f"permission denied: {denial['tool_name']} {preview(denial.get('tool_input', ''), 120)}".rstrip()))
-        text = obj.get("result")
-        text = text if isinstance(text, str) else ""
+        events = permission_denials(
+            obj.get("permission_denials"), lambda _name, denial: preview(denial.get("tool_input", ""), 120), strip=True
+        )
+        text = text_of(obj.get("result"))
         if obj.get("is_error") or (isinstance(obj.get("subtype"), str) and obj["subtype"] != "success"):
             err = obj.get("error")
             message = err.get("message") if isinstance(err, dict) else None
@@ -347,7 +335,7 @@ class QwenParser:
             return []
         # Stack frames say nothing to a chat user; the message line above them does.
         if not text.startswith("at "):
-            self.stderr_tail = (self.stderr_tail + [text])[-5:]
+            self.stderr_tail = keep_tail(self.stderr_tail, text)
         if _STALE.search(text):
             self.saw_stale = True
             return [StaleSession(text)]
@@ -362,9 +350,7 @@ class QwenParser:
         if self.saw_error:
             return [Result("", ok=False)]
         hint = next((t for t in reversed(self.stderr_tail) if t), "")
-        if returncode == 0:
-            return [Error("qwen ended without a result" + (f": {hint}" if hint else ""))]
-        return [Error(f"qwen exited with status {returncode}" + (f": {hint}" if hint else ""))]
+        return [unfinished_turn("qwen", returncode, clean_exit="ended without a result", detail=hint)]
 
 
 def new_parser(request: TurnRequest) -> QwenParser:
