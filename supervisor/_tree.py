@@ -26,7 +26,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import psutil
@@ -143,10 +143,13 @@ def child_pids(pid: int) -> list[int]:
 _PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
-def descendant_pids(pid: int) -> list[int]:
-    """``pid``'s descendants, nearest first (a walk of the tree, not of ``/proc``)."""
+def descendant_pids(pid: int, *, prune: Collection[int] = ()) -> list[int]:
+    """``pid``'s descendants, nearest first (a walk of the tree, not of ``/proc``).
+
+    The subtrees under the pids in ``prune`` are not entered (nor are those pids listed).
+    """
     found: list[int] = []
-    seen = {pid}
+    seen = {pid, *prune}
     stack = [pid]
     while stack:
         for child in child_pids(stack.pop()):
@@ -167,19 +170,23 @@ def descendants(pid: int, *, include_self: bool = True) -> set[ProcId]:
     return found
 
 
-def scan_markers(values: Iterable[str], *, within: int | None = None) -> dict[str, set[ProcId]]:
+def scan_markers(
+    values: Iterable[str], *, within: int | None = None, prune: Collection[int] = ()
+) -> dict[str, set[ProcId]]:
     """Every process (other than this one) whose environment carries ``CORRAL_TURN=<value>``.
 
     ``within``: look only among that pid's descendants — enough when this process is a child
-    subreaper, since every escaped descendant of a turn re-parents to it. Otherwise every
-    process in ``/proc`` is read. Blocking; run it in a thread.
+    subreaper, since every escaped descendant of a turn re-parents to it; ``prune`` then
+    skips whole subtrees known to belong elsewhere (other turns' leaders: turn trees are
+    disjoint, and escapees re-parent to the subreaper, never into another turn's tree).
+    Otherwise every process in ``/proc`` is read. Blocking; run it in a thread.
     """
     wanted = {f"{TURN_MARKER}={v}".encode(): v for v in values}
     found: dict[str, set[ProcId]] = {v: set() for v in wanted.values()}
     if not wanted:
         return found
     me = os.getpid()
-    names = [str(p) for p in descendant_pids(within)] if within is not None else os.listdir("/proc")
+    names = [str(p) for p in descendant_pids(within, prune=prune)] if within is not None else os.listdir("/proc")
     for name in names:
         if not name.isdigit() or int(name) == me:
             continue
@@ -205,8 +212,10 @@ class MarkerScanner:
     began after its own kill, and all sweeps waiting at that moment share the next one.
     """
 
-    def __init__(self, *, within: int | None = None) -> None:
+    def __init__(self, *, within: int | None = None, elsewhere: Callable[[set[str]], Collection[int]] | None = None) -> None:
         self.within = within
+        self.elsewhere = elsewhere
+        """Given the markers wanted, the pids whose subtrees cannot hold them (other turns)."""
         """Scan only this pid's descendants (set when it is a child subreaper)."""
         self._wanted: set[str] = set()
         self._result: dict[str, set[ProcId]] = {}
@@ -226,7 +235,10 @@ class MarkerScanner:
             try:
                 wanted = set(self._wanted)
                 started = time.monotonic()
-                result = await trio.to_thread.run_sync(functools.partial(scan_markers, wanted, within=self.within))
+                prune = self.elsewhere(wanted) if self.elsewhere is not None and self.within is not None else ()
+                result = await trio.to_thread.run_sync(
+                    functools.partial(scan_markers, wanted, within=self.within, prune=prune)
+                )
                 self._result, self._result_started = result, started
                 self._wanted -= wanted
             finally:
