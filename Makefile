@@ -24,6 +24,7 @@ clis:
 test: $(STAMP) clis
 	$(VENV)/bin/pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) clis
 	$(VENV)/bin/python scripts/bench_daemon.py
 	$(VENV)/bin/python scripts/bench_stop.py
+	$(VENV)/bin/python scripts/chaos_stop.py
