@@ -135,6 +135,7 @@ class Supervisor:
         """Every child of this process is corral's: reap dead adoptees after each turn."""
         self.spawning = 0
         """Spawns in flight (their children exist before Trio can wait for them)."""
+        self._reap_scheduled = False
         self.config = config
         self.store = store
         self.ledger = StopLedger(max_nudges=config.limits.max_nudges)
@@ -279,7 +280,21 @@ class Supervisor:
             self.reap_adoptees()
 
     def reap_adoptees(self) -> None:
-        """Reap dead children that re-parented to this (subreaper) process, when it owns them all."""
+        """Reap dead children that re-parented to this (subreaper) process, when it owns them all.
+
+        One pass serves every turn that ends in the same scheduling round: a stop-all ends
+        hundreds at once, and each pass reads every child's /proc entry.
+        """
+        if self.reap_adopted and not self._reap_scheduled:
+            self._reap_scheduled = True
+            self._nursery.start_soon(self._reap_pass)
+
+    async def _reap_pass(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self._reap_scheduled = False
+        self._reap_now()
+
+    def _reap_now(self) -> None:
         if self.reap_adopted and self.spawning == 0:
             reaped = reap_orphans(self.registry.leader_pids())
             if reaped:
@@ -529,7 +544,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for turn in turns:
                 nursery.start_soon(self._finish_shutdown_turn, turn)
-        self.reap_adoptees()
+        self._reap_now()
 
     async def _finish_shutdown_turn(self, turn: Turn) -> None:
         with trio.move_on_after(turn.agent.limits.stop_grace + STOP_SLACK):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from conftest import make_config, script_agent
 from supervisor import open_supervisor
@@ -161,4 +162,5 @@ async def test_the_daemon_reaps_adopted_processes_that_died_on_their_own(short_t
             await sup.wait_idle("c")
         entries = await sup.entries("c", after=accepted.seq)
         zombie = int(entries[-1].text)
+        await trio.testing.wait_all_tasks_blocked()  # the reaping pass after the turn has run
         assert not Path(f"/proc/{zombie}").exists(), "a dead adoptee was left as a zombie"
