@@ -164,3 +164,18 @@ async def test_the_daemon_reaps_adopted_processes_that_died_on_their_own(short_t
         zombie = int(entries[-1].text)
         await trio.testing.wait_all_tasks_blocked()  # the reaping pass after the turn has run
         assert not Path(f"/proc/{zombie}").exists(), "a dead adoptee was left as a zombie"
+
+
+async def test_stderr_goes_to_the_log_with_channel_and_turn(short_tmp: Path, caplog) -> None:
+    import logging
+
+    code = "import sys, json; print('warming up', file=sys.stderr, flush=True); print(json.dumps({'type': 'result', 'text': 'ok'}))"
+    config = make_config(short_tmp, {"noisy": script_agent(code)})
+    caplog.set_level(logging.INFO, logger="corral.turn")
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("chan-x", "go")
+        with trio.fail_after(60):
+            await sup.wait_idle("chan-x")
+        turn = (await sup.entries("chan-x", after=accepted.seq))[-1].turn
+    lines = [r.getMessage() for r in caplog.records if "stderr" in r.getMessage()]
+    assert lines == [f"[chan-x {turn}] stderr: warming up"]
