@@ -109,7 +109,7 @@ def optional_preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:
 
 
 def permission_denials(
-    denials: object,
+    denials: Any,
     render_input: Callable[[str, Mapping[str, Any]], str],
     *,
     unnamed: str | None = None,

@@ -9,6 +9,7 @@ Embedding::
         result = await sup.stop("general")
 """
 
+from ._asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
 from ._config import AgentConfig, Config, ConfigError, Limits, Problem, ServerConfig, load_config, parse_config
 from ._ledger import LedgerError, StopDecision, StopLedger
 from ._store import Entry, StoreError
@@ -28,6 +29,7 @@ __all__ = [
     "SHUTDOWN_NOTICE",
     "STOP_NOTICE",
     "Accepted",
+    "AsyncioSupervisor",
     "AgentConfig",
     "Config",
     "ConfigError",
@@ -45,6 +47,7 @@ __all__ = [
     "Supervisor",
     "UsageError",
     "load_config",
+    "open_asyncio_supervisor",
     "open_supervisor",
     "parse_config",
 ]
