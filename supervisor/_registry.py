@@ -59,10 +59,6 @@ class ProcessRegistry:
             tree.interrupt(sig)
         return tree
 
-    def leaders_except(self, turn_ids: set[str]) -> set[int]:
-        """Pids of the registered leaders of every turn not in ``turn_ids``."""
-        return {tree.pid for (_, turn_id), tree in self._trees.items() if turn_id not in turn_ids}
-
     def leader_pids(self) -> set[int]:
         """Pids of every registered leader (Trio reaps these; nobody else may)."""
         return {tree.pid for tree in self._trees.values()}

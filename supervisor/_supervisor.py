@@ -140,7 +140,7 @@ class Supervisor:
         self.store = store
         self.ledger = StopLedger(max_nudges=config.limits.max_nudges)
         self.registry = ProcessRegistry(self.ledger)
-        self.scanner = MarkerScanner(elsewhere=self.registry.leaders_except)
+        self.scanner = MarkerScanner(elsewhere=lambda wanted: self.registry.leader_pids())
         self.started = time.time()
         self._nursery = nursery
         self._workers: set[str] = set()

@@ -177,8 +177,9 @@ def scan_markers(
 
     ``within``: look only among that pid's descendants — enough when this process is a child
     subreaper, since every escaped descendant of a turn re-parents to it; ``prune`` then
-    skips whole subtrees known to belong elsewhere (other turns' leaders: turn trees are
-    disjoint, and escapees re-parent to the subreaper, never into another turn's tree).
+    skips whole subtrees accounted for otherwise: those of live turn leaders, which each
+    tree's own snapshot walks (turn trees are disjoint, and an escapee re-parents to the
+    subreaper, never into a leader's subtree). What is left to read is the escapees.
     Otherwise every process in ``/proc`` is read. Blocking; run it in a thread.
     """
     wanted = {f"{TURN_MARKER}={v}".encode(): v for v in values}
@@ -215,7 +216,8 @@ class MarkerScanner:
     def __init__(self, *, within: int | None = None, elsewhere: Callable[[set[str]], Collection[int]] | None = None) -> None:
         self.within = within
         self.elsewhere = elsewhere
-        """Given the markers wanted, the pids whose subtrees cannot hold them (other turns)."""
+        """Given the markers wanted, the pids whose subtrees need no scan (live turn leaders,
+        walked by their own trees' snapshots)."""
         """Scan only this pid's descendants (set when it is a child subreaper)."""
         self._wanted: set[str] = set()
         self._result: dict[str, set[ProcId]] = {}
