@@ -7,7 +7,6 @@ sequence of driver calls, and the assertions are on the decisions the ledger ret
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,13 +17,6 @@ from supervisor._ledger import (
     QueuedMessage,
     StopLedger,
 )
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_turn_processes() -> Iterator[None]:
-    """Override the suite's process sweep: the ledger spawns nothing, and the sweep looks at
-    every turn process on the machine, so it would flag (and kill) a concurrent run's turns."""
-    yield
 
 
 def _snapshot(ledger: StopLedger, channel: str) -> tuple[object, ...]:
