@@ -325,7 +325,7 @@ def main() -> int:
                 report.append(f"  - tool running when interrupted: `{line}`".replace(str(root), "$ROOT"))
             for note in o.notes:
                 report.append(f"  - {note}")
-            report.append(f"  - processes of the turn alive after it ended: "
+            report.append("  - processes of the turn alive after it ended: "
                           + (", ".join(f"`{s}`" for s in o.survivors).replace(str(root), "$ROOT") if o.survivors else "none")
                           + (" (killed by the capture script)" if o.survivors else ""))
         for line in checks:

@@ -323,7 +323,6 @@ def main(out: Path) -> int:
         server.fail = None
 
     version = PACKAGES["codex"].rsplit("@", 1)[1]
-    home = str(Path(tmp) / "home")
     for run in runs:
         (out / f"{run.name}.jsonl").write_text("".join(line + "\n" for line in run.stdout))
         (out / f"{run.name}.stderr.txt").write_text(run.stderr.replace(tmp, "$TMP"))

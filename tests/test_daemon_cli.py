@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
