@@ -230,7 +230,10 @@ class Supervisor:
                 self.store.dequeue([take.ticket.message.id])
                 if self.hooks.took is not None:
                     await self.hooks.took(channel, take.ticket.turn_id)
-                await self._run_turn(channel, take.ticket, message)
+                try:
+                    await self._run_turn(channel, take.ticket, message)
+                except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
+                    await self._contain(channel, take.ticket, exc)
         finally:
             self._workers.discard(channel)
             event = self._idle.pop(channel, None)
@@ -299,6 +302,19 @@ class Supervisor:
             reaped = reap_orphans(self.registry.leader_pids())
             if reaped:
                 log.debug("reaped adopted processes %s", reaped)
+
+    async def _contain(self, channel: str, ticket: Any, exc: Exception) -> None:
+        """A turn failed in corral itself: log it, say so, and free the channel."""
+        log.exception("[%s %s] internal error", channel, ticket.turn_id, exc_info=exc)
+        if self.ledger.current_turn(channel) == ticket.turn_id:
+            self.ledger.end_turn(channel, ticket.turn_id, ok=False, unfinished_todos=0)
+        try:
+            await self.store.append(
+                channel, "system", "error", f"Internal error in corral: {exc!r} (see the daemon's log).",
+                turn=ticket.turn_id, generation=ticket.generation,
+            )
+        except StoreError:
+            pass
 
     async def _end_turn_early(self, channel: str, turn_id: str, generation: int, why: str) -> None:
         self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)

@@ -179,3 +179,31 @@ async def test_stderr_goes_to_the_log_with_channel_and_turn(short_tmp: Path, cap
         turn = (await sup.entries("chan-x", after=accepted.seq))[-1].turn
     lines = [r.getMessage() for r in caplog.records if "stderr" in r.getMessage()]
     assert lines == [f"[chan-x {turn}] stderr: warming up"]
+
+
+async def test_a_bug_in_one_turn_is_contained_and_the_channel_goes_on(short_tmp: Path, monkeypatch) -> None:
+    from supervisor import _turn
+
+    config = make_config(short_tmp)
+    original = _turn.Turn._request
+    calls = []
+
+    def broken_once(self, session_id):  # type: ignore[no-untyped-def]
+        calls.append(session_id)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return original(self, session_id)
+
+    monkeypatch.setattr(_turn.Turn, "_request", broken_once)
+    async with open_supervisor(config) as sup:
+        first = await sup.send("c", "one")
+        second = await sup.send("c", "two")
+        await sup.send("other", "unaffected")
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+            await sup.wait_idle("other")
+        entries = await sup.entries("c", after=first.seq)
+        other = await sup.entries("other")
+    assert any(e.kind == "error" and "Internal error" in e.text and "a bug" in e.text for e in entries)
+    assert any(e.kind == "message" and "You said: two" in e.text for e in entries if e.seq > second.seq)
+    assert any("You said: unaffected" in e.text for e in other)
