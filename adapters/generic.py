@@ -22,7 +22,7 @@ The prompt is the last argument, or written to stdin and closed when the agent s
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ._base import (
     Adapter,
@@ -67,7 +67,6 @@ class GenericParser:
 
     saw_result: bool = False
     saw_error: bool = False
-    _pending: list[Event] = field(default_factory=list)
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line."""
