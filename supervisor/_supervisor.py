@@ -25,7 +25,15 @@ from ._config import AgentConfig, Config
 from ._ledger import QueuedMessage, StopDecision, StopLedger
 from ._registry import ProcessRegistry
 from ._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
-from ._tree import MarkerScanner, ProcessTree, is_child_subreaper, reap_if_child, reap_orphans, set_child_subreaper
+from ._tree import (
+    MarkerScanner,
+    ProcessTree,
+    is_child_subreaper,
+    reap_if_child,
+    reap_orphans,
+    set_child_subreaper,
+    wait_pid_exit,
+)
 from ._turn import Turn, channel_slug, new_turn_id, unfinished
 
 log = logging.getLogger("corral")
@@ -327,16 +335,8 @@ class Supervisor:
                 self._nursery.start_soon(self._reap_when_gone, ident.pid)
 
     async def _reap_when_gone(self, pid: int) -> None:
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
-            return
-        try:
-            await trio.lowlevel.wait_readable(fd)
-        finally:
-            trio.lowlevel.notify_closing(fd)
-            os.close(fd)
-        reap_if_child(pid)
+        if await wait_pid_exit(pid):
+            reap_if_child(pid)
 
     # ------------------------------------------------------------ stopping
 

@@ -290,33 +290,36 @@ def reap_if_child(pid: int) -> bool:
     return done == pid
 
 
+async def wait_pid_exit(pid: int) -> bool:
+    """Wait until process ``pid`` exits, child or not, without reaping it.
+
+    A pidfd turns readable when its process exits: no polling loop. Returns False at once
+    if no pidfd can be opened (the process is already gone, or the kernel is too old).
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+    return True
+
+
 async def wait_gone(idents: Iterable[ProcId], deadline: float) -> set[ProcId]:
     """Wait until each process has exited (reaping our own children); return those still alive."""
     alive = set(idents)
-    while alive and trio.current_time() < deadline:
+    while True:
         for ident in list(alive):
             reap_if_child(ident.pid)
             if not ident.matches():
                 alive.discard(ident)
-        if not alive:
-            break
-        # A pidfd turns readable when its process exits, child or not: no polling loop.
-        ident = next(iter(alive))
-        try:
-            fd = os.pidfd_open(ident.pid)
-        except OSError:
-            continue
-        try:
-            with trio.move_on_at(deadline):
-                await trio.lowlevel.wait_readable(fd)
-        finally:
-            trio.lowlevel.notify_closing(fd)
-            os.close(fd)
-    for ident in list(alive):
-        reap_if_child(ident.pid)
-        if not ident.matches():
-            alive.discard(ident)
-    return alive
+        if not alive or trio.current_time() >= deadline:
+            return alive
+        with trio.move_on_at(deadline):
+            await wait_pid_exit(next(iter(alive)).pid)
 
 
 @dataclass(slots=True)
@@ -376,18 +379,8 @@ async def wait_exited(process: trio.Process) -> None:
     An unreaped (zombie) leader keeps its pid, and with it the process group id, from being
     reused, so the group can still be signalled safely.
     """
-    if process.returncode is not None:
-        return
-    try:
-        fd = os.pidfd_open(process.pid)
-    except OSError:
+    if process.returncode is None and not await wait_pid_exit(process.pid):
         await process.wait()
-        return
-    try:
-        await trio.lowlevel.wait_readable(fd)
-    finally:
-        trio.lowlevel.notify_closing(fd)
-        os.close(fd)
 
 
 class ProcessTree:
