@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -85,6 +84,7 @@ from adapters._base import Adapter, TurnRequest  # noqa: E402
 from fakemodel import anthropic, gemini_api, openai_chat, openai_responses  # noqa: E402
 from fakemodel._http import FakeModelServer  # noqa: E402
 from fakemodel.clis import cli_path  # noqa: E402
+from fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, toml_value, write_tool_script  # noqa: E402
 from supervisor._client import Client  # noqa: E402
 from supervisor._tree import scrubbed_environment  # noqa: E402
 
@@ -326,8 +326,6 @@ def row_floor_killpg(folder: Path, setup: AgentSetup, n: int, tag: str, *, all_a
 CLI_STOP_GRACE = 3.0
 #: How long the comparison row waits for the CLI to exit after its SIGTERM.
 SIGTERM_WAIT = 5.0
-#: The tool's long process and its setsid grandchild (distinct, so a scan can tell them apart).
-TOOL_SLEEP, SETSID_SLEEP = "sleep 3000", "sleep 3001"
 
 
 @dataclass(frozen=True)
@@ -374,35 +372,14 @@ class CliSetup:
         return (
             SERVER_TOML
             + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\nstall_timeout = 120\nturn_timeout = 300\n'
-            f"[agents.{self.name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items())
+            f"[agents.{self.name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
         )
-
-
-def _toml_value(value: Any) -> str:
-    """A TOML rendering of the few value types an agent table holds (JSON strings are TOML)."""
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(value)
 
 
 @contextlib.contextmanager
 def cli_setup(spec: CliSpec, folder: Path) -> Iterator[CliSetup]:
     """Start the CLI's fake model server and write the tool script; stop the server after."""
-    tool = folder / "tool.sh"
-    # The same tool as tests/test_realcli.py: a setsid grandchild and a long same-session
-    # child, each pid written once it exists ("$1.setsid" first, "$1" last = ready).
-    tool.write_text(
-        "#!/bin/sh\n"
-        f"setsid {SETSID_SLEEP} </dev/null >/dev/null 2>&1 &\n"
-        'echo $! > "$1.setsid"\n'
-        f"{TOOL_SLEEP} &\n"
-        'echo $! > "$1"\n'
-        "wait\n"
-    )
+    tool = write_tool_script(folder)  # the tool tests/test_realcli.py runs
     server = spec.server().start()
     try:
         yield CliSetup(spec.name, spec.adapter, (str(cli_path(spec.name)),), spec.env(server.url),

@@ -26,6 +26,7 @@ from conftest import DaemonProcess, turn_processes
 from fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from fakemodel._http import FakeModelServer
 from fakemodel.clis import cli_path
+from fakemodel.rig import toml_value, write_tool_script
 
 pytestmark = pytest.mark.realcli
 
@@ -55,20 +56,6 @@ CLIS = [
 ]
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(value)
-
-
 def config_text(agent: dict[str, Any]) -> str:
     """A corral.toml with one agent, ``cli``."""
     lines = [
@@ -77,7 +64,7 @@ def config_text(agent: dict[str, Any]) -> str:
         f'[defaults]\nagent = "cli"\nstop_grace = {STOP_GRACE}\nstall_timeout = 120\nturn_timeout = 300',
         "[agents.cli]",
     ]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in agent.items()]
+    lines += [f"{key} = {toml_value(value)}" for key, value in agent.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -137,18 +124,8 @@ def _agent_messages(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def _tool_script(folder: Path) -> tuple[Path, Path]:
-    """A tool that starts a long process and a setsid grandchild, then says it has."""
-    script = folder / "tool.sh"
-    started = folder / "tool.started"
-    script.write_text(
-        "#!/bin/sh\n"
-        "setsid sleep 3001 </dev/null >/dev/null 2>&1 &\n"
-        "echo $! > \"$1.setsid\"\n"
-        "sleep 3000 &\n"
-        "echo $! > \"$1\"\n"
-        "wait\n"
-    )
-    return script, started
+    """A tool that starts a long process and a setsid grandchild, and its pid file."""
+    return write_tool_script(folder), folder / "tool.started"
 
 
 def _alive(pid: int) -> bool:
