@@ -345,9 +345,13 @@ class Store:
         """``(session id, working directory)`` of this channel and agent."""
         return self._sessions.get((channel, agent), (None, None))
 
-    def sessions_of(self, channel: str) -> dict[str, str]:
-        """Every agent's session id in ``channel``."""
-        return {a: s for (c, a), (s, _) in self._sessions.items() if c == channel and s}
+    def sessions_by_channel(self) -> dict[str, dict[str, str]]:
+        """Every known session id, by channel and then agent."""
+        out: dict[str, dict[str, str]] = {}
+        for (channel, agent), (session_id, _) in self._sessions.items():
+            if session_id:
+                out.setdefault(channel, {})[agent] = session_id
+        return out
 
     def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
         """Remember the session id (None forgets it) and working directory."""

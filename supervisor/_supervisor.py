@@ -500,13 +500,14 @@ class Supervisor:
     def status(self) -> dict[str, Any]:
         """Agents, channels, running turns, at this instant."""
         channels: dict[str, Any] = {}
+        sessions = self.store.sessions_by_channel()
         for name in sorted(self.ledger.channels()):
             turn = self._turns.get(name)
             phase = self.ledger.turn_phase(name)
             channels[name] = {
                 "generation": self.ledger.generation(name),
                 "queued": len(self.ledger.queued(name)),
-                "sessions": self.store.sessions_of(name),
+                "sessions": sessions.get(name, {}),
                 "turn": None
                 if turn is None
                 else {
