@@ -340,7 +340,7 @@ ADAPTER = Adapter(
     default_command=("codex",),
     build_launch=build_launch,
     new_parser=new_parser,
-    # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (see CLI-FACTS).
+    # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (README, "The agent CLIs").
     interrupt_signal=signal.SIGINT,
     point_of_no_return="spawn",
     option_keys=OPTION_KEYS,
