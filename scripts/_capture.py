@@ -163,18 +163,20 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def find_process(mark: str, needle: str, timeout: float = 15.0) -> psutil.Process | None:
-    """The marked process whose command line contains ``needle``, once it exists."""
+def find_process(mark: str, needle: str, timeout: float = 0.0, *, name: str | None = None) -> psutil.Process | None:
+    """The marked process whose command line contains ``needle`` (and called ``name``, if
+    given: not the shell wrapping it), waiting up to ``timeout`` seconds (0: look once)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         for proc in marked_processes(mark):
             try:
-                if needle in " ".join(proc.cmdline()):
+                if needle in " ".join(proc.cmdline()) and (name is None or proc.name() == name):
                     return proc
             except psutil.Error:
                 continue
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(POLL)
-    return None
 
 
 # ---------------------------------------------------------------- one turn
@@ -220,6 +222,8 @@ def run_turn(
     *,
     interrupt: Interrupt | None = None,
     interrupt_within: float = 60.0,
+    grace: float | None = None,
+    after_exit: Callable[[Running, float], None] | None = None,
     timeout: float = 120.0,
     width: int | None = None,
 ) -> Captured:
@@ -228,9 +232,11 @@ def run_turn(
     The process gets its own session, stdin ``/dev/null`` (or a pipe with ``launch.stdin``,
     then closed). With ``interrupt``, SIGINT goes to its process group the first time the
     condition holds (checked on every stdout line and every :data:`POLL` seconds, for at most
-    ``interrupt_within`` seconds). After ``timeout`` seconds the group is SIGKILLed: a hung
-    CLI must not hang the script. Whatever of the turn is still alive afterwards is
-    described in ``survivors`` and killed by pid.
+    ``interrupt_within`` seconds); with ``grace``, the group is SIGKILLed that many seconds
+    after the SIGINT if the CLI is still running, and ``after_exit(running, sent)`` may then
+    watch what the CLI left (before the sweep). After ``timeout`` seconds the group is
+    SIGKILLed: a hung CLI must not hang the script. Whatever of the turn is still alive
+    afterwards is described in ``survivors`` and killed by pid.
     """
     mark = env[MARK_VAR]
     started = time.monotonic()
@@ -276,8 +282,15 @@ def run_turn(
                 captured.notes.append("the moment to interrupt never came")
             else:
                 captured.interrupted = True
-                proc.wait()
+                try:
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    captured.notes.append(f"still running {grace:g} s after SIGINT: SIGKILL to its group")
+                    signal_group(proc.pid, signal.SIGKILL)
+                    proc.wait()
                 captured.exited_after = time.monotonic() - sent
+                if after_exit is not None:
+                    after_exit(running, sent)
         captured.returncode = proc.wait()
     finally:
         timer.cancel()
@@ -326,6 +339,32 @@ def on_line(predicate: Callable[[dict[str, object]], bool]) -> Interrupt:
             if isinstance(obj, dict) and predicate(obj):
                 return True
         return False
+
+    return condition
+
+
+def after(first: Interrupt, then: Interrupt) -> Interrupt:
+    """A condition that holds once ``then`` holds, checked only after ``first`` has held."""
+    held = False
+
+    def condition(running: Running) -> bool:
+        nonlocal held
+        held = held or first(running)
+        return held and then(running)
+
+    return condition
+
+
+def process_running(needle: str, *, name: str | None = None) -> Interrupt:
+    """A condition that holds once a process of the turn whose command line contains
+    ``needle`` (called ``name``, if given) is alive: the tool, which starts just after the
+    CLI reports the call."""
+
+    def condition(running: Running) -> bool:
+        proc = find_process(running.mark, needle, name=name)
+        if proc is not None:
+            running.notes.append(f"tool running at SIGINT: {describe(proc)}")
+        return proc is not None
 
     return condition
 
