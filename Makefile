@@ -25,7 +25,7 @@ test: $(STAMP) clis
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP) clis
-	$(VENV)/bin/python scripts/bench_daemon.py
+	$(VENV)/bin/python -m scripts.bench_daemon
 	$(VENV)/bin/python scripts/bench_stop.py
 	$(VENV)/bin/python scripts/chaos_stop.py
 
