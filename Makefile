@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clis bench
+.PHONY: demo test setup clis bench check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP) clis
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP) clis
-	$(VENV)/bin/python scripts/bench_daemon.py
+	$(VENV)/bin/python -m scripts.bench_daemon
 	$(VENV)/bin/python scripts/bench_stop.py
 	$(VENV)/bin/python scripts/chaos_stop.py
+
+# Lint (ruff) and types (mypy --strict), both configured in pyproject.toml.
+check: $(STAMP)
+	$(VENV)/bin/ruff check supervisor adapters scripts
+	$(VENV)/bin/mypy

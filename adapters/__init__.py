@@ -43,7 +43,11 @@ KNOWN_ADAPTERS: dict[str, str] = {
 def get_adapter(name: str) -> Adapter:
     """The adapter called ``name``; ``KeyError`` if corral has none by that name."""
     module = importlib.import_module(KNOWN_ADAPTERS[name])
-    return module.ADAPTER
+    adapter = module.ADAPTER
+    # Every adapter module defines ADAPTER; a module that does not is a bug, said plainly.
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"{KNOWN_ADAPTERS[name]}.ADAPTER is not an Adapter")
+    return adapter
 
 
 __all__ = [

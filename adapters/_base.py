@@ -167,6 +167,14 @@ class Parser(Protocol):
         """Parse one line (without its newline)."""
         ...
 
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Parse one stderr line (without its newline): a stale session, a failure's words.
+
+        Most of what a CLI prints there is log; a parser keeps what explains a failure and
+        returns events only for what the turn's outcome depends on.
+        """
+        ...
+
     def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
         """Called once when the process has ended; may add a final Result or Error."""
         ...

@@ -4,7 +4,9 @@ Claude Code, Qwen Code (a fork of Gemini CLI whose ``stream-json`` copies Claude
 Gemini CLI and Codex all print one JSON object per stdout line, so they decode and guard
 a line the same way (:func:`feed_json`); Claude and Qwen also share the Anthropic message
 shape of tool results and permission denials; and every CLI that can exit without its
-end-of-turn line needs the same kind of :class:`Error` (:func:`unfinished_turn`).
+end-of-turn line needs the same kind of :class:`Error` (:func:`unfinished_turn`) and the
+same bookkeeping to know it (:class:`TurnEnd`). Every JSON-lines parser dispatches a line on
+its ``type`` through a table of handlers (:func:`by_type`).
 
 What differs between the CLIs is passed in (a dispatch function, a block renderer, a
 preview function); nothing here knows a CLI by name.
@@ -14,9 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from ._base import TOOL_PREVIEW_CHARS, Error, Event, Status, ToolResult, Unparsed, preview
+from ._base import TOOL_PREVIEW_CHARS, Error, Event, StaleSession, Status, ToolResult, Unparsed, preview
+
+P = TypeVar("P")
 
 #: What a handler raises on a line of a known type in a shape the CLI never printed so far
 #: (``RecursionError``: a pathologically nested value); such a line is Unparsed, not fatal.
@@ -61,6 +66,69 @@ def feed_json(
     if events is None:
         return [Unparsed(line, f"unknown type {kind!r}")]
     return events
+
+
+def by_type(
+    handlers: Mapping[str, Callable[[P, dict[str, Any], str], list[Event]]], parser: P, obj: dict[str, Any], line: str
+) -> list[Event] | None:
+    """The events of ``handlers[obj["type"]](parser, obj, line)``; ``None`` for an unknown type.
+
+    The parsers' one dispatch style: a module-level table from a line's ``type`` to the
+    parser method that handles it, so the line types a CLI prints are listed in one place.
+    """
+    kind = obj.get("type")
+    handler = handlers.get(kind) if isinstance(kind, str) else None
+    return None if handler is None else handler(parser, obj, line)
+
+
+@dataclass(slots=True)
+class TurnEnd:
+    """What a parser has seen of the end of its turn, for ``finish`` to decide how it ended.
+
+    Every CLI can exit without its end-of-turn line (killed, crashed, out of credit); its
+    parser then owes an :class:`Error`, unless the turn is already closed: the CLI reported
+    its result, or said the session to resume is unknown (the supervisor retries afresh).
+    The last stderr lines explain a failure that stdout does not.
+    """
+
+    saw_result: bool = False
+    """The CLI printed its end-of-turn line."""
+    saw_error: bool = False
+    """An :class:`Error` has gone out for this turn."""
+    saw_stale: bool = False
+    """A :class:`StaleSession` has gone out for this turn."""
+    stderr_tail: list[str] = field(default_factory=list)
+    """The last :data:`STDERR_TAIL` non-blank stderr lines kept by :meth:`keep_stderr`."""
+
+    @property
+    def closed(self) -> bool:
+        """The turn needs no closing event from ``finish``: a result or a stale session was seen."""
+        return self.saw_result or self.saw_stale
+
+    def result(self) -> None:
+        """The end-of-turn line arrived."""
+        self.saw_result = True
+
+    def error(self, text: str) -> Error:
+        """An :class:`Error` to emit, remembered as seen."""
+        self.saw_error = True
+        return Error(text)
+
+    def stale(self, text: str) -> list[Event]:
+        """One :class:`StaleSession` for the turn: the first report gives it, repeats nothing."""
+        if self.saw_stale:
+            return []
+        self.saw_stale = True
+        return [StaleSession(text)]
+
+    def keep_stderr(self, text: str) -> None:
+        """Remember a stderr line (already stripped) for the failure message."""
+        if text:
+            self.stderr_tail = keep_tail(self.stderr_tail, text)
+
+    def last_stderr(self) -> str:
+        """The latest stderr line kept, or empty."""
+        return self.stderr_tail[-1] if self.stderr_tail else ""
 
 
 def json_file(value: object) -> str:

@@ -207,6 +207,11 @@ class AiderParser:
         events += self._line(line.rstrip())
         return events
 
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Nothing: aider's errors are on stdout; its stderr has argparse's usage errors,
+        which the exit status already tells (:meth:`finish`), and terminal warnings."""
+        return []
+
     def _line(self, line: str) -> list[Event]:
         if self.state == "tool":
             return self._tool_line(line)

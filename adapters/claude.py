@@ -46,7 +46,7 @@ The plan tool: Claude Code 2.1 replaced ``TodoWrite`` by ``TaskCreate``/``TaskUp
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +57,6 @@ from ._base import (
     Launch,
     Result,
     SessionId,
-    StaleSession,
     Status,
     Text,
     ToolUse,
@@ -67,7 +66,9 @@ from ._base import (
     preview,
 )
 from ._common import (
+    TurnEnd,
     blocks_text,
+    by_type,
     feed_json,
     fresh_session_id,
     permission_denials,
@@ -150,8 +151,9 @@ def _result_block(block: object) -> str | None:
     """A ``tool_result`` content block: its text, or ``[image]`` and the like for the rest."""
     if not isinstance(block, dict):
         return None
-    if block.get("type") == "text" and isinstance(block.get("text"), str):
-        return block["text"]
+    text = block.get("text")
+    if block.get("type") == "text" and isinstance(text, str):
+        return text
     return f"[{block.get('type', 'block')}]"
 
 
@@ -171,8 +173,7 @@ class ClaudeParser:
 
     session_id: str | None = None
     """The last session id reported, so a repeated one is not reported twice."""
-    saw_result: bool = False
-    saw_stale: bool = False
+    end: TurnEnd = field(default_factory=TurnEnd)
     _todo_calls: set[str] = field(default_factory=set)
     """Ids of TodoWrite calls: their results are bookkeeping, not tool output."""
     _errors: set[str] = field(default_factory=set)
@@ -185,28 +186,17 @@ class ClaudeParser:
         return feed_json(line, self._dispatch, malformed="malformed {kind!r} line: {exc}")
 
     def _dispatch(self, obj: dict[str, Any], line: str) -> list[Event] | None:
-        kind = obj.get("type")
-        if kind == "system":
-            return self._system(obj, line)
-        if kind == "assistant":
-            return self._assistant(obj, line)
-        if kind == "user":
-            return self._user(obj, line)
-        if kind == "result":
-            return self._result(obj, line)
-        if isinstance(kind, str) and kind in QUIET_TYPES:
-            return []
-        return None
+        return by_type(_HANDLERS, self, obj, line)
 
     def feed_stderr(self, line: str) -> list[Event]:
         """Spot the stale-session message, which the CLI also prints on stderr."""
         if stale_text(line):
-            return self._stale(line.strip())
+            return self.end.stale(line.strip())
         return []
 
     def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
         """An Error when the CLI ended without its ``result`` line (killed, crashed)."""
-        if self.saw_result or self.saw_stale:
+        if self.end.closed:
             return []
         if interrupted:
             return [Error("claude was stopped before the end of its turn")]
@@ -216,23 +206,20 @@ class ClaudeParser:
 
     def _session(self, obj: dict[str, Any]) -> list[Event]:
         # After a stale resume the line's id is the unknown one, or a throwaway.
-        sid = None if self.saw_stale else fresh_session_id(obj, self.session_id)
+        sid = None if self.end.saw_stale else fresh_session_id(obj, self.session_id)
         if sid is None:
             return []
         self.session_id = sid
         return [SessionId(sid)]
 
-    def _stale(self, text: str) -> list[Event]:
-        if self.saw_stale:
-            return []
-        self.saw_stale = True
-        return [StaleSession(text)]
-
     def _error(self, text: str) -> list[Event]:
         if text in self._errors:
             return []
         self._errors.add(text)
-        return [Error(text)]
+        return [self.end.error(text)]
+
+    def _quiet(self, obj: dict[str, Any], line: str) -> list[Event]:
+        return []
 
     def _system(self, obj: dict[str, Any], line: str) -> list[Event]:
         subtype = obj.get("subtype")
@@ -242,7 +229,8 @@ class ClaudeParser:
             status = obj.get("error_status")
             what = obj.get("error") or "error"
             code = f" {status}" if status is not None else ""
-            return [Status(f"model API{code} ({what}); retrying, attempt {obj.get('attempt')} of {obj.get('max_retries')}")]
+            attempt = f"attempt {obj.get('attempt')} of {obj.get('max_retries')}"
+            return [Status(f"model API{code} ({what}); retrying, {attempt}")]
         if subtype == "compact_boundary":
             return [Status("conversation compacted")]
         if subtype in QUIET_SYSTEM:
@@ -308,17 +296,19 @@ class ClaudeParser:
         return events
 
     def _result(self, obj: dict[str, Any], line: str) -> list[Event]:
-        self.saw_result = True
+        self.end.result()
         errors = [str(e) for e in obj.get("errors") or [] if e]
         text = text_of(obj.get("result"))
         failed = bool(obj.get("is_error")) or obj.get("subtype") != "success"
         if failed:
             stale = [e for e in errors if stale_text(e)]
             if stale:
-                return self._stale(stale[0])
+                return self.end.stale(stale[0])
         events: list[Event] = self._session(obj)
         events += permission_denials(
-            obj.get("permission_denials"), lambda name, denial: tool_preview(name, denial.get("tool_input")), unnamed="?"
+            obj.get("permission_denials"),
+            lambda name, denial: tool_preview(name, denial.get("tool_input")),
+            unnamed="?",
         )
         if not failed:
             events.append(Result(text or "", ok=True))
@@ -338,6 +328,16 @@ class ClaudeParser:
         if useful:
             return "; ".join(useful)
         return f"claude: {obj.get('subtype') or 'error'}"
+
+
+#: The handler of each line type; the quiet types carry nothing for the transcript.
+_HANDLERS: dict[str, Callable[[ClaudeParser, dict[str, Any], str], list[Event]]] = {
+    "system": ClaudeParser._system,
+    "assistant": ClaudeParser._assistant,
+    "user": ClaudeParser._user,
+    "result": ClaudeParser._result,
+    **dict.fromkeys(QUIET_TYPES, ClaudeParser._quiet),
+}
 
 
 def new_parser(request: TurnRequest) -> ClaudeParser:

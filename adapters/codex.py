@@ -53,17 +53,16 @@ import posixpath
 import re
 import shlex
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._base import (
     Adapter,
-    Error,
     Event,
     Launch,
     Result,
     SessionId,
-    StaleSession,
     Status,
     Text,
     TodoItem,
@@ -74,7 +73,7 @@ from ._base import (
     Unparsed,
     preview,
 )
-from ._common import feed_json, optional_preview, text_of, unfinished_turn
+from ._common import TurnEnd, by_type, feed_json, optional_preview, text_of, unfinished_turn
 
 OPTION_KEYS = frozenset({"base_url", "env_key"})
 
@@ -180,12 +179,8 @@ class CodexParser:
 
     session_id: str | None = None
     """The session id the turn was asked to resume, if any."""
-    ended: bool = False
-    """``turn.completed`` or ``turn.failed`` was seen: the turn ended on its own terms."""
-    failed: bool = False
-    """The turn ended with ``turn.failed``."""
-    stale: bool = False
-    """Codex said the resumed thread does not exist."""
+    end: TurnEnd = field(default_factory=TurnEnd)
+    """``turn.completed``/``turn.failed`` (a result), errors, and an unknown resumed thread (stale)."""
     last_message: str = ""
     """The latest whole ``agent_message``: the turn's final answer once it completes."""
     _last_error: str = ""
@@ -201,52 +196,55 @@ class CodexParser:
         """Codex reports an unknown thread id on stderr only; everything else there is log."""
         # Only a resumed turn can have a stale id; elsewhere a look-alike log line is just log.
         if self.session_id and any(p.search(line) for p in STALE_PATTERNS):
-            self.stale = True
-            return [StaleSession(line.strip())]
+            return self.end.stale(line.strip())
         return []
 
-    def _event(self, obj: dict[str, object], line: str) -> list[Event] | None:
-        kind = obj.get("type")
-        if not isinstance(kind, str):
+    def _event(self, obj: dict[str, Any], line: str) -> list[Event] | None:
+        if not isinstance(obj.get("type"), str):
             return [Unparsed(line, _NOT_AN_EVENT)]
-        if kind == "thread.started":
-            tid = obj.get("thread_id")
-            if not isinstance(tid, str) or not tid:
-                return [Unparsed(line, "'thread.started' without a thread_id")]
-            if self.session_id and tid != self.session_id:
-                # ``resume NAME`` with an unknown thread *name* (not a UUID) silently starts a
-                # new thread; the turn still runs, so say so rather than retry it.
-                return [Status(f"codex could not resume {self.session_id}; started thread {tid}"), SessionId(tid)]
-            return [SessionId(tid)]
-        if kind == "turn.started":
+        return by_type(_HANDLERS, self, obj, line)
+
+    def _thread_started(self, obj: dict[str, Any], line: str) -> list[Event]:
+        tid = obj.get("thread_id")
+        if not isinstance(tid, str) or not tid:
+            return [Unparsed(line, "'thread.started' without a thread_id")]
+        if self.session_id and tid != self.session_id:
+            # ``resume NAME`` with an unknown thread *name* (not a UUID) silently starts a
+            # new thread; the turn still runs, so say so rather than retry it.
+            return [Status(f"codex could not resume {self.session_id}; started thread {tid}"), SessionId(tid)]
+        return [SessionId(tid)]
+
+    def _turn_started(self, obj: dict[str, Any], line: str) -> list[Event]:
+        return []
+
+    def _turn_completed(self, obj: dict[str, Any], line: str) -> list[Event]:
+        self.end.result()
+        return [Result(self.last_message, ok=True)]
+
+    def _turn_failed(self, obj: dict[str, Any], line: str) -> list[Event]:
+        self.end.result()
+        err = obj.get("error")
+        message = text_of(err.get("message")) if isinstance(err, dict) else ""
+        message = message or "codex reported a failed turn"
+        if message == self._last_error:
+            # The same text already went out as an ``error`` event just before.
             return []
-        if kind == "turn.completed":
-            self.ended = True
-            return [Result(self.last_message, ok=True)]
-        if kind == "turn.failed":
-            self.ended = self.failed = True
-            err = obj.get("error")
-            message = text_of(err.get("message")) if isinstance(err, dict) else ""
-            message = message or "codex reported a failed turn"
-            if message == self._last_error:
-                # The same text already went out as an ``error`` event just before.
-                return []
-            return [Error(message)]
-        if kind == "error":
-            message = text_of(obj.get("message"))
-            if _RETRY.match(message):
-                return [Status(message)]
-            if self.session_id and any(p.search(message) for p in STALE_PATTERNS):
-                self.stale = True
-                return [StaleSession(message)]
-            self._last_error = message
-            return [Error(message or "codex reported an error")]
-        if kind in ("item.started", "item.updated", "item.completed"):
-            item = obj.get("item")
-            if not isinstance(item, dict):
-                return [Unparsed(line, f"{kind!r} without an item")]
-            return self._item(item, done=kind == "item.completed", line=line)
-        return None
+        return [self.end.error(message)]
+
+    def _error(self, obj: dict[str, Any], line: str) -> list[Event]:
+        message = text_of(obj.get("message"))
+        if _RETRY.match(message):
+            return [Status(message)]
+        if self.session_id and any(p.search(message) for p in STALE_PATTERNS):
+            return self.end.stale(message)
+        self._last_error = message
+        return [self.end.error(message or "codex reported an error")]
+
+    def _item_event(self, obj: dict[str, Any], line: str) -> list[Event]:
+        item = obj.get("item")
+        if not isinstance(item, dict):
+            return [Unparsed(line, f"{obj['type']!r} without an item")]
+        return self._item(item, done=obj["type"] == "item.completed", line=line)
 
     def _item(self, item: dict[str, object], *, done: bool, line: str) -> list[Event]:
         itype = item.get("type")
@@ -324,10 +322,23 @@ class CodexParser:
 
     def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
         """A turn that ended without ``turn.completed``/``turn.failed`` is an error, unless stopped."""
-        if interrupted or self.ended or self.stale:
+        if interrupted or self.end.closed:
             # A stop is the user's doing (never a success); a stale id is retried by the supervisor.
             return []
         return [unfinished_turn("codex", returncode, reason="without finishing the turn")]
+
+
+#: The handler of each event type.
+_HANDLERS: dict[str, Callable[[CodexParser, dict[str, Any], str], list[Event]]] = {
+    "thread.started": CodexParser._thread_started,
+    "turn.started": CodexParser._turn_started,
+    "turn.completed": CodexParser._turn_completed,
+    "turn.failed": CodexParser._turn_failed,
+    "error": CodexParser._error,
+    "item.started": CodexParser._item_event,
+    "item.updated": CodexParser._item_event,
+    "item.completed": CodexParser._item_event,
+}
 
 
 def new_parser(request: TurnRequest) -> CodexParser:
@@ -340,7 +351,7 @@ ADAPTER = Adapter(
     default_command=("codex",),
     build_launch=build_launch,
     new_parser=new_parser,
-    # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (see CLI-FACTS).
+    # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (README, "The agent CLIs").
     interrupt_signal=signal.SIGINT,
     point_of_no_return="spawn",
     option_keys=OPTION_KEYS,

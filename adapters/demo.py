@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import signal
 import sys
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 from . import demo_agent, generic
 from ._base import Adapter, Error, Event, Launch, StaleSession, TurnRequest
@@ -38,7 +37,15 @@ class DemoParser(generic.GenericParser):
 
     def feed(self, line: str) -> list[Event]:
         """Parse one line; an unknown-session error becomes :class:`StaleSession`."""
-        return [StaleSession(e.text) if isinstance(e, Error) and e.text.startswith(STALE_SESSION) else e for e in super().feed(line)]
+        return [
+            StaleSession(e.text) if isinstance(e, Error) and e.text.startswith(STALE_SESSION) else e
+            for e in super().feed(line)
+        ]
+
+
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Nothing: the demo agent reports its errors on stdout, as protocol lines."""
+        return []
 
 
 def new_parser(request: TurnRequest) -> DemoParser:

@@ -48,12 +48,10 @@ from typing import Any
 from ._base import (
     TODO_STATUSES,
     Adapter,
-    Error,
     Event,
     Launch,
     Result,
     SessionId,
-    StaleSession,
     Status,
     Text,
     TodoItem,
@@ -64,7 +62,7 @@ from ._base import (
     Unparsed,
     preview,
 )
-from ._common import feed_json, json_file, keep_tail, optional_preview, unfinished_turn
+from ._common import TurnEnd, by_type, feed_json, json_file, optional_preview, unfinished_turn
 
 #: ``auth_type``: the ``security.auth.selectedType`` written to settings.json
 #: (``gemini-api-key`` by default; ``vertex-ai`` for Vertex credentials in the env).
@@ -135,7 +133,7 @@ def _todos(parameters: object) -> Todos | None:
             status = "pending"
         if not isinstance(content, str) or status not in TODO_STATUSES:
             return None
-        items.append(TodoItem(content=content, status=status))  # type: ignore[arg-type]
+        items.append(TodoItem(content=content, status=status))
     return Todos(tuple(items))
 
 
@@ -146,13 +144,10 @@ class GeminiParser:
     resuming: str | None = None
     """The session id this turn asked to resume, if any."""
     saw_output: bool = False
-    saw_result: bool = False
-    saw_error: bool = False
-    saw_stale: bool = False
+    end: TurnEnd = field(default_factory=TurnEnd)
     answer: list[str] = field(default_factory=list)
     """Assistant text since the last tool call: the final answer so far."""
     todo_calls: set[str] = field(default_factory=set)
-    stderr_tail: list[str] = field(default_factory=list)
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line."""
@@ -160,9 +155,7 @@ class GeminiParser:
 
     def _dispatch(self, obj: dict[str, Any], line: str) -> list[Event] | None:
         self.saw_output = True
-        kind = obj.get("type")
-        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
-        return None if handler is None else handler(self, obj, line)
+        return by_type(_HANDLERS, self, obj, line)
 
     def feed_stderr(self, line: str) -> list[Event]:
         """Spot a failed resume, which gemini reports only on stderr; keep a short tail."""
@@ -170,21 +163,20 @@ class GeminiParser:
         text = _ANSI.sub("", line).strip()
         if not text:
             return []
-        self.stderr_tail = keep_tail(self.stderr_tail, text)
-        if text.startswith(STALE_PREFIX) and not self.saw_stale:
-            self.saw_stale = True
-            return [StaleSession(text)]
+        self.end.keep_stderr(text)
+        if text.startswith(STALE_PREFIX):
+            return self.end.stale(text)
         return []
 
     # ------------------------------------------------------------ stdout types
 
-    def _init(self, obj: dict, line: str) -> list[Event]:
+    def _init(self, obj: dict[str, Any], line: str) -> list[Event]:
         sid = obj.get("session_id")
         if not isinstance(sid, str) or not sid:
             return [Unparsed(line, "'init' without a session_id")]
         return [SessionId(sid)]
 
-    def _message(self, obj: dict, line: str) -> list[Event]:
+    def _message(self, obj: dict[str, Any], line: str) -> list[Event]:
         content = obj.get("content")
         if not isinstance(content, str):
             return [Unparsed(line, "'message' without a string content")]
@@ -199,7 +191,7 @@ class GeminiParser:
         self.answer.append(content)
         return [Text(content, delta=obj.get("delta") is True)]
 
-    def _tool_use(self, obj: dict, line: str) -> list[Event]:
+    def _tool_use(self, obj: dict[str, Any], line: str) -> list[Event]:
         name = obj.get("tool_name")
         if not isinstance(name, str) or not name:
             return [Unparsed(line, "'tool_use' without a tool_name")]
@@ -214,7 +206,7 @@ class GeminiParser:
                 return [todos]
         return [ToolUse(name, preview(parameters))]
 
-    def _tool_result(self, obj: dict, line: str) -> list[Event]:
+    def _tool_result(self, obj: dict[str, Any], line: str) -> list[Event]:
         status = obj.get("status")
         if status not in ("success", "error"):
             return [Unparsed(line, f"'tool_result' with unknown status {status!r}")]
@@ -229,28 +221,26 @@ class GeminiParser:
             output = error["message"]
         return [ToolResult(optional_preview(output), is_error=is_error)]
 
-    def _error(self, obj: dict, line: str) -> list[Event]:
+    def _error(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message")
         if not isinstance(message, str):
             return [Unparsed(line, "'error' without a message")]
         if obj.get("severity") == "warning":
             return [Status(message)]
-        self.saw_error = True
-        return [Error(message)]
+        return [self.end.error(message)]
 
-    def _result(self, obj: dict, line: str) -> list[Event]:
+    def _result(self, obj: dict[str, Any], line: str) -> list[Event]:
         status = obj.get("status")
-        self.saw_result = True
+        self.end.result()
         if status == "success":
             return [Result("".join(self.answer), ok=True)]
         events: list[Event] = []
         error = obj.get("error")
         message = error.get("message") if isinstance(error, dict) else None
         if isinstance(message, str) and message:
-            events.append(Error(message))
-        elif not self.saw_error:
-            events.append(Error(f"gemini ended the turn with status {status!r}"))
-        self.saw_error = True
+            events.append(self.end.error(message))
+        elif not self.end.saw_error:
+            events.append(self.end.error(f"gemini ended the turn with status {status!r}"))
         # No text: whatever was streamed is already shown, and this is not an answer.
         events.append(Result("", ok=False))
         return events
@@ -264,18 +254,18 @@ class GeminiParser:
         alone does not mean success. A stopped turn gets nothing here: the supervisor
         reports the stop itself, and it must never look like a success.
         """
-        if interrupted or self.saw_result or self.saw_stale:
+        if interrupted or self.end.closed:
             return []
         if self.resuming and returncode == EXIT_FATAL_INPUT and not self.saw_output:
             # The stale-session message is on stderr; if nobody fed it to us, the exit
             # status before any output still tells a failed resume.
-            self.saw_stale = True
-            return [StaleSession(f"gemini could not resume session {self.resuming} (exit {returncode})")]
-        detail = self.stderr_tail[-1] if self.stderr_tail else ""
+            return self.end.stale(f"gemini could not resume session {self.resuming} (exit {returncode})")
+        detail = self.end.last_stderr()
         return [unfinished_turn("gemini", returncode, clean_exit="exited without ending the turn", detail=detail)]
 
 
-_HANDLERS: dict[str, Callable[[GeminiParser, dict, str], list[Event]]] = {
+#: The handler of each line type.
+_HANDLERS: dict[str, Callable[[GeminiParser, dict[str, Any], str], list[Event]]] = {
     "init": GeminiParser._init,
     "message": GeminiParser._message,
     "tool_use": GeminiParser._tool_use,

@@ -38,18 +38,16 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._base import (
     Adapter,
-    Error,
     Event,
     Launch,
     Result,
     SessionId,
-    StaleSession,
     Status,
     Text,
     ToolUse,
@@ -58,10 +56,11 @@ from ._base import (
     preview,
 )
 from ._common import (
+    TurnEnd,
+    by_type,
     feed_json,
     fresh_session_id,
     json_file,
-    keep_tail,
     optional_preview,
     permission_denials,
     text_of,
@@ -175,8 +174,9 @@ def build_launch(request: TurnRequest) -> Launch:
 
 def _result_block(block: object) -> str | None:
     """A ``tool_result`` content block: a text block's text, or a bare string."""
-    if isinstance(block, dict) and isinstance(block.get("text"), str):
-        return block["text"]
+    text = block.get("text") if isinstance(block, dict) else None
+    if isinstance(text, str):
+        return text
     if isinstance(block, str):
         return block
     return None
@@ -187,10 +187,7 @@ class QwenParser:
     """Parser for ``qwen --output-format stream-json`` (with or without partial messages)."""
 
     session_id: str | None = None
-    saw_result: bool = False
-    saw_error: bool = False
-    saw_stale: bool = False
-    stderr_tail: list[str] = field(default_factory=list)
+    end: TurnEnd = field(default_factory=TurnEnd)
     _streaming_id: str | None = None
     _streamed_ids: set[str] = field(default_factory=set)
     _todo_calls: set[str] = field(default_factory=set)
@@ -202,18 +199,12 @@ class QwenParser:
         return feed_json(line, self._dispatch)
 
     def _dispatch(self, obj: dict[str, Any], line: str) -> list[Event] | None:
-        kind = obj.get("type")
-        if kind == "system":
-            return self._session(obj)
-        if kind == "assistant":
-            return self._session(obj) + self._assistant(obj)
-        if kind == "user":
-            return self._session(obj) + self._user(obj)
-        if kind == "stream_event":
-            return self._session(obj) + self._stream_event(obj)
-        if kind == "result":
-            return self._session(obj) + self._result(obj)
-        return None
+        events = by_type(_HANDLERS, self, obj, line)
+        # Every qwen line carries the session id; the first one seen is reported first.
+        return None if events is None else self._session(obj) + events
+
+    def _system(self, obj: dict[str, Any], line: str) -> list[Event]:
+        return []
 
     def _session(self, obj: dict[str, Any]) -> list[Event]:
         """A SessionId the first time an id shows up (every qwen line carries it)."""
@@ -223,7 +214,7 @@ class QwenParser:
         self.session_id = sid
         return [SessionId(sid)]
 
-    def _assistant(self, obj: dict[str, Any]) -> list[Event]:
+    def _assistant(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message") or {}
         blocks = message.get("content") or []
         if isinstance(blocks, str):
@@ -242,8 +233,7 @@ class QwenParser:
                 if not isinstance(text, str) or not text:
                     continue
                 if _API_ERROR.match(text):
-                    self.saw_error = True
-                    events.append(Error(text.strip()))
+                    events.append(self.end.error(text.strip()))
                 elif nested:
                     events.append(Status(preview(text)))
                 elif not streamed:
@@ -264,7 +254,7 @@ class QwenParser:
             # thinking blocks are the model's scratchpad: not shown.
         return events
 
-    def _user(self, obj: dict[str, Any]) -> list[Event]:
+    def _user(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message") or {}
         blocks = message.get("content") or []
         events: list[Event] = []
@@ -279,7 +269,7 @@ class QwenParser:
             events.append(tool_result(block, _result_block))
         return events
 
-    def _stream_event(self, obj: dict[str, Any]) -> list[Event]:
+    def _stream_event(self, obj: dict[str, Any], line: str) -> list[Event]:
         if obj.get("parent_tool_use_id") is not None:
             return []
         event = obj.get("event") or {}
@@ -303,8 +293,8 @@ class QwenParser:
         # Block starts/stops, tool-input and thinking deltas: the whole message follows.
         return []
 
-    def _result(self, obj: dict[str, Any]) -> list[Event]:
-        self.saw_result = True
+    def _result(self, obj: dict[str, Any], line: str) -> list[Event]:
+        self.end.result()
         events = permission_denials(
             obj.get("permission_denials"), lambda _name, denial: preview(denial.get("tool_input", ""), 120), strip=True
         )
@@ -312,15 +302,14 @@ class QwenParser:
         if obj.get("is_error") or (isinstance(obj.get("subtype"), str) and obj["subtype"] != "success"):
             err = obj.get("error")
             message = err.get("message") if isinstance(err, dict) else None
-            self.saw_error = True
-            events.append(Error(message if isinstance(message, str) and message else f"qwen: {obj.get('subtype', 'error')}"))
+            why = message if isinstance(message, str) and message else f"qwen: {obj.get('subtype', 'error')}"
+            events.append(self.end.error(why))
             events.append(Result("", ok=False))
-        elif _API_ERROR.match(text) or self.saw_error:
+        elif _API_ERROR.match(text) or self.end.saw_error:
             # qwen reports a failed model call as a "successful" result whose text is the
             # error; the Error is already out (from the assistant line, or now).
-            if not self.saw_error:
-                events.append(Error(text.strip()))
-            self.saw_error = True
+            if not self.end.saw_error:
+                events.append(self.end.error(text.strip()))
             events.append(Result("", ok=False))
         else:
             events.append(Result(text, ok=True))
@@ -335,22 +324,31 @@ class QwenParser:
             return []
         # Stack frames say nothing to a chat user; the message line above them does.
         if not text.startswith("at "):
-            self.stderr_tail = keep_tail(self.stderr_tail, text)
+            self.end.keep_stderr(text)
         if _STALE.search(text):
-            self.saw_stale = True
-            return [StaleSession(text)]
+            return self.end.stale(text)
         return []
 
     # ------------------------------------------------------------- end
 
     def finish(self, returncode: int | None, *, interrupted: bool) -> list[Event]:
         """Close the turn: an Error unless a result line (or a stale session) already did."""
-        if interrupted or self.saw_result or self.saw_stale:
+        if interrupted or self.end.closed:
             return []
-        if self.saw_error:
+        if self.end.saw_error:
             return [Result("", ok=False)]
-        hint = next((t for t in reversed(self.stderr_tail) if t), "")
+        hint = self.end.last_stderr()
         return [unfinished_turn("qwen", returncode, clean_exit="ended without a result", detail=hint)]
+
+
+#: The handler of each line type (``system`` lines carry only the session id).
+_HANDLERS: dict[str, Callable[[QwenParser, dict[str, Any], str], list[Event]]] = {
+    "system": QwenParser._system,
+    "assistant": QwenParser._assistant,
+    "user": QwenParser._user,
+    "stream_event": QwenParser._stream_event,
+    "result": QwenParser._result,
+}
 
 
 def new_parser(request: TurnRequest) -> QwenParser:

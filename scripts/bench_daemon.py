@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """End-to-end figures of a real ``corral run`` daemon with the bundled demo agent.
 
-Run it as ``.venv/bin/python scripts/bench_daemon.py`` (``--quick`` for a small fast run).
+Run it from the repository root as ``.venv/bin/python -m scripts.bench_daemon`` (``--quick`` for a
+small fast run).
 It starts its own daemon(s) in a temporary folder, measures, stops them, and checks that no
 process of any turn (found by the ``CORRAL_TURN`` marker) is left behind.
 
@@ -36,7 +37,7 @@ import httpx
 import psutil
 import trio
 
-from _bench import (
+from scripts._bench import (
     DEMO_AGENT,
     DIRECT_MARKER,
     MARKER,
@@ -60,7 +61,9 @@ class AsyncAPI:
     def __init__(self, socket: Path) -> None:
         self.http = httpx.AsyncClient(
             # The limits go on the transport: a client's own limits do not apply to a transport passed in.
-            transport=httpx.AsyncHTTPTransport(uds=str(socket), limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)),
+            transport=httpx.AsyncHTTPTransport(
+                uds=str(socket), limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            ),
             base_url="http://corral", timeout=None,
         )
         #: Connections being opened at once. The daemon's listener keeps hypercorn's default
@@ -82,7 +85,8 @@ class AsyncAPI:
         """POST a message; the accepted seq and generation."""
         r = await self.http.post(f"{self._path(channel)}/messages", json={"text": text})
         r.raise_for_status()
-        return r.json()
+        accepted: dict[str, Any] = r.json()
+        return accepted
 
     async def wait(self, channel: str, timeout: float) -> bool:
         """True once the channel is idle."""
@@ -93,7 +97,8 @@ class AsyncAPI:
         """Every committed entry of the channel."""
         r = await self.http.get(f"{self._path(channel)}/entries")
         r.raise_for_status()
-        return r.json()["entries"]
+        entries: list[dict[str, Any]] = r.json()["entries"]
+        return entries
 
 
 # ---------------------------------------------------------------- the reference: bare start-up
@@ -327,14 +332,16 @@ def main() -> int:
     home_prefix = str(root)
     failures: list[str] = []
     try:
-        print(f"corral daemon benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}")
+        kind = "quick" if args.quick else "full"
+        print(f"corral daemon benchmark ({kind}), {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}")
         print("daemon: `corral run -c FILE` subprocess; demo agent (delay 0.01); client: httpx over the Unix socket")
         alone = trio.run(_bare_alone, root / "ref")
         print(f"\nreference: demo agent bare start-up (spawn -> first stdout line), alone, 10 runs: {spread(alone)}")
         ref = statistics.median(alone)
 
         print("\nfirst entry: send returned -> first agent entry read by a follower (SSE opened before the send);")
-        print("all sends at once, but at most 64 connections opening at a time (the daemon's listen backlog is hypercorn's default 100)")
+        print("all sends at once, but at most 64 connections opening at a time"
+              " (the daemon's listen backlog is hypercorn's default 100)")
         folder = root / "a"
         folder.mkdir()
         daemon = Daemon(folder)
@@ -356,9 +363,11 @@ def main() -> int:
                 print(f"       send round trip (returns once committed):   {spread(row.send_ms)}")
                 print(f"       bare start-up, {n:>3} agents at once:          {spread(row.bare_ms)}")
                 verdict = "meets" if med <= target else "MISSES"
-                print(f"       target: median <= {FIRST_ENTRY_SLACK_MS:.0f} ms + start-up alone ({ref:.1f}) = {target:.1f} ms -> {verdict};"
+                print(f"       target: median <= {FIRST_ENTRY_SLACK_MS:.0f} ms + start-up alone ({ref:.1f})"
+                      f" = {target:.1f} ms -> {verdict};"
                       f" vs start-up of {n} at once: median {med - bare_med:+.1f} ms over it")
-                print(f"       daemon RSS: before {mib(row.rss_before)}, peak {mib(row.rss_peak)}, after {mib(row.rss_after)}")
+                print(f"       daemon RSS: before {mib(row.rss_before)}, peak {mib(row.rss_peak)},"
+                      f" after {mib(row.rss_after)}")
                 for e in row.errors:
                     print(f"       ERROR: {e}")
                     failures.append(f"{n} channels: {e}")
@@ -367,7 +376,8 @@ def main() -> int:
             if code != 0:
                 failures.append(f"daemon exited with {code}")
 
-        print(f"\nidle: a fresh daemon with {idle_channels} channels that each completed one turn, no client connected, two windows of {idle_seconds:g} s")
+        print(f"\nidle: a fresh daemon with {idle_channels} channels that each completed one turn,"
+              f" no client connected, two windows of {idle_seconds:g} s")
         folder = root / "b"
         folder.mkdir()
         daemon = Daemon(folder)
@@ -377,14 +387,18 @@ def main() -> int:
             daemon.stop()
         for title, idle in zip(("right after the last turn", "the next window (steady state)"), idles, strict=True):
             print(f"  {title}:")
-            print(f"    CPU: {idle.cpu_s * 1000:.1f} ms = {idle.cpu_s / idle_seconds * 100:.3f} % of a core   (target: ~0)")
-            print(f"    wake-ups: {idle.switches} context switches = {idle.switches / idle_seconds:.2f}/s over all threads   (target: 0)")
+            share = idle.cpu_s / idle_seconds * 100
+            print(f"    CPU: {idle.cpu_s * 1000:.1f} ms = {share:.3f} % of a core   (target: ~0)")
+            rate = idle.switches / idle_seconds
+            print(f"    wake-ups: {idle.switches} context switches = {rate:.2f}/s over all threads   (target: 0)")
             print(f"    threads: {idle.threads_before} -> {idle.threads_after}; RSS {mib(idle.rss)}")
             if idle.per_thread:
-                print("    by thread: " + ", ".join(f"{name} {d}" for name, d in sorted(idle.per_thread, key=lambda x: -x[1])))
+                busiest = sorted(idle.per_thread, key=lambda x: -x[1])
+                print("    by thread: " + ", ".join(f"{name} {d}" for name, d in busiest))
             if idle.exited:
                 names = sorted({name.split("/")[0].rstrip("0123456789 ") for name in idle.exited})
-                print(f"    {len(idle.exited)} thread(s) exited in the window ({', '.join(names)}: Trio's idle worker threads"
+                print(f"    {len(idle.exited)} thread(s) exited in the window"
+                      f" ({', '.join(names)}: Trio's idle worker threads"
                       " time out after 10 s); their own switches are not counted")
     finally:
         left = sweep_leftovers(home_prefix)

@@ -11,37 +11,36 @@ Every process the CLI starts inherits a marker variable; after each turn the scr
 the marked processes still alive (tools that outlived the turn), reports them and kills
 them by pid.
 
-Usage: ``.venv/bin/python scripts/capture_claude.py [--out DIR] [--only NAME ...]``
+Usage, from the repository root: ``.venv/bin/python -m scripts.capture_claude [--out DIR] [--only NAME ...]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
+from adapters._base import TurnRequest
+from adapters.claude import build_launch
+from scripts._capture import (
+    Captured,
+    Interrupt,
+    child_named,
+    cli_version,
+    display_argv,
+    new_mark,
+    run_turn,
+    turn_env,
+    write_output,
+)
+from tests.fakemodel.anthropic import FakeAnthropicServer, agent_env
+from tests.fakemodel.clis import PACKAGES, cli_path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from adapters._base import TurnRequest  # noqa: E402
-from adapters.claude import build_launch  # noqa: E402
-from tests.fakemodel.anthropic import FakeAnthropicServer, agent_env  # noqa: E402
-from tests.fakemodel.clis import PACKAGES, cli_path  # noqa: E402
-
-#: Environment variable every process of a captured turn inherits, to find leftovers.
-MARK = "CORRAL_CAPTURE_MARK"
 
 
 @dataclass
@@ -72,7 +71,7 @@ class Scenario:
     about: str
     turns: list[Turn]
     fail_status: int | None = None
-    check: Callable[[FakeAnthropicServer, list["Outcome"]], list[str]] | None = None
+    check: Callable[[FakeAnthropicServer, list[Outcome]], list[str]] | None = None
 
 
 @dataclass
@@ -80,126 +79,49 @@ class Outcome:
     """What one turn did."""
 
     turn: Turn
-    argv: list[str]
-    returncode: int | None
-    stdout: str
-    stderr: str
-    seconds: float
+    captured: Captured
     session_id: str | None
-    survivors: list[str]
-    tool_seen: list[str]
-    notes: list[str] = field(default_factory=list)
 
 
-def session_of(stdout: str) -> str | None:
+def session_of(lines: list[str]) -> str | None:
     """The session id of the first line that names one."""
-    for line in stdout.splitlines():
+    for line in lines:
         try:
             obj = json.loads(line)
         except ValueError:
             continue
         if isinstance(obj, dict) and isinstance(obj.get("session_id"), str):
-            return obj["session_id"]
+            return str(obj["session_id"])
     return None
 
 
-def marked_processes(mark: str) -> list[psutil.Process]:
-    """Live processes whose environment carries ``MARK=mark``."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get(MARK) == mark and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+def interrupt_for(server: FakeAnthropicServer, turn: Turn) -> Interrupt | None:
+    """The moment to send SIGINT in ``turn``, if it is interrupted."""
+    if turn.interrupt_on is None:
+        return None
+    pieces, streams = server.text_pieces_sent, server.streams_started
+    if turn.interrupt_on == "text":
+        # Mid-answer: the first piece of a [[slow]] answer has gone out.
+        return lambda running: server.text_pieces_sent > pieces
+    if turn.interrupt_on == "stream":
+        # The model call is open (for [[silent]]: headers sent, then nothing).
+        return lambda running: server.streams_started > streams
+    return child_named(turn.interrupt_on)
 
 
-def describe(proc: psutil.Process) -> str:
-    """``pid cmdline (pgid, sid)`` of a process, for the report."""
-    try:
-        return f"{proc.pid} {' '.join(proc.cmdline())} (pgid {os.getpgid(proc.pid)}, sid {os.getsid(proc.pid)})"
-    except (psutil.NoSuchProcess, ProcessLookupError):
-        return f"{proc.pid} (gone)"
-
-
-def kill_by_pid(procs: list[psutil.Process]) -> None:
-    """SIGKILL each process by pid and reap what we can."""
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=5)
-
-
-def run_turn(server: FakeAnthropicServer, root: Path, turn: Turn, session: str | None) -> Outcome:
+def run_claude(server: FakeAnthropicServer, root: Path, turn: Turn, session: str | None) -> Outcome:
     """Run the CLI once and return what it printed and left behind."""
     home, tmp, cwd = root / "home", root / "tmp", root / turn.cwd
     for d in (home, tmp, cwd):
         d.mkdir(parents=True, exist_ok=True)
-    mark = uuid.uuid4().hex
     # The launch is the adapter's own, so the captures show what corral will run.
     launch = build_launch(TurnRequest(
         prompt=turn.prompt, channel="capture", turn_id=turn.name, agent="claude",
         command=(str(cli_path("claude")),), args=turn.args, session_id=session, model=turn.model,
         cwd=str(cwd), home=str(home), unattended=turn.unattended))
-    # What the supervisor provides (a scrubbed env, HOME, TMPDIR), the adapter's additions,
-    # then the agent's configuration: the server, and the scenario's extras.
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "LANG": "C.UTF-8",
-        "HOME": str(home),
-        "TMPDIR": str(tmp),
-        MARK: mark,
-        **launch.env,
-        **agent_env(server.url),
-        **turn.env,
-    }
-    argv = list(launch.argv)
-    started = time.monotonic()
-    pieces_before, streams_before = server.text_pieces_sent, server.streams_started
-    proc = subprocess.Popen(argv, env=env, cwd=launch.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    tool_seen: list[str] = []
-    notes: list[str] = []
-    try:
-        if turn.interrupt_on:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and proc.poll() is None:
-                if turn.interrupt_on == "text":
-                    # Mid-answer: the first piece of a [[slow]] answer has gone out.
-                    if server.text_pieces_sent > pieces_before:
-                        break
-                elif turn.interrupt_on == "stream":
-                    # The model call is open (for [[silent]]: headers sent, then nothing).
-                    if server.streams_started > streams_before:
-                        break
-                else:
-                    kids = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == turn.interrupt_on]
-                    if kids:
-                        tool_seen = [describe(p) for p in kids]
-                        break
-                time.sleep(0.05)
-            else:
-                notes.append("the interrupt condition never came")
-            if proc.poll() is None:
-                sent = time.monotonic()
-                os.killpg(proc.pid, signal.SIGINT)
-                notes.append(f"SIGINT sent to the CLI's process group (CLI pid = pgid = sid = {proc.pid})")
-        stdout, stderr = proc.communicate(timeout=120)
-        if turn.interrupt_on:
-            notes.append(f"exited {time.monotonic() - sent:.2f} s after SIGINT")
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        notes.append("timed out; SIGKILLed")
-    seconds = time.monotonic() - started
-    survivors = marked_processes(mark)
-    described = [describe(p) for p in survivors]
-    kill_by_pid(survivors)
-    return Outcome(turn, argv, proc.returncode, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"),
-                   seconds, session_of(stdout.decode("utf-8", "replace")), described, tool_seen, notes)
+    env = turn_env(home, tmp, launch, new_mark(), agent_env(server.url), turn.env)
+    captured = run_turn(launch, env, interrupt=interrupt_for(server, turn))
+    return Outcome(turn, captured, session_of(captured.stdout))
 
 
 # ---------------------------------------------------------------- checks
@@ -219,7 +141,7 @@ def _model_check(server: FakeAnthropicServer, outcomes: list[Outcome]) -> list[s
 
 def _same_session(server: FakeAnthropicServer, outcomes: list[Outcome]) -> list[str]:
     ids = [o.session_id for o in outcomes]
-    return [f"session ids per turn: {ids}"] + _carried(server, outcomes, "sleep 300")
+    return [f"session ids per turn: {ids}", *_carried(server, outcomes, "sleep 300")]
 
 
 SCENARIOS: list[Scenario] = [
@@ -227,11 +149,12 @@ SCENARIOS: list[Scenario] = [
     Scenario("model", "a text turn with --model", [
         Turn("model", "Which model? [[say:A small one.]]", model="claude-haiku-4-5")], check=_model_check),
     Scenario("args-dash", "variadic args (--allowedTools Bash Read) and a prompt that starts with '-'", [
-        Turn("args-dash", "- starts with a dash [[say:Dash prompt understood.]]", args=("--allowedTools", "Bash", "Read"))]),
+        Turn("args-dash", "- starts with a dash [[say:Dash prompt understood.]]",
+             args=("--allowedTools", "Bash", "Read"))]),
     Scenario("resume", "two turns: the second resumes the first's session id", [
         Turn("resume-1", "Remember the word pineapple. [[say:I will remember pineapple.]]"),
         Turn("resume-2", "Which word? [[say:The word was pineapple.]]", resume="previous"),
-    ], check=lambda s, o: [f"session ids per turn: {[x.session_id for x in o]}"] + _carried(s, o, "pineapple")),
+    ], check=lambda s, o: [f"session ids per turn: {[x.session_id for x in o]}", *_carried(s, o, "pineapple")]),
     Scenario("tool", "a turn that runs a shell command", [
         Turn("tool", "Run it. [[shell:echo hello-from-tool]] [[say:The command printed hello-from-tool.]]")]),
     Scenario("tool-error", "a shell command that fails (non-zero exit)", [
@@ -243,7 +166,8 @@ SCENARIOS: list[Scenario] = [
         Turn("interrupted-resume", "Carry on. [[say:Resumed after the stop.]]", resume="previous"),
     ], check=_same_session),
     Scenario("interrupted-tree", "SIGINT to the CLI's group while the tool has a background child and a detached one", [
-        Turn("interrupted-tree", "Wait a while. [[shell:sleep 301 & (setsid sleep 302 &); sleep 300]] [[say:Finished waiting.]]",
+        Turn("interrupted-tree",
+             "Wait a while. [[shell:sleep 301 & (setsid sleep 302 &); sleep 300]] [[say:Finished waiting.]]",
              interrupt_on="sleep"),
     ]),
     Scenario("interrupted-text", "SIGINT to the CLI's group while the answer streams slowly", [
@@ -252,7 +176,8 @@ SCENARIOS: list[Scenario] = [
     Scenario("interrupted-silent", "SIGINT to the CLI's group while the model sends nothing", [
         Turn("interrupted-silent", "Hang. [[silent]]", interrupt_on="stream")]),
     Scenario("background", "a tool that starts `nohup sleep 300 &` in a normal, successful turn", [
-        Turn("background", "Start it. [[shell:nohup sleep 300 >/dev/null 2>&1 &]] [[say:Started in the background.]]")]),
+        Turn("background",
+             "Start it. [[shell:nohup sleep 300 >/dev/null 2>&1 &]] [[say:Started in the background.]]")]),
     Scenario("stale-session", "--resume with a well-formed session id that does not exist", [
         Turn("stale-session", "Hello again. [[say:unused]]", resume="0b7c4a1e-5d2f-4c3b-9a8e-000000000000")]),
     Scenario("stale-cwd", "--resume of a real session from another working directory", [
@@ -265,7 +190,8 @@ SCENARIOS: list[Scenario] = [
         Turn("api-error-400", "Hello. [[say:unused]]")], fail_status=400),
     Scenario("api-error-500", "HTTP 500 on every model call; CLAUDE_CODE_MAX_RETRIES=2", [
         Turn("api-error-500", "Hello. [[say:unused]]", env={"CLAUDE_CODE_MAX_RETRIES": "2"})], fail_status=500),
-    Scenario("attended-tool", "permissions left to the CLI (no --dangerously-skip-permissions): a Bash call that writes a file", [
+    Scenario("attended-tool",
+             "permissions left to the CLI (no --dangerously-skip-permissions): a Bash call that writes a file", [
         Turn("attended-tool", "Write it. [[shell:touch made-by-tool.txt]] [[say:Done.]]", unattended=False)]),
 ]
 
@@ -273,24 +199,14 @@ SCENARIOS: list[Scenario] = [
 # ---------------------------------------------------------------- main
 
 
-def display_argv(outcome: Outcome, root: Path) -> str:
-    """The argv with the binary as ``claude`` and the temp root as ``$ROOT``, shell-quoted."""
-    import shlex
-
-    argv = ["claude", *outcome.argv[1:]]
-    return " ".join(shlex.quote(a) for a in argv).replace(str(root), "$ROOT")
-
-
 def main() -> int:
     """Run the scenarios and write the captures and README."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "data" / "captures" / "claude")
     parser.add_argument("--only", nargs="*", default=None, help="scenario names")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    version = subprocess.run([str(cli_path("claude")), "--version"], capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", ""), "HOME": tempfile.gettempdir()},
-                             timeout=60).stdout.strip()
+    version = cli_version(cli_path("claude"))
     report: list[str] = []
     for scenario in SCENARIOS:
         if args.only and scenario.name not in args.only:
@@ -303,31 +219,32 @@ def main() -> int:
                     session = turn.resume
                     if session == "previous":
                         session = outcomes[-1].session_id if outcomes else None
-                    outcome = run_turn(server, root, turn, session)
+                    outcome = run_claude(server, root, turn, session)
                     outcomes.append(outcome)
-                    (args.out / f"{turn.name}.jsonl").write_text(outcome.stdout)
-                    err_file = args.out / f"{turn.name}.stderr"
-                    if outcome.stderr:
-                        err_file.write_text(outcome.stderr)
-                    elif err_file.exists():
-                        err_file.unlink()
+                    c = outcome.captured
+                    write_output(
+                        args.out, turn.name, c.stdout_bytes, c.stderr, stderr_suffix=".stderr", keep_empty=False
+                    )
                 checks = scenario.check(server, outcomes) if scenario.check else []
         finally:
             shutil.rmtree(root, ignore_errors=True)
         first = len(report)
         report.append(f"### {scenario.name}\n\n{scenario.about}.\n")
         for o in outcomes:
-            report.append(f"- `{o.turn.name}.jsonl`{' + `' + o.turn.name + '.stderr`' if o.stderr else ''}: "
-                          f"exit code **{o.returncode}** after {o.seconds:.1f} s"
+            c = o.captured
+            report.append(f"- `{o.turn.name}.jsonl`{' + `' + o.turn.name + '.stderr`' if c.stderr.strip() else ''}: "
+                          f"exit code **{c.returncode}** after {c.seconds:.1f} s"
                           + (f" (env {' '.join(f'{k}={v}' for k, v in o.turn.env.items())})" if o.turn.env else ""))
-            report.append(f"  `{display_argv(o, root)}`")
-            for line in o.tool_seen:
-                report.append(f"  - tool running when interrupted: `{line}`".replace(str(root), "$ROOT"))
-            for note in o.notes:
-                report.append(f"  - {note}")
+            report.append(f"  `{display_argv(c.argv, 'claude', root, '$ROOT')}`")
+            notes = list(c.notes)
+            if c.interrupted:
+                notes.append("SIGINT sent to the CLI's process group (CLI pid = pgid = sid)")
+                notes.append(f"exited {c.exited_after:.2f} s after SIGINT")
+            for note in notes:
+                report.append(f"  - {note}".replace(str(root), "$ROOT"))
+            alive = ", ".join(f"`{s}`" for s in c.survivors).replace(str(root), "$ROOT")
             report.append("  - processes of the turn alive after it ended: "
-                          + (", ".join(f"`{s}`" for s in o.survivors).replace(str(root), "$ROOT") if o.survivors else "none")
-                          + (" (killed by the capture script)" if o.survivors else ""))
+                          + (f"{alive} (killed by the capture script)" if c.survivors else "none"))
         for line in checks:
             report.append(f"- {line}")
         report.append("")
@@ -349,7 +266,7 @@ README_HEAD = """# Captures of the real `claude` CLI
 
 Real stdout (`NAME.jsonl`) and, when not empty, stderr (`NAME.stderr`) of **{version}**
 (`{package}`), run offline against `tests/fakemodel/anthropic.py` by
-`scripts/capture_claude.py` — rerun that script to regenerate every file here (and this README).
+`python -m scripts.capture_claude` — rerun it to regenerate every file here (and this README).
 
 Every turn is launched by `adapters/claude.py`'s `build_launch`:
 `claude -p --output-format stream-json --verbose --dangerously-skip-permissions [--model M] [--resume ID] [args] -- PROMPT`
@@ -396,7 +313,7 @@ once the model call is under way; "processes alive after" lists what the turn le
 
 ## Scenarios
 
-"""
+"""  # noqa: E501 (the README quotes the exact command line)
 
 
 if __name__ == "__main__":

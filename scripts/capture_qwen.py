@@ -10,7 +10,7 @@ session. Writes ``tests/data/captures/qwen/NAME.jsonl`` (stdout, byte for byte),
 Every process a run leaves behind is found by an environment marker and killed (and the
 README says so): nothing outlives the script.
 
-Usage: ``.venv/bin/python scripts/capture_qwen.py [--out DIR] [--only NAME ...]``
+Usage, from the repository root: ``.venv/bin/python -m scripts.capture_qwen [--out DIR] [--only NAME ...]``
 (requires ``scripts/install-clis.sh`` to have installed qwen).
 """
 
@@ -20,29 +20,32 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from adapters._base import TurnRequest
+from adapters.qwen import ADAPTER
+from scripts._capture import (
+    Interrupt,
+    Running,
+    cli_version,
+    descendants,
+    new_mark,
+    run_turn,
+    turn_env,
+    write_files,
+    write_output,
+)
+from tests.fakemodel.clis import PACKAGES, cli_path
+from tests.fakemodel.openai_chat import OpenAIChatServer, agent_env
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import psutil  # noqa: E402
-
-from adapters._base import TurnRequest  # noqa: E402
-from adapters.qwen import ADAPTER  # noqa: E402
-from tests.fakemodel.clis import PACKAGES, cli_path  # noqa: E402
-from tests.fakemodel.openai_chat import OpenAIChatServer, agent_env  # noqa: E402
-
 OUT = ROOT / "tests" / "data" / "captures" / "qwen"
-MARK_VAR = "CORRAL_CAPTURE_MARK"
 #: A tool command qwen accepts (it refuses ``sleep N`` and ``sh -c 'sleep N'``) that leaves
 #: a real ``sleep`` process to look for.
 LONG_TOOL = "python3 -c 'import subprocess; subprocess.run([\"sleep\", \"300\"])'"
@@ -62,6 +65,68 @@ class Run:
     stderr: str = ""
     notes: list[str] = field(default_factory=list)
     session_id: str | None = None
+
+
+class ToolWatch:
+    """Interrupts once the tool's ``sleep`` runs, then watches the CLI's tree die.
+
+    The CLI is a node wrapper plus an inner node (same group) that owns the tool; the
+    wrapper exits first, so after its exit the rest is watched for a while, to tell what
+    dies on its own from what the supervisor's sweep must kill.
+    """
+
+    def __init__(self) -> None:
+        self.tree: list[psutil.Process] = []
+        self.names: dict[int, str] = {}
+        self.pgids: dict[int, int | None] = {}
+
+    def __call__(self, running: Running) -> bool:
+        """Whether the tool's ``sleep`` runs (remembering the tree as it is)."""
+        self.tree = descendants(running.proc.pid)
+        for p in self.tree:
+            self.names[p.pid] = self.name(p)
+            self.pgids[p.pid] = self.pgid(p)
+        sleeper = next((p for p in self.tree if self.name(p) == "sleep"), None)
+        if sleeper is None:
+            return False
+        running.notes.append(
+            f"tool `sleep` pid {sleeper.pid} in its own session "
+            f"(sid {os.getsid(sleeper.pid)}; CLI pgid {running.proc.pid})"
+        )
+        return True
+
+    def after_exit(self, running: Running, sent: float) -> None:
+        """Note when each process of the tree went, up to 5 s after the SIGINT's effect."""
+        gone: dict[int, float] = {}
+        watch_until = time.monotonic() + 5
+        while time.monotonic() < watch_until and len(gone) < len(self.tree):
+            for p in self.tree:
+                if p.pid not in gone and not _alive(p):
+                    gone[p.pid] = time.monotonic() - sent
+            time.sleep(0.01)
+        for p in self.tree:
+            when_gone = f"gone {gone[p.pid]:.2f} s after SIGINT" if p.pid in gone else "STILL ALIVE 5 s after SIGINT"
+            group = "CLI" if self.pgid(p) == running.proc.pid else "own"
+            running.notes.append(f"{self.name(p)} pid {p.pid} (pgid {group}): {when_gone}")
+
+    def name(self, p: psutil.Process) -> str:
+        """The process's name, or the one remembered once it is gone."""
+        try:
+            return str(p.name())
+        except psutil.Error:
+            return self.names.get(p.pid, "?")
+
+    def pgid(self, p: psutil.Process) -> int | None:
+        """The process's group, or the one remembered once it is gone."""
+        try:
+            return os.getpgid(p.pid)
+        except OSError:
+            return self.pgids.get(p.pid)
+
+
+def _first_delta(running: Running) -> bool:
+    """Once the first text delta of the answer is out."""
+    return any('"text_delta"' in line for line in running.stdout)
 
 
 class Capturer:
@@ -114,154 +179,37 @@ class Capturer:
             unattended=unattended,
         )
         launch = ADAPTER.build_launch(request)
-        for rel, content in launch.files.items():
-            path = Path(rel) if os.path.isabs(rel) else self.home / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
-        mark = uuid.uuid4().hex
-        env = {
-            "PATH": os.environ["PATH"],
-            "LANG": "C.UTF-8",
-            "HOME": str(self.home),
-            "TMPDIR": str(self.tmp),
-            **launch.env,
-            **agent_env(self.server.url),
-            MARK_VAR: mark,
-        }
-        run = Run(name=name, about=about, prompt=prompt, argv=list(launch.argv))
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            launch.argv,
-            cwd=launch.cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+        write_files(self.home, launch.files)
+        env = turn_env(self.home, self.tmp, launch, new_mark(), agent_env(self.server.url))
+        watch = ToolWatch() if interrupt == "tool" else None
+        when: Interrupt | None = watch if watch is not None else (_first_delta if interrupt == "text" else None)
+        c = run_turn(
+            launch, env, interrupt=when, grace=15, after_exit=watch.after_exit if watch else None, timeout=180
         )
-        stdout: list[bytes] = []
-        stderr: list[bytes] = []
-        first_delta = threading.Event()
-
-        def read_out() -> None:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                stdout.append(raw)
-                if b'"text_delta"' in raw:
-                    first_delta.set()
-
-        def read_err() -> None:
-            assert proc.stderr is not None
-            for raw in proc.stderr:
-                stderr.append(raw)
-
-        readers = [threading.Thread(target=read_out), threading.Thread(target=read_err)]
-        for t in readers:
-            t.start()
-        try:
-            if interrupt:
-                self._interrupt(proc, run, interrupt, first_delta)
+        run = Run(name=name, about=about, prompt=prompt, argv=list(launch.argv), returncode=c.returncode)
+        run.seconds = c.seconds
+        run.notes = list(c.notes)
+        if c.exited_after is not None:
+            run.notes.append(f"exited {c.exited_after:.2f} s after SIGINT to its group")
+        if c.survivors:
+            run.notes += [f"left behind after exit: {s} (killed)" for s in c.survivors]
+        else:
+            run.notes.append("no process of the run left once it exited")
+        write_output(self.out, name, c.stdout_bytes, c.stderr, stderr_suffix=".stderr.txt", keep_empty=False)
+        run.stdout_lines = len(c.stdout)
+        run.stderr = c.stderr
+        for line in c.stdout:
             try:
-                proc.wait(timeout=180)
-            except subprocess.TimeoutExpired:
-                run.notes.append("did not exit within 180 s: SIGKILL to its group")
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        finally:
-            for t in readers:
-                t.join()
-        run.seconds = time.monotonic() - started
-        run.returncode = proc.returncode
-        self._sweep(mark, run)
-
-        data = b"".join(stdout)
-        (self.out / f"{name}.jsonl").write_bytes(data)
-        run.stdout_lines = len(stdout)
-        run.stderr = b"".join(stderr).decode("utf-8", "replace")
-        err_path = self.out / f"{name}.stderr.txt"
-        if run.stderr.strip():
-            err_path.write_text(run.stderr)
-        elif err_path.exists():
-            err_path.unlink()
-        for raw in stdout:
-            try:
-                sid = json.loads(raw).get("session_id")
+                sid = json.loads(line).get("session_id")
             except (ValueError, AttributeError):
                 continue
             if isinstance(sid, str):
                 run.session_id = sid
                 break
         self.runs.append(run)
-        print(f"{name}: rc={run.returncode} lines={run.stdout_lines} {run.seconds:.1f}s {'; '.join(run.notes)}", flush=True)
+        notes = "; ".join(run.notes)
+        print(f"{name}: rc={run.returncode} lines={run.stdout_lines} {run.seconds:.1f}s {notes}", flush=True)
         return run
-
-    def _interrupt(self, proc: subprocess.Popen[bytes], run: Run, when: str, first_delta: threading.Event) -> None:
-        """Wait for the moment, send SIGINT to the CLI's group, note what happened to the tool."""
-        deadline = time.monotonic() + 60
-        sleeper: psutil.Process | None = None
-        tree: list[psutil.Process] = []
-        while time.monotonic() < deadline and proc.poll() is None:
-            if when == "text" and first_delta.is_set():
-                break
-            if when == "tool":
-                try:
-                    tree = psutil.Process(proc.pid).children(recursive=True)
-                except psutil.Error:
-                    tree = []
-                sleeper = next((p for p in tree if _name(p) == "sleep"), None)
-                for p in tree:
-                    _NAMES[p.pid] = _name(p)
-                    _PGIDS[p.pid] = _pgid(p)
-                if sleeper is not None:
-                    break
-            time.sleep(0.05)
-        else:
-            run.notes.append("the moment to interrupt never came")
-            return
-        if sleeper is not None:
-            run.notes.append(
-                f"tool `sleep` pid {sleeper.pid} in its own session (sid {os.getsid(sleeper.pid)}; CLI pgid {proc.pid})"
-            )
-        sent = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-            run.notes.append(f"exited {time.monotonic() - sent:.2f} s after SIGINT to its group")
-        except subprocess.TimeoutExpired:
-            run.notes.append("still running 15 s after SIGINT: SIGKILL to its group")
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if when == "tool":
-            # The CLI is a node wrapper plus an inner node (same group) that owns the tool;
-            # the wrapper exits first, so watch the rest die on their own for a while.
-            gone: dict[int, float] = {}
-            watch_until = time.monotonic() + 5
-            while time.monotonic() < watch_until and len(gone) < len(tree):
-                for p in tree:
-                    if p.pid not in gone and not _alive(p):
-                        gone[p.pid] = time.monotonic() - sent
-                time.sleep(0.01)
-            for p in tree:
-                when_gone = f"gone {gone[p.pid]:.2f} s after SIGINT" if p.pid in gone else "STILL ALIVE 5 s after SIGINT"
-                run.notes.append(f"{_name(p)} pid {p.pid} (pgid {'CLI' if _pgid(p) == proc.pid else 'own'}): {when_gone}")
-
-    def _sweep(self, mark: str, run: Run) -> None:
-        """Kill every process of this run still around (found by its environment marker)."""
-        leftovers = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get(MARK_VAR) == mark:
-                    leftovers.append(p)
-            except psutil.Error:
-                continue
-        if not leftovers:
-            run.notes.append("no process of the run left once it exited")
-        for p in leftovers:
-            run.notes.append(f"left behind after exit: {_name(p)} {' '.join(p.cmdline())!r} (killed)")
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
 
     def requests_since(self, count: int) -> list[Any]:
         """The main-agent chat requests the server got after the first ``count``."""
@@ -272,27 +220,9 @@ class Capturer:
         ]
 
 
-_NAMES: dict[int, str] = {}
-_PGIDS: dict[int, int | None] = {}
-
-
-def _name(p: psutil.Process) -> str:
-    try:
-        return p.name()
-    except psutil.Error:
-        return _NAMES.get(p.pid, "?")
-
-
-def _pgid(p: psutil.Process) -> int | None:
-    try:
-        return os.getpgid(p.pid)
-    except OSError:
-        return _PGIDS.get(p.pid)
-
-
 def _alive(p: psutil.Process) -> bool:
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -331,7 +261,8 @@ def scenarios(c: Capturer, only: set[str] | None) -> None:
             carried = any("Say hello." in u for u in users)
             run.notes.append(f"first request carried the earlier turn: {carried}; roles {_roles(reqs[0])}")
     if want("tool"):
-        c.turn("tool", "a shell tool turn", "Run it. [[shell:echo hello-from-tool]] [[say:The command printed hello-from-tool.]]")
+        c.turn("tool", "a shell tool turn",
+               "Run it. [[shell:echo hello-from-tool]] [[say:The command printed hello-from-tool.]]")
     if want("todos"):
         c.turn("todos", "the model calls todo_write first", "Plan it. [[todos]] [[say:Plan made.]]")
     interrupted = None
@@ -347,7 +278,8 @@ def scenarios(c: Capturer, only: set[str] | None) -> None:
             run.notes.append(f"first request's conversation: {_roles(reqs[0])}")
     if want("interrupt_text"):
         c.turn("interrupt_text", "SIGINT to the group while the answer streams (partial messages on)",
-               "Tell a long story. [[say:This long answer is streamed slowly so that it can be stopped half way through.]] [[slow:30]]",
+               "Tell a long story. [[say:This long answer is streamed slowly so that it can be stopped"
+               " half way through.]] [[slow:30]]",
                interrupt="text")
     if want("error_400"):
         c.server.fail_status = 400
@@ -369,10 +301,12 @@ def scenarios(c: Capturer, only: set[str] | None) -> None:
                "Run it. [[shell:echo should-not-run]] [[say:Could not run it.]]", unattended=False)
     if want("model"):
         before = len(c.server.requests)
-        run = c.turn("model", "request.model set: --model other-model", "Which model? [[say:A fake one.]]", model="other-model")
+        run = c.turn("model", "request.model set: --model other-model", "Which model? [[say:A fake one.]]",
+                     model="other-model")
         run.notes.append(f"model the server saw: {sorted({r.body.get('model') for r in c.requests_since(before)})}")
     if want("dash_prompt"):
-        c.turn("dash_prompt", "a prompt that starts with a dash (passed after --)", "--help me [[say:Dashes reach the model.]]")
+        c.turn("dash_prompt", "a prompt that starts with a dash (passed after --)",
+               "--help me [[say:Dashes reach the model.]]")
     if want("bg_nohup"):
         c.turn("bg_nohup", "a normal turn whose tool starts `nohup sleep 300 &`",
                "Start it. [[shell:nohup sleep 300 > /dev/null 2>&1 & echo started]] [[say:Started it.]]")
@@ -388,7 +322,7 @@ def write_readme(c: Capturer, version: str) -> None:
         "",
         f"Real stdout of Qwen Code {version} (`{PACKAGES['qwen']}`), run offline against",
         "`tests/fakemodel/openai_chat.py` on 127.0.0.1 by `scripts/capture_qwen.py` (rerun it to",
-        "regenerate: `.venv/bin/python scripts/capture_qwen.py`). Each run used the launch",
+        "regenerate: `.venv/bin/python -m scripts.capture_qwen`). Each run used the launch",
         "`adapters/qwen.py` builds (argv below, its env and `~/.qwen/settings.json`) plus",
         "`agent_env()` (OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_MODEL=fake-qwen), a private",
         "HOME and TMPDIR, stdin /dev/null, its own session. `NAME.jsonl` is stdout byte for",
@@ -424,14 +358,12 @@ def write_readme(c: Capturer, version: str) -> None:
 
 def main() -> int:
     """Run the scenarios and write the captures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--only", nargs="*", help="run only these scenarios (README lists just them)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    version = subprocess.run(
-        [str(cli_path("qwen")), "--version"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
-    ).stdout.strip()
+    version = cli_version(cli_path("qwen"))
     with tempfile.TemporaryDirectory(prefix="corral-qwen-capture-") as tmp, OpenAIChatServer() as server:
         capturer = Capturer(server, Path(tmp), args.out)
         scenarios(capturer, set(args.only) if args.only else None)
@@ -440,4 +372,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -34,7 +34,9 @@ T = TypeVar("T")
 class AsyncioSupervisor:
     """The asyncio face of a supervisor running in a Trio guest loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery, sup: Supervisor) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery, sup: Supervisor
+    ) -> None:
         self._loop = loop
         self._token = token
         self._nursery = nursery
@@ -47,7 +49,7 @@ class AsyncioSupervisor:
         async def run() -> None:
             try:
                 result = await fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the asyncio caller
+            except BaseException as exc:  # handed to the asyncio caller
                 if isinstance(exc, trio.Cancelled):
                     self._loop.call_soon(_settle, future, None, asyncio.CancelledError())
                     raise
@@ -118,12 +120,11 @@ async def open_asyncio_supervisor(config: Config, **options: Any) -> AsyncIterat
     release = trio.Event()
 
     async def guest() -> None:
-        async with open_supervisor(config, **options) as sup:
-            async with trio.open_nursery() as nursery:
-                host = AsyncioSupervisor(loop, trio.lowlevel.current_trio_token(), nursery, sup)
-                loop.call_soon(_settle, ready, host, None)
-                await release.wait()
-                nursery.cancel_scope.cancel()
+        async with open_supervisor(config, **options) as sup, trio.open_nursery() as nursery:
+            host = AsyncioSupervisor(loop, trio.lowlevel.current_trio_token(), nursery, sup)
+            loop.call_soon(_settle, ready, host, None)
+            await release.wait()
+            nursery.cancel_scope.cancel()
 
     def done(outcome: Any) -> None:
         try:

@@ -10,16 +10,11 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
-import sys
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 is not supported, kept for the dependency table's sake
-    import tomli as tomllib
 
 from adapters import KNOWN_ADAPTERS, get_adapter
 

@@ -14,7 +14,7 @@ it takes its message off the queue. A turn is **stale** when its generation is o
 its channel's: a stop happened after it began, and nothing it does may reach the user any
 more, except the session id it prints (so the next message resumes the conversation).
 
-The rules, each a line of the stop contract in DESIGN.md:
+The rules, each a line of the stop contract (docs/stop-contract.md):
 
 * ``stop(channel)`` moves that channel's generation and nothing else's (1, 2). It drops
   every queued message of the channel (3) and makes its current turn stale, whatever

@@ -213,7 +213,9 @@ class MarkerScanner:
     began after its own kill, and all sweeps waiting at that moment share the next one.
     """
 
-    def __init__(self, *, within: int | None = None, elsewhere: Callable[[set[str]], Collection[int]] | None = None) -> None:
+    def __init__(
+        self, *, within: int | None = None, elsewhere: Callable[[set[str]], Collection[int]] | None = None
+    ) -> None:
         self.within = within
         self.elsewhere = elsewhere
         """Given the markers wanted, the pids whose subtrees need no scan (live turn leaders,

@@ -1,6 +1,6 @@
 """Ordinary tests for the pure stop ledger, one or more per line of the stop contract.
 
-Each test is named after the DESIGN.md contract line (or ledger rule) it proves. The
+Each test is named after the docs/stop-contract.md line (or ledger rule) it proves. The
 ledger is synchronous and does no I/O, so these are plain sync tests: a scenario is a
 sequence of driver calls, and the assertions are on the decisions the ledger returns.
 """

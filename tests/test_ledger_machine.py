@@ -3,7 +3,7 @@
 The driver's calls (accept, stop, stop_all, take, may_start, keep_process, keep_output,
 end_turn, notice_stored, and a daemon restart that restores generations and requeues
 messages) are interleaved in any order over three channels. The model below is written
-from DESIGN.md's stop contract, not from the ledger's code: it tracks each message's fate
+from the stop contract (docs/stop-contract.md), not from the ledger's code: it tracks each message's fate
 (queued, taken, dropped) and each turn's staleness. Every step checks the ledger's answer
 against the model, and every invariant is rechecked for every channel after every step.
 """

@@ -23,10 +23,10 @@ import psutil
 import pytest
 
 from conftest import DaemonProcess, turn_processes
-from fakemodel import anthropic, gemini_api, openai_chat, openai_responses
-from fakemodel._http import FakeModelServer
-from fakemodel.clis import cli_path
-from fakemodel.rig import toml_value, write_tool_script
+from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+from tests.fakemodel._http import FakeModelServer
+from tests.fakemodel.clis import cli_path
+from tests.fakemodel.rig import toml_value, write_tool_script
 
 pytestmark = pytest.mark.realcli
 

@@ -1,4 +1,4 @@
-"""The stop contract (DESIGN.md), one test (or more) per line, in process.
+"""The stop contract (docs/stop-contract.md), one test (or more) per line, in process.
 
 Every test runs a real supervisor (``open_supervisor``) with a generic script agent. Races
 are driven deterministically: a turn is parked at a hook (``took``, ``preparing``, or a
@@ -6,7 +6,7 @@ are driven deterministically: a turn is parked at a hook (``took``, ``preparing`
 the test writes to it — and the stop lands while it is parked. Nothing sleeps to let
 things settle; real processes get real time under generous ``fail_after`` limits.
 
-Each hole of the post-mortems in ``/work/shared/reference`` has its own test: a message
+Each hole of the post-mortems cited in ``docs/stop-contract.md`` has its own test: a message
 already taken off the queue, a stop during preparation and during the spawn, the todo
 nudge queued by the stopped turn, output flushed after the kill, a message typed after the
 stop plus the client's automatic re-send, a stop in an idle channel, stop-all, and a stop

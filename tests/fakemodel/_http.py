@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 @dataclass
@@ -133,7 +133,7 @@ class FakeModelServer:
         """``http://127.0.0.1:PORT``."""
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "FakeModelServer":
+    def start(self) -> Self:
         """Start serving in a background thread."""
         self._thread.start()
         return self
@@ -144,7 +144,7 @@ class FakeModelServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def __enter__(self) -> "FakeModelServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -161,7 +161,8 @@ class FakeAnthropicServer(FakeModelServer):
 
     def decide(self, body: dict[str, Any]) -> tuple[Script, dict[str, Any] | None]:
         """The script of this request, and the tool call to make (``{"name", "input"}``) if any."""
-        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        raw_messages = body.get("messages")
+        messages: list[dict[str, Any]] = raw_messages if isinstance(raw_messages, list) else []
         start, prompt = latest_prompt(messages)
         script = read_script(prompt)
         offered = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
@@ -216,7 +217,7 @@ class FakeAnthropicServer(FakeModelServer):
             stop_reason = "end_turn"
         usage_in = {"input_tokens": self._estimate_tokens(body.get("messages")), "output_tokens": 1,
                     "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-        message = {"id": self._new_id("msg"), "type": "message", "role": "assistant", "model": model,
+        message: dict[str, Any] = {"id": self._new_id("msg"), "type": "message", "role": "assistant", "model": model,
                    "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_in}
         if not body.get("stream"):
             whole = dict(message, content=[block], stop_reason=stop_reason,

@@ -120,7 +120,8 @@ class OpenAIResponsesServer(FakeModelServer):
             out.json(status, body)
             return
         body = req.body if isinstance(req.body, dict) else {}
-        items = body.get("input") if isinstance(body.get("input"), list) else []
+        raw_items = body.get("input")
+        items: list[Any] = raw_items if isinstance(raw_items, list) else []
         script = read_script(latest_prompt(items))
         if script.silent:
             out.start_sse()

@@ -1,6 +1,7 @@
 """Re-capture real aider output for ``tests/test_adapter_aider.py``.
 
-Usage: ``.venv/bin/python tests/data/captures/aider/capture.py /path/to/bin/aider [--slow]``
+Usage, from the repository root:
+``.venv/bin/python -m tests.data.captures.aider.capture /path/to/bin/aider [--slow]``
 (``pip install aider-chat==0.86.2`` into a throwaway venv first). Each case runs aider
 with the argv of ``adapters.aider.build_launch``, a private HOME/TMPDIR, stdin /dev/null,
 in its own session, against a tiny OpenAI Chat Completions fake on 127.0.0.1, and writes
@@ -18,13 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[3]))
+from adapters._base import TurnRequest
+from adapters.aider import build_launch
+from tests.fakemodel._http import FakeModelServer, Request, Responder
+from tests.fakemodel.script import read_script
 
-from adapters._base import TurnRequest  # noqa: E402
-from adapters.aider import build_launch  # noqa: E402
-from tests.fakemodel._http import FakeModelServer, Request, Responder  # noqa: E402
-from tests.fakemodel.script import read_script  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 class FakeChatCompletions(FakeModelServer):
