@@ -171,6 +171,9 @@ class Parser(Protocol):
         """Called once when the process has ended; may add a final Result or Error."""
         ...
 
+    # Optional: ``end_text_run()`` — the turn stored the open run of text deltas because the
+    # agent went quiet; a parser that separates the pieces of a run starts a new run.
+
 
 @dataclass(frozen=True, slots=True)
 class Adapter:
