@@ -1,0 +1,68 @@
+"""The README's examples run as written: each is a file in ``examples/``, the README shows it
+byte for byte, and every one runs here to the end, as a real program against the config
+the README points at (``config.example.toml``, copied to ``corral.toml``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+EXAMPLES = ROOT / "examples"
+#: A README code block shown from a file: ``<!-- example: PATH -->`` right before the fence.
+TAGGED = re.compile(r"<!-- example: (?P<path>\S+) -->\n```(?P<lang>\w*)\n(?P<body>.*?)```\n", re.S)
+SLOW = 120
+
+
+def tagged_blocks() -> dict[str, str]:
+    """The README's example blocks, by the file they show."""
+    return {m["path"]: m["body"] for m in TAGGED.finditer(README.read_text())}
+
+
+def run_env() -> dict[str, str]:
+    """This checkout first on the path, and the ``corral`` of this Python's environment."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    }
+
+
+def test_every_example_is_in_the_readme_byte_for_byte() -> None:
+    blocks = tagged_blocks()
+    files = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".py", ".sh"))
+    assert sorted(Path(p).name for p in blocks) == files, "each file in examples/ is shown in the README, once"
+    for path, body in blocks.items():
+        assert body == (ROOT / path).read_text(), f"README block for {path} differs from the file: copy the file in"
+
+
+@pytest.mark.parametrize(
+    ("example", "expect"),
+    [
+        ("embed_trio.py", ["agent:demo message You said: Hello! Who are you?", "stopped in "]),
+        ("host_asyncio.py", ["agent:demo message You said: Hello from asyncio!", "stopped in "]),
+        ("daemon.sh", ["human:user", "general: stopped", "corral is shutting down"]),
+    ],
+)
+async def test_the_example_runs_to_the_end(example: str, expect: list[str], short_tmp: Path) -> None:
+    shutil.copy(ROOT / "config.example.toml", short_tmp / "corral.toml")
+    runner = ["sh"] if example.endswith(".sh") else [sys.executable]
+    with trio.fail_after(SLOW):
+        done = await trio.run_process(
+            [*runner, str(EXAMPLES / example)], cwd=short_tmp, env=run_env(), check=False,
+            capture_stdout=True, capture_stderr=True,
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    for text in expect:
+        assert text in out, out
+    if example != "daemon.sh":
+        killed = re.search(r"killed \[([\d, ]+)\]", out)
+        assert killed, "the stop killed the long task's tool mid-run"
