@@ -5,8 +5,10 @@ downloading anything, and every test that runs a real agent CLI is marked ``real
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,18 @@ def test_make_test_core_runs_the_tests_that_need_no_cli_and_make_test_checks_nod
     full = planned("test")
     assert full[0] == "bash scripts/install-clis.sh", "the Node.js check comes before the setup"
     assert full[-1] == ".venv/bin/pytest -q"
+
+
+def test_bench_stop_without_the_agent_clis_says_which_rows_it_skipped(tmp_path: Path) -> None:
+    # An empty CLI cache: as on a machine where scripts/install-clis.sh never ran.
+    env = {**os.environ, "CORRAL_CLI_CACHE": str(tmp_path / "no-clis"),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_stop.py"), "--quick", "--no-demo"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("claude", "codex", "gemini", "qwen"):
+        assert f"skipping the {name} rows: not installed under {tmp_path / 'no-clis'}" in done.stdout
+    assert "skipped: the rows of claude, codex, gemini, qwen" in done.stdout
+    assert "Traceback" not in done.stderr
