@@ -66,3 +66,22 @@ async def test_the_example_runs_to_the_end(example: str, expect: list[str], shor
     if example != "daemon.sh":
         killed = re.search(r"killed \[([\d, ]+)\]", out)
         assert killed, "the stop killed the long task's tool mid-run"
+
+
+def test_every_repository_path_the_readme_names_exists() -> None:
+    text = README.read_text()
+    named = set(re.findall(r"(?<![\w/.~])((?:adapters|supervisor|tests|scripts|examples)/[\w.*/-]*\w)", text))
+    # corral.toml is the user's own, config.toml is the one corral writes for Codex.
+    named |= set(re.findall(r"`([\w-]+\.(?:toml|txt|py|sh))`", text)) - {"corral.toml", "config.toml"}
+    assert named, "the pattern finds the README's paths"
+    missing = sorted(p for p in named if not list(ROOT.glob(p.replace("NAME", "*"))))
+    assert not missing, f"the README names paths that do not exist: {missing}"
+    assert "corral.db.d" not in text, "the state folder next to corral.db is corral.d/"
+
+
+def test_the_state_folder_the_readme_names_is_the_real_one(tmp_path: Path) -> None:
+    from supervisor import parse_config
+
+    config = parse_config({"store": {"path": "corral.db"}, "agents": {"demo": {"adapter": "demo"}}}, base=tmp_path)
+    assert config.state_dir == tmp_path / "corral.d"
+    assert "go in corral.d/" in README.read_text()
