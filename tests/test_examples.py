@@ -85,3 +85,17 @@ def test_the_state_folder_the_readme_names_is_the_real_one(tmp_path: Path) -> No
     config = parse_config({"store": {"path": "corral.db"}, "agents": {"demo": {"adapter": "demo"}}}, base=tmp_path)
     assert config.state_dir == tmp_path / "corral.d"
     assert "go in corral.d/" in README.read_text()
+
+
+def test_the_readmes_config_blocks_are_valid(tmp_path: Path) -> None:
+    import tomllib
+
+    from supervisor import parse_config
+
+    blocks = re.findall(r"```toml\n(.*?)```\n", README.read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        tomllib.loads(block)  # each agent's snippet is valid TOML
+    # The main one is a whole config, as config.example.toml is.
+    config = parse_config(tomllib.loads(blocks[0]), file="README.md", base=tmp_path)
+    assert config.default_agent == "demo"
