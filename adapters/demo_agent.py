@@ -80,7 +80,7 @@ def report_plan(plan: list[dict[str, str]], file: Path) -> None:
 def finish_plan(plan_file: Path, delay: float) -> list[str]:
     """Work through the steps the plan still has; return what was done."""
     plan: list[dict[str, str]] = json.loads(plan_file.read_text()) if plan_file.exists() else []
-    done = []
+    done: list[str] = []
     for item in plan:
         if item["status"] in ("pending", "in_progress"):
             item["status"] = "in_progress"
@@ -88,7 +88,8 @@ def finish_plan(plan_file: Path, delay: float) -> list[str]:
             time.sleep(delay)
             item["status"] = "completed"
             done.append(item["content"])
-    report_plan(plan, plan_file)
+    if plan:
+        report_plan(plan, plan_file)
     return done
 
 

@@ -12,7 +12,7 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -88,7 +88,8 @@ async def leftovers_of(turn_ids: set[str]) -> list[int]:
 class Checks:
     """What the demo verified: each check with why it failed, if it did."""
 
-    failed: list[str]
+    failed: list[str] = field(default_factory=list)
+    """One line per failed check: its name, then why."""
 
     def check(self, name: str, passed: bool, why: str) -> None:
         """Record one check; ``why`` says what went wrong when it did not pass."""
@@ -109,7 +110,7 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
         base=folder,
     )
     channel = "demo"
-    checks = Checks([])
+    checks = Checks()
     say(f"corral demo — a supervisor with the demo agent in {folder}\n")
     async with open_supervisor(config, subreaper=True) as sup:
         with steps:
