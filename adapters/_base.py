@@ -171,8 +171,8 @@ class Parser(Protocol):
         """Called once when the process has ended; may add a final Result or Error."""
         ...
 
-    # Optional: ``end_text_run()`` — the turn stored the open run of text deltas because the
-    # agent went quiet; a parser that separates the pieces of a run starts a new run.
+    # Optional: ``end_text_run()`` — a parser whose text deltas are whole lines has it: the
+    # turn then stores an open run once the agent goes quiet, and calls it to start a new run.
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,8 +55,8 @@ log = logging.getLogger("corral.turn")
 
 #: How long to keep reading a dead CLI's stdout for what it was still flushing.
 DRAIN_SECONDS = 0.5
-#: A run of text (deltas, or plain lines of the generic protocol) the agent has been quiet
-#: after this long is stored as it is, rather than held until the next event.
+#: A run of whole lines of text (the generic protocol's) the agent has been quiet after this
+#: long is stored as it is, rather than held until the next event.
 TEXT_QUIET_SECONDS = 0.5
 #: Longest stderr line kept in the log.
 STDERR_LOG_CHARS = 2000
@@ -290,14 +290,16 @@ class Turn:
 
     async def _read_or_show_text(self, reader: LineReader) -> list[Line]:
         """The next lines; a run of text the agent has gone quiet after is stored meanwhile,
-        so an agent that says something and then works (or waits) shows it at once."""
-        if self._text:
+        so an agent that says something and then works (or waits) shows it at once.
+
+        Only for parsers whose runs are whole lines (they have ``end_text_run``): a model's
+        token deltas may pause mid-sentence, and are held until the next event."""
+        end_run = getattr(self._parser, "end_text_run", None)
+        if self._text and end_run is not None:
             with trio.move_on_after(TEXT_QUIET_SECONDS):
                 return await reader.read_lines()  # cancel-safe: nothing is consumed on a cancel
             self._flush_text()
-            end_run = getattr(self._parser, "end_text_run", None)
-            if end_run is not None:
-                end_run()
+            end_run()
         return await reader.read_lines()
 
     async def _drain_after_exit(self, process: trio.Process, drain: trio.CancelScope) -> None:
