@@ -96,3 +96,20 @@ async def test_an_interrupted_demo_removes_its_folder_and_its_processes(signum: 
     tool, helper = (int(n) for n in re.search(r"tool running \(pid (\d+), setsid helper pid (\d+)\)", text).groups())
     for pid in (tool, helper):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
+async def test_a_failed_check_says_which_and_why(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor import _demo
+
+    async def one_left(turn_ids: set[str]) -> list[int]:
+        return [4242]
+
+    monkeypatch.setattr(_demo, "leftovers_of", one_left)
+    said: list[str] = []
+    with trio.fail_after(SLOW):
+        assert await _demo.run_demo(short_tmp, said.append) is False
+    assert said[-3:] == [
+        "demo FAILED:",
+        "  - the stop: processes of the stopped turn are still alive: [4242]",
+        "  - the end: processes of the demo's turns are still alive: [4242]",
+    ]
