@@ -179,6 +179,9 @@ class Parser(Protocol):
         """Called once when the process has ended; may add a final Result or Error."""
         ...
 
+    # Optional: ``end_text_run()`` — a parser whose text deltas are whole lines has it: the
+    # turn then stores an open run once the agent goes quiet, and calls it to start a new run.
+
 
 @dataclass(frozen=True, slots=True)
 class Adapter:

@@ -15,6 +15,10 @@ It speaks the generic line protocol (see :mod:`adapters.generic`) and needs no m
 Words in the prompt steer it: ``long`` (run the tool for ``long N`` seconds, default 600),
 ``plan`` (report a three-step plan and finish step one), ``fail`` (report an error),
 ``silent`` (print the session id, then nothing for a long time).
+
+The plan is kept with the conversation. When the supervisor nudges the agent ("You have N
+remaining task(s) in your plan..."), it works through the steps left and reports the plan
+complete, so one nudge does its job.
 """
 
 from __future__ import annotations
@@ -55,11 +59,38 @@ def state_dir() -> Path:
     return path
 
 
-def save(file: Path, history: list[dict[str, str]]) -> None:
-    """Write the conversation through a temporary file and a rename, so it is never half written."""
+def save_json(file: Path, data: object) -> None:
+    """Write through a temporary file and a rename, so the file is never half written."""
     tmp = file.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(history))
+    tmp.write_text(json.dumps(data))
     os.replace(tmp, file)
+
+
+#: Words of the supervisor's nudge ("You have N remaining task(s) in your plan. ...").
+NUDGE = re.compile(r"\bremaining task\(s\) in your plan\b")
+STEPS = ["read the code", "make the change", "run the tests"]
+
+
+def report_plan(plan: list[dict[str, str]], file: Path) -> None:
+    """Print the plan and keep it with the conversation."""
+    emit("todos", todos=plan)
+    save_json(file, plan)
+
+
+def finish_plan(plan_file: Path, delay: float) -> list[str]:
+    """Work through the steps the plan still has; return what was done."""
+    plan: list[dict[str, str]] = json.loads(plan_file.read_text()) if plan_file.exists() else []
+    done: list[str] = []
+    for item in plan:
+        if item["status"] in ("pending", "in_progress"):
+            item["status"] = "in_progress"
+            report_plan(plan, plan_file)
+            time.sleep(delay)
+            item["status"] = "completed"
+            done.append(item["content"])
+    if plan:
+        report_plan(plan, plan_file)
+    return done
 
 
 def main(argv: list[str]) -> int:
@@ -89,7 +120,7 @@ def main(argv: list[str]) -> int:
     history.append({"role": "user", "text": prompt})
     # Saved (atomically) before the id is printed: a stop at any moment leaves an id that
     # names a whole conversation file.
-    save(file, history)
+    save_json(file, history)
     emit("session", id=session)
 
     words = prompt.lower()
@@ -98,12 +129,22 @@ def main(argv: list[str]) -> int:
         return 0
     emit("status", text="thinking")
     time.sleep(delay)
+    plan_file = store / f"{session}.plan.json"
+    if NUDGE.search(prompt):
+        done = finish_plan(plan_file, delay)
+        reply = [f"Continuing the plan: {', '.join(done)} — done." if done else "The plan has nothing left to do."]
+        for line in reply:
+            emit("text", text=line)
+        history.append({"role": "agent", "text": " ".join(reply)})
+        save_json(file, history)
+        emit("result", text="")
+        return 0
     if "fail" in words:
         emit("error", text="the demo agent was asked to fail")
         return 1
-    if "plan" in words or "long" in words:
-        steps = ["read the code", "make the change", "run the tests"]
-        emit("todos", todos=[{"content": s, "status": "in_progress" if i == 0 else "pending"} for i, s in enumerate(steps)])
+    planned = "plan" in words or "long" in words
+    if planned:
+        report_plan([{"content": s, "status": "in_progress" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file)
     if "long" in words:
         match = re.search(r"long\s+(\d+(?:\.\d+)?)", words)
         seconds = float(match.group(1)) if match else 600.0
@@ -121,10 +162,10 @@ def main(argv: list[str]) -> int:
     for line in reply:
         time.sleep(delay)
         emit("text", text=line)
-    if "plan" in words or "long" in words:
-        emit("todos", todos=[{"content": s, "status": "completed" if i == 0 else "pending"} for i, s in enumerate(steps)])
+    if planned:
+        report_plan([{"content": s, "status": "completed" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file)
     history.append({"role": "agent", "text": " ".join(reply)})
-    save(file, history)
+    save_json(file, history)
     emit("result", text="")
     return 0
 

@@ -14,6 +14,12 @@ result     ``text`` — the final answer; the turn is a success
 error      ``text`` — the turn failed
 =========  =====================================================================
 
+Consecutive ``text`` pieces and plain lines — a run not broken by any other event — make
+one message, one line each (as the streamed deltas of Qwen Code and Gemini CLI make one):
+each is parsed as a :class:`Text` delta, the first of a run as is, the next ones after a
+newline, and the turn joins them until the next event — or until the agent has been quiet
+for a moment, so that text printed before a long silence is shown at once.
+
 The prompt is the last argument, or written to stdin and closed when the agent sets
 ``prompt = "stdin"``. Once a session id is known, ``resume_args`` (for example
 ``["--session", "{session}"]``) is inserted before the prompt.
@@ -67,9 +73,29 @@ class GenericParser:
 
     saw_result: bool = False
     saw_error: bool = False
+    in_text: bool = False
+    """A run of text is open: the next piece continues the same message on a new line."""
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line."""
+        return [self._joined(event) for event in self._parse(line)]
+
+    def end_text_run(self) -> None:
+        """The turn has stored the open run (the agent went quiet): the next piece starts a new one."""
+        self.in_text = False
+
+    def _joined(self, event: Event) -> Event:
+        # A session id is not shown, so it does not split the message around it (the turn
+        # does not flush text for it either); every other event ends the run.
+        if isinstance(event, Text):
+            text = "\n" + event.text if self.in_text else event.text
+            self.in_text = True
+            return Text(text, delta=True)
+        if not isinstance(event, SessionId):
+            self.in_text = False
+        return event
+
+    def _parse(self, line: str) -> list[Event]:
         stripped = line.strip()
         if not stripped.startswith("{"):
             return [Text(line)] if stripped else []

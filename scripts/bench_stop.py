@@ -83,6 +83,7 @@ from adapters import qwen as qwen_adapter  # noqa: E402
 from adapters._base import Adapter, TurnRequest  # noqa: E402
 from fakemodel import anthropic, gemini_api, openai_chat, openai_responses  # noqa: E402
 from fakemodel._http import FakeModelServer  # noqa: E402
+from fakemodel.clis import cache_dir as cli_cache_dir  # noqa: E402
 from fakemodel.clis import cli_path  # noqa: E402
 from fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, toml_value, write_tool_script  # noqa: E402
 from supervisor._client import Client  # noqa: E402
@@ -564,6 +565,17 @@ def print_term_row(row: TermRow) -> None:
           f" ready in {row.ready_ms:.0f} ms")
 
 
+def missing_cli(name: str) -> str | None:
+    """Why the real-CLI rows of ``name`` cannot run here, or None when they can."""
+    try:
+        path = cli_path(name)
+    except FileNotFoundError:
+        return f"not installed under {cli_cache_dir()} (scripts/install-clis.sh installs it; needs Node.js >= 20 and npm)"
+    if shutil.which("node") is None:
+        return f"installed at {path}, but Node.js (node) is not on PATH"
+    return None
+
+
 def run_cli(name: str, root: Path, n: int, failures: list[str]) -> None:
     """Both rows of one real CLI, one fake model server."""
     folder = root / name
@@ -617,6 +629,11 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown CLI(s) {unknown}; known: {', '.join(CLIS)}")
     cli_channels = args.cli_channels or (1 if args.quick else 3)
+    # Without the agent CLIs (or Node.js) the demo rows still run; the CLI rows say why not.
+    skipped = {name: why for name in clis if (why := missing_cli(name)) is not None}
+    clis = [name for name in clis if name not in skipped]
+    for name, why in skipped.items():
+        print(f"skipping the {name} rows: {why}")
     root = short_tmp("cs-")
     failures: list[str] = []
     print(f"stop benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s); daemon: `corral run` subprocess;")
@@ -678,6 +695,8 @@ def main() -> int:
             failures.append(f"{len(leftover)} process(es) left at the end: {leftover[:5]}")
         print(f"\nprocesses left at the end ({MARKER} / {DIRECT_MARKER} marker, HOME under {root}): {len(leftover)}")
         shutil.rmtree(root, ignore_errors=True)
+    if skipped:
+        print(f"skipped: the rows of {', '.join(skipped)} (not installed here; see above)")
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures[:20]))
         return 1

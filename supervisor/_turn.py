@@ -44,7 +44,7 @@ from adapters._base import (
 
 from ._config import AgentConfig
 from ._ledger import OutputKind, TurnTicket
-from ._lines import LineReader
+from ._lines import Line, LineReader
 from ._store import Pending, StoreError
 from ._tree import TURN_MARKER, KillReport, ProcessTree, scrubbed_environment, spawn, wait_exited
 
@@ -55,6 +55,9 @@ log = logging.getLogger("corral.turn")
 
 #: How long to keep reading a dead CLI's stdout for what it was still flushing.
 DRAIN_SECONDS = 0.5
+#: A run of whole lines of text (the generic protocol's) the agent has been quiet after this
+#: long is stored as it is, rather than held until the next event.
+TEXT_QUIET_SECONDS = 0.5
 #: Longest stderr line kept in the log.
 STDERR_LOG_CHARS = 2000
 
@@ -270,7 +273,7 @@ class Turn:
         stall_timeout = self.agent.limits.stall_timeout
         while True:
             with trio.move_on_after(stall_timeout or float("inf")) as stall:
-                lines = await reader.read_lines()
+                lines = await self._read_or_show_text(reader)
             if stall.cancelled_caught:
                 return TurnLimit(f"Turn ended: no output for {stall_timeout:g} s (stall_timeout).")
             if not lines:
@@ -284,6 +287,20 @@ class Turn:
             # stored when the next event (or the end of the turn) closes it.
             if self._last is not None and self._last.failed:
                 return StoreError("an entry of this turn could not be stored")
+
+    async def _read_or_show_text(self, reader: LineReader) -> list[Line]:
+        """The next lines; a run of text the agent has gone quiet after is stored meanwhile,
+        so an agent that says something and then works (or waits) shows it at once.
+
+        Only for parsers whose runs are whole lines (they have ``end_text_run``): a model's
+        token deltas may pause mid-sentence, and are held until the next event."""
+        end_run = getattr(self._parser, "end_text_run", None)
+        if self._text and end_run is not None:
+            with trio.move_on_after(TEXT_QUIET_SECONDS):
+                return await reader.read_lines()  # cancel-safe: nothing is consumed on a cancel
+            self._flush_text()
+            end_run()
+        return await reader.read_lines()
 
     async def _drain_after_exit(self, process: trio.Process, drain: trio.CancelScope) -> None:
         """Once the CLI has exited, stop waiting for EOF after a deadline: an escaped

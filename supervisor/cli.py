@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -267,19 +266,9 @@ def shutdown(obj: _Context, as_json: bool) -> None:
 @click.option("--keep", is_flag=True, help="Keep the temporary folder and print its path.")
 def demo(keep: bool) -> None:
     """Show the main job with no setup: send, stream, stop mid-tool, resume."""
-    import trio
+    from ._demo import demo_main
 
-    from ._demo import run_demo
-
-    folder = tempfile.mkdtemp(prefix="corral-demo-")
-    ok = trio.run(run_demo, Path(folder), click.echo)
-    if keep:
-        click.echo(f"(files kept in {folder})")
-    else:
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
-    sys.exit(0 if ok else EXIT_ERROR)
+    sys.exit(demo_main(keep, click.echo))
 
 
 if __name__ == "__main__":

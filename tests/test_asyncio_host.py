@@ -40,7 +40,7 @@ def test_an_asyncio_program_sends_follows_and_stops(short_tmp: Path) -> None:
         return seen, idle and result.ok and bool(result.swept), status["channels"]["bot"]["turn"] is None, ticks
 
     seen, stopped, idle_after, ticks = asyncio.run(asyncio.wait_for(main(), 60))
-    assert "You said: hello from asyncio" in seen
+    assert "You said: hello from asyncio\nThis is the start of conversation" in "\n".join(seen)
     assert stopped and idle_after
     assert ticks > 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,7 @@ def js(**obj: object) -> str:
 
 
 def test_each_type() -> None:
-    assert feed(js(type="text", text="hello")) == [Text("hello")]
+    assert feed(js(type="text", text="hello")) == [Text("hello", delta=True)]
     assert feed(js(type="status", text="thinking")) == [Status("thinking")]
     assert feed(js(type="tool", name="shell", input={"cmd": "ls  -la\n/"})) == [ToolUse("shell", r'{"cmd":"ls -la\n/"}')]
     assert feed(js(type="tool", name="read")) == [ToolUse("read", "")]
@@ -70,8 +71,8 @@ def test_tool_input_preview_is_bounded() -> None:
 
 
 def test_plain_lines_are_text_verbatim_and_blank_lines_are_dropped() -> None:
-    assert feed("just some words") == [Text("just some words")]
-    assert feed("  indented  ") == [Text("  indented  ")]
+    assert feed("just some words") == [Text("just some words", delta=True)]
+    assert feed("  indented  ") == [Text("  indented  ", delta=True)]
     assert feed("") == []
     assert feed("   \t") == []
 
@@ -89,7 +90,7 @@ def test_plain_lines_are_text_verbatim_and_blank_lines_are_dropped() -> None:
     ],
 )
 def test_json_without_a_string_type_and_malformed_json_are_text(line: str) -> None:
-    assert feed(line) == [Text(line)]
+    assert feed(line) == [Text(line, delta=True)]
 
 
 @pytest.mark.parametrize(
@@ -119,6 +120,60 @@ def test_bad_fields_are_unparsed(obj: dict[str, object]) -> None:
     assert event.reason
     # A bad result or error line does not count as the turn's outcome.
     assert parser.finish(1, interrupted=False) == [Error("agent exited with status 1")]
+
+
+def joined(lines: list[str]) -> list[tuple[str, str]]:
+    """What the turn makes of a parser's events: text deltas join until any other event."""
+    parser, out, text = GenericParser(), [], []
+    for line in lines:
+        for event in parser.feed(line):
+            if isinstance(event, Text):
+                assert event.delta, "generic text is always a piece of a run"
+                text.append(event.text)
+                continue
+            if isinstance(event, SessionId):  # the turn does not flush text for a session id
+                continue
+            if text:
+                out.append(("message", "".join(text)))
+                text.clear()
+            out.append((type(event).__name__, getattr(event, "text", "")))
+    if text:
+        out.append(("message", "".join(text)))
+    return out
+
+
+def test_a_contiguous_run_of_text_pieces_and_plain_lines_is_one_message() -> None:
+    lines = [
+        js(type="session", id="s"),
+        js(type="text", text="first piece"),
+        "a plain line",
+        js(type="text", text="last piece"),
+        js(type="status", text="working"),
+        "after the status",
+        js(type="session", id="s"),  # invisible: does not split the run
+        js(type="text", text="same message"),
+        js(type="tool", name="shell", input="ls"),
+        js(type="text", text="alone"),
+        js(type="result", text="done"),
+    ]
+    assert joined(lines) == [
+        ("message", "first piece\na plain line\nlast piece"),
+        ("Status", "working"),
+        ("message", "after the status\nsame message"),
+        ("ToolUse", ""),
+        ("message", "alone"),
+        ("Result", "done"),
+    ]
+
+
+def test_blank_lines_inside_a_run_do_not_break_or_pad_it() -> None:
+    assert joined(["one", "", "   ", "two"]) == [("message", "one\ntwo")]
+
+
+def test_an_unparsed_line_or_an_error_ends_the_run() -> None:
+    assert joined(["a", js(type="mystery"), "b", js(type="error", text="boom"), "c"]) == [
+        ("message", "a"), ("Unparsed", ""), ("message", "b"), ("Error", "boom"), ("message", "c"),
+    ]
 
 
 # ---------------------------------------------------------------- finish
@@ -205,3 +260,46 @@ def test_the_adapter_is_registered_as_generic() -> None:
     assert ADAPTER.default_command == ()
     assert ADAPTER.option_keys == {"resume_args", "prompt"}
     assert ADAPTER.build_launch is build_launch
+
+
+# ---------------------------------------------------------------- supervised
+
+
+QUIET_AGENT = r"""
+import json, os, sys
+print("first line", flush=True)
+print(json.dumps({"type": "text", "text": "second line"}), flush=True)
+os.read(os.open(sys.argv[-1], os.O_RDONLY), 1)  # quiet until the test opens the gate
+print("after the wait", flush=True)
+print("and its second line", flush=True)
+"""
+
+
+async def test_a_run_is_one_entry_and_shown_when_the_agent_goes_quiet(short_tmp: Path) -> None:
+    import os
+
+    import trio
+
+    from conftest import make_config, script_agent
+    from supervisor import open_supervisor
+
+    gate = short_tmp / "gate"
+    os.mkfifo(gate)
+    config = make_config(short_tmp, {"g": script_agent(QUIET_AGENT)})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", str(gate))
+        with trio.fail_after(30):
+            async for entry in sup.follow("c", after=accepted.seq):
+                if entry.kind == "message":
+                    first = entry
+                    break
+        # Shown while the agent still runs, as one entry.
+        assert first.text == "first line\nsecond line"
+        assert sup._turns["c"].turn_id == first.turn
+        fd = os.open(gate, os.O_WRONLY)
+        os.write(fd, b"x")
+        os.close(fd)
+        with trio.fail_after(30):
+            assert await sup.wait_idle("c")
+        messages = [e.text for e in await sup.entries("c", after=accepted.seq) if e.kind == "message"]
+    assert messages == ["first line\nsecond line", "after the wait\nand its second line"]

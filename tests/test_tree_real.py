@@ -165,10 +165,12 @@ async def pids_of(sup: Supervisor, channel: str, *labels: str) -> dict[str, int]
     with trio.fail_after(SLOW):
         async with aclosing(sup.follow(channel)) as entries:
             async for entry in entries:
-                parts = entry.text.split()
-                if entry.kind == "message" and len(parts) == 2 and parts[0] in labels and parts[1].isdigit():
-                    found[parts[0]] = int(parts[1])
-                ready = ready or (entry.kind == "message" and entry.text == "ready")
+                # The agent's plain lines arrive joined, one message per run of them.
+                for line in entry.text.split("\n") if entry.kind == "message" else ():
+                    parts = line.split()
+                    if len(parts) == 2 and parts[0] in labels and parts[1].isdigit():
+                        found[parts[0]] = int(parts[1])
+                    ready = ready or line == "ready"
                 if ready and set(found) == set(labels):
                     return found
                 if entry.kind in ("error", "notice"):

@@ -1,0 +1,91 @@
+"""``make test`` says what it needs: the CLI installer checks for Node.js and npm before
+downloading anything, and every test that runs a real agent CLI is marked ``realcli`` (so
+``make test-core``, ``pytest -m "not realcli"``, runs everything else)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALL = ROOT / "scripts" / "install-clis.sh"
+
+
+def run_installer(bin_dir: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """The installer with only ``bin_dir`` on PATH (bash's builtins still work)."""
+    return subprocess.run(
+        ["/bin/bash", str(INSTALL)], env={"PATH": str(bin_dir), "HOME": str(home)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def fake(bin_dir: Path, name: str, version: str) -> None:
+    script = bin_dir / name
+    script.write_text(f"#!/bin/sh\necho {version}\n")
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("tools", "problem"),
+    [
+        ({}, "Node.js (node) is not installed or not on PATH."),
+        ({"node": "v20.11.0"}, "npm is not installed or not on PATH."),
+        ({"node": "v18.19.0", "npm": "9.2.0"}, "Node.js v18.19.0 is too old."),
+    ],
+)
+def test_the_cli_installer_says_what_to_install_before_downloading(tmp_path: Path, tools: dict[str, str], problem: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, version in tools.items():
+        fake(bin_dir, name, version)
+    done = run_installer(bin_dir, tmp_path)
+    assert done.returncode == 1
+    assert problem in done.stderr
+    assert "Node.js >= 20 and npm" in done.stderr and "make test-core" in done.stderr
+    assert not (tmp_path / ".cache").exists(), "nothing is created before the check passes"
+
+
+def test_every_test_that_runs_an_agent_cli_is_marked_realcli() -> None:
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        uses_cli = any(
+            isinstance(node, ast.ImportFrom) and node.module in ("fakemodel.clis", "fakemodel.rig")
+            for node in ast.walk(tree)
+        )
+        if uses_cli:
+            assert "pytestmark = pytest.mark.realcli" in path.read_text(), f"{path.name} runs agent CLIs: mark it realcli"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_test_core_runs_the_tests_that_need_no_cli_and_make_test_checks_node_first() -> None:
+    def planned(target: str) -> list[str]:
+        done = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+        return done.stdout.splitlines()
+
+    core = planned("test-core")
+    assert core[-1] == '.venv/bin/pytest -q -m "not realcli"'
+    assert not [line for line in core if "install-clis" in line]
+    full = planned("test")
+    assert full[0] == "bash scripts/install-clis.sh", "the Node.js check comes before the setup"
+    assert full[-1] == ".venv/bin/pytest -q"
+
+
+def test_bench_stop_without_the_agent_clis_says_which_rows_it_skipped(tmp_path: Path) -> None:
+    # An empty CLI cache: as on a machine where scripts/install-clis.sh never ran.
+    env = {**os.environ, "CORRAL_CLI_CACHE": str(tmp_path / "no-clis"),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_stop.py"), "--quick", "--no-demo"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("claude", "codex", "gemini", "qwen"):
+        assert f"skipping the {name} rows: not installed under {tmp_path / 'no-clis'}" in done.stdout
+    assert "skipped: the rows of claude, codex, gemini, qwen" in done.stdout
+    assert "Traceback" not in done.stderr
