@@ -330,16 +330,38 @@ async def test_contract_01_stop_all_stops_every_busy_channel(short_tmp: Path, ga
 
 
 class FirstStep(trio.abc.Instrument):
-    """Takes a snapshot when the named task first yields to the scheduler."""
+    """Takes a snapshot when the named task first yields to the scheduler, and another at the
+    start and the end of the step in which ``signalled`` first turns true."""
 
     def __init__(self, name: str, probe: Callable[[], dict[str, Any]]) -> None:
         self.name = name
         self.probe = probe
         self.seen: dict[str, Any] | None = None
+        self.before_signal: dict[str, Any] | None = None
+        self.at_signal: dict[str, Any] | None = None
+        self._step_began: dict[str, Any] | None = None
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == self.name and self.at_signal is None:
+            self._step_began = self.probe()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name == self.name and self.seen is None:
-            self.seen = self.probe()
+        if task.name != self.name:
+            return
+        now = self.probe()
+        if self.seen is None:
+            self.seen = now
+        if self.at_signal is None and now["signalled"]:
+            self.before_signal, self.at_signal = self._step_began, now
+
+
+def stop_rows(sup: Supervisor) -> list[tuple[Any, ...]]:
+    """The stops table, read through a connection of its own (what is on disk, committed)."""
+    db = sqlite3.connect(str(sup.config.store_path))
+    try:
+        return db.execute("SELECT seq, channel, generation, result FROM stops").fetchall()
+    finally:
+        db.close()
 
 
 async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_await(short_tmp: Path, gates: Any) -> None:
@@ -357,6 +379,7 @@ async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_aw
                 "cancelled": turn.scope.cancel_called,
                 "signalled": turn.tree is not None and turn.tree.interrupted,
                 "queued": len(sup.ledger.queued("ch")),
+                "recorded": len(stop_rows(sup)),
             }
 
         first = FirstStep("stop-under-test", probe)
@@ -372,7 +395,16 @@ async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_aw
         finally:
             trio.lowlevel.remove_instrument(first)
 
-        assert first.seen == {"generation": 1, "stale": True, "cancelled": True, "signalled": True, "queued": 0}
+        # On record before any await: the generation has moved, the turn is stale and the
+        # queue dropped; the kill waits for the stop's record (contract 17).
+        assert first.seen == {
+            "generation": 1, "stale": True, "cancelled": False, "signalled": False, "queued": 0, "recorded": 0,
+        }
+        # The kill: in one step, which began with the record already on disk, the scope is
+        # cancelled and the group signalled. No checkpoint between the decision and the signal.
+        assert first.before_signal is not None and first.before_signal["recorded"] == 1
+        assert not first.before_signal["cancelled"] and not first.before_signal["signalled"]
+        assert first.at_signal is not None and first.at_signal["cancelled"] and first.at_signal["signalled"]
         assert results[0].ok and results[0].dropped == 1
 
 
