@@ -111,6 +111,7 @@ def run(obj: _Context, config_path: str | None, log_level: str) -> None:
     import trio
 
     from ._daemon import DaemonError, run_daemon
+    from ._store import StoreInUse
 
     config = _load(config_path or obj.config)
     journald = "JOURNAL_STREAM" in os.environ
@@ -121,7 +122,7 @@ def run(obj: _Context, config_path: str | None, log_level: str) -> None:
     )
     try:
         trio.run(run_daemon, config)
-    except DaemonError as exc:
+    except (DaemonError, StoreInUse) as exc:
         _fail(str(exc))
 
 
