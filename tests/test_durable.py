@@ -1,0 +1,182 @@
+"""Durability against a real daemon: one owner per store, abrupt death, signals, shutdown
+during a stop (stop contract lines 15 and 17; the in-process tests are in
+test_stop_contract.py).
+
+Each test runs `corral run` as a subprocess with the contract tests' script agent. Waiting
+is on conditions read from the store (a read-only connection of its own), under deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+import trio
+from conftest import CORRAL, PYTHON, DaemonProcess, make_config, turn_processes
+from test_stop_contract import AGENT, Gate
+
+from supervisor import SHUTDOWN_NOTICE, StoreError
+from supervisor._recovery import RESTART_NOTICE
+from supervisor._store import StoreInUse
+from supervisor._supervisor import open_supervisor
+
+T = TypeVar("T")
+DEADLINE = 30.0
+
+
+def config_text(folder: Path, grace: float) -> str:
+    (folder / "agent.py").write_text(AGENT)
+    return f"""
+[server]
+socket = "corral.sock"
+[store]
+path = "corral.db"
+[agents.bot]
+adapter = "generic"
+command = [{json.dumps(PYTHON)}, {json.dumps(str(folder / "agent.py"))}]
+stop_grace = {grace}
+"""
+
+
+def start(folder: Path, grace: float = 2.0) -> DaemonProcess:
+    return DaemonProcess(folder, config_text(folder, grace))
+
+
+def rows(folder: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Committed rows of the daemon's store, read through a read-only connection."""
+    db = sqlite3.connect(f"file:{folder / 'corral.db'}?mode=ro", uri=True)
+    try:
+        return db.execute(sql, params).fetchall()
+    finally:
+        db.close()
+
+
+def entries(folder: Path, channel: str = "ch") -> list[dict[str, Any]]:
+    out = rows(folder, "SELECT seq, author, kind, text, turn, meta FROM entries WHERE channel = ? ORDER BY seq", (channel,))
+    return [dict(seq=s, author=a, kind=k, text=t, turn=u, meta=json.loads(m)) for s, a, k, t, u, m in out]
+
+
+def until(what: str, probe: Callable[[], T | None], timeout: float = DEADLINE) -> T:
+    """Poll ``probe`` until it returns something truthy (a condition, not a settling sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def entry(folder: Path, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    return until("an entry", lambda: next((e for e in entries(folder) if match(e)), None))
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def gate(short_tmp: Path) -> Iterator[Gate]:
+    made = Gate(short_tmp / "gate")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def running_turn(folder: Path, daemon: DaemonProcess, prompt: str) -> tuple[str, int, int]:
+    """Send ``prompt`` (which must include ``setsid``) and wait until it is ready:
+    returns (turn id, leader pid, setsid grandchild pid)."""
+    daemon.cli("send", "ch", prompt, check=True)
+    tool = entry(folder, lambda e: e["kind"] == "status" and e["text"].startswith("setsid "))
+    entry(folder, lambda e: e["kind"] == "message" and e["text"] == "ready")
+    (leader,) = until("the turn's leader pid", lambda: rows(folder, "SELECT pid FROM turns WHERE pid IS NOT NULL"))
+    return tool["turn"], leader[0], int(tool["text"].split()[1])
+
+
+# ---------------------------------------------------------------- one owner per store
+
+
+async def test_a_second_embedded_supervisor_on_one_store_is_refused(short_tmp: Path) -> None:
+    config = make_config(short_tmp)
+    async with open_supervisor(config):
+        lock = Path(str(config.store_path) + ".lock")
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+        assert lock.read_text().strip() == str(os.getpid())
+        with pytest.raises(StoreInUse, match=rf"store .*corral.db is in use by pid {os.getpid()}"):
+            async with open_supervisor(make_config(short_tmp)):
+                pass
+    async with open_supervisor(config) as sup:  # released with its owner
+        assert isinstance(sup.store.store_id, str)
+    assert issubclass(StoreInUse, StoreError)
+
+
+def test_a_second_corral_run_on_the_same_store_exits_1_and_changes_nothing(short_tmp: Path) -> None:
+    first = start(short_tmp)
+    try:
+        first.cli("send", "ch", "hello", check=True)
+        entry(short_tmp, lambda e: e["text"] == "done: hello")
+        before = rows(short_tmp, "SELECT * FROM entries ORDER BY seq")
+        other = short_tmp / "other"
+        other.mkdir()
+        (other / "corral.toml").write_text(
+            config_text(short_tmp, 2.0).replace('"corral.sock"', '"other.sock"').replace('"corral.db"', json.dumps(str(short_tmp / "corral.db")))
+        )
+        second = subprocess.run([*CORRAL, "run", "-c", "corral.toml"], cwd=other, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert f"is in use by pid {first.proc.pid}" in second.stderr and "Traceback" not in second.stderr
+        assert not (other / "other.sock").exists()
+        assert rows(short_tmp, "SELECT * FROM entries ORDER BY seq") == before
+        assert first.cli("status").returncode == 0  # the owner serves on
+    finally:
+        assert first.stop() == 0
+
+
+# ---------------------------------------------------------------- signals
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT])
+def test_hup_and_quit_shut_down_in_order_and_leave_no_orphan(short_tmp: Path, gate: Gate, sig: int) -> None:
+    daemon = start(short_tmp)
+    try:
+        turn, leader, grandchild = running_turn(short_tmp, daemon, f"setsid gate={gate}")
+        daemon.proc.send_signal(sig)
+        assert daemon.stop() == 0
+        assert not alive(leader) and not alive(grandchild)
+        assert not turn_processes([turn])
+        last = entries(short_tmp)[-1]
+        assert (last["kind"], last["text"], last["turn"]) == ("notice", SHUTDOWN_NOTICE, turn)
+    finally:
+        daemon.stop()
+
+
+def test_usr1_logs_a_status_line_and_other_signals_are_ignored(short_tmp: Path, gate: Gate) -> None:
+    daemon = start(short_tmp)
+    try:
+        turn, leader, grandchild = running_turn(short_tmp, daemon, f"setsid gate={gate}")
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGIO,
+                    signal.SIGRTMIN, signal.SIGRTMIN + 1):
+            daemon.proc.send_signal(sig)
+        # Still serving, the turn untouched (a send is answered only by a live daemon).
+        assert daemon.cli("status").returncode == 0
+        assert alive(leader) and alive(grandchild)
+        assert daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0
+    log = "".join(daemon.log)
+    assert "received SIGUSR1: status: pid" in log and "received SIGALRM: ignored" in log
+    assert "received SIGRTMIN: ignored" in log and "received SIGRTMIN+1: ignored" in log
+    assert not alive(leader) and not alive(grandchild) and not turn_processes([turn])
