@@ -139,12 +139,14 @@ async def run_daemon(
     unix_sock = bind_unix_socket(config.server.socket)
     tcp_sock = bind_loopback_tcp(config.server.tcp) if config.server.tcp else None
     try:
-        async with open_supervisor(config, subreaper=subreaper, owns_children=subreaper) as sup:
+        # Signals are watched from outside the servers' nursery, until they are closed: a
+        # second SIGTERM during a long shutdown must not kill the daemon mid-way.
+        async with open_supervisor(config, subreaper=subreaper, owns_children=subreaper) as sup, trio.open_nursery() as guard:
             restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
+            signal_scope = trio.CancelScope()
+            if handle_signals:
+                guard.start_soon(_watch_signals, stopping, signal_scope, sup)
             async with trio.open_nursery() as nursery:
-                signal_scope = trio.CancelScope()
-                if handle_signals:
-                    nursery.start_soon(_watch_signals, stopping, signal_scope, sup)
                 # The listeners close once the supervisor is down: a stop in progress at
                 # shutdown still answers its caller.
                 closed = trio.Event()
@@ -170,9 +172,9 @@ async def run_daemon(
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
                 closed.set()
-                signal_scope.cancel()
                 # hypercorn is closing too (same trigger); open followers get the graceful time.
                 nursery.cancel_scope.deadline = trio.current_time() + GRACEFUL_SECONDS + 1
+            signal_scope.cancel()
     finally:
         for sock in (unix_sock, tcp_sock):
             if sock is not None and sock.fileno() >= 0:

@@ -180,3 +180,111 @@ def test_usr1_logs_a_status_line_and_other_signals_are_ignored(short_tmp: Path, 
     assert "received SIGUSR1: status: pid" in log and "received SIGALRM: ignored" in log
     assert "received SIGRTMIN: ignored" in log and "received SIGRTMIN+1: ignored" in log
     assert not alive(leader) and not alive(grandchild) and not turn_processes([turn])
+
+
+# ---------------------------------------------------------------- 15. death is not silence
+
+
+def test_contract_15_after_kill_9_the_orphans_die_before_the_restart_serves(short_tmp: Path, gate: Gate) -> None:
+    daemon = start(short_tmp)
+    restarted = None
+    try:
+        turn, leader, grandchild = running_turn(short_tmp, daemon, f"setsid gate={gate}")
+        daemon.cli("send", "ch", "queued before the crash", check=True)
+        daemon.proc.kill()
+        daemon.proc.wait()
+        assert alive(leader) and alive(grandchild)  # orphaned, still working
+
+        restarted = start(short_tmp)
+        # Ready means serving: by then every orphan is dead.
+        assert not alive(leader) and not alive(grandchild)
+        done = entry(short_tmp, lambda e: e["text"] == "done: queued before the crash")
+        of_turn = [e for e in entries(short_tmp) if e["turn"] == turn]
+        assert (of_turn[-1]["kind"], of_turn[-1]["text"]) == ("notice", RESTART_NOTICE)
+        assert of_turn[-1]["seq"] < done["seq"]  # the queued message ran after the orphan died
+        assert restarted.cli("wait", "ch", "--timeout", "30").returncode == 0
+        assert [e["text"] for e in entries(short_tmp)].count("done: queued before the crash") == 1
+        status = json.loads(restarted.cli("--json", "status", check=True).stdout)
+        assert {leader, grandchild} <= set(status["recovered"]["killed"])
+        assert status["recovered"]["turns"] == [turn]
+        plain = restarted.cli("status", check=True).stdout
+        assert f"interrupted turns ['{turn}']" in plain
+    finally:
+        if restarted is not None:
+            assert restarted.stop() == 0
+        daemon.stop()
+
+
+# ---------------------------------------------------------------- 17. a stop outlives the supervisor
+
+
+def stop_in_background(daemon: DaemonProcess) -> subprocess.Popen[str]:
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
+    return subprocess.Popen([*CORRAL, "--json", "stop", "ch"], cwd=daemon.folder, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def nothing_resumed(folder: Path, turn: str) -> None:
+    """After a restart: what the stop dropped did not run, its plan stays cancelled, no nudge."""
+    texts = [e["text"] for e in entries(folder)]
+    assert not [t for t in texts if t.startswith("done: ")]
+    assert not [t for t in texts if "remaining task" in t]
+    dropped = [e for e in entries(folder) if e["text"] == "dropped by the stop"]
+    assert dropped and dropped[0]["meta"].get("dropped_by_stop")
+    ((items,),) = rows(folder, "SELECT items FROM todos")
+    assert {i["status"] for i in json.loads(items)} <= {"completed", "cancelled"}
+    assert rows(folder, "SELECT * FROM queue") == []
+    notices = [e for e in entries(folder) if e["kind"] == "notice"]
+    assert [n["text"] for n in notices] == ["Execution stopped by user. 1 queued message was not run."]
+    of_turn = [e for e in entries(folder) if e["turn"] == turn]
+    assert of_turn[-1]["kind"] == "notice"
+
+
+def test_contract_17_kill_9_after_the_stop_is_recorded_never_undoes_it(short_tmp: Path, gate: Gate) -> None:
+    daemon = start(short_tmp, grace=3)
+    restarted = None
+    try:
+        turn, leader, grandchild = running_turn(short_tmp, daemon, f"ignore todos setsid gate={gate}")
+        daemon.cli("send", "ch", "dropped by the stop", check=True)
+        stopper = stop_in_background(daemon)
+        until("the stop's record", lambda: rows(short_tmp, "SELECT seq FROM stops"))
+        daemon.proc.kill()  # mid-stop: the agent ignores SIGINT, the stop waits out its grace
+        daemon.proc.wait()
+        assert stopper.wait(timeout=60) != 0
+
+        restarted = start(short_tmp, grace=0.5)
+        assert not alive(leader) and not alive(grandchild)
+        assert restarted.cli("wait", "ch", "--timeout", "30").returncode == 0
+        nothing_resumed(short_tmp, turn)
+        status = json.loads(restarted.cli("--json", "status", check=True).stdout)
+        assert status["recovered"]["turns"] == [] and len(status["recovered"]["stops"]) == 1
+    finally:
+        if restarted is not None:
+            assert restarted.stop() == 0
+        daemon.stop()
+
+
+def test_contract_17_shutdown_during_a_stop_answers_its_caller(short_tmp: Path, gate: Gate) -> None:
+    daemon = start(short_tmp, grace=3)
+    restarted = None
+    try:
+        turn, leader, grandchild = running_turn(short_tmp, daemon, f"ignore todos setsid gate={gate}")
+        daemon.cli("send", "ch", "dropped by the stop", check=True)
+        stopper = stop_in_background(daemon)
+        until("the stop's record", lambda: rows(short_tmp, "SELECT seq FROM stops"))
+        daemon.proc.send_signal(signal.SIGTERM)  # while the stop waits out the grace
+        out, err = stopper.communicate(timeout=60)
+        assert stopper.returncode == 0, err
+        result = json.loads(out)
+        assert result["ok"] and result["notice_seq"] is not None and result["stopped_turns"] == [turn]
+        assert leader in result["killed"] and grandchild in result["swept"] + result["killed"]
+        assert daemon.stop() == 0
+        assert not alive(leader) and not alive(grandchild)
+
+        restarted = start(short_tmp)
+        assert restarted.cli("wait", "ch", "--timeout", "30").returncode == 0
+        nothing_resumed(short_tmp, turn)
+    finally:
+        if restarted is not None:
+            assert restarted.stop() == 0
+        daemon.stop()
