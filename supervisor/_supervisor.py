@@ -358,6 +358,7 @@ class Supervisor:
 
     async def _end_turn_early(self, channel: str, turn_id: str, generation: int, why: str) -> None:
         self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
+        self.store.end_turn(turn_id)
         await self.store.append(channel, "system", "error", why, turn=turn_id, generation=generation)
 
     def adopt_background(self, tree: ProcessTree) -> None:

@@ -112,15 +112,16 @@ def running_turn(folder: Path, daemon: DaemonProcess, prompt: str) -> tuple[str,
 
 async def test_a_second_embedded_supervisor_on_one_store_is_refused(short_tmp: Path) -> None:
     config = make_config(short_tmp)
-    async with open_supervisor(config):
+    async with open_supervisor(config) as sup:
         lock = Path(str(config.store_path) + ".lock")
         assert stat.S_IMODE(lock.stat().st_mode) == 0o600
         assert lock.read_text().strip() == str(os.getpid())
         with pytest.raises(StoreInUse, match=rf"store .*corral.db is in use by pid {os.getpid()}"):
             async with open_supervisor(make_config(short_tmp)):
                 pass
-    async with open_supervisor(config) as sup:  # released with its owner
-        assert isinstance(sup.store.store_id, str)
+        store_id = sup.store.store_id
+    async with open_supervisor(config) as again:  # released with its owner; the id is stable
+        assert again.store.store_id == store_id and len(store_id) == 16
     assert issubclass(StoreInUse, StoreError)
 
 

@@ -1147,6 +1147,28 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
         assert len(spawned.calls) == 1
 
 
+async def test_contract_17_stop_all_stores_every_record_in_one_transaction(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    faults = FailCommits()
+    async with running(short_tmp) as (sup, spawned):
+        faults.install(sup)
+        for channel in ("a", "b"):
+            await send_and_wait_ready(sup, channel, f"gate={gate}")
+        faults.arm(1)
+        with trio.fail_after(SLOW):
+            failed = await sup.stop()
+        # One failed commit fails every channel's stop: the records are one transaction.
+        assert faults.failed == 1 and not failed.ok
+        assert [c.ok for c in failed.channels or []] == [False, False]
+        assert all(alive(s.process.pid) for s in spawned.calls)
+        assert [sup.ledger.generation(c) for c in ("a", "b")] == [0, 0]
+        assert await sup.store.query("SELECT * FROM stops") == []
+        with trio.fail_after(SLOW):
+            done = await sup.stop()
+        assert done.ok and sorted(done.stopped_turns) == sorted(s.turn_id for s in spawned.calls)
+        assert sorted(r[0] for r in await sup.store.query("SELECT channel FROM stops")) == ["a", "b"]
+
+
 async def test_contract_17_the_record_is_on_disk_before_the_kill(short_tmp: Path, gates: Any) -> None:
     gate = gates()
     async with running(short_tmp) as (sup, spawned):
