@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-import trio
 from conftest import CORRAL, PYTHON, DaemonProcess, make_config, turn_processes
 from test_stop_contract import AGENT, Gate
 
