@@ -353,7 +353,10 @@ class Store:
                 pending._apply(db)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk does): a ROLLBACK then fails
+            # with "no transaction is active" and would hide the real error.
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
 
     async def flush(self) -> None:
@@ -586,7 +589,7 @@ class Store:
         for seq, channel, generation, result in stops:
             summary = json.loads(result)
             pending.append((seq, channel, generation, len(summary.get("dropped", [])), summary.get("stopped_turn")))
-        return [tuple(t) for t in turns], pending  # type: ignore[misc]
+        return [(t[0], t[1], t[2], t[3]) for t in turns], pending
 
     def close(self) -> None:
         """Close the database (after the writer has stopped) and give up the store's lock."""

@@ -288,3 +288,77 @@ def test_contract_17_shutdown_during_a_stop_answers_its_caller(short_tmp: Path, 
         if restarted is not None:
             assert restarted.stop() == 0
         daemon.stop()
+
+
+def test_tail_marks_a_message_a_stop_dropped() -> None:
+    from supervisor.cli import format_entry
+
+    entry = {"seq": 3, "ts": 0.0, "author": "human:user", "kind": "message", "text": "later", "meta": {"dropped_by_stop": 5}}
+    assert format_entry(entry).endswith("later (not run: dropped by a stop)")
+    assert format_entry({**entry, "meta": {}}).endswith(" later")
+
+
+# ---------------------------------------------------------------- a real full disk
+
+
+@pytest.fixture
+def tiny_disk(short_tmp: Path) -> Iterator[Path]:
+    """A 4 MB tmpfs (root only): a full disk gives the store a real ENOSPC."""
+    folder = short_tmp / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Fill the file system of ``folder`` to the last byte; returns the filler file."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def test_contract_17_a_stop_on_a_full_disk_kills_nothing_and_says_so(tiny_disk: Path, short_tmp: Path) -> None:
+    import trio
+
+    from conftest import script_agent
+
+    gate = Gate(short_tmp / "gate")
+    config = make_config(tiny_disk, {"bot": script_agent(AGENT)})
+    try:
+        async with open_supervisor(config) as sup:
+            await sup.send("ch", f"gate={gate}")
+            with trio.fail_after(DEADLINE):
+                while not [e for e in await sup.entries("ch") if e.text == "ready"]:
+                    await trio.sleep(0.02)  # a condition polled under a deadline
+            await sup.send("ch", "queued behind")
+            turn = sup._turns["ch"]
+            assert turn.tree is not None
+            filler = fill(tiny_disk)
+            with trio.fail_after(DEADLINE):
+                failed = await sup.stop("ch")
+            assert not failed.ok and failed.error is not None
+            assert "could not be stored" in failed.error and "full" in failed.error
+            assert failed.error.endswith("nothing was stopped")
+            assert alive(turn.tree.pid) and not sup.ledger.is_stale("ch", turn.turn_id)
+            assert len(sup.ledger.queued("ch")) == 1
+            filler.unlink()
+            with trio.fail_after(DEADLINE):
+                retry = await sup.stop("ch")
+            assert retry.ok and not retry.repeat and retry.dropped == 1 and turn.tree.pid in retry.killed
+            assert await sup.wait_idle("ch", timeout=DEADLINE)
+    finally:
+        gate.close()
