@@ -153,7 +153,7 @@ class Supervisor:
         self.config = config
         self.store = store
         self.ledger = StopLedger(max_nudges=config.limits.max_nudges)
-        self.registry = ProcessRegistry(self.ledger)
+        self.registry = ProcessRegistry(self.ledger, recording=self._recording)
         self.scanner = MarkerScanner(elsewhere=lambda wanted: self.registry.leader_pids())
         self.started = time.time()
         self._nursery = nursery
@@ -164,6 +164,10 @@ class Supervisor:
         """What the last start recovered from an abrupt end of the previous owner."""
         self._idle: dict[str, trio.Event] = {}
         self._closing = False
+
+    def _recording(self, channel: str) -> bool:
+        progress = self._stops.get(channel)
+        return progress is not None and not progress.recorded
 
     # ------------------------------------------------------------ places
 
@@ -435,7 +439,14 @@ class Supervisor:
                 for channel, plans in batch.plans.items():
                     for agent, items in plans.items():
                         self.store.remember_todos(channel, agent, items)
+            else:
+                for decision in batch.decisions:
+                    if not decision.repeat:
+                        self.ledger.abort_stop(decision)
             # No checkpoint from here to the last signal: the kill follows the commit at once.
+            for channel, progress in batch.progress.items():
+                progress.recorded = True
+                self.registry.settle(channel)
             turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in batch.decisions if not d.repeat}
             results: list[StopResult] = [None] * len(batch.decisions)  # type: ignore[list-item]
 
@@ -456,8 +467,7 @@ class Supervisor:
             return results
 
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
-        """The record could not be stored: undo the ledger's stop; nothing was killed."""
-        self.ledger.abort_stop(decision)
+        """The record could not be stored (the ledger's stop is undone); nothing was killed."""
         result = StopResult(decision.channel, decision.generation - 1, ok=False, error=error)
         result.elapsed_ms = (trio.current_time() - started) * 1000
         progress.finish(self._stops, decision.channel, result)
@@ -682,6 +692,8 @@ class _StopInProgress:
     """A stop between its decision and its end: repeats and shutdown wait for it."""
 
     plans: dict[str, list[dict[str, str]]]
+    recorded: bool = False
+    """The record's write is over (committed, or failed and the stop undone)."""
     done: trio.Event = field(default_factory=trio.Event)
     result: StopResult | None = None
 

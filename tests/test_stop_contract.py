@@ -1147,6 +1147,72 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
         assert len(spawned.calls) == 1
 
 
+async def test_contract_17_a_process_registered_while_the_record_is_stored_dies_only_once_it_is(
+    short_tmp: Path, gates: Any
+) -> None:
+    import threading
+
+    # The record's commit is held in its thread; meanwhile the stopped turn's spawn returns.
+    entered, release = threading.Event(), threading.Event()
+    fail = [True]
+    gate = gates()
+    spawner = SpawnRecorder(park=True)
+    async with running(short_tmp, spawn=spawner) as (sup, _):
+        real = sup.store._commit
+
+        def held(batch: Any) -> None:
+            if any(p is record[0] for p in batch):
+                entered.set()
+                release.wait(SLOW)
+                if fail[0]:
+                    raise sqlite3.OperationalError("database or disk is full")
+            real(batch)
+
+        sup.store._commit = held  # type: ignore[method-assign]
+        real_submit = sup.store.submit_stop_records
+        record: list[Any] = [None]
+
+        def submit(records: Any) -> Any:
+            record[0] = real_submit(records)
+            return record[0]
+
+        sup.store.submit_stop_records = submit  # type: ignore[method-assign]
+        for attempt in ("fails", "stored"):
+            entered.clear()
+            release.clear()
+            fail[0] = attempt == "fails"
+            spawner.go = trio.Event()
+            spawner.arrived = trio.Event()
+            await sup.send("ch", f"ignore gate={gate}")
+            with trio.fail_after(SLOW):
+                await spawner.arrived.wait()
+            spawned = spawner.calls[-1]
+            results: list[Any] = []
+
+            async def stop() -> None:
+                results.append(await sup.stop("ch"))
+
+            with trio.fail_after(SLOW):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stop)
+                    assert await trio.to_thread.run_sync(entered.wait, SLOW)
+                    spawner.go.set()  # registers for a stale turn while its stop is not stored
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert sup.registry.get("ch", spawned.turn_id) is not None
+                    assert spawned.process.returncode is None  # not killed: the record may fail
+                    release.set()
+            if attempt == "fails":
+                assert not results[0].ok and spawned.process.returncode is None
+                gate.open()  # the turn was never stopped: it runs to its end
+                await idle(sup, "ch")
+                assert (await sup.entries("ch"))[-1].text == f"done: ignore gate={gate}"
+            else:
+                await idle(sup, "ch")
+                # Stored: killed at once (SIGKILL, as on registration), not after the grace.
+                assert results[0].ok and spawned.process.returncode == -signal.SIGKILL
+                assert results[0].elapsed_ms < 10_000
+
+
 async def test_contract_17_stop_all_stores_every_record_in_one_transaction(short_tmp: Path, gates: Any) -> None:
     gate = gates()
     faults = FailCommits()
