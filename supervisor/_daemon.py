@@ -15,6 +15,7 @@ Handlers, not ``SIG_IGN``: a handler is reset at exec, so agents get default sig
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -138,15 +139,18 @@ async def run_daemon(
             raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
     unix_sock = bind_unix_socket(config.server.socket)
     tcp_sock = bind_loopback_tcp(config.server.tcp) if config.server.tcp else None
+    # The handlers stay installed from before the recovery until the very end: a signal that
+    # arrives while the daemon recovers or shuts down (a second SIGTERM) is queued or
+    # ignored, never the default action that would kill it mid-way.
+    handlers = contextlib.ExitStack()
+    signals = handlers.enter_context(trio.open_signal_receiver(*WATCHED_SIGNALS)) if handle_signals else None
     try:
-        # Signals are watched from outside the servers' nursery, until they are closed: a
-        # second SIGTERM during a long shutdown must not kill the daemon mid-way.
-        async with open_supervisor(config, subreaper=subreaper, owns_children=subreaper) as sup, trio.open_nursery() as guard:
+        async with open_supervisor(config, subreaper=subreaper, owns_children=subreaper) as sup:
             restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
-            signal_scope = trio.CancelScope()
-            if handle_signals:
-                guard.start_soon(_watch_signals, stopping, signal_scope, sup)
             async with trio.open_nursery() as nursery:
+                signal_scope = trio.CancelScope()
+                if signals is not None:
+                    nursery.start_soon(_watch_signals, stopping, signal_scope, sup, signals)
                 # The listeners close once the supervisor is down: a stop in progress at
                 # shutdown still answers its caller.
                 closed = trio.Event()
@@ -172,10 +176,11 @@ async def run_daemon(
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
                 closed.set()
+                signal_scope.cancel()
                 # hypercorn is closing too (same trigger); open followers get the graceful time.
                 nursery.cancel_scope.deadline = trio.current_time() + GRACEFUL_SECONDS + 1
-            signal_scope.cancel()
     finally:
+        handlers.close()
         for sock in (unix_sock, tcp_sock):
             if sock is not None and sock.fileno() >= 0:
                 sock.close()
@@ -206,8 +211,11 @@ def _signal_name(signum: int) -> str:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 
-async def _watch_signals(stopping: trio.Event, scope: trio.CancelScope, sup: Supervisor) -> None:
-    with scope, trio.open_signal_receiver(*ORDERLY_SIGNALS, *STATUS_SIGNALS, *IGNORED_SIGNALS) as signals:
+WATCHED_SIGNALS = ORDERLY_SIGNALS + STATUS_SIGNALS + IGNORED_SIGNALS
+
+
+async def _watch_signals(stopping: trio.Event, scope: trio.CancelScope, sup: Supervisor, signals: Any) -> None:
+    with scope:
         async for signum in signals:
             if signum in ORDERLY_SIGNALS:
                 log.info("received %s: shutting down in order", _signal_name(signum))

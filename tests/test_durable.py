@@ -154,7 +154,8 @@ def test_hup_and_quit_shut_down_in_order_and_leave_no_orphan(short_tmp: Path, ga
     try:
         turn, leader, grandchild = running_turn(short_tmp, daemon, f"setsid gate={gate}")
         daemon.proc.send_signal(sig)
-        assert daemon.stop() == 0
+        assert daemon.proc.wait(timeout=60) == 0  # it ends on its own, in order
+        daemon.stop()
         assert not alive(leader) and not alive(grandchild)
         assert not turn_processes([turn])
         last = entries(short_tmp)[-1]
@@ -278,7 +279,8 @@ def test_contract_17_shutdown_during_a_stop_answers_its_caller(short_tmp: Path, 
         result = json.loads(out)
         assert result["ok"] and result["notice_seq"] is not None and result["stopped_turns"] == [turn]
         assert leader in result["killed"] and grandchild in result["swept"] + result["killed"]
-        assert daemon.stop() == 0
+        assert daemon.proc.wait(timeout=60) == 0  # it ends on its own, in order
+        daemon.stop()
         assert not alive(leader) and not alive(grandchild)
 
         restarted = start(short_tmp)
