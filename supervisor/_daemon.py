@@ -3,13 +3,19 @@
 The Unix socket is bound by corral, chmodded to 0600 and only then listened on (nobody can
 connect to a socket that is not listening, so there is no window with looser rights), and
 handed to hypercorn's Trio worker as ``fd://``. An optional TCP listener binds loopback
-only and requires a bearer token. SIGINT or SIGTERM (or ``POST /v1/shutdown``) ends it in
-order: listeners close, running turns end as "interrupted — daemon restarting", their
-trees are killed and swept, the store is flushed.
+only and requires a bearer token. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXCPU or SIGPWR (or
+``POST /v1/shutdown``) ends it in order: running turns end as "interrupted — daemon
+restarting", their trees are killed and swept, stops in progress finish and answer their
+callers, then the listeners close and the store is flushed. SIGUSR1 and SIGUSR2 log a
+status line. Every other catchable signal whose default would end the process (SIGALRM,
+SIGVTALRM, SIGPROF, SIGIO, SIGSTKFLT, the real-time signals) is logged and ignored; SIGPIPE
+and SIGXFSZ stay ignored as Python sets them (a write fails with an error instead).
+Handlers, not ``SIG_IGN``: a handler is reset at exec, so agents get default signals.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -24,7 +30,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from ._api import ControlAPI
 from ._config import Config
-from ._supervisor import open_supervisor
+from ._supervisor import Supervisor, open_supervisor
 
 log = logging.getLogger("corral.daemon")
 
@@ -133,21 +139,29 @@ async def run_daemon(
             raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
     unix_sock = bind_unix_socket(config.server.socket)
     tcp_sock = bind_loopback_tcp(config.server.tcp) if config.server.tcp else None
+    # The handlers stay installed from before the recovery until the very end: a signal that
+    # arrives while the daemon recovers or shuts down (a second SIGTERM) is queued or
+    # ignored, never the default action that would kill it mid-way.
+    handlers = contextlib.ExitStack()
+    signals = handlers.enter_context(trio.open_signal_receiver(*WATCHED_SIGNALS)) if handle_signals else None
     try:
         async with open_supervisor(config, subreaper=subreaper, owns_children=subreaper) as sup:
             restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
             async with trio.open_nursery() as nursery:
                 signal_scope = trio.CancelScope()
-                if handle_signals:
-                    nursery.start_soon(_watch_signals, stopping, signal_scope)
+                if signals is not None:
+                    nursery.start_soon(_watch_signals, stopping, signal_scope, sup, signals)
+                # The listeners close once the supervisor is down: a stop in progress at
+                # shutdown still answers its caller.
+                closed = trio.Event()
                 app = ControlAPI(sup, shutdown=stopping.set)
                 await nursery.start(
-                    lambda task_status: hypercorn_serve(cast(Any, app), _hypercorn_config(unix_sock), shutdown_trigger=stopping.wait, task_status=task_status)
+                    lambda task_status: hypercorn_serve(cast(Any, app), _hypercorn_config(unix_sock), shutdown_trigger=closed.wait, task_status=task_status)
                 )
                 if tcp_sock is not None:
                     tcp_app = ControlAPI(sup, shutdown=stopping.set, token=token)
                     await nursery.start(
-                        lambda task_status: hypercorn_serve(cast(Any, tcp_app), _hypercorn_config(tcp_sock), shutdown_trigger=stopping.wait, task_status=task_status)
+                        lambda task_status: hypercorn_serve(cast(Any, tcp_app), _hypercorn_config(tcp_sock), shutdown_trigger=closed.wait, task_status=task_status)
                     )
                 log.info(
                     "corral %d ready on %s%s; %d agent(s); %d channel(s) with queued messages restored",
@@ -161,10 +175,12 @@ async def run_daemon(
                 notify_systemd("STOPPING=1")
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
+                closed.set()
                 signal_scope.cancel()
                 # hypercorn is closing too (same trigger); open followers get the graceful time.
                 nursery.cancel_scope.deadline = trio.current_time() + GRACEFUL_SECONDS + 1
     finally:
+        handlers.close()
         for sock in (unix_sock, tcp_sock):
             if sock is not None and sock.fileno() >= 0:
                 sock.close()
@@ -175,8 +191,41 @@ async def run_daemon(
         log.info("stopped")
 
 
-async def _watch_signals(stopping: trio.Event, scope: trio.CancelScope) -> None:
-    with scope, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+#: Signals that end the daemon in order (SIGXCPU: the hard limit's SIGKILL follows; SIGPWR:
+#: the power is failing).
+ORDERLY_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU", "SIGPWR") if hasattr(signal, name)
+)
+#: Signals that log a status line.
+STATUS_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+#: Signals whose default would end the daemon but that mean nothing to it: logged, ignored.
+IGNORED_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGSTKFLT") if hasattr(signal, name)
+) + tuple(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+
+
+WATCHED_SIGNALS = ORDERLY_SIGNALS + STATUS_SIGNALS + IGNORED_SIGNALS
+
+
+async def _watch_signals(stopping: trio.Event, scope: trio.CancelScope, sup: Supervisor, signals: Any) -> None:
+    with scope:
         async for signum in signals:
-            log.info("received %s", signal.Signals(signum).name)
-            stopping.set()
+            if signum in ORDERLY_SIGNALS:
+                log.info("received %s: shutting down in order", _signal_name(signum))
+                stopping.set()
+            elif signum in STATUS_SIGNALS:
+                status = sup.status()
+                log.info(
+                    "received %s: status: pid %d, %d channel(s), %d running turn(s), shutting down: %s",
+                    _signal_name(signum), status["pid"], len(status["channels"]), status["running"],
+                    status["shutting_down"],
+                )
+            else:
+                log.warning("received %s: ignored", _signal_name(signum))

@@ -31,6 +31,16 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
   channel has nothing to stop and gets no notice from a stop-all.
 * After a stop, agent-to-agent routing in the channel rests until a human speaks (12):
   ``may_route`` answers for the router.
+* A stop is on record in the ledger at once, but it is carried out only once its record
+  (generation, dropped messages, cancelled plan) is durably stored (17). If that store
+  fails, ``abort_stop(decision)`` puts the channel back exactly as the stop found it:
+  the generation, the repeat window, the routing rest, and the dropped messages at the
+  head of the queue, oldest first. Messages accepted while the record was being stored
+  were stamped with the stop's generation; they are re-stamped with the restored one
+  and stay queued behind the restored messages, and a turn begun in that window keeps
+  running under the restored generation. A retried stop is then a real stop, not a
+  repeat. If another stop has moved the generation since (it superseded this one, and
+  dropped whatever this one would have), nothing is undone.
 
 Violations of the driver's side of the protocol (ending a turn that is not running,
 starting a second turn in a busy channel) raise :class:`LedgerError`: they are bugs.
@@ -41,7 +51,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class LedgerError(RuntimeError):
@@ -106,6 +116,10 @@ class StopDecision:
     """Post the notice once the stopped turn is torn down."""
     notice_seq: int | None
     """For a repeat: the notice already stored for the stop it repeats (None if pending)."""
+    prior_notice_seq: int | None = None
+    """What ``abort_stop`` restores: the notice seq the channel had before this stop."""
+    prior_routing_rests: bool = False
+    """What ``abort_stop`` restores: whether routing rested before this stop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +294,7 @@ class StopLedger:
         state = self._chan(channel)
         if state.stopped:
             return StopDecision(channel, state.generation, True, None, (), False, state.notice_seq)
+        prior = (state.notice_seq, state.routing_rests)
         state.generation += 1
         state.stopped = True
         state.notice_seq = None
@@ -287,7 +302,31 @@ class StopLedger:
         dropped = tuple(state.queue)
         state.queue.clear()
         stopped_turn = state.turn.turn_id if state.turn else None
-        return StopDecision(channel, state.generation, False, stopped_turn, dropped, True, None)
+        return StopDecision(channel, state.generation, False, stopped_turn, dropped, True, None, *prior)
+
+    def abort_stop(self, decision: StopDecision) -> bool:
+        """Undo a stop whose record could not be stored; False if a later stop superseded it.
+
+        Exactly restores the channel: generation, repeat window, routing rest, notice seq, and
+        the dropped messages back at the head of the queue. Work begun since the stop (a
+        message accepted, a turn taken) is re-stamped with the restored generation.
+        """
+        if decision.repeat:
+            raise LedgerError(f"a repeat stop of {decision.channel!r} has nothing to undo")
+        state = self._chan(decision.channel)
+        if state.generation != decision.generation:
+            return False
+        restored = decision.generation - 1
+        state.generation = restored
+        state.stopped = False
+        state.notice_seq = decision.prior_notice_seq
+        # A human who spoke since has lifted the rest already; that stands.
+        state.routing_rests = decision.prior_routing_rests and state.routing_rests
+        later = [replace(m, generation=restored) if m.generation > restored else m for m in state.queue]
+        state.queue = deque([*decision.dropped, *later])
+        if state.turn is not None and state.turn.generation > restored:
+            state.turn.generation = restored
+        return True
 
     def stop_all(self) -> list[StopDecision]:
         """Stop every channel that has work; idle channels are left alone."""

@@ -6,13 +6,18 @@ Two rules from the stop contract live here (line 6):
   the stop that made it stale found nothing to kill, so registration is the last chance;
 * a release removes an entry only if it still holds *that* tree, so a late exit of an old
   process can never unregister its successor.
+
+One exception keeps line 17 true: while the stop that made the turn stale is still storing
+its record, nothing may be killed yet (a stop whose record cannot be stored kills nothing).
+Such a registration is deferred, and ``settle`` carries it out the moment the record is
+committed (SIGKILL, as on registration) — or forgets it if the stop was undone.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ._ledger import StopLedger
 from ._tree import ProcessTree
@@ -23,9 +28,12 @@ log = logging.getLogger("corral.registry")
 class ProcessRegistry:
     """Live process trees by (channel, turn id)."""
 
-    def __init__(self, ledger: StopLedger) -> None:
+    def __init__(self, ledger: StopLedger, *, recording: Callable[[str], bool] | None = None) -> None:
         self._ledger = ledger
+        self._recording = recording
+        """Is a stop of this channel still storing its record?"""
         self._trees: dict[tuple[str, str], ProcessTree] = {}
+        self._deferred: set[tuple[str, str]] = set()
 
     def register(self, channel: str, turn_id: str, tree: ProcessTree) -> bool:
         """Record a freshly spawned tree. Synchronous: call it before any checkpoint.
@@ -36,15 +44,29 @@ class ProcessRegistry:
         self._trees[(channel, turn_id)] = tree
         if self._ledger.keep_process(channel, turn_id):
             return True
+        if self._recording is not None and self._recording(channel):
+            log.info("process %d registered for turn %s in %r while its stop is stored: killed once it is", tree.pid, turn_id, channel)
+            self._deferred.add((channel, turn_id))
+            return True
         log.info("killing process %d registered for stopped turn %s in %r", tree.pid, turn_id, channel)
         tree.kill_group()
         return False
+
+    def settle(self, channel: str) -> None:
+        """The channel's stop is stored (or undone): kill what registered meanwhile, if stale."""
+        for key in [k for k in self._deferred if k[0] == channel]:
+            self._deferred.discard(key)
+            tree = self._trees.get(key)
+            if tree is not None and not self._ledger.keep_process(*key):
+                log.info("killing process %d registered for stopped turn %s in %r", tree.pid, key[1], channel)
+                tree.kill_group()
 
     def release(self, channel: str, turn_id: str, tree: ProcessTree) -> bool:
         """Forget ``tree`` if it is still the one registered for this turn."""
         key = (channel, turn_id)
         if self._trees.get(key) is tree:
             del self._trees[key]
+            self._deferred.discard(key)
             return True
         return False
 

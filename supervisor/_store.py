@@ -13,13 +13,26 @@ Theory of operation
   failed commit fails every write in it; the callers see :class:`StoreError` and nothing of
   it is ever published.
 * Reads and writes share one connection serialised by a capacity limiter of one thread.
+* **One owner.** The store holds an OS lock (``flock`` on ``<store>.lock``, which names the
+  owner's pid) for as long as it is open: a second daemon or embedded supervisor on the
+  same file is refused at start (:class:`StoreInUse`) instead of interleaving its writes.
+* **Identity and turns.** Each store has a stable random id (``meta.store_id``); every
+  process of a turn carries it in its environment, so after an abrupt death the next
+  owner finds exactly its own orphans. A ``turns`` row is written for every turn in the
+  same commit as its message's dequeue, before its point of no return, and marked when
+  the turn ends: a row still ``running`` at start is a turn the last owner left behind.
+* **A stop's record** (its generation, the dequeue and mark of every dropped message, the
+  cancelled plan) is one write, committed before the stop kills anything; its row stays
+  ``pending`` until the notice is stored in the same commit that completes it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import secrets
 import sqlite3
 import time
 from collections import defaultdict
@@ -53,11 +66,64 @@ CREATE TABLE IF NOT EXISTS todos (
 CREATE TABLE IF NOT EXISTS queue (
     seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, agent TEXT NOT NULL, author TEXT NOT NULL,
     text TEXT NOT NULL, generation INTEGER NOT NULL, nudge INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS turns (
+    id TEXT PRIMARY KEY, channel TEXT NOT NULL, agent TEXT NOT NULL, generation INTEGER NOT NULL,
+    message INTEGER, pid INTEGER, pid_started INTEGER, state TEXT NOT NULL, began REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state);
 """
+
+#: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
+#: (the stop's notice then ends it); ``ended``.
+TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
 
 
 class StoreError(RuntimeError):
     """A write could not be committed; nothing of it was shown to anyone."""
+
+
+class StoreInUse(StoreError):
+    """Another process owns the store (it holds the store's lock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopRecord:
+    """What one channel's stop must have on disk before it kills anything."""
+
+    seq: int
+    channel: str
+    generation: int
+    dropped: tuple[int, ...]
+    """Seqs of the queued messages the stop drops: dequeued and marked."""
+    stopped_turn: str | None
+    plans: Mapping[str, list[dict[str, str]]]
+    """The cancelled plan, by agent."""
+
+
+def lock_store(path: str) -> int:
+    """Take the store's lock (``<path>.lock``, 0600) for this process; return its descriptor.
+
+    ``flock`` is released by the kernel when the owner dies, however it dies, and the
+    descriptor is close-on-exec, so no agent inherits it. Raises :class:`StoreInUse`
+    naming the owner's pid.
+    """
+    lock_path = path + ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreInUse(
+            f"store {path} is in use by pid {owner}; stop that corral first (`corral shutdown`), "
+            "or give this one another [store] path"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +209,14 @@ class Store:
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.path = path
+        self._lock_fd = lock_store(path) if path != ":memory:" else -1
+        try:
+            self._open(path, synchronous)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _open(self, path: str, synchronous: str) -> None:
         if path != ":memory:" and not os.path.exists(path):
             # Transcripts can hold secrets: the file (and SQLite's -wal/-shm, which copy its
             # mode) is readable by its owner only.
@@ -170,8 +244,16 @@ class Store:
         self._todos: dict[tuple[str, str], list[dict[str, str]]] = {
             (c, a): json.loads(items) for c, a, items in self._db.execute("SELECT channel, agent, items FROM todos")
         }
+        self._db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?)", (secrets.token_hex(8),))
+        self.store_id: str = self._db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+        """This store's identity: every process of its turns carries it (``CORRAL_STORE``)."""
         self.commits = 0
         self._closed = False
+
+    def _unlock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = -1
 
     # ------------------------------------------------------------ writing
 
@@ -271,7 +353,10 @@ class Store:
                 pending._apply(db)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk does): a ROLLBACK then fails
+            # with "no transaction is active" and would hide the real error.
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
 
     async def flush(self) -> None:
@@ -422,10 +507,95 @@ class Store:
         """Every channel's stop generation as of the last run."""
         return dict(await self.query("SELECT channel, generation FROM generations"))
 
+    # ------------------------------------------------------------ turns and stop records
+
+    def begin_turn(self, turn_id: str, channel: str, agent: str, generation: int, message: int) -> Pending:
+        """Dequeue the turn's message and keep a ``running`` row for the turn, in one commit."""
+        def apply(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM queue WHERE seq = ?", (message,))
+            db.execute(
+                "INSERT INTO turns (id, channel, agent, generation, message, state, began) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (turn_id, channel, agent, generation, message, TURN_RUNNING, time.time()),
+            )
+
+        return self._submit(apply)
+
+    def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
+        """Note the turn's leader (pid and start ticks: an identity no pid reuse can fake)."""
+        return self.submit_write("UPDATE turns SET pid = ?, pid_started = ? WHERE id = ?", (pid, started, turn_id))
+
+    def end_turn(self, turn_id: str) -> Pending:
+        """The turn ended on its own; a stopped turn is ended by its stop's notice instead."""
+        return self.submit_write("UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING))
+
+    @staticmethod
+    def mark_turn_ended(db: sqlite3.Connection, turn_id: str | None) -> None:
+        """(In a transaction) the turn's last entry is being stored: it is over."""
+        if turn_id is not None:
+            db.execute("UPDATE turns SET state = ? WHERE id = ?", (TURN_ENDED, turn_id))
+
+    def submit_stop_records(self, records: list[StopRecord]) -> Pending:
+        """Store the records of one or more stops as ONE transaction (a stop-all is one)."""
+        stamp = time.time()
+
+        def apply(db: sqlite3.Connection) -> None:
+            for r in records:
+                summary = {"pending": True, "generation": r.generation, "dropped": list(r.dropped), "stopped_turn": r.stopped_turn}
+                db.execute(
+                    "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
+                    (r.seq, r.channel, r.generation, stamp, json.dumps(summary)),
+                )
+                db.execute(
+                    "INSERT INTO generations (channel, generation) VALUES (?, ?)"
+                    " ON CONFLICT(channel) DO UPDATE SET generation=max(generation, excluded.generation)",
+                    (r.channel, r.generation),
+                )
+                db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
+                db.executemany(
+                    "UPDATE entries SET meta = json_set(meta, '$.dropped_by_stop', ?) WHERE seq = ?",
+                    [(r.seq, s) for s in r.dropped],
+                )
+                for agent, items in r.plans.items():
+                    db.execute(
+                        "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
+                        " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
+                        (r.channel, agent, json.dumps(items, ensure_ascii=False), stamp),
+                    )
+                if r.stopped_turn is not None:
+                    db.execute("UPDATE turns SET state = ? WHERE id = ?", (TURN_STOPPED, r.stopped_turn))
+
+        return self._submit(apply)
+
+    def remember_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> None:
+        """Update the cached plan after a write that stored it (a stop's record) committed."""
+        self._todos[(channel, agent)] = [dict(i) for i in items]
+
+    @staticmethod
+    def complete_stop(db: sqlite3.Connection, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
+        """(In the notice's transaction) the stop is complete: its final result, its turn ended."""
+        db.execute("UPDATE stops SET result = ? WHERE seq = ?", (json.dumps(result, ensure_ascii=False), seq))
+        Store.mark_turn_ended(db, turn)
+
+    async def unfinished(self) -> tuple[list[tuple[str, str, int, str]], list[tuple[int, str, int, int, str | None]]]:
+        """What the last owner left: turns still ``running`` (id, channel, generation, state)
+        and stops whose notice was never stored (seq, channel, generation, dropped, turn)."""
+        turns = await self.query(
+            "SELECT id, channel, generation, state FROM turns WHERE state = ? ORDER BY began", (TURN_RUNNING,)
+        )
+        stops = await self.query(
+            "SELECT seq, channel, generation, result FROM stops WHERE json_extract(result, '$.pending') = 1 ORDER BY seq"
+        )
+        pending = []
+        for seq, channel, generation, result in stops:
+            summary = json.loads(result)
+            pending.append((seq, channel, generation, len(summary.get("dropped", [])), summary.get("stopped_turn")))
+        return [(t[0], t[1], t[2], t[3]) for t in turns], pending
+
     def close(self) -> None:
-        """Close the database (after the writer has stopped)."""
+        """Close the database (after the writer has stopped) and give up the store's lock."""
         self._closed = True
         self._db.close()
+        self._unlock()
 
 
 @asynccontextmanager

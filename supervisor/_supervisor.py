@@ -1,11 +1,14 @@
 """The supervisor: channel workers, turns, and the stop path, under one nursery.
 
 The stop path is httpcore's pool discipline applied to processes: the ledger decides
-synchronously (generation moved, queue dropped, turn made stale), the kill decision is
-applied in the same step (cancel the turn's scope, interrupt signal to its group — no
-checkpoint in between), and only then does the stop wait: for the turn's shielded
-teardown to reap the tree and drain its output, then it cancels the plan's todos and
-stores the notice, last.
+synchronously (generation moved, queue dropped, turn made stale); then ONE transaction
+stores the stop's record — generation, the dequeue and mark of every dropped message, the
+cancelled plan — so that a crash, a signal or a full disk after it can never undo the
+stop (contract 17). Only once it is committed is the kill applied (cancel the turn's
+scope, interrupt signal to its group — no checkpoint between the decision and the
+signal); then the stop waits for the turn's shielded teardown to reap the tree and drain
+its output, and stores the notice, last. A record that cannot be stored fails the stop
+before anything is killed: ``ledger.abort_stop`` puts the channel back as it was.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import trio
 from ._config import AgentConfig, Config
 from ._ledger import QueuedMessage, StopDecision, StopLedger
 from ._registry import ProcessRegistry
-from ._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
+from ._recovery import Recovery, recover, stop_notice_text
+from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ._tree import (
     MarkerScanner,
     ProcessTree,
@@ -116,6 +120,8 @@ class _Message:
     author: str
     text: str
     committed: Any  # Pending | None (restored messages are already stored)
+    begun: Any = None
+    """Pending: the dequeue and the turn's row, stored before the point of no return."""
 
 
 @dataclass(slots=True)
@@ -147,15 +153,21 @@ class Supervisor:
         self.config = config
         self.store = store
         self.ledger = StopLedger(max_nudges=config.limits.max_nudges)
-        self.registry = ProcessRegistry(self.ledger)
+        self.registry = ProcessRegistry(self.ledger, recording=self._recording)
         self.scanner = MarkerScanner(elsewhere=lambda wanted: self.registry.leader_pids())
         self.started = time.time()
         self._nursery = nursery
         self._workers: set[str] = set()
         self._turns: dict[str, Turn] = {}
-        self._stops: dict[str, trio.Event] = {}
+        self._stops: dict[str, _StopInProgress] = {}
+        self.recovered: Recovery | None = None
+        """What the last start recovered from an abrupt end of the previous owner."""
         self._idle: dict[str, trio.Event] = {}
         self._closing = False
+
+    def _recording(self, channel: str) -> bool:
+        progress = self._stops.get(channel)
+        return progress is not None and not progress.recorded
 
     # ------------------------------------------------------------ places
 
@@ -235,7 +247,10 @@ class Supervisor:
                 if take.ticket is None:
                     break
                 message: _Message = take.ticket.message.payload  # type: ignore[assignment]
-                self.store.dequeue([take.ticket.message.id])
+                # Dequeue and the turn's row in one commit, awaited before the point of no return.
+                message.begun = self.store.begin_turn(
+                    take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id
+                )
                 if self.hooks.took is not None:
                     await self.hooks.took(channel, take.ticket.turn_id)
                 try:
@@ -264,6 +279,25 @@ class Supervisor:
                     turn.done.set()
                     self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
                     return
+            if message.begun is not None:
+                try:
+                    await message.begun.committed()
+                except StoreError as exc:
+                    # Not recorded, not started: a turn nobody could find after a crash
+                    # must not run. The message stays queued in the store.
+                    turn.done.set()
+                    self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
+                    log.error("[%s %s] the turn could not be recorded, so it did not start: %s", channel, turn_id, exc)
+                    try:
+                        await self.store.append(
+                            channel, "system", "error",
+                            f"This message did not run: corral could not record its turn ({exc.__cause__ or exc}). "
+                            "It stays queued and runs after corral restarts.",
+                            turn=turn_id, generation=ticket.generation,
+                        )
+                    except StoreError:
+                        pass
+                    return
             session_id, _ = self.store.session(channel, agent.name)
             outcome = await turn.run(session_id)
             if outcome.stale_session and session_id and not outcome.stopped and not self.ledger.is_stale(channel, turn_id):
@@ -288,6 +322,8 @@ class Supervisor:
             if self._turns.get(channel) is turn:
                 del self._turns[channel]
             turn.done.set()
+            if turn.stop_reason is None:
+                self.store.end_turn(turn_id)
             self.reap_adoptees()
 
     def reap_adoptees(self) -> None:
@@ -326,6 +362,7 @@ class Supervisor:
 
     async def _end_turn_early(self, channel: str, turn_id: str, generation: int, why: str) -> None:
         self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
+        self.store.end_turn(turn_id)
         await self.store.append(channel, "system", "error", why, turn=turn_id, generation=generation)
 
     def adopt_background(self, tree: ProcessTree) -> None:
@@ -347,27 +384,12 @@ class Supervisor:
         check_channel(channel)
         started = trio.current_time()
         decision = self.ledger.stop(channel)  # first act: the generation moves now
-        # The stop's seq is taken in the same step: on the server clock it precedes every
-        # message accepted after it, even those accepted while the turn winds down.
-        stop_seq = None if decision.repeat else self.store.next_seq()
-        turn = self._apply(decision, reason="user")
-        return await self._complete(decision, turn, started, stop_seq)
+        return (await self._stop(self._record([decision]), started))[0]
 
     async def stop_all(self) -> StopResult:
         """Stop every channel that has work; the result lists each."""
         started = trio.current_time()
-        decisions = self.ledger.stop_all()
-        applied = [
-            (d, None if d.repeat else self.store.next_seq(), self._apply(d, reason="user")) for d in decisions
-        ]
-        results: list[StopResult] = [None] * len(applied)  # type: ignore[list-item]
-
-        async def one(i: int, decision: StopDecision, stop_seq: int | None, turn: Turn | None) -> None:
-            results[i] = await self._complete(decision, turn, started, stop_seq)
-
-        async with trio.open_nursery() as nursery:
-            for i, (decision, stop_seq, turn) in enumerate(applied):
-                nursery.start_soon(one, i, decision, stop_seq, turn)
+        results = await self._stop(self._record(self.ledger.stop_all()), started)
         total = StopResult(channel=None, generation=0, channels=results)
         for r in results:
             total.stopped_turns += r.stopped_turns
@@ -380,12 +402,94 @@ class Supervisor:
         log.info("stop all: %d channel(s), killed %s, swept %s, %.1f ms", len(results), total.killed, total.swept, total.elapsed_ms)
         return total
 
+    def _record(self, decisions: list[StopDecision]) -> _StopBatch:
+        """Submit the record of every fresh stop as one write, in the step the ledger decided.
+
+        The stop's seq is taken here too: on the server clock it precedes every message
+        accepted after it, even those accepted while the turn winds down.
+        """
+        batch = _StopBatch(decisions)
+        records = []
+        for decision in decisions:
+            if decision.repeat:
+                continue
+            seq = self.store.next_seq()
+            plans = self._cancelled_plans(decision.channel)
+            batch.seqs[decision.channel] = seq
+            batch.plans[decision.channel] = plans
+            batch.progress[decision.channel] = self._stops[decision.channel] = _StopInProgress(plans)
+            records.append(
+                StopRecord(seq, decision.channel, decision.generation, tuple(m.id for m in decision.dropped),
+                           decision.stopped_turn, plans)
+            )
+        batch.write = self.store.submit_stop_records(records) if records else None
+        return batch
+
+    async def _stop(self, batch: _StopBatch, started: float) -> list[StopResult]:
+        """Await the record, then kill, tear down and post the notices. Shielded: once the
+        generation has moved, the stop is carried out (or undone) whatever the caller does."""
+        with trio.CancelScope(shield=True):
+            failure: str | None = None
+            if batch.write is not None:
+                try:
+                    await batch.write.committed()
+                except StoreError as exc:
+                    failure = f"the stop could not be stored: {exc.__cause__ or exc}; nothing was stopped"
+            if failure is None:
+                for channel, plans in batch.plans.items():
+                    for agent, items in plans.items():
+                        self.store.remember_todos(channel, agent, items)
+            else:
+                for decision in batch.decisions:
+                    if not decision.repeat:
+                        self.ledger.abort_stop(decision)
+            # No checkpoint from here to the last signal: the kill follows the commit at once.
+            for channel, progress in batch.progress.items():
+                progress.recorded = True
+                self.registry.settle(channel)
+            turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in batch.decisions if not d.repeat}
+            results: list[StopResult] = [None] * len(batch.decisions)  # type: ignore[list-item]
+
+            async def one(i: int, decision: StopDecision) -> None:
+                if decision.repeat:
+                    results[i] = await self._repeat(decision, started)
+                elif failure is not None:
+                    results[i] = self._failed(decision, batch.progress[decision.channel], failure, started)
+                else:
+                    results[i] = await self._complete(
+                        decision, turns[decision.channel], started, batch.seqs[decision.channel],
+                        batch.progress[decision.channel],
+                    )
+
+            async with trio.open_nursery() as nursery:
+                for i, decision in enumerate(batch.decisions):
+                    nursery.start_soon(one, i, decision)
+            return results
+
+    def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
+        """The record could not be stored (the ledger's stop is undone); nothing was killed."""
+        result = StopResult(decision.channel, decision.generation - 1, ok=False, error=error)
+        result.elapsed_ms = (trio.current_time() - started) * 1000
+        progress.finish(self._stops, decision.channel, result)
+        log.error("stop %r: FAILED before killing anything: %s", decision.channel, error)
+        return result
+
+    async def _repeat(self, decision: StopDecision, started: float) -> StopResult:
+        channel = decision.channel
+        result = StopResult(channel, decision.generation, repeat=True)
+        progress = self._stops.get(channel)
+        if progress is not None:
+            await progress.done.wait()
+            if progress.result is not None and not progress.result.ok:
+                result.ok, result.error = False, progress.result.error
+                result.generation = progress.result.generation
+        result.notice_seq = self.ledger.notice_seq(channel)
+        result.elapsed_ms = (trio.current_time() - started) * 1000
+        log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
+        return result
+
     def _apply(self, decision: StopDecision, *, reason: str) -> Turn | None:
-        """Carry out the kill decision at once: no checkpoint since the ledger decided."""
-        if decision.repeat:
-            return None
-        if decision.dropped:
-            self.store.dequeue([m.id for m in decision.dropped])
+        """Carry out the kill decision at once: cancel the turn's scope, signal its group."""
         turn = self._turns.get(decision.channel)
         if turn is None or turn.turn_id != decision.stopped_turn:
             return None
@@ -395,19 +499,10 @@ class Supervisor:
         return turn
 
     async def _complete(
-        self, decision: StopDecision, turn: Turn | None, started: float, stop_seq: int | None = None
+        self, decision: StopDecision, turn: Turn | None, started: float, stop_seq: int, progress: _StopInProgress
     ) -> StopResult:
         channel = decision.channel
-        result = StopResult(channel, decision.generation, repeat=decision.repeat, dropped=len(decision.dropped))
-        if decision.repeat:
-            pending = self._stops.get(channel)
-            if pending is not None:
-                await pending.wait()
-            result.notice_seq = self.ledger.notice_seq(channel)
-            result.elapsed_ms = (trio.current_time() - started) * 1000
-            log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
-            return result
-        done = self._stops[channel] = trio.Event()
+        result = StopResult(channel, decision.generation, dropped=len(decision.dropped))
         try:
             if turn is not None:
                 result.stopped_turns.append(turn.turn_id)
@@ -424,20 +519,19 @@ class Supervisor:
                     result.error = f"processes {report.survivors} could not be confirmed dead"
             elif decision.stopped_turn is not None:
                 result.stopped_turns.append(decision.stopped_turn)
-            # The cancelled plan, the notice and the stop's record go into one commit: they
-            # are submitted back to back and awaited together.
-            writes = self._cancel_todos(channel, decision.generation)
-            text = STOP_NOTICE if result.ok else f"Stopping failed — {result.error}."
-            if stop_seq is None:
-                stop_seq = self.store.next_seq()
+            # The plan's entries and the notice, last; the notice's commit completes the record.
+            writes = self._plan_entries(channel, decision.generation, progress.plans)
+            text = stop_notice_text(STOP_NOTICE, result.dropped) if result.ok else f"Stopping failed — {result.error}."
+            result.elapsed_ms = (trio.current_time() - started) * 1000
+            final = result.to_json()
             notice = self.store.submit_entry(
                 channel, "system", "notice", text, turn=decision.stopped_turn, generation=decision.generation,
-                meta={"stop_seq": stop_seq, "ok": result.ok},
+                meta={"stop_seq": stop_seq, "ok": result.ok, "dropped": result.dropped},
+                also=lambda db, seq: Store.complete_stop(db, stop_seq, {**final, "notice_seq": seq}, decision.stopped_turn),
             )
             assert notice.entry is not None
             result.notice_seq = notice.entry.seq
-            result.elapsed_ms = (trio.current_time() - started) * 1000
-            writes += [notice, self.store.record_stop(stop_seq, channel, decision.generation, result.to_json())]
+            writes.append(notice)
             for write in writes:
                 await write.committed()
             # Only a stored notice may be named (to the caller, or to a repeat of this stop).
@@ -445,11 +539,12 @@ class Supervisor:
         except StoreError as exc:
             result.ok = False
             result.notice_seq = None
-            result.error = f"the stop could not be stored: {exc}"
+            result.error = (
+                f"the stop was carried out and its record stored, but its notice could not be stored: "
+                f"{exc.__cause__ or exc}"
+            )
         finally:
-            done.set()
-            if self._stops.get(channel) is done:
-                del self._stops[channel]
+            progress.finish(self._stops, channel, result)
         result.elapsed_ms = (trio.current_time() - started) * 1000
         log.info(
             "stop %r: generation %d, turns %s, killed %s, swept %s, dropped %d, %.1f ms%s",
@@ -458,9 +553,9 @@ class Supervisor:
         )
         return result
 
-    def _cancel_todos(self, channel: str, generation: int) -> list[Pending]:
-        """Mark the channel's unfinished todos cancelled; returns the writes to await."""
-        writes: list[Pending] = []
+    def _cancelled_plans(self, channel: str) -> dict[str, list[dict[str, str]]]:
+        """The channel's plans with every unfinished todo cancelled (only plans that change)."""
+        plans: dict[str, list[dict[str, str]]] = {}
         for agent in self.store.todo_agents(channel):
             items = self.store.todos(channel, agent)
             if not unfinished(items):
@@ -468,14 +563,18 @@ class Supervisor:
             for item in items:
                 if item["status"] in ("pending", "in_progress"):
                     item["status"] = "cancelled"
-            writes.append(self.store.save_todos(channel, agent, items))
-            writes.append(
-                self.store.submit_entry(
-                    channel, "system", "todos", f"Plan cancelled ({agent}).", generation=generation,
-                    meta={"todos": items, "agent": agent},
-                )
+            plans[agent] = items
+        return plans
+
+    def _plan_entries(self, channel: str, generation: int, plans: dict[str, list[dict[str, str]]]) -> list[Pending]:
+        """The transcript's account of the cancelled plans (the plans were stored with the record)."""
+        return [
+            self.store.submit_entry(
+                channel, "system", "todos", f"Plan cancelled ({agent}).", generation=generation,
+                meta={"todos": items, "agent": agent},
             )
-        return writes
+            for agent, items in plans.items()
+        ]
 
     # ------------------------------------------------------------ observing
 
@@ -531,6 +630,7 @@ class Supervisor:
             "channels": channels,
             "running": sum(1 for c in channels.values() if c["turn"]),
             "shutting_down": self._closing,
+            "recovered": self.recovered.to_json() if self.recovered is not None else None,
         }
 
     # ------------------------------------------------------------ restart and shutdown
@@ -550,9 +650,13 @@ class Supervisor:
         return len(rows)
 
     async def shutdown(self) -> None:
-        """End every running turn as "interrupted by a restart"; keep queues, todos, sessions."""
+        """End every running turn as "interrupted by a restart"; keep queues, todos, sessions.
+
+        Stops in progress are not interrupted: they finish (each within its own budget), so
+        their callers get their results and their notices are stored.
+        """
         self._closing = True
-        turns = list(self._turns.values())
+        turns = [turn for turn in self._turns.values() if turn.stop_reason is None]
         for turn in turns:
             turn.stop_reason = "shutdown"
             turn.scope.cancel()
@@ -561,15 +665,54 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for turn in turns:
                 nursery.start_soon(self._finish_shutdown_turn, turn)
+            for progress in list(self._stops.values()):
+                nursery.start_soon(progress.done.wait)
         self._reap_now()
+
+    async def recover(self) -> Recovery:
+        """Before serving: end the previous owner's orphans and close its turns on the record."""
+        grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=self.config.limits.stop_grace)
+        self.recovered = await recover(self.store, grace, STOP_NOTICE)
+        return self.recovered
 
     async def _finish_shutdown_turn(self, turn: Turn) -> None:
         with trio.move_on_after(turn.agent.limits.stop_grace + STOP_SLACK):
             await turn.done.wait()
         try:
-            await self.store.append(turn.channel, "system", "notice", SHUTDOWN_NOTICE, turn=turn.turn_id, generation=turn.generation)
+            await self.store.append(
+                turn.channel, "system", "notice", SHUTDOWN_NOTICE, turn=turn.turn_id, generation=turn.generation,
+                also=lambda db, _: Store.mark_turn_ended(db, turn.turn_id),
+            )
         except StoreError as exc:
             log.error("could not store the shutdown notice in %r: %s", turn.channel, exc)
+
+
+@dataclass(slots=True)
+class _StopInProgress:
+    """A stop between its decision and its end: repeats and shutdown wait for it."""
+
+    plans: dict[str, list[dict[str, str]]]
+    recorded: bool = False
+    """The record's write is over (committed, or failed and the stop undone)."""
+    done: trio.Event = field(default_factory=trio.Event)
+    result: StopResult | None = None
+
+    def finish(self, stops: dict[str, _StopInProgress], channel: str, result: StopResult) -> None:
+        self.result = result
+        self.done.set()
+        if stops.get(channel) is self:
+            del stops[channel]
+
+
+@dataclass(slots=True)
+class _StopBatch:
+    """The stops decided in one step (one, or a stop-all's) and their one record write."""
+
+    decisions: list[StopDecision]
+    seqs: dict[str, int] = field(default_factory=dict)
+    plans: dict[str, dict[str, list[dict[str, str]]]] = field(default_factory=dict)
+    progress: dict[str, _StopInProgress] = field(default_factory=dict)
+    write: Pending | None = None
 
 
 @dataclass(slots=True)
@@ -618,6 +761,8 @@ async def open_supervisor(
                     # Every escaped descendant of a turn re-parents to this process, so the
                     # marker scan need not read the whole of /proc.
                     sup.scanner.within = os.getpid()
+                # Orphans of an abrupt end die before anything is re-queued or served.
+                await sup.recover()
                 await sup.restore()
                 try:
                     yield sup

@@ -36,6 +36,9 @@ log = logging.getLogger("corral.tree")
 
 #: The variable every process of a turn inherits.
 TURN_MARKER = "CORRAL_TURN"
+#: The variable naming the store the turn belongs to: after an abrupt death the next owner
+#: of that store finds its orphans by it, and never touches another corral's processes.
+STORE_MARKER = "CORRAL_STORE"
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -171,9 +174,10 @@ def descendants(pid: int, *, include_self: bool = True) -> set[ProcId]:
 
 
 def scan_markers(
-    values: Iterable[str], *, within: int | None = None, prune: Collection[int] = ()
+    values: Iterable[str], *, within: int | None = None, prune: Collection[int] = (), marker: str = TURN_MARKER
 ) -> dict[str, set[ProcId]]:
-    """Every process (other than this one) whose environment carries ``CORRAL_TURN=<value>``.
+    """Every process (other than this one) whose environment carries ``<marker>=<value>``
+    (``CORRAL_TURN`` unless told otherwise).
 
     ``within``: look only among that pid's descendants — enough when this process is a child
     subreaper, since every escaped descendant of a turn re-parents to it; ``prune`` then
@@ -182,7 +186,7 @@ def scan_markers(
     subreaper, never into a leader's subtree). What is left to read is the escapees.
     Otherwise every process in ``/proc`` is read. Blocking; run it in a thread.
     """
-    wanted = {f"{TURN_MARKER}={v}".encode(): v for v in values}
+    wanted = {f"{marker}={v}".encode(): v for v in values}
     found: dict[str, set[ProcId]] = {v: set() for v in wanted.values()}
     if not wanted:
         return found

@@ -46,7 +46,7 @@ from ._config import AgentConfig
 from ._ledger import OutputKind, TurnTicket
 from ._lines import Line, LineReader
 from ._store import Pending, StoreError
-from ._tree import TURN_MARKER, KillReport, ProcessTree, scrubbed_environment, spawn, wait_exited
+from ._tree import STORE_MARKER, TURN_MARKER, KillReport, ProcessTree, ident, scrubbed_environment, spawn, wait_exited
 
 if TYPE_CHECKING:
     from ._supervisor import Supervisor
@@ -229,6 +229,8 @@ class Turn:
         # landed during the spawn is seen here and the process dies at once.
         self.tree = ProcessTree(process, self.turn_id)
         sup.registry.register(self.channel, self.turn_id, self.tree)
+        leader = ident(process.pid)
+        sup.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)
         log.info("[%s %s] started %s (pid %d)", self.channel, self.turn_id, self.agent.name, process.pid)
         if launch.stdin is not None:
             await self._write_stdin(process, launch.stdin)
@@ -425,7 +427,8 @@ class Turn:
         env["TMPDIR"] = str(home / "tmp")
         env.update(launch.env)
         env.update(self.agent.env)
-        env[TURN_MARKER] = self.turn_id  # last, so no config can remove the marker
+        env[TURN_MARKER] = self.turn_id  # last, so no config can remove the markers
+        env[STORE_MARKER] = self.sup.store.store_id
         return env
 
 

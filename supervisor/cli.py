@@ -80,7 +80,8 @@ def _print_json(value: Any) -> None:
 def format_entry(entry: dict[str, Any]) -> str:
     """One transcript entry as a readable line."""
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
-    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}"
+    dropped = " (not run: dropped by a stop)" if entry.get("meta", {}).get("dropped_by_stop") else ""
+    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -110,6 +111,7 @@ def run(obj: _Context, config_path: str | None, log_level: str) -> None:
     import trio
 
     from ._daemon import DaemonError, run_daemon
+    from ._store import StoreInUse
 
     config = _load(config_path or obj.config)
     journald = "JOURNAL_STREAM" in os.environ
@@ -120,7 +122,7 @@ def run(obj: _Context, config_path: str | None, log_level: str) -> None:
     )
     try:
         trio.run(run_daemon, config)
-    except DaemonError as exc:
+    except (DaemonError, StoreInUse) as exc:
         _fail(str(exc))
 
 
@@ -247,6 +249,12 @@ def status(obj: _Context, as_json: bool) -> None:
         turn = ch["turn"]
         running = f"turn {turn['id']} ({turn['agent']}, {turn['phase']}, pid {turn['pid']})" if turn else "idle"
         click.echo(f"  channel {name}: {running}, {ch['queued']} queued, generation {ch['generation']}")
+    recovered = result.get("recovered") or {}
+    if recovered.get("killed") or recovered.get("turns") or recovered.get("stops"):
+        click.echo(
+            f"  recovered at start: killed {recovered['killed']}, interrupted turns {recovered['turns']},"
+            f" stop notices {recovered['stops']}"
+        )
 
 
 @main.command()

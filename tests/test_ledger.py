@@ -556,3 +556,69 @@ def test_ledger_error_when_ending_a_turn_that_is_not_running() -> None:
 def test_ledger_error_is_a_runtime_error() -> None:
     # The boundary translates one internal type; callers that catch RuntimeError still see it.
     assert issubclass(LedgerError, RuntimeError)
+
+
+# ---------------------------------------------------------------- 17. a stop that cannot be stored is undone
+
+
+def test_contract_17_abort_stop_restores_the_channel_exactly() -> None:
+    ledger = StopLedger()
+    _run_turn(ledger, "a", 1, "t1")
+    ledger.accept("a", 2, human=True)
+    ledger.accept("a", 3, human=False)
+    _run_turn(ledger, "b", 4, "t4")
+    before = {name: _snapshot(ledger, name) for name in ("a", "b")}
+
+    decision = ledger.stop("a")
+    assert ledger.is_stale("a", "t1") and ledger.queued("a") == ()
+    assert ledger.abort_stop(decision) is True
+
+    assert {name: _snapshot(ledger, name) for name in ("a", "b")} == before
+    assert [m.id for m in ledger.queued("a")] == [2, 3]
+    assert not ledger.is_stale("a", "t1") and ledger.may_start("a", "t1")
+    # A retried stop is a real stop: the generation moves, the messages drop, a notice is due.
+    retry = ledger.stop("a")
+    assert not retry.repeat and retry.notice_due and retry.generation == 1
+    assert [m.id for m in retry.dropped] == [2, 3] and retry.stopped_turn == "t1"
+
+
+def test_contract_17_abort_stop_restamps_work_begun_while_the_record_was_stored() -> None:
+    ledger = StopLedger()
+    ledger.accept("a", 1, human=False)
+    decision = ledger.stop("a")
+    late = ledger.accept("a", 2, human=True)  # stamped with the stop's generation
+    assert late.generation == 1 and ledger.may_route("a", from_human=False)  # a human spoke
+    assert ledger.abort_stop(decision) is True
+    assert ledger.generation("a") == 0
+    assert [(m.id, m.generation) for m in ledger.queued("a")] == [(1, 0), (2, 0)]
+    assert ledger.may_route("a", from_human=False)  # the human lifted the rest; it stays lifted
+    take = ledger.take("a", "t1")
+    assert take.ticket is not None and take.ticket.message.id == 1 and take.dropped == ()
+
+
+def test_contract_17_abort_stop_keeps_the_rest_and_notice_of_an_earlier_stop() -> None:
+    ledger = StopLedger()
+    _run_turn(ledger, "a", 1, "t1", human=False)
+    first = ledger.stop("a")
+    ledger.notice_stored("a", first.generation, 99)
+    ledger.end_turn("a", "t1", ok=True, unfinished_todos=0)
+    _run_turn(ledger, "a", 2, "t2", human=False)  # an agent message: routing still rests
+    second = ledger.stop("a")
+    assert ledger.abort_stop(second) is True
+    assert ledger.generation("a") == 1 and ledger.notice_seq("a") == 99
+    assert not ledger.may_route("a", from_human=False)
+    assert not ledger.is_stale("a", "t2")
+
+
+def test_contract_17_abort_of_a_superseded_stop_changes_nothing() -> None:
+    ledger = StopLedger()
+    ledger.accept("a", 1, human=True)
+    first = ledger.stop("a")
+    ledger.accept("a", 2, human=True)
+    take = ledger.take("a", "t2")  # a turn began: the next stop is not a repeat
+    assert take.ticket is not None
+    second = ledger.stop("a")
+    assert ledger.abort_stop(first) is False
+    assert ledger.generation("a") == second.generation == 2 and ledger.queued("a") == ()
+    with pytest.raises(LedgerError):
+        ledger.abort_stop(ledger.stop("a"))  # a repeat has nothing to undo

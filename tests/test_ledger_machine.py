@@ -266,6 +266,33 @@ class LedgerMachine(RuleBasedStateMachine):
             self._check_stop(decision)
         assert {name: self._snapshot(name) for name in idle} == idle
 
+    @rule(channel=channels, window=st.lists(st.booleans(), max_size=3))
+    def stop_then_abort(self, channel: str, window: list[bool]) -> None:
+        """A stop whose record could not be stored (contract 17), with messages accepted
+        (human or not) while it was being stored: ``abort_stop`` restores the channel exactly."""
+        model = self.chans[channel]
+        others = {name: self._snapshot(name) for name in CHANNELS if name != channel}
+        decision = self.ledger.stop(channel)
+        if decision.repeat:
+            self._check_stop(decision)  # a repeat changed nothing, so has nothing to undo
+            with pytest.raises(LedgerError):
+                self.ledger.abort_stop(decision)
+            return
+        assert decision.generation == model.generation + 1
+        accepted = [(self._new_id(), human) for human in window]
+        for message_id, human in accepted:
+            self.ledger.accept(channel, message_id, human=human)
+        assert self.ledger.abort_stop(decision) is True
+        # The model never saw the stop: the window's messages join the queue under the
+        # restored generation, and a human among them lifts the routing rest.
+        for message_id, human in accepted:
+            self.msgs[message_id] = _Msg(channel, human, False, model.generation, model.stops)
+            model.queue.append(message_id)
+            if human:
+                model.routing_rests = False
+        assert self.ledger.notice_seq(channel) == model.notice_seq
+        assert {name: self._snapshot(name) for name in others} == others
+
     @rule(channel=channels)
     def take(self, channel: str) -> None:
         self._take(channel)

@@ -330,16 +330,38 @@ async def test_contract_01_stop_all_stops_every_busy_channel(short_tmp: Path, ga
 
 
 class FirstStep(trio.abc.Instrument):
-    """Takes a snapshot when the named task first yields to the scheduler."""
+    """Takes a snapshot when the named task first yields to the scheduler, and another at the
+    start and the end of the step in which ``signalled`` first turns true."""
 
     def __init__(self, name: str, probe: Callable[[], dict[str, Any]]) -> None:
         self.name = name
         self.probe = probe
         self.seen: dict[str, Any] | None = None
+        self.before_signal: dict[str, Any] | None = None
+        self.at_signal: dict[str, Any] | None = None
+        self._step_began: dict[str, Any] | None = None
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == self.name and self.at_signal is None:
+            self._step_began = self.probe()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name == self.name and self.seen is None:
-            self.seen = self.probe()
+        if task.name != self.name:
+            return
+        now = self.probe()
+        if self.seen is None:
+            self.seen = now
+        if self.at_signal is None and now["signalled"]:
+            self.before_signal, self.at_signal = self._step_began, now
+
+
+def stop_rows(sup: Supervisor) -> list[tuple[Any, ...]]:
+    """The stops table, read through a connection of its own (what is on disk, committed)."""
+    db = sqlite3.connect(str(sup.config.store_path))
+    try:
+        return db.execute("SELECT seq, channel, generation, result FROM stops").fetchall()
+    finally:
+        db.close()
 
 
 async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_await(short_tmp: Path, gates: Any) -> None:
@@ -357,6 +379,7 @@ async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_aw
                 "cancelled": turn.scope.cancel_called,
                 "signalled": turn.tree is not None and turn.tree.interrupted,
                 "queued": len(sup.ledger.queued("ch")),
+                "recorded": len(stop_rows(sup)),
             }
 
         first = FirstStep("stop-under-test", probe)
@@ -372,7 +395,16 @@ async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_aw
         finally:
             trio.lowlevel.remove_instrument(first)
 
-        assert first.seen == {"generation": 1, "stale": True, "cancelled": True, "signalled": True, "queued": 0}
+        # On record before any await: the generation has moved, the turn is stale and the
+        # queue dropped; the kill waits for the stop's record (contract 17).
+        assert first.seen == {
+            "generation": 1, "stale": True, "cancelled": False, "signalled": False, "queued": 0, "recorded": 0,
+        }
+        # The kill: in one step, which began with the record already on disk, the scope is
+        # cancelled and the group signalled. No checkpoint between the decision and the signal.
+        assert first.before_signal is not None and first.before_signal["recorded"] == 1
+        assert not first.before_signal["cancelled"] and not first.before_signal["signalled"]
+        assert first.at_signal is not None and first.at_signal["cancelled"] and first.at_signal["signalled"]
         assert results[0].ok and results[0].dropped == 1
 
 
@@ -953,6 +985,316 @@ async def test_contract_16_a_failed_store_write_is_an_error_the_caller_sees(
         stored = await sup.store.query("SELECT text FROM entries")
         assert ("lost to the disk",) not in stored
         assert len(spawned.calls) == 1
+
+
+async def test_contract_16_a_turn_that_cannot_be_recorded_does_not_start(short_tmp: Path, gates: Any) -> None:
+    # The disk fills between the message's acceptance and its turn: the dequeue and the
+    # turn's row cannot be stored, so the turn must not start (after a crash, nobody could
+    # find it, and the message would run again); the message stays queued and it says so.
+    gate = gates()
+    faults = FailCommits()
+    took_turns: list[str] = []
+
+    async def took(channel: str, turn_id: str) -> None:
+        took_turns.append(turn_id)
+        if len(took_turns) == 2:
+            faults.arm(1)  # the next commit holds this turn's dequeue and row
+
+    async with running(short_tmp, took=took) as (sup, spawned):
+        faults.install(sup)
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        await sup.send("ch", "taken while the disk was full")
+        gate.open()
+        error = await wait_entry(sup, "ch", lambda e: e.kind == "error")
+        await idle(sup, "ch")
+        assert faults.failed == 1 and len(spawned.calls) == 1
+        assert error.turn == took_turns[1]
+        assert "did not run" in error.text and "database or disk is full" in error.text
+        assert await sup.store.query("SELECT text FROM queue") == [("taken while the disk was full",)]
+        assert await sup.store.query("SELECT id FROM turns") == [(took_turns[0],)]
+
+
+# ---------------------------------------------------------------- 15. death is not silence
+
+
+class FailCommits:
+    """A fault on the store's commit: the next ``n`` commits fail as a full disk does."""
+
+    def __init__(self) -> None:
+        self.left = 0
+        self.failed = 0
+
+    def arm(self, n: int = 1) -> None:
+        self.left = n
+
+    def install(self, sup: Supervisor) -> None:
+        real = sup.store._commit
+
+        def commit(batch: Any) -> None:
+            if self.left > 0:
+                self.left -= 1
+                self.failed += 1
+                raise sqlite3.OperationalError("database or disk is full")
+            real(batch)
+
+        sup.store._commit = commit  # type: ignore[method-assign]
+
+
+def fake_orphan(store_id: str, *extra_env: str) -> psutil.Popen:
+    """A process that looks like a turn's leftover of the store ``store_id``: it carries the
+    store marker and ignores SIGINT (so only the SIGKILL after the grace ends it)."""
+    import subprocess
+    import sys
+
+    env = {"PATH": os.environ["PATH"], "CORRAL_STORE": store_id, TURN_MARKER: "t0-orphan"}
+    for item in extra_env:
+        key, _, value = item.partition("=")
+        env[key] = value
+    code = "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(3600)"
+    proc = psutil.Popen([sys.executable, "-c", code], env=env, start_new_session=True, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # its handler is set
+    return proc
+
+
+async def test_contract_15_a_start_ends_its_stores_orphans_and_never_another_stores(short_tmp: Path) -> None:
+    first, second = short_tmp / "one", short_tmp / "two"
+    first.mkdir()
+    second.mkdir()
+    ids = {}
+    for folder in (first, second):
+        async with running(folder) as (sup, _):
+            ids[folder] = sup.store.store_id
+            # A turn the previous owner began and never ended, as an abrupt death leaves it.
+            await sup.store.begin_turn("t0-gone", "ch", "bot", 0, 0).committed()
+    assert ids[first] != ids[second]
+    ours, theirs = fake_orphan(ids[first]), fake_orphan(ids[second])
+    try:
+        async with running(first, stop_grace=0.2) as (sup, _):
+            # Before open_supervisor yields (before serving), its own orphan is dead...
+            assert not alive(ours.pid)
+            # ...and the other store's process is untouched.
+            assert alive(theirs.pid)
+            assert sup.recovered is not None and sup.recovered.killed == [ours.pid]
+            assert sup.recovered.turns == ["t0-gone"]
+            assert sup.status()["recovered"]["killed"] == [ours.pid]
+            entries = await sup.entries("ch")
+            assert [(e.kind, e.text, e.turn) for e in entries] == [
+                ("notice", "Task interrupted — corral restarted. Send another message to continue.", "t0-gone")
+            ]
+            assert await sup.store.query("SELECT state FROM turns WHERE id = 't0-gone'") == [("ended",)]
+        async with running(first) as (sup, _):
+            assert sup.recovered is not None and sup.recovered.turns == [] and sup.recovered.killed == []
+    finally:
+        for proc in (ours, theirs):
+            try:
+                proc.kill()
+                proc.wait()
+            except psutil.NoSuchProcess:
+                pass  # reaped already: the recovery waits for (and reaps) its own children
+
+
+async def test_contract_15_every_turn_process_carries_its_store(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await sup.send("ch", f"setsid gate={gate}")
+        tool = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("setsid "))
+        environ = psutil.Process(int(tool.text.split()[1])).environ()
+        assert environ["CORRAL_STORE"] == sup.store.store_id
+        assert environ[TURN_MARKER] == spawned.calls[0].turn_id
+        (pid, started, state), = await sup.store.query(
+            "SELECT pid, pid_started, state FROM turns WHERE id = ?", (spawned.calls[0].turn_id,)
+        )
+        assert pid == spawned.calls[0].process.pid and started and state == "running"
+        gate.open()
+        await idle(sup, "ch")
+        await sup.store.flush()
+        assert await sup.store.query("SELECT state FROM turns") == [("ended",)]
+
+
+# ---------------------------------------------------------------- 17. a stop outlives the supervisor
+
+
+async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    faults = FailCommits()
+    async with running(short_tmp) as (sup, spawned):
+        faults.install(sup)
+        await sup.send("ch", f"todos gate={gate}")
+        await wait_entry(sup, "ch", is_ready)
+        await sup.send("ch", "queued behind")
+        turn_id = spawned.calls[0].turn_id
+        faults.arm(1)
+        with trio.fail_after(SLOW):
+            failed = await sup.stop("ch")
+        assert faults.failed == 1
+        assert not failed.ok and failed.error is not None
+        assert failed.error.startswith("the stop could not be stored: database or disk is full")
+        assert failed.error.endswith("nothing was stopped")
+        assert failed.notice_seq is None and failed.killed == [] and failed.stopped_turns == []
+        # Nothing was killed or dropped; the ledger is as it was.
+        assert alive(spawned.calls[0].process.pid)
+        assert sup.ledger.generation("ch") == 0 and not sup.ledger.is_stale("ch", turn_id)
+        assert [m.id for m in sup.ledger.queued("ch")] == [r[0] for r in await sup.store.query("SELECT seq FROM queue")]
+        assert len(sup.ledger.queued("ch")) == 1
+        assert sup.store.todos("ch", "bot")[2]["status"] == "pending"
+
+        # A retried stop is a real stop, not a repeat with no notice.
+        with trio.fail_after(SLOW):
+            retry = await sup.stop("ch")
+        await idle(sup, "ch")
+        assert retry.ok and not retry.repeat and retry.notice_seq is not None and retry.dropped == 1
+        assert retry.stopped_turns == [turn_id] and spawned.calls[0].process.pid in retry.killed
+        assert len(spawned.calls) == 1
+
+
+async def test_contract_17_a_process_registered_while_the_record_is_stored_dies_only_once_it_is(
+    short_tmp: Path, gates: Any
+) -> None:
+    import threading
+
+    # The record's commit is held in its thread; meanwhile the stopped turn's spawn returns.
+    entered, release = threading.Event(), threading.Event()
+    fail = [True]
+    gate = gates()
+    spawner = SpawnRecorder(park=True)
+    async with running(short_tmp, spawn=spawner) as (sup, _):
+        real = sup.store._commit
+
+        def held(batch: Any) -> None:
+            if any(p is record[0] for p in batch):
+                entered.set()
+                release.wait(SLOW)
+                if fail[0]:
+                    raise sqlite3.OperationalError("database or disk is full")
+            real(batch)
+
+        sup.store._commit = held  # type: ignore[method-assign]
+        real_submit = sup.store.submit_stop_records
+        record: list[Any] = [None]
+
+        def submit(records: Any) -> Any:
+            record[0] = real_submit(records)
+            return record[0]
+
+        sup.store.submit_stop_records = submit  # type: ignore[method-assign]
+        for attempt in ("fails", "stored"):
+            entered.clear()
+            release.clear()
+            fail[0] = attempt == "fails"
+            spawner.go = trio.Event()
+            spawner.arrived = trio.Event()
+            await sup.send("ch", f"ignore gate={gate}")
+            with trio.fail_after(SLOW):
+                await spawner.arrived.wait()
+            spawned = spawner.calls[-1]
+            results: list[Any] = []
+
+            async def stop() -> None:
+                results.append(await sup.stop("ch"))
+
+            with trio.fail_after(SLOW):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stop)
+                    assert await trio.to_thread.run_sync(entered.wait, SLOW)
+                    spawner.go.set()  # registers for a stale turn while its stop is not stored
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert sup.registry.get("ch", spawned.turn_id) is not None
+                    assert spawned.process.returncode is None  # not killed: the record may fail
+                    release.set()
+            if attempt == "fails":
+                assert not results[0].ok and spawned.process.returncode is None
+                gate.open()  # the turn was never stopped: it runs to its end
+                await idle(sup, "ch")
+                assert (await sup.entries("ch"))[-1].text == f"done: ignore gate={gate}"
+            else:
+                await idle(sup, "ch")
+                # Stored: killed at once (SIGKILL, as on registration), not after the grace.
+                assert results[0].ok and spawned.process.returncode == -signal.SIGKILL
+                assert results[0].elapsed_ms < 10_000
+
+
+async def test_contract_17_stop_all_stores_every_record_in_one_transaction(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    faults = FailCommits()
+    async with running(short_tmp) as (sup, spawned):
+        faults.install(sup)
+        for channel in ("a", "b"):
+            await send_and_wait_ready(sup, channel, f"gate={gate}")
+        faults.arm(1)
+        with trio.fail_after(SLOW):
+            failed = await sup.stop()
+        # One failed commit fails every channel's stop: the records are one transaction.
+        assert faults.failed == 1 and not failed.ok
+        assert [c.ok for c in failed.channels or []] == [False, False]
+        assert all(alive(s.process.pid) for s in spawned.calls)
+        assert [sup.ledger.generation(c) for c in ("a", "b")] == [0, 0]
+        assert await sup.store.query("SELECT * FROM stops") == []
+        with trio.fail_after(SLOW):
+            done = await sup.stop()
+        assert done.ok and sorted(done.stopped_turns) == sorted(s.turn_id for s in spawned.calls)
+        assert sorted(r[0] for r in await sup.store.query("SELECT channel FROM stops")) == ["a", "b"]
+
+
+async def test_contract_17_the_record_is_on_disk_before_the_kill(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await sup.send("ch", f"todos gate={gate}")
+        await wait_entry(sup, "ch", is_ready)
+        queued = await sup.send("ch", "never runs")
+        seen: list[Any] = []
+        real_interrupt = sup.registry.interrupt
+
+        def interrupt(channel: str, turn_id: str, sig: int = signal.SIGINT) -> Any:
+            # What a crash at the moment of the kill would leave on disk.
+            db = sqlite3.connect(str(sup.config.store_path))
+            try:
+                seen.append({
+                    "stops": db.execute("SELECT channel, generation FROM stops").fetchall(),
+                    "generation": db.execute("SELECT generation FROM generations WHERE channel = 'ch'").fetchall(),
+                    "queue": db.execute("SELECT seq FROM queue").fetchall(),
+                    "todos": db.execute("SELECT items FROM todos").fetchall(),
+                    "turn": db.execute("SELECT state FROM turns").fetchall(),
+                })
+            finally:
+                db.close()
+            return real_interrupt(channel, turn_id, sig)
+
+        sup.registry.interrupt = interrupt  # type: ignore[method-assign]
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        await idle(sup, "ch")
+        assert result.ok and len(seen) == 1
+        disk = seen[0]
+        assert disk["stops"] == [("ch", 1)] and disk["generation"] == [(1,)] and disk["queue"] == []
+        assert "pending" not in disk["todos"][0][0] and "in_progress" not in disk["todos"][0][0]
+        assert disk["turn"] == [("stopped",)]
+        entries = await sup.entries("ch")
+        dropped = [e for e in entries if e.seq == queued.seq][0]
+        assert dropped.meta["dropped_by_stop"] == (await sup.store.query("SELECT seq FROM stops"))[0][0]
+        await sup.store.flush()
+        assert await sup.store.query("SELECT state FROM turns") == [("ended",)]
+        assert len(spawned.calls) == 1
+
+
+async def test_contract_17_the_notice_says_what_the_stop_dropped(short_tmp: Path, gates: Any) -> None:
+    gate = gates()
+    async with running(short_tmp) as (sup, _):
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        await sup.send("ch", "one")
+        await sup.send("ch", "two")
+        with trio.fail_after(SLOW):
+            two = await sup.stop("ch")
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        await sup.send("ch", "three")
+        with trio.fail_after(SLOW):
+            one = await sup.stop("ch")
+        await idle(sup, "ch")
+        entries = {e.seq: e for e in await sup.entries("ch")}
+        assert entries[two.notice_seq].text == "Execution stopped by user. 2 queued messages were not run."
+        assert entries[one.notice_seq].text == "Execution stopped by user. 1 queued message was not run."
+        marked = {e.text: e.meta.get("dropped_by_stop") for e in entries.values() if e.kind == "message"}
+        assert marked["one"] == marked["two"] is not None and marked["three"] not in (None, marked["one"])
+        assert entries[two.notice_seq].meta["dropped"] == 2
 
 
 # ---------------------------------------------------------------- the agent itself
