@@ -2,9 +2,9 @@
 
 The Unix socket is bound by corral, chmodded to 0600 and only then listened on (nobody can
 connect to a socket that is not listening, so there is no window with looser rights), and
-handed to hypercorn's Trio worker as ``fd://``. An optional TCP listener binds loopback
+served by :mod:`._http`, where no connection's error can end the daemon. An optional TCP listener binds loopback
 only and requires a bearer token. SIGINT or SIGTERM (or ``POST /v1/shutdown``) ends it in
-order: listeners close, running turns end as "interrupted — daemon restarting", their
+order: listeners close, running turns end as "Task interrupted — corral was shut down", their
 trees are killed and swept, the store is flushed.
 """
 
@@ -15,15 +15,14 @@ import os
 import signal
 import socket
 import stat
+from functools import partial
 from pathlib import Path
-from typing import Any, cast
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from ._api import ControlAPI
 from ._config import Config
+from ._http import serve_socket
 from ._supervisor import open_supervisor
 
 log = logging.getLogger("corral.daemon")
@@ -82,20 +81,6 @@ def bind_loopback_tcp(address: str) -> socket.socket:
     return sock
 
 
-def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
-    hc = HypercornConfig()
-    # hypercorn wraps the descriptor in a socket object of its own and closes it: hand
-    # the descriptor over (detach) so it is never closed twice.
-    hc.bind = [f"fd://{sock.detach()}"]
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("corral.http")
-    hc.graceful_timeout = GRACEFUL_SECONDS
-    # hypercorn's default of 100 overflows when hundreds of clients connect at once.
-    hc.backlog = 1024
-    hc.keep_alive_timeout = 5
-    return hc
-
-
 def notify_systemd(message: str) -> bool:
     """Send ``message`` to systemd's notify socket if the daemon runs under ``Type=notify``."""
     address = os.environ.get("NOTIFY_SOCKET")
@@ -140,15 +125,10 @@ async def run_daemon(
                 signal_scope = trio.CancelScope()
                 if handle_signals:
                     nursery.start_soon(_watch_signals, stopping, signal_scope)
-                app = ControlAPI(sup, shutdown=stopping.set)
-                await nursery.start(
-                    lambda task_status: hypercorn_serve(cast(Any, app), _hypercorn_config(unix_sock), shutdown_trigger=stopping.wait, task_status=task_status)
-                )
-                if tcp_sock is not None:
-                    tcp_app = ControlAPI(sup, shutdown=stopping.set, token=token)
-                    await nursery.start(
-                        lambda task_status: hypercorn_serve(cast(Any, tcp_app), _hypercorn_config(tcp_sock), shutdown_trigger=stopping.wait, task_status=task_status)
-                    )
+                for sock, app in ((unix_sock, ControlAPI(sup, shutdown=stopping.set)),
+                                  (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token))):
+                    if sock is not None:
+                        await nursery.start(partial(serve_socket, app, sock, stopping=stopping, graceful=GRACEFUL_SECONDS))
                 log.info(
                     "corral %d ready on %s%s; %d agent(s); %d channel(s) with queued messages restored",
                     os.getpid(), config.server.socket, f" and {config.server.tcp}" if tcp_sock else "",
@@ -162,7 +142,7 @@ async def run_daemon(
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
                 signal_scope.cancel()
-                # hypercorn is closing too (same trigger); open followers get the graceful time.
+                # The servers are closing too (same event); open followers get the graceful time.
                 nursery.cancel_scope.deadline = trio.current_time() + GRACEFUL_SECONDS + 1
     finally:
         for sock in (unix_sock, tcp_sock):

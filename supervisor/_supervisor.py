@@ -10,6 +10,7 @@ stores the notice, last.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -39,7 +40,7 @@ from ._turn import Turn, channel_slug, new_turn_id, unfinished
 log = logging.getLogger("corral")
 
 STOP_NOTICE = "Execution stopped by user."
-SHUTDOWN_NOTICE = "Task interrupted — daemon restarting. Send another message to continue."
+SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
 NUDGE_TEXT = "You have {n} remaining task(s) in your plan. Please continue working on them."
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_CHANNEL_CHARS = 200
@@ -49,6 +50,20 @@ STOP_SLACK = 10.0
 
 class UsageError(ValueError):
     """A request the supervisor refuses: unknown agent, oversized message, bad channel name."""
+
+
+class UnknownChannel(UsageError):
+    """A channel that has never existed (no entry, no queue, no turn): most likely a typo."""
+
+    def __init__(self, channel: str, known: set[str]) -> None:
+        self.channel = channel
+        self.suggestions = tuple(difflib.get_close_matches(channel, sorted(known), n=3))
+        hint = (
+            f"did you mean {' or '.join(repr(c) for c in self.suggestions)}?"
+            if self.suggestions
+            else "send it a message first (a channel exists once it has one)"
+        )
+        super().__init__(f"unknown channel {channel!r}; {hint}")
 
 
 class ShuttingDown(RuntimeError):
@@ -156,6 +171,8 @@ class Supervisor:
         self._stops: dict[str, trio.Event] = {}
         self._idle: dict[str, trio.Event] = {}
         self._closing = False
+        self._stored_channels: set[str] = set()
+        """Channels found in the store that the ledger has not seen in this run."""
 
     # ------------------------------------------------------------ places
 
@@ -344,7 +361,7 @@ class Supervisor:
         """Stop one channel (or every busy channel); returns when the stop is complete."""
         if channel is None:
             return await self.stop_all()
-        check_channel(channel)
+        await self.require_channel(channel)
         started = trio.current_time()
         decision = self.ledger.stop(channel)  # first act: the generation moves now
         # The stop's seq is taken in the same step: on the server clock it precedes every
@@ -481,7 +498,7 @@ class Supervisor:
 
     async def wait_idle(self, channel: str, timeout: float | None = None) -> bool:
         """Wait until the channel runs no turn and has nothing queued; False on timeout."""
-        check_channel(channel)
+        await self.require_channel(channel)
         with trio.move_on_after(timeout if timeout is not None else float("inf")):
             while channel in self._workers or self.ledger.is_busy(channel):
                 event = self._idle.setdefault(channel, trio.Event())
@@ -489,12 +506,34 @@ class Supervisor:
             return True
         return False
 
-    def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
-        """Committed entries of a channel after ``after``, then live ones as they commit."""
-        return self.store.follow(channel, after)
+    async def require_channel(self, channel: str) -> None:
+        """Raise :class:`UnknownChannel` unless ``channel`` has existed (a bad name: :class:`UsageError`).
+
+        A channel exists once the ledger has seen it in this run or the store holds an
+        entry of it; the store is asked only when the ledger has not seen it.
+        """
+        check_channel(channel)
+        if channel in self.ledger.channels() or channel in self._stored_channels:
+            return
+        if await self.store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
+            self._stored_channels.add(channel)
+            return
+        stored = {name for (name,) in await self.store.query("SELECT DISTINCT channel FROM entries")}
+        raise UnknownChannel(channel, stored | set(self.ledger.channels()))
+
+    async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+        """Committed entries of a channel after ``after``, then live ones as they commit.
+
+        An unknown channel raises :class:`UnknownChannel` at the first iteration.
+        """
+        if channel is not None:
+            await self.require_channel(channel)
+        async for entry in self.store.follow(channel, after):
+            yield entry
 
     async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
         """Committed entries of a channel after ``after``."""
+        await self.require_channel(channel)
         return await self.store.entries(channel, after=after, limit=limit)
 
     def status(self) -> dict[str, Any]:
@@ -588,6 +627,8 @@ def check_channel(channel: object) -> None:
         raise UsageError(f"a channel is a name of 1 to {MAX_CHANNEL_CHARS} characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in channel):
         raise UsageError("a channel name cannot contain control characters")
+    if channel in (".", ".."):
+        raise UsageError(f"a channel name cannot be {channel!r} (a path segment of its own); choose another name")
 
 
 @asynccontextmanager
