@@ -76,6 +76,7 @@ async def test_tcp_listener_requires_the_token(short_tmp: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     (short_tmp / "token").write_text("s3cret\n")
+    (short_tmp / "token").chmod(0o600)
     config = parse_config(
         {
             "server": {"socket": "corral.sock", "tcp": f"127.0.0.1:{port}", "token_file": "token"},
