@@ -518,8 +518,9 @@ class Supervisor:
         if await self.store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
             self._stored_channels.add(channel)
             return
-        stored = {name for (name,) in await self.store.query("SELECT DISTINCT channel FROM entries")}
-        raise UnknownChannel(channel, stored | set(self.ledger.channels()))
+        known = {name for (name,) in await self.store.query("SELECT DISTINCT channel FROM entries")} | set(self.ledger.channels())
+        if channel not in known:  # (it may have been created while the store was asked)
+            raise UnknownChannel(channel, known)
 
     async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
         """Committed entries of a channel after ``after``, then live ones as they commit.
