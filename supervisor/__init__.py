@@ -15,6 +15,8 @@ The names below are imported when first used (PEP 562), so ``import supervisor``
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -95,11 +97,33 @@ __all__ = [
 
 
 def _version() -> str:
+    """The installed distribution's version: pyproject.toml's ``[project] version`` is the one source.
+
+    Read straight from the ``corral-*.dist-info/METADATA`` on ``sys.path`` (``corral --version``
+    must start fast, and ``importlib.metadata`` costs more than the rest of it); that
+    module is the fallback for any other kind of installation.
+    """
+    for folder in sys.path:
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("corral-") and name.endswith(".dist-info"):
+                try:
+                    with open(os.path.join(folder or ".", name, "METADATA"), encoding="utf-8") as metadata:
+                        for line in metadata:
+                            if line.startswith("Version:"):
+                                return line.split(":", 1)[1].strip()
+                            if not line.strip():
+                                break  # the headers end at the first blank line
+                except OSError:
+                    continue
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("corral")  # single source: pyproject.toml's [project] version
-    except PackageNotFoundError:  # running from a source tree that was never installed
+        return version("corral")
+    except PackageNotFoundError:  # a source tree that was never installed
         return "0+unknown"
 
 

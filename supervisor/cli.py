@@ -10,21 +10,16 @@ imported inside the commands that run a supervisor (``run``, ``demo``), so an em
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from ._client import APIError, Client, DaemonGone, DaemonUnavailable
-
 if TYPE_CHECKING:
+    from ._client import Client
     from ._config import Config, Problem
 
 DEFAULT_CONFIG_NAME = "corral.toml"
@@ -62,6 +57,8 @@ class _Context:
         self.json = as_json
 
     def client(self) -> Client:
+        from ._client import Client
+
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
             config_file = self.config or os.environ.get("CORRAL_CONFIG")
@@ -82,6 +79,8 @@ class _Context:
 
 
 def _call(ctx: _Context, fn: Any) -> Any:
+    from ._client import APIError, DaemonGone, DaemonUnavailable
+
     client = ctx.client()
     try:
         return fn(client)
@@ -101,6 +100,8 @@ def _print_json(value: Any) -> None:
 
 def format_entry(entry: dict[str, Any]) -> str:
     """One transcript entry as a readable line."""
+    import time
+
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}"
 
@@ -132,16 +133,6 @@ def _merge(ctx: _Context, as_json: bool, config: str | None = None) -> _Context:
     return _Context(ctx.socket, config or ctx.config, ctx.json or as_json)
 
 
-class _JSONLogFormatter(logging.Formatter):
-    """One JSON object per log line (``corral run --json``)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = {"ts": record.created, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            line["traceback"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
-
-
 @main.command(short_help="Run the daemon in the foreground.")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file.")
 @click.option(
@@ -156,6 +147,9 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     Logs go to stderr (JSON lines with --json). A problem with the config or with the
     places it names (socket, store, state folder) is reported with the fix; exit 1.
     """
+    import logging
+
+    from ._logformat import JSONLogFormatter
     from ._preflight import preflight
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
@@ -165,7 +159,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
         _problems(problems, file)
     handler = logging.StreamHandler(sys.stderr)
     if obj.json or as_json:
-        handler.setFormatter(_JSONLogFormatter())
+        handler.setFormatter(JSONLogFormatter())
     else:
         journald = "JOURNAL_STREAM" in os.environ
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s" if journald else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -221,6 +215,8 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     Also checks what it can without starting: the socket path's length, and that the
     socket's and the store's folders are writable or can be created.
     """
+    import dataclasses
+
     from ._config import ConfigError, load_config
     from ._preflight import preflight
 
@@ -368,6 +364,8 @@ def demo(obj: _Context, keep: bool, as_json: bool) -> None:
 
     With --json each line of the show is a JSON object {"say": ...}, then {"ok": ..., "folder": ...}.
     """
+    import tempfile
+
     import trio
 
     from ._demo import run_demo
