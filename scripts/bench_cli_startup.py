@@ -70,7 +70,7 @@ def main() -> int:
             "corral status": median_wall([*corral, "status"], env, folder, args.runs),
         }
     finally:
-        subprocess.run([*corral, "shutdown"], env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([*corral, "shutdown"], check=False, env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             daemon.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -297,6 +297,8 @@ class ControlAPI:
 
             nursery.start_soon(until_disconnect)
             async for entry in entries:
+                if peer.gone:  # checked in the same step as the send: no _Gone inside the nursery
+                    break
                 data = json.dumps(entry.to_json(), ensure_ascii=False)
                 await peer.send({"type": "http.response.body", "body": f"id: {entry.seq}\ndata: {data}\n\n".encode(), "more_body": True})
             nursery.cancel_scope.cancel()

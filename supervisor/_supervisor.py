@@ -522,15 +522,13 @@ class Supervisor:
         if channel not in known:  # (it may have been created while the store was asked)
             raise UnknownChannel(channel, known)
 
-    async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+    def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
         """Committed entries of a channel after ``after``, then live ones as they commit.
 
-        An unknown channel raises :class:`UnknownChannel` at the first iteration.
+        A channel need not exist yet (subscribe, then send); call :meth:`require_channel`
+        first to refuse a mistyped one, as the control API does.
         """
-        if channel is not None:
-            await self.require_channel(channel)
-        async for entry in self.store.follow(channel, after):
-            yield entry
+        return self.store.follow(channel, after)
 
     async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
         """Committed entries of a channel after ``after``."""

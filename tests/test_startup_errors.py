@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import CORRAL, make_config
+
 from supervisor.cli import _startup_error
 
 AGENT = '\n[agents.demo]\nadapter = "demo"\n'
@@ -22,7 +22,7 @@ AGENT = '\n[agents.demo]\nadapter = "demo"\n'
 
 def corral(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_SOCKET", "CORRAL_CONFIG")}
-    return subprocess.run([*CORRAL, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([*CORRAL, *args], check=False, cwd=folder, env=env, capture_output=True, text=True, timeout=60)
 
 
 def _assert_clear(out: subprocess.CompletedProcess[str], *needles: str) -> None:
