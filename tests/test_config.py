@@ -502,3 +502,13 @@ def test_config_example_loads_without_problems() -> None:
     except ConfigError as exc:  # pragma: no cover - the message is the point
         pytest.fail(f"config.example.toml has problems:\n{exc}")
     assert config.agents and config.default_agent in config.agents
+
+
+def test_the_docs_name_the_state_folder_the_code_uses(tmp_path: Path) -> None:
+    """Issue 9 item 11: the state folder of corral.db is corral.d/, and the docs say so."""
+    config = load_config(write(tmp_path, '[store]\npath = "corral.db"\n' + DEMO))
+    assert config.state_dir == tmp_path / "corral.d"
+    repo = Path(__file__).resolve().parent.parent
+    for doc in ("README.md", "config.example.toml"):
+        text = (repo / doc).read_text()
+        assert "corral.db.d" not in text and "corral.d/" in text, doc
