@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._client import Client
     from ._config import Config, Problem
 
+#: ``_config.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast (a test keeps them equal).
 DEFAULT_CONFIG_NAME = "corral.toml"
 
 EXIT_ERROR = 1

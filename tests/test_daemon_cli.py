@@ -282,3 +282,9 @@ def test_the_cli_starts_without_trio_psutil_hypercorn_or_httpx() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_cli_and_the_config_agree_on_the_default_config_name() -> None:
+    from supervisor import _config, cli
+
+    assert cli.DEFAULT_CONFIG_NAME == _config.DEFAULT_CONFIG_NAME
