@@ -95,3 +95,16 @@ def test_failures_found_only_by_trying_are_mapped_in_one_place(short_tmp: Path) 
     message = _startup_error(sqlite3.DatabaseError("file is not a database"), config)
     assert message is not None and str(config.store_path) in message and "fix" in message
     assert _startup_error(ExceptionGroup("bug", [ZeroDivisionError()]), config) is None, "a bug keeps its traceback"
+
+
+def test_a_state_folder_this_user_cannot_write_is_a_problem(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same check as above, where the suite runs as root (which writes anywhere)."""
+    from supervisor import _preflight
+
+    config = make_config(short_tmp)
+    config.state_dir.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(_preflight.os, "access", lambda path, mode: Path(path) != config.state_dir and real_access(path, mode))
+    [problem] = _preflight.preflight(config)
+    assert problem.key == "store.path" and str(config.state_dir) in problem.message and "not writable" in problem.message
+    assert problem.fix == f"chmod 700 {config.state_dir}, as the user corral runs as"
