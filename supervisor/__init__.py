@@ -7,23 +7,64 @@ Embedding::
         async for entry in sup.follow("general", after=accepted.seq):
             ...
         result = await sup.stop("general")
+
+The names below are imported when first used (PEP 562), so ``import supervisor`` (and the
+``corral`` CLI's client commands) start without importing Trio, psutil or hypercorn.
 """
 
-from ._asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
-from ._config import AgentConfig, Config, ConfigError, Limits, Problem, ServerConfig, load_config, parse_config
-from ._ledger import LedgerError, StopDecision, StopLedger
-from ._store import Entry, StoreError
-from ._supervisor import (
-    Hooks,
-    SHUTDOWN_NOTICE,
-    STOP_NOTICE,
-    Accepted,
-    ShuttingDown,
-    StopResult,
-    Supervisor,
-    UsageError,
-    open_supervisor,
-)
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
+    from ._config import AgentConfig, Config, ConfigError, Limits, Problem, ServerConfig, load_config, parse_config
+    from ._ledger import LedgerError, StopDecision, StopLedger
+    from ._store import Entry, StoreError
+    from ._supervisor import (
+        SHUTDOWN_NOTICE,
+        STOP_NOTICE,
+        Accepted,
+        Hooks,
+        ShuttingDown,
+        StopResult,
+        Supervisor,
+        UnknownChannel,
+        UsageError,
+        open_supervisor,
+    )
+
+#: Where each public name lives: ``from supervisor import X`` imports only X's module.
+_LAZY = {
+    "AsyncioSupervisor": "._asyncio_host",
+    "open_asyncio_supervisor": "._asyncio_host",
+    "AgentConfig": "._config",
+    "Config": "._config",
+    "ConfigError": "._config",
+    "Limits": "._config",
+    "Problem": "._config",
+    "ServerConfig": "._config",
+    "load_config": "._config",
+    "parse_config": "._config",
+    "LedgerError": "._ledger",
+    "StopDecision": "._ledger",
+    "StopLedger": "._ledger",
+    "Entry": "._store",
+    "StoreError": "._store",
+    "SHUTDOWN_NOTICE": "._supervisor",
+    "STOP_NOTICE": "._supervisor",
+    "Accepted": "._supervisor",
+    "Hooks": "._supervisor",
+    "ShuttingDown": "._supervisor",
+    "StopResult": "._supervisor",
+    "Supervisor": "._supervisor",
+    "UnknownChannel": "._supervisor",
+    "UsageError": "._supervisor",
+    "open_supervisor": "._supervisor",
+}
 
 __all__ = [
     "SHUTDOWN_NOTICE",
@@ -45,9 +86,58 @@ __all__ = [
     "StopResult",
     "StoreError",
     "Supervisor",
+    "UnknownChannel",
     "UsageError",
+    "__version__",
     "load_config",
     "open_asyncio_supervisor",
     "open_supervisor",
     "parse_config",
 ]
+
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml's ``[project] version`` is the one source.
+
+    Read straight from the ``corral-*.dist-info/METADATA`` on ``sys.path`` (``corral --version``
+    must start fast, and ``importlib.metadata`` costs more than the rest of it); that
+    module is the fallback for any other kind of installation.
+    """
+    for folder in sys.path:
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("corral-") and name.endswith(".dist-info"):
+                try:
+                    with open(os.path.join(folder or ".", name, "METADATA"), encoding="utf-8") as metadata:
+                        for line in metadata:
+                            if line.startswith("Version:"):
+                                return line.split(":", 1)[1].strip()
+                            if not line.strip():
+                                break  # the headers end at the first blank line
+                except OSError:
+                    continue
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("corral")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (PEP 562)."""
+    if name == "__version__":
+        value: Any = _version()
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, unquote
 import trio
 
 from ._store import StoreError
-from ._supervisor import MAX_MESSAGE_BYTES, ShuttingDown, Supervisor, UsageError
+from ._supervisor import MAX_MESSAGE_BYTES, ShuttingDown, Supervisor, UnknownChannel, UsageError
 
 log = logging.getLogger("corral.api")
 
@@ -38,6 +38,7 @@ log = logging.getLogger("corral.api")
 MAX_BODY = MAX_MESSAGE_BYTES + 64 * 1024
 
 Scope = dict[str, Any]
+Query = dict[str, list[str]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -52,33 +53,69 @@ class HTTPError(Exception):
         self.message = message
 
 
-async def _respond(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    data = json.dumps(body, ensure_ascii=False).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-            + (headers or []),
-        }
-    )
-    await send({"type": "http.response.body", "body": data})
+class _Gone(Exception):
+    """The client hung up: nothing more is sent on this request."""
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
+#: The largest ``after`` (a seq is a SQLite integer) and ``limit`` a query may ask for.
+MAX_SEQ = 2**63 - 1
+MAX_LIMIT = 100_000
+#: The longest ``wait?timeout=`` in seconds (a year): anything longer is a mistake.
+MAX_WAIT = 365 * 86400.0
+
+
+class _Exchange:
+    """One request's receive and send, so nothing is ever sent after the client hung up.
+
+    ``gone`` is set by the ``http.disconnect`` message; ``started`` once a response began.
+    """
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+        self.gone = False
+        self.started = False
+
+    async def receive(self) -> dict[str, Any]:
+        message = await self._receive()
         if message["type"] == "http.disconnect":
-            raise HTTPError(400, "disconnected", "the client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise HTTPError(413, "too_large", f"the request body is over {MAX_BODY} bytes (a message may be {MAX_MESSAGE_BYTES})")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
+            self.gone = True
+        return message
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.gone:
+            raise _Gone
+        self.started = True
+        await self._send(message)
+
+    async def body(self) -> bytes:
+        """The whole request body (read before anything is answered); :class:`_Gone` if the client left."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if self.gone:
+                raise _Gone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise HTTPError(413, "too_large", f"the request body is over {MAX_BODY} bytes (a message may be {MAX_MESSAGE_BYTES})")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def respond(self, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Answer with ``body`` as JSON."""
+        data = json.dumps(body, ensure_ascii=False).encode()
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+                + (headers or []),
+            }
+        )
+        await self.send({"type": "http.response.body", "body": data})
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -88,12 +125,14 @@ def _json_object(body: bytes) -> dict[str, Any]:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise HTTPError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise HTTPError(400, "bad_json", "the body is nested too deeply; send a flat JSON object") from None
     if not isinstance(value, dict):
         raise HTTPError(400, "bad_json", "the body must be a JSON object")
     return value
 
 
-def _query_number(query: dict[str, list[str]], key: str, default: float | None, *, integer: bool = False) -> Any:
+def _query_number(query: dict[str, list[str]], key: str, default: float | None, *, maximum: float, integer: bool = False) -> Any:
     if key not in query:
         return default
     raw = query[key][-1]
@@ -101,9 +140,17 @@ def _query_number(query: dict[str, list[str]], key: str, default: float | None, 
         value = int(raw) if integer else float(raw)
     except ValueError:
         raise HTTPError(400, "bad_query", f"{key} must be a {'whole ' if integer else ''}number, got {raw!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise HTTPError(400, "bad_query", f"{key} must be >= 0, got {raw!r}")
+    if not math.isfinite(value) or not 0 <= value <= maximum:
+        raise HTTPError(400, "bad_query", f"{key} must be between 0 and {maximum:g}, got {raw[:40]!r}")
     return value
+
+
+def _segment(raw: str) -> str:
+    """Decode one percent-encoded path segment; a channel name must be valid UTF-8."""
+    try:
+        return unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise HTTPError(400, "bad_channel", f"{raw[:80]!r} is not valid UTF-8 once decoded; percent-encode the channel name's UTF-8 bytes") from None
 
 
 class ControlAPI:
@@ -125,17 +172,39 @@ class ControlAPI:
                     return
         if scope["type"] != "http":
             return
+        peer = _Exchange(receive, send)
         try:
+            await self._answer(scope, peer)
+        except _Gone:
+            log.debug("client went away during %s %s", scope.get("method"), scope.get("path"))
+
+    async def _answer(self, scope: Scope, peer: _Exchange) -> None:
+        """Route one request and map every error to JSON: the one error-mapping site."""
+        try:
+            # The whole request is read before anything is answered (a 401 included), so
+            # the answer never races hypercorn's own reply to a half-sent body.
+            body = await peer.body()
             self._authorize(scope)
-            await self._route(scope, receive, send)
+            await self._route(scope, body, peer)
+            return
         except HTTPError as exc:
-            await _respond(send, exc.status, {"error": {"code": exc.code, "message": exc.message}})
+            status, code, message = exc.status, exc.code, exc.message
+        except UnknownChannel as exc:
+            status, code, message = 404, "unknown_channel", str(exc)
         except UsageError as exc:
-            await _respond(send, 400, {"error": {"code": "bad_request", "message": str(exc)}})
+            status, code, message = 400, "bad_request", str(exc)
         except ShuttingDown as exc:
-            await _respond(send, 503, {"error": {"code": "shutting_down", "message": str(exc)}})
+            status, code, message = 503, "shutting_down", str(exc)
         except StoreError as exc:
-            await _respond(send, 500, {"error": {"code": "store_failed", "message": str(exc)}})
+            status, code, message = 500, "store_failed", str(exc)
+        except _Gone:
+            raise
+        except Exception as exc:
+            log.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
+            status, code = 500, "internal"
+            message = f"internal error ({type(exc).__name__}); the daemon logged it and serves on"
+        if not peer.started:
+            await peer.respond(status, {"error": {"code": code, "message": message}})
 
     def _authorize(self, scope: Scope) -> None:
         if self.token is None:
@@ -145,25 +214,23 @@ class ControlAPI:
         if not hmac.compare_digest(given, f"Bearer {self.token}"):
             raise HTTPError(401, "unauthorized", "this listener needs 'Authorization: Bearer <token>'")
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _route(self, scope: Scope, body: bytes, peer: _Exchange) -> None:
         method = scope["method"]
         raw = scope.get("raw_path") or scope["path"].encode()
         path = raw.split(b"?", 1)[0].decode("latin-1")
-        parts = [unquote(p) for p in path.strip("/").split("/")]
+        parts = [_segment(p) for p in path.strip("/").split("/")]
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if parts[:1] != ["v1"]:
             raise HTTPError(404, "not_found", f"no route {method} {path}; the API lives under /v1/")
         rest = parts[1:]
         if rest == ["status"] and method == "GET":
-            return await _respond(send, 200, self.sup.status())
+            return await peer.respond(200, self.sup.status())
         if rest == ["stop"] and method == "POST":
-            await _read_body(receive)
             result = await self.sup.stop_all()
-            return await _respond(send, 200 if result.ok else 500, result.to_json())
+            return await peer.respond(200 if result.ok else 500, result.to_json())
         if rest == ["shutdown"] and method == "POST":
-            await _read_body(receive)
             self.shutdown()
-            return await _respond(send, 202, {"shutting_down": True})
+            return await peer.respond(202, {"shutting_down": True})
         if len(rest) == 3 and rest[0] == "channels":
             channel, action = rest[1], rest[2]
             handler = {
@@ -174,47 +241,47 @@ class ControlAPI:
                 ("wait", "POST"): self._wait,
             }.get((action, method))
             if handler is not None:
-                return await handler(channel, query, receive, send)
+                return await handler(channel, query, body, peer)
             if action in ("messages", "stop", "entries", "events", "wait"):
                 raise HTTPError(405, "method_not_allowed", f"{method} is not allowed on {path}")
         raise HTTPError(404, "not_found", f"no route {method} {path}")
 
-    async def _send(self, channel: str, query: Any, receive: Receive, send: Send) -> None:
-        body = _json_object(await _read_body(receive))
-        text = body.get("text")
+    async def _send(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
+        fields = _json_object(body)
+        text = fields.get("text")
         if not isinstance(text, str):
             raise HTTPError(400, "missing_field", "'text' (a string) is required")
-        agent = body.get("agent")
+        agent = fields.get("agent")
         if agent is not None and not isinstance(agent, str):
             raise HTTPError(400, "bad_field", "'agent' must be a string")
-        author = body.get("author", "user")
+        author = fields.get("author", "user")
         if not isinstance(author, str) or not author:
             raise HTTPError(400, "bad_field", "'author' must be a non-empty string")
         if not author.startswith("human:"):
             author = f"human:{author}"
         accepted = await self.sup.send(channel, text, agent=agent, author=author)
-        await _respond(send, 202, accepted.to_json())
+        await peer.respond(202, accepted.to_json())
 
-    async def _stop(self, channel: str, query: Any, receive: Receive, send: Send) -> None:
-        await _read_body(receive)
+    async def _stop(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
         result = await self.sup.stop(channel)
-        await _respond(send, 200 if result.ok else 500, result.to_json())
+        await peer.respond(200 if result.ok else 500, result.to_json())
 
-    async def _entries(self, channel: str, query: Any, receive: Receive, send: Send) -> None:
-        after = _query_number(query, "after", 0, integer=True)
-        limit = _query_number(query, "limit", 10_000, integer=True)
+    async def _entries(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
+        after = _query_number(query, "after", 0, maximum=MAX_SEQ, integer=True)
+        limit = _query_number(query, "limit", 10_000, maximum=MAX_LIMIT, integer=True)
         entries = await self.sup.entries(channel, after=after, limit=limit)
-        await _respond(send, 200, {"channel": channel, "entries": [e.to_json() for e in entries]})
+        await peer.respond(200, {"channel": channel, "entries": [e.to_json() for e in entries]})
 
-    async def _wait(self, channel: str, query: Any, receive: Receive, send: Send) -> None:
-        await _read_body(receive)
-        timeout = _query_number(query, "timeout", None)
+    async def _wait(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
+        timeout = _query_number(query, "timeout", None, maximum=MAX_WAIT)
         idle = await self.sup.wait_idle(channel, timeout)
-        await _respond(send, 200 if idle else 408, {"channel": channel, "idle": idle})
+        await peer.respond(200 if idle else 408, {"channel": channel, "idle": idle})
 
-    async def _events(self, channel: str, query: Any, receive: Receive, send: Send) -> None:
-        after = _query_number(query, "after", 0, integer=True)
-        await send(
+    async def _events(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
+        after = _query_number(query, "after", 0, maximum=MAX_SEQ, integer=True)
+        await self.sup.require_channel(channel)  # an unknown channel is a 404, not an empty stream
+        entries = self.sup.follow(channel, after)
+        await peer.send(
             {
                 "type": "http.response.start",
                 "status": 200,
@@ -224,13 +291,16 @@ class ControlAPI:
         async with trio.open_nursery() as nursery:
 
             async def until_disconnect() -> None:
-                while (await receive())["type"] != "http.disconnect":
+                while (await peer.receive())["type"] != "http.disconnect":
                     pass
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_disconnect)
-            async for entry in self.sup.follow(channel, after):
+            async for entry in entries:
+                if peer.gone:  # checked in the same step as the send: no _Gone inside the nursery
+                    break
                 data = json.dumps(entry.to_json(), ensure_ascii=False)
-                await send({"type": "http.response.body", "body": f"id: {entry.seq}\ndata: {data}\n\n".encode(), "more_body": True})
+                await peer.send({"type": "http.response.body", "body": f"id: {entry.seq}\ndata: {data}\n\n".encode(), "more_body": True})
             nursery.cancel_scope.cancel()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not peer.gone:
+            await peer.send({"type": "http.response.body", "body": b"", "more_body": False})

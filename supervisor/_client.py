@@ -1,17 +1,30 @@
-"""A small synchronous client of the control API, used by the CLI (and handy in scripts)."""
+"""A small synchronous client of the control API, used by the CLI (and handy in scripts).
+
+It uses only the standard library (``http.client`` over an ``AF_UNIX`` socket, or loopback
+TCP with a token), so a client command starts without importing an HTTP stack: an
+emergency ``corral stop`` is as quick to start as it can be.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
+#: The daemon closes idle keep-alive connections after 5 s; reconnect before that.
+_REUSE_SECONDS = 4.0
 
 
 class DaemonUnavailable(Exception):
     """No daemon answers on the socket."""
+
+
+class DaemonGone(DaemonUnavailable):
+    """The daemon went away in the middle of an answer (a follow's stream ended)."""
 
 
 class APIError(Exception):
@@ -29,22 +42,51 @@ def _channel(channel: str) -> str:
     return quote(channel, safe="")
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """``http.client`` over a Unix socket."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("corral")
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+#: What a dead, absent or vanishing daemon looks like to ``http.client``.
+_UNAVAILABLE = (ConnectionError, FileNotFoundError, http.client.HTTPException, socket.timeout)
+
+
 class Client:
     """Talks to a corral daemon over its Unix socket (or a loopback TCP URL with a token)."""
 
     def __init__(self, socket_path: str | None = None, *, url: str | None = None, token: str | None = None) -> None:
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        if url is not None:
-            self._http = httpx.Client(base_url=url, headers=headers, timeout=None)
-        else:
-            # No pool cap: each follower holds a connection for as long as it follows.
-            transport = httpx.HTTPTransport(uds=socket_path, limits=httpx.Limits(max_connections=None, max_keepalive_connections=20))
-            self._http = httpx.Client(base_url="http://corral", transport=transport, headers=headers, timeout=None)
+        if url is None and socket_path is None:
+            raise ValueError("give a socket path or a url")
+        self._socket_path = socket_path
+        self._url = urlsplit(url) if url is not None else None
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._conn: http.client.HTTPConnection | None = None
+        self._last_used = 0.0
         self.where = url or socket_path
 
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._url is not None:
+            return http.client.HTTPConnection(self._url.hostname or "127.0.0.1", self._url.port)
+        assert self._socket_path is not None
+        return _UnixConnection(self._socket_path)
+
     def close(self) -> None:
-        """Close the connection pool."""
-        self._http.close()
+        """Close the kept-alive connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def __enter__(self) -> Client:
         return self
@@ -52,19 +94,26 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, *, ok: tuple[int, ...] = (200, 202), **kw: Any) -> Any:
+    def _request(
+        self, method: str, path: str, *, ok: tuple[int, ...] = (200, 202), params: dict[str, Any] | None = None, json_body: Any = None
+    ) -> Any:
+        if params:
+            path = f"{path}?{urlencode(params)}"
+        body = json.dumps(json_body).encode() if json_body is not None else b""
+        headers = {**self._headers, "content-type": "application/json"} if json_body is not None else dict(self._headers)
+        if self._conn is not None and time.monotonic() - self._last_used > _REUSE_SECONDS:
+            self.close()
         try:
-            response = self._http.request(method, path, **kw)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DaemonUnavailable(str(exc)) from None
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if response.status_code not in ok:
-            error = (body or {}).get("error", {}) if isinstance(body, dict) else {}
-            raise APIError(response.status_code, error.get("code", "error"), error.get("message", response.text), body)
-        return body
+            if self._conn is None:
+                self._conn = self._connect()
+            self._conn.request(method, path, body=body, headers=headers)
+            response = self._conn.getresponse()
+            data = response.read()
+        except _UNAVAILABLE as exc:
+            self.close()
+            raise DaemonUnavailable(str(exc) or type(exc).__name__) from None
+        self._last_used = time.monotonic()
+        return _decode(response.status, data, ok)
 
     def send(self, channel: str, text: str, *, agent: str | None = None, author: str | None = None) -> dict[str, Any]:
         """Queue a message; returns ``{"seq": …}`` once it is stored."""
@@ -73,20 +122,20 @@ class Client:
             payload["agent"] = agent
         if author:
             payload["author"] = author
-        return self._request("POST", f"/v1/channels/{_channel(channel)}/messages", json=payload)
+        return self._request("POST", f"/v1/channels/{_channel(channel)}/messages", json_body=payload)  # type: ignore[no-any-return]
 
     def stop(self, channel: str | None) -> dict[str, Any]:
         """Stop a channel (or all with None); returns the stop result, even a failed one."""
         path = "/v1/stop" if channel is None else f"/v1/channels/{_channel(channel)}/stop"
-        return self._request("POST", path, ok=(200, 500))
+        return self._request("POST", path, ok=(200, 500))  # type: ignore[no-any-return]
 
     def status(self) -> dict[str, Any]:
         """The daemon's status."""
-        return self._request("GET", "/v1/status")
+        return self._request("GET", "/v1/status")  # type: ignore[no-any-return]
 
     def entries(self, channel: str, after: int = 0) -> list[dict[str, Any]]:
         """Committed entries after ``after``."""
-        return self._request("GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after})["entries"]
+        return self._request("GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after})["entries"]  # type: ignore[no-any-return]
 
     def wait(self, channel: str, timeout: float | None = None) -> bool:
         """True once the channel is idle; False if ``timeout`` passed first."""
@@ -95,20 +144,40 @@ class Client:
         return bool(body["idle"])
 
     def follow(self, channel: str, after: int = 0) -> Iterator[dict[str, Any]]:
-        """Entries after ``after``, then live ones, until the daemon closes the stream."""
+        """Entries after ``after``, then live ones; :class:`DaemonGone` when the daemon goes away."""
+        conn = self._connect()  # a connection of its own, held for as long as it follows
         try:
-            with self._http.stream("GET", f"/v1/channels/{_channel(channel)}/events", params={"after": after}) as response:
-                if response.status_code != 200:
-                    response.read()
-                    raise APIError(response.status_code, "error", response.text)
-                for line in response.iter_lines():
+            try:
+                conn.request("GET", f"/v1/channels/{_channel(channel)}/events?{urlencode({'after': after})}", headers=self._headers)
+                response = conn.getresponse()
+            except _UNAVAILABLE as exc:
+                raise DaemonUnavailable(str(exc) or type(exc).__name__) from None
+            if response.status != 200:
+                _decode(response.status, response.read(), ())
+            try:
+                for raw in response:
+                    line = raw.decode("utf-8").rstrip("\r\n")
                     if line.startswith("data: "):
                         yield json.loads(line[6:])
-        except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DaemonUnavailable(str(exc)) from None
-        except httpx.RemoteProtocolError:
-            return
+            except _UNAVAILABLE:
+                pass
+            # The daemon ends a stream only when it shuts down (or dies).
+            raise DaemonGone(f"the daemon on {self.where} went away")
+        finally:
+            conn.close()
 
     def shutdown(self) -> None:
         """Ask the daemon to shut down in order."""
         self._request("POST", "/v1/shutdown")
+
+
+def _decode(status: int, data: bytes, ok: tuple[int, ...]) -> Any:
+    try:
+        body = json.loads(data) if data else None
+    except ValueError:
+        body = None
+    if status not in ok:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        text = data.decode("utf-8", "replace")
+        raise APIError(status, error.get("code", "error"), error.get("message", text), body)
+    return body

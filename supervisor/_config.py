@@ -10,13 +10,13 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from adapters import KNOWN_ADAPTERS, get_adapter
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 
@@ -208,24 +208,13 @@ def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: b
 
 def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path | None = None) -> Config:
     """Validate a parsed TOML document; raise :class:`ConfigError` listing every problem."""
+    # Imported here: a client command reads only [server] and never needs the adapters.
+    from adapters import KNOWN_ADAPTERS, get_adapter
+
     base = base or Path.cwd()
     check = _Checker(file, base)
     check.unknown(data, _TOP, "")
-
-    server = check.table(data, "server")
-    check.unknown(server, _SERVER, "server.")
-    socket_path = check.path(check.string(server, "socket", "server.", "corral.sock") or "corral.sock")
-    tcp = check.string(server, "tcp", "server.")
-    token_file_s = check.string(server, "token_file", "server.")
-    token_file = check.path(token_file_s) if token_file_s else None
-    if tcp is not None:
-        host, _, port = tcp.rpartition(":")
-        if host not in ("127.0.0.1", "localhost", "[::1]", "::1") or not port.isdigit():
-            check.add("server.tcp", f"{tcp!r} is not a loopback address with a port", 'write tcp = "127.0.0.1:8765"')
-        if token_file is None:
-            check.add("server.tcp", "a TCP listener needs a token", 'add token_file = "corral.token" to [server]')
-    if token_file is not None and not token_file.is_file():
-        check.add("server.token_file", f"{token_file} does not exist", f"create it with a secret: openssl rand -hex 32 > {token_file}")
+    server_config = _server(check, data)
 
     store = check.table(data, "store")
     check.unknown(store, _STORE, "store.")
@@ -310,7 +299,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         raise ConfigError(check.problems)
     return Config(
         path=None,
-        server=ServerConfig(socket=socket_path, tcp=tcp, token_file=token_file),
+        server=server_config,
         store_path=store_path,
         state_dir=store_path.parent / (store_path.stem + ".d"),
         default_agent=default_agent or "",
@@ -319,9 +308,35 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
     )
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read and validate a config file; raise :class:`ConfigError` listing every problem."""
-    file = Path(path)
+def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
+    server = check.table(data, "server")
+    check.unknown(server, _SERVER, "server.")
+    socket_path = check.path(check.string(server, "socket", "server.", "corral.sock") or "corral.sock")
+    tcp = check.string(server, "tcp", "server.")
+    token_file_s = check.string(server, "token_file", "server.")
+    token_file = check.path(token_file_s) if token_file_s else None
+    if tcp is not None:
+        host, _, port = tcp.rpartition(":")
+        if host not in ("127.0.0.1", "localhost", "[::1]", "::1") or not port.isdigit():
+            check.add("server.tcp", f"{tcp!r} is not a loopback address with a port", 'write tcp = "127.0.0.1:8765"')
+        elif not 1 <= int(port) <= 65535:
+            check.add("server.tcp", f"port {port} is out of range (1 to 65535)", f'write tcp = "{host}:8765"')
+        if token_file is None:
+            check.add("server.tcp", "a TCP listener needs a token", 'add token_file = "corral.token" to [server]')
+    if token_file is not None:
+        try:
+            mode = token_file.stat().st_mode
+        except OSError:
+            check.add("server.token_file", f"{token_file} does not exist", f"create it with a secret: (umask 077; openssl rand -hex 32 > {token_file})")
+        else:
+            if not stat.S_ISREG(mode):
+                check.add("server.token_file", f"{token_file} is not a regular file", "point token_file at a file holding the secret")
+            elif mode & 0o077:
+                check.add("server.token_file", f"{token_file} is readable by other users (mode {stat.S_IMODE(mode):04o})", f"chmod 600 {token_file}")
+    return ServerConfig(socket=socket_path, tcp=tcp, token_file=token_file)
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -329,8 +344,29 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except OSError as exc:
         raise ConfigError([Problem(str(file), "-", f"cannot read it: {exc.strerror}", "check the path and its permissions")]) from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([Problem(str(file), "-", f"not valid TOML: {exc}", "fix the syntax at that line")]) from None
+
+
+def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
+    """Read only ``[server]`` of a config file (paths resolved against its folder).
+
+    What client commands need: a broken ``[agents]`` table or an agent binary missing from
+    this PATH never blocks an emergency ``corral stop``. Raises :class:`ConfigError`.
+    """
+    file = Path(path)
+    data = _read_toml(file)
+    check = _Checker(str(file), file.resolve().parent)
+    server = _server(check, data)
+    if check.problems:
+        raise ConfigError(check.problems)
+    return server
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a config file; raise :class:`ConfigError` listing every problem."""
+    file = Path(path)
+    data = _read_toml(file)
     config = parse_config(data, file=str(file), base=file.resolve().parent)
     return replace(config, path=file.resolve())

@@ -2,10 +2,10 @@
 
 The Unix socket is bound by corral, chmodded to 0600 and only then listened on (nobody can
 connect to a socket that is not listening, so there is no window with looser rights), and
-handed to hypercorn's Trio worker as ``fd://``. An optional TCP listener binds loopback
-only and requires a bearer token. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXCPU or SIGPWR (or
-``POST /v1/shutdown``) ends it in order: running turns end as "interrupted — daemon
-restarting", their trees are killed and swept, stops in progress finish and answer their
+served by :mod:`._http`, where no connection's error can end the daemon. An optional TCP
+listener binds loopback only and requires a bearer token. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXCPU or SIGPWR (or
+``POST /v1/shutdown``) ends it in order: running turns end as "Task interrupted — corral was
+shut down", their trees are killed and swept, stops in progress finish and answer their
 callers, then the listeners close and the store is flushed. SIGUSR1 and SIGUSR2 log a
 status line. Every other catchable signal whose default would end the process (SIGALRM,
 SIGVTALRM, SIGPROF, SIGIO, SIGSTKFLT, the real-time signals) is logged and ignored; SIGPIPE
@@ -21,15 +21,15 @@ import os
 import signal
 import socket
 import stat
+from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from ._api import ControlAPI
 from ._config import Config
+from ._http import serve_socket
 from ._supervisor import Supervisor, open_supervisor
 
 log = logging.getLogger("corral.daemon")
@@ -88,20 +88,6 @@ def bind_loopback_tcp(address: str) -> socket.socket:
     return sock
 
 
-def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
-    hc = HypercornConfig()
-    # hypercorn wraps the descriptor in a socket object of its own and closes it: hand
-    # the descriptor over (detach) so it is never closed twice.
-    hc.bind = [f"fd://{sock.detach()}"]
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("corral.http")
-    hc.graceful_timeout = GRACEFUL_SECONDS
-    # hypercorn's default of 100 overflows when hundreds of clients connect at once.
-    hc.backlog = 1024
-    hc.keep_alive_timeout = 5
-    return hc
-
-
 def notify_systemd(message: str) -> bool:
     """Send ``message`` to systemd's notify socket if the daemon runs under ``Type=notify``."""
     address = os.environ.get("NOTIFY_SOCKET")
@@ -154,15 +140,10 @@ async def run_daemon(
                 # The listeners close once the supervisor is down: a stop in progress at
                 # shutdown still answers its caller.
                 closed = trio.Event()
-                app = ControlAPI(sup, shutdown=stopping.set)
-                await nursery.start(
-                    lambda task_status: hypercorn_serve(cast(Any, app), _hypercorn_config(unix_sock), shutdown_trigger=closed.wait, task_status=task_status)
-                )
-                if tcp_sock is not None:
-                    tcp_app = ControlAPI(sup, shutdown=stopping.set, token=token)
-                    await nursery.start(
-                        lambda task_status: hypercorn_serve(cast(Any, tcp_app), _hypercorn_config(tcp_sock), shutdown_trigger=closed.wait, task_status=task_status)
-                    )
+                for sock, app in ((unix_sock, ControlAPI(sup, shutdown=stopping.set)),
+                                  (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token))):
+                    if sock is not None:
+                        await nursery.start(partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS))
                 log.info(
                     "corral %d ready on %s%s; %d agent(s); %d channel(s) with queued messages restored",
                     os.getpid(), config.server.socket, f" and {config.server.tcp}" if tcp_sock else "",
@@ -177,7 +158,7 @@ async def run_daemon(
                     await sup.shutdown()
                 closed.set()
                 signal_scope.cancel()
-                # hypercorn is closing too (same trigger); open followers get the graceful time.
+                # The servers are closing too (same event); open followers get the graceful time.
                 nursery.cancel_scope.deadline = trio.current_time() + GRACEFUL_SECONDS + 1
     finally:
         handlers.close()

@@ -13,6 +13,7 @@ before anything is killed: ``ledger.abort_stop`` puts the channel back as it was
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -43,7 +44,7 @@ from ._turn import Turn, channel_slug, new_turn_id, unfinished
 log = logging.getLogger("corral")
 
 STOP_NOTICE = "Execution stopped by user."
-SHUTDOWN_NOTICE = "Task interrupted — daemon restarting. Send another message to continue."
+SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
 NUDGE_TEXT = "You have {n} remaining task(s) in your plan. Please continue working on them."
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_CHANNEL_CHARS = 200
@@ -53,6 +54,20 @@ STOP_SLACK = 10.0
 
 class UsageError(ValueError):
     """A request the supervisor refuses: unknown agent, oversized message, bad channel name."""
+
+
+class UnknownChannel(UsageError):
+    """A channel that has never existed (no entry, no queue, no turn): most likely a typo."""
+
+    def __init__(self, channel: str, known: set[str]) -> None:
+        self.channel = channel
+        self.suggestions = tuple(difflib.get_close_matches(channel, sorted(known), n=3))
+        hint = (
+            f"did you mean {' or '.join(repr(c) for c in self.suggestions)}?"
+            if self.suggestions
+            else "send it a message first (a channel exists once it has one)"
+        )
+        super().__init__(f"unknown channel {channel!r}; {hint}")
 
 
 class ShuttingDown(RuntimeError):
@@ -164,6 +179,8 @@ class Supervisor:
         """What the last start recovered from an abrupt end of the previous owner."""
         self._idle: dict[str, trio.Event] = {}
         self._closing = False
+        self._stored_channels: set[str] = set()
+        """Channels found in the store that the ledger has not seen in this run."""
 
     def _recording(self, channel: str) -> bool:
         progress = self._stops.get(channel)
@@ -381,7 +398,7 @@ class Supervisor:
         """Stop one channel (or every busy channel); returns when the stop is complete."""
         if channel is None:
             return await self.stop_all()
-        check_channel(channel)
+        await self.require_channel(channel)
         started = trio.current_time()
         decision = self.ledger.stop(channel)  # first act: the generation moves now
         return (await self._stop(self._record([decision]), started))[0]
@@ -580,7 +597,7 @@ class Supervisor:
 
     async def wait_idle(self, channel: str, timeout: float | None = None) -> bool:
         """Wait until the channel runs no turn and has nothing queued; False on timeout."""
-        check_channel(channel)
+        await self.require_channel(channel)
         with trio.move_on_after(timeout if timeout is not None else float("inf")):
             while channel in self._workers or self.ledger.is_busy(channel):
                 event = self._idle.setdefault(channel, trio.Event())
@@ -588,12 +605,33 @@ class Supervisor:
             return True
         return False
 
+    async def require_channel(self, channel: str) -> None:
+        """Raise :class:`UnknownChannel` unless ``channel`` has existed (a bad name: :class:`UsageError`).
+
+        A channel exists once the ledger has seen it in this run or the store holds an
+        entry of it; the store is asked only when the ledger has not seen it.
+        """
+        check_channel(channel)
+        if channel in self.ledger.channels() or channel in self._stored_channels:
+            return
+        if await self.store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
+            self._stored_channels.add(channel)
+            return
+        known = {name for (name,) in await self.store.query("SELECT DISTINCT channel FROM entries")} | set(self.ledger.channels())
+        if channel not in known:  # (it may have been created while the store was asked)
+            raise UnknownChannel(channel, known)
+
     def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
-        """Committed entries of a channel after ``after``, then live ones as they commit."""
+        """Committed entries of a channel after ``after``, then live ones as they commit.
+
+        A channel need not exist yet (subscribe, then send); call :meth:`require_channel`
+        first to refuse a mistyped one, as the control API does.
+        """
         return self.store.follow(channel, after)
 
     async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
         """Committed entries of a channel after ``after``."""
+        await self.require_channel(channel)
         return await self.store.entries(channel, after=after, limit=limit)
 
     def status(self) -> dict[str, Any]:
@@ -731,6 +769,8 @@ def check_channel(channel: object) -> None:
         raise UsageError(f"a channel is a name of 1 to {MAX_CHANNEL_CHARS} characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in channel):
         raise UsageError("a channel name cannot contain control characters")
+    if channel in (".", ".."):
+        raise UsageError(f"a channel name cannot be {channel!r} (a path segment of its own); choose another name")
 
 
 @asynccontextmanager

@@ -1,24 +1,29 @@
 """The ``corral`` command line.
 
 Exit status: 0 success; 1 an error (bad config, a failed stop, an API error); 2 bad usage;
-3 no daemon answers; 4 ``corral wait`` timed out.
+3 no daemon answers (or it went away); 4 ``corral wait`` timed out.
+
+Client commands import only the standard library and click: Trio, psutil and hypercorn are
+imported inside the commands that run a supervisor (``run``, ``demo``), so an emergency
+``corral stop`` starts fast and reads nothing of the config but ``[server]``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from ._client import APIError, Client, DaemonUnavailable
-from ._config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config
+if TYPE_CHECKING:
+    from ._client import Client
+    from ._config import Config, Problem
+
+#: ``_config.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast (a test keeps them equal).
+DEFAULT_CONFIG_NAME = "corral.toml"
 
 EXIT_ERROR = 1
 EXIT_NO_DAEMON = 3
@@ -30,15 +35,20 @@ def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     sys.exit(code)
 
 
+def _problems(problems: list[Problem], file: str) -> NoReturn:
+    for problem in problems:
+        click.echo(str(problem), err=True)
+    _fail(f"{len(problems)} problem(s) in {file}; nothing was started")
+
+
 def _load(path: str | None) -> Config:
+    from ._config import ConfigError, load_config
+
     file = path or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
         return load_config(file)
     except ConfigError as exc:
-        for problem in exc.problems:
-            click.echo(str(problem), err=True)
-        click.echo(f"corral: {len(exc.problems)} problem(s) in {file}; nothing was started", err=True)
-        sys.exit(EXIT_ERROR)
+        _problems(exc.problems, file)
 
 
 class _Context:
@@ -48,6 +58,8 @@ class _Context:
         self.json = as_json
 
     def client(self) -> Client:
+        from ._client import Client
+
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
             config_file = self.config or os.environ.get("CORRAL_CONFIG")
@@ -57,14 +69,24 @@ class _Context:
                     "(start one with `corral run -c FILE`)",
                     EXIT_NO_DAEMON,
                 )
-            path = str(_load(config_file).server.socket)
+            from ._config import ConfigError, load_server_config
+
+            file = config_file or DEFAULT_CONFIG_NAME
+            try:
+                path = str(load_server_config(file).socket)  # only [server]: agents never block a client
+            except ConfigError as exc:
+                _problems(exc.problems, file)
         return Client(path)
 
 
 def _call(ctx: _Context, fn: Any) -> Any:
+    from ._client import APIError, DaemonGone, DaemonUnavailable
+
     client = ctx.client()
     try:
         return fn(client)
+    except DaemonGone as exc:
+        _fail(f"{exc}; nothing more will come", EXIT_NO_DAEMON)
     except DaemonUnavailable:
         _fail(f"no daemon is running on {client.where}; start one with `corral run -c corral.toml`", EXIT_NO_DAEMON)
     except APIError as exc:
@@ -79,15 +101,26 @@ def _print_json(value: Any) -> None:
 
 def format_entry(entry: dict[str, Any]) -> str:
     """One transcript entry as a readable line."""
+    import time
+
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
     dropped = " (not run: dropped by a stop)" if entry.get("meta", {}).get("dropped_by_stop") else ""
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        import supervisor
+
+        click.echo(f"corral {supervisor.__version__}")
+        ctx.exit()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version, help="Print the version and exit.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's control socket (or CORRAL_SOCKET).")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file (or CORRAL_CONFIG; default ./corral.toml).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every command; `run` logs JSON lines).")
 @click.pass_context
 def main(ctx: click.Context, socket_path: str | None, config_path: str | None, as_json: bool) -> None:
     """corral: run AI coding-agent CLIs for chat channels, with a Stop that sticks."""
@@ -102,46 +135,106 @@ def _merge(ctx: _Context, as_json: bool, config: str | None = None) -> _Context:
     return _Context(ctx.socket, config or ctx.config, ctx.json or as_json)
 
 
-@main.command()
+@main.command(short_help="Run the daemon in the foreground.")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file.")
-@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), show_default=True)
+@click.option(
+    "--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), show_default=True,
+    help="Least severe log record written to stderr.",
+)
+@_json_option
 @click.pass_obj
-def run(obj: _Context, config_path: str | None, log_level: str) -> None:
-    """Run the daemon in the foreground until SIGINT/SIGTERM or `corral shutdown`."""
+def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -> None:
+    """Run the daemon in the foreground until SIGINT/SIGTERM or `corral shutdown`.
+
+    Logs go to stderr (JSON lines with --json). A problem with the config or with the
+    places it names (socket, store, state folder) is reported with the fix; exit 1.
+    """
+    import logging
+
+    from ._logformat import JSONLogFormatter
+    from ._preflight import preflight
+
+    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    config = _load(file)
+    problems = preflight(config)
+    if problems:
+        _problems(problems, file)
+    handler = logging.StreamHandler(sys.stderr)
+    if obj.json or as_json:
+        handler.setFormatter(JSONLogFormatter())
+    else:
+        journald = "JOURNAL_STREAM" in os.environ
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s" if journald else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
     import trio
 
-    from ._daemon import DaemonError, run_daemon
-    from ._store import StoreInUse
+    from ._daemon import run_daemon
 
-    config = _load(config_path or obj.config)
-    journald = "JOURNAL_STREAM" in os.environ
-    logging.basicConfig(
-        level=getattr(logging, log_level),
-        format="%(levelname)s %(name)s: %(message)s" if journald else "%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     try:
         trio.run(run_daemon, config)
-    except (DaemonError, StoreInUse) as exc:
-        _fail(str(exc))
+    except Exception as exc:  # the one place start-up errors become messages
+        message = _startup_error(exc, config)
+        if message is None:
+            raise
+        logging.getLogger("corral").debug("start-up failed", exc_info=exc)
+        _fail(message)
 
 
-@main.command()
+def _startup_error(exc: BaseException, config: Config) -> str | None:
+    """A start-up failure as one line with the path and the fix; None if it is a bug."""
+    import sqlite3
+
+    from ._daemon import DaemonError
+    from ._store import StoreError, StoreInUse
+
+    if isinstance(exc, BaseExceptionGroup):
+        for leaf in exc.exceptions:
+            message = _startup_error(leaf, config)
+            if message is not None:
+                return message
+        return None
+    where = f"in {config.path}" if config.path else "in the config"
+    if isinstance(exc, DaemonError | StoreInUse):
+        return str(exc)
+    if isinstance(exc, sqlite3.Error | StoreError):
+        return f"cannot use the store {config.store_path}: {exc} — fix: point [store] path {where} at a corral database or a new file"
+    if isinstance(exc, OSError):
+        path = exc.filename or config.store_path
+        return (
+            f"{path}: {exc.strerror or exc} — fix: make its folder exist and be writable by this user, "
+            f"or change [server] socket / [store] path {where}"
+        )
+    return None
+
+
+@main.command(short_help="Validate a config file and the places it names.")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file.")
 @_json_option
 @click.pass_obj
 def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
-    """Validate a config file: every problem, with the file, the key and the fix."""
+    """Validate a config file: every problem, with the file, the key and the fix.
+
+    Also checks what it can without starting: the socket path's length, and that the
+    socket's and the store's folders are writable or can be created.
+    """
+    import dataclasses
+
+    from ._config import ConfigError, load_config
+    from ._preflight import preflight
+
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
         config = load_config(file)
+        problems = preflight(config)
     except ConfigError as exc:
+        problems = exc.problems
+    if problems:
         if obj.json or as_json:
-            _print_json({"ok": False, "problems": [dataclasses.asdict(p) for p in exc.problems]})
+            _print_json({"ok": False, "problems": [dataclasses.asdict(p) for p in problems]})
         else:
-            for problem in exc.problems:
+            for problem in problems:
                 click.echo(str(problem), err=True)
-            click.echo(f"{len(exc.problems)} problem(s)", err=True)
+            click.echo(f"{len(problems)} problem(s)", err=True)
         sys.exit(EXIT_ERROR)
     if obj.json or as_json:
         _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket)})
@@ -270,13 +363,23 @@ def shutdown(obj: _Context, as_json: bool) -> None:
         click.echo("corral is shutting down")
 
 
-@main.command()
+@main.command(short_help="Show the main job with no setup.")
 @click.option("--keep", is_flag=True, help="Keep the temporary folder and print its path.")
-def demo(keep: bool) -> None:
-    """Show the main job with no setup: send, stream, stop mid-tool, resume."""
+@_json_option
+@click.pass_obj
+def demo(obj: _Context, keep: bool, as_json: bool) -> None:
+    """Show the main job with no setup: send, stream, stop mid-tool, resume.
+
+    With --json each line of the show is a JSON object {"say": ...}, then {"ok": ..., "status": ...}.
+    """
     from ._demo import demo_main
 
-    sys.exit(demo_main(keep, click.echo))
+    json_out = obj.json or as_json
+    say = (lambda text: _print_json({"say": text})) if json_out else click.echo
+    status = demo_main(keep, say)
+    if json_out:
+        _print_json({"ok": status == 0, "status": status})
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor._config import ConfigError, Limits, Problem, load_config, parse_config
+from supervisor._config import ConfigError, Limits, Problem, load_config, load_server_config, parse_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,6 +69,7 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path, monkey
     make_exe(conf_dir / "bin" / "agent")
     (conf_dir / "work").mkdir()
     (conf_dir / "secret.token").write_text("x")
+    (conf_dir / "secret.token").chmod(0o600)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # the process cwd must not matter
@@ -377,8 +378,32 @@ def test_tcp_must_be_loopback_with_a_port(tmp_path: Path, tcp: str) -> None:
 @pytest.mark.parametrize("tcp", ["127.0.0.1:1", "localhost:8765", "[::1]:8765"])
 def test_loopback_tcp_with_token_is_accepted(tmp_path: Path, tcp: str) -> None:
     (tmp_path / "tok").write_text("s")
+    (tmp_path / "tok").chmod(0o600)
     config = load_config(write(tmp_path, f'[server]\ntcp = "{tcp}"\ntoken_file = "tok"\n' + DEMO))
     assert config.server.tcp == tcp
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "65536"])
+def test_tcp_port_out_of_range(tmp_path: Path, port: str) -> None:
+    (tmp_path / "tok").write_text("s")
+    (tmp_path / "tok").chmod(0o600)
+    problem = by_key(problems_of(tmp_path, f'[server]\ntcp = "127.0.0.1:{port}"\ntoken_file = "tok"\n' + DEMO), "server.tcp")
+    assert "out of range" in problem.message and "127.0.0.1:8765" in problem.fix
+
+
+def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_text("s")
+    (tmp_path / "tok").chmod(0o640)
+    problem = by_key(problems_of(tmp_path, '[server]\ntcp = "127.0.0.1:8765"\ntoken_file = "tok"\n' + DEMO), "server.token_file")
+    assert "other users" in problem.message and problem.fix == f"chmod 600 {tmp_path / 'tok'}"
+
+
+def test_server_table_alone_is_read_for_client_commands(tmp_path: Path) -> None:
+    """Issue 9 item 1: a broken [agents] table does not stop a client from finding the socket."""
+    file = write(tmp_path, '[server]\nsocket = "run/c.sock"\n[agents.x]\nadapter = "claud"\ncommand = ["no-such-agent-binary"]\n')
+    with pytest.raises(ConfigError):
+        load_config(file)
+    assert load_server_config(file).socket == tmp_path / "run" / "c.sock"
 
 
 def test_tcp_without_a_token(tmp_path: Path) -> None:
@@ -477,3 +502,13 @@ def test_config_example_loads_without_problems() -> None:
     except ConfigError as exc:  # pragma: no cover - the message is the point
         pytest.fail(f"config.example.toml has problems:\n{exc}")
     assert config.agents and config.default_agent in config.agents
+
+
+def test_the_docs_name_the_state_folder_the_code_uses(tmp_path: Path) -> None:
+    """Issue 9 item 11: the state folder of corral.db is corral.d/, and the docs say so."""
+    config = load_config(write(tmp_path, '[store]\npath = "corral.db"\n' + DEMO))
+    assert config.state_dir == tmp_path / "corral.d"
+    repo = Path(__file__).resolve().parent.parent
+    for doc in ("README.md", "config.example.toml"):
+        text = (repo / doc).read_text()
+        assert "corral.db.d" not in text and "corral.d/" in text, doc

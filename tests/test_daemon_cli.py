@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,12 +75,13 @@ def test_send_wait_tail_status(daemon: Daemon) -> None:
 
 
 def test_follow_streams_entries_as_they_are_stored(daemon: Daemon) -> None:
+    # A channel exists once it has a message (a mistyped one is refused); the reply streams in.
+    corral(daemon.folder, "send", "general", "follow me", check=True)
     env = {**os.environ, "CORRAL_SOCKET": str(daemon.folder / "corral.sock")}
     follower = subprocess.Popen(
         [*CORRAL, "tail", "general", "--follow", "--json"], cwd=daemon.folder, env=env, stdout=subprocess.PIPE, text=True
     )
     try:
-        corral(daemon.folder, "send", "general", "follow me", check=True)
         assert follower.stdout is not None
         seen = []
         while not any(e["kind"] == "message" and e["author"] == "agent:demo" for e in seen):
@@ -168,7 +170,8 @@ def test_sigterm_leaves_no_process_behind_and_keeps_the_queue(daemon: Daemon) ->
         assert corral(daemon.folder, "wait", "busy", "--timeout", "30").returncode == 0
         entries = [json.loads(l) for l in corral(daemon.folder, "tail", "busy", "--json", check=True).stdout.splitlines()]
         texts = [e["text"] for e in entries]
-        assert any(t.startswith("Task interrupted") for t in texts)
+        # Worded for a shutdown that is not followed by a restart as well as one that is.
+        assert "Task interrupted — corral was shut down. Send another message to continue." in texts
         assert any("You said: after the restart" in t for t in texts)
     finally:
         second.stop()
@@ -188,3 +191,100 @@ def test_check_reports_problems_with_exit_1(short_tmp: Path) -> None:
     assert "did you mean 'claude'" in out.stderr and "did you mean 'socket'" in out.stderr
     good = corral(short_tmp, "check", "-c", str(Path(__file__).parent.parent / "config.example.toml"))
     assert good.returncode == 0, good.stderr
+
+
+def test_stop_needs_only_the_server_table_of_the_config(daemon: Daemon) -> None:
+    """Issue 9 item 1: an agent missing from this PATH never blocks an emergency stop."""
+    daemon.cli("send", "general", "hello", check=True)
+    daemon.cli("wait", "general", "--timeout", "60", check=True)
+    (daemon.folder / "client.toml").write_text(
+        '[server]\nsocket = "corral.sock"\n[agents.claude]\nadapter = "claude"\ncommand = ["no-such-claude-binary"]\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_SOCKET", "CORRAL_CONFIG")}
+    out = subprocess.run([*CORRAL, "-c", "client.toml", "stop", "general"], cwd=daemon.folder, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("general: stopped")
+
+
+def test_a_mistyped_channel_exits_1_with_a_suggestion(daemon: Daemon) -> None:
+    """Issue 9 item 7: stop, tail and wait on a channel that never existed."""
+    daemon.cli("send", "general", "hello", check=True)
+    daemon.cli("wait", "general", "--timeout", "60", check=True)
+    for args in (["stop", "generl"], ["tail", "generl"], ["tail", "-f", "generl"], ["wait", "generl"]):
+        out = daemon.cli(*args, timeout=60)
+        assert out.returncode == 1, (args, out.stderr)
+        assert "unknown channel 'generl'" in out.stderr and "did you mean 'general'?" in out.stderr, (args, out.stderr)
+    status = json.loads(daemon.cli("status", "--json", check=True).stdout)
+    assert sorted(status["channels"]) == ["general"]
+
+
+def test_tail_follow_exits_3_when_the_daemon_goes_away(daemon: Daemon) -> None:
+    daemon.cli("send", "general", "hello", check=True)
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
+    follower = subprocess.Popen([*CORRAL, "tail", "-f", "general"], cwd=daemon.folder, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None
+        assert "hello" in follower.stdout.readline()  # it follows
+        daemon.cli("shutdown", check=True)
+        _, err = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert follower.returncode == 3, err
+    assert "went away" in err
+
+
+def test_version_and_help_say_everything(short_tmp: Path) -> None:
+    import supervisor
+
+    out = corral(short_tmp, "--version", check=True)
+    assert out.stdout.strip() == f"corral {supervisor.__version__}"
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    assert f'version = "{supervisor.__version__}"' in pyproject, "one source: pyproject's version"
+    listing = corral(short_tmp, "--help", check=True).stdout
+    assert "..." not in listing.split("Commands:")[1], listing
+    for command in ("run", "check", "send", "stop", "wait", "tail", "status", "shutdown", "demo"):
+        assert f"  {command} " in listing
+    run_help = corral(short_tmp, "run", "--help", check=True).stdout
+    assert "Least severe log record" in run_help and "--json" in run_help
+
+
+def test_json_is_honoured_by_demo_and_run(short_tmp: Path) -> None:
+    """Issue 9 item 11: `--json` is documented for every command, so every command honours it."""
+    out = corral(short_tmp, "--json", "demo", timeout=120)
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines and all("say" in line for line in lines[:-1]), out.stdout
+    assert lines[-1] == {"ok": out.returncode == 0, "status": out.returncode}
+    (short_tmp / "corral.toml").write_text(CONFIG)
+    proc = subprocess.Popen([*CORRAL, "--json", "run", "-c", "corral.toml"], cwd=short_tmp,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first = json.loads(proc.stderr.readline())
+        assert {"ts", "level", "logger", "message"} <= set(first)
+        corral(short_tmp, "shutdown", check=True)
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert all(json.loads(line) for line in rest.splitlines())
+
+
+def test_the_cli_starts_without_trio_psutil_hypercorn_or_httpx() -> None:
+    """Issue 8: client commands import only what they use."""
+    code = (
+        "import sys, supervisor, supervisor.cli; supervisor.__version__;"
+        "print(sorted(m for m in ('trio', 'psutil', 'hypercorn', 'httpx', 'adapters') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_cli_and_the_config_agree_on_the_default_config_name() -> None:
+    from supervisor import _config, cli
+
+    assert cli.DEFAULT_CONFIG_NAME == _config.DEFAULT_CONFIG_NAME
