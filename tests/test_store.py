@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
+import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -382,3 +385,52 @@ async def test_closed_store_refuses_writes(tmp_path: Path) -> None:
         pass
     with pytest.raises(StoreError):
         store.submit_entry("a", "u", "message", "x")
+
+
+# ---------------------------------------------------------------- a failing disk
+
+
+@contextmanager
+def tiny_filesystem(folder: Path, size: str = "512k") -> Iterator[Path]:
+    """A real filesystem of ``size`` mounted on ``folder`` (tmpfs; needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tiny tmpfs to fill needs root")
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into ``folder`` until its filesystem has no byte left."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def test_a_full_disk_says_disk_full_with_the_store_path(tmp_path: Path) -> None:
+    with tiny_filesystem(tmp_path / "disk") as disk:
+        path = str(disk / "corral.db")
+        async with open_store(path) as store:
+            first = await store.append("a", "u", "message", "before")
+            filler = fill(disk)
+            with pytest.raises(StoreError) as failed:
+                await store.append("a", "agent:x", "message", "y" * 200_000)
+            message = str(failed.value)
+            assert "disk full" in message and path in message, message
+            assert "rollback" not in message
+            # Space back, the store goes on: nothing of the failed write was kept.
+            filler.unlink()
+            after = await store.append("a", "u", "message", "after")
+            assert [e.text for e in await store.entries("a")] == [first.text, after.text]
