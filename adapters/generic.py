@@ -14,9 +14,11 @@ result     ``text`` — the final answer; the turn is a success
 error      ``text`` — the turn failed
 =========  =====================================================================
 
-The prompt is the last argument, or written to stdin and closed when the agent sets
-``prompt = "stdin"``. Once a session id is known, ``resume_args`` (for example
-``["--session", "{session}"]``) is inserted before the prompt.
+The prompt is the last argument, after a ``--`` that ends the command's options (so a
+prompt such as ``-S touch x`` is never read as options), or it is written to stdin and
+closed when the agent sets ``prompt = "stdin"`` (then it is not in argv at all, where other
+users of the machine could read it). Once a session id is known, ``resume_args`` (for
+example ``["--session", "{session}"]``) is inserted before the ``--``.
 """
 
 from __future__ import annotations
@@ -54,11 +56,11 @@ def resume_arguments(request: TurnRequest) -> tuple[str, ...]:
 
 
 def build_launch(request: TurnRequest) -> Launch:
-    """Command, configured args, resume args, then the prompt (or the prompt on stdin)."""
+    """Command, configured args, resume args, then ``--`` and the prompt (or the prompt on stdin)."""
     argv = (*request.command, *request.args, *resume_arguments(request))
     if request.options.get("prompt") == "stdin":
         return Launch(argv=argv, cwd=request.cwd, stdin=request.prompt.encode())
-    return Launch(argv=(*argv, request.prompt), cwd=request.cwd)
+    return Launch(argv=(*argv, "--", request.prompt), cwd=request.cwd)
 
 
 @dataclass(slots=True)
@@ -135,7 +137,7 @@ ADAPTER = Adapter(
     default_command=(),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="spawn",
+    point_of_no_return="spawn",  # with ``prompt = "stdin"`` the write is checked too (see Turn)
     option_keys=OPTION_KEYS,
     description="any command; stdout lines are text, or JSON objects of the corral line protocol",
 )
