@@ -25,6 +25,7 @@ from ._config import AgentConfig, Config
 from ._ledger import QueuedMessage, StopDecision, StopLedger
 from ._registry import ProcessRegistry
 from ._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
+from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
     ProcessTree,
@@ -186,6 +187,11 @@ class Supervisor:
         check_channel(channel)
         if not isinstance(text, str) or not text.strip():
             raise UsageError("the message text is empty")
+        try:
+            check_message(text)
+            check_message(author, "the author")
+        except BadText as exc:
+            raise UsageError(str(exc)) from None
         if len(text.encode("utf-8", errors="replace")) > MAX_MESSAGE_BYTES:
             raise UsageError(f"the message is over {MAX_MESSAGE_BYTES} bytes")
         if not (author.startswith("human:") and len(author) > 6) and author != "system":
@@ -588,6 +594,10 @@ def check_channel(channel: object) -> None:
         raise UsageError(f"a channel is a name of 1 to {MAX_CHANNEL_CHARS} characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in channel):
         raise UsageError("a channel name cannot contain control characters")
+    try:
+        check_message(channel, "the channel name")
+    except BadText as exc:
+        raise UsageError(str(exc)) from None
 
 
 @asynccontextmanager

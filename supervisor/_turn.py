@@ -46,6 +46,7 @@ from ._config import AgentConfig
 from ._ledger import OutputKind, TurnTicket
 from ._lines import LineReader
 from ._store import Pending, StoreError
+from ._text import repair_text
 from ._tree import TURN_MARKER, KillReport, ProcessTree, scrubbed_environment, spawn, wait_exited
 
 if TYPE_CHECKING:
@@ -173,7 +174,8 @@ class Turn:
         elif isinstance(event, Todos):
             if self._silenced():
                 return
-            items = [{"content": i.content, "status": i.status} for i in event.items]
+            # Repaired here, not only in the entry: the plan is saved as a write of its own.
+            items = [{"content": repair_text(i.content), "status": i.status} for i in event.items]
             self.sup.store.save_todos(self.channel, self.agent.name, items)
             self._post("todos", _todo_summary(items), {"todos": items, "agent": self.agent.name})
         elif isinstance(event, Result):
