@@ -35,7 +35,7 @@ from ._tree import (
     set_child_subreaper,
     wait_pid_exit,
 )
-from ._turn import Turn, channel_slug, new_turn_id, unfinished
+from ._turn import Turn, channel_slug, new_turn_id, private_folder, unfinished
 
 log = logging.getLogger("corral")
 
@@ -170,8 +170,12 @@ class Supervisor:
         The real CLIs resume a session only from the directory it was started in.
         """
         _, saved = self.store.session(channel, agent.name)
-        path = Path(saved) if saved else agent.cwd or self.config.state_dir / "work" / agent.name / channel_slug(channel)
-        path.mkdir(parents=True, exist_ok=True)
+        if saved or agent.cwd:
+            path = Path(saved) if saved else Path(agent.cwd)  # type: ignore[arg-type]
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        path = self.config.state_dir / "work" / agent.name / channel_slug(channel)
+        private_folder(path, within=self.config.state_dir)
         return path
 
     # ------------------------------------------------------------ sending
@@ -613,7 +617,7 @@ async def open_supervisor(
     off, and its subreaper adoptees are reaped only when a sweep finds them alive.
     On exit every running turn is ended, its tree killed, and the store flushed.
     """
-    config.state_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(config.state_dir, within=config.state_dir)
     # The bit is process-wide: give it back as it was, or an embedding program keeps
     # adopting orphans (and their zombies) after the supervisor is gone.
     restore_subreaper = subreaper and not is_child_subreaper()

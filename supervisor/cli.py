@@ -110,7 +110,7 @@ def run(obj: _Context, config_path: str | None, log_level: str) -> None:
     """Run the daemon in the foreground until SIGINT/SIGTERM or `corral shutdown`."""
     import trio
 
-    from ._daemon import DaemonError, run_daemon
+    from ._daemon import DaemonError, harden_process, run_daemon
 
     config = _load(config_path or obj.config)
     journald = "JOURNAL_STREAM" in os.environ
@@ -119,6 +119,7 @@ def run(obj: _Context, config_path: str | None, log_level: str) -> None:
         format="%(levelname)s %(name)s: %(message)s" if journald else "%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    harden_process()
     try:
         trio.run(run_daemon, config)
     except DaemonError as exc:
