@@ -40,7 +40,6 @@ from adapters.aider import (
     message_file,
     new_parser,
 )
-
 from supervisor._turn import _write_files
 
 CAPTURES = Path(__file__).parent / "data" / "captures" / "aider"

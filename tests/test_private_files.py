@@ -117,7 +117,7 @@ def unprivileged(short_tmp: Path) -> list[str]:
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
     probe = "import os, sys, trio, supervisor; os.stat(sys.executable); os.listdir(os.path.dirname(os.path.realpath(sys.executable)))"
-    if subprocess.run([*AS_NOBODY, PYTHON, "-c", probe], capture_output=True).returncode == 0:
+    if subprocess.run([*AS_NOBODY, PYTHON, "-c", probe], capture_output=True, check=False).returncode == 0:
         os.chown(short_tmp, NOBODY, NOBODY)
         short_tmp.chmod(0o755)
         return AS_NOBODY
@@ -131,7 +131,7 @@ def test_without_corral_an_agent_of_the_same_user_can_read_its_parents_environme
     """The control: what the daemon's prctl prevents is otherwise possible."""
     parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {PEEK!r}])"
     env = {**os.environ, "CORRAL_TEST_SECRET": "s3cret"}
-    out = subprocess.run([*unprivileged, PYTHON, "-c", parent], cwd=short_tmp, env=env, capture_output=True, text=True, timeout=SLOW)
+    out = subprocess.run([*unprivileged, PYTHON, "-c", parent], cwd=short_tmp, env=env, capture_output=True, text=True, timeout=SLOW, check=False)
     assert json.loads(out.stdout)["text"] == "read", out
 
 

@@ -75,7 +75,7 @@ async def test_send_refuses_unstorable_text_author_and_channel(short_tmp: Path) 
         assert await sup.entries("c") == []
         ok = await sup.send("c", "fine")
         assert await sup.wait_idle("c", timeout=SLOW)
-        assert [e.seq for e in await sup.entries("c")][0] == ok.seq
+        assert (await sup.entries("c"))[0].seq == ok.seq
 
 
 #: Streams half an emoji (a lone surrogate as a JSON escape), in text, a tool call and a plan.
