@@ -170,10 +170,10 @@ class Supervisor:
         The real CLIs resume a session only from the directory it was started in.
         """
         _, saved = self.store.session(channel, agent.name)
-        if saved or agent.cwd:
-            path = Path(saved) if saved else Path(agent.cwd)  # type: ignore[arg-type]
-            path.mkdir(parents=True, exist_ok=True)
-            return path
+        configured = Path(saved) if saved else agent.cwd
+        if configured is not None:  # the user's folder: created if missing, never re-moded
+            configured.mkdir(parents=True, exist_ok=True)
+            return configured
         path = self.config.state_dir / "work" / agent.name / channel_slug(channel)
         private_folder(path, within=self.config.state_dir)
         return path
