@@ -159,12 +159,8 @@ def run_turn(server: FakeAnthropicServer, root: Path, turn: Turn, session: str |
     argv = list(launch.argv)
     started = time.monotonic()
     pieces_before, streams_before = server.text_pieces_sent, server.streams_started
-    proc = subprocess.Popen(argv, env=env, cwd=launch.cwd, stdin=subprocess.DEVNULL if launch.stdin is None else subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    if launch.stdin is not None:  # the adapter passes the prompt on stdin
-        assert proc.stdin is not None
-        proc.stdin.write(launch.stdin)
-        proc.stdin.close()
+    proc = subprocess.Popen(argv, env=env, cwd=launch.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
     tool_seen: list[str] = []
     notes: list[str] = []
     try:
