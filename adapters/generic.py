@@ -14,11 +14,9 @@ result     ``text`` — the final answer; the turn is a success
 error      ``text`` — the turn failed
 =========  =====================================================================
 
-The prompt is the last argument, after a ``--`` that ends the command's options (so a
-prompt such as ``-S touch x`` is never read as options), or it is written to stdin and
-closed when the agent sets ``prompt = "stdin"`` (then it is not in argv at all, where other
-users of the machine could read it). Once a session id is known, ``resume_args`` (for
-example ``["--session", "{session}"]``) is inserted before the ``--``.
+The prompt is the last argument, or written to stdin and closed when the agent sets
+``prompt = "stdin"``. Once a session id is known, ``resume_args`` (for example
+``["--session", "{session}"]``) is inserted before the prompt.
 """
 
 from __future__ import annotations
@@ -56,7 +54,12 @@ def resume_arguments(request: TurnRequest) -> tuple[str, ...]:
 
 
 def build_launch(request: TurnRequest) -> Launch:
-    """Command, configured args, resume args, then ``--`` and the prompt (or the prompt on stdin)."""
+    """Command, configured args, resume args, then ``--`` and the prompt (or the prompt on stdin).
+
+    The ``--`` ends the command's options, so a prompt such as ``-S touch x`` is never read
+    as options. With ``prompt = "stdin"`` the prompt is not in argv at all, where every user
+    of the machine can read it (``/proc/PID/cmdline``).
+    """
     argv = (*request.command, *request.args, *resume_arguments(request))
     if request.options.get("prompt") == "stdin":
         return Launch(argv=argv, cwd=request.cwd, stdin=request.prompt.encode())
