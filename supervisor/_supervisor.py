@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from ._config import AgentConfig, Config
+from ._files import private_folder
 from ._ledger import QueuedMessage, StopDecision, StopLedger
 from ._registry import ProcessRegistry
 from ._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
@@ -35,7 +36,7 @@ from ._tree import (
     set_child_subreaper,
     wait_pid_exit,
 )
-from ._turn import Turn, channel_slug, new_turn_id, private_folder, unfinished
+from ._turn import Turn, channel_slug, new_turn_id, unfinished
 
 log = logging.getLogger("corral")
 

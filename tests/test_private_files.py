@@ -23,7 +23,8 @@ import pytest
 
 from conftest import CORRAL, PYTHON, SUPERVISOR_PIDS, make_config, script_agent
 from supervisor import open_supervisor
-from supervisor._turn import _write_files, private_folder
+from supervisor._files import private_folder
+from supervisor._turn import _write_files
 
 SLOW = 30
 NOBODY = 65534
