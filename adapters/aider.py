@@ -1,4 +1,4 @@
-"""The ``aider`` adapter: Aider (PyPI ``aider-chat``) in one-shot ``--message`` mode.
+"""The ``aider`` adapter: Aider (PyPI ``aider-chat``) in one-shot ``--message-file`` mode.
 
 Aider prints plain text, not JSON, and has no session ids. Its conversation lives in a
 markdown chat history file that ``--restore-chat-history`` reads back, so corral's
@@ -15,7 +15,9 @@ markdown chat history file that ``--restore-chat-history`` reads back, so corral
 Measured facts about aider 0.86.2 that shape the launch (see the report in
 ``tests/data/captures/aider/README.md``):
 
-* ``--message TEXT`` fails on a prompt that starts with ``-``; ``--message=TEXT`` does not.
+* The prompt is passed with ``--message-file=PATH``, a 0600 file in the agent's private
+  home: out of argv, where every user of the machine could read it, and never parsed as
+  an option (``--message TEXT`` fails on a prompt that starts with ``-``).
 * Without a TTY aider still answers every confirmation: ``--yes-always`` says yes to all of
   them *except* running shell commands (it refuses those); without ``--yes-always``, stdin
   at EOF makes every question take its default — which is yes, shell commands included.
@@ -31,6 +33,8 @@ Measured facts about aider 0.86.2 that shape the launch (see the report in
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -119,9 +123,16 @@ def build_launch(request: TurnRequest) -> Launch:
     argv += ["--chat-history-file", session_file(request)]
     if is_valid_session(request.session_id):
         argv.append("--restore-chat-history")
-    # The ``=`` form: ``--message -x`` is an argparse error ("expected one argument").
-    argv.append(f"--message={request.prompt}")
-    return Launch(argv=tuple(argv), env=dict(ENV), cwd=request.cwd, stdin=None)
+    # The prompt goes in a 0600 file in the agent's private home, not in argv where every
+    # user of the machine can read it; one file per channel, rewritten each turn.
+    message = message_file(request)
+    argv.append(f"--message-file={posixpath.join(request.home, message)}")
+    return Launch(argv=tuple(argv), env=dict(ENV), cwd=request.cwd, stdin=None, files={message: request.prompt})
+
+
+def message_file(request: TurnRequest) -> str:
+    """Where (relative to the agent's home) this channel's prompt is written for ``--message-file``."""
+    return f"tmp/aider-message-{hashlib.sha256(request.channel.encode()).hexdigest()[:16]}.txt"
 
 
 # ---------------------------------------------------------------- parsing

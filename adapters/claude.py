@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 
-A turn is ``claude -p --output-format stream-json --verbose [flags] -- PROMPT``; the
-``--`` keeps a prompt that starts with ``-`` from being read as an option, and keeps the
-variadic options a user may put in ``args`` (``--allowedTools A B``) from eating the prompt.
+A turn is ``claude -p --output-format stream-json --verbose [flags]`` with the prompt on
+stdin (print mode reads it there): out of argv, where other users could read it, and out of
+reach of the option parser, so a prompt that starts with ``-`` is never an option and the
+variadic options a user may put in ``args`` (``--allowedTools A B``) cannot eat it.
 A resumed turn adds ``--resume SESSION_ID``; Claude Code keeps the same id on resume, and
 finds the conversation only from the same working directory.
 
@@ -125,7 +126,7 @@ QUIET_TYPES: frozenset[str] = frozenset({"stream_event", "rate_limit_event", "ke
 
 
 def build_launch(request: TurnRequest) -> Launch:
-    """Print mode, stream-json; bypass permissions when unattended; ``--`` before the prompt."""
+    """Print mode, stream-json; bypass permissions when unattended; the prompt on stdin."""
     argv: list[str] = [*request.command, "-p", "--output-format", "stream-json", "--verbose"]
     env = dict(BASE_ENV)
     if request.unattended:
@@ -135,8 +136,10 @@ def build_launch(request: TurnRequest) -> Launch:
         argv += ["--model", request.model]
     if request.session_id:
         argv += ["--resume", request.session_id]
-    argv += [*request.args, "--", request.prompt]
-    return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=None)
+    argv += request.args
+    # The prompt goes on stdin (print mode reads it there when argv has none): out of argv,
+    # where every user of the machine can read it in /proc/PID/cmdline.
+    return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=request.prompt.encode())
 
 
 def tool_preview(name: str, tool_input: object) -> str:
@@ -353,6 +356,6 @@ ADAPTER = Adapter(
     # Measured: SIGINT makes the CLI kill its tool tree (in a session of its own) and exit
     # within ~0.15 s; SIGTERM can leave the tool running, SIGKILL always does.
     interrupt_signal=signal.SIGINT,
-    point_of_no_return="spawn",
+    point_of_no_return="stdin",
     description="Claude Code (claude -p, stream-json); resumes with --resume; SIGINT kills its tool tree",
 )

@@ -138,19 +138,16 @@ def build_launch(request: TurnRequest) -> Launch:
     """``codex exec`` (or ``codex exec resume ID``) with the config file and CODEX_HOME."""
     command = request.command or ADAPTER.default_command
     model = ("--model", request.model) if request.model else ()
-    prompt = request.prompt
-    stdin: bytes | None = None
-    if prompt == "-":
-        # A bare "-" tells codex to read the prompt from stdin; send it that way so the
-        # user's "-" is still the prompt.
-        stdin = b"-"
+    # The prompt goes on stdin (a bare "-" tells codex to read it there): out of argv,
+    # where every user of the machine can read it in /proc/PID/cmdline.
+    stdin = request.prompt.encode()
     if request.session_id:
         head: tuple[str, ...] = (*command, "exec", "resume", *COMMON_FLAGS)
-        tail: tuple[str, ...] = ("--", request.session_id, prompt)
+        tail: tuple[str, ...] = ("--", request.session_id, "-")
     else:
         head = (*command, "exec", *COMMON_FLAGS)
-        tail = ("--", prompt)
-    # "--" ends the options, so a prompt starting with "-" is never read as a flag.
+        tail = ("--", "-")
+    # "--" ends the options, so a session id starting with "-" is never read as a flag.
     argv = (*head, *model, *request.args, *tail)
     env = {"CODEX_HOME": posixpath.join(request.home, CODEX_DIR)}
     return Launch(
@@ -353,7 +350,7 @@ ADAPTER = Adapter(
     new_parser=new_parser,
     # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (README, "The agent CLIs").
     interrupt_signal=signal.SIGINT,
-    point_of_no_return="spawn",
+    point_of_no_return="stdin",
     option_keys=OPTION_KEYS,
     description="OpenAI Codex CLI (codex exec --json); resumes by thread id",
 )

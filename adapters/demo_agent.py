@@ -101,6 +101,8 @@ def main(argv: list[str]) -> int:
     args = list(argv)
     if len(args) >= 2 and args[0] == "--session":
         session, args = args[1], args[2:]
+    if args[:1] == ["--"]:  # the end of options the generic adapter puts before the prompt
+        args = args[1:]
     prompt = " ".join(args).strip()
     if not prompt:
         print("usage: demo_agent [--session ID] PROMPT", file=sys.stderr)

@@ -4,8 +4,9 @@ Launch
 ------
 
 ``gemini --output-format=stream-json [--approval-mode=yolo] [--model=M] ARGS
-[--resume=ID] --prompt=PROMPT``, stdin ``/dev/null``. The ``--opt=value`` forms keep a
-prompt that starts with ``-`` from being read as a flag. Without yolo, headless gemini
+[--resume=ID]`` with the prompt written on stdin, which headless gemini reads as the prompt:
+it is out of argv (where every user can read it) and out of reach of the option parser,
+so a prompt that starts with ``-`` is never a flag. Without yolo, headless gemini
 offers the model no shell tool at all (there is nobody to approve it), so unattended
 turns need it. The environment adds:
 
@@ -96,19 +97,18 @@ def settings(request: TurnRequest) -> dict[str, object]:
 
 
 def build_launch(request: TurnRequest) -> Launch:
-    """Command, output and approval flags, model, configured args, resume, then the prompt."""
+    """Command, output and approval flags, model, configured args, resume; the prompt on stdin."""
     argv: list[str] = [*request.command, "--output-format=stream-json"]
     if request.unattended:
         argv.append("--approval-mode=yolo")
     if request.model:
         argv.append(f"--model={request.model}")
-    # Configured args come after corral's own flags and before the resume and the prompt,
-    # which must stay last. (gemini rejects --yolo next to --approval-mode: an agent that
-    # wants another approval mode sets unattended = false and passes its own.)
+    # Configured args come after corral's own flags and before the resume. (gemini rejects
+    # --yolo next to --approval-mode: an agent that wants another approval mode sets
+    # unattended = false and passes its own.)
     argv.extend(request.args)
     if request.session_id:
         argv.append(f"--resume={request.session_id}")
-    argv.append(f"--prompt={request.prompt}")
     env = {
         "GEMINI_CLI_NO_RELAUNCH": "true",
         "GEMINI_CLI_TRUST_WORKSPACE": "true",
@@ -116,7 +116,7 @@ def build_launch(request: TurnRequest) -> Launch:
         "NO_COLOR": "1",
     }
     files = {SETTINGS_PATH: json_file(settings(request))}
-    return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=None, files=files)
+    return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=request.prompt.encode(), files=files)
 
 
 def _todos(parameters: object) -> Todos | None:
@@ -285,7 +285,7 @@ ADAPTER = Adapter(
     default_command=("gemini",),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="spawn",
+    point_of_no_return="stdin",
     option_keys=OPTION_KEYS,
     description="Google Gemini CLI (gemini --output-format stream-json), resumable with --resume",
 )

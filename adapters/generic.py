@@ -60,11 +60,16 @@ def resume_arguments(request: TurnRequest) -> tuple[str, ...]:
 
 
 def build_launch(request: TurnRequest) -> Launch:
-    """Command, configured args, resume args, then the prompt (or the prompt on stdin)."""
+    """Command, configured args, resume args, then ``--`` and the prompt (or the prompt on stdin).
+
+    The ``--`` ends the command's options, so a prompt such as ``-S touch x`` is never read
+    as options. With ``prompt = "stdin"`` the prompt is not in argv at all, where every user
+    of the machine can read it (``/proc/PID/cmdline``).
+    """
     argv = (*request.command, *request.args, *resume_arguments(request))
     if request.options.get("prompt") == "stdin":
         return Launch(argv=argv, cwd=request.cwd, stdin=request.prompt.encode())
-    return Launch(argv=(*argv, request.prompt), cwd=request.cwd)
+    return Launch(argv=(*argv, "--", request.prompt), cwd=request.cwd)
 
 
 @dataclass(slots=True)
@@ -161,7 +166,7 @@ ADAPTER = Adapter(
     default_command=(),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="spawn",
+    point_of_no_return="spawn",  # with ``prompt = "stdin"`` the write is checked too (see Turn)
     option_keys=OPTION_KEYS,
     description="any command; stdout lines are text, or JSON objects of the corral line protocol",
 )

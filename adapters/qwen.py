@@ -4,15 +4,17 @@ Launch
 ------
 
 ``qwen [ARGS] [--resume ID] [--model M] --auth-type openai --output-format stream-json
---include-partial-messages [--yolo] --prompt=PROMPT`` with stdin on ``/dev/null``.
+--include-partial-messages [--yolo]`` with the prompt written on stdin.
 
 * Qwen's option parser (yargs) turns a repeated option into an array, and then crashes
   ("Cannot read properties of undefined") or silently falls back to text output; so an
   option the agent's ``args`` already carry is never added a second time. ``--yolo`` and
   ``--approval-mode`` together are refused, so ``--yolo`` is left out when ``args`` pick a mode.
-* The prompt goes in ``--prompt=PROMPT`` (deprecated but working in 0.15), never as the
-  positional query: yargs reads a positional ``-x…`` as an option and turns ``0x10`` into
-  ``16``, and a prompt after ``--`` is not taken as the query at all ("No input provided").
+* The prompt goes on stdin, which headless qwen reads as the query (measured with 0.15.10
+  against a fake model): out of argv, where every user can read it, and never parsed as
+  options. In argv it could not be the positional query (yargs reads ``-x…`` as an option
+  and turns ``0x10`` into ``16``; after ``--`` it is not taken at all, "No input
+  provided"), and ``--prompt=`` is deprecated.
 * ``~/.qwen/settings.json`` turns off what phones home or spends tokens behind the user's
   back: usage statistics (on by default; they go to an Alibaba RUM host), telemetry, the
   update check, and the managed auto-memory side job (an extra model call with tools after
@@ -150,8 +152,6 @@ def build_launch(request: TurnRequest) -> Launch:
     # Nobody in a chat can answer a permission prompt; headless qwen would deny the tool.
     if request.unattended and not _has_option(args, _APPROVAL_OPTS):
         argv.append("--yolo")
-    # One argv element, ``=``-joined: kept verbatim whatever it starts with.
-    argv.append("--prompt=" + request.prompt)
 
     extra = request.options.get("settings") or {}
     settings = _merge(DEFAULT_SETTINGS, extra if isinstance(extra, Mapping) else {})
@@ -167,7 +167,7 @@ def build_launch(request: TurnRequest) -> Launch:
         argv=tuple(argv),
         env=env,
         cwd=request.cwd,
-        stdin=None,
+        stdin=request.prompt.encode(),
         files={SETTINGS_PATH: json_file(settings)},
     )
 
@@ -363,7 +363,7 @@ ADAPTER = Adapter(
     new_parser=new_parser,
     # Measured: SIGINT to the group makes qwen cancel the tool and kill its tree (~1 s).
     interrupt_signal=signal.SIGINT,
-    point_of_no_return="spawn",
+    point_of_no_return="stdin",
     option_keys=OPTION_KEYS,
     description="Qwen Code (qwen) in headless stream-json mode, OpenAI-compatible API",
 )

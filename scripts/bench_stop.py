@@ -483,7 +483,6 @@ def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
                 command=setup.command, cwd=str(cwd), home=str(home), options=setup.options,
             )
             launch = setup.adapter.build_launch(request)
-            assert launch.stdin is None, "the bench prompt never needs stdin"
             (home / "tmp").mkdir(parents=True, exist_ok=True)
             for rel, content in launch.files.items():  # as the supervisor writes them
                 path = Path(rel) if os.path.isabs(rel) else home / rel
@@ -498,8 +497,13 @@ def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
             env[DIRECT_MARKER] = f"term-{tag}-{i}"
             log = (base / f"{i}.out").open("wb")
             logs.append(log)
-            procs.append(subprocess.Popen(list(launch.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=env, cwd=launch.cwd, start_new_session=True))
+            proc = subprocess.Popen(list(launch.argv), stdin=subprocess.DEVNULL if launch.stdin is None else subprocess.PIPE,
+                                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=launch.cwd, start_new_session=True)
+            if launch.stdin is not None:  # the adapter passes the prompt on stdin
+                assert proc.stdin is not None
+                proc.stdin.write(launch.stdin)
+                proc.stdin.close()
+            procs.append(proc)
         deadline = time.monotonic() + READY_TIMEOUT
         while not all(tool_pids(p) for p in pidfiles):
             for proc, pidfile in zip(procs, pidfiles, strict=True):

@@ -16,6 +16,7 @@ Handlers, not ``SIG_IGN``: a handler is reset at exec, so agents get default sig
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -36,6 +37,27 @@ log = logging.getLogger("corral.daemon")
 
 #: Seconds hypercorn gives open requests (followers) to finish at shutdown.
 GRACEFUL_SECONDS = 1.0
+
+
+#: prctl option: may this process be dumped, and its /proc files be read by others of its uid.
+_PR_SET_DUMPABLE = 4
+
+
+def harden_process() -> None:
+    """The process-wide settings of ``corral run`` (never of an embedding program).
+
+    umask 077: everything corral and its libraries create is its owner's alone, whatever
+    the code path (the folders and files corral makes are 0700/0600 explicitly as well).
+    Not dumpable: the agents run as the same user and would otherwise read the daemon's
+    ``/proc/PID/environ`` (API keys) and memory; a child is dumpable again after its exec.
+    """
+    os.umask(0o077)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot make the daemon non-dumpable (agents may read its environment): %s", exc)
 
 
 class DaemonError(RuntimeError):

@@ -10,8 +10,13 @@ Theory of operation
   up and go into the next commit together (group commit): a fast stream costs one commit
   per batch, not per line, and an idle store costs nothing — the writer sleeps on an event.
 * **Saved before shown**: an entry reaches followers only after its transaction commits. A
-  failed commit fails every write in it; the callers see :class:`StoreError` and nothing of
-  it is ever published.
+  failed write fails its caller with :class:`StoreError`, and nothing of it is ever published.
+* **One bad write fails only itself.** Entries are made storable when accepted (lone
+  surrogates repaired, see ``_text``), and if a batch still fails, its writes are retried one
+  transaction each, so only the bad one fails. A failure of the disk itself (full, I/O
+  error) is not retried: every write of the batch fails with it. The error a caller sees
+  is described by :func:`describe_failure`: it names the store and the cause, never the
+  data of anyone's write.
 * Reads and writes share one connection serialised by a capacity limiter of one thread.
 * **One owner.** The store holds an OS lock (``flock`` on ``<store>.lock``, which names the
   owner's pid) for as long as it is open: a second daemon or embedded supervisor on the
@@ -28,6 +33,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -42,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+
+from ._text import repair, repair_text
 
 log = logging.getLogger("corral.store")
 
@@ -126,6 +134,48 @@ def lock_store(path: str) -> int:
     return fd
 
 
+#: SQLite's primary result codes for a failing disk (the extended codes keep them in the low byte).
+SQLITE_IOERR = 10
+SQLITE_FULL = 13
+
+
+def _disk_failure(exc: BaseException) -> str | None:
+    """"disk full" or "I/O error" if ``exc`` is the disk failing, else None."""
+    if isinstance(exc, sqlite3.Error):
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code == SQLITE_FULL:
+            return "disk full"
+        if code == SQLITE_IOERR:
+            return "I/O error"
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "disk full"
+        if exc.errno == errno.EIO:
+            return "I/O error"
+    return None
+
+
+def describe_failure(exc: BaseException, path: str) -> str:
+    """What a caller is told when a write failed: the store, the cause, and no data.
+
+    A text encoding error quotes the offending character, which may be someone else's
+    text; an unknown exception may quote anything. Only SQLite's own messages (which name
+    tables and constraints, not values) and OS error strings are passed on.
+    """
+    disk = _disk_failure(exc)
+    if disk == "disk full":
+        return f"disk full: cannot write the store {path}; free space on its filesystem"
+    if disk == "I/O error":
+        return f"I/O error writing the store {path}; check the disk"
+    if isinstance(exc, UnicodeError):
+        return f"the write holds text that is not valid Unicode; it was not stored in {path}"
+    if isinstance(exc, sqlite3.Error):
+        return f"{exc} (store {path})"
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or type(exc).__name__} (store {path})"
+    return f"internal error {type(exc).__name__} (store {path}; see the log)"
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One line of a channel's transcript."""
@@ -193,7 +243,7 @@ class Pending:
         """Wait for the commit; raise :class:`StoreError` if it failed."""
         await self._done.wait()
         if self._error is not None:
-            raise StoreError(f"could not store: {self._error}") from self._error
+            raise StoreError(f"could not store: {self._error}")
         return self.entry
 
 
@@ -289,7 +339,10 @@ class Store:
         """
         if kind not in KINDS:
             raise ValueError(f"unknown entry kind {kind!r}")
-        entry = Entry(self.next_seq(), channel, author, kind, text, turn, generation, time.time(), dict(meta or {}))
+        # Made storable here, before it can join (and fail) anyone's batch: a human's text
+        # was checked by the supervisor; what remains (agent output, previews, meta) is repaired.
+        text = repair_text(text)
+        entry = Entry(self.next_seq(), channel, author, kind, text, turn, generation, time.time(), repair(meta or {}))
         meta_json = json.dumps(entry.meta, ensure_ascii=False)
 
         def apply(db: sqlite3.Connection) -> None:
@@ -333,17 +386,42 @@ class Store:
             return
         try:
             await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
-        except Exception as exc:  # noqa: BLE001 - every failure fails the batch, visibly
-            log.error("store commit of %d writes failed: %s", len(batch), exc)
-            for pending in batch:
-                pending._error = exc
-                pending._done.set()
+        except Exception as exc:  # noqa: BLE001 - a failed batch is retried write by write
+            log.error("store commit of %d writes failed: %s", len(batch), describe_failure(exc, self.path))
+            if len(batch) > 1 and _disk_failure(exc) is None:
+                await self._commit_one_by_one(batch)
+            else:
+                self._fail(batch, exc)
             return
         self.commits += 1
+        self._succeed(batch)
+
+    async def _commit_one_by_one(self, batch: list[Pending]) -> None:
+        """Commit each write of a failed batch alone, in order, so only the bad ones fail."""
+        for i, pending in enumerate(batch):
+            try:
+                await trio.to_thread.run_sync(self._commit, [pending], limiter=self._limiter)
+            except Exception as exc:  # noqa: BLE001 - this write fails, visibly, and alone
+                log.error("store write %d of a failed batch failed alone: %s", i + 1, describe_failure(exc, self.path))
+                if _disk_failure(exc) is not None:
+                    self._fail(batch[i:], exc)  # the disk, not the write: the rest cannot go either
+                    return
+                self._fail([pending], exc)
+            else:
+                self.commits += 1
+                self._succeed([pending])
+
+    def _succeed(self, batch: list[Pending]) -> None:
         for pending in batch:
             pending._done.set()
             if pending.entry is not None:
                 self._publish(pending.entry)
+
+    def _fail(self, batch: list[Pending], exc: BaseException) -> None:
+        reason = describe_failure(exc, self.path)
+        for pending in batch:
+            pending._error = StoreError(reason)
+            pending._done.set()
 
     def _commit(self, batch: list[Pending]) -> None:
         db = self._db
@@ -353,10 +431,13 @@ class Store:
                 pending._apply(db)
             db.execute("COMMIT")
         except BaseException:
-            # SQLite may have rolled back already (a full disk does): a ROLLBACK then fails
-            # with "no transaction is active" and would hide the real error.
+            # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR do): a ROLLBACK
+            # then fails with "no transaction is active" and would hide the real error.
             if db.in_transaction:
-                db.execute("ROLLBACK")
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error as rollback:
+                    log.error("store rollback failed after a failed commit: %s", rollback)
             raise
 
     async def flush(self) -> None:

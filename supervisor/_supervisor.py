@@ -26,10 +26,12 @@ from typing import Any
 import trio
 
 from ._config import AgentConfig, Config
+from ._files import private_folder
 from ._ledger import QueuedMessage, StopDecision, StopLedger
 from ._registry import ProcessRegistry
 from ._recovery import Recovery, recover, stop_notice_text
 from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
     ProcessTree,
@@ -198,8 +200,12 @@ class Supervisor:
         The real CLIs resume a session only from the directory it was started in.
         """
         _, saved = self.store.session(channel, agent.name)
-        path = Path(saved) if saved else agent.cwd or self.config.state_dir / "work" / agent.name / channel_slug(channel)
-        path.mkdir(parents=True, exist_ok=True)
+        configured = Path(saved) if saved else agent.cwd
+        if configured is not None:  # the user's folder: created if missing, never re-moded
+            configured.mkdir(parents=True, exist_ok=True)
+            return configured
+        path = self.config.state_dir / "work" / agent.name / channel_slug(channel)
+        private_folder(path, within=self.config.state_dir)
         return path
 
     # ------------------------------------------------------------ sending
@@ -215,6 +221,11 @@ class Supervisor:
         check_channel(channel)
         if not isinstance(text, str) or not text.strip():
             raise UsageError("the message text is empty")
+        try:
+            check_message(text)
+            check_message(author, "the author")
+        except BadText as exc:
+            raise UsageError(str(exc)) from None
         if len(text.encode("utf-8", errors="replace")) > MAX_MESSAGE_BYTES:
             raise UsageError(f"the message is over {MAX_MESSAGE_BYTES} bytes")
         if not (author.startswith("human:") and len(author) > 6) and author != "system":
@@ -771,6 +782,10 @@ def check_channel(channel: object) -> None:
         raise UsageError("a channel name cannot contain control characters")
     if channel in (".", ".."):
         raise UsageError(f"a channel name cannot be {channel!r} (a path segment of its own); choose another name")
+    try:
+        check_message(channel, "the channel name")
+    except BadText as exc:
+        raise UsageError(str(exc)) from None
 
 
 @asynccontextmanager
@@ -786,7 +801,7 @@ async def open_supervisor(
     off, and its subreaper adoptees are reaped only when a sweep finds them alive.
     On exit every running turn is ended, its tree killed, and the store flushed.
     """
-    config.state_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(config.state_dir, within=config.state_dir)
     # The bit is process-wide: give it back as it was, or an embedding program keeps
     # adopting orphans (and their zombies) after the supervisor is gone.
     restore_subreaper = subreaper and not is_child_subreaper()

@@ -43,9 +43,11 @@ from adapters._base import (
 )
 
 from ._config import AgentConfig
+from ._files import private_file, private_folder
 from ._ledger import OutputKind, TurnTicket
 from ._lines import Line, LineReader
 from ._store import Pending, StoreError
+from ._text import repair_text
 from ._tree import STORE_MARKER, TURN_MARKER, KillReport, ProcessTree, ident, scrubbed_environment, spawn, wait_exited
 
 if TYPE_CHECKING:
@@ -176,7 +178,8 @@ class Turn:
         elif isinstance(event, Todos):
             if self._silenced():
                 return
-            items = [{"content": i.content, "status": i.status} for i in event.items]
+            # Repaired here, not only in the entry: the plan is saved as a write of its own.
+            items = [{"content": repair_text(i.content), "status": i.status} for i in event.items]
             self.sup.store.save_todos(self.channel, self.agent.name, items)
             self._post("todos", _todo_summary(items), {"todos": items, "agent": self.agent.name})
         elif isinstance(event, Result):
@@ -433,11 +436,11 @@ class Turn:
 
 
 def _write_files(home: Path, files: dict[str, str] | Any) -> None:
-    (home / "tmp").mkdir(parents=True, exist_ok=True)
+    private_folder(home / "tmp", within=home.parent.parent)
     for rel, content in dict(files).items():
         path = Path(rel) if os.path.isabs(rel) else home / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content, encoding="utf-8")
+        private_folder(path.parent, within=home if not os.path.isabs(rel) else None)
+        private_file(path, content)
 
 
 def _todo_summary(items: list[dict[str, str]]) -> str:

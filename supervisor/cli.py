@@ -168,8 +168,9 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
     import trio
 
-    from ._daemon import run_daemon
+    from ._daemon import harden_process, run_daemon
 
+    harden_process()
     try:
         trio.run(run_daemon, config)
     except Exception as exc:  # the one place start-up errors become messages

@@ -43,7 +43,7 @@ def make_config(folder: Path, agents: dict[str, dict[str, Any]] | None = None, *
 
 
 def script_agent(code: str, **extra: Any) -> dict[str, Any]:
-    """A generic agent running ``code`` with this Python; the prompt is ``sys.argv[1]``."""
+    """A generic agent running ``code`` with this Python; the prompt is ``sys.argv[-1]`` (after ``--``)."""
     return {"adapter": "generic", "command": [PYTHON, "-c", code], **extra}
 
 

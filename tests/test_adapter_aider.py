@@ -37,8 +37,10 @@ from adapters.aider import (
     history_file_for,
     is_valid_session,
     looks_like_error,
+    message_file,
     new_parser,
 )
+from supervisor._turn import _write_files
 
 CAPTURES = Path(__file__).parent / "data" / "captures" / "aider"
 FAKE_AIDER = Path(__file__).parent / "fakes" / "fake_aider.py"
@@ -105,10 +107,11 @@ def test_fresh_turn_writes_a_new_history_file_and_does_not_restore() -> None:
     assert launch.argv[0] == "aider"
     assert flag_value(launch.argv, "--chat-history-file") == ".aider.chat.history.turn-42.md"
     assert "--restore-chat-history" not in launch.argv
-    assert launch.argv[-1] == "--message=fix the bug"
+    message = message_file(request())
+    assert launch.argv[-1] == f"--message-file={request().home}/{message}"
     assert launch.cwd == "/srv/work/c1"
     assert launch.stdin is None
-    assert launch.files == {}
+    assert launch.files == {message: "fix the bug"}, "the prompt is in a private file, not in argv"
     assert launch.env == {"COLUMNS": "4096"}
 
 
@@ -116,7 +119,7 @@ def test_resumed_turn_restores_the_named_history_file() -> None:
     launch = build_launch(request(session_id=".aider.chat.history.turn-1.md"))
     argv = launch.argv
     assert flag_value(argv, "--chat-history-file") == ".aider.chat.history.turn-1.md"
-    assert argv.index("--restore-chat-history") < argv.index("--message=fix the bug")
+    assert argv.index("--restore-chat-history") < len(argv) - 1 and argv[-1].startswith("--message-file=")
 
 
 @pytest.mark.parametrize("bad", ["../elsewhere.md", "/etc/passwd", "-rf", "..", ".", "a/b.md", "x\n", ""])
@@ -159,10 +162,15 @@ def test_configured_args_come_after_the_defaults_so_they_can_override_them() -> 
 
 
 def test_a_prompt_that_looks_like_a_flag_stays_the_message() -> None:
-    # ``--message -x`` is an argparse error in aider; the ``=`` form is not.
-    argv = build_launch(request(prompt="-v please\nand more")).argv
-    assert argv[-1] == "--message=-v please\nand more"
-    assert "-v please\nand more" not in argv
+    # The prompt never reaches aider's option parser: it is the content of a file.
+    launch = build_launch(request(prompt="-v please\nand more"))
+    assert list(launch.files.values()) == ["-v please\nand more"]
+    assert not any("-v please" in a for a in launch.argv)
+
+
+def test_each_channel_has_its_own_message_file() -> None:
+    assert message_file(request(channel="a")) != message_file(request(channel="b"))
+    assert message_file(request(channel="a")).startswith("tmp/")
 
 
 # ---------------------------------------------------------------- real captures
@@ -360,6 +368,7 @@ def test_tool_output_cut_off_by_the_end_is_still_reported() -> None:
 def run_fake(req: TurnRequest, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """Run the adapter's launch with ``fake_aider.py`` in place of aider."""
     launch = build_launch(req)
+    _write_files(Path(req.home), launch.files)  # as the supervisor does before the spawn
     argv = (str(FAKE_AIDER), *launch.argv[1:])
     full_env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": str(tmp / "home"), "TMPDIR": str(tmp), **launch.env, **env}
     return subprocess.run(
@@ -429,8 +438,9 @@ def test_fake_api_failure_exits_zero_and_reads_as_failed(tmp_path: Path) -> None
 
 def test_fake_exits_130_on_sigint_and_leaves_its_command_running(tmp_path: Path) -> None:
     pid_file = tmp_path / "tool.pid"
-    req = request(prompt="[[shell:sleep 60]]", cwd=str(tmp_path))
+    req = request(prompt="[[shell:sleep 60]]", cwd=str(tmp_path), home=str(tmp_path / "home"))
     launch = build_launch(req)
+    _write_files(Path(req.home), launch.files)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "FAKE_AIDER_PID_FILE": str(pid_file), **launch.env}
     proc = subprocess.Popen(
         (sys.executable, str(FAKE_AIDER), *launch.argv[1:]), cwd=launch.cwd, env=env,

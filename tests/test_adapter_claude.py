@@ -345,11 +345,11 @@ def test_any_text_never_raises(line: str) -> None:
 
 
 def test_fresh_launch() -> None:
-    """Print mode, stream-json, bypassed permissions, the prompt after ``--``, stdin /dev/null."""
+    """Print mode, stream-json, bypassed permissions, the prompt on stdin (not in argv)."""
     launch = build_launch(request())
     assert launch.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose",
-                           "--dangerously-skip-permissions", "--", "fix the bug")
-    assert launch.cwd == "/srv/work/c1" and launch.stdin is None and dict(launch.files) == {}
+                           "--dangerously-skip-permissions")
+    assert launch.cwd == "/srv/work/c1" and launch.stdin == b"fix the bug" and dict(launch.files) == {}
     assert launch.env["IS_SANDBOX"] == "1"
     assert launch.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert launch.env["CLAUDE_CODE_ENABLE_TASKS"] == "0"
@@ -359,7 +359,7 @@ def test_fresh_launch() -> None:
 def test_resume_launch() -> None:
     """A known session id is resumed with --resume."""
     argv = build_launch(request(session_id="0b7c4a1e-5d2f-4c3b-9a8e-000000000000")).argv
-    assert argv[-4:] == ("--resume", "0b7c4a1e-5d2f-4c3b-9a8e-000000000000", "--", "fix the bug")
+    assert argv[-2:] == ("--resume", "0b7c4a1e-5d2f-4c3b-9a8e-000000000000")
 
 
 def test_model_launch() -> None:
@@ -376,12 +376,13 @@ def test_attended_launch_keeps_the_cli_permission_defaults() -> None:
     assert "IS_SANDBOX" not in launch.env
 
 
-def test_args_go_before_the_prompt_which_stays_last() -> None:
+def test_the_prompt_is_never_in_argv_so_options_cannot_eat_or_parse_it() -> None:
     """Variadic options in args cannot eat the prompt, and a prompt starting with '-' stays a prompt."""
     launch = build_launch(request(args=("--allowedTools", "Bash", "Read"), prompt="-v is broken",
                                   command=("/opt/claude", "--debug")))
     assert launch.argv[:2] == ("/opt/claude", "--debug")
-    assert launch.argv[-5:] == ("--allowedTools", "Bash", "Read", "--", "-v is broken")
+    assert launch.argv[-3:] == ("--allowedTools", "Bash", "Read")
+    assert launch.stdin == b"-v is broken" and "-v is broken" not in launch.argv
 
 
 def test_adapter_declares_sigint() -> None:

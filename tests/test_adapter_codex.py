@@ -212,27 +212,29 @@ def test_error_500_retries_are_statuses_then_one_error() -> None:
 
 def test_fresh_launch() -> None:
     launch = build_launch(request(prompt="do it"))
-    assert launch.argv == ("codex", "exec", *COMMON, "--", "do it")
+    assert launch.argv == ("codex", "exec", *COMMON, "--", "-")
     assert launch.env == {"CODEX_HOME": "/srv/home/.codex"}
     assert launch.cwd == "/srv/work"
-    assert launch.stdin is None
+    assert launch.stdin == b"do it", "the prompt goes on stdin, not in argv"
     assert set(launch.files) == {".codex/config.toml"}
 
 
 def test_resume_launch() -> None:
     launch = build_launch(request(prompt="again", session_id="abc-123"))
-    assert launch.argv == ("codex", "exec", "resume", *COMMON, "--", "abc-123", "again")
+    assert launch.argv == ("codex", "exec", "resume", *COMMON, "--", "abc-123", "-")
+    assert launch.stdin == b"again"
 
 
 def test_model_and_args_go_before_the_separator() -> None:
     launch = build_launch(request(model="gpt-5.5", args=("-c", "model_reasoning_effort=\"low\"")))
-    assert launch.argv == ("codex", "exec", *COMMON, "--model", "gpt-5.5", "-c", 'model_reasoning_effort="low"', "--", "hello")
+    assert launch.argv == ("codex", "exec", *COMMON, "--model", "gpt-5.5", "-c", 'model_reasoning_effort="low"', "--", "-")
     resumed = build_launch(request(model="gpt-5.5", session_id="s1"))
-    assert resumed.argv == ("codex", "exec", "resume", *COMMON, "--model", "gpt-5.5", "--", "s1", "hello")
+    assert resumed.argv == ("codex", "exec", "resume", *COMMON, "--model", "gpt-5.5", "--", "s1", "-")
 
 
 def test_prompt_that_looks_like_a_flag_stays_the_prompt() -> None:
-    assert build_launch(request(prompt="--help me")).argv[-2:] == ("--", "--help me")
+    launch = build_launch(request(prompt="--help me"))
+    assert launch.argv[-2:] == ("--", "-") and launch.stdin == b"--help me"
 
 
 def test_bare_dash_prompt_goes_on_stdin() -> None:

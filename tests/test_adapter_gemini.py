@@ -218,11 +218,11 @@ def test_background_job_capture_shows_survivor() -> None:
 
 
 def test_fresh_launch() -> None:
-    """Stream-json, yolo, the prompt as one --prompt= argument, stdin /dev/null."""
+    """Stream-json, yolo, the prompt on stdin (headless gemini reads it there), not in argv."""
     launch = gemini.build_launch(request(prompt="fix the bug"))
-    assert launch.argv == ("gemini", "--output-format=stream-json", "--approval-mode=yolo", "--prompt=fix the bug")
+    assert launch.argv == ("gemini", "--output-format=stream-json", "--approval-mode=yolo")
     assert launch.cwd == "/work/c1"
-    assert launch.stdin is None
+    assert launch.stdin == b"fix the bug"
     assert launch.env == {
         "GEMINI_CLI_NO_RELAUNCH": "true",
         "GEMINI_CLI_TRUST_WORKSPACE": "true",
@@ -250,9 +250,9 @@ def test_auth_type_option() -> None:
 
 
 def test_resume_launch() -> None:
-    """A known session is resumed with --resume=ID, before the prompt."""
+    """A known session is resumed with --resume=ID."""
     argv = gemini.build_launch(request(session_id="3f2a-1")).argv
-    assert argv[-2:] == ("--resume=3f2a-1", "--prompt=hello")
+    assert argv[-1] == "--resume=3f2a-1"
 
 
 def test_model_launch() -> None:
@@ -266,7 +266,7 @@ def test_attended_launch_keeps_cli_permission_defaults() -> None:
     """unattended=False leaves out yolo: gemini's own approval mode applies."""
     argv = gemini.build_launch(request(unattended=False)).argv
     assert not any("approval-mode" in a or a in ("-y", "--yolo") for a in argv)
-    assert argv == ("gemini", "--output-format=stream-json", "--prompt=hello")
+    assert argv == ("gemini", "--output-format=stream-json")
 
 
 def test_args_go_after_corral_flags_and_before_resume_and_prompt() -> None:
@@ -281,7 +281,6 @@ def test_args_go_after_corral_flags_and_before_resume_and_prompt() -> None:
         "-e",
         "none",
         "--resume=s1",
-        "--prompt=hello",
     )
 
 
@@ -292,11 +291,11 @@ def test_configured_command_is_used() -> None:
 
 
 @pytest.mark.parametrize("prompt", ["-h", "--version", "--resume=x", "", "two\nlines", "a=b"])
-def test_prompt_is_one_argument(prompt: str) -> None:
-    """A prompt that looks like a flag stays the prompt (measured: `--prompt=-h` runs a turn)."""
-    argv = gemini.build_launch(request(prompt=prompt)).argv
-    assert argv[-1] == f"--prompt={prompt}"
-    assert argv.count(f"--prompt={prompt}") == 1
+def test_prompt_is_never_an_argument(prompt: str) -> None:
+    """A prompt that looks like a flag stays the prompt: it goes on stdin, verbatim."""
+    launch = gemini.build_launch(request(prompt=prompt))
+    assert launch.stdin == prompt.encode()
+    assert not any(prompt and prompt in a for a in launch.argv)
 
 
 def test_adapter_metadata() -> None:
@@ -304,7 +303,7 @@ def test_adapter_metadata() -> None:
     assert gemini.ADAPTER.name == "gemini"
     assert gemini.ADAPTER.default_command == ("gemini",)
     assert gemini.ADAPTER.interrupt_signal == signal.SIGINT
-    assert gemini.ADAPTER.point_of_no_return == "spawn"
+    assert gemini.ADAPTER.point_of_no_return == "stdin"
     assert isinstance(gemini.ADAPTER.new_parser(request()), gemini.GeminiParser)
 
 

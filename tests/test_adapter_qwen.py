@@ -374,10 +374,10 @@ def test_fresh_launch() -> None:
     launch = build_launch(request(prompt="hello there"))
     assert launch.argv == (
         "qwen", "--auth-type", "openai", "--output-format", "stream-json",
-        "--include-partial-messages", "--yolo", "--prompt=hello there",
+        "--include-partial-messages", "--yolo",
     )
     assert launch.cwd == "/work/chan"
-    assert launch.stdin is None
+    assert launch.stdin == b"hello there", "the prompt goes on stdin, not in argv"
     assert "HOME" not in launch.env
     assert launch.env["QWEN_TELEMETRY_ENABLED"] == "false"
     settings_json = json.loads(launch.files[SETTINGS_PATH])
@@ -389,7 +389,7 @@ def test_fresh_launch() -> None:
 def test_resume_launch() -> None:
     argv = build_launch(request(session_id="abc-123")).argv
     assert argv[1:3] == ("--resume", "abc-123")
-    assert argv[-1] == "--prompt=hi"
+    assert not any("hi" in a for a in argv[3:])
 
 
 def test_model_launch() -> None:
@@ -413,14 +413,14 @@ def test_args_come_first_and_are_never_doubled() -> None:
         )
     ).argv
     assert argv[:9] == ("qwen", "-m", "mine", "--approval-mode", "auto-edit", "--auth-type=anthropic", "-o", "stream-json", "--include-partial-messages")
-    assert argv[9:] == ("--resume", "s1", "--prompt=hi")
+    assert argv[9:] == ("--resume", "s1")
 
 
-def test_prompt_is_one_verbatim_argument() -> None:
+def test_prompt_is_never_an_argument_and_goes_on_stdin_verbatim() -> None:
     for prompt in ["--help me", "-x", "0x10", "two\nlines  spaced", "[[say:x]] -- y"]:
-        argv = build_launch(request(prompt=prompt)).argv
-        assert argv[-1] == "--prompt=" + prompt
-        assert prompt not in argv
+        launch = build_launch(request(prompt=prompt))
+        assert launch.stdin == prompt.encode()
+        assert not any(prompt in a for a in launch.argv)
 
 
 def test_options() -> None:

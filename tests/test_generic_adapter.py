@@ -223,15 +223,15 @@ def test_new_parser_is_fresh_each_turn() -> None:
 
 def test_prompt_is_the_last_argument_after_configured_args() -> None:
     launch = build_launch(request(args=("-v", "--model-x")))
-    assert launch.argv == ("/bin/agent", "--json", "-v", "--model-x", "do the thing")
+    assert launch.argv == ("/bin/agent", "--json", "-v", "--model-x", "--", "do the thing")
     assert launch.stdin is None
     assert launch.cwd == "/work/c"
     assert dict(launch.env) == {} and dict(launch.files) == {}
 
 
-def test_a_prompt_that_looks_like_an_option_stays_one_last_argument() -> None:
+def test_a_prompt_that_looks_like_an_option_stays_one_last_argument_after_dashdash() -> None:
     launch = build_launch(request(prompt="--help me\nplease"))
-    assert launch.argv[-1] == "--help me\nplease"
+    assert launch.argv[-2:] == ("--", "--help me\nplease")
 
 
 def test_prompt_on_stdin() -> None:
@@ -243,16 +243,16 @@ def test_prompt_on_stdin() -> None:
 def test_resume_args_go_before_the_prompt_only_with_a_session() -> None:
     options = {"resume_args": ["--session", "{session}", "--id={session}"]}
     without = build_launch(request(args=("-v",), options=options))
-    assert without.argv == ("/bin/agent", "--json", "-v", "do the thing")
+    assert without.argv == ("/bin/agent", "--json", "-v", "--", "do the thing")
     with_session = build_launch(request(args=("-v",), options=options, session_id="s-42"))
-    assert with_session.argv == ("/bin/agent", "--json", "-v", "--session", "s-42", "--id=s-42", "do the thing")
+    assert with_session.argv == ("/bin/agent", "--json", "-v", "--session", "s-42", "--id=s-42", "--", "do the thing")
     on_stdin = build_launch(request(options={**options, "prompt": "stdin"}, session_id="s-42"))
     assert on_stdin.argv == ("/bin/agent", "--json", "--session", "s-42", "--id=s-42")
     assert on_stdin.stdin == b"do the thing"
 
 
 def test_a_session_without_resume_args_adds_nothing() -> None:
-    assert build_launch(request(session_id="s-1")).argv == ("/bin/agent", "--json", "do the thing")
+    assert build_launch(request(session_id="s-1")).argv == ("/bin/agent", "--json", "--", "do the thing")
 
 
 def test_the_adapter_is_registered_as_generic() -> None:

@@ -87,8 +87,8 @@ elif "windup" in opts:
 else:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
-if len(sys.argv) > 2:
-    emit("status", text="args " + " ".join(sys.argv[1:-1]))
+if len(sys.argv) > 3:  # ["-c", *args, "--", prompt]
+    emit("status", text="args " + " ".join(sys.argv[1:-2]))
 if "session" in opts:
     emit("session", id=opts["session"])
 if "child" in words:

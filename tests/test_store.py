@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
+import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -147,29 +150,78 @@ async def test_failed_commit_shows_nothing_and_append_raises(tmp_path: Path, mon
             assert [e.text for e in await store.entries("c")] == ["first", "kept"]
 
 
-async def test_a_failed_batch_fails_every_write_in_it_and_later_writes_work(tmp_path: Path) -> None:
+async def test_a_poisoned_write_fails_alone_and_the_good_ones_in_its_batch_commit(tmp_path: Path) -> None:
     async with open_store(db_path(tmp_path)) as store:
         async with following(store, None) as everything:
             await trio.testing.wait_all_tasks_blocked()
-            # Submitted without a checkpoint in between, so they form one batch; the bad
-            # statement in the middle makes the whole transaction roll back.
+            # Submitted without a checkpoint in between, so they form one batch. Two writes
+            # cannot be stored: a session id with a lone surrogate (an agent's half emoji) and
+            # a statement on a missing table. The batch's transaction fails as a whole.
             batch = [
-                store.submit_entry("a", "u", "message", "one"),
+                store.submit_entry("a", "u", "message", "secret of a"),
+                store.save_session("b", "agent", "half \ud83d emoji", str(tmp_path)),
+                store.submit_entry("c", "u", "message", "secret of c"),
                 store.submit_write("INSERT INTO no_such_table VALUES (?)", (1,)),
-                store.submit_entry("b", "u", "message", "two"),
+                store.submit_entry("d", "u", "message", "secret of d"),
             ]
-            for pending in batch:
-                with pytest.raises(StoreError):
+            good = [batch[0], batch[2], batch[4]]
+            for pending in good:
+                assert await pending.committed() == pending.entry
+            for pending in (batch[1], batch[3]):
+                with pytest.raises(StoreError) as failed:
                     await pending.committed()
                 assert pending.failed
-            assert store.commits == 0
+                message = str(failed.value)
+                # It names nothing of anyone's data: not the bad character, no other text.
+                assert "\ud83d" not in message and "secret" not in message and "emoji" not in message
+                assert db_path(tmp_path) in message
+            assert "not valid Unicode" in str(await _error_of(batch[1]))
+            assert "no_such_table" in str(await _error_of(batch[3]))
+            # The good ones are stored and published in seq order, exactly once each.
+            published = [await receive(everything) for _ in good]
+            assert published == [p.entry for p in good]
             await trio.testing.wait_all_tasks_blocked()
             assert nothing_received(everything)
-            assert await store.entries(None) == []
+            assert [e.text for e in await store.entries(None)] == ["secret of a", "secret of c", "secret of d"]
+            assert await store.query("SELECT * FROM sessions") == []
             later = await store.append("a", "u", "message", "three")
-            assert later.seq > batch[2].entry.seq  # type: ignore[union-attr]
+            assert later.seq > batch[4].entry.seq  # type: ignore[union-attr]
             assert await receive(everything) == later
-            assert [e.text for e in await store.entries(None)] == ["three"]
+
+
+async def _error_of(pending: Pending) -> StoreError:
+    try:
+        await pending.committed()
+    except StoreError as exc:
+        return exc
+    raise AssertionError("the write did not fail")
+
+
+async def test_agent_text_and_meta_with_lone_surrogates_are_stored_repaired(tmp_path: Path) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        # An agent streaming half an emoji, a tool preview and meta (keys too) with one.
+        text = await store.append("a", "agent:x", "message", "half \ud83d, other half \ude00, NUL \0 kept")
+        tool = await store.append("a", "agent:x", "tool", "t", meta={"input": ["\udfff"], "k\ud800": {"n": 1}})
+        assert text.text == "half \ufffd, other half \ufffd, NUL \0 kept"
+        assert tool.meta == {"input": ["\ufffd"], "k\ufffd": {"n": 1}}
+        assert await store.entries("a") == [text, tool]
+
+
+async def test_a_failed_commit_is_not_masked_by_its_rollback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(db_path(tmp_path)) as store:
+        # SQLite rolls back by itself on SQLITE_FULL; a second ROLLBACK would raise
+        # "cannot rollback - no transaction is active" and hide the real error.
+        def full(db: sqlite3.Connection) -> None:
+            db.execute("ROLLBACK")
+            error = sqlite3.OperationalError("database or disk is full")
+            error.sqlite_errorcode = 13  # type: ignore[attr-defined]
+            raise error
+
+        with pytest.raises(StoreError) as failed:
+            await store._submit(full).committed()
+        assert "disk full" in str(failed.value) and db_path(tmp_path) in str(failed.value)
+        assert "rollback" not in str(failed.value)
+        assert (await store.append("a", "u", "message", "after")).text == "after"
 
 
 # ---------------------------------------------------------------- group commit
@@ -333,3 +385,52 @@ async def test_closed_store_refuses_writes(tmp_path: Path) -> None:
         pass
     with pytest.raises(StoreError):
         store.submit_entry("a", "u", "message", "x")
+
+
+# ---------------------------------------------------------------- a failing disk
+
+
+@contextmanager
+def tiny_filesystem(folder: Path, size: str = "512k") -> Iterator[Path]:
+    """A real filesystem of ``size`` mounted on ``folder`` (tmpfs; needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tiny tmpfs to fill needs root")
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into ``folder`` until its filesystem has no byte left."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def test_a_full_disk_says_disk_full_with_the_store_path(tmp_path: Path) -> None:
+    with tiny_filesystem(tmp_path / "disk") as disk:
+        path = str(disk / "corral.db")
+        async with open_store(path) as store:
+            first = await store.append("a", "u", "message", "before")
+            filler = fill(disk)
+            with pytest.raises(StoreError) as failed:
+                await store.append("a", "agent:x", "message", "y" * 200_000)
+            message = str(failed.value)
+            assert "disk full" in message and path in message, message
+            assert "rollback" not in message
+            # Space back, the store goes on: nothing of the failed write was kept.
+            filler.unlink()
+            after = await store.append("a", "u", "message", "after")
+            assert [e.text for e in await store.entries("a")] == [first.text, after.text]

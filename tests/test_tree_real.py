@@ -72,6 +72,8 @@ def escape(keep_stdout):
         os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)"], {})
     time.sleep(3600)
 
+if sys.argv[1] == "--":  # the generic adapter's end of options, before the prompt
+    del sys.argv[1]
 role = sys.argv[1]
 if role == "--sleep":
     if len(sys.argv) > 3:

@@ -86,7 +86,7 @@ async def test_the_agent_gets_a_scrubbed_environment_plus_its_own(short_tmp: Pat
 
 
 async def test_message_text_never_reaches_a_shell(short_tmp: Path) -> None:
-    code = "import sys, json; print(json.dumps({'type': 'result', 'text': sys.argv[1]}))"
+    code = "import sys, json; print(json.dumps({'type': 'result', 'text': sys.argv[-1]}))"
     config = make_config(short_tmp, {"echo": script_agent(code)})
     nasty = "$(touch pwned) `touch pwned2`; touch pwned3 && echo '\"' | cat"
     async with open_supervisor(config) as sup:
@@ -114,7 +114,7 @@ async def test_each_channel_keeps_a_fixed_working_directory_per_agent(short_tmp:
 
 
 async def test_messages_for_a_busy_channel_queue_and_run_in_order(short_tmp: Path) -> None:
-    code = "import sys, json; print(json.dumps({'type': 'result', 'text': 'echo ' + sys.argv[1]}))"
+    code = "import sys, json; print(json.dumps({'type': 'result', 'text': 'echo ' + sys.argv[-1]}))"
     config = make_config(short_tmp, {"echo": script_agent(code)})
     async with open_supervisor(config) as sup:
         accepted = [await sup.send("c", f"m{i}") for i in range(5)]

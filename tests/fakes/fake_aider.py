@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--edit-format", "--chat-mode")
     p.add_argument("--timeout", type=float)
     p.add_argument("--message", "--msg", "-m")
+    p.add_argument("--message-file", "-f")
     p.add_argument("--yes-always", action="store_true", default=None)
     p.add_argument("--chat-history-file", default=".aider.chat.history.md")
     p.add_argument("--input-history-file", default=".aider.input.history")
@@ -184,8 +185,10 @@ def main(argv: list[str]) -> int:
     """Run one ``--message`` turn."""
     signal.signal(signal.SIGINT, on_sigint)
     args = build_parser().parse_args(argv)  # exits 2 on an unknown flag, like aider
+    if args.message_file is not None:  # aider reads the whole file as the message
+        args.message = Path(args.message_file).read_text(encoding="utf-8")
     if args.message is None:
-        print("aider: error: this fake only supports --message", file=sys.stderr)
+        print("aider: error: this fake only supports --message and --message-file", file=sys.stderr)
         return 2
     if not sys.stdin.isatty():
         print("Warning: Input is not a terminal (fd=0).", file=sys.stderr)
