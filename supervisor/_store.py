@@ -243,7 +243,7 @@ class Pending:
         """Wait for the commit; raise :class:`StoreError` if it failed."""
         await self._done.wait()
         if self._error is not None:
-            raise StoreError(f"could not store: {self._error}")
+            raise StoreError(f"could not store: {self._error}") from self._error
         return self.entry
 
 

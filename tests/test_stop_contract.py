@@ -1023,12 +1023,19 @@ async def test_contract_16_a_turn_that_cannot_be_recorded_does_not_start(short_t
         await idle(sup, "ch")
         assert faults.failed == 1 and len(spawned.calls) == 1
         assert error.turn == took_turns[1]
-        assert "did not run" in error.text and "database or disk is full" in error.text
+        assert "did not run" in error.text and "disk full" in error.text
         assert await sup.store.query("SELECT text FROM queue") == [("taken while the disk was full",)]
         assert await sup.store.query("SELECT id FROM turns") == [(took_turns[0],)]
 
 
 # ---------------------------------------------------------------- 15. death is not silence
+
+
+def disk_full() -> sqlite3.OperationalError:
+    """The error SQLite raises when the disk is full (SQLITE_FULL), as the store sees it."""
+    error = sqlite3.OperationalError("database or disk is full")
+    error.sqlite_errorcode = 13  # type: ignore[attr-defined]
+    return error
 
 
 class FailCommits:
@@ -1048,7 +1055,7 @@ class FailCommits:
             if self.left > 0:
                 self.left -= 1
                 self.failed += 1
-                raise sqlite3.OperationalError("database or disk is full")
+                raise disk_full()
             real(batch)
 
         sup.store._commit = commit  # type: ignore[method-assign]
@@ -1142,7 +1149,7 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
             failed = await sup.stop("ch")
         assert faults.failed == 1
         assert not failed.ok and failed.error is not None
-        assert failed.error.startswith("the stop could not be stored: database or disk is full")
+        assert failed.error.startswith("the stop could not be stored: disk full")
         assert failed.error.endswith("nothing was stopped")
         assert failed.notice_seq is None and failed.killed == [] and failed.stopped_turns == []
         # Nothing was killed or dropped; the ledger is as it was.
@@ -1179,7 +1186,7 @@ async def test_contract_17_a_process_registered_while_the_record_is_stored_dies_
                 entered.set()
                 release.wait(SLOW)
                 if fail[0]:
-                    raise sqlite3.OperationalError("database or disk is full")
+                    raise disk_full()
             real(batch)
 
         sup.store._commit = held  # type: ignore[method-assign]
