@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -125,7 +125,10 @@ async def run_daemon(
         token = config.server.token_file.read_text().strip()
         if not token:
             raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
-    watchdog = _systemd.watchdog_interval(environ, os.getpid())
+    try:
+        watchdog = _systemd.watchdog_interval(environ, os.getpid())
+    except _systemd.SystemdError as exc:
+        raise DaemonError(str(exc)) from None
     notifying = _systemd.notify_address(environ) is not None
     send = partial(_systemd.notify, environ=dict(environ))
     passed = _take_sockets(config, environ, token)
@@ -237,7 +240,7 @@ def _address(sock: socket.socket | None) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _report_status(sup: Supervisor, send: Any, scope: trio.CancelScope) -> None:
+async def _report_status(sup: Supervisor, send: Callable[[str], object], scope: trio.CancelScope) -> None:
     """``STATUS=`` on every change: a committed entry wakes it (an idle daemon: nothing does)."""
     changes_send, changes = trio.open_memory_channel[object](1)
 

@@ -142,7 +142,7 @@ def status_line(status: Mapping[str, Any]) -> str:
 async def report_status(
     describe: Callable[[], str],
     busy: Callable[[], bool],
-    changes: trio.MemoryReceiveChannel[object] | Any,
+    changes: trio.MemoryReceiveChannel[object],
     send: Callable[[str], object],
     *,
     min_interval: float = STATUS_MIN_INTERVAL,
@@ -155,7 +155,6 @@ async def report_status(
     nothing wakes this task but a change.
     """
     last = None
-    iterator = changes.__aiter__()
     while True:
         line = describe()
         if line != last:
@@ -166,19 +165,16 @@ async def report_status(
             continue
         with trio.move_on_after(busy_interval if busy() else math.inf):
             try:
-                await iterator.__anext__()
-            except StopAsyncIteration:
+                await changes.receive()
+            except trio.EndOfChannel:
                 return
 
 
-def _drain(changes: Any) -> None:
-    receive = getattr(changes, "receive_nowait", None)
-    if receive is None:
-        return
+def _drain(changes: trio.MemoryReceiveChannel[object]) -> None:
     while True:
         try:
-            receive()
-        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            changes.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
             return
 
 
