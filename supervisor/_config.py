@@ -358,7 +358,11 @@ def _socket_mode(check: _Checker, server: Mapping[str, Any]) -> int:
     text = value if isinstance(value, str) else ""
     digits = text.removeprefix("0o")
     if not digits or len(digits) > 4 or any(c not in "01234567" for c in digits):
-        check.add("server.socket_mode", f"expected an octal mode as a string, got {value!r}", 'write socket_mode = "0660" (quoted)')
+        check.add(
+            "server.socket_mode",
+            f"expected an octal mode as a string, got {value!r}",
+            'write socket_mode = "0660" (quoted)',
+        )
         return default
     mode = int(digits, 8)
     if mode & ~0o770:
@@ -367,7 +371,11 @@ def _socket_mode(check: _Checker, server: Mapping[str, Any]) -> int:
             'use at most "0660" and name the users\' group in socket_group',
         )
     elif mode & 0o600 != 0o600:
-        check.add("server.socket_mode", f"{text} does not let corral's own user read and write it", 'write socket_mode = "0600" or "0660"')
+        check.add(
+            "server.socket_mode",
+            f"{text} does not let corral's own user read and write it",
+            'write socket_mode = "0600" or "0660"',
+        )
     return mode
 
 

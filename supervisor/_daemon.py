@@ -70,7 +70,9 @@ def bind_unix_socket(path: Path, mode: int = DEFAULT_SOCKET_MODE, group: str | N
         try:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
-            raise DaemonError(f"there is no group {group!r} for the socket; create it or remove [server] socket_group") from None
+            raise DaemonError(
+                f"there is no group {group!r} for the socket; create it or remove [server] socket_group"
+            ) from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(path))
@@ -171,7 +173,8 @@ async def run_daemon(
                         await nursery.start(partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS))
                 log.info(
                     "corral %d ready on %s%s%s; %d agent(s); %d channel(s) with queued messages restored",
-                    os.getpid(), config.server.socket, f" and {config.server.tcp or _address(tcp_sock)}" if tcp_sock else "",
+                    os.getpid(), config.server.socket,
+                    f" and {config.server.tcp or _address(tcp_sock)}" if tcp_sock else "",
                     " (sockets from systemd)" if passed.control or passed.tcp else "",
                     len(config.agents), restored,
                 )

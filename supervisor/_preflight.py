@@ -69,7 +69,8 @@ def _group(file: str, name: str | None) -> list[Problem]:
         return [Problem(file, "server.socket_group", f"there is no group {name!r} on this machine",
                         f"create it (groupadd {name}) and add the operators to it, or remove socket_group")]
     if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
-        return [Problem(file, "server.socket_group", f"this user is not in the group {name!r}, so it cannot give the socket to it",
+        return [Problem(file, "server.socket_group",
+                        f"this user is not in the group {name!r}: it cannot give the socket to it",
                         f"usermod -aG {name} $(id -un) and log in again, or run corral as a member of {name}")]
     return []
 

@@ -105,7 +105,9 @@ def watchdog_interval(environ: Mapping[str, str], pid: int) -> float | None:
     if owner and owner.strip() != str(pid):
         return None
     if not usec.isdigit() or int(usec) == 0:
-        raise SystemdError(f"WATCHDOG_USEC={usec!r} is not a positive number of microseconds; fix WatchdogSec= in the unit")
+        raise SystemdError(
+            f"WATCHDOG_USEC={usec!r} is not a positive number of microseconds; fix WatchdogSec= in the unit"
+        )
     return int(usec) / 2 / 1_000_000
 
 
@@ -211,9 +213,7 @@ def parse_listen_fds(environ: Mapping[str, str], pid: int) -> list[Passed]:
             f"LISTEN_FDNAMES={names!r} names {len(name_list)} descriptor(s) but LISTEN_FDS={count}; "
             "give each ListenStream= its FileDescriptorName="
         )
-    return [
-        Passed(LISTEN_FDS_START + i, name_list[i] if name_list else UNNAMED) for i in range(int(count))
-    ]
+    return [Passed(LISTEN_FDS_START + i, name_list[i] if name_list else UNNAMED) for i in range(int(count))]
 
 
 def forget_listen_fds(environ: MutableMapping[str, str]) -> None:
@@ -251,7 +251,9 @@ def take_sockets(environ: MutableMapping[str, str], pid: int) -> Activation:
             opened.append(sock)  # closed on error, whatever its role
             role = _role(item, sock)
             if role in adopted:
-                raise SystemdError(f"systemd passed two {role!r} sockets (descriptor {item.fd}); give one ListenStream= that name")
+                raise SystemdError(
+                    f"systemd passed two {role!r} sockets (descriptor {item.fd}); give one ListenStream= that name"
+                )
             adopted[role] = sock
     except BaseException:
         for sock in opened:
@@ -276,10 +278,13 @@ def _role(item: Passed, sock: socket.socket) -> str:
         host = sock.getsockname()[0]
         if host not in ("127.0.0.1", "::1"):
             raise SystemdError(
-                f"{where} is bound to {host}, not loopback; use ListenStream=127.0.0.1:PORT (the TCP listener is loopback only)"
+                f"{where} is bound to {host}, not loopback; "
+                "use ListenStream=127.0.0.1:PORT (the TCP listener is loopback only)"
             )
     elif role != CONTROL_NAME:
-        raise SystemdError(f"{where}: corral serves sockets named {CONTROL_NAME!r} and {TCP_NAME!r}; fix FileDescriptorName=")
+        raise SystemdError(
+            f"{where}: corral serves sockets named {CONTROL_NAME!r} and {TCP_NAME!r}; fix FileDescriptorName="
+        )
     return role
 
 

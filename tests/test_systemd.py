@@ -32,9 +32,9 @@ import httpx
 import pytest
 import trio
 import trio.testing
-
 from conftest import CORRAL, SUPERVISOR_PIDS, make_config
-from supervisor import ConfigError, _daemon, _systemd, parse_config
+
+from supervisor import Config, ConfigError, _daemon, _systemd, parse_config
 from supervisor._daemon import bind_unix_socket, run_daemon
 from supervisor._preflight import preflight
 
@@ -43,6 +43,16 @@ UNIT = ROOT / "scripts" / "corral.service"
 ETC_CONFIG = ROOT / "scripts" / "etc-corral.toml"
 STATE = Path("/var/lib/corral")
 RUNTIME = Path("/run/corral")
+
+
+def shipped_config() -> Config:
+    """scripts/etc-corral.toml as ``corral run -c /etc/corral/corral.toml`` reads it."""
+    return parse_config(tomllib.loads(ETC_CONFIG.read_text()), file="/etc/corral/corral.toml", base=Path("/etc/corral"))
+
+
+NO_ANALYZE = shutil.which("systemd-analyze") is None
+NO_ACTIVATE = shutil.which("systemd-socket-activate") is None
+MISSING = "is not installed (Debian package systemd)"
 
 
 def unit() -> configparser.ConfigParser:
@@ -55,7 +65,7 @@ def unit() -> configparser.ConfigParser:
 def test_the_shipped_config_puts_everything_under_the_units_folders() -> None:
     # As `corral run -c /etc/corral/corral.toml` reads it: relative paths would resolve
     # against /etc/corral, which the service user cannot write.
-    config = parse_config(tomllib.loads(ETC_CONFIG.read_text()), file="/etc/corral/corral.toml", base=Path("/etc/corral"))
+    config = shipped_config()
     assert config.server.socket.is_absolute() and config.server.socket.parent == RUNTIME
     assert config.store_path.is_absolute() and config.store_path.parent == STATE
     assert config.state_dir == STATE / "corral.d"
@@ -87,7 +97,7 @@ def test_the_socket_unit_passes_the_configs_socket_with_the_configs_rights() -> 
     # The socket systemd makes is the one clients find in the config, with the same rights
     # corral would give it itself, and the name corral serves as its control socket.
     sock = socket_unit()["Socket"]
-    config = parse_config(tomllib.loads(ETC_CONFIG.read_text()), file="/etc/corral/corral.toml", base=Path("/etc/corral"))
+    config = shipped_config()
     assert Path(sock["ListenStream"]) == config.server.socket
     assert sock["FileDescriptorName"] == _systemd.CONTROL_NAME
     assert int(sock["SocketMode"], 8) == config.server.socket_mode == 0o660
@@ -108,7 +118,7 @@ def test_the_service_is_notify_watched_delegated_and_hardened() -> None:
     assert "corral.socket" in unit()["Unit"]["Requires"] and "corral.socket" in unit()["Unit"]["After"]
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed (Debian package systemd)")
+@pytest.mark.skipif(NO_ANALYZE, reason=f"systemd-analyze {MISSING}")
 def test_systemd_analyze_verify_passes_on_both_units(tmp_path: Path) -> None:
     corral = Path(sys.executable).parent / "corral"
     if not corral.exists():
@@ -156,7 +166,8 @@ def test_a_socket_group_that_does_not_exist_is_a_preflight_problem(short_tmp: Pa
     problems = [p for p in preflight(config) if p.key == "server.socket_group"]
     assert len(problems) == 1 and missing in problems[0].message and "groupadd" in problems[0].fix
     mine = grp.getgrgid(os.getegid()).gr_name
-    assert not [p for p in preflight(replace(config, server=replace(config.server, socket_group=mine))) if p.key == "server.socket_group"]
+    mine_config = replace(config, server=replace(config.server, socket_group=mine))
+    assert not [p for p in preflight(mine_config) if p.key == "server.socket_group"]
 
 
 def test_corral_gives_its_socket_the_configured_mode_and_group(short_tmp: Path) -> None:
@@ -261,7 +272,11 @@ async def test_ready_status_watchdog_and_stopping_reach_the_notify_socket(short_
     config = make_config(short_tmp)
     interval = 0.2
     async with NotifyListener(str(short_tmp / "notify")) as listener, trio.open_nursery() as nursery:
-        environ = {"NOTIFY_SOCKET": listener.env_value, "WATCHDOG_USEC": str(int(interval * 2 * 1_000_000)), "WATCHDOG_PID": str(os.getpid())}
+        environ = {
+            "NOTIFY_SOCKET": listener.env_value,
+            "WATCHDOG_USEC": str(int(interval * 2 * 1_000_000)),
+            "WATCHDOG_PID": str(os.getpid()),
+        }
         with trio.fail_after(60):
             await nursery.start(partial(run_daemon, config, handle_signals=False, subreaper=False, environ=environ))
             ready = await listener.until(lambda m: "READY=1" in m)
@@ -340,7 +355,10 @@ def autojump_clock() -> trio.testing.MockClock:
 
 def test_each_line_carries_its_priority_and_a_traceback_keeps_it() -> None:
     formatter = _systemd.JournalFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    levels = {logging.CRITICAL: "<2>", logging.ERROR: "<3>", logging.WARNING: "<4>", logging.INFO: "<6>", logging.DEBUG: "<7>"}
+    levels = {
+        logging.CRITICAL: "<2>", logging.ERROR: "<3>", logging.WARNING: "<4>",
+        logging.INFO: "<6>", logging.DEBUG: "<7>",
+    }
     for level, prefix in levels.items():
         record = logging.LogRecord("corral", level, __file__, 1, "line one\nline two", None, None)
         lines = formatter.format(record).split("\n")
@@ -408,6 +426,8 @@ adapter = "demo"
 delay = 0.01
 """
 
+WITHOUT_TOKEN = ACTIVATED_CONFIG.replace('token_file = "corral.token"\n', "")
+
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -417,7 +437,7 @@ def _activated(folder: Path, sockets: list[socket.socket], names: str) -> subpro
     """``corral run`` in ``folder`` on ``sockets``, as systemd starts it; returns once it serves."""
     fds = [s.fileno() for s in sockets]
     proc = subprocess.Popen(
-        [sys.executable, "-c", SHIM, ",".join(map(str, fds)), names, "-m", "supervisor.cli", "run", "-c", "corral.toml"],
+        [sys.executable, "-c", SHIM, ",".join(map(str, fds)), names, *CORRAL[1:], "run", "-c", "corral.toml"],
         cwd=folder, env=_env(), pass_fds=fds, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     SUPERVISOR_PIDS.add(proc.pid)
@@ -483,7 +503,8 @@ def test_a_stop_sent_while_corral_restarts_waits_in_the_backlog_and_is_answered(
         # corral dies; nobody serves; a stop is sent and waits in the listening socket's backlog.
         first.kill()
         first.wait(60)
-        waiting = _raw_request(short_tmp / "corral.sock", b"POST /v1/stop HTTP/1.1\r\nHost: corral\r\nContent-Length: 0\r\n\r\n")
+        stop_all = b"POST /v1/stop HTTP/1.1\r\nHost: corral\r\nContent-Length: 0\r\n\r\n"
+        waiting = _raw_request(short_tmp / "corral.sock", stop_all)
         second = _activated(short_tmp, [control, tcp], "control:tcp")
         status, body = _response(waiting)
         waiting.close()
@@ -515,7 +536,7 @@ def test_a_stop_sent_while_corral_restarts_waits_in_the_backlog_and_is_answered(
     ],
 )
 def test_a_passed_socket_corral_must_not_serve_is_refused_with_the_fix(kind: str, says: str, short_tmp: Path) -> None:
-    (short_tmp / "corral.toml").write_text(ACTIVATED_CONFIG if kind == "wide-tcp" else ACTIVATED_CONFIG.replace('token_file = "corral.token"\n', ""))
+    (short_tmp / "corral.toml").write_text(ACTIVATED_CONFIG if kind == "wide-tcp" else WITHOUT_TOKEN)
     (short_tmp / "corral.token").write_text("s3cret\n")
     (short_tmp / "corral.token").chmod(0o600)
     if kind in ("wide-tcp", "tcp-without-token"):
@@ -537,9 +558,9 @@ def test_a_passed_socket_corral_must_not_serve_is_refused_with_the_fix(kind: str
     assert "ready on" not in err
 
 
-@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate is not installed (Debian package systemd)")
+@pytest.mark.skipif(NO_ACTIVATE, reason=f"systemd-socket-activate {MISSING}")
 def test_systemd_socket_activate_a_request_before_corral_is_ready_is_answered(short_tmp: Path) -> None:
-    (short_tmp / "corral.toml").write_text(ACTIVATED_CONFIG.replace('token_file = "corral.token"\n', ""))
+    (short_tmp / "corral.toml").write_text(WITHOUT_TOKEN)
     path = short_tmp / "corral.sock"
     # corral's stderr is "the journal": JOURNAL_STREAM names it, as systemd does.
     read_end, write_end = os.pipe()
@@ -559,7 +580,9 @@ def test_systemd_socket_activate_a_request_before_corral_is_ready_is_answered(sh
             # Nothing runs corral yet: this request starts it (systemd-socket-activate execs it
             # on the first connection) and waits until it serves.
             client = [*CORRAL, "--socket", str(path)]
-            done = subprocess.run([*client, "status", "--json"], env=_env(), capture_output=True, text=True, timeout=60, check=False)
+            done = subprocess.run(
+                [*client, "status", "--json"], env=_env(), capture_output=True, text=True, timeout=60, check=False
+            )
             assert done.returncode == 0, done.stderr
             assert json.loads(done.stdout)["pid"] == proc.pid
             subprocess.run([*client, "shutdown"], env=_env(), capture_output=True, timeout=60, check=True)
