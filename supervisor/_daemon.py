@@ -1,8 +1,10 @@
 """``corral run``: the supervisor behind a control API, until a signal or a shutdown request.
 
-The Unix socket is bound by corral, chmodded to 0600 and only then listened on (nobody can
-connect to a socket that is not listening, so there is no window with looser rights), and
-served by :mod:`._http`, where no connection's error can end the daemon. An optional TCP
+The Unix socket is bound by corral, given ``[server] socket_mode`` (0600 unless set) and
+``socket_group``, and only then listened on (nobody can connect to a socket that is not
+listening, so there is no window with looser rights), or passed by systemd (socket
+activation, :mod:`._systemd`: then corral neither makes nor removes it), and served by
+:mod:`._http`, where no connection's error can end the daemon. An optional TCP
 listener binds loopback only and requires a bearer token. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXCPU or SIGPWR (or
 ``POST /v1/shutdown``) ends it in order: running turns end as "Task interrupted — corral was
 shut down", their trees are killed and swept, stops in progress finish and answer their
@@ -160,7 +162,7 @@ async def run_daemon(
                 signal_scope = trio.CancelScope()
                 if signals is not None:
                     nursery.start_soon(_watch_signals, stopping, signal_scope, sup, signals)
-                if watchdog is not None:
+                if watchdog is not None and notifying:
                     # From this loop, so a stuck loop stops the pings; from before the
                     # listeners serve, so a long start-up is not mistaken for a hang.
                     nursery.start_soon(_systemd.ping_watchdog, watchdog, send, name=WATCHDOG_TASK)

@@ -345,11 +345,6 @@ async def test_status_lines_are_rate_limited_and_idle_means_no_wake_up(autojump_
         nursery.cancel_scope.cancel()
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
 # ---------------------------------------------------------------- journald
 
 
