@@ -19,6 +19,8 @@ from typing import Any
 
 
 DEFAULT_CONFIG_NAME = "corral.toml"
+#: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
+DEFAULT_SOCKET_MODE = 0o600
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,10 @@ class ServerConfig:
     socket: Path
     tcp: str | None = None
     token_file: Path | None = None
+    socket_mode: int = DEFAULT_SOCKET_MODE
+    """Permissions of the Unix socket corral creates (owner read-write, at most the group too)."""
+    socket_group: str | None = None
+    """Group the Unix socket corral creates belongs to (None: this user's group)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +107,7 @@ class Config:
 
 
 _TOP = {"server", "store", "defaults", "agents"}
-_SERVER = {"socket", "tcp", "token_file"}
+_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group"}
 _STORE = {"path"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges"}
 _DEFAULTS = {"agent"} | _LIMIT_KEYS
@@ -333,7 +339,44 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
                 check.add("server.token_file", f"{token_file} is not a regular file", "point token_file at a file holding the secret")
             elif mode & 0o077:
                 check.add("server.token_file", f"{token_file} is readable by other users (mode {stat.S_IMODE(mode):04o})", f"chmod 600 {token_file}")
-    return ServerConfig(socket=socket_path, tcp=tcp, token_file=token_file)
+    socket_group = check.string(server, "socket_group", "server.")
+    if socket_group == "":
+        check.add("server.socket_group", "is empty", 'name a group, e.g. socket_group = "corral", or remove the key')
+        socket_group = None
+    return ServerConfig(
+        socket=socket_path, tcp=tcp, token_file=token_file,
+        socket_mode=_socket_mode(check, server), socket_group=socket_group,
+    )
+
+
+def _socket_mode(check: _Checker, server: Mapping[str, Any]) -> int:
+    """``socket_mode``: an octal string; the owner can connect, other users cannot."""
+    default = DEFAULT_SOCKET_MODE
+    value = server.get("socket_mode")
+    if value is None:
+        return default
+    text = value if isinstance(value, str) else ""
+    digits = text.removeprefix("0o")
+    if not digits or len(digits) > 4 or any(c not in "01234567" for c in digits):
+        check.add(
+            "server.socket_mode",
+            f"expected an octal mode as a string, got {value!r}",
+            'write socket_mode = "0660" (quoted)',
+        )
+        return default
+    mode = int(digits, 8)
+    if mode & ~0o770:
+        check.add(
+            "server.socket_mode", f"{text} lets every user on the machine (or a special bit) at the socket",
+            'use at most "0660" and name the users\' group in socket_group',
+        )
+    elif mode & 0o600 != 0o600:
+        check.add(
+            "server.socket_mode",
+            f"{text} does not let corral's own user read and write it",
+            'write socket_mode = "0600" or "0660"',
+        )
+    return mode
 
 
 def _read_toml(file: Path) -> dict[str, Any]:

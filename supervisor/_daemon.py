@@ -1,8 +1,10 @@
 """``corral run``: the supervisor behind a control API, until a signal or a shutdown request.
 
-The Unix socket is bound by corral, chmodded to 0600 and only then listened on (nobody can
-connect to a socket that is not listening, so there is no window with looser rights), and
-served by :mod:`._http`, where no connection's error can end the daemon. An optional TCP
+The Unix socket is bound by corral, given ``[server] socket_mode`` (0600 unless set) and
+``socket_group``, and only then listened on (nobody can connect to a socket that is not
+listening, so there is no window with looser rights), or passed by systemd (socket
+activation, :mod:`._systemd`: then corral neither makes nor removes it), and served by
+:mod:`._http`, where no connection's error can end the daemon. An optional TCP
 listener binds loopback only and requires a bearer token. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXCPU or SIGPWR (or
 ``POST /v1/shutdown``) ends it in order: running turns end as "Task interrupted — corral was
 shut down", their trees are killed and swept, stops in progress finish and answer their
@@ -17,19 +19,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import grp
 import logging
 import os
 import signal
 import socket
 import stat
+from collections.abc import Callable, MutableMapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from . import _systemd
 from ._api import ControlAPI
-from ._config import Config
+from ._config import DEFAULT_SOCKET_MODE, Config
 from ._http import serve_socket
 from ._supervisor import Supervisor, open_supervisor
 
@@ -64,8 +69,11 @@ class DaemonError(RuntimeError):
     """The daemon cannot start (socket in use, bad address); the message says how to fix it."""
 
 
-def bind_unix_socket(path: Path) -> socket.socket:
-    """Bind ``path`` with mode 0600. A stale socket file is replaced; a live daemon is not."""
+def bind_unix_socket(path: Path, mode: int = DEFAULT_SOCKET_MODE, group: str | None = None) -> socket.socket:
+    """Bind ``path`` with ``mode`` (and ``group``). A stale socket file is replaced; a live daemon is not.
+
+    The rights are set before the socket listens, so nobody connects while they are looser.
+    """
     if len(os.fsencode(path)) >= 108:
         raise DaemonError(f"socket path {path} is too long for a Unix socket (max 107 bytes); choose a shorter [server] socket")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,12 +89,24 @@ def bind_unix_socket(path: Path) -> socket.socket:
             raise DaemonError(f"a corral daemon is already running on {path}; `corral shutdown` stops it")
         finally:
             probe.close()
+    gid = -1
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise DaemonError(
+                f"there is no group {group!r} for the socket; create it or remove [server] socket_group"
+            ) from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(path))
-        os.chmod(path, 0o600)
+        if gid >= 0:
+            os.chown(path, -1, gid)
+        os.chmod(path, mode)
     except OSError:
         sock.close()
+        with contextlib.suppress(OSError):
+            path.unlink()
         raise
     return sock
 
@@ -110,34 +130,20 @@ def bind_loopback_tcp(address: str) -> socket.socket:
     return sock
 
 
-def notify_systemd(message: str) -> bool:
-    """Send ``message`` to systemd's notify socket if the daemon runs under ``Type=notify``."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return False
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(address)
-            sock.sendall(message.encode())
-        except OSError as exc:
-            log.warning("cannot notify systemd: %s", exc)
-            return False
-    return True
-
-
 async def run_daemon(
     config: Config,
     *,
     handle_signals: bool = True,
     subreaper: bool = True,
+    environ: MutableMapping[str, str] = os.environ,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGINT/SIGTERM (if ``handle_signals``) or ``POST /v1/shutdown``.
 
     ``subreaper`` (process-wide) makes escaped descendants of turns re-parent to this
     process; ``corral run`` always sets it, a program hosting the daemon may not want to.
+    ``environ`` is where systemd's variables are read (``NOTIFY_SOCKET``, ``WATCHDOG_*``)
+    and the socket-activation ones taken from (``LISTEN_*``: removed once read).
     """
     stopping = trio.Event()
     token = None
@@ -145,8 +151,27 @@ async def run_daemon(
         token = config.server.token_file.read_text().strip()
         if not token:
             raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
-    unix_sock = bind_unix_socket(config.server.socket)
-    tcp_sock = bind_loopback_tcp(config.server.tcp) if config.server.tcp else None
+    try:
+        watchdog = _systemd.watchdog_interval(environ, os.getpid())
+    except _systemd.SystemdError as exc:
+        raise DaemonError(str(exc)) from None
+    notifying = _systemd.notify_address(environ) is not None
+    send = partial(_systemd.notify, environ=dict(environ))
+    passed = _take_sockets(config, environ, token)
+    unix_sock = passed.control
+    tcp_sock = passed.tcp
+    created: Path | None = None  # the socket file corral made, and so removes at the end
+    try:
+        if unix_sock is None:
+            unix_sock = bind_unix_socket(config.server.socket, config.server.socket_mode, config.server.socket_group)
+            created = config.server.socket
+        if tcp_sock is None and config.server.tcp:
+            tcp_sock = bind_loopback_tcp(config.server.tcp)
+    except BaseException:
+        for sock in (unix_sock, tcp_sock):
+            if sock is not None:
+                sock.close()
+        raise
     # The handlers stay installed from before the recovery until the very end: a signal that
     # arrives while the daemon recovers or shuts down (a second SIGTERM) is queued or
     # ignored, never the default action that would kill it mid-way.
@@ -159,6 +184,10 @@ async def run_daemon(
                 signal_scope = trio.CancelScope()
                 if signals is not None:
                     nursery.start_soon(_watch_signals, stopping, signal_scope, sup, signals)
+                if watchdog is not None and notifying:
+                    # From this loop, so a stuck loop stops the pings; from before the
+                    # listeners serve, so a long start-up is not mistaken for a hang.
+                    nursery.start_soon(_systemd.ping_watchdog, watchdog, send, name=WATCHDOG_TASK)
                 # The listeners close once the supervisor is down: a stop in progress at
                 # shutdown still answers its caller.
                 closed = trio.Event()
@@ -167,15 +196,21 @@ async def run_daemon(
                     if sock is not None:
                         await nursery.start(partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS))
                 log.info(
-                    "corral %d ready on %s%s; %d agent(s); %d channel(s) with queued messages restored",
-                    os.getpid(), config.server.socket, f" and {config.server.tcp}" if tcp_sock else "",
+                    "corral %d ready on %s%s%s; %d agent(s); %d channel(s) with queued messages restored",
+                    os.getpid(), config.server.socket,
+                    f" and {config.server.tcp or _address(tcp_sock)}" if tcp_sock else "",
+                    " (sockets from systemd)" if passed.control or passed.tcp else "",
                     len(config.agents), restored,
                 )
-                notify_systemd("READY=1\nSTATUS=serving")
+                status_scope = trio.CancelScope()
+                if notifying:
+                    send(f"READY=1\nSTATUS={_systemd.status_line(sup.status())}")
+                    nursery.start_soon(_report_status, sup, send, status_scope, name=STATUS_TASK)
                 task_status.started()
                 await stopping.wait()
                 log.info("shutting down")
-                notify_systemd("STOPPING=1")
+                status_scope.cancel()
+                send("STOPPING=1\nSTATUS=shutting down: ending the running turns")
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
                 closed.set()
@@ -187,11 +222,68 @@ async def run_daemon(
         for sock in (unix_sock, tcp_sock):
             if sock is not None and sock.fileno() >= 0:
                 sock.close()
-        try:
-            config.server.socket.unlink()
-        except FileNotFoundError:
-            pass
+        if created is not None:  # never a socket systemd made: it outlives this process
+            with contextlib.suppress(FileNotFoundError):
+                created.unlink()
         log.info("stopped")
+
+
+#: Task names, so that a test can tell the watchdog and the status reporter exist (or not).
+WATCHDOG_TASK = "corral.systemd.watchdog"
+STATUS_TASK = "corral.systemd.status"
+
+
+def _take_sockets(config: Config, environ: MutableMapping[str, str], token: str | None) -> _systemd.Activation:
+    """The listening sockets systemd passed, checked against the config (none: not activated)."""
+    try:
+        passed = _systemd.take_sockets(environ, os.getpid())
+    except _systemd.SystemdError as exc:
+        raise DaemonError(str(exc)) from None
+    try:
+        if passed.control is not None:
+            path = passed.control.getsockname()
+            if isinstance(path, bytes) or not path or Path(path) != config.server.socket:
+                raise DaemonError(
+                    f"systemd passed the control socket {path!r}, but [server] socket is {config.server.socket} "
+                    "(clients find the daemon there); make ListenStream= and [server] socket the same path"
+                )
+        if passed.tcp is not None and token is None:
+            raise DaemonError(
+                f"systemd passed a TCP socket ({_address(passed.tcp)}) but the config has no [server] token_file; "
+                "a TCP listener needs a token: add token_file, or remove the ListenStream="
+            )
+    except BaseException:
+        for sock in (passed.control, passed.tcp):
+            if sock is not None:
+                sock.close()
+        raise
+    return passed
+
+
+def _address(sock: socket.socket | None) -> str:
+    if sock is None:
+        return ""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _report_status(sup: Supervisor, send: Callable[[str], object], scope: trio.CancelScope) -> None:
+    """``STATUS=`` on every change: a committed entry wakes it (an idle daemon: nothing does)."""
+    changes_send, changes = trio.open_memory_channel[object](1)
+
+    ((newest,),) = await sup.store.query("SELECT coalesce(max(seq), 0) FROM entries")
+
+    async def watch() -> None:
+        async for _entry in sup.follow(None, after=newest):
+            with contextlib.suppress(trio.WouldBlock):
+                changes_send.send_nowait(None)
+
+    with scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await _systemd.report_status(
+                lambda: _systemd.status_line(sup.status()), lambda: sup.status()["running"] > 0, changes, send,
+            )
 
 
 #: Signals that end the daemon in order (SIGXCPU: the hard limit's SIGKILL follows; SIGPWR:

@@ -10,6 +10,7 @@ file system can only tell by trying is reported by ``corral run`` when it tries.
 
 from __future__ import annotations
 
+import grp
 import os
 import sqlite3
 from pathlib import Path
@@ -34,6 +35,7 @@ def preflight(config: Config) -> list[Problem]:
                     'choose a shorter path, e.g. socket = "/run/corral/corral.sock"')
         )
     problems += _folder(file, "server.socket", socket_path.parent)
+    problems += _group(file, config.server.socket_group)
     problems += _folder(file, "store.path", config.store_path.parent)
     problems += _store(file, config.store_path)
     problems += _state(file, config.state_dir)
@@ -54,6 +56,22 @@ def _folder(file: str, key: str, folder: Path) -> list[Problem]:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == resolved else f"cannot be created: {existing} is not writable"
         return [Problem(file, key, f"{folder} {what} by this user", fix)]
+    return []
+
+
+def _group(file: str, name: str | None) -> list[Problem]:
+    """The socket's group exists, and this user may give a file to it (root, or a member)."""
+    if name is None:
+        return []
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        return [Problem(file, "server.socket_group", f"there is no group {name!r} on this machine",
+                        f"create it (groupadd {name}) and add the operators to it, or remove socket_group")]
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        return [Problem(file, "server.socket_group",
+                        f"this user is not in the group {name!r}: it cannot give the socket to it",
+                        f"usermod -aG {name} $(id -un) and log in again, or run corral as a member of {name}")]
     return []
 
 

@@ -153,6 +153,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
 
     from ._logformat import JSONLogFormatter
     from ._preflight import preflight
+    from ._systemd import JournalFormatter, stderr_is_journal
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     config = _load(file)
@@ -160,11 +161,14 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     if problems:
         _problems(problems, file)
     handler = logging.StreamHandler(sys.stderr)
+    journald = stderr_is_journal(os.environ, sys.stderr)
+    formatter: logging.Formatter
     if obj.json or as_json:
-        handler.setFormatter(JSONLogFormatter())
-    else:
-        journald = "JOURNAL_STREAM" in os.environ
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s" if journald else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        formatter = JSONLogFormatter()
+    else:  # the journal stamps every line itself
+        formatter = logging.Formatter(("" if journald else "%(asctime)s ") + "%(levelname)s %(name)s: %(message)s")
+    # Under systemd each line starts with its syslog priority, so `journalctl -p warning` works.
+    handler.setFormatter(JournalFormatter(formatter) if journald else formatter)
     logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
     import trio
 
