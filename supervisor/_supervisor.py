@@ -26,6 +26,7 @@ import trio
 
 from ._config import AgentConfig, Config
 from ._ledger import QueuedMessage, StopDecision, StopLedger
+from ._cgroup import CgroupRoot, open_root
 from ._registry import ProcessRegistry
 from ._recovery import Recovery, recover, stop_notice_text
 from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
@@ -85,6 +86,8 @@ class StopResult:
     stopped_turns: list[str] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     swept: list[int] = field(default_factory=list)
+    kill: str | None = None
+    """How the turn's tree was ended: ``"cgroup"`` or ``"sweep"`` (None: nothing was running)."""
     dropped: int = 0
     notice_seq: int | None = None
     elapsed_ms: float = 0.0
@@ -101,6 +104,7 @@ class StopResult:
             "stopped_turns": self.stopped_turns,
             "killed": self.killed,
             "swept": self.swept,
+            "kill": self.kill,
             "dropped": self.dropped,
             "notice_seq": self.notice_seq,
             "elapsed_ms": round(self.elapsed_ms, 3),
@@ -160,6 +164,8 @@ class Supervisor:
         self._workers: set[str] = set()
         self._turns: dict[str, Turn] = {}
         self._stops: dict[str, _StopInProgress] = {}
+        self.cgroups: CgroupRoot | None = None
+        """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self.recovered: Recovery | None = None
         """What the last start recovered from an abrupt end of the previous owner."""
         self._idle: dict[str, trio.Event] = {}
@@ -367,9 +373,14 @@ class Supervisor:
 
     def adopt_background(self, tree: ProcessTree) -> None:
         """Keep a normal turn's background processes, and reap any that become ours."""
-        for ident in tree.known:
-            if ident.pid != tree.pid and ident.matches():
-                self._nursery.start_soon(self._reap_when_gone, ident.pid)
+        for pid in tree.background():
+            self._nursery.start_soon(self._reap_when_gone, pid)
+        if tree.cgroup is not None:
+            self._nursery.start_soon(self._remove_when_empty, tree.cgroup)
+
+    async def _remove_when_empty(self, cgroup: Any) -> None:
+        if await cgroup.wait_empty(float("inf")):
+            cgroup.remove()
 
     async def _reap_when_gone(self, pid: int) -> None:
         if await wait_pid_exit(pid):
@@ -395,6 +406,7 @@ class Supervisor:
             total.stopped_turns += r.stopped_turns
             total.killed += r.killed
             total.swept += r.swept
+            total.kill = total.kill or r.kill
             total.dropped += r.dropped
             total.ok = total.ok and r.ok
         total.error = "; ".join(r.error for r in results if r.error) or None
@@ -514,6 +526,7 @@ class Supervisor:
                     result.error = f"turn {turn.turn_id} did not finish within {budget:g} s"
                 report = turn.outcome.report
                 result.killed, result.swept = list(report.killed), list(report.swept)
+                result.kill = report.mechanism
                 if report.survivors:
                     result.ok = False
                     result.error = f"processes {report.survivors} could not be confirmed dead"
@@ -672,7 +685,7 @@ class Supervisor:
     async def recover(self) -> Recovery:
         """Before serving: end the previous owner's orphans and close its turns on the record."""
         grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=self.config.limits.stop_grace)
-        self.recovered = await recover(self.store, grace, STOP_NOTICE)
+        self.recovered = await recover(self.store, grace, STOP_NOTICE, self.cgroups)
         return self.recovered
 
     async def _finish_shutdown_turn(self, turn: Turn) -> None:
@@ -756,6 +769,7 @@ async def open_supervisor(
         async with open_store(str(config.store_path)) as store:
             async with trio.open_nursery() as nursery:
                 sup = Supervisor(config, store, nursery, hooks)
+                sup.cgroups = open_root(config.server.cgroup, store.store_id)
                 sup.reap_adopted = bool(subreaper and owns_children)
                 if subreaper:
                     # Every escaped descendant of a turn re-parents to this process, so the
@@ -770,6 +784,8 @@ async def open_supervisor(
                     with trio.CancelScope(shield=True):
                         await sup.shutdown()
                     nursery.cancel_scope.cancel()
+                    if sup.cgroups is not None:
+                        sup.cgroups.close()
     finally:
         if restore_subreaper:
             set_child_subreaper(False)

@@ -41,6 +41,9 @@ from supervisor._tree import spawn as real_spawn
 #: Generous limit for anything that involves a real process.
 SLOW = 20.0
 
+#: Every test here runs with each kill mechanism: a cgroup per turn, and the sweep fallback.
+pytestmark = pytest.mark.usefixtures("kill_mechanism")
+
 # The test agent speaks the generic line protocol; words of its prompt steer it:
 #   ignore            ignore SIGINT and SIGTERM (only SIGKILL ends it)
 #   flush             on SIGINT print text, a status, todos, a session id and a result, then exit
@@ -177,9 +180,9 @@ class SpawnRecorder:
     arrived: trio.Event = field(default_factory=trio.Event)
     go: trio.Event = field(default_factory=trio.Event)
 
-    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool) -> trio.Process:
+    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool, **kw: Any) -> trio.Process:
         with trio.CancelScope(shield=True):
-            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe)
+            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe, **kw)
             self.calls.append(Spawned(env[TURN_MARKER], process))
             if self.park and not self.go.is_set():
                 with trio.fail_after(SLOW):
