@@ -417,8 +417,8 @@ class ProcessTree:
         self.known: set[ProcId] = descendants(process.pid) if cgroup is None else set()
         self.report = KillReport(mechanism="sweep" if cgroup is None else "cgroup")
         self._interrupted = False
-        self._members: dict[int, bool] = {}
-        """Cgroup path: every pid seen in the cgroup while signalling it, and whether it was in the group."""
+        self._members: dict[int, ProcStat | None] = {}
+        """Cgroup path: every pid seen in the cgroup while signalling it, and its stat then."""
 
     @property
     def pid(self) -> int:
@@ -437,15 +437,17 @@ class ProcessTree:
         """Send ``sig`` to the group (while the leader is unreaped) and to every other process
         of the cgroup, once each; remember who was there for the report."""
         assert self.cgroup is not None
+        # Who is there is read before anything is signalled: a process that dies of the
+        # signal at once is still reported as killed.
+        others = []
+        for pid in self.cgroup.procs():
+            if pid not in self._members:
+                self._members[pid] = read_stat(pid)
+            if not (group and self._in_group(pid)):
+                others.append(pid)
         if group and self.process.returncode is None:
             signal_group(self.pgid, sig)
-        for pid in self.cgroup.procs():
-            in_group = self._members.get(pid)
-            if in_group is None:
-                stat = read_stat(pid)
-                in_group = self._members[pid] = stat is not None and stat.pgid == self.pgid
-            if in_group and group:
-                continue
+        for pid in others:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -477,8 +479,7 @@ class ProcessTree:
         if self.cgroup is not None:
             for pid in self.cgroup.procs():
                 if pid not in self._members:
-                    stat = read_stat(pid)
-                    self._members[pid] = stat is not None and stat.pgid == self.pgid
+                    self._members[pid] = read_stat(pid)
             self.cgroup.kill()
             return
         if self.process.returncode is not None:
@@ -546,6 +547,12 @@ class ProcessTree:
         assert self.cgroup is not None
         self.kill_group()
         emptied = await self.cgroup.wait_empty(deadline)
+        me = os.getpid()
+        for pid, then in self._members.items():
+            # Escapees re-parented to this subreaper: reap exactly those (same start time).
+            now = read_stat(pid) if pid != self.pid and then is not None else None
+            if now is not None and now.state == "Z" and now.ppid == me and now.started == then.started:  # type: ignore[union-attr]
+                reap_if_child(pid)
         with trio.move_on_at(deadline):
             await self.process.wait()  # reap the leader last: its zombie held the group id
         survivors = set(self.cgroup.procs()) if not emptied else set()
@@ -553,11 +560,14 @@ class ProcessTree:
             survivors.add(self.pid)
         if not survivors:
             self.cgroup.remove()
-        members = self._members
-        self.report.killed = sorted(p for p, g in members.items() if g)
-        self.report.swept = sorted(p for p, g in members.items() if not g)
+        self.report.killed = sorted(p for p in self._members if self._in_group(p))
+        self.report.swept = sorted(p for p, st in self._members.items() if st is not None and st.pgid != self.pgid)
         self.report.survivors = sorted(survivors)
         self.report.returncode = self.process.returncode
+
+    def _in_group(self, pid: int) -> bool:
+        stat = self._members.get(pid)
+        return stat is not None and stat.pgid == self.pgid
 
     def background(self) -> list[int]:
         """Processes the turn left running besides its (exited) leader."""
