@@ -88,6 +88,8 @@ class StopResult:
     swept: list[int] = field(default_factory=list)
     kill: str | None = None
     """How the turn's tree was ended: ``"cgroup"`` or ``"sweep"`` (None: nothing was running)."""
+    cpu_ms: float = 0.0
+    """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
     dropped: int = 0
     notice_seq: int | None = None
     elapsed_ms: float = 0.0
@@ -105,6 +107,7 @@ class StopResult:
             "killed": self.killed,
             "swept": self.swept,
             "kill": self.kill,
+            "cpu_ms": round(self.cpu_ms, 3),
             "dropped": self.dropped,
             "notice_seq": self.notice_seq,
             "elapsed_ms": round(self.elapsed_ms, 3),
@@ -393,13 +396,15 @@ class Supervisor:
         if channel is None:
             return await self.stop_all()
         check_channel(channel)
-        started = trio.current_time()
+        started, cpu = trio.current_time(), time.process_time()
         decision = self.ledger.stop(channel)  # first act: the generation moves now
-        return (await self._stop(self._record([decision]), started))[0]
+        result = (await self._stop(self._record([decision]), started))[0]
+        result.cpu_ms = (time.process_time() - cpu) * 1000
+        return result
 
     async def stop_all(self) -> StopResult:
         """Stop every channel that has work; the result lists each."""
-        started = trio.current_time()
+        started, cpu = trio.current_time(), time.process_time()
         results = await self._stop(self._record(self.ledger.stop_all()), started)
         total = StopResult(channel=None, generation=0, channels=results)
         for r in results:
@@ -411,6 +416,7 @@ class Supervisor:
             total.ok = total.ok and r.ok
         total.error = "; ".join(r.error for r in results if r.error) or None
         total.elapsed_ms = (trio.current_time() - started) * 1000
+        total.cpu_ms = (time.process_time() - cpu) * 1000
         log.info("stop all: %d channel(s), killed %s, swept %s, %.1f ms", len(results), total.killed, total.swept, total.elapsed_ms)
         return total
 

@@ -490,12 +490,17 @@ class ProcessTree:
     async def terminate(self, sig: int, grace: float) -> None:
         """Interrupt, wait up to ``grace`` for the leader to exit, then SIGKILL the group.
 
-        With a cgroup: wait up to ``grace`` for the whole cgroup to empty, then ``cgroup.kill``.
+        With a cgroup: the same wait, then ``cgroup.kill`` — everything left in the cgroup.
+        The grace is the leader's (the CLI that saves its session on the interrupt), not the
+        cgroup's: a shell's background jobs ignore SIGINT (POSIX), and waiting for them to
+        empty the cgroup would hold every such stop for the whole grace, for nothing.
         """
         if self.cgroup is not None:
             if not self._interrupted:
                 self.interrupt(sig)
-            await self.cgroup.wait_empty(trio.current_time() + grace)
+            if self.process.returncode is None:
+                with trio.move_on_after(grace):
+                    await wait_exited(self.process)
             self.kill_group()
             return
         if self.process.returncode is None:
