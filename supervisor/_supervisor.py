@@ -776,6 +776,8 @@ async def open_supervisor(
             async with trio.open_nursery() as nursery:
                 sup = Supervisor(config, store, nursery, hooks)
                 sup.cgroups = open_root(config.server.cgroup, store.store_id)
+                if sup.cgroups is not None and sup.cgroups.watcher is not None:
+                    nursery.start_soon(sup.cgroups.watcher.run, name="corral-cgroup-watcher")
                 sup.reap_adopted = bool(subreaper and owns_children)
                 if subreaper:
                     # Every escaped descendant of a turn re-parents to this process, so the

@@ -417,6 +417,7 @@ class ProcessTree:
         self.known: set[ProcId] = descendants(process.pid) if cgroup is None else set()
         self.report = KillReport(mechanism="sweep" if cgroup is None else "cgroup")
         self._interrupted = False
+        self._cgroup_killed = False
         self._members: dict[int, ProcStat | None] = {}
         """Cgroup path: every pid seen in the cgroup while signalling it, and its stat then."""
 
@@ -477,10 +478,13 @@ class ProcessTree:
         """
         self._interrupted = True
         if self.cgroup is not None:
-            for pid in self.cgroup.procs():
-                if pid not in self._members:
-                    self._members[pid] = read_stat(pid)
-            self.cgroup.kill()
+            if not self._cgroup_killed:
+                # Once is enough: cgroup.kill also ends what forks while it runs.
+                self._cgroup_killed = True
+                for pid in self.cgroup.procs():
+                    if pid not in self._members:
+                        self._members[pid] = read_stat(pid)
+                self.cgroup.kill()
             return
         if self.process.returncode is not None:
             return
