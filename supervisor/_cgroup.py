@@ -204,7 +204,10 @@ class Watcher:
         """Close the inotify fd (once)."""
         if not self._closed:
             self._closed = True
-            trio.lowlevel.notify_closing(self.fd)
+            try:
+                trio.lowlevel.notify_closing(self.fd)
+            except RuntimeError:
+                pass  # outside Trio: nobody can be waiting on it
             os.close(self.fd)
 
 
