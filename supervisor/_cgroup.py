@@ -26,9 +26,11 @@ the target, which keeps the pid (so the process group, the pidfd and Trio's wait
 leader's). The cgroup path and the argv are positional parameters: they are never parsed by
 the shell, nor by an option parser. The program is resolved in the parent first (a missing
 program fails the spawn with ``FileNotFoundError`` as before, not with a shell message).
-Cost measured on this project's 2-core CI machine (``scripts/bench_stop.py --spawn``): one
-extra ``execve`` of ``dash``, about 0.6 ms on top of a 1.5–2 ms spawn of a small program; a
-``clone3`` helper would save that but needs a compiled binary. Chosen: the shell step.
+Its cost, measured with ``scripts/bench_stop.py --spawn`` (spawn of ``/bin/true`` until it
+exits, 200 rounds, 2 shared cores, load 3.1): median 0.8 ms plain, 1.5 ms through the step —
+one extra ``execve`` of ``dash``, 0.7 ms per turn, next to a CLI that takes 100 ms to seconds
+to start. A ``clone3(CLONE_INTO_CGROUP)`` helper would save that but is a compiled binary to
+build and ship; the shell is everywhere. Chosen: the shell step.
 
 **Limits.** Per-agent ``memory_max`` and ``pids_max`` are written to each turn's cgroup where
 the ``memory`` / ``pids`` controllers can be enabled in ``cgroup.subtree_control`` down to it;
@@ -405,7 +407,8 @@ def open_root(setting: str, store_id: str) -> CgroupRoot | None:
             log.info("kill mechanism: sweep (no writable cgroup v2: %s)", exc)
         return None
     log.info(
-        "kill mechanism: cgroup, turns in %s (limits: %s)", root.path, ", ".join(sorted(root.controllers)) or "none delegated"
+        "kill mechanism: cgroup, turns in %s (limits: %s)",
+        root.path, ", ".join(sorted(root.controllers)) or "none delegated",
     )
     return root
 
@@ -426,7 +429,9 @@ def find_base(setting: str) -> Path:
         raise CgroupUnavailable("this process has no cgroup v2 path in /proc/self/cgroup")
     base = mount / own.lstrip("/")
     if not os.access(base, os.W_OK):
-        raise CgroupUnavailable(f"{base} (this process's own cgroup) is not writable; run under systemd with Delegate=yes")
+        raise CgroupUnavailable(
+            f"{base} (this process's own cgroup) is not writable; run under systemd with Delegate=yes"
+        )
     return base
 
 

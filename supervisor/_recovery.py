@@ -155,7 +155,9 @@ async def end_cgroups(root: CgroupRoot, grace: float, report: Recovery) -> None:
             nursery.start_soon(end, cgroup)
     report.killed.extend(sorted(seen - set(report.survivors)))
     if report.survivors:
-        log.error("processes %s in turn cgroups of store %s could not be confirmed dead", report.survivors, root.store_id)
+        log.error(
+            "processes %s in turn cgroups of store %s could not be confirmed dead", report.survivors, root.store_id
+        )
 
 
 def stop_notice_text(text: str, dropped: int) -> str:

@@ -372,7 +372,8 @@ def test_cgroup_two_stores_never_touch_each_others_cgroups(short_tmp: Path, esca
         assert not alive(leader_a) and not alive(escapee_a)
         # The other store's turn runs on, in its cgroup, untouched.
         assert alive(leader_b) and alive(escapee_b)
-        assert cgroup_b.is_dir() and {leader_b, escapee_b} <= {int(p) for p in (cgroup_b / "cgroup.procs").read_text().split()}
+        members = {int(p) for p in (cgroup_b / "cgroup.procs").read_text().split()}
+        assert cgroup_b.is_dir() and {leader_b, escapee_b} <= members
         status = json.loads(b.cli("--json", "status", check=True).stdout)
         assert status["channels"]["ch"]["turn"]["id"] == turn_b
         stopped = json.loads(b.cli("--json", "stop", "ch", check=True).stdout)
