@@ -378,9 +378,16 @@ class CgroupRoot:
             return []
 
     def close(self) -> None:
-        """Remove the store's subtree if no turn cgroup is left in it (kept ones stay)."""
+        """Remove every empty turn cgroup, then the store's subtree if nothing is left in it.
+
+        A turn cgroup still holding processes (kept background ones) stays: the next start
+        ends them. An empty one can be left by a kept process that ended during shutdown.
+        """
         if self.watcher is not None and not self.watcher.running:
             self.watcher.close()
+        for cgroup in self.leftovers():
+            if not cgroup.populated():
+                remove(cgroup.path)
         try:
             self.path.rmdir()
         except OSError as exc:

@@ -384,3 +384,22 @@ def test_cgroup_two_stores_never_touch_each_others_cgroups(short_tmp: Path, esca
             assert restarted.stop() == 0
         a.stop()
         b.stop()
+
+
+@needs_cgroup
+def test_cgroup_close_removes_empty_turn_cgroups_and_keeps_populated_ones() -> None:
+    root = CgroupRoot(cgroup2_base(), "test-" + os.urandom(4).hex())
+    root.setup()
+    empty, kept = root.create("t1"), root.create("t2")
+    sleeper = subprocess.Popen(["/bin/sh", "-c", ENTER_SCRIPT, "sh", kept.path, "sleep", "60"])
+    try:
+        until("the sleeper in its cgroup", lambda: sleeper.pid in kept.procs())
+        root.close()
+        assert not Path(empty.path).exists()  # an empty one left behind (e.g. during a shutdown)
+        assert Path(kept.path).is_dir() and root.path.is_dir()  # the next start ends it
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    until("the cgroup empty", lambda: not kept.populated())
+    root.close()
+    assert not root.path.exists()
