@@ -26,7 +26,7 @@ import trio
 
 from ._config import AgentConfig, Config
 from ._ledger import QueuedMessage, StopDecision, StopLedger
-from ._cgroup import CgroupRoot, open_root
+from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._registry import ProcessRegistry
 from ._recovery import Recovery, recover, stop_notice_text
 from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
@@ -381,7 +381,7 @@ class Supervisor:
         if tree.cgroup is not None:
             self._nursery.start_soon(self._remove_when_empty, tree.cgroup)
 
-    async def _remove_when_empty(self, cgroup: Any) -> None:
+    async def _remove_when_empty(self, cgroup: TurnCgroup) -> None:
         if await cgroup.wait_empty(float("inf")):
             cgroup.remove()
 
