@@ -220,7 +220,12 @@ class Turn:
         if not sup.ledger.may_start(self.channel, self.turn_id):
             return
         spawner = sup.hooks.spawn or spawn
-        cgroup = sup.cgroups.create(self.turn_id, self.agent.cgroup_limits) if sup.cgroups is not None else None
+        cgroup = None
+        if sup.cgroups is not None:
+            try:
+                cgroup = sup.cgroups.create(self.turn_id, self.agent.cgroup_limits)
+            except OSError as exc:  # e.g. the subtree was removed under us: the sweep still works
+                log.warning("[%s %s] no cgroup for this turn (%s): its stop falls back to the sweep", self.channel, self.turn_id, exc)
         sup.spawning += 1
         try:
             extra = {} if cgroup is None else {"cgroup": cgroup}

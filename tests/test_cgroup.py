@@ -403,3 +403,24 @@ def test_cgroup_close_removes_empty_turn_cgroups_and_keeps_populated_ones() -> N
     until("the cgroup empty", lambda: not kept.populated())
     root.close()
     assert not root.path.exists()
+
+
+@needs_cgroup
+async def test_cgroup_a_turn_whose_cgroup_cannot_be_made_runs_and_stops_with_the_sweep(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(short_tmp, {"bot": agent_config(short_tmp)})
+    async with open_supervisor(config) as sup:
+        assert sup.cgroups is not None
+
+        def refuse(turn_id: str, limits: object = None) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        sup.cgroups.create = refuse  # type: ignore[method-assign,assignment]
+        await sup.send("ch", str(short_tmp / "pid"))
+        await wait_text(sup, "ch", "ready")
+        os.kill(int((short_tmp / "pid").read_text()), signal.SIGKILL)
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        assert result.ok and result.kill == "sweep"
+        assert any("falls back to the sweep" in r.getMessage() for r in caplog.records)
