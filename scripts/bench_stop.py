@@ -16,7 +16,18 @@ For 1, 50 and 200 channels, each running the demo agent inside its tool (every c
   the ``CORRAL_TURN`` marker one second after the last stop returned;
 * **floor**: the same trees started directly (``start_new_session=True``, same prompt, until
   the "tool running" line), then a bare ``os.killpg(pgid, SIGKILL)`` + wait of the leader,
-  timed per tree. The setsid grandchild survives that; it is counted, then killed by pid.
+  timed per tree. The setsid grandchild survives that; it is counted, then killed by pid;
+* **SIGINT-all floor** / **killpg-all floor**: the floors of a stop-all — every group sent
+  SIGINT (what corral's stop sends first) or SIGKILL in one pass, then every leader waited.
+
+The stop-one and stop-all rows run once per kill mechanism (``--mech``), each with its own
+daemon: ``cgroup`` (a cgroup v2 per turn; skipped, saying why, where none is writable) and
+``sweep`` (``[server] cgroup = "off"``). Each daemon row also shows corral's own CPU per
+stopped turn (the stop result's ``cpu_ms``: ``time.process_time()`` of the daemon, all its
+threads, from the call to the return) and the load average when the row ended. Two agents:
+``demo`` (the bundled demo agent) and ``light`` (``sh`` with a ``sleep`` in its group and a
+``setsid sleep``: the lightest tree, so what is measured is corral, not the agent).
+``--spawn`` measures what spawning into a cgroup costs (the shell pre-exec step).
 
 Then, for each real CLI (claude, codex, gemini, qwen; ``--cli``), against its fake model
 server of tests/fakemodel/, each turn running a tool that starts a long process plus a setsid
@@ -86,12 +97,17 @@ from fakemodel._http import FakeModelServer  # noqa: E402
 from fakemodel.clis import cache_dir as cli_cache_dir  # noqa: E402
 from fakemodel.clis import cli_path  # noqa: E402
 from fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, toml_value, write_tool_script  # noqa: E402
+from supervisor._cgroup import open_root  # noqa: E402
 from supervisor._client import Client  # noqa: E402
 from supervisor._tree import scrubbed_environment  # noqa: E402
 
 #: Targets, printed next to the figures.
 STOP_ONE_FACTOR, STOP_ONE_SLACK_MS = 2.0, 10.0
 STOP_ALL_200_MS = 150.0
+#: Issue 11: cgroup stop-all of 200 within this many SIGINT-all floors; CPU per stopped turn.
+STOP_ALL_FLOOR_FACTOR = 1.5
+CPU_PER_TURN_MS = 0.25
+MECHS = ("cgroup", "sweep")
 READY_TIMEOUT = 180.0
 
 
@@ -134,14 +150,46 @@ def demo_setup(folder: Path) -> Iterator[AgentSetup]:
     )
 
 
+#: The light tree: a shell, a ``sleep`` in its group and a ``setsid sleep`` (its own session).
+LIGHT_SCRIPT = 'sleep 600 & setsid sleep 600 & echo "tool running"; wait'
+
+
+@contextlib.contextmanager
+def light_setup(folder: Path) -> Iterator[AgentSetup]:
+    """The lightest tree a turn can have: what a stop costs corral itself, not the agent."""
+    argv = ["/bin/sh", "-c", LIGHT_SCRIPT, "sh"]
+    yield AgentSetup(
+        label="light",
+        agent="light",
+        agent_toml=f'[agents.light]\nadapter = "generic"\ncommand = {toml_value(argv)}\n',
+        prompt="go",
+        ready_entry=lambda e: e["kind"] == "message" and "tool running" in e["text"],
+        direct_argv=lambda prompt: [*argv, prompt],
+        direct_env=demo_env,
+        ready_line=lambda line: "tool running" in line,
+    )
+
+
 #: Rows to run, by name. A real CLI (claude, codex, gemini, qwen against the fake model
 #: servers of tests/fakemodel/) goes here as one more setup.
-SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[AgentSetup]]] = {"demo": demo_setup}
+SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[AgentSetup]]] = {
+    "demo": demo_setup, "light": light_setup,
+}
 
 
-def config_text(setup: AgentSetup) -> str:
-    """The daemon's config for one agent setup."""
-    return SERVER_TOML + f'[defaults]\nstop_grace = 2\nagent = "{setup.agent}"\n' + setup.agent_toml
+def config_text(setup: AgentSetup, mech: str = "sweep") -> str:
+    """The daemon's config for one agent setup and kill mechanism."""
+    server = SERVER_TOML.replace("[server]\n", f'[server]\ncgroup = "{"auto" if mech == "cgroup" else "off"}"\n')
+    return server + f'[defaults]\nstop_grace = 2\nagent = "{setup.agent}"\n' + setup.agent_toml
+
+
+def cgroup_missing() -> str | None:
+    """Why the cgroup rows cannot run here; None if they can."""
+    root = open_root("auto", f"bench-{os.getpid()}")
+    if root is None:
+        return "no writable cgroup v2 (see the daemon's log line 'kill mechanism')"
+    root.close()
+    return None
 
 
 # ---------------------------------------------------------------- rows
@@ -164,6 +212,11 @@ class StopRow:
     swept: int = 0
     errors: list[str] = field(default_factory=list)
     ready_ms: float = 0.0
+    cpu_ms: list[float] = field(default_factory=list)
+    """corral's own CPU per stopped turn, one figure per call (a stop-all's divided by its turns)."""
+    kill: set[str] = field(default_factory=set)
+    """The mechanisms the stop results named."""
+    load: str = ""
 
 
 def start_and_wait_ready(socket: Path, setup: AgentSetup, channels: list[str]) -> float:
@@ -190,7 +243,11 @@ def start_and_wait_ready(socket: Path, setup: AgentSetup, channels: list[str]) -
 
 
 def _account(row: StopRow, result: dict[str, Any]) -> None:
+    turns = len(result["stopped_turns"]) or 1
+    row.cpu_ms.append(result.get("cpu_ms", 0.0) / turns)
     for r in result["channels"] if result.get("channels") is not None else [result]:
+        if r.get("kill"):
+            row.kill.add(r["kill"])
         row.killed += len(r["killed"])
         row.swept += len(r["swept"])
         if not r["ok"]:
@@ -199,9 +256,9 @@ def _account(row: StopRow, result: dict[str, Any]) -> None:
             row.errors.append(f"{r['channel']}: the stop found no turn to stop")
 
 
-def row_stop_one(daemon: Daemon, setup: AgentSetup, n: int, tag: str) -> StopRow:
+def row_stop_one(daemon: Daemon, setup: AgentSetup, n: int, tag: str, mech: str = "") -> StopRow:
     """``n`` channels in their tool; stop each in turn, one call at a time."""
-    row = StopRow("stop-one", n)
+    row = StopRow(f"stop-one {mech}".strip(), n)
     channels = [f"{tag}-{i}" for i in range(n)]
     row.ready_ms = start_and_wait_ready(daemon.socket, setup, channels)
     stop_one_by_one(daemon, row, channels)
@@ -234,9 +291,9 @@ def stop_one_by_one(
     row.left_after_1s = len(row.left_detail)
 
 
-def row_stop_all(daemon: Daemon, setup: AgentSetup, n: int, tag: str) -> StopRow:
+def row_stop_all(daemon: Daemon, setup: AgentSetup, n: int, tag: str, mech: str = "") -> StopRow:
     """``n`` channels in their tool; one stop-all call."""
-    row = StopRow("stop-all", n)
+    row = StopRow(f"stop-all {mech}".strip(), n)
     channels = [f"{tag}-{i}" for i in range(n)]
     row.ready_ms = start_and_wait_ready(daemon.socket, setup, channels)
     home = str(daemon.folder)
@@ -266,12 +323,17 @@ def kill_groups(procs: Iterable[subprocess.Popen[Any]]) -> None:
             proc.wait()
 
 
-def row_floor_killpg(folder: Path, setup: AgentSetup, n: int, tag: str, *, all_at_once: bool = False) -> StopRow:
+def row_floor_killpg(
+    folder: Path, setup: AgentSetup, n: int, tag: str, *, all_at_once: bool = False, sig: int = signal.SIGKILL
+) -> StopRow:
     """The same trees started directly; ``os.killpg(pgid, SIGKILL)`` + wait of the leader, per tree.
 
     ``all_at_once``: the floor of a stop-all — every group signalled, then every leader waited.
+    ``sig``: SIGINT for the ``SIGINT-all floor`` (what a stop sends first; the leaders must
+    exit of it, as the demo agent and ``sh`` do).
     """
-    row = StopRow("killpg-all floor" if all_at_once else "killpg floor", n)
+    name = "SIGINT-all floor" if sig == signal.SIGINT else "killpg-all floor"
+    row = StopRow(name if all_at_once else "killpg floor", n)
     home = folder / f"direct-{tag}"
     env = setup.direct_env(home)
     procs: list[subprocess.Popen[str]] = []
@@ -299,9 +361,9 @@ def row_floor_killpg(folder: Path, setup: AgentSetup, n: int, tag: str, *, all_a
         if all_at_once:
             t0 = time.perf_counter()
             for proc in procs:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, sig)
             for proc in procs:
-                proc.wait()
+                proc.wait(timeout=30)
             row.times_ms.append((time.perf_counter() - t0) * 1000)
         for proc in procs if not all_at_once else ():
             t0 = time.perf_counter()
@@ -611,12 +673,99 @@ def print_row(row: StopRow) -> None:
     """One row, human-readable."""
     print(f"  {row.what:<15} {row.channels:>3} ch: {spread(row.times_ms)}"
           + (f"   (daemon's own: {spread(row.server_ms)})" if row.server_ms else ""))
-    extra = f"killed {row.killed}, swept {row.swept}, " if row.what != "killpg floor" else ""
-    at_return = f"alive at return {row.alive_at_return}, " if row.what != "killpg floor" else ""
+    daemon = not row.what.endswith("floor")
+    extra = f"killed {row.killed}, swept {row.swept}, " if daemon else ""
+    at_return = f"alive at return {row.alive_at_return}, " if daemon else ""
     left = f"left after 1 s {row.left_after_1s}" + kinds_text(row.left_detail)
-    print(f"  {'':<15} {'':>3}     {extra}{at_return}{left}; all trees ready in {row.ready_ms:.0f} ms")
+    print(f"  {'':<15} {'':>3}     {extra}{at_return}{left}; all trees ready in {row.ready_ms:.0f} ms; load {row.load}")
+    if row.cpu_ms:
+        print(f"  {'':<15} {'':>3}     corral CPU per stopped turn: median {statistics.median(row.cpu_ms):.3f} ms,"
+              f" max {max(row.cpu_ms):.3f} ms; kill {', '.join(sorted(row.kill)) or 'none'}")
     for e in row.errors[:5]:
         print(f"  {'':<15}     ERROR: {e}")
+
+
+def _loaded(row: StopRow) -> StopRow:
+    row.load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    return row
+
+
+def bench_size(folder: Path, setup: AgentSetup, n: int, daemons: dict[str, Daemon], failures: list[str]) -> None:
+    """The rows of one channel count: the floors, then stop-one and stop-all per mechanism."""
+    floor = _loaded(row_floor_killpg(folder, setup, n, f"f{n}"))
+    sigint_all = _loaded(row_floor_killpg(folder, setup, n, f"i{n}", all_at_once=True, sig=signal.SIGINT))
+    kill_all = _loaded(row_floor_killpg(folder, setup, n, f"g{n}", all_at_once=True))
+    for row in (floor, sigint_all, kill_all):
+        print_row(row)
+    for mech, daemon in daemons.items():
+        one = _loaded(row_stop_one(daemon, setup, n, f"o{n}", mech))
+        every = _loaded(row_stop_all(daemon, setup, n, f"a{n}", mech))
+        for row in (one, every):
+            print_row(row)
+        floor_med = statistics.median(floor.times_ms)
+        target = STOP_ONE_FACTOR * floor_med + STOP_ONE_SLACK_MS
+        one_med, one_p95 = statistics.median(one.times_ms), pct(one.times_ms, 0.95)
+        print(f"  {mech}: target stop-one <= {STOP_ONE_FACTOR:g} x floor ({floor_med:.1f}) + {STOP_ONE_SLACK_MS:g} = {target:.1f} ms:"
+              f" median {one_med:.1f} -> {'meets' if one_med <= target else 'MISSES'},"
+              f" p95 {one_p95:.1f} -> {'meets' if one_p95 <= target else 'misses'}")
+        t, sigint_floor = every.times_ms[0], sigint_all.times_ms[0]
+        print(f"  {mech}: stop-all of {n} = {t:.1f} ms = {t / sigint_floor:.2f} x the SIGINT-all floor ({sigint_floor:.1f} ms),"
+              f" {t / kill_all.times_ms[0]:.2f} x the killpg-all floor ({kill_all.times_ms[0]:.1f} ms)"
+              + (f"; target <= {STOP_ALL_FLOOR_FACTOR:g} x -> {'meets' if t <= STOP_ALL_FLOOR_FACTOR * sigint_floor else 'MISSES'}"
+                 if mech == "cgroup" and n >= 50 else ""))
+        cpu = statistics.median(every.cpu_ms)
+        print(f"  {mech}: corral CPU per stopped turn (stop-all): {cpu:.3f} ms; target < {CPU_PER_TURN_MS:g} ->"
+              f" {'meets' if cpu < CPU_PER_TURN_MS else 'MISSES'}")
+        if n == 200:
+            print(f"  {mech}: target stop-all of 200 <= {STOP_ALL_200_MS:g} ms: {t:.1f} -> {'meets' if t <= STOP_ALL_200_MS else 'MISSES'}")
+        left = one.left_after_1s + every.left_after_1s + one.alive_at_return + every.alive_at_return
+        print(f"  {mech}: target zero leftovers (daemon rows): {left} -> {'meets' if left == 0 else 'MISSES'};"
+              f" the bare killpg floor left {floor.left_after_1s} (killed by pid afterwards)")
+        if left:
+            failures.append(f"{setup.label} {mech} {n}: {left} leftover process(es)")
+        for row in (one, every):
+            failures += [f"{setup.label} {row.what} {n}: {e}" for e in row.errors]
+
+
+def bench_spawn(rounds: int = 200) -> int:
+    """Spawn latency of ``/bin/true`` (spawn until exit) with and without the cgroup step."""
+    import trio
+
+    from supervisor._tree import spawn
+
+    root = open_root("auto", f"bench-{os.getpid()}")
+    if root is None:
+        print("no writable cgroup v2: nothing to compare")
+        return 1
+
+    async def one(cgroup: Any) -> float:
+        t0 = time.perf_counter()
+        proc = await spawn(("true",), env={"PATH": os.defpath}, cwd="/", stdin_pipe=False, **cgroup)
+        await proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                await stream.aclose()
+        return (time.perf_counter() - t0) * 1000
+
+    async def run() -> None:
+        plain: list[float] = []
+        inside: list[float] = []
+        for i in range(rounds):
+            plain.append(await one({}))
+            cg = root.create(f"s{i}")
+            inside.append(await one({"cgroup": cg}))
+            cg.remove()
+        load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+        print(f"spawn of /bin/true until exit, {rounds} rounds, load {load}:")
+        print(f"  plain          {spread(plain)}")
+        print(f"  into a cgroup  {spread(inside)}")
+        print(f"  the pre-exec step costs {statistics.median(inside) - statistics.median(plain):.2f} ms (median)")
+
+    try:
+        trio.run(run)
+    finally:
+        root.close()
+    return 0
 
 
 def main() -> int:
@@ -626,8 +775,17 @@ def main() -> int:
     parser.add_argument("--no-demo", action="store_true", help="skip the demo agent rows")
     parser.add_argument("--cli", default=",".join(CLIS), help="comma list of real CLIs to run ('' for none; default: %(default)s)")
     parser.add_argument("--cli-channels", type=int, default=None, help="channels per CLI (default 3; 1 with --quick)")
+    parser.add_argument("--mech", choices=MECHS, action="append", help="kill mechanisms of the daemon rows (default: both)")
+    parser.add_argument("--sizes", help="comma list of channel counts (default 1,50,200; 1,10 with --quick)")
+    parser.add_argument("--spawn", action="store_true", help="only measure the spawn latency with and without a cgroup")
     args = parser.parse_args()
-    sizes = (1, 10) if args.quick else (1, 50, 200)
+    if args.spawn:
+        return bench_spawn()
+    sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else (1, 10) if args.quick else (1, 50, 200)
+    mechs = list(args.mech or MECHS)
+    if "cgroup" in mechs and (why := cgroup_missing()) is not None:
+        print(f"skipping the cgroup rows: {why}")
+        mechs.remove("cgroup")
     clis = [c.strip() for c in args.cli.split(",") if c.strip()]
     unknown = [c for c in clis if c not in CLIS]
     if unknown:
@@ -655,38 +813,18 @@ def main() -> int:
             folder.mkdir()
             with SETUPS[name](folder) as setup:
                 print(f"\n[{setup.label}] prompt {setup.prompt!r}; ready = its 'tool running' entry (tree: agent, tool child, setsid grandchild)")
-                daemon = Daemon(folder, config_text(setup))
-                rows: list[StopRow] = []
+                daemons: dict[str, Daemon] = {}
                 try:
+                    for mech in mechs:
+                        (folder / mech).mkdir()
+                        daemons[mech] = Daemon(folder / mech, config_text(setup, mech))
                     for n in sizes:
-                        floor = row_floor_killpg(folder, setup, n, f"f{n}")
-                        one = row_stop_one(daemon, setup, n, f"o{n}")
-                        every = row_stop_all(daemon, setup, n, f"a{n}")
-                        floor_all = row_floor_killpg(folder, setup, n, f"g{n}", all_at_once=True)
-                        for row in (floor, one, every, floor_all):
-                            print_row(row)
-                            rows.append(row)
-                        floor_med = statistics.median(floor.times_ms)
-                        target = STOP_ONE_FACTOR * floor_med + STOP_ONE_SLACK_MS
-                        one_med, one_p95 = statistics.median(one.times_ms), pct(one.times_ms, 0.95)
-                        print(f"  target stop-one <= {STOP_ONE_FACTOR:g} x floor ({floor_med:.1f}) + {STOP_ONE_SLACK_MS:g} = {target:.1f} ms:"
-                              f" median {one_med:.1f} -> {'meets' if one_med <= target else 'MISSES'},"
-                              f" p95 {one_p95:.1f} -> {'meets' if one_p95 <= target else 'misses'}")
-                        if n == 200:
-                            t = every.times_ms[0]
-                            print(f"  target stop-all of 200 <= {STOP_ALL_200_MS:g} ms: {t:.1f} -> {'meets' if t <= STOP_ALL_200_MS else 'MISSES'}"
-                                  f" (the bare killpg-all floor of the same 200 trees: {floor_all.times_ms[0]:.1f} ms)")
-                        left = one.left_after_1s + every.left_after_1s + one.alive_at_return + every.alive_at_return
-                        print(f"  target zero leftovers (daemon rows): {left} -> {'meets' if left == 0 else 'MISSES'};"
-                              f" the bare killpg floor left {floor.left_after_1s} (killed by pid afterwards)")
-                        if left:
-                            failures.append(f"{setup.label} {n}: {left} leftover process(es)")
-                        for row in (one, every):
-                            failures += [f"{setup.label} {row.what} {n}: {e}" for e in row.errors]
+                        bench_size(folder, setup, n, daemons, failures)
                 finally:
-                    code = daemon.stop()
-                    if code != 0:
-                        failures.append(f"the daemon exited with status {code}")
+                    for daemon in daemons.values():
+                        code = daemon.stop()
+                        if code != 0:
+                            failures.append(f"the daemon exited with status {code}")
         for name in clis:
             try:
                 run_cli(name, root, cli_channels, failures)

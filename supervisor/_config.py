@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import stat
 import tomllib
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ._cgroup import check_path as check_cgroup_path
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 #: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
@@ -55,6 +57,8 @@ class ServerConfig:
     """Permissions of the Unix socket corral creates (owner read-write, at most the group too)."""
     socket_group: str | None = None
     """Group the Unix socket corral creates belongs to (None: this user's group)."""
+    cgroup: str = "auto"
+    """``"auto"``, ``"off"`` or an absolute cgroup2 folder: where each turn's cgroup goes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,10 @@ class Limits:
     """Leave processes a normal turn started in the background running."""
     max_nudges: int = 3
     """Remind the agent of unfinished todos at most this many times in a row (0: never)."""
+    memory_max: str | None = None
+    """A turn's cgroup ``memory.max`` (bytes, or with a K/M/G/T suffix), where delegated."""
+    pids_max: int | None = None
+    """A turn's cgroup ``pids.max``, where delegated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,11 @@ class AgentConfig:
     limits: Limits = Limits()
     unattended: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def cgroup_limits(self) -> dict[str, str | int | None]:
+        """The limits written to each turn's cgroup (by file name with ``_`` for ``.``)."""
+        return {"memory_max": self.limits.memory_max, "pids_max": self.limits.pids_max}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +120,9 @@ class Config:
 
 
 _TOP = {"server", "store", "defaults", "agents"}
-_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group"}
+_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup"}
 _STORE = {"path"}
-_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges"}
+_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent"} | _LIMIT_KEYS
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended"} | _LIMIT_KEYS
 
@@ -190,7 +203,28 @@ class _Checker:
             turn_timeout=self.seconds(data, "turn_timeout", prefix, base.turn_timeout),
             keep_background=self.boolean(data, "keep_background", prefix, base.keep_background),
             max_nudges=self.count(data, "max_nudges", prefix, base.max_nudges),
+            memory_max=self.memory(data, "memory_max", prefix, base.memory_max),
+            pids_max=self.pids(data, "pids_max", prefix, base.pids_max),
         )
+
+    def memory(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None) -> str | None:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
+            self.add(f"{prefix}{key}", f"expected bytes (a whole number, or with K, M, G or T), got {value!r}", f'write {key} = "2G"')
+            return default
+        return text
+
+    def pids(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.add(f"{prefix}{key}", f"expected a whole number >= 1, got {value!r}", f"write {key} = 512")
+            return default
+        return value
 
 
 def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: bool) -> tuple[str, ...]:
@@ -343,9 +377,18 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
     if socket_group == "":
         check.add("server.socket_group", "is empty", 'name a group, e.g. socket_group = "corral", or remove the key')
         socket_group = None
+    cgroup = check.string(server, "cgroup", "server.", "auto") or "auto"
+    if cgroup not in ("auto", "off"):
+        problem = check_cgroup_path(Path(cgroup))
+        if problem:
+            check.add(
+                "server.cgroup", problem,
+                'name a folder of the cgroup2 mount this user may write (see "grep cgroup2 /proc/self/mountinfo"; '
+                'under systemd: Delegate=yes), or write cgroup = "auto" (or "off" for the sweep)',
+            )
     return ServerConfig(
         socket=socket_path, tcp=tcp, token_file=token_file,
-        socket_mode=_socket_mode(check, server), socket_group=socket_group,
+        socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
     )
 
 

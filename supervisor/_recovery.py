@@ -8,7 +8,9 @@ owner of the store, before it serves or re-queues anything:
 1. finds every process whose environment carries ``CORRAL_STORE=<this store's id>`` — the
    store's identity, not the supervisor's pid, so two corral instances on one machine never
    touch each other's processes (escapees that clear their environment are out of reach of
-   any marker; a cgroup per turn is what catches those);
+   any marker; a cgroup per turn is what catches those: every leftover turn cgroup of the
+   store's own subtree, ``corral-<store id>``, is interrupted, given the grace, killed with
+   ``cgroup.kill``, watched until empty and removed — before the marker scan);
 2. sends each its interrupt signal (SIGINT, what the real CLIs expect), waits out a grace,
    SIGKILLs each process and every process group one of them leads, and waits until all are
    gone (a pidfd waits for a process that is not our child);
@@ -32,6 +34,7 @@ from typing import Any
 
 import trio
 
+from ._cgroup import CgroupRoot, TurnCgroup
 from ._store import Pending, Store
 from ._tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wait_gone
 
@@ -57,10 +60,15 @@ class Recovery:
     """Turns marked "interrupted — corral restarted"."""
     stops: list[int] = field(default_factory=list)
     """Stops (by seq) whose record was stored but whose notice was not: posted now."""
+    cgroups: list[str] = field(default_factory=list)
+    """Turn cgroups the previous owner left (their processes killed, the cgroups removed)."""
 
     def to_json(self) -> dict[str, Any]:
         """As ``corral status`` prints it."""
-        return {"at": self.at, "killed": self.killed, "survivors": self.survivors, "turns": self.turns, "stops": self.stops}
+        return {
+            "at": self.at, "killed": self.killed, "survivors": self.survivors, "turns": self.turns, "stops": self.stops,
+            "cgroups": self.cgroups,
+        }
 
 
 def _signal_exact(proc: ProcId, sig: int) -> None:
@@ -109,10 +117,47 @@ async def end_orphans(store_id: str, grace: float, report: Recovery) -> None:
             kill_exact(proc)
         await wait_gone(now, trio.current_time() + KILL_WAIT)
     survivors = {p for p in seen if p.matches()}
-    report.killed = sorted(p.pid for p in seen - survivors)
-    report.survivors = sorted(p.pid for p in survivors)
+    report.killed = sorted(set(report.killed) | {p.pid for p in seen - survivors})
+    report.survivors = sorted(set(report.survivors) | {p.pid for p in survivors})
     if survivors:
         log.error("orphaned processes %s of store %s could not be confirmed dead", report.survivors, store_id)
+
+
+async def end_cgroups(root: CgroupRoot, grace: float, report: Recovery) -> None:
+    """Interrupt, grace, ``cgroup.kill`` every leftover turn cgroup of this store; remove them.
+
+    Only the store's own subtree is read: another corral's cgroups are never touched.
+    """
+    left = root.leftovers()
+    if not left:
+        return
+    seen: set[int] = set()
+    for cgroup in left:
+        for pid in cgroup.procs():
+            seen.add(pid)
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+    log.warning("found %d leftover turn cgroup(s) of store %s holding %s", len(left), root.store_id, sorted(seen))
+
+    async def end(cgroup: TurnCgroup) -> None:
+        await cgroup.wait_empty(trio.current_time() + grace)
+        seen.update(cgroup.procs())
+        cgroup.kill()
+        if await cgroup.wait_empty(trio.current_time() + KILL_WAIT) and cgroup.remove():
+            report.cgroups.append(os.path.basename(cgroup.path))
+        else:
+            report.survivors.extend(cgroup.procs())
+
+    async with trio.open_nursery() as nursery:
+        for cgroup in left:
+            nursery.start_soon(end, cgroup)
+    report.killed.extend(sorted(seen - set(report.survivors)))
+    if report.survivors:
+        log.error(
+            "processes %s in turn cgroups of store %s could not be confirmed dead", report.survivors, root.store_id
+        )
 
 
 def stop_notice_text(text: str, dropped: int) -> str:
@@ -124,9 +169,12 @@ def stop_notice_text(text: str, dropped: int) -> str:
     return text
 
 
-async def recover(store: Store, grace: float, stop_notice: str) -> Recovery:
-    """End the previous owner's orphans, then close its turns and stops on the record."""
+async def recover(store: Store, grace: float, stop_notice: str, cgroups: CgroupRoot | None = None) -> Recovery:
+    """End the previous owner's orphans (its turn cgroups first), then close its turns and
+    stops on the record."""
     report = Recovery()
+    if cgroups is not None:
+        await end_cgroups(cgroups, grace, report)
     await end_orphans(store.store_id, grace, report)
     turns, stops = await store.unfinished()
     writes: list[Pending] = []

@@ -25,11 +25,12 @@ from typing import Any
 
 import trio
 
+from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._config import AgentConfig, Config
 from ._files import private_folder
 from ._ledger import QueuedMessage, StopDecision, StopLedger
-from ._registry import ProcessRegistry
 from ._recovery import Recovery, recover, stop_notice_text
+from ._registry import ProcessRegistry
 from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ._text import BadText, check_message
 from ._tree import (
@@ -102,6 +103,10 @@ class StopResult:
     stopped_turns: list[str] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     swept: list[int] = field(default_factory=list)
+    kill: str | None = None
+    """How the turn's tree was ended: ``"cgroup"`` or ``"sweep"`` (None: nothing was running)."""
+    cpu_ms: float = 0.0
+    """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
     dropped: int = 0
     notice_seq: int | None = None
     elapsed_ms: float = 0.0
@@ -118,6 +123,8 @@ class StopResult:
             "stopped_turns": self.stopped_turns,
             "killed": self.killed,
             "swept": self.swept,
+            "kill": self.kill,
+            "cpu_ms": round(self.cpu_ms, 3),
             "dropped": self.dropped,
             "notice_seq": self.notice_seq,
             "elapsed_ms": round(self.elapsed_ms, 3),
@@ -177,6 +184,8 @@ class Supervisor:
         self._workers: set[str] = set()
         self._turns: dict[str, Turn] = {}
         self._stops: dict[str, _StopInProgress] = {}
+        self.cgroups: CgroupRoot | None = None
+        """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self.recovered: Recovery | None = None
         """What the last start recovered from an abrupt end of the previous owner."""
         self._idle: dict[str, trio.Event] = {}
@@ -395,9 +404,14 @@ class Supervisor:
 
     def adopt_background(self, tree: ProcessTree) -> None:
         """Keep a normal turn's background processes, and reap any that become ours."""
-        for ident in tree.known:
-            if ident.pid != tree.pid and ident.matches():
-                self._nursery.start_soon(self._reap_when_gone, ident.pid)
+        for pid in tree.background():
+            self._nursery.start_soon(self._reap_when_gone, pid)
+        if tree.cgroup is not None:
+            self._nursery.start_soon(self._remove_when_empty, tree.cgroup)
+
+    async def _remove_when_empty(self, cgroup: TurnCgroup) -> None:
+        if await cgroup.wait_empty(float("inf")):
+            cgroup.remove()
 
     async def _reap_when_gone(self, pid: int) -> None:
         if await wait_pid_exit(pid):
@@ -410,23 +424,27 @@ class Supervisor:
         if channel is None:
             return await self.stop_all()
         await self.require_channel(channel)
-        started = trio.current_time()
+        started, cpu = trio.current_time(), time.process_time()
         decision = self.ledger.stop(channel)  # first act: the generation moves now
-        return (await self._stop(self._record([decision]), started))[0]
+        result = (await self._stop(self._record([decision]), started))[0]
+        result.cpu_ms = (time.process_time() - cpu) * 1000
+        return result
 
     async def stop_all(self) -> StopResult:
         """Stop every channel that has work; the result lists each."""
-        started = trio.current_time()
+        started, cpu = trio.current_time(), time.process_time()
         results = await self._stop(self._record(self.ledger.stop_all()), started)
         total = StopResult(channel=None, generation=0, channels=results)
         for r in results:
             total.stopped_turns += r.stopped_turns
             total.killed += r.killed
             total.swept += r.swept
+            total.kill = total.kill or r.kill
             total.dropped += r.dropped
             total.ok = total.ok and r.ok
         total.error = "; ".join(r.error for r in results if r.error) or None
         total.elapsed_ms = (trio.current_time() - started) * 1000
+        total.cpu_ms = (time.process_time() - cpu) * 1000
         log.info("stop all: %d channel(s), killed %s, swept %s, %.1f ms", len(results), total.killed, total.swept, total.elapsed_ms)
         return total
 
@@ -542,6 +560,7 @@ class Supervisor:
                     result.error = f"turn {turn.turn_id} did not finish within {budget:g} s"
                 report = turn.outcome.report
                 result.killed, result.swept = list(report.killed), list(report.swept)
+                result.kill = report.mechanism
                 if report.survivors:
                     result.ok = False
                     result.error = f"processes {report.survivors} could not be confirmed dead"
@@ -721,7 +740,7 @@ class Supervisor:
     async def recover(self) -> Recovery:
         """Before serving: end the previous owner's orphans and close its turns on the record."""
         grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=self.config.limits.stop_grace)
-        self.recovered = await recover(self.store, grace, STOP_NOTICE)
+        self.recovered = await recover(self.store, grace, STOP_NOTICE, self.cgroups)
         return self.recovered
 
     async def _finish_shutdown_turn(self, turn: Turn) -> None:
@@ -811,6 +830,9 @@ async def open_supervisor(
         async with open_store(str(config.store_path)) as store:
             async with trio.open_nursery() as nursery:
                 sup = Supervisor(config, store, nursery, hooks)
+                sup.cgroups = open_root(config.server.cgroup, store.store_id)
+                if sup.cgroups is not None and sup.cgroups.watcher is not None:
+                    nursery.start_soon(sup.cgroups.watcher.run, name="corral-cgroup-watcher")
                 sup.reap_adopted = bool(subreaper and owns_children)
                 if subreaper:
                     # Every escaped descendant of a turn re-parents to this process, so the
@@ -825,6 +847,8 @@ async def open_supervisor(
                     with trio.CancelScope(shield=True):
                         await sup.shutdown()
                     nursery.cancel_scope.cancel()
+                    if sup.cgroups is not None:
+                        sup.cgroups.close()
     finally:
         if restore_subreaper:
             set_child_subreaper(False)

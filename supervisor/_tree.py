@@ -14,6 +14,11 @@ some:
 * the **child subreaper** bit (daemon mode): orphans re-parent to corral rather than to
   init, so they stay reachable and are reaped by corral.
 
+That sweep is the fallback. Where a cgroup v2 is writable, a turn runs in a cgroup of its
+own (:mod:`supervisor._cgroup`) and its tree is ended through it: the interrupt signal to the
+group and to every pid in ``cgroup.procs``, the grace while the cgroup empties, then
+``cgroup.kill`` and a watch for ``populated 0`` — nothing to find, so nothing escapes.
+
 Only pids corral can prove are its own children are ever waited for; never ``waitpid(-1)``.
 """
 
@@ -31,6 +36,8 @@ from dataclasses import dataclass, field
 
 import psutil
 import trio
+
+from ._cgroup import TurnCgroup, entering_argv
 
 log = logging.getLogger("corral.tree")
 
@@ -339,6 +346,8 @@ class KillReport:
     survivors: list[int] = field(default_factory=list)
     """Processes that could not be confirmed dead: the stop failed for them."""
     returncode: int | None = None
+    mechanism: str = "sweep"
+    """How the tree was ended: ``"cgroup"`` (the turn's cgroup) or ``"sweep"`` (the fallback)."""
 
 
 #: Variables an agent inherits from the daemon; everything else comes from its config.
@@ -362,14 +371,17 @@ async def spawn(
     env: Mapping[str, str],
     cwd: str,
     stdin_pipe: bool,
+    cgroup: TurnCgroup | None = None,
 ) -> trio.Process:
-    """Start ``argv`` in a new session with piped stdout/stderr.
+    """Start ``argv`` in a new session with piped stdout/stderr (inside ``cgroup`` if given,
+    before the program runs: see :mod:`supervisor._cgroup`).
 
     The caller must register the result before its next checkpoint and kill it in a
     ``finally``: the spawn itself cannot be cancelled half-way.
     """
+    command = list(argv) if cgroup is None else entering_argv(cgroup, argv, env.get("PATH"), cwd)
     return await trio.lowlevel.open_process(
-        list(argv),
+        command,
         stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -396,13 +408,18 @@ class ProcessTree:
     no checkpoint in between; ``terminate`` and ``sweep`` do the waiting.
     """
 
-    def __init__(self, process: trio.Process, marker: str) -> None:
+    def __init__(self, process: trio.Process, marker: str, cgroup: TurnCgroup | None = None) -> None:
         self.process = process
         self.pgid = process.pid
         self.marker = marker
-        self.known: set[ProcId] = descendants(process.pid)
-        self.report = KillReport()
+        self.cgroup = cgroup
+        """The turn's own cgroup: then every stop goes through it, and no tree is walked."""
+        self.known: set[ProcId] = descendants(process.pid) if cgroup is None else set()
+        self.report = KillReport(mechanism="sweep" if cgroup is None else "cgroup")
         self._interrupted = False
+        self._cgroup_killed = False
+        self._members: dict[int, ProcStat | None] = {}
+        """Cgroup path: every pid seen in the cgroup while signalling it, and its stat then."""
 
     @property
     def pid(self) -> int:
@@ -417,8 +434,35 @@ class ProcessTree:
     def _remember(self) -> None:
         self.known |= descendants(self.pid)
 
+    def _signal_cgroup(self, sig: int, *, group: bool) -> None:
+        """Send ``sig`` to the group (while the leader is unreaped) and to every other process
+        of the cgroup, once each; remember who was there for the report."""
+        assert self.cgroup is not None
+        # Who is there is read before anything is signalled: a process that dies of the
+        # signal at once is still reported as killed.
+        others = []
+        for pid in self.cgroup.procs():
+            if pid not in self._members:
+                self._members[pid] = read_stat(pid)
+            if not (group and self._in_group(pid)):
+                others.append(pid)
+        if group and self.process.returncode is None:
+            signal_group(self.pgid, sig)
+        for pid in others:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def interrupt(self, sig: int) -> None:
-        """Snapshot the descendants, then send the interrupt signal to the group."""
+        """Snapshot the descendants, then send the interrupt signal to the group.
+
+        With a cgroup: no snapshot, the signal goes to the group and to every process of the cgroup.
+        """
+        if self.cgroup is not None:
+            self._interrupted = True
+            self._signal_cgroup(sig, group=True)
+            return
         self._remember()
         self._interrupted = True
         living = [p.pid for p in self.known if _in_group(p, self.pgid)]
@@ -433,13 +477,36 @@ class ProcessTree:
         That is why nothing here reaps the leader before the sweep is over.
         """
         self._interrupted = True
+        if self.cgroup is not None:
+            if not self._cgroup_killed:
+                # Once is enough: cgroup.kill also ends what forks while it runs.
+                self._cgroup_killed = True
+                for pid in self.cgroup.procs():
+                    if pid not in self._members:
+                        self._members[pid] = read_stat(pid)
+                self.cgroup.kill()
+            return
         if self.process.returncode is not None:
             return
         self._remember()
         signal_group(self.pgid, signal.SIGKILL)
 
     async def terminate(self, sig: int, grace: float) -> None:
-        """Interrupt, wait up to ``grace`` for the leader to exit, then SIGKILL the group."""
+        """Interrupt, wait up to ``grace`` for the leader to exit, then SIGKILL the group.
+
+        With a cgroup: the same wait, then ``cgroup.kill`` — everything left in the cgroup.
+        The grace is the leader's (the CLI that saves its session on the interrupt), not the
+        cgroup's: a shell's background jobs ignore SIGINT (POSIX), and waiting for them to
+        empty the cgroup would hold every such stop for the whole grace, for nothing.
+        """
+        if self.cgroup is not None:
+            if not self._interrupted:
+                self.interrupt(sig)
+            if self.process.returncode is None:
+                with trio.move_on_after(grace):
+                    await wait_exited(self.process)
+            self.kill_group()
+            return
         if self.process.returncode is None:
             if not self._interrupted:
                 self.interrupt(sig)
@@ -450,6 +517,9 @@ class ProcessTree:
     async def sweep(self, scanner: MarkerScanner, *, budget: float = 5.0) -> None:
         """Kill every remaining process of the turn, and wait until they are gone."""
         deadline = trio.current_time() + budget
+        if self.cgroup is not None:
+            await self._end_cgroup(deadline)
+            return
         killed: set[int] = set(self.report.killed)
         swept: set[int] = set()
         for _ in range(20):
@@ -479,6 +549,40 @@ class ProcessTree:
         self.report.swept = sorted(swept - killed)
         self.report.survivors = sorted({s.pid for s in survivors})
         self.report.returncode = self.process.returncode
+
+
+    async def _end_cgroup(self, deadline: float) -> None:
+        """``cgroup.kill``, wait for ``populated 0``, reap the leader (last), remove the cgroup."""
+        assert self.cgroup is not None
+        self.kill_group()
+        emptied = await self.cgroup.wait_empty(deadline)
+        me = os.getpid()
+        for pid, then in self._members.items():
+            # Escapees re-parented to this subreaper: reap exactly those (same start time).
+            now = read_stat(pid) if pid != self.pid and then is not None else None
+            if now is not None and now.state == "Z" and now.ppid == me and now.started == then.started:  # type: ignore[union-attr]
+                reap_if_child(pid)
+        with trio.move_on_at(deadline):
+            await self.process.wait()  # reap the leader last: its zombie held the group id
+        survivors = set(self.cgroup.procs()) if not emptied else set()
+        if self.process.returncode is None:
+            survivors.add(self.pid)
+        if not survivors:
+            self.cgroup.remove()
+        self.report.killed = sorted(p for p in self._members if self._in_group(p))
+        self.report.swept = sorted(p for p, st in self._members.items() if st is not None and st.pgid != self.pgid)
+        self.report.survivors = sorted(survivors)
+        self.report.returncode = self.process.returncode
+
+    def _in_group(self, pid: int) -> bool:
+        stat = self._members.get(pid)
+        return stat is not None and stat.pgid == self.pgid
+
+    def background(self) -> list[int]:
+        """Processes the turn left running besides its (exited) leader."""
+        if self.cgroup is not None:
+            return [p for p in self.cgroup.procs() if p != self.pid]
+        return [i.pid for i in self.known if i.pid != self.pid and i.matches()]
 
 
 def _is_zombie(pid: int) -> bool:

@@ -223,14 +223,25 @@ class Turn:
         if not sup.ledger.may_start(self.channel, self.turn_id):
             return
         spawner = sup.hooks.spawn or spawn
+        cgroup = None
+        if sup.cgroups is not None:
+            try:
+                cgroup = sup.cgroups.create(self.turn_id, self.agent.cgroup_limits)
+            except OSError as exc:  # e.g. the subtree was removed under us: the sweep still works
+                log.warning("[%s %s] no cgroup for this turn (%s): its stop falls back to the sweep", self.channel, self.turn_id, exc)
         sup.spawning += 1
         try:
-            process = await spawner(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None)
+            extra = {} if cgroup is None else {"cgroup": cgroup}
+            process = await spawner(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None, **extra)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
         finally:
             sup.spawning -= 1
         # No checkpoint between the spawn returning and the registration: a stop that
         # landed during the spawn is seen here and the process dies at once.
-        self.tree = ProcessTree(process, self.turn_id)
+        self.tree = ProcessTree(process, self.turn_id, cgroup)
         sup.registry.register(self.channel, self.turn_id, self.tree)
         leader = ident(process.pid)
         sup.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)

@@ -33,13 +33,55 @@ def short_tmp() -> Iterator[Path]:
 def make_config(folder: Path, agents: dict[str, dict[str, Any]] | None = None, **defaults: Any) -> Config:
     """A valid config rooted in ``folder``; the demo agent unless ``agents`` says otherwise."""
     data: dict[str, Any] = {
-        "server": {"socket": "corral.sock"},
+        "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
         "store": {"path": "corral.db"},
         "agents": agents or {"demo": {"adapter": "demo", "delay": 0.01}},
     }
     if defaults:
         data["defaults"] = defaults
     return parse_config(data, file=str(folder / "corral.toml"), base=folder)
+
+
+#: The ``[server] cgroup`` every config of :func:`make_config` asks for; the ``kill_mechanism``
+#: fixture switches it per test.
+KILL = {"cgroup": "auto"}
+
+
+def cgroup_missing() -> str | None:
+    """Why no turn cgroup can be made here (what is missing); None if one can."""
+    from supervisor._cgroup import CgroupUnavailable, find_base
+
+    try:
+        base = find_base("auto")
+        probe = base / f"corral-probe-{os.getpid()}"
+        probe.mkdir(exist_ok=True)
+        probe.rmdir()
+    except CgroupUnavailable as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot create a cgroup in the cgroup2 mount: {exc}"
+    return None
+
+
+@pytest.fixture(params=["cgroup", "sweep"])
+def kill_mechanism(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test with each kill mechanism: a cgroup per turn, and the sweep fallback.
+
+    ``CORRAL_TEST_KILL=cgroup`` (or ``sweep``) runs only that one. The cgroup variant skips,
+    saying what is missing, where no cgroup v2 is writable.
+    """
+    only = os.environ.get("CORRAL_TEST_KILL")
+    if only and only != request.param:
+        pytest.skip(f"CORRAL_TEST_KILL={only}")
+    if request.param == "cgroup":
+        missing = cgroup_missing()
+        if missing:
+            pytest.skip(f"no writable cgroup v2: {missing}")
+    KILL["cgroup"] = "auto" if request.param == "cgroup" else "off"
+    try:
+        yield request.param
+    finally:
+        KILL["cgroup"] = "auto"
 
 
 def script_agent(code: str, **extra: Any) -> dict[str, Any]:

@@ -41,6 +41,9 @@ from supervisor._tree import spawn as real_spawn
 #: Generous limit for anything that involves a real process.
 SLOW = 20.0
 
+#: Every test here runs with each kill mechanism: a cgroup per turn, and the sweep fallback.
+pytestmark = pytest.mark.usefixtures("kill_mechanism")
+
 # The test agent speaks the generic line protocol; words of its prompt steer it:
 #   ignore            ignore SIGINT and SIGTERM (only SIGKILL ends it)
 #   flush             on SIGINT print text, a status, todos, a session id and a result, then exit
@@ -177,9 +180,9 @@ class SpawnRecorder:
     arrived: trio.Event = field(default_factory=trio.Event)
     go: trio.Event = field(default_factory=trio.Event)
 
-    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool) -> trio.Process:
+    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool, **kw: Any) -> trio.Process:
         with trio.CancelScope(shield=True):
-            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe)
+            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe, **kw)
             self.calls.append(Spawned(env[TURN_MARKER], process))
             if self.park and not self.go.is_set():
                 with trio.fail_after(SLOW):
@@ -872,19 +875,27 @@ async def test_contract_13_a_stop_that_cannot_be_carried_out_answers_with_an_err
 
 
 async def test_contract_13_a_process_that_survives_the_sweep_fails_the_stop_loudly(
-    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch, kill_mechanism: str
 ) -> None:
-    # Simulate a process the sweep cannot kill (another user's, or stuck in the kernel).
+    # Simulate a process the sweep (or cgroup.kill) cannot kill (stuck in the kernel).
+    import supervisor._cgroup as cgroup_module
     import supervisor._tree as tree_module
 
     gate = gates()
     immortal: set[int] = set()
     real_kill_exact = tree_module.kill_exact
     monkeypatch.setattr(tree_module, "kill_exact", lambda ident: ident.pid not in immortal and real_kill_exact(ident))
+
+    def kill_all_but_immortal(path: Any) -> None:
+        for pid in set(cgroup_module.read_procs(path)) - immortal:
+            os.kill(pid, signal.SIGKILL)
+
+    monkeypatch.setattr(cgroup_module, "kill_all", kill_all_but_immortal)
     real_sweep = ProcessTree.sweep
     monkeypatch.setattr(ProcessTree, "sweep", lambda self, scanner, budget=1.0: real_sweep(self, scanner, budget=budget))
     async with running(short_tmp) as (sup, _):
-        await sup.send("ch", f"setsid gate={gate}")
+        # "ignore": the tool inherits SIG_IGN for SIGINT too (the cgroup path interrupts it).
+        await sup.send("ch", f"ignore setsid gate={gate}")
         tool = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("setsid "))
         pid = int(tool.text.split()[1])
         immortal.add(pid)

@@ -31,6 +31,9 @@ from supervisor._turn import DRAIN_SECONDS, Turn
 
 SLOW = 20.0
 
+#: Every test here runs with each kill mechanism: a cgroup per turn, and the sweep fallback.
+pytestmark = pytest.mark.usefixtures("kill_mechanism")
+
 # The agent is a file so its tool processes can be more copies of it, in other roles:
 #   --sleep LABEL [FD]   print "LABEL PID" (or write the pid to FD), then sleep
 #   --child ROLE         start "--sleep grandchild" in the same group (ROLE=group) or in a
@@ -140,9 +143,9 @@ class Recorder:
     turns: list[Turn] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
 
-    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool) -> trio.Process:
+    async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool, **kw: Any) -> trio.Process:
         with trio.CancelScope(shield=True):
-            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe)
+            process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe, **kw)
         assert self.sup is not None
         self.turns += [t for t in self.sup._turns.values() if t.turn_id == env[TURN_MARKER]]
         self.pids.append(process.pid)
