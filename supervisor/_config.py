@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ._cgroup import check_path as check_cgroup_path
-
 DEFAULT_CONFIG_NAME = "corral.toml"
 #: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
 DEFAULT_SOCKET_MODE = 0o600
@@ -379,6 +377,8 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         socket_group = None
     cgroup = check.string(server, "cgroup", "server.", "auto") or "auto"
     if cgroup not in ("auto", "off"):
+        from ._cgroup import check_path as check_cgroup_path  # here: client commands never load trio
+
         problem = check_cgroup_path(Path(cgroup))
         if problem:
             check.add(
