@@ -447,8 +447,9 @@ class AcpConnection:
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
             content = update.get("content")
+            # Empty chunks (qwen and claude-agent-acp send them to carry usage) say nothing.
             if isinstance(content, dict) and content.get("type") == "text" and isinstance(content.get("text"), str):
-                return [Text(content["text"], delta=True)]
+                return [Text(content["text"], delta=True)] if content["text"] else []
             return []
         if kind == "tool_call":
             return self._tool_call(update)

@@ -38,7 +38,7 @@ import math
 import os
 import signal
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +112,14 @@ def agent_environment(launch: Launch, *, home: str | None, marker: str, extra: M
     return env
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 def _write_files(home: Path, files: Mapping[str, str]) -> None:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (home / "tmp").mkdir(mode=0o700, exist_ok=True)
@@ -151,8 +159,19 @@ class _Exited:
 class AcpAgent:
     """A running ACP agent with one open session. Made by :func:`open_acp_agent`."""
 
-    def __init__(self, launch: Launch, *, env: Mapping[str, str], marker: str, unattended: bool, session_cwd: str) -> None:
+    def __init__(
+        self,
+        launch: Launch,
+        *,
+        env: Mapping[str, str],
+        marker: str,
+        unattended: bool,
+        session_cwd: str,
+        tap: Callable[[str, bytes], None] | None = None,
+    ) -> None:
         self.launch = launch
+        self.tap = tap
+        """Called with ``("send" | "recv", line)`` for every line exchanged: captures, debugging."""
         self.env = dict(env)
         self.marker = marker
         self.session_cwd = session_cwd
@@ -201,6 +220,9 @@ class AcpAgent:
         async with self._write_lock:
             data = self.conn.data_to_send()
             if data and not self.dead:
+                if self.tap is not None:
+                    for line in data.splitlines():
+                        self.tap("send", line)
                 assert self.tree is not None and self.tree.process.stdin is not None
                 try:
                     await self.tree.process.stdin.send_all(data)
@@ -215,6 +237,8 @@ class AcpAgent:
             if not lines:
                 break
             for line in lines:
+                if self.tap is not None:
+                    self.tap("recv", line.data)
                 for event in self.conn.receive(line.data):
                     if isinstance(event, PromptEnded):
                         self._last_end = event
@@ -334,7 +358,9 @@ class AcpAgent:
             marked = (await trio.to_thread.run_sync(scan_markers, [self.marker]))[self.marker]
             # Decide and signal with no checkpoint in between; identities guard against reuse.
             hit = []
-            for proc in self._turn_candidates(marked):
+            candidates = self._turn_candidates(marked)
+            log.debug("agent %d: the turn's processes: %s", self.pid, {p.pid: _cmdline(p.pid) for p in candidates})
+            for proc in candidates:
                 stat = read_stat(proc.pid)
                 if stat is not None and stat.pgid == proc.pid and stat.pgid != agent_pgid and stat.started == proc.started:
                     signal_group(proc.pid, signal.SIGKILL)  # a group the turn started: all of it
@@ -437,6 +463,7 @@ async def open_acp_agent(
     saved_session: str | None = None,
     unattended: bool = True,
     start_timeout: float = START_TIMEOUT,
+    tap: Callable[[str, bytes], None] | None = None,
 ) -> AsyncIterator[AcpAgent]:
     """Start an ACP agent and open a session; on exit, close it and sweep its tree.
 
@@ -448,7 +475,10 @@ async def open_acp_agent(
     if home is not None and launch.files:
         await trio.to_thread.run_sync(_write_files, Path(home), dict(launch.files))
     env = agent_environment(launch, home=home, marker=marker, extra=extra_env)
-    agent = AcpAgent(launch, env=env, marker=marker, unattended=unattended, session_cwd=session_cwd or os.path.abspath(launch.cwd))
+    agent = AcpAgent(
+        launch, env=env, marker=marker, unattended=unattended,
+        session_cwd=session_cwd or os.path.abspath(launch.cwd), tap=tap,
+    )
     try:
         async with trio.open_nursery() as nursery:
             try:

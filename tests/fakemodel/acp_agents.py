@@ -1,0 +1,86 @@
+"""The real ACP agents, each pointed at its fake model server: shared by the ACP tests,
+``scripts/capture_acp.py`` and ``scripts/bench_acp.py``.
+
+For each agent: the fake server it talks to, and the launch (preset command, environment,
+private files) that keeps it offline. The binaries are installed by scripts/install-clis.sh.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters._base import Launch
+from adapters.acp import preset_launch
+
+from . import anthropic, gemini_api, openai_chat
+from ._http import FakeModelServer
+from .clis import cache_dir
+
+#: The pinned npm package of each ACP agent binary; keep in step with scripts/install-clis.sh.
+ACP_PACKAGES: dict[str, tuple[str, str]] = {
+    "gemini": ("@google/gemini-cli@0.61.0", "gemini"),
+    "qwen": ("@qwen-code/qwen-code@0.15.10", "qwen"),
+    "claude": ("@zed-industries/claude-agent-acp@0.23.1", "claude-agent-acp"),
+    "codex": ("@zed-industries/codex-acp@0.16.0", "codex-acp"),
+    "opencode": ("opencode-ai@1.18.33", "opencode"),
+}
+
+
+def acp_binary(name: str) -> Path:
+    """The installed binary of ACP agent ``name``; raises with the fix when it is missing."""
+    spec, binary = ACP_PACKAGES[name]
+    path = cache_dir() / spec.replace("@", "_").replace("/", "_") / "node_modules" / ".bin" / binary
+    if not path.exists():
+        raise FileNotFoundError(f"{binary} is not installed at {path}; run scripts/install-clis.sh")
+    return path
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, indent=2) + "\n"
+
+
+def _gemini(url: str, cwd: str) -> Launch:
+    return preset_launch(
+        "gemini",
+        cwd=cwd,
+        command=[str(acp_binary("gemini"))],
+        env=gemini_api.agent_env(url),
+        files={".gemini/settings.json": _json({**gemini_api.SETTINGS, "telemetry": {"enabled": False}})},
+    )
+
+
+def _qwen(url: str, cwd: str) -> Launch:
+    from adapters.qwen import DEFAULT_SETTINGS
+
+    return preset_launch(
+        "qwen",
+        cwd=cwd,
+        command=[str(acp_binary("qwen"))],
+        args=["--auth-type", "openai"],
+        env=openai_chat.agent_env(url),
+        files={".qwen/settings.json": _json(DEFAULT_SETTINGS)},
+    )
+
+
+def _claude(url: str, cwd: str) -> Launch:
+    return preset_launch("claude", cwd=cwd, command=[str(acp_binary("claude"))], env=anthropic.agent_env(url))
+
+
+@dataclass(frozen=True)
+class AcpAgentSpec:
+    """One real ACP agent and its fake model server."""
+
+    name: str
+    server: Callable[[], FakeModelServer]
+    launch: Callable[[str, str], Launch]
+    """``(server_url, cwd) -> Launch``."""
+
+
+ACP_AGENTS: dict[str, AcpAgentSpec] = {
+    "gemini": AcpAgentSpec("gemini", gemini_api.FakeGeminiServer, _gemini),
+    "qwen": AcpAgentSpec("qwen", openai_chat.OpenAIChatServer, _qwen),
+    "claude": AcpAgentSpec("claude", anthropic.FakeAnthropicServer, _claude),
+}
