@@ -380,7 +380,8 @@ class AcpAgent:
         """Kill and sweep the agent's whole tree; the agent is dead from now on."""
         assert self.tree is not None
         self.dead = True
-        self.tree.kill_group()
+        if self.tree.process.returncode is None:
+            self.tree.interrupt(signal.SIGKILL)  # snapshot, then the group: no grace left to give
         await self.tree.sweep(self._scanner)
         report = self.tree.report
         return sorted(set(report.killed) | set(report.swept)), report.survivors
