@@ -528,6 +528,8 @@ class Preset:
     args: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     note: str = ""
+    restart_after_cancel: bool = False
+    """The agent's session is out of step after a cancel: restart it (session/load) instead."""
 
 
 #: Known ACP agents. ``binary`` is the default command; a configured ``command`` replaces it.
@@ -552,7 +554,16 @@ PRESETS: dict[str, Preset] = {
         "qwen 0.15: --acp",
     ),
     "opencode": Preset("opencode", ("acp",), {"OPENCODE_DISABLE_AUTOUPDATE": "true"}, "opencode acp"),
-    "claude": Preset("claude-agent-acp", (), {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}, "the Zed bridge"),
+    # claude-agent-acp 0.23 interrupts the query on a cancel, and the next prompt then ends at
+    # once with the interrupted query's result (each later answer one prompt late): a fresh
+    # process with session/load after every cancel keeps the conversation in step.
+    "claude": Preset(
+        "claude-agent-acp",
+        (),
+        {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"},
+        "the Zed bridge",
+        restart_after_cancel=True,
+    ),
     "codex": Preset("codex-acp", (), {}, "the Zed bridge"),
 }
 

@@ -102,7 +102,9 @@ async def capture(spec: AcpAgentSpec, out: Path) -> dict[str, Any]:
             tool = write_tool_script(Path(root))
             launch = spec.launch(server.url, str(work))
             rec = Recorder(root)
-            async with open_acp_agent(launch, marker=f"acp-capture-{spec.name}", home=home, tap=rec.tap) as agent:
+            async with open_acp_agent(
+                launch, marker=f"acp-capture-{spec.name}", home=home, tap=rec.tap, restart_after_cancel=spec.restart_after_cancel
+            ) as agent:
                 session = agent.session_id
                 manifest["argv"] = [Path(launch.argv[0]).name, *launch.argv[1:]]
                 manifest["text"] = await _turn(agent, rec, "text", "[[say:Hello from ACP.]] Say hello.")
@@ -111,8 +113,12 @@ async def capture(spec: AcpAgentSpec, out: Path) -> dict[str, Any]:
                 manifest["cancel-tool"] = await _cancelled_turn(
                     agent, rec, "cancel-tool", f"[[shell:sh {tool} {pid}]] [[say:never said]] Run the tool.", pid
                 )
+                rec.scenario = "after-cancel"
+                manifest["restarted-after-cancel"] = await agent.ensure_running()
                 manifest["after-cancel"] = await _turn(agent, rec, "after-cancel", "[[say:Still here.]] Are you there?")
                 manifest["cancel-silent"] = await _cancelled_turn(agent, rec, "cancel-silent", "[[silent]] Think forever.", None)
+                rec.scenario = "after-silent"
+                manifest["restarted-after-silent"] = await agent.ensure_running()
                 manifest["after-silent"] = await _turn(agent, rec, "after-silent", "[[say:Back again.]] And now?")
             rec.write(out / "session.jsonl")
 

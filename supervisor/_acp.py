@@ -168,13 +168,21 @@ class AcpAgent:
         unattended: bool,
         session_cwd: str,
         tap: Callable[[str, bytes], None] | None = None,
+        restart_after_cancel: bool = False,
+        start_timeout: float = START_TIMEOUT,
     ) -> None:
         self.launch = launch
+        self.restart_after_cancel = restart_after_cancel
+        """Kill and restart (with session/load) even after an acknowledged cancel: for agents
+        whose session is out of step after one (claude-agent-acp 0.23 answers the next prompt
+        with the cancelled one's leftovers)."""
+        self.start_timeout = start_timeout
         self.tap = tap
         """Called with ``("send" | "recv", line)`` for every line exchanged: captures, debugging."""
         self.env = dict(env)
         self.marker = marker
         self.session_cwd = session_cwd
+        self.unattended = unattended
         self.conn = AcpConnection(unattended=unattended)
         self.tree: ProcessTree | None = None
         self.info: Initialized | None = None
@@ -191,6 +199,10 @@ class AcpAgent:
         self._before: set[ProcId] = set()
         self._before_tick = 0
         self._scanner = MarkerScanner()
+        self._nursery: trio.Nursery | None = None
+        self._generation = 0
+        """Counts agent processes: a reader of an earlier one must not touch this one's state."""
+        self._saved_session: str | None = None
 
     # ------------------------------------------------------------ properties
 
@@ -229,12 +241,12 @@ class AcpAgent:
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     log.info("agent %d: stdin closed: %s", self.pid, exc)
 
-    async def _read_stdout(self) -> None:
-        assert self.tree is not None and self.tree.process.stdout is not None
-        reader = LineReader(self.tree.process.stdout)
-        while True:
+    async def _read_stdout(self, generation: int, process: trio.Process) -> None:
+        assert process.stdout is not None
+        reader = LineReader(process.stdout)
+        while generation == self._generation:
             lines = await reader.read_lines()
-            if not lines:
+            if not lines or generation != self._generation:
                 break
             for line in lines:
                 if self.tap is not None:
@@ -246,21 +258,23 @@ class AcpAgent:
                         self._prompt_done.set()
                     self._send_events.send_nowait(event)
             await self._flush()
+        if generation != self._generation:
+            return  # a restart replaced this process: its end is no news
         # EOF: the agent is gone (or closed stdout, which is as good as gone).
         with trio.move_on_after(1.0):
-            await self.tree.process.wait()
+            await process.wait()
         self._exited.set()
         self._prompt_done.set()
-        self._send_events.send_nowait(_Exited(self.tree.process.returncode))
+        self._send_events.send_nowait(_Exited(process.returncode))
 
-    async def _read_stderr(self) -> None:
-        assert self.tree is not None and self.tree.process.stderr is not None
-        reader = LineReader(self.tree.process.stderr, max_line=4096)
+    async def _read_stderr(self, process: trio.Process) -> None:
+        assert process.stderr is not None
+        reader = LineReader(process.stderr, max_line=4096)
         while lines := await reader.read_lines():
             for line in lines:
                 text = line.text()
                 self.stderr_tail.append(text)
-                log.debug("agent %d stderr: %s", self.pid, text)
+                log.debug("agent %d stderr: %s", process.pid, text)
 
     async def _until(self, *kinds: type) -> AcpEvent:
         """The next event of one of ``kinds`` (or RequestFailed); setup only, no prompt running."""
@@ -277,10 +291,17 @@ class AcpAgent:
     # ------------------------------------------------------------ start-up
 
     async def _start(self, nursery: trio.Nursery, saved_session: str | None) -> None:
+        self._nursery = nursery
+        self._generation += 1
+        self.conn = AcpConnection(unattended=self.unattended, policy=self.conn.policy)
+        self._send_events, self._events = trio.open_memory_channel[AcpEvent | _Exited](math.inf)
+        self._exited = trio.Event()
+        self._prompt_done = trio.Event()
+        self.dead = False
         process = await spawn(self.launch.argv, env=self.env, cwd=self.launch.cwd, stdin_pipe=True)
         self.tree = ProcessTree(process, self.marker)  # registered before the next checkpoint
-        nursery.start_soon(self._read_stdout)
-        nursery.start_soon(self._read_stderr)
+        nursery.start_soon(self._read_stdout, self._generation, process)
+        nursery.start_soon(self._read_stderr, process)
         self.conn.initialize()
         await self._flush()
         event = await self._until(Initialized)
@@ -305,6 +326,25 @@ class AcpAgent:
         if isinstance(event, RequestFailed):
             raise AcpAgentError(f"session/new failed: {event.message} (code {event.code})")
 
+    async def ensure_running(self) -> bool:
+        """Before a prompt: if the agent process is gone (killed by a cancel, dead, closed),
+        start a fresh one that resumes the session with ``session/load``. Did it restart?
+
+        Raises :class:`AcpAgentError` if the fresh process cannot open a session.
+        """
+        if not (self.dead or self._exited.is_set()):
+            return False
+        assert self._nursery is not None
+        if self.tree is not None and not self.dead:
+            await self._kill_agent()
+        saved = self.conn.session_id or self._saved_session
+        self._saved_session = saved
+        with trio.move_on_after(self.start_timeout) as scope:
+            await self._start(self._nursery, saved)
+        if scope.cancelled_caught:
+            raise AcpAgentError(f"the agent did not reopen its session within {self.start_timeout:g}s: {self._why()}")
+        return True
+
     # ------------------------------------------------------------ a turn
 
     def prompt(self, text: str) -> PromptStream:
@@ -313,7 +353,7 @@ class AcpAgent:
         Iterate the result for the turn's events; the last is a :class:`PromptEnded`.
         """
         if self.dead or self._exited.is_set():
-            raise AcpAgentError("the agent process is gone; start a new one (it resumes with session/load)")
+            raise AcpAgentError("the agent process is gone; call ensure_running() first (it resumes with session/load)")
         self._before_tick = boot_ticks()
         self._before = descendants(self.pid)
         self._prompt_done = trio.Event()
@@ -334,8 +374,11 @@ class AcpAgent:
             if self._last_end is not None:
                 acked_after = trio.current_time() - started
         if acked_after is not None and not self._exited.is_set():
-            killed, survivors = await self._kill_turn_processes(started + grace + 5.0)
             ended: Literal["cancelled", "killed"] = "cancelled"
+            if self.restart_after_cancel:
+                killed, survivors = await self._kill_agent()
+            else:
+                killed, survivors = await self._kill_turn_processes(started + grace + 5.0)
         else:
             killed, survivors = await self._kill_agent()
             ended = "killed"
@@ -362,11 +405,13 @@ class AcpAgent:
             log.debug("agent %d: the turn's processes: %s", self.pid, {p.pid: _cmdline(p.pid) for p in candidates})
             for proc in candidates:
                 stat = read_stat(proc.pid)
-                if stat is not None and stat.pgid == proc.pid and stat.pgid != agent_pgid and stat.started == proc.started:
+                if stat is None or stat.started != proc.started or stat.state == "Z":
+                    continue
+                if stat.pgid == proc.pid and stat.pgid != agent_pgid:
                     signal_group(proc.pid, signal.SIGKILL)  # a group the turn started: all of it
-                if kill_exact(proc) or proc.matches():
-                    hit.append(proc)
-                    killed.add(proc.pid)
+                kill_exact(proc)
+                hit.append(proc)
+                killed.add(proc.pid)
             if not hit:
                 break
             pending |= set(hit)
@@ -465,6 +510,7 @@ async def open_acp_agent(
     unattended: bool = True,
     start_timeout: float = START_TIMEOUT,
     tap: Callable[[str, bytes], None] | None = None,
+    restart_after_cancel: bool = False,
 ) -> AsyncIterator[AcpAgent]:
     """Start an ACP agent and open a session; on exit, close it and sweep its tree.
 
@@ -473,12 +519,13 @@ async def open_acp_agent(
     ``home`` first. ``session_cwd`` (default: the launch's cwd, made absolute) is the
     session's working directory.
     """
-    if home is not None and launch.files:
+    if home is not None:
         await trio.to_thread.run_sync(_write_files, Path(home), dict(launch.files))
     env = agent_environment(launch, home=home, marker=marker, extra=extra_env)
     agent = AcpAgent(
         launch, env=env, marker=marker, unattended=unattended,
         session_cwd=session_cwd or os.path.abspath(launch.cwd), tap=tap,
+        restart_after_cancel=restart_after_cancel, start_timeout=start_timeout,
     )
     try:
         async with trio.open_nursery() as nursery:

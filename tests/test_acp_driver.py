@@ -134,13 +134,32 @@ async def test_an_agent_that_ignores_the_cancel_is_killed_whole(tmp_path: Path) 
         assert not alive(agent_pid) and not alive(helper)
         assert seen[-1].stop_reason == "exited" and seen[-1].cancelled  # type: ignore[union-attr]
         assert not [e for e in seen if isinstance(e, Error)], "a killed turn is no error"
-        with pytest.raises(AcpAgentError, match="session/load"):
+        with pytest.raises(AcpAgentError, match="ensure_running"):
             agent.prompt("more")
-    # The owner starts a fresh process, which resumes the session.
-    async with fake_agent(tmp_path, saved=session) as agent:
-        assert agent.session_id == session and agent.notices == []
+        # The next prompt starts a fresh process, which resumes the session.
+        with trio.fail_after(BOUND):
+            assert await agent.ensure_running() is True
+        assert agent.pid != agent_pid and agent.session_id == session and agent.notices == []
         events = await collect(agent.prompt("[[say:back]]"))
         assert text_of(events) == "back (earlier: 1)"
+        assert await agent.ensure_running() is False
+
+
+async def test_an_agent_out_of_step_after_a_cancel_is_restarted_with_its_session(tmp_path: Path) -> None:
+    launch = Launch(argv=(sys.executable, FAKE), cwd=str(tmp_path), env={"FAKE_ACP_STATE": str(tmp_path)})
+    async with open_acp_agent(launch, marker="acp-test-restart", restart_after_cancel=True) as agent:
+        first, session = agent.pid, agent.session_id
+        stream = agent.prompt("[[silent]]")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, stream)
+            await trio.testing.wait_all_tasks_blocked()
+            report = await agent.cancel(grace=BOUND)
+        assert report.ended == "cancelled" and first in report.killed and not alive(first)
+        with trio.fail_after(BOUND):
+            assert await agent.ensure_running() is True
+        assert agent.session_id == session
+        events = await collect(agent.prompt("[[say:in step]]"))
+        assert text_of(events) == "in step (earlier: 1)"
 
 
 @pytest.mark.parametrize(("late", "grace", "ended"), [(0.2, BOUND, "cancelled"), (BOUND, 0.3, "killed")])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters._base import Launch
-from adapters.acp import preset_launch
+from adapters.acp import PRESETS, preset_launch
 
 from . import anthropic, gemini_api, openai_chat
 from ._http import FakeModelServer
@@ -77,6 +77,11 @@ class AcpAgentSpec:
     server: Callable[[], FakeModelServer]
     launch: Callable[[str, str], Launch]
     """``(server_url, cwd) -> Launch``."""
+
+    @property
+    def restart_after_cancel(self) -> bool:
+        """The preset's quirk, passed to ``open_acp_agent``."""
+        return PRESETS[self.name].restart_after_cancel
 
 
 ACP_AGENTS: dict[str, AcpAgentSpec] = {
