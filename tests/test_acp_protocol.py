@@ -395,6 +395,10 @@ def replay(path: Path, *, unattended: bool = True) -> dict[str, list[AcpEvent]]:
             expected.append(raw)
             message = decode(raw)
             if isinstance(message, Request) and message.method == "initialize":
+                # A restarted agent process (after a kill, or a preset's restart_after_cancel)
+                # begins a new connection.
+                produced.extend(conn.data_to_send().decode().splitlines())
+                conn = AcpConnection(unattended=unattended)
                 conn.initialize()
             elif isinstance(message, Request) and message.method == "session/new":
                 conn.new_session(message.params["cwd"])
