@@ -49,7 +49,7 @@ async def bench(spec: AcpAgentSpec, runs: int) -> dict[str, list[float]]:
             work, home = Path(root, "work"), str(Path(root, "home"))
             work.mkdir()
             tool = write_tool_script(Path(root))
-            launch = spec.launch(server.url, str(work))
+            launch = spec.launch(server.url, str(work), home)
             marker = f"acp-bench-{spec.name}"
             async with open_acp_agent(
                 launch, marker=marker, home=home, restart_after_cancel=spec.restart_after_cancel, start_timeout=BOUND

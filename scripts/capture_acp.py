@@ -100,7 +100,7 @@ async def capture(spec: AcpAgentSpec, out: Path) -> dict[str, Any]:
             work, home = Path(root, "work"), str(Path(root, "home"))
             work.mkdir()
             tool = write_tool_script(Path(root))
-            launch = spec.launch(server.url, str(work))
+            launch = spec.launch(server.url, str(work), home)
             rec = Recorder(root)
             async with open_acp_agent(
                 launch, marker=f"acp-capture-{spec.name}", home=home, tap=rec.tap, restart_after_cancel=spec.restart_after_cancel

@@ -15,7 +15,7 @@ from pathlib import Path
 from adapters._base import Launch
 from adapters.acp import PRESETS, preset_launch
 
-from . import anthropic, gemini_api, openai_chat
+from . import anthropic, gemini_api, openai_chat, openai_responses
 from ._http import FakeModelServer
 from .clis import cache_dir
 
@@ -42,7 +42,7 @@ def _json(value: object) -> str:
     return json.dumps(value, indent=2) + "\n"
 
 
-def _gemini(url: str, cwd: str) -> Launch:
+def _gemini(url: str, cwd: str, home: str) -> Launch:
     return preset_launch(
         "gemini",
         cwd=cwd,
@@ -52,7 +52,7 @@ def _gemini(url: str, cwd: str) -> Launch:
     )
 
 
-def _qwen(url: str, cwd: str) -> Launch:
+def _qwen(url: str, cwd: str, home: str) -> Launch:
     from adapters.qwen import DEFAULT_SETTINGS
 
     return preset_launch(
@@ -65,8 +65,28 @@ def _qwen(url: str, cwd: str) -> Launch:
     )
 
 
-def _claude(url: str, cwd: str) -> Launch:
+def _claude(url: str, cwd: str, home: str) -> Launch:
     return preset_launch("claude", cwd=cwd, command=[str(acp_binary("claude"))], env=anthropic.agent_env(url))
+
+
+def _codex(url: str, cwd: str, home: str) -> Launch:
+    from adapters._base import TurnRequest
+    from adapters.codex import config_toml
+
+    request = TurnRequest(
+        prompt="", channel="", turn_id="", agent="codex", command=(), home=home, options=openai_responses.agent_options(url)
+    )
+    # Over ACP, codex asks before running a command (``untrusted``) and corral's policy
+    # answers; its bubblewrap sandbox cannot run in this container (the tool panics), so
+    # it is off, as for the native adapter.
+    config = config_toml(request).replace('approval_policy = "never"', 'approval_policy = "untrusted"')
+    return preset_launch(
+        "codex",
+        cwd=cwd,
+        command=[str(acp_binary("codex"))],
+        env={**openai_responses.agent_env(url), "CODEX_HOME": f"{home}/.codex"},
+        files={".codex/config.toml": config},
+    )
 
 
 @dataclass(frozen=True)
@@ -75,8 +95,8 @@ class AcpAgentSpec:
 
     name: str
     server: Callable[[], FakeModelServer]
-    launch: Callable[[str, str], Launch]
-    """``(server_url, cwd) -> Launch``."""
+    launch: Callable[[str, str, str], Launch]
+    """``(server_url, cwd, home) -> Launch``: ``home`` is the agent's private HOME."""
 
     @property
     def restart_after_cancel(self) -> bool:
@@ -88,4 +108,5 @@ ACP_AGENTS: dict[str, AcpAgentSpec] = {
     "gemini": AcpAgentSpec("gemini", gemini_api.FakeGeminiServer, _gemini),
     "qwen": AcpAgentSpec("qwen", openai_chat.OpenAIChatServer, _qwen),
     "claude": AcpAgentSpec("claude", anthropic.FakeAnthropicServer, _claude),
+    "codex": AcpAgentSpec("codex", openai_responses.OpenAIResponsesServer, _codex),
 }
