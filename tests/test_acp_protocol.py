@@ -426,7 +426,7 @@ def agent(request: pytest.FixtureRequest) -> str:
 
 
 def test_captures_exist_for_the_agents_that_run_offline() -> None:
-    assert {"claude", "codex", "gemini", "qwen"} <= set(AGENTS)
+    assert {"claude", "codex", "gemini", "opencode", "qwen"} <= set(AGENTS)
 
 
 def test_replay_text_turn_joins_into_one_answer(agent: str) -> None:

@@ -1,4 +1,4 @@
-"""Real ACP agents (gemini --acp, qwen --acp, claude-agent-acp, codex-acp) driven by corral's ACP driver,
+"""Real ACP agents (gemini --acp, qwen --acp, claude-agent-acp, codex-acp, opencode acp) driven by corral's ACP driver,
 offline against the fake model servers: a text turn and its session id; a cancel mid-tool
 (the tool and its setsid grandchild dead, the agent serving the next prompt); a resume with
 session/load in a fresh process; a cancel while the model stream is silent; a permission

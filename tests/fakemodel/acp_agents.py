@@ -89,6 +89,43 @@ def _codex(url: str, cwd: str, home: str) -> Launch:
     )
 
 
+def opencode_config(url: str) -> dict[str, object]:
+    """An opencode.json whose only model is the fake OpenAI-compatible chat server."""
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake",
+                "options": {"baseURL": url.rstrip("/") + "/v1", "apiKey": "sk-fake-corral"},
+                "models": {openai_chat.MODEL: {"name": "Fake"}},
+            }
+        },
+        "model": f"fake/{openai_chat.MODEL}",
+        "small_model": f"fake/{openai_chat.MODEL}",
+        "autoupdate": False,
+        "share": "disabled",
+        # opencode runs bash without asking by default; asking goes over ACP to corral's policy.
+        "permission": {"bash": "ask", "edit": "ask"},
+    }
+
+
+def _opencode(url: str, cwd: str, home: str) -> Launch:
+    return preset_launch(
+        "opencode",
+        cwd=cwd,
+        command=[str(acp_binary("opencode"))],
+        env={
+            "OPENCODE_CONFIG": f"{home}/opencode.json",
+            "OPENCODE_DISABLE_MODELS_FETCH": "true",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "true",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "true",
+            "OPENCODE_DISABLE_SHARE": "true",
+        },
+        files={"opencode.json": _json(opencode_config(url))},
+    )
+
+
 @dataclass(frozen=True)
 class AcpAgentSpec:
     """One real ACP agent and its fake model server."""
@@ -109,4 +146,5 @@ ACP_AGENTS: dict[str, AcpAgentSpec] = {
     "qwen": AcpAgentSpec("qwen", openai_chat.OpenAIChatServer, _qwen),
     "claude": AcpAgentSpec("claude", anthropic.FakeAnthropicServer, _claude),
     "codex": AcpAgentSpec("codex", openai_responses.OpenAIResponsesServer, _codex),
+    "opencode": AcpAgentSpec("opencode", openai_chat.OpenCodeChatServer, _opencode),
 }
