@@ -160,7 +160,11 @@ def decode(line: bytes | str, *, max_bytes: int = MAX_LINE_BYTES) -> Message:
         raise JsonRpcError(INVALID_REQUEST, 'a response has "result" or "error", not both', id=known_id)
     if "error" in obj:
         error = obj["error"]
-        if not isinstance(error, dict) or not isinstance(error.get("code"), int) or not isinstance(error.get("message"), str):
+        if (
+            not isinstance(error, dict)
+            or not isinstance(error.get("code"), int)
+            or not isinstance(error.get("message"), str)
+        ):
             raise JsonRpcError(INVALID_REQUEST, '"error" must be {"code": int, "message": str}', id=known_id)
         return ErrorResponse(known_id, error["code"], error["message"], error.get("data"))
     if "result" in obj:

@@ -362,7 +362,7 @@ class AcpConnection:
 
     def receive(self, line: bytes | str) -> list[AcpEvent]:
         """Handle one stdout line of the agent; never raises for anything the agent sends."""
-        if not (line.strip() if isinstance(line, str) else line.strip()):
+        if not line.strip():
             return []
         text = line if isinstance(line, str) else line.decode("utf-8", errors="replace")
         try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import trio
 
 from adapters.acp import PromptEnded
-from supervisor._acp import AcpAgent, open_acp_agent
+from supervisor._acp import AcpAgent, PromptStream, open_acp_agent
 from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
 from tests.fakemodel.rig import write_tool_script
 
@@ -60,11 +60,11 @@ async def bench(spec: AcpAgentSpec, runs: int) -> dict[str, list[float]]:
                     stream = agent.prompt(f"[[shell:sh {tool} {pid}]] [[say:never]] Run the tool.")
                     async with trio.open_nursery() as nursery:
 
-                        async def drain() -> None:
-                            async for _ in stream:
+                        async def drain(events: PromptStream) -> None:
+                            async for _ in events:
                                 pass
 
-                        nursery.start_soon(drain)
+                        nursery.start_soon(drain, stream)
                         with trio.fail_after(BOUND):
                             while not pid.exists() or not pid.read_text().strip():
                                 await trio.sleep(0.02)
@@ -78,7 +78,9 @@ async def bench(spec: AcpAgentSpec, runs: int) -> dict[str, list[float]]:
                 session = agent.session_id
             for _ in range(runs):
                 start = time.perf_counter()
-                async with open_acp_agent(launch, marker=marker, home=home, saved_session=session, start_timeout=BOUND) as fresh:
+                async with open_acp_agent(
+                    launch, marker=marker, home=home, saved_session=session, start_timeout=BOUND
+                ) as fresh:
                     await _answer(fresh, "[[say:ok]] Quick one.")
                     figures["fresh"].append(time.perf_counter() - start)
     finally:
@@ -102,7 +104,8 @@ def main() -> int:
     for name in args.agents:
         f = trio.run(bench, ACP_AGENTS[name], args.runs)
         ratio = statistics.median(f["fresh"]) / statistics.median(f["persistent"])
-        print(f"{name:8} {_fmt(f['ack']):>24} {_fmt(f['dead']):>24} {_fmt(f['persistent']):>24} {_fmt(f['fresh']):>24} {ratio:5.1f}x")
+        cells = [_fmt(f[key]) for key in ("ack", "dead", "persistent", "fresh")]
+        print(f"{name:8} " + " ".join(f"{cell:>24}" for cell in cells) + f" {ratio:5.1f}x")
         sys.stdout.flush()
     return 0
 

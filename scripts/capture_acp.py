@@ -60,7 +60,9 @@ async def _turn(agent: AcpAgent, rec: Recorder, scenario: str, prompt: str) -> l
     return [repr(ev) async for ev in agent.prompt(prompt)]
 
 
-async def _cancelled_turn(agent: AcpAgent, rec: Recorder, scenario: str, prompt: str, ready: Path | None) -> dict[str, Any]:
+async def _cancelled_turn(
+    agent: AcpAgent, rec: Recorder, scenario: str, prompt: str, ready: Path | None
+) -> dict[str, Any]:
     rec.scenario = scenario
     stream = agent.prompt(prompt)
     events: list[str] = []
@@ -103,12 +105,21 @@ async def capture(spec: AcpAgentSpec, out: Path) -> dict[str, Any]:
             launch = spec.launch(server.url, str(work), home)
             rec = Recorder(root)
             async with open_acp_agent(
-                launch, marker=f"acp-capture-{spec.name}", home=home, tap=rec.tap, restart_after_cancel=spec.restart_after_cancel
+                launch,
+                marker=f"acp-capture-{spec.name}",
+                home=home,
+                tap=rec.tap,
+                restart_after_cancel=spec.restart_after_cancel,
             ) as agent:
                 session = agent.session_id
                 manifest["argv"] = [Path(launch.argv[0]).name, *launch.argv[1:]]
                 manifest["text"] = await _turn(agent, rec, "text", "[[say:Hello from ACP.]] Say hello.")
-                manifest["tool"] = await _turn(agent, rec, "tool", "[[shell:echo hi-from-tool]] [[say:The command printed hi-from-tool.]] Run echo.")
+                manifest["tool"] = await _turn(
+                    agent,
+                    rec,
+                    "tool",
+                    "[[shell:echo hi-from-tool]] [[say:The command printed hi-from-tool.]] Run echo.",
+                )
                 pid = Path(root, "pid")
                 manifest["cancel-tool"] = await _cancelled_turn(
                     agent, rec, "cancel-tool", f"[[shell:sh {tool} {pid}]] [[say:never said]] Run the tool.", pid
@@ -116,25 +127,38 @@ async def capture(spec: AcpAgentSpec, out: Path) -> dict[str, Any]:
                 rec.scenario = "after-cancel"
                 manifest["restarted-after-cancel"] = await agent.ensure_running()
                 manifest["after-cancel"] = await _turn(agent, rec, "after-cancel", "[[say:Still here.]] Are you there?")
-                manifest["cancel-silent"] = await _cancelled_turn(agent, rec, "cancel-silent", "[[silent]] Think forever.", None)
+                manifest["cancel-silent"] = await _cancelled_turn(
+                    agent, rec, "cancel-silent", "[[silent]] Think forever.", None
+                )
                 rec.scenario = "after-silent"
                 manifest["restarted-after-silent"] = await agent.ensure_running()
                 manifest["after-silent"] = await _turn(agent, rec, "after-silent", "[[say:Back again.]] And now?")
             rec.write(out / "session.jsonl")
 
             rec = Recorder(root)
-            async with open_acp_agent(launch, marker=f"acp-capture-{spec.name}", home=home, saved_session=session, tap=rec.tap) as agent:
-                manifest["load"] = {"notices": agent.notices, "events": await _turn(agent, rec, "load", "[[say:Resumed.]] What did I say first?")}
+            async with open_acp_agent(
+                launch, marker=f"acp-capture-{spec.name}", home=home, saved_session=session, tap=rec.tap
+            ) as agent:
+                manifest["load"] = {
+                    "notices": agent.notices,
+                    "events": await _turn(agent, rec, "load", "[[say:Resumed.]] What did I say first?"),
+                }
             rec.write(out / "load.jsonl")
 
             rec = Recorder(root)
-            async with open_acp_agent(launch, marker=f"acp-capture-{spec.name}", home=home, saved_session="no-such-session", tap=rec.tap) as agent:
+            async with open_acp_agent(
+                launch, marker=f"acp-capture-{spec.name}", home=home, saved_session="no-such-session", tap=rec.tap
+            ) as agent:
                 manifest["stale"] = {"notices": agent.notices}
             rec.write(out / "stale.jsonl")
 
             rec = Recorder(root)
-            async with open_acp_agent(launch, marker=f"acp-capture-{spec.name}", home=home, unattended=False, tap=rec.tap) as agent:
-                manifest["attended"] = await _turn(agent, rec, "attended", "[[shell:touch rejected.txt]] [[say:Done or not.]] Touch a file.")
+            async with open_acp_agent(
+                launch, marker=f"acp-capture-{spec.name}", home=home, unattended=False, tap=rec.tap
+            ) as agent:
+                manifest["attended"] = await _turn(
+                    agent, rec, "attended", "[[shell:touch rejected.txt]] [[say:Done or not.]] Touch a file."
+                )
                 manifest["attended-file-created"] = (work / "rejected.txt").exists()
             rec.write(out / "attended.jsonl")
     finally:
@@ -157,7 +181,8 @@ def main() -> int:
             print(f"{name}: FAILED: {exc!r}", file=sys.stderr)
             status = 1
             continue
-        print(f"{name}: cancel-tool {manifest['cancel-tool']['ended']}, cancel-silent {manifest['cancel-silent']['ended']}")
+        ended = {key: manifest[key]["ended"] for key in ("cancel-tool", "cancel-silent")}
+        print(f"{name}: " + ", ".join(f"{key} {value}" for key, value in ended.items()))
     return status
 
 

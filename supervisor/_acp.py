@@ -99,7 +99,9 @@ def boot_ticks() -> int:
         return int(float(fh.read().split()[0]) * _CLK_TCK)
 
 
-def agent_environment(launch: Launch, *, home: str | None, marker: str, extra: Mapping[str, str] = {}) -> dict[str, str]:
+def agent_environment(
+    launch: Launch, *, home: str | None, marker: str, extra: Mapping[str, str] = {}
+) -> dict[str, str]:
     """The agent's environment: scrubbed, HOME/TMPDIR if given, the launch's, ``extra``, the marker."""
     env = scrubbed_environment(os.environ)
     env.setdefault("PATH", os.defpath)
@@ -282,7 +284,7 @@ class AcpAgent:
             event = await self._events.receive()
             if isinstance(event, _Exited):
                 raise AcpAgentError(f"the agent exited (status {event.returncode}) during start-up: {self._why()}")
-            if isinstance(event, kinds) or isinstance(event, RequestFailed):
+            if isinstance(event, (*kinds, RequestFailed)):
                 return event
 
     def _why(self) -> str:
@@ -311,7 +313,9 @@ class AcpAgent:
         self.info = event
         if saved_session is not None:
             if not self.conn.load_session_supported:
-                self.notices.append(f"the agent cannot load sessions; session {saved_session} not resumed, a new one started")
+                self.notices.append(
+                    f"the agent cannot load sessions; session {saved_session} not resumed, a new one started"
+                )
             else:
                 self.conn.load_session(saved_session, self.session_cwd)
                 await self._flush()
@@ -485,7 +489,9 @@ class PromptStream:
                 cancelled = agent.conn.cancelling or agent.dead
                 agent.conn.prompt_id = None
                 agent.conn.cancelling = False
-                ended = PromptEnded(STOP_EXITED, cancelled=cancelled, error=f"the agent exited (status {event.returncode})")
+                ended = PromptEnded(
+                    STOP_EXITED, cancelled=cancelled, error=f"the agent exited (status {event.returncode})"
+                )
                 if cancelled:
                     return ended
                 self._queue.append(ended)
@@ -523,9 +529,14 @@ async def open_acp_agent(
         await trio.to_thread.run_sync(_write_files, Path(home), dict(launch.files))
     env = agent_environment(launch, home=home, marker=marker, extra=extra_env)
     agent = AcpAgent(
-        launch, env=env, marker=marker, unattended=unattended,
-        session_cwd=session_cwd or os.path.abspath(launch.cwd), tap=tap,
-        restart_after_cancel=restart_after_cancel, start_timeout=start_timeout,
+        launch,
+        env=env,
+        marker=marker,
+        unattended=unattended,
+        session_cwd=session_cwd or os.path.abspath(launch.cwd),
+        tap=tap,
+        restart_after_cancel=restart_after_cancel,
+        start_timeout=start_timeout,
     )
     try:
         async with trio.open_nursery() as nursery:

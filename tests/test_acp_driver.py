@@ -27,7 +27,9 @@ BOUND = 30
 @asynccontextmanager
 async def fake_agent(tmp: Path, *, saved: str | None = None, **env: str) -> AsyncIterator[AcpAgent]:
     launch = Launch(argv=(sys.executable, FAKE), cwd=str(tmp), env={"FAKE_ACP_STATE": str(tmp), **env})
-    async with open_acp_agent(launch, marker=f"acp-test-{os.getpid()}", saved_session=saved, start_timeout=BOUND) as agent:
+    async with open_acp_agent(
+        launch, marker=f"acp-test-{os.getpid()}", saved_session=saved, start_timeout=BOUND
+    ) as agent:
         yield agent
 
 
@@ -79,7 +81,10 @@ async def test_a_turn_streams_text_and_ends_with_the_stop_reason(tmp_path: Path)
 
 async def test_cancel_mid_tool_kills_what_the_turn_started_and_keeps_the_agent(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    tool = f"setsid sleep 3001 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}.setsid; sleep 3000 & echo $! > {pid_file}; wait"
+    tool = (
+        f"setsid sleep 3001 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}.setsid; "
+        f"sleep 3000 & echo $! > {pid_file}; wait"
+    )
     async with fake_agent(tmp_path, FAKE_ACP_HELPER="1") as agent:
         helper = ident(helper_pid(agent))
         assert helper is not None

@@ -125,7 +125,10 @@ def opened(*, unattended: bool = True, policy: bool = True) -> AcpConnection:
     conn.initialize()
     conn.receive(line({"id": 1, "result": {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}}))
     conn.new_session("/work")
-    assert conn.receive(line({"id": 2, "result": {"sessionId": "S1"}})) == [SessionId("S1"), SessionReady("S1", loaded=False)]
+    assert conn.receive(line({"id": 2, "result": {"sessionId": "S1"}})) == [
+        SessionId("S1"),
+        SessionReady("S1", loaded=False),
+    ]
     conn.data_to_send()
     return conn
 
@@ -147,7 +150,16 @@ def test_initialize_declares_no_fs_and_no_terminal() -> None:
     assert request.params["clientCapabilities"]["terminal"] is False
     assert not any(request.params["clientCapabilities"]["fs"].values())
     events = conn.receive(
-        line({"id": request.id, "result": {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}, "agentInfo": {"name": "a"}}})
+        line(
+            {
+                "id": request.id,
+                "result": {
+                    "protocolVersion": 1,
+                    "agentCapabilities": {"loadSession": True},
+                    "agentInfo": {"name": "a"},
+                },
+            }
+        )
     )
     assert events == [Initialized(1, load_session=True, agent_name="a")]
 
@@ -172,7 +184,10 @@ def test_load_is_ready_with_the_loaded_id_and_its_replay_is_dropped() -> None:
     conn.initialize()
     conn.receive(line({"id": 1, "result": {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}}))
     conn.load_session("old", "/w")
-    assert conn.receive(update({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "hi"}}, "old")) == []
+    assert (
+        conn.receive(update({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "hi"}}, "old"))
+        == []
+    )
     assert conn.receive(chunk("earlier answer")) == []
     assert conn.receive(line({"id": 2, "result": None})) == [SessionId("old"), SessionReady("old", loaded=True)]
 
@@ -220,9 +235,17 @@ def test_thoughts_and_bookkeeping_updates_are_dropped() -> None:
 
 def test_tool_call_and_its_completion_are_tool_use_and_one_tool_result() -> None:
     conn = prompting()
-    announce = {"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Shell", "status": "pending", "rawInput": {"command": "ls"}}
+    announce = {
+        "sessionUpdate": "tool_call",
+        "toolCallId": "t1",
+        "title": "Shell",
+        "status": "pending",
+        "rawInput": {"command": "ls"},
+    }
     assert conn.receive(update(announce)) == [ToolUse("Shell", '{"command":"ls"}')]
-    assert conn.receive(update({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "in_progress"})) == []
+    assert (
+        conn.receive(update({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "in_progress"})) == []
+    )
     done = {
         "sessionUpdate": "tool_call_update",
         "toolCallId": "t1",
@@ -235,7 +258,17 @@ def test_tool_call_and_its_completion_are_tool_use_and_one_tool_result() -> None
 
 def test_a_failed_tool_is_an_error_result_and_an_unannounced_update_is_announced() -> None:
     conn = prompting()
-    events = conn.receive(update({"sessionUpdate": "tool_call_update", "toolCallId": "t9", "title": "rm", "status": "failed", "rawOutput": "denied"}))
+    events = conn.receive(
+        update(
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": "t9",
+                "title": "rm",
+                "status": "failed",
+                "rawOutput": "denied",
+            }
+        )
+    )
     assert events == [ToolUse("rm", "rm"), ToolResult("denied", is_error=True)]
 
 
@@ -330,14 +363,19 @@ def test_output_after_a_cancel_is_dropped_and_the_answer_ends_the_turn() -> None
     conn.cancel()
     assert conn.receive(chunk("after")) == []
     assert conn.receive(update({"sessionUpdate": "tool_call", "toolCallId": "t", "title": "x"})) == []
-    assert conn.receive(line({"id": 3, "result": {"stopReason": "cancelled"}})) == [PromptEnded("cancelled", cancelled=True)]
+    assert conn.receive(line({"id": 3, "result": {"stopReason": "cancelled"}})) == [
+        PromptEnded("cancelled", cancelled=True)
+    ]
     assert conn.cancelling is False and conn.prompt_id is None
 
 
 def test_an_error_answer_to_the_prompt_ends_the_turn() -> None:
     conn = prompting()
     events = conn.receive(line({"id": 3, "error": {"code": -32603, "message": "model overloaded"}}))
-    assert events == [RequestFailed("session/prompt", -32603, "model overloaded"), PromptEnded("error", error="model overloaded")]
+    assert events == [
+        RequestFailed("session/prompt", -32603, "model overloaded"),
+        PromptEnded("error", error="model overloaded"),
+    ]
 
 
 @pytest.mark.parametrize("method", ["fs/read_text_file", "terminal/create", "x/unknown"])

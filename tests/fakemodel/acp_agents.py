@@ -74,7 +74,13 @@ def _codex(url: str, cwd: str, home: str) -> Launch:
     from adapters.codex import config_toml
 
     request = TurnRequest(
-        prompt="", channel="", turn_id="", agent="codex", command=(), home=home, options=openai_responses.agent_options(url)
+        prompt="",
+        channel="",
+        turn_id="",
+        agent="codex",
+        command=(),
+        home=home,
+        options=openai_responses.agent_options(url),
     )
     # Over ACP, codex asks before running a command (``untrusted``) and corral's policy
     # answers; its bubblewrap sandbox cannot run in this container (the tool panics), so

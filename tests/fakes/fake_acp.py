@@ -85,7 +85,7 @@ def history(session: str) -> list[str]:
 
 
 def remember(session: str, prompt: str) -> None:
-    seen = history(session) + [prompt]
+    seen = [*history(session), prompt]
     (state_dir() / f"{session}.json").write_text(json.dumps(seen))
 
 
@@ -147,11 +147,22 @@ def run_prompt(rid: int, session: str, prompt: str) -> None:
         tid = uuid.uuid4().hex[:8]
         update(
             session,
-            {"sessionUpdate": "tool_call", "toolCallId": tid, "title": "Shell", "kind": "execute",
-             "status": "pending", "rawInput": {"command": marks["tool"]}},
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": tid,
+                "title": "Shell",
+                "kind": "execute",
+                "status": "pending",
+                "rawInput": {"command": marks["tool"]},
+            },
         )
-        proc = subprocess.Popen(["sh", "-c", marks["tool"]], start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["sh", "-c", marks["tool"]],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": tid, "status": "in_progress"})
         while proc.poll() is None:
             if cancel.wait(0.02):
@@ -159,9 +170,12 @@ def run_prompt(rid: int, session: str, prompt: str) -> None:
         out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
         update(
             session,
-            {"sessionUpdate": "tool_call_update", "toolCallId": tid,
-             "status": "completed" if proc.returncode == 0 else "failed",
-             "content": [{"type": "content", "content": {"type": "text", "text": out}}]},
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": tid,
+                "status": "completed" if proc.returncode == 0 else "failed",
+                "content": [{"type": "content", "content": {"type": "text", "text": out}}],
+            },
         )
     if "silent" in marks:
         cancel.wait()
@@ -171,7 +185,9 @@ def run_prompt(rid: int, session: str, prompt: str) -> None:
     text = f"{say} (earlier: {earlier})"
     third = max(1, len(text) // 3)
     for i in range(0, len(text), third):
-        update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text[i : i + third]}})
+        update(
+            session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text[i : i + third]}}
+        )
     finish("end_turn")
 
 
@@ -191,8 +207,17 @@ def main() -> None:
                 _answer_ready.notify_all()
         elif method == "initialize":
             caps = {"loadSession": os.environ.get("FAKE_ACP_NO_LOAD") != "1"}
-            send({"id": rid, "result": {"protocolVersion": 1, "agentCapabilities": caps,
-                                         "agentInfo": {"name": "fake-acp"}, "authMethods": []}})
+            send(
+                {
+                    "id": rid,
+                    "result": {
+                        "protocolVersion": 1,
+                        "agentCapabilities": caps,
+                        "agentInfo": {"name": "fake-acp"},
+                        "authMethods": [],
+                    },
+                }
+            )
         elif method == "session/new":
             send({"id": rid, "result": {"sessionId": "fake-" + uuid.uuid4().hex[:12]}})
         elif method == "session/load":
