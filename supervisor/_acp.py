@@ -404,17 +404,16 @@ class AcpAgent:
         for _ in range(20):
             marked = (await trio.to_thread.run_sync(scan_markers, [self.marker]))[self.marker]
             # Decide and signal with no checkpoint in between; identities guard against reuse.
-            hit = []
             candidates = self._turn_candidates(marked)
             log.debug("agent %d: the turn's processes: %s", self.pid, {p.pid: _cmdline(p.pid) for p in candidates})
-            for proc in candidates:
-                stat = read_stat(proc.pid)
-                if stat is None or stat.started != proc.started or stat.state == "Z":
-                    continue
-                if stat.pgid == proc.pid and stat.pgid != agent_pgid:
+            # Decide first (every living candidate), then signal: a group kill may end a
+            # candidate before its own turn comes, and it was still killed by this stop.
+            living = {proc: stat for proc in candidates if (stat := read_stat(proc.pid)) is not None}
+            hit = [p for p, stat in living.items() if stat.started == p.started and stat.state != "Z"]
+            for proc in hit:
+                if living[proc].pgid == proc.pid and proc.pid != agent_pgid:
                     signal_group(proc.pid, signal.SIGKILL)  # a group the turn started: all of it
                 kill_exact(proc)
-                hit.append(proc)
                 killed.add(proc.pid)
             if not hit:
                 break
