@@ -235,6 +235,7 @@ class _Pending:
 @dataclass(slots=True)
 class _Tool:
     title: str
+    announced: bool = False
     done: bool = False
 
 
@@ -461,22 +462,33 @@ class AcpConnection:
 
     def _tool_call(self, update: dict[str, Any]) -> list[AcpEvent]:
         tid = str(update.get("toolCallId", ""))
-        title = str(update.get("title") or update.get("kind") or "tool")
-        raw = update.get("rawInput")
-        tool = self._tools.setdefault(tid, _Tool(title))
-        events: list[AcpEvent] = [ToolUse(title, preview(raw if raw is not None else title))]
-        events.extend(self._tool_done(tool, update))
-        return events
+        tool = self._tools.setdefault(tid, _Tool(str(update.get("title") or update.get("kind") or "tool")))
+        return self._tool_announce(tool, update) + self._tool_done(tool, update)
 
     def _tool_update(self, update: dict[str, Any]) -> list[AcpEvent]:
         tid = str(update.get("toolCallId", ""))
         tool = self._tools.get(tid)
         if tool is None:
-            # An update for a call we never saw announced: announce it now, once.
+            # An update for a call we never saw announced: it announces the call.
             return self._tool_call(update)
         if update.get("title"):
             tool.title = str(update["title"])
-        return self._tool_done(tool, update)
+        return self._tool_announce(tool, update) + self._tool_done(tool, update)
+
+    def _tool_announce(self, tool: _Tool, update: dict[str, Any]) -> list[AcpEvent]:
+        """One ToolUse per call, once its input is known.
+
+        Some agents announce a call ``pending`` with an empty input and fill it in with the
+        next update (claude-agent-acp: ``Terminal``, ``{}``, then the command): such a call is
+        announced with that update, or when it runs or ends, whichever comes first.
+        """
+        if tool.announced:
+            return []
+        raw = update.get("rawInput")
+        if not raw and update.get("status") in (None, "pending"):
+            return []
+        tool.announced = True
+        return [ToolUse(tool.title, preview(raw if raw else tool.title))]
 
     def _tool_done(self, tool: _Tool, update: dict[str, Any]) -> list[AcpEvent]:
         status = update.get("status")

@@ -256,6 +256,22 @@ def test_tool_call_and_its_completion_are_tool_use_and_one_tool_result() -> None
     assert conn.receive(update(done)) == []  # once per call
 
 
+def test_a_call_announced_without_its_input_is_a_tool_use_once_the_input_is_known() -> None:
+    conn = prompting()
+    empty = {"sessionUpdate": "tool_call", "toolCallId": "t2", "title": "Terminal", "status": "pending", "rawInput": {}}
+    assert conn.receive(update(empty)) == []
+    filled = {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": "t2",
+        "title": "ls -l",
+        "rawInput": {"command": "ls -l"},
+    }
+    assert conn.receive(update(filled)) == [ToolUse("ls -l", '{"command":"ls -l"}')]
+    assert (
+        conn.receive(update({"sessionUpdate": "tool_call_update", "toolCallId": "t2", "status": "in_progress"})) == []
+    )
+
+
 def test_a_failed_tool_is_an_error_result_and_an_unannounced_update_is_announced() -> None:
     conn = prompting()
     events = conn.receive(
