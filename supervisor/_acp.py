@@ -556,3 +556,110 @@ async def open_acp_agent(
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+
+
+# ---------------------------------------------------------------- the pool
+
+
+@dataclass(frozen=True, slots=True)
+class AcpSpec:
+    """Everything needed to start one agent process (see :func:`open_acp_agent`)."""
+
+    launch: Launch
+    marker: str
+    home: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    session_cwd: str | None = None
+    saved_session: str | None = None
+    """The session id stored for this (channel, agent), loaded by the first process."""
+    unattended: bool = True
+    restart_after_cancel: bool = False
+    start_timeout: float = START_TIMEOUT
+
+
+class AcpAgentPool:
+    """Persistent ACP agents keyed by (channel, agent), each hosted by a task of one nursery.
+
+    What a supervisor's turn needs: :meth:`agent` before a prompt (starts the process, or
+    restarts a gone one with ``session/load``), :meth:`cancel` for a stop (scoped to its key:
+    other channels' agents are never touched), :meth:`close_idle` from a periodic task, and
+    :meth:`close_all` on shutdown. Start it with ``pool = AcpAgentPool(nursery)``.
+    """
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._agents: dict[tuple[str, str], AcpAgent] = {}
+        self._closers: dict[tuple[str, str], trio.Event] = {}
+        self._gone: dict[tuple[str, str], trio.Event] = {}
+        self._starting: dict[tuple[str, str], trio.Event] = {}
+
+    def get(self, key: tuple[str, str]) -> AcpAgent | None:
+        """The agent of ``key`` if one is running (no start)."""
+        return self._agents.get(key)
+
+    async def agent(self, key: tuple[str, str], spec: AcpSpec) -> AcpAgent:
+        """The running agent of ``key``, started (or restarted with session/load) if needed."""
+        while key in self._starting:
+            await self._starting[key].wait()
+        agent = self._agents.get(key)
+        if agent is not None:
+            await agent.ensure_running()
+            return agent
+        self._starting[key] = started = trio.Event()
+        try:
+            fresh: AcpAgent = await self._nursery.start(self._host, key, spec)
+        finally:
+            del self._starting[key]
+            started.set()
+        return fresh
+
+    async def _host(self, key: tuple[str, str], spec: AcpSpec, task_status: trio.TaskStatus[AcpAgent]) -> None:
+        close, gone = trio.Event(), trio.Event()
+        try:
+            async with open_acp_agent(
+                spec.launch,
+                marker=spec.marker,
+                home=spec.home,
+                extra_env=spec.extra_env,
+                session_cwd=spec.session_cwd,
+                saved_session=spec.saved_session,
+                unattended=spec.unattended,
+                start_timeout=spec.start_timeout,
+                restart_after_cancel=spec.restart_after_cancel,
+            ) as agent:
+                self._agents[key], self._closers[key], self._gone[key] = agent, close, gone
+                task_status.started(agent)
+                await close.wait()
+        finally:
+            if self._agents.get(key) is not None and self._closers.get(key) is close:
+                del self._agents[key], self._closers[key], self._gone[key]
+            gone.set()
+
+    async def cancel(self, key: tuple[str, str], grace: float = CANCEL_GRACE) -> CancelReport:
+        """Stop the turn of ``key`` (see :meth:`AcpAgent.cancel`); ``idle`` if none runs."""
+        agent = self._agents.get(key)
+        if agent is None:
+            return CancelReport("idle")
+        return await agent.cancel(grace)
+
+    async def close(self, key: tuple[str, str]) -> bool:
+        """End the agent of ``key`` and its tree; was there one?"""
+        close, gone = self._closers.get(key), self._gone.get(key)
+        if close is None or gone is None:
+            return False
+        close.set()
+        await gone.wait()
+        return True
+
+    async def close_idle(self, timeout: float) -> list[tuple[str, str]]:
+        """End every agent with no prompt for ``timeout`` seconds; the keys closed."""
+        idle = [key for key, agent in self._agents.items() if not agent.busy and agent.idle_for() >= timeout]
+        for key in idle:
+            await self.close(key)
+        return idle
+
+    async def close_all(self) -> None:
+        """End every agent (shutdown), all at once."""
+        async with trio.open_nursery() as nursery:
+            for key in list(self._closers):
+                nursery.start_soon(self.close, key)

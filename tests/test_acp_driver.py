@@ -5,6 +5,7 @@ JSON-RPC, permissions, session/load and its fallback, close and idle."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ import trio
 
 from adapters._base import Error, Launch, SessionId, Text, Todos, ToolUse, Unparsed
 from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
-from supervisor._acp import AcpAgent, AcpAgentError, PromptStream, open_acp_agent
+from supervisor._acp import AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, PromptStream, open_acp_agent
 from supervisor._tree import ident, read_stat
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
@@ -260,3 +261,53 @@ async def test_the_session_id_event_is_known_before_any_turn(tmp_path: Path) -> 
         events = await collect(agent.prompt("x"))
         assert not [e for e in events if isinstance(e, SessionId)]
         assert agent.session_id
+
+
+# ---------------------------------------------------------------- the pool
+
+
+def spec(tmp: Path, name: str, **env: str) -> AcpSpec:
+    launch = Launch(argv=(sys.executable, FAKE), cwd=str(tmp), env={"FAKE_ACP_STATE": str(tmp), **env})
+    return AcpSpec(launch, marker=f"acp-pool-{name}-{os.getpid()}", start_timeout=BOUND)
+
+
+async def test_pool_keeps_one_agent_per_key_and_a_cancel_touches_only_its_own(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        pool = AcpAgentPool(nursery)
+        a = await pool.agent(("chan-a", "fake"), spec(tmp_path, "a"))
+        assert await pool.agent(("chan-a", "fake"), spec(tmp_path, "a")) is a
+        b = await pool.agent(("chan-b", "fake"), spec(tmp_path, "b"))
+        assert a is not b and a.session_id != b.session_id
+        stream_a, stream_b = a.prompt("[[silent]]"), b.prompt("[[silent]] [[late:0.3]]")
+        async with trio.open_nursery() as turns:
+            turns.start_soon(collect, stream_a)
+            turns.start_soon(collect, stream_b)
+            await trio.testing.wait_all_tasks_blocked()
+            report = await pool.cancel(("chan-a", "fake"))
+            assert report.ended == "cancelled"
+            assert b.busy and alive(b.pid), "a stop of channel A leaves channel B's turn running"
+            assert (await pool.cancel(("chan-b", "fake"))).ended == "cancelled"
+        assert (await pool.cancel(("chan-c", "fake"))).ended == "idle"
+        await pool.close_all()
+        assert not alive(a.pid) and not alive(b.pid) and pool.get(("chan-a", "fake")) is None
+
+
+async def test_pool_restarts_a_killed_agent_with_its_session_and_closes_idle_ones(tmp_path: Path) -> None:
+    key = ("chan", "fake")
+    async with trio.open_nursery() as nursery:
+        pool = AcpAgentPool(nursery)
+        agent = await pool.agent(key, spec(tmp_path, "r"))
+        first, session = agent.pid, agent.session_id
+        stream = agent.prompt("[[ignore-cancel]]")
+        async with trio.open_nursery() as turns:
+            turns.start_soon(collect, stream)
+            assert (await pool.cancel(key, grace=0.2)).ended == "killed"
+        again = await pool.agent(key, spec(tmp_path, "r"))
+        assert again is agent and agent.pid != first and agent.session_id == session
+        assert text_of(await collect(agent.prompt("[[say:hi]]"))) == "hi (earlier: 1)"
+        assert await pool.close_idle(3600) == []
+        assert await pool.close_idle(0) == [key]
+        assert not alive(agent.pid) and pool.get(key) is None
+        fresh = await pool.agent(key, dataclasses.replace(spec(tmp_path, "r"), saved_session=session))
+        assert fresh is not agent and fresh.session_id == session
+        await pool.close_all()
