@@ -2,7 +2,6 @@
 # Install the real agent CLIs at pinned versions into a cache folder keyed by version,
 # reusing what is already there. Prints one line per CLI: NAME PATH-TO-BINARY.
 # Never installs globally. Exit status is non-zero if any CLI fails to install.
-# The ACP agents and bridges (claude-agent-acp, codex-acp, opencode) are installed the same way.
 set -euo pipefail
 cache="${CORRAL_CLI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corral/clis}"
 declare -A pkg=(
@@ -10,6 +9,7 @@ declare -A pkg=(
   [codex]="@openai/codex@0.171.0"
   [gemini]="@google/gemini-cli@0.61.0"
   [qwen]="@qwen-code/qwen-code@0.15.10"
+  # ACP agents and bridges (gemini and qwen speak ACP themselves, with --acp)
   [claude-agent-acp]="@zed-industries/claude-agent-acp@0.23.1"
   [codex-acp]="@zed-industries/codex-acp@0.16.0"
   [opencode]="opencode-ai@1.18.33"
