@@ -15,6 +15,10 @@ declare -A pkg=(
   [codex]="@openai/codex@0.171.0"
   [gemini]="@google/gemini-cli@0.61.0"
   [qwen]="@qwen-code/qwen-code@0.15.10"
+  # ACP agents and bridges (gemini and qwen speak ACP themselves, with --acp)
+  [claude-agent-acp]="@zed-industries/claude-agent-acp@0.23.1"
+  [codex-acp]="@zed-industries/codex-acp@0.16.0"
+  [opencode]="opencode-ai@1.18.33"
 )
 
 missing() {
@@ -42,7 +46,7 @@ if [ -z "${npm_config_cache:-}" ]; then
 fi
 
 status=0
-for name in claude codex gemini qwen; do
+for name in claude codex gemini qwen claude-agent-acp codex-acp opencode; do
   spec="${pkg[$name]}"
   dir="$cache/${spec//[@\/]/_}"
   bin="$dir/node_modules/.bin/$name"

@@ -87,14 +87,14 @@ def user_prompt_index(messages: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def is_main_agent(body: dict[str, Any]) -> bool:
+def is_main_agent(body: dict[str, Any], main_system_prompt: str = MAIN_SYSTEM_PROMPT) -> bool:
     """Whether ``body`` is the agent's own turn, not a side job (memory extraction, titles).
 
     Side jobs run with their own system prompt; only the main agent's starts like this.
     """
     messages = body.get("messages") or []
     first = messages[0] if messages and isinstance(messages[0], dict) else {}
-    return first.get("role") == "system" and _text_of(first.get("content")).startswith(MAIN_SYSTEM_PROMPT)
+    return first.get("role") == "system" and _text_of(first.get("content")).startswith(main_system_prompt)
 
 
 def _tool_calls_since(messages: list[dict[str, Any]], start: int) -> list[str]:
@@ -130,9 +130,19 @@ class OpenAIChatServer(FakeModelServer):
     captures); ``None`` serves normally.
     """
 
+    #: How the main agent's system prompt starts; the tools it calls. A subclass speaks for
+    #: another CLI of the same API (see :class:`OpenCodeChatServer`).
+    main_system_prompt = MAIN_SYSTEM_PROMPT
+    shell_tool = SHELL_TOOL
+    todo_tool = TODO_TOOL
+
     def __init__(self, fail_status: int | None = None) -> None:
         super().__init__()
         self.fail_status = fail_status
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """The arguments of a call of :attr:`shell_tool` running ``command``."""
+        return {"command": command, "is_background": False, "description": "run the requested command"}
 
     # ------------------------------------------------------------- routing
 
@@ -166,21 +176,21 @@ class OpenAIChatServer(FakeModelServer):
         prompt = _text_of(messages[start].get("content")) if start is not None else ""
         script = read_script(prompt)
         called = _tool_calls_since(messages, start if start is not None else -1)
-        if _last_tool_result_name(messages) == SHELL_TOOL:
+        if _last_tool_result_name(messages) == self.shell_tool:
             return script, "say", None
         tools = {
             (t.get("function") or {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)
         }
-        if script.todos and TODO_TOOL in tools and TODO_TOOL not in called:
+        if script.todos and self.todo_tool in tools and self.todo_tool not in called:
             return script, "todos", None
-        if script.shell and SHELL_TOOL not in called:
+        if script.shell and self.shell_tool not in called:
             return script, "shell", script.shell
         return script, "say", None
 
     def chat(self, body: dict[str, Any], out: Responder) -> None:
         """Answer one chat completion, streamed when the request asks for it."""
         stream = bool(body.get("stream"))
-        if not is_main_agent(body):
+        if not is_main_agent(body, self.main_system_prompt):
             self._answer(out, stream, text=self._side_text(body))
             return
         script, action, command = self.plan(body)
@@ -189,10 +199,10 @@ class OpenAIChatServer(FakeModelServer):
             out.go_silent()
             return
         if action == "shell":
-            args: dict[str, Any] = {"command": command, "is_background": False, "description": "run the requested command"}
-            self._answer(out, stream, tool=(SHELL_TOOL, args))
+            assert command is not None
+            self._answer(out, stream, tool=(self.shell_tool, self.shell_arguments(command)))
         elif action == "todos":
-            self._answer(out, stream, tool=(TODO_TOOL, {"todos": TODO_PLAN}))
+            self._answer(out, stream, tool=(self.todo_tool, {"todos": TODO_PLAN}))
         else:
             self._answer(out, stream, text=script.say, pieces=script.chunks(), slow=script.slow)
 
@@ -267,3 +277,16 @@ class OpenAIChatServer(FakeModelServer):
                     out.pause(gap)
             chunk({}, finish="stop", with_usage=True)
         out.event("[DONE]")
+
+
+class OpenCodeChatServer(OpenAIChatServer):
+    """The same API as spoken by OpenCode (``opencode acp``): its own system prompt, and its
+    shell tool ``bash`` (arguments ``command``, ``description``)."""
+
+    main_system_prompt = "You are opencode"
+    shell_tool = "bash"
+    todo_tool = "todowrite"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """opencode's ``bash`` tool takes the command and a short description."""
+        return {"command": command, "description": "Run the requested command"}

@@ -7,7 +7,7 @@ messages too), earlier assistant ``message`` items, ``function_call`` items and 
 user typed (see :mod:`tests.fakemodel.script`):
 
 * the last input item is the output of our shell call -> answer with the ``say`` text;
-* ``[[shell:CMD]]`` and no ``exec_command`` call yet in this conversation -> call
+* ``[[shell:CMD]]`` and no ``exec_command`` call yet for the latest prompt -> call
   ``exec_command`` with ``{"cmd": CMD}`` (codex's shell tool);
 * otherwise -> answer with ``say`` (slowly with ``[[slow:S]]``; ``[[silent]]`` goes silent).
 
@@ -52,9 +52,10 @@ def _is_context(text: str) -> bool:
     return bool(_CONTEXT_BLOCK.match(text)) or text.lstrip().startswith(_CONTEXT_PREFIXES)
 
 
-def latest_prompt(items: list[Any]) -> str:
-    """The text of the latest user message that codex did not generate itself."""
-    for item in reversed(items):
+def _latest_prompt_at(items: list[Any]) -> tuple[int, str]:
+    """The index and text of the latest user message that codex did not generate itself."""
+    for index in range(len(items) - 1, -1, -1):
+        item = items[index]
         if not isinstance(item, dict) or item.get("type", "message") != "message" or item.get("role") != "user":
             continue
         content = item.get("content")
@@ -63,15 +64,25 @@ def latest_prompt(items: list[Any]) -> str:
         ]
         typed = [t for t in texts if not _is_context(t)]
         if typed:
-            return "\n".join(typed)
-    return ""
+            return index, "\n".join(typed)
+    return -1, ""
+
+
+def latest_prompt(items: list[Any]) -> str:
+    """The text of the latest user message that codex did not generate itself."""
+    return _latest_prompt_at(items)[1]
 
 
 def shell_called(items: list[Any]) -> bool:
-    """Whether the conversation already holds a call of the shell tool."""
+    """Whether the shell tool was already called for the latest prompt.
+
+    Calls made for earlier prompts of the same conversation (a persistent ACP session asks
+    for a tool in several turns) do not count.
+    """
+    start = max(_latest_prompt_at(items)[0], 0)
     return any(
         isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == SHELL_TOOL
-        for item in items
+        for item in items[start:]
     )
 
 

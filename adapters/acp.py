@@ -1,0 +1,602 @@
+"""The Agent Client Protocol (ACP), client side, as a sans-I/O state machine.
+
+Theory of operation
+-------------------
+
+An ACP agent is a long-lived process that speaks JSON-RPC 2.0, one message per line, on
+its stdin/stdout (:mod:`adapters._jsonrpc` does the framing). corral is the *client*.
+:class:`AcpConnection` holds the whole client state and does no I/O, like h11: the owner
+
+1. calls a method that *sends* (:meth:`~AcpConnection.initialize`,
+   :meth:`~AcpConnection.new_session`, :meth:`~AcpConnection.load_session`,
+   :meth:`~AcpConnection.prompt`, :meth:`~AcpConnection.cancel`), which queues bytes;
+2. feeds every stdout line to :meth:`~AcpConnection.receive`, which returns events and may
+   queue answers (permission decisions, errors for methods corral does not offer);
+3. writes :meth:`~AcpConnection.data_to_send` to the agent's stdin after each call.
+
+A session's life is ``initialize`` → ``session/new`` (or ``session/load`` of a saved id) →
+any number of ``session/prompt`` turns, one at a time. A turn's ``session/update``
+notifications become corral's ordinary adapter events:
+
+* ``agent_message_chunk`` → :class:`Text` with ``delta=True``: contiguous chunks join into
+  one message, and any other event ends the run (as with the other streaming adapters);
+* ``tool_call`` → :class:`ToolUse` (its title, or kind, and a preview of its input), and
+  ``tool_call_update`` with status ``completed``/``failed`` → :class:`ToolResult`
+  (``is_error`` for ``failed``), once per tool call;
+* ``plan`` → :class:`Todos` (ACP's plan statuses are corral's todo statuses);
+* ``agent_thought_chunk`` is **dropped**: thoughts arrive as many small fragments, are not
+  the answer, and a chat transcript full of them helps nobody; ``user_message_chunk``,
+  ``available_commands_update``, ``current_mode_update`` and other bookkeeping are dropped
+  too;
+* the session id (from ``session/new``, or the id loaded) → :class:`SessionId`.
+
+The end of a turn is :class:`PromptEnded` with ACP's ``stopReason`` (``end_turn``,
+``max_tokens``, ``max_turn_requests``, ``refusal``, ``cancelled``), or ``error`` when the
+agent answered the prompt with an error.
+
+Client capabilities: corral declares **no** ``fs`` and **no** ``terminal`` capability. The
+agent then reads and writes files and runs commands with its own tools, in its own process
+tree, which corral can snapshot and kill; a terminal run by the client would live outside
+that tree and outside the turn. Requests for those methods (or any other) are answered
+with JSON-RPC error ``-32601``.
+
+Permission requests (``session/request_permission``) are decided by a pure policy
+(:func:`decide_permission`): unattended agents allow once (or always, if that is all the
+agent offers), attended ones reject. With ``policy=False`` the connection surfaces them as
+:class:`PermissionRequested` and the owner answers with
+:meth:`~AcpConnection.answer_permission`; a cancel answers every one still pending with the
+outcome ``cancelled``, as ACP requires.
+
+After :meth:`~AcpConnection.cancel` the turn's output is dropped — only a :class:`SessionId`
+would still pass (stop contract: leftover output is discarded, except the session id) — and
+permission requests are answered ``cancelled``, until the prompt's answer ends the turn.
+While a ``session/load`` is pending the agent replays the conversation as updates; they are
+history, not a turn, and are dropped.
+
+A line that is not JSON-RPC is an :class:`Unparsed` event (logged, never fatal); an invalid
+*request* from the agent is also answered with an error so it does not wait forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._base import (
+    Event,
+    Launch,
+    SessionId,
+    Status,
+    Text,
+    TodoItem,
+    Todos,
+    ToolResult,
+    ToolUse,
+    Unparsed,
+    preview,
+)
+from ._jsonrpc import (
+    INVALID_PARAMS,
+    MAX_LINE_BYTES,
+    METHOD_NOT_FOUND,
+    ErrorResponse,
+    JsonRpcError,
+    Message,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+    decode,
+    encode,
+)
+
+#: The ACP protocol version corral speaks.
+PROTOCOL_VERSION = 1
+
+#: What corral offers the agent: no file system, no terminal (see the module docstring).
+CLIENT_CAPABILITIES: dict[str, Any] = {
+    "fs": {"readTextFile": False, "writeTextFile": False},
+    "terminal": False,
+}
+
+#: corral's own ``stopReason`` for a turn whose prompt got an error response.
+STOP_ERROR = "error"
+
+#: ACP's plan entry statuses, all of which are corral todo statuses.
+_PLAN_STATUSES = ("pending", "in_progress", "completed")
+
+PermissionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
+
+# ---------------------------------------------------------------- events only ACP has
+
+
+@dataclass(frozen=True, slots=True)
+class Initialized:
+    """The agent answered ``initialize``."""
+
+    protocol_version: int
+    load_session: bool
+    """Does the agent support ``session/load``?"""
+    agent_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionReady:
+    """A session is open (``session/new`` answered, or ``session/load`` done)."""
+
+    session_id: str
+    loaded: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """The agent answered one of corral's requests with an error."""
+
+    method: str
+    code: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEnded:
+    """The prompt was answered: the turn is over. ``cancelled``: corral had sent a cancel."""
+
+    stop_reason: str
+    cancelled: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRequested:
+    """The agent asks to run a tool; the owner must answer (``policy=False`` only)."""
+
+    request_id: RequestId
+    title: str
+    options: tuple[PermissionOption, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionDecided:
+    """A permission request was answered; ``outcome`` is ``selected`` or ``cancelled``."""
+
+    title: str
+    outcome: Literal["selected", "cancelled"]
+    option_id: str | None = None
+    kind: str | None = None
+
+    def describe(self) -> str:
+        """The status line a transcript stores for this decision."""
+        if self.outcome == "cancelled":
+            return f"permission for {self.title!r}: cancelled"
+        verb = "allowed" if (self.kind or "").startswith("allow") else "rejected"
+        return f"permission for {self.title!r}: {verb} ({self.kind or self.option_id})"
+
+
+AcpEvent = Event | Initialized | SessionReady | RequestFailed | PromptEnded | PermissionRequested | PermissionDecided
+
+
+# ---------------------------------------------------------------- permission policy
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionOption:
+    """One choice an agent offers in a permission request."""
+
+    option_id: str
+    name: str
+    kind: str
+
+
+#: Preferred option kinds, best first, for each policy.
+_ALLOW: tuple[str, ...] = ("allow_once", "allow_always")
+_REJECT: tuple[str, ...] = ("reject_once", "reject_always")
+
+
+def decide_permission(options: Sequence[PermissionOption], *, unattended: bool) -> PermissionOption | None:
+    """The option the policy picks, or ``None`` (answer ``cancelled``) when none fits.
+
+    Unattended agents run without a human to ask: allow, once rather than always when the
+    agent offers both. Attended agents (nobody answers in a chat yet): reject. When the
+    wanted kind is not offered, the other is never chosen in its place — an allow for a
+    rejecting policy would be a privilege nobody granted; the request is cancelled instead.
+    """
+    wanted = _ALLOW if unattended else _REJECT
+    for kind in wanted:
+        for option in options:
+            if option.kind == kind:
+                return option
+    return None
+
+
+def _options(raw: object) -> tuple[PermissionOption, ...]:
+    if not isinstance(raw, list):
+        return ()
+    found = []
+    for item in raw:
+        if isinstance(item, dict) and isinstance(item.get("optionId"), str):
+            found.append(PermissionOption(item["optionId"], str(item.get("name", "")), str(item.get("kind", ""))))
+    return tuple(found)
+
+
+# ---------------------------------------------------------------- the connection
+
+
+class AcpProtocolError(Exception):
+    """The owner asked for something the connection's state forbids (a bug of the owner)."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    method: str
+    params: Any = None
+
+
+@dataclass(slots=True)
+class _Tool:
+    title: str
+    announced: bool = False
+    done: bool = False
+
+
+@dataclass(slots=True)
+class AcpConnection:
+    """The client side of one ACP agent connection. No I/O; see the module docstring."""
+
+    unattended: bool = True
+    policy: bool = True
+    """Answer permission requests with :func:`decide_permission` (False: the owner answers)."""
+    client_info: Mapping[str, str] = field(default_factory=lambda: {"name": "corral", "version": "0"})
+    max_line: int = MAX_LINE_BYTES
+
+    session_id: str | None = None
+    load_session_supported: bool = False
+    initialized: bool = False
+    prompt_id: RequestId | None = None
+    """The id of the ``session/prompt`` in flight, if any."""
+    cancelling: bool = False
+    """A cancel was sent for the prompt in flight."""
+    _next_id: int = 0
+    _pending: dict[RequestId, _Pending] = field(default_factory=dict)
+    _permissions: dict[RequestId, str] = field(default_factory=dict)
+    _tools: dict[str, _Tool] = field(default_factory=dict)
+    _out: bytearray = field(default_factory=bytearray)
+
+    # ------------------------------------------------------------ sending
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the agent's stdin since the last call."""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    @property
+    def pending_methods(self) -> list[str]:
+        """The methods of corral's requests still waiting for an answer."""
+        return [p.method for p in self._pending.values()]
+
+    @property
+    def pending_permissions(self) -> list[RequestId]:
+        """Permission requests the owner has not answered yet (policy off)."""
+        return list(self._permissions)
+
+    def _send(self, message: Message) -> None:
+        self._out += encode(message)
+
+    def _request(self, method: str, params: dict[str, Any]) -> RequestId:
+        self._next_id += 1
+        rid = self._next_id
+        self._pending[rid] = _Pending(method, params)
+        self._send(Request(rid, method, params))
+        return rid
+
+    def initialize(self) -> RequestId:
+        """Queue ``initialize``: protocol version and corral's (empty) capabilities."""
+        return self._request(
+            "initialize",
+            {
+                "protocolVersion": PROTOCOL_VERSION,
+                "clientCapabilities": CLIENT_CAPABILITIES,
+                "clientInfo": dict(self.client_info),
+            },
+        )
+
+    def new_session(self, cwd: str) -> RequestId:
+        """Queue ``session/new`` in ``cwd`` (absolute), with no MCP servers of corral's."""
+        self._need_initialized("session/new")
+        return self._request("session/new", {"cwd": cwd, "mcpServers": []})
+
+    def load_session(self, session_id: str, cwd: str) -> RequestId:
+        """Queue ``session/load`` of a saved id; the replayed history is dropped."""
+        self._need_initialized("session/load")
+        return self._request("session/load", {"sessionId": session_id, "cwd": cwd, "mcpServers": []})
+
+    def prompt(self, text: str) -> RequestId:
+        """Queue ``session/prompt`` with ``text`` as its one text block; starts a turn."""
+        if self.session_id is None:
+            raise AcpProtocolError("session/prompt before a session is open")
+        if self.prompt_id is not None:
+            raise AcpProtocolError("session/prompt while another prompt is in flight")
+        self.cancelling = False
+        self._tools.clear()
+        self.prompt_id = self._request(
+            "session/prompt", {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]}
+        )
+        return self.prompt_id
+
+    def cancel(self) -> list[AcpEvent]:
+        """Queue ``session/cancel`` (a notification) and answer pending permissions ``cancelled``.
+
+        From now on the turn's output is dropped. Returns the decisions made. A cancel with
+        no prompt in flight sends nothing.
+        """
+        if self.prompt_id is None or self.session_id is None:
+            return []
+        events: list[AcpEvent] = []
+        if not self.cancelling:
+            self.cancelling = True
+            self._send(Notification("session/cancel", {"sessionId": self.session_id}))
+        for rid, title in list(self._permissions.items()):
+            events.append(self._answer(rid, title, None))
+        return events
+
+    def answer_permission(self, request_id: RequestId, option: PermissionOption | None) -> PermissionDecided:
+        """Answer a :class:`PermissionRequested`: ``option`` selected, or ``None`` = cancelled."""
+        title = self._permissions.get(request_id)
+        if title is None:
+            raise AcpProtocolError(f"no pending permission request {request_id!r}")
+        return self._answer(request_id, title, option)
+
+    def _answer(self, rid: RequestId, title: str, option: PermissionOption | None) -> PermissionDecided:
+        self._permissions.pop(rid, None)
+        if option is None:
+            self._send(Response(rid, {"outcome": {"outcome": "cancelled"}}))
+            return PermissionDecided(title, "cancelled")
+        self._send(Response(rid, {"outcome": {"outcome": "selected", "optionId": option.option_id}}))
+        return PermissionDecided(title, "selected", option.option_id, option.kind)
+
+    def _need_initialized(self, method: str) -> None:
+        if not self.initialized:
+            raise AcpProtocolError(f"{method} before initialize was answered")
+
+    # ------------------------------------------------------------ receiving
+
+    def receive(self, line: bytes | str) -> list[AcpEvent]:
+        """Handle one stdout line of the agent; never raises for anything the agent sends."""
+        if not line.strip():
+            return []
+        text = line if isinstance(line, str) else line.decode("utf-8", errors="replace")
+        try:
+            message = decode(line, max_bytes=self.max_line)
+        except JsonRpcError as exc:
+            if exc.id is not None:
+                # A request we could not read still has an id: answer it, or the agent waits.
+                self._send(ErrorResponse(exc.id, exc.code, exc.message))
+            return [Unparsed(text[:1000], f"invalid JSON-RPC: {exc.message}")]
+        if isinstance(message, Request):
+            return self._on_request(message)
+        if isinstance(message, Notification):
+            return self._on_notification(message, text)
+        return self._on_response(message, text)
+
+    def _on_response(self, message: Response | ErrorResponse, text: str) -> list[AcpEvent]:
+        pending = self._pending.pop(message.id, None) if message.id is not None else None
+        if pending is None:
+            return [Unparsed(text[:1000], f"a response to no request of ours (id {message.id!r})")]
+        method = pending.method
+        if isinstance(message, ErrorResponse):
+            events: list[AcpEvent] = [RequestFailed(method, message.code, message.message)]
+            if method == "session/prompt":
+                events.append(self._end_prompt(STOP_ERROR, error=message.message))
+            return events
+        result = message.result if isinstance(message.result, dict) else {}
+        if method == "initialize":
+            self.initialized = True
+            caps = result.get("agentCapabilities")
+            self.load_session_supported = isinstance(caps, dict) and caps.get("loadSession") is True
+            info = result.get("agentInfo")
+            name = str(info.get("name", "")) if isinstance(info, dict) else ""
+            version = result.get("protocolVersion")
+            return [Initialized(version if isinstance(version, int) else 0, self.load_session_supported, name)]
+        if method in ("session/new", "session/load"):
+            sid = result.get("sessionId") if method == "session/new" else pending.params["sessionId"]
+            if not isinstance(sid, str) or not sid:
+                return [RequestFailed(method, INVALID_PARAMS, "the answer carries no sessionId")]
+            self.session_id = sid
+            return [SessionId(sid), SessionReady(sid, loaded=method == "session/load")]
+        if method == "session/prompt":
+            reason = result.get("stopReason")
+            return [self._end_prompt(reason if isinstance(reason, str) else "end_turn")]
+        return []
+
+    def _end_prompt(self, reason: str, *, error: str = "") -> PromptEnded:
+        ended = PromptEnded(reason, cancelled=self.cancelling, error=error)
+        self.prompt_id = None
+        self.cancelling = False
+        # A permission request can only belong to the turn that just ended.
+        for rid, title in list(self._permissions.items()):
+            self._answer(rid, title, None)
+        return ended
+
+    def _on_request(self, message: Request) -> list[AcpEvent]:
+        if message.method != "session/request_permission":
+            self._send(ErrorResponse(message.id, METHOD_NOT_FOUND, f"corral does not offer {message.method!r}"))
+            return [Status(f"agent asked for {message.method!r}, which corral does not offer")]
+        params = message.params if isinstance(message.params, dict) else {}
+        tool = params.get("toolCall")
+        title = ""
+        if isinstance(tool, dict):
+            title = str(tool.get("title") or tool.get("kind") or tool.get("toolCallId") or "")
+        options = _options(params.get("options"))
+        self._permissions[message.id] = title
+        if self.cancelling or self.prompt_id is None:
+            return [self._answer(message.id, title, None)]
+        if not self.policy:
+            return [PermissionRequested(message.id, title, options)]
+        return [self._answer(message.id, title, decide_permission(options, unattended=self.unattended))]
+
+    def _on_notification(self, message: Notification, text: str) -> list[AcpEvent]:
+        if message.method != "session/update":
+            return []
+        params = message.params if isinstance(message.params, dict) else {}
+        update = params.get("update")
+        if not isinstance(update, dict):
+            return [Unparsed(text[:1000], "session/update without an update object")]
+        if self.cancelling or self.prompt_id is None:
+            # After a cancel: leftovers. Outside a turn: a session/load replaying history.
+            return []
+        kind = update.get("sessionUpdate")
+        if kind == "agent_message_chunk":
+            content = update.get("content")
+            # Empty chunks (qwen and claude-agent-acp send them to carry usage) say nothing.
+            if isinstance(content, dict) and content.get("type") == "text" and isinstance(content.get("text"), str):
+                return [Text(content["text"], delta=True)] if content["text"] else []
+            return []
+        if kind == "tool_call":
+            return self._tool_call(update)
+        if kind == "tool_call_update":
+            return self._tool_update(update)
+        if kind == "plan":
+            return self._plan(update, text)
+        return []
+
+    def _tool_call(self, update: dict[str, Any]) -> list[AcpEvent]:
+        tid = str(update.get("toolCallId", ""))
+        tool = self._tools.setdefault(tid, _Tool(str(update.get("title") or update.get("kind") or "tool")))
+        return self._tool_announce(tool, update) + self._tool_done(tool, update)
+
+    def _tool_update(self, update: dict[str, Any]) -> list[AcpEvent]:
+        tid = str(update.get("toolCallId", ""))
+        tool = self._tools.get(tid)
+        if tool is None:
+            # An update for a call we never saw announced: it announces the call.
+            return self._tool_call(update)
+        if update.get("title"):
+            tool.title = str(update["title"])
+        return self._tool_announce(tool, update) + self._tool_done(tool, update)
+
+    def _tool_announce(self, tool: _Tool, update: dict[str, Any]) -> list[AcpEvent]:
+        """One ToolUse per call, once its input is known.
+
+        Some agents announce a call ``pending`` with an empty input and fill it in with the
+        next update (claude-agent-acp: ``Terminal``, ``{}``, then the command): such a call is
+        announced with that update, or when it runs or ends, whichever comes first.
+        """
+        if tool.announced:
+            return []
+        raw = update.get("rawInput")
+        if not raw and update.get("status") in (None, "pending"):
+            return []
+        tool.announced = True
+        return [ToolUse(tool.title, preview(raw if raw else tool.title))]
+
+    def _tool_done(self, tool: _Tool, update: dict[str, Any]) -> list[AcpEvent]:
+        status = update.get("status")
+        if tool.done or status not in ("completed", "failed"):
+            return []
+        tool.done = True
+        output = update.get("rawOutput")
+        if output is None:
+            output = _content_text(update.get("content"))
+        return [ToolResult(preview(output if output not in (None, "") else status), is_error=status == "failed")]
+
+    def _plan(self, update: dict[str, Any], text: str) -> list[AcpEvent]:
+        entries = update.get("entries")
+        if not isinstance(entries, list):
+            return [Unparsed(text[:1000], "plan without entries")]
+        items = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
+                return [Unparsed(text[:1000], "plan entry without content")]
+            status = entry.get("status")
+            items.append(TodoItem(entry["content"], status if status in _PLAN_STATUSES else "pending"))
+        return [Todos(tuple(items))]
+
+
+def _content_text(content: object) -> str | None:
+    """The text of a tool call's ``content`` list (``{type: content, content: {type: text}}``)."""
+    if not isinstance(content, list):
+        return None
+    parts = []
+    for item in content:
+        if not isinstance(item, dict):
+            continue
+        inner = item.get("content")
+        if isinstance(inner, dict) and isinstance(inner.get("text"), str):
+            parts.append(inner["text"])
+        elif item.get("type") == "diff" and isinstance(item.get("path"), str):
+            parts.append(f"diff {item['path']}")
+    return "\n".join(parts) if parts else None
+
+
+# ---------------------------------------------------------------- presets
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """How to start one known ACP agent: its arguments after the binary, and its quirks."""
+
+    binary: str
+    args: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    note: str = ""
+    restart_after_cancel: bool = False
+    """The agent's session is out of step after a cancel: restart it (session/load) instead."""
+
+
+#: Known ACP agents. ``binary`` is the default command; a configured ``command`` replaces it.
+PRESETS: dict[str, Preset] = {
+    "gemini": Preset(
+        "gemini",
+        ("--acp",),
+        {
+            # Without it gemini re-spawns itself as a child node whose parent ignores
+            # SIGINT/SIGTERM: the process corral talks to would not be the one working.
+            "GEMINI_CLI_NO_RELAUNCH": "true",
+            "GEMINI_CLI_TRUST_WORKSPACE": "true",
+            "GEMINI_TELEMETRY_ENABLED": "false",
+            "NO_COLOR": "1",
+        },
+        "gemini >= 0.61: --acp (--experimental-acp is the deprecated spelling)",
+    ),
+    "qwen": Preset(
+        "qwen",
+        ("--acp",),
+        {"QWEN_TELEMETRY_ENABLED": "false", "NO_UPDATE_NOTIFIER": "1", "NO_COLOR": "1"},
+        "qwen 0.15: --acp",
+    ),
+    "opencode": Preset("opencode", ("acp",), {"OPENCODE_DISABLE_AUTOUPDATE": "true"}, "opencode acp"),
+    # claude-agent-acp 0.23 interrupts the query on a cancel, and the next prompt then ends at
+    # once with the interrupted query's result (each later answer one prompt late): a fresh
+    # process with session/load after every cancel keeps the conversation in step.
+    "claude": Preset(
+        "claude-agent-acp",
+        (),
+        {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"},
+        "the Zed bridge",
+        restart_after_cancel=True,
+    ),
+    "codex": Preset("codex-acp", (), {}, "the Zed bridge"),
+}
+
+
+def preset_launch(
+    name: str,
+    *,
+    cwd: str,
+    command: Sequence[str] | None = None,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    files: Mapping[str, str] | None = None,
+) -> Launch:
+    """The launch of preset ``name``: its command (or ``command``), its args, then ``args``.
+
+    The preset's environment comes first, so a configured ``env`` overrides a quirk.
+    ``KeyError`` names the known presets.
+    """
+    try:
+        preset = PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown ACP preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
+    argv = (*(command or (preset.binary,)), *preset.args, *args)
+    return Launch(argv=argv, env={**preset.env, **(env or {})}, cwd=cwd, stdin=b"", files=dict(files or {}))

@@ -1,0 +1,156 @@
+"""The real ACP agents, each pointed at its fake model server: shared by the ACP tests,
+``scripts/capture_acp.py`` and ``scripts/bench_acp.py``.
+
+For each agent: the fake server it talks to, and the launch (preset command, environment,
+private files) that keeps it offline. The binaries are installed by scripts/install-clis.sh.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters._base import Launch
+from adapters.acp import PRESETS, preset_launch
+
+from . import anthropic, gemini_api, openai_chat, openai_responses
+from ._http import FakeModelServer
+from .clis import cache_dir
+
+#: The pinned npm package of each ACP agent binary; keep in step with scripts/install-clis.sh.
+ACP_PACKAGES: dict[str, tuple[str, str]] = {
+    "gemini": ("@google/gemini-cli@0.61.0", "gemini"),
+    "qwen": ("@qwen-code/qwen-code@0.15.10", "qwen"),
+    "claude": ("@zed-industries/claude-agent-acp@0.23.1", "claude-agent-acp"),
+    "codex": ("@zed-industries/codex-acp@0.16.0", "codex-acp"),
+    "opencode": ("opencode-ai@1.18.33", "opencode"),
+}
+
+
+def acp_binary(name: str) -> Path:
+    """The installed binary of ACP agent ``name``; raises with the fix when it is missing."""
+    spec, binary = ACP_PACKAGES[name]
+    path = cache_dir() / spec.replace("@", "_").replace("/", "_") / "node_modules" / ".bin" / binary
+    if not path.exists():
+        raise FileNotFoundError(f"{binary} is not installed at {path}; run scripts/install-clis.sh")
+    return path
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, indent=2) + "\n"
+
+
+def _gemini(url: str, cwd: str, home: str) -> Launch:
+    return preset_launch(
+        "gemini",
+        cwd=cwd,
+        command=[str(acp_binary("gemini"))],
+        env=gemini_api.agent_env(url),
+        files={".gemini/settings.json": _json({**gemini_api.SETTINGS, "telemetry": {"enabled": False}})},
+    )
+
+
+def _qwen(url: str, cwd: str, home: str) -> Launch:
+    from adapters.qwen import DEFAULT_SETTINGS
+
+    return preset_launch(
+        "qwen",
+        cwd=cwd,
+        command=[str(acp_binary("qwen"))],
+        args=["--auth-type", "openai"],
+        env=openai_chat.agent_env(url),
+        files={".qwen/settings.json": _json(DEFAULT_SETTINGS)},
+    )
+
+
+def _claude(url: str, cwd: str, home: str) -> Launch:
+    return preset_launch("claude", cwd=cwd, command=[str(acp_binary("claude"))], env=anthropic.agent_env(url))
+
+
+def _codex(url: str, cwd: str, home: str) -> Launch:
+    from adapters._base import TurnRequest
+    from adapters.codex import config_toml
+
+    request = TurnRequest(
+        prompt="",
+        channel="",
+        turn_id="",
+        agent="codex",
+        command=(),
+        home=home,
+        options=openai_responses.agent_options(url),
+    )
+    # Over ACP, codex asks before running a command (``untrusted``) and corral's policy
+    # answers; its bubblewrap sandbox cannot run in this container (the tool panics), so
+    # it is off, as for the native adapter.
+    config = config_toml(request).replace('approval_policy = "never"', 'approval_policy = "untrusted"')
+    return preset_launch(
+        "codex",
+        cwd=cwd,
+        command=[str(acp_binary("codex"))],
+        env={**openai_responses.agent_env(url), "CODEX_HOME": f"{home}/.codex"},
+        files={".codex/config.toml": config},
+    )
+
+
+def opencode_config(url: str) -> dict[str, object]:
+    """An opencode.json whose only model is the fake OpenAI-compatible chat server."""
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake",
+                "options": {"baseURL": url.rstrip("/") + "/v1", "apiKey": "sk-fake-corral"},
+                "models": {openai_chat.MODEL: {"name": "Fake"}},
+            }
+        },
+        "model": f"fake/{openai_chat.MODEL}",
+        "small_model": f"fake/{openai_chat.MODEL}",
+        "autoupdate": False,
+        "share": "disabled",
+        # opencode runs bash without asking by default; asking goes over ACP to corral's policy.
+        "permission": {"bash": "ask", "edit": "ask"},
+    }
+
+
+def _opencode(url: str, cwd: str, home: str) -> Launch:
+    return preset_launch(
+        "opencode",
+        cwd=cwd,
+        command=[str(acp_binary("opencode"))],
+        env={
+            "OPENCODE_CONFIG": f"{home}/opencode.json",
+            "OPENCODE_DISABLE_MODELS_FETCH": "true",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "true",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "true",
+            "OPENCODE_DISABLE_SHARE": "true",
+        },
+        files={"opencode.json": _json(opencode_config(url))},
+    )
+
+
+@dataclass(frozen=True)
+class AcpAgentSpec:
+    """One real ACP agent and its fake model server."""
+
+    name: str
+    server: Callable[[], FakeModelServer]
+    launch: Callable[[str, str, str], Launch]
+    """``(server_url, cwd, home) -> Launch``: ``home`` is the agent's private HOME."""
+
+    @property
+    def restart_after_cancel(self) -> bool:
+        """The preset's quirk, passed to ``open_acp_agent``."""
+        return PRESETS[self.name].restart_after_cancel
+
+
+ACP_AGENTS: dict[str, AcpAgentSpec] = {
+    "gemini": AcpAgentSpec("gemini", gemini_api.FakeGeminiServer, _gemini),
+    "qwen": AcpAgentSpec("qwen", openai_chat.OpenAIChatServer, _qwen),
+    "claude": AcpAgentSpec("claude", anthropic.FakeAnthropicServer, _claude),
+    "codex": AcpAgentSpec("codex", openai_responses.OpenAIResponsesServer, _codex),
+    "opencode": AcpAgentSpec("opencode", openai_chat.OpenCodeChatServer, _opencode),
+}
