@@ -74,9 +74,12 @@ def install_trace(path: str) -> None:
 
     async def spawn(argv: Any, **kwargs: Any) -> trio.Process:
         trace("spawn", turn=kwargs["env"].get(_tree.TURN_MARKER))
-        with trio.CancelScope(shield=True):  # a spawn cannot be cancelled either
+        # A slow spawn, which cannot be cancelled once begun: a stop landing meanwhile finds no
+        # process to kill, and the registration that follows must kill it.
+        with trio.CancelScope(shield=True):
+            process = await _tree.spawn(argv, **kwargs)
             await trio.sleep(rng.uniform(0.0, 0.03))
-        return await _tree.spawn(argv, **kwargs)
+        return process
 
     supervisor_init = _supervisor.Supervisor.__init__
 

@@ -245,13 +245,16 @@ class Trial:
         )
 
 
-def choose(index: int, rng: random.Random) -> Trial:
-    """The trial's random choices."""
+MOMENTS = ("now", "preparing", "spawning", "delay", "queued", "entry", "done")
+
+
+def choose(index: int, rng: random.Random, moments: tuple[str, ...] = MOMENTS) -> Trial:
+    """The trial's random choices (the stop's moment among ``moments``)."""
     job = rng.choice(["long", "long", "long", "short", "burst"])
-    moment = rng.choice(
-        ["now", "preparing", "spawning", "spawning", "delay", "delay", "queued", "entry", "entry", "entry"]
-        + ([] if job == "long" else ["done"])
-    )
+    if moments == ("done",):
+        job = rng.choice(["short", "burst"])
+    weighted = ["now", "preparing", "spawning", "spawning", "delay", "delay", "queued", "entry", "entry", "entry"]
+    moment = rng.choice([m for m in weighted + ([] if job == "long" else ["done"]) if m in moments] or list(moments))
     if moment == "entry":
         moment = "entry:" + rng.choice(ENTRY_KINDS[job])
     return Trial(
@@ -566,11 +569,16 @@ def main() -> int:
     parser.add_argument("--seed-bug", choices=sorted(SEEDED_BUGS), default=None,
                         help="reintroduce one bug in the daemon: " + "; ".join(f"{k}: {v[1]}" for k, v in SEEDED_BUGS.items()))
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
+    parser.add_argument("--moments", default=",".join(MOMENTS),
+                        help=f"comma-separated stop moments to draw from (default all: {','.join(MOMENTS)})")
     args = parser.parse_args()
+    moments = tuple(m for m in args.moments.split(",") if m)
+    if not moments or set(moments) - set(MOMENTS):
+        parser.error(f"--moments: choose among {', '.join(MOMENTS)}")
     count = 50 if args.quick else args.trials
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
-    trials = [choose(i, rng) for i in range(count)]
+    trials = [choose(i, rng, moments) for i in range(count)]
     root = short_tmp("cc-")
     say = (lambda *a, **k: None) if args.json else print
     say(f"chaos stop: {count} trials, {args.concurrency} at a time, seed {seed}, one `corral run` daemon in {root}"
