@@ -355,6 +355,8 @@ class Trials:
         self.violations: Counter[str] = Counter()
         self.by_fault: Counter[str] = Counter()
         self.notes: list[str] = []
+        self.disk_full = False
+        """The store's disk is full now: a send may be refused if it says so."""
 
     def channel(self, book: Book, tag: str) -> str:
         """A fresh channel for this trial."""
@@ -372,6 +374,8 @@ class Trials:
             m = Message(ident, channel, None, None, sure=False)
             book.messages.append(m)
             return None
+        if status != 202 and self.disk_full and any(w in str(body).lower() for w in ("disk", "space")):
+            return None  # refused, and it says why: right on a full disk
         if status != 202:
             self.violations["answers"] += 1
             self.notes.append(f"answers: a clean send to {channel} got HTTP {status}: {str(body)[:150]}")
@@ -644,12 +648,14 @@ class Trials:
             ch = "full"
             book.channels.add(ch)
             m = self.send_on(rig, book, ch, "long", "stubborn")
+            queued = [self.send_on(rig, book, ch, "short") for _ in range(2)]
             filler = disk / "filler"
             with contextlib.suppress(OSError), filler.open("wb") as fh:
                 while True:
                     fh.write(b"\0" * 65536)
                     fh.flush()
-            queued = [self.send_on(rig, book, ch, "short") for _ in range(2)]
+            self.disk_full = True
+            self.send_on(rig, book, ch, "short")  # may be refused: it must say the disk is full
             status, body = rig.api.post(f"/v1/channels/{ch}/stop")
             stop = Stop(ch, body if isinstance(body, dict) else {}, time.monotonic())
             if status >= 500 and not isinstance(body, dict):
@@ -662,8 +668,12 @@ class Trials:
             if isinstance(body, dict) and not body.get("ok") and "disk" not in err.lower() and "space" not in err.lower():
                 self.violations["answers"] += 1
                 self.notes.append(f"answers: a stop on a full disk failed without saying the disk is full: {err[:120]}")
+            if isinstance(body, dict) and not body.get("ok") and (body.get("killed") or body.get("swept")):
+                self.violations["nothing-after-stop"] += 1
+                self.notes.append(f"nothing-after-stop: a stop that could not store its record killed {body.get('killed')} anyway")
             book.stops.append(stop)
             filler.unlink()
+            self.disk_full = False
             rig.daemon.stop() if rig.daemon else None  # type: ignore[func-returns-value]
             survivors_of_exit(rig, self.violations, self.notes)
             rig.start(self.violations, self.notes)
@@ -679,6 +689,7 @@ class Trials:
             del m
             check(rig, book, self.violations, self.notes)
         finally:
+            self.disk_full = False
             rig.stop()
             survivors_of_exit(rig, self.violations, self.notes)
             subprocess.run(["umount", "-l", str(disk)], capture_output=True)
