@@ -154,7 +154,10 @@ def _output_after_notice() -> None:
 
         async def store_it() -> None:
             with trio.CancelScope(shield=True):
-                await trio.sleep(0.3)  # the stop has stored its notice by now
+                await self.done.wait()
+                stopping = self.sup._stops.get(self.channel)
+                if stopping is not None:
+                    await stopping.wait()  # set once the stop's notice is stored
                 _keep_everything(self, kind, text, meta)
 
         self.sup._nursery.start_soon(store_it)
