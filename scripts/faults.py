@@ -814,14 +814,20 @@ def main() -> int:
     say(f"faults: {len(kinds)} trials, seed {seed}, in {root}")
     trials = Trials(root, rng)
     started = time.monotonic()
+    done = 0
     try:
         for i, kind in enumerate(kinds, 1):
             try:
                 trials.run(kind)
+                done = i
+            except KeyboardInterrupt:
+                say(f"interrupted: the figures cover the {done} trials done")
+                break
             except Exception as exc:  # noqa: BLE001 - a harness failure is counted, the run goes on
                 trials.violations["harness"] += 1
                 trials.by_fault[kind] += 1
                 trials.notes.append(f"harness: {kind}: {type(exc).__name__}: {exc}")
+            done = i
             if i % max(1, len(kinds) // 20) == 0:
                 say(f"  {i:>5}/{len(kinds)} trials, {time.monotonic() - started:6.1f} s, {sum(trials.violations.values())} violations", flush=True)
     finally:
@@ -834,12 +840,12 @@ def main() -> int:
     total = sum(trials.violations.values())
     if args.json:
         print(json.dumps({
-            "trials": len(kinds), "seed": seed, "elapsed_s": round(elapsed, 1), "violations": total,
+            "trials": done, "seed": seed, "elapsed_s": round(elapsed, 1), "violations": total,
             "by_invariant": dict(trials.violations), "by_fault": {k: n for k, n in trials.by_fault.items() if n},
             "kinds": dict(trials.kinds), "skipped": trials.skipped, "notes": trials.notes[:20],
         }))
     else:
-        print(f"\ntrials: {len(kinds)} in {elapsed:.1f} s; daemon starts: {trials.rig.starts}")
+        print(f"\ntrials: {done} in {elapsed:.1f} s; daemon starts: {trials.rig.starts}")
         print("trials per fault kind:")
         for k in KINDS:
             if trials.kinds[k]:
