@@ -508,9 +508,11 @@ class Trials:
         rig.close_client()
         code = rig.daemon.proc.returncode
         if code is not None and code < 0:
+            # Killed outright, like kill -9: the restart must find what it left (checked there).
             self.violations["daemon-alive"] += 1
             self.notes.append(f"daemon-alive: {name} killed the daemon outright (status {code}), no orderly shutdown")
-        survivors_of_exit(rig, self.violations, self.notes)
+        else:
+            survivors_of_exit(rig, self.violations, self.notes)  # an orderly exit leaves nothing
         self.ensure()
 
     # -- aborted and half-sent requests
