@@ -582,6 +582,8 @@ class Trials:
             try:
                 status, body = client.post(f"/v1/channels/{bad}/messages", raw=('{"text": ' + text_json + "}").encode())
                 results.append((text_json, status, body))
+            except httpx.HTTPError as exc:  # no answer: the daemon died (daemon-alive says so below)
+                results.append((text_json, 0, str(exc)))
             finally:
                 client.close()
 
