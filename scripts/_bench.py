@@ -71,14 +71,16 @@ class Daemon:
     folder keeps the log of the one before.
     """
 
-    def __init__(self, folder: Path, config_text: str = DEMO_CONFIG) -> None:
+    def __init__(self, folder: Path, config_text: str = DEMO_CONFIG, command: list[str] | None = None) -> None:
+        """``command``: what runs ``corral`` (default :func:`corral_command`), for example a
+        wrapper that instruments the daemon; ``run -c FILE`` is appended."""
         self.folder = folder
         self.socket = folder / "corral.sock"
         assert len(os.fsencode(self.socket)) < 108, self.socket
         (folder / "corral.toml").write_text(config_text)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
         self.proc = subprocess.Popen(
-            [*corral_command(), "run", "-c", str(folder / "corral.toml")],
+            [*(command or corral_command()), "run", "-c", str(folder / "corral.toml")],
             cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
         )

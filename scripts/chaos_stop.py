@@ -2,25 +2,35 @@
 """Randomized stop trials against one real ``corral run`` daemon; exit 1 on any violation.
 
 Run it as ``.venv/bin/python scripts/chaos_stop.py`` (``--trials N``, default 1000;
-``--quick`` for 50; ``--seed S`` to replay a run). Several trials run at once, each on fresh
-channels of the same daemon (restarted only if it dies, which is itself a violation).
+``--quick`` for 50; ``--seed S`` to replay a run; ``--seed-bug NAME`` to reintroduce one bug
+and watch the trials catch it; ``--json`` for a machine-readable summary). Several trials run
+at once, each on fresh channels of the same daemon (restarted only if it dies, which is itself
+a violation). The daemon runs through ``scripts/_chaos_daemon.py``, which traces the ledger's
+stops, each turn's point of no return, spawn and registration, and widens those windows.
 
-Each trial sends a message (``long 30``: the demo agent's tool with a setsid grandchild, or a
-short reply), then stops the channel at a random moment: right after the send returns
-(usually before the spawn), after a random 0-300 ms, after a chosen entry kind appears, or
-after the reply is complete. Sometimes the stop is repeated (after it returned, or as a
-second concurrent call), sometimes a follow-up message goes right after the stop, sometimes
-a second channel runs a turn at the same time. Then it checks the stop contract:
+The agent is ``scripts/_chaos_agent.py`` (the generic line protocol) in three setups: the prompt
+as an argument, the prompt on stdin (``prompt = "stdin"``), and one that ignores SIGINT from
+exec on. It stamps its start, reports a plan (todos), double-forks mid-tool (a setsid grandchild
+and a daemonized great-grandchild), and flushes text, a session id and a plan on SIGINT.
 
-* no entry of the stopped turn after its notice;
-* exactly one notice per non-repeat stop (and a repeat names that notice);
-* no process of the trial alive: none of the stopped turn when the stop returned, none of
-  any of the trial's turns at its end (``CORRAL_TURN`` marker, or a cwd in the channel's
-  working folder);
-* the message sent before the stop never ran after it (no agent entry with a generation
-  older than the stop's and a seq after the notice);
-* the follow-up ran (an agent message after it, under the stop's generation);
-* the other channel was untouched (an agent message, no notice, no error).
+Each trial sends a job (``long``: the tool and 30 s of output; ``short``: a quick reply;
+``burst``: 400 lines at once), then stops the channel at a random moment: right after the
+send, once the trace shows the turn preparing or spawning, after 0-300 ms, with a second message queued
+behind the first, after a chosen entry appears (the plan, mid-tool, mid-flush) or after the
+reply. Sometimes the stop is repeated (after it returned, or as a second concurrent call),
+sometimes a follow-up message goes right after it, sometimes a second channel runs a turn at
+the same time. Every trial checks every line of the stop contract it can observe:
+
+* no entry of the stopped turn after its notice; exactly one notice per non-repeat stop;
+* leftover output discarded: the agent's SIGINT flush is never stored;
+* no nudge after the stop, and the plan at the notice has nothing pending or in progress;
+* no spawn of a turn stopped before it started (trace: its spawn after the stop decision),
+  and no message accepted before the stop ever starts a turn after it (started stamps);
+* late registrations die: a process registered for a turn already stale never runs its code
+  after the registration (its start stamp);
+* nothing of the stopped turn alive when the stop returns; nothing of the trial at its end
+  (``CORRAL_TURN`` marker, or a cwd in the channel's working folder);
+* the follow-up ran under the stop's generation; the other channel was untouched.
 """
 
 from __future__ import annotations
@@ -29,8 +39,10 @@ import argparse
 import json
 import random
 import shutil
+import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +51,9 @@ from urllib.parse import quote
 import httpx
 import trio
 
-from _bench import MARKER, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
+from _bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
+from _chaos_agent import FLUSH_TEXT
+from _chaos_daemon import SEEDED_BUGS
 
 from supervisor._turn import channel_slug
 
@@ -47,9 +61,30 @@ from supervisor._turn import channel_slug
 CONCURRENCY = 8
 #: Longest a trial may wait for anything (a follow-up turn, an entry, idleness).
 WAIT_S = 60.0
+#: The stubborn agent's SIGINT is ignored: the stop waits this long before SIGKILL.
+STOP_GRACE = 1.0
 
-LONG_KINDS = ["status:thinking", "todos", "tool", "status:tool running"]
-SHORT_KINDS = ["status:thinking", "message"]
+AGENTS = ("plain", "stdin", "stubborn")
+ENTRY_KINDS = {
+    "long": ["status:thinking", "todos", "tool", "status:tool running", "message"],
+    "short": ["status:thinking", "message"],
+    "burst": ["status:thinking", "message"],
+}
+
+
+def chaos_config(folder: Path) -> str:
+    """The daemon's config: the three setups of the chaos agent."""
+    python, agent = json.dumps(sys.executable), json.dumps(str(REPO / "scripts" / "_chaos_agent.py"))
+    env = f'CHAOS_DIR = {json.dumps(str(folder))}'
+    return (
+        '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
+        f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
+        f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {agent}]\nenv = {{ {env} }}\n'
+        f'[agents.stdin]\nadapter = "generic"\ncommand = [{python}, {agent}]\nprompt = "stdin"\n'
+        f'env = {{ {env}, CHAOS_STDIN = "1" }}\n'
+        f'[agents.stubborn]\nadapter = "generic"\n'
+        f'command = ["env", "--ignore-signal=INT", {python}, {agent}]\nenv = {{ {env} }}\n'
+    )
 
 
 # ---------------------------------------------------------------- the API, async
@@ -69,9 +104,10 @@ class API:
         """Close every connection."""
         await self.http.aclose()
 
-    async def send(self, channel: str, text: str) -> dict[str, Any]:
-        """POST a message; the accepted seq and generation."""
-        r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/messages", json={"text": text})
+    async def send(self, channel: str, text: str, agent: str | None = None) -> dict[str, Any]:
+        """POST a message (to ``agent``, or the default one); the accepted seq and generation."""
+        body = {"text": text, **({"agent": agent} if agent else {})}
+        r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/messages", json=body)
         if r.status_code != 202:
             raise RuntimeError(f"send to {channel}: HTTP {r.status_code} {r.text[:200]}")
         return r.json()
@@ -107,6 +143,69 @@ class API:
                     return
 
 
+# ---------------------------------------------------------------- the trace and the stamps
+
+
+class JsonLog:
+    """A JSON-lines file another process appends to, read incrementally (whole lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self.records: list[dict[str, Any]] = []
+
+    def refresh(self) -> None:
+        """Read the lines appended since the last call."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        self.records += [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+
+class Evidence:
+    """What the daemon traced and the agents stamped, indexed for the checks."""
+
+    def __init__(self, folder: Path) -> None:
+        self.trace = JsonLog(folder / "trace.jsonl")
+        self.stamps = JsonLog(folder / "started.jsonl")
+        self._seen = (0, 0)
+        self.stops: dict[str, list[dict[str, Any]]] = {}
+        self.prepared: dict[str, list[dict[str, Any]]] = {}
+        self.spawned: dict[str, float] = {}
+        self.registered: dict[str, dict[str, Any]] = {}
+        self.started: dict[str, list[dict[str, Any]]] = {}
+        """Start stamps by message id."""
+        self.started_turn: dict[str, list[dict[str, Any]]] = {}
+        self.signals: dict[int, list[dict[str, Any]]] = {}
+        """Signals sent to each process group, in order."""
+
+    def refresh(self) -> None:
+        """Index whatever was appended since the last call."""
+        self.trace.refresh()
+        self.stamps.refresh()
+        t0, s0 = self._seen
+        for r in self.trace.records[t0:]:
+            if r["ev"] == "stop":
+                self.stops.setdefault(r["channel"], []).append(r)
+            elif r["ev"] == "preparing":
+                self.prepared.setdefault(r["channel"], []).append(r)
+            elif r["ev"] == "spawn":
+                self.spawned.setdefault(r["turn"], r["t"])
+            elif r["ev"] == "register":
+                self.registered[r["turn"]] = r
+            elif r["ev"] == "signal":
+                self.signals.setdefault(r["pgid"], []).append(r)
+        for r in self.stamps.records[s0:]:
+            self.started.setdefault(r["id"], []).append(r)
+            self.started_turn.setdefault(r["turn"], []).append(r)
+        self._seen = (len(self.trace.records), len(self.stamps.records))
+
+
 # ---------------------------------------------------------------- one trial
 
 
@@ -115,38 +214,51 @@ class Trial:
     """What a trial did and what it found."""
 
     index: int
-    long: bool
+    agent: str
+    job: str
     moment: str
-    """now | delay | entry:KIND | done"""
+    """now | preparing | spawning | delay | queued | entry:KIND | done"""
     delay: float
     repeat: str | None
     """None | after | concurrent"""
     follow_up: bool
     other: bool
-    violations: list[str] = field(default_factory=list)
+    violations: list[tuple[str, str]] = field(default_factory=list)
+    """(kind, detail)"""
+    phase: str = "?"
+    """Where the first turn was when the stop was decided: queued | preparing | spawning | running | ended."""
     stop_ms: float = 0.0
     ended_turn: bool = False
-    """The stop ended a turn (preparing or running), not an idle channel."""
     killed: int = 0
     swept: int = 0
+
+    def violate(self, kind: str, detail: str) -> None:
+        """Record one violation of the contract (or of the harness's expectations)."""
+        self.violations.append((kind, detail))
 
     def describe(self) -> str:
         """The trial's choices, for a violation report."""
         moment = f"delay {self.delay * 1000:.0f} ms" if self.moment == "delay" else self.moment
         return (
-            f"trial {self.index}: {'long 30' if self.long else 'short'}, stop at {moment}, repeat={self.repeat}, "
+            f"trial {self.index}: {self.job} on {self.agent}, stop at {moment} ({self.phase}), repeat={self.repeat}, "
             f"follow-up={self.follow_up}, other channel={self.other}"
         )
 
 
-def choose(index: int, rng: random.Random) -> Trial:
-    """The trial's random choices."""
-    long = rng.random() < 0.5
-    moment = rng.choice(["now", "delay", "delay", "entry", "entry"] + ([] if long else ["done"]))
+MOMENTS = ("now", "preparing", "spawning", "delay", "queued", "entry", "done")
+
+
+def choose(index: int, rng: random.Random, moments: tuple[str, ...] = MOMENTS) -> Trial:
+    """The trial's random choices (the stop's moment among ``moments``)."""
+    job = rng.choice(["long", "long", "long", "short", "burst"])
+    if moments == ("done",):
+        job = rng.choice(["short", "burst"])
+    weighted = ["now", "preparing", "spawning", "spawning", "delay", "delay", "queued", "entry", "entry", "entry"]
+    moment = rng.choice([m for m in weighted + ([] if job == "long" else ["done"]) if m in moments] or list(moments))
     if moment == "entry":
-        moment = "entry:" + rng.choice(LONG_KINDS if long else SHORT_KINDS)
+        moment = "entry:" + rng.choice(ENTRY_KINDS[job])
     return Trial(
-        index=index, long=long, moment=moment, delay=rng.uniform(0.0, 0.3),
+        index=index, agent=rng.choice(AGENTS), job=job, moment=moment, delay=rng.uniform(0.0, 0.3),
         repeat=rng.choice([None, None, None, "after", "concurrent"]),
         follow_up=rng.random() < 0.5, other=rng.random() < 0.3,
     )
@@ -155,30 +267,45 @@ def choose(index: int, rng: random.Random) -> Trial:
 class Runner:
     """Runs the trials against one daemon, restarting it only if it dies."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, seed_bug: str | None = None) -> None:
         self.folder = folder
-        self.daemon = Daemon(folder)
+        self.command = [sys.executable, str(REPO / "scripts" / "_chaos_daemon.py"), "--trace", str(folder / "trace.jsonl")]
+        if seed_bug:
+            self.command += ["--seed-bug", seed_bug]
+        self.daemon = Daemon(folder, chaos_config(folder), self.command)
         self.api = API(self.daemon.socket)
+        self.evidence = Evidence(folder)
         self.home = str(folder)
-        self.work = folder / "corral.d" / "work" / "demo"
+        self.work = folder / "corral.d" / "work"
         self.restarts = 0
         self._restarting = trio.Lock()
 
-    def cwd_of(self, channel: str) -> str:
-        """The channel's working folder (every process of its turns runs there)."""
-        return str(self.work / channel_slug(channel))
+    def cwd_of(self, agent: str, channel: str) -> str:
+        """The channel's working folder for that agent (every process of its turns runs there)."""
+        return str(self.work / agent / channel_slug(channel))
 
     async def ensure_daemon(self, trial: Trial) -> None:
         """If the daemon died, say so in the trial and start it again."""
         async with self._restarting:
             if self.daemon.alive():
                 return
-            trial.violations.append(f"the daemon died (status {self.daemon.proc.returncode}); see {self.daemon.log_path}")
+            trial.violate("daemon-died", f"status {self.daemon.proc.returncode}; see {self.daemon.log_path}")
             await self.api.aclose()
             self.daemon.stop()
-            self.daemon = await trio.to_thread.run_sync(Daemon, self.folder)
+            self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, chaos_config(self.folder), self.command)
             self.api = API(self.daemon.socket)
             self.restarts += 1
+
+    async def wait_trace(self, channel: str, phase: str) -> None:
+        """Until the trace shows the channel's first turn preparing (or spawning), or WAIT_S."""
+        ev = self.evidence
+        with trio.move_on_after(WAIT_S):
+            while True:
+                ev.refresh()
+                prepared = ev.prepared.get(channel)
+                if prepared and (phase == "preparing" or prepared[0]["turn"] in ev.spawned):
+                    return
+                await trio.sleep(0.001)  # the daemon appends to the trace: an outside event, polled
 
     async def run(self, trial: Trial) -> None:
         """Run one trial; its violations end up in ``trial.violations``."""
@@ -186,16 +313,17 @@ class Runner:
             await self._run(trial)
         except Exception as exc:  # noqa: BLE001 - a harness failure is reported like a violation
             leaves = list(_leaves(exc))
-            trial.violations.append("the trial failed: " + "; ".join(f"{type(e).__name__}: {e}" for e in leaves))
+            trial.violate("trial-failed", "; ".join(f"{type(e).__name__}: {e}" for e in leaves))
             await self.ensure_daemon(trial)
 
     async def _run(self, trial: Trial) -> None:
-        api, v = self.api, trial.violations
+        api = self.api
         channel, other = f"c{trial.index}", f"c{trial.index}-other"
-        text = "long 30" if trial.long else f"hello {trial.index}"
+        ident = f"t{trial.index}"
         got = trio.Event()
         watch, watch_idle = trio.CancelScope(), trio.CancelScope()
         waited_for: str | None = None
+        before = [f"{ident}a"]  # ids of the messages accepted before the stop
 
         async def watch_entries() -> None:
             with watch:
@@ -205,8 +333,11 @@ class Runner:
             if trial.moment.startswith("entry:"):
                 nursery.start_soon(watch_entries)
             if trial.other:
-                nursery.start_soon(api.send, other, f"other {trial.index}")
-            accepted = await api.send(channel, text)
+                nursery.start_soon(api.send, other, f"short {ident}o", trial.agent)
+            accepted = await api.send(channel, f"{trial.job} {ident}a", trial.agent)
+            if trial.moment == "queued":
+                before.append(f"{ident}b")
+                await api.send(channel, f"short {ident}b", trial.agent)
             if trial.moment.startswith("entry:"):
                 # Only once the message is in: a wait sent before it would find the channel idle.
                 async def idle_then_give_up() -> None:
@@ -216,18 +347,19 @@ class Runner:
 
                 nursery.start_soon(idle_then_give_up)
             # The stop moment.
-            if trial.moment == "delay":
+            if trial.moment in ("delay", "queued"):
                 await trio.sleep(trial.delay)
             elif trial.moment == "done":
                 await api.wait(channel)
+            elif trial.moment in ("preparing", "spawning"):
+                await self.wait_trace(channel, trial.moment)
             elif trial.moment.startswith("entry:"):
                 with trio.move_on_after(WAIT_S):
                     await got.wait()
                 watch.cancel()
                 watch_idle.cancel()
                 if not got.is_set():
-                    v.append(f"harness: no {trial.moment[6:]!r} entry within {WAIT_S:g} s")
-                    waited_for = None
+                    trial.violate("harness", f"no {trial.moment[6:]!r} entry within {WAIT_S:g} s")
                 else:
                     waited_for = trial.moment[6:]
             t0 = time.perf_counter()
@@ -247,35 +379,38 @@ class Runner:
         if stopped:
             alive = await trio.to_thread.run_sync(_turn_processes, self.home, stopped)
             if alive:
-                v.append(f"processes of the stopped turn alive when the stop returned: {alive}")
+                trial.violate("alive-when-stop-returned", f"{alive}")
                 kill_by_pid(alive, wait=None)
         if trial.repeat == "after":
             results.append(await api.stop(channel))
-        follow = await api.send(channel, f"after the stop {trial.index}") if trial.follow_up else None
+        follow = await api.send(channel, f"short {ident}f", trial.agent) if trial.follow_up else None
         for name in (channel, other) if trial.other else (channel,):
             if not await api.wait(name):
-                v.append(f"{name} still busy after {WAIT_S:g} s")
+                trial.violate("busy", f"{name} still busy after {WAIT_S:g} s")
         entries = await api.entries(channel)
-        if trial.moment.startswith("entry:") and waited_for:
+        if waited_for:
             kind, _, prefix = waited_for.partition(":")
             if not any(e["kind"] == kind and e["text"].startswith(prefix) for e in entries if e["author"].startswith("agent:")):
-                v.append(f"the turn ended without a {waited_for!r} entry: {_brief([e for e in entries if e['kind'] in ('error', 'notice')])}")
+                trial.violate("harness", f"the turn ended without a {waited_for!r} entry: {_brief([e for e in entries if e['kind'] in ('error', 'notice')])}")
         self.check_stop(trial, accepted, results, follow, entries)
+        self.evidence.refresh()
+        self.check_trace(trial, channel, before)
         turns = {e["turn"] for e in entries if e["turn"]} | stopped
-        cwds: tuple[str, ...] = (self.cwd_of(channel),)
+        turns |= {r["turn"] for r in self.evidence.prepared.get(channel, [])}
+        cwds: tuple[str, ...] = (self.cwd_of(trial.agent, channel),)
         if trial.other:
             other_entries = await api.entries(other)
             turns |= {e["turn"] for e in other_entries if e["turn"]}
-            cwds += (self.cwd_of(other),)
+            cwds += (self.cwd_of(trial.agent, other),)
             agent = [e for e in other_entries if e["author"].startswith("agent:")]
             if not any(e["kind"] == "message" for e in agent):
-                v.append(f"the other channel never got its reply: {_brief(other_entries)}")
+                trial.violate("other-channel", f"never got its reply: {_brief(other_entries)}")
             bad = [e for e in other_entries if e["kind"] in ("notice", "error")]
             if bad:
-                v.append(f"the other channel was disturbed: {_brief(bad)}")
+                trial.violate("other-channel", f"disturbed: {_brief(bad)}")
         alive = await trio.to_thread.run_sync(_turn_processes, self.home, turns, cwds)
         if alive:
-            v.append(f"processes of the trial alive at its end: {alive}")
+            trial.violate("alive-at-trial-end", f"{alive}")
             kill_by_pid(alive, wait=None)
 
     def check_stop(
@@ -283,41 +418,52 @@ class Runner:
         follow: dict[str, Any] | None, entries: list[dict[str, Any]],
     ) -> None:
         """The stop contract, from the stop results and the channel's transcript."""
-        v = trial.violations
+        v = trial.violate
         for r in results:
             if r.get("http_status") != 200 or not r.get("ok"):
-                v.append(f"a stop failed: HTTP {r.get('http_status')}: {r.get('error')}")
+                v("stop-failed", f"HTTP {r.get('http_status')}: {r.get('error')}")
+        leftovers = [e for e in entries if FLUSH_TEXT in e["text"]]
+        if leftovers:
+            v("leftover-output-stored", _brief(leftovers))
         first = [r for r in results if not r.get("repeat")]
         repeats = [r for r in results if r.get("repeat")]
         if len(first) != 1:
-            v.append(f"{len(first)} non-repeat stop(s) among {len(results)} (expected exactly 1)")
+            v("notice-count", f"{len(first)} non-repeat stop(s) among {len(results)} (expected exactly 1)")
             return
         stop = first[0]
         notices = [e for e in entries if e["kind"] == "notice"]
         if len(notices) != 1:
-            v.append(f"{len(notices)} notice(s) for one stop: {_brief(notices)}")
+            v("notice-count", f"{len(notices)} notice(s) for one stop: {_brief(notices)}")
         notice = next((e for e in notices if e["seq"] == stop.get("notice_seq")), None)
         if notice is None:
-            v.append(f"the stop's notice_seq {stop.get('notice_seq')} is not a notice in the channel")
+            v("notice-missing", f"the stop's notice_seq {stop.get('notice_seq')} is not a notice in the channel")
             return
         for r in repeats:
             if r.get("notice_seq") != notice["seq"]:
-                v.append(f"a repeat stop names notice {r.get('notice_seq')}, not {notice['seq']}")
+                v("repeat", f"a repeat stop names notice {r.get('notice_seq')}, not {notice['seq']}")
         generation = stop["generation"]
         if notice["generation"] != generation or generation <= accepted["generation"]:
-            v.append(f"generations: message {accepted['generation']}, stop {generation}, notice {notice['generation']}")
+            v("generation", f"message {accepted['generation']}, stop {generation}, notice {notice['generation']}")
         if notice["turn"] is not None:
             late = [e for e in entries if e["turn"] == notice["turn"] and e["seq"] > notice["seq"]]
             if late:
-                v.append(f"entries of the stopped turn after its notice: {_brief(late)}")
+                v("entry-after-notice", _brief(late))
         if stop.get("stopped_turns") and notice["turn"] not in stop["stopped_turns"]:
-            v.append(f"the notice names turn {notice['turn']}, the stop stopped {stop['stopped_turns']}")
+            v("notice-turn", f"the notice names turn {notice['turn']}, the stop stopped {stop['stopped_turns']}")
         old = [e for e in entries if e["author"].startswith("agent:") and e["generation"] < generation and e["seq"] > notice["seq"]]
         if old:
-            v.append(f"the message sent before the stop ran after it: {_brief(old)}")
+            v("old-message-ran", _brief(old))
+        nudges = [e for e in entries if e["meta"].get("nudge") and e["seq"] > notice["seq"]]
+        if nudges:
+            v("nudge-after-stop", _brief(nudges))
+        plans = [e for e in entries if isinstance(e["meta"].get("todos"), list) and e["seq"] < notice["seq"]]
+        if plans:
+            open_items = [i for i in plans[-1]["meta"]["todos"] if i.get("status") in ("pending", "in_progress")]
+            if open_items:
+                v("todos-unfinished-after-stop", f"the plan at the notice: {open_items}")
         if follow is not None:
             if follow["generation"] != generation:
-                v.append(f"the follow-up got generation {follow['generation']}, the stop made {generation}")
+                v("follow-up", f"got generation {follow['generation']}, the stop made {generation}")
             replies = [
                 e for e in entries
                 if e["author"].startswith("agent:") and e["kind"] == "message" and e["seq"] > follow["seq"]
@@ -325,7 +471,48 @@ class Runner:
             ]
             if not replies:
                 after = [e for e in entries if e["seq"] > follow["seq"]]
-                v.append(f"the follow-up never got a reply; after it: {_brief(after)}")
+                v("follow-up", f"never got a reply; after it: {_brief(after)}")
+
+    def check_trace(self, trial: Trial, channel: str, before: list[str]) -> None:
+        """The point of no return and the late registrations, from the trace and the start stamps."""
+        ev = self.evidence
+        stops = [s for s in ev.stops.get(channel, []) if not s["repeat"]]
+        if not stops:
+            trial.violate("harness", f"no stop of {channel} in the trace")
+            return
+        t_stop = stops[0]["t"]
+        prepared = ev.prepared.get(channel, [])
+        first = prepared[0]["turn"] if prepared else None
+        # Where the first turn was when the stop was decided.
+        if first is None or prepared[0]["t"] > t_stop:
+            trial.phase = "queued"
+        elif ev.spawned.get(first, float("inf")) > t_stop:
+            trial.phase = "preparing"
+        elif first not in ev.registered or ev.registered[first]["t"] > t_stop:
+            trial.phase = "spawning"
+        elif stops[0]["turn"] == first:
+            trial.phase = "running"
+        else:
+            trial.phase = "ended"
+        for p in prepared:
+            if p["t"] < t_stop and ev.spawned.get(p["turn"], -1.0) > t_stop:
+                trial.violate("spawn-after-stop", f"turn {p['turn']} was stopped while preparing and spawned anyway")
+        for ident in before:
+            for stamp in ev.started.get(ident, []):
+                if ev.spawned.get(stamp["turn"], float("inf")) > t_stop:
+                    trial.violate("dropped-message-ran", f"message {ident} was accepted before the stop and started turn {stamp['turn']} after it")
+        for p in prepared:
+            reg = ev.registered.get(p["turn"])
+            if reg is None or not reg["stale"]:
+                continue
+            first = next((s for s in ev.signals.get(reg["pid"], []) if s["t"] >= reg["t"]), None)
+            if first is None or first["sig"] != signal.SIGKILL:
+                trial.violate("late-registration-not-killed", f"pid {reg['pid']} registered for stopped turn {p['turn']}; "
+                                                              f"first signal after: {first and signal.Signals(first['sig']).name}")
+            late = [s for s in ev.started_turn.get(p["turn"], []) if s["t"] > reg["t"]]
+            if late:
+                trial.violate("late-registration-lived", f"pid {reg['pid']} of stopped turn {p['turn']} ran its code "
+                                                         f"{(late[0]['t'] - reg['t']) * 1000:.0f} ms after registering")
 
 
 def _turn_processes(home: str, turns: set[str], cwds: tuple[str, ...] = ()) -> list[Found]:
@@ -352,7 +539,7 @@ def _brief(entries: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------- main
 
 
-async def run_all(runner: Runner, trials: list[Trial], concurrency: int) -> None:
+async def run_all(runner: Runner, trials: list[Trial], concurrency: int, quiet: bool) -> None:
     """Run every trial, ``concurrency`` at a time; print progress every 10 %."""
     pending = iter(trials)
     done = 0
@@ -363,7 +550,7 @@ async def run_all(runner: Runner, trials: list[Trial], concurrency: int) -> None
         for trial in pending:
             await runner.run(trial)
             done += 1
-            if done % max(1, len(trials) // 10) == 0:
+            if not quiet and done % max(1, len(trials) // 10) == 0:
                 bad = sum(1 for t in trials if t.violations)
                 print(f"  {done:>5}/{len(trials)} trials, {time.monotonic() - started:6.1f} s, {bad} with violations", flush=True)
 
@@ -379,19 +566,30 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="50 trials")
     parser.add_argument("--seed", type=int, default=None, help="replay a run with this seed")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help=f"trials at once (default {CONCURRENCY})")
+    parser.add_argument("--seed-bug", choices=sorted(SEEDED_BUGS), default=None,
+                        help="reintroduce one bug in the daemon: " + "; ".join(f"{k}: {v[1]}" for k, v in SEEDED_BUGS.items()))
+    parser.add_argument("--json", action="store_true", help="print only a JSON summary")
+    parser.add_argument("--moments", default=",".join(MOMENTS),
+                        help=f"comma-separated stop moments to draw from (default all: {','.join(MOMENTS)})")
     args = parser.parse_args()
+    moments = tuple(m for m in args.moments.split(",") if m)
+    if not moments or set(moments) - set(MOMENTS):
+        parser.error(f"--moments: choose among {', '.join(MOMENTS)}")
     count = 50 if args.quick else args.trials
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
-    trials = [choose(i, rng) for i in range(count)]
+    trials = [choose(i, rng, moments) for i in range(count)]
     root = short_tmp("cc-")
-    print(f"chaos stop: {count} trials, {args.concurrency} at a time, seed {seed}, one `corral run` daemon in {root}")
+    say = (lambda *a, **k: None) if args.json else print
+    say(f"chaos stop: {count} trials, {args.concurrency} at a time, seed {seed}, one `corral run` daemon in {root}"
+        + (f", seeded bug {args.seed_bug}" if args.seed_bug else ""))
     started = time.monotonic()
     failures: list[str] = []
     runner: Runner | None = None
+    left: list[Found] = []
     try:
-        runner = Runner(root)
-        trio.run(run_all, runner, trials, args.concurrency)
+        runner = Runner(root, args.seed_bug)
+        trio.run(run_all, runner, trials, args.concurrency, args.json)
     finally:
         if runner is not None:
             code = runner.daemon.stop()
@@ -403,37 +601,41 @@ def main() -> int:
     elapsed = time.monotonic() - started
     bad = [t for t in trials if t.violations]
     violations = sum(len(t.violations) for t in trials) + len(failures)
-    stops = sorted(t.stop_ms for t in trials if t.stop_ms)
-    kinds: dict[str, int] = {}
-    for t in trials:
-        key = f"{'long' if t.long else 'short'}/{t.moment.split(':')[0]}"
-        kinds[key] = kinds.get(key, 0) + 1
-    print(f"\ntrials: {count} in {elapsed:.1f} s ({count / elapsed:.1f}/s); daemon restarts: {runner.restarts if runner else '?'}")
-    print(f"mix: {', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}; repeats "
-          f"{sum(1 for t in trials if t.repeat)}, follow-ups {sum(1 for t in trials if t.follow_up)}, "
-          f"second channel {sum(1 for t in trials if t.other)}")
-    print(f"stops that ended a turn: {sum(1 for t in trials if t.ended_turn)} (killed a process: "
-          f"{sum(1 for t in trials if t.killed)}, swept a setsid grandchild: {sum(1 for t in trials if t.swept)}); "
-          f"the rest stopped an idle channel")
-    if stops:
-        print(f"stop call (client side): median {stops[len(stops) // 2]:.1f} ms, p95 {stops[int(len(stops) * 0.95)]:.1f} ms, max {stops[-1]:.1f} ms")
-    print(f"processes left after the daemon stopped: {len(left)}")
-    print(f"violations: {violations} (in {len(bad)} trial(s))")
-    by_kind: dict[str, int] = {}
-    for t in bad:
-        for line in t.violations:
-            key = line.split(":")[0][:70]
-            by_kind[key] = by_kind.get(key, 0) + 1
-    for key, n in sorted(by_kind.items(), key=lambda kv: -kv[1]):
-        print(f"  {n:>4} x {key}")
-    for t in bad[:5]:
-        print(f"  {t.describe()}")
-        for line in t.violations[:4]:
-            print(f"    - {line}")
-    for line in failures:
-        print(f"  - {line}")
+    by_kind = Counter(kind for t in trials for kind, _ in t.violations)
+    by_kind.update({"after-the-run": len(failures)} if failures else {})
+    phases = Counter(t.phase for t in trials)
+    if args.json:
+        print(json.dumps({
+            "trials": count, "seed": seed, "seed_bug": args.seed_bug, "elapsed_s": round(elapsed, 1),
+            "violations": violations, "by_kind": dict(by_kind), "phases": dict(phases),
+            "examples": [[t.describe(), *[f"{k}: {d}" for k, d in t.violations[:3]]] for t in bad[:3]] + failures,
+        }))
+    else:
+        stops = sorted(t.stop_ms for t in trials if t.stop_ms)
+        mix = Counter(f"{t.job}/{t.moment.split(':')[0]}" for t in trials)
+        print(f"\ntrials: {count} in {elapsed:.1f} s ({count / elapsed:.1f}/s); daemon restarts: {runner.restarts if runner else '?'}")
+        print(f"mix: {', '.join(f'{k} {n}' for k, n in sorted(mix.items()))}; agents "
+              f"{dict(Counter(t.agent for t in trials))}; repeats {sum(1 for t in trials if t.repeat)}, "
+              f"follow-ups {sum(1 for t in trials if t.follow_up)}, second channel {sum(1 for t in trials if t.other)}")
+        print(f"phase of the turn when the stop was decided: {', '.join(f'{k} {n}' for k, n in sorted(phases.items()))}")
+        print(f"stops that ended a turn: {sum(1 for t in trials if t.ended_turn)} (killed a process: "
+              f"{sum(1 for t in trials if t.killed)}, swept a setsid grandchild: {sum(1 for t in trials if t.swept)}); "
+              f"the rest stopped an idle channel or a turn before its spawn")
+        if stops:
+            print(f"stop call (client side): median {stops[len(stops) // 2]:.1f} ms, p95 {stops[int(len(stops) * 0.95)]:.1f} ms, max {stops[-1]:.1f} ms")
+        print(f"processes left after the daemon stopped: {len(left)}")
+        print(f"violations: {violations} (in {len(bad)} trial(s))")
+        for key, n in by_kind.most_common():
+            print(f"  {n:>4} x {key}")
+        for t in bad[:5]:
+            print(f"  {t.describe()}")
+            for kind, detail in t.violations[:4]:
+                print(f"    - {kind}: {detail[:300]}")
+        for line in failures:
+            print(f"  - {line}")
     if violations:
-        print(f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}; daemon log kept in {root}/daemon.log)")
+        say(f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}"
+            f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}; daemon log kept in {root}/daemon.log)")
     else:
         shutil.rmtree(root, ignore_errors=True)
     return 1 if violations else 0

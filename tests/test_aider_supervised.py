@@ -43,9 +43,36 @@ async def test_aider_resumes_its_chat_history_and_stops_its_shell(short_tmp: Pat
             while not pid_file.exists() or not pid_file.read_text().strip():
                 await trio.sleep(0.02)  # waiting for the fake's shell to exist, an outside event
         shell_pid = int(pid_file.read_text().split()[-1])
-        assert psutil.pid_exists(shell_pid)
+        with trio.fail_after(60):
+            while not (tree := _shell_tree(shell_pid)):
+                await trio.sleep(0.02)  # waiting for sh to run its command, an outside event
         result = await sup.stop("c")
-        assert result.ok and shell_pid in result.swept, result
-        assert not psutil.pid_exists(shell_pid) or psutil.Process(shell_pid).status() == psutil.STATUS_ZOMBIE
+        # The contract: nothing of the turn is alive when the stop returns. The shell runs in a
+        # new session, which only the sweep reaches; which of its processes the sweep hits
+        # first is a race (sh exits on its own once its child dies), so the proof is that the
+        # sweep hit that session and that every process of it is gone, killed or exited.
+        assert result.ok, result
+        assert set(result.swept) & tree, (result, tree)
+        alive = [pid for pid in tree if _alive(pid)]
+        assert not alive, (alive, result)
         entries = await sup.entries("c", after=first.seq)
         assert entries[-1].kind == "notice"
+
+
+def _shell_tree(shell_pid: int) -> set[int]:
+    """The shell and its descendants, once it runs its command (empty before that)."""
+    try:
+        shell = psutil.Process(shell_pid)
+        tree = {shell_pid} | {c.pid for c in shell.children(recursive=True)}
+        runs_it = len(tree) > 1 or "sleep" in " ".join(shell.cmdline()[:1])
+    except psutil.Error:
+        return set()
+    return tree if runs_it else set()
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,202 @@
+#!/usr/bin/env python
+"""``corral`` with a trace of the stop's decisive moments, and optionally one seeded bug.
+
+Usage: ``python scripts/_chaos_daemon.py --trace FILE [--seed-bug NAME] run -c corral.toml``
+(the arguments after the options go to ``corral``). chaos_stop.py starts its daemon this way.
+
+The trace is one JSON object per line, ``t`` being ``time.monotonic()`` (the clock the chaos
+agent stamps its start with, so the two can be compared):
+
+* ``stop`` — the ledger decided a stop: channel, the turn it stopped, repeat or not;
+* ``preparing`` — a turn reached its point of no return (channel, turn);
+* ``spawn`` — the turn passed it and its process is being spawned (turn);
+* ``register`` — a process was registered (turn, pid, whether the turn was already stale);
+* ``signal`` — a signal sent to a turn's process group (pgid, sig).
+
+It also widens the windows a stop must hit: the preparing phase lasts 0-50 ms and a spawn
+0-30 ms longer, both shielded as the work they stand for is (writing the agent's files in a
+thread, the spawn itself: neither can be cancelled). Production code has the same phases, only
+shorter.
+
+A seeded bug puts back, in this process only, a mistake the stop contract forbids; chaos_stop.py
+must then report violations. See :data:`SEEDED_BUGS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from supervisor import _ledger, _registry, _supervisor, _tree, _turn
+
+_trace_fd: int | None = None
+
+
+def trace(event: str, **fields: Any) -> None:
+    """Append one event (one write, so concurrent lines never interleave)."""
+    if _trace_fd is not None:
+        os.write(_trace_fd, (json.dumps({"ev": event, "t": time.monotonic(), **fields}) + "\n").encode())
+
+
+# ---------------------------------------------------------------- the trace
+
+
+def install_trace(path: str) -> None:
+    """Trace the ledger's stops, the point of no return, spawns and registrations."""
+    global _trace_fd
+    _trace_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    rng = random.Random()
+
+    ledger_stop = _ledger.StopLedger.stop
+
+    def stop(self: _ledger.StopLedger, channel: str) -> _ledger.StopDecision:
+        decision = ledger_stop(self, channel)
+        trace("stop", channel=channel, turn=decision.stopped_turn, repeat=decision.repeat,
+              generation=decision.generation, dropped=len(decision.dropped))
+        return decision
+
+    _ledger.StopLedger.stop = stop  # type: ignore[method-assign]
+
+    async def preparing(channel: str, turn_id: str) -> None:
+        trace("preparing", channel=channel, turn=turn_id)
+        # Shielded like the preparing work it stands for (the thread writing the agent's
+        # files cannot be cancelled): a stop landing now is caught by the point of no return.
+        with trio.CancelScope(shield=True):
+            await trio.sleep(rng.uniform(0.0, 0.05))
+
+    async def spawn(argv: Any, **kwargs: Any) -> trio.Process:
+        trace("spawn", turn=kwargs["env"].get(_tree.TURN_MARKER))
+        # A slow spawn, which cannot be cancelled once begun: a stop landing meanwhile finds no
+        # process to kill, and the registration that follows must kill it.
+        with trio.CancelScope(shield=True):
+            process = await _tree.spawn(argv, **kwargs)
+            await trio.sleep(rng.uniform(0.0, 0.03))
+        return process
+
+    supervisor_init = _supervisor.Supervisor.__init__
+
+    def init(self: _supervisor.Supervisor, config: Any, store: Any, nursery: trio.Nursery, hooks: Any = None) -> None:
+        supervisor_init(self, config, store, nursery, hooks or _supervisor.Hooks(preparing=preparing, spawn=spawn))
+
+    _supervisor.Supervisor.__init__ = init  # type: ignore[method-assign]
+
+    signal_group = _tree.signal_group
+
+    def traced_signal_group(pgid: int, sig: int) -> bool:
+        trace("signal", pgid=pgid, sig=int(sig))
+        return signal_group(pgid, sig)
+
+    _tree.signal_group = traced_signal_group
+
+    register = _registry.ProcessRegistry.register
+
+    def traced_register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
+        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id))
+        return register(self, channel, turn_id, tree)
+
+    _registry.ProcessRegistry.register = traced_register  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------- seeded bugs
+
+
+def _no_point_of_no_return() -> None:
+    may_start = _ledger.StopLedger.may_start
+
+    def always(self: _ledger.StopLedger, channel: str, turn_id: str) -> bool:
+        if not may_start(self, channel, turn_id):
+            turn = self._channels[channel].turn
+            if turn is not None:
+                turn.phase = _ledger.Phase.STARTED
+        return True
+
+    _ledger.StopLedger.may_start = always  # type: ignore[method-assign]
+
+
+def _no_late_kill() -> None:
+    def register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
+        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id))
+        self._trees[(channel, turn_id)] = tree
+        return True
+
+    _registry.ProcessRegistry.register = register  # type: ignore[method-assign]
+
+
+def _todos_kept() -> None:
+    _supervisor.Supervisor._cancel_todos = lambda self, channel, generation: []  # type: ignore[method-assign]
+
+
+def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
+    self._last = self.sup.store.submit_entry(
+        self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
+    )
+
+
+def _output_before_notice() -> None:
+    _turn.Turn._post = _keep_everything  # type: ignore[method-assign]
+
+
+def _output_after_notice() -> None:
+    post = _turn.Turn._post
+
+    def later(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
+        if not self._silenced():
+            post(self, kind, text, meta)
+            return
+
+        async def store_it() -> None:
+            with trio.CancelScope(shield=True):
+                await self.done.wait()
+                stopping = self.sup._stops.get(self.channel)
+                if stopping is not None:
+                    await stopping.wait()  # set once the stop's notice is stored
+                _keep_everything(self, kind, text, meta)
+
+        self.sup._nursery.start_soon(store_it)
+
+    _turn.Turn._post = later  # type: ignore[method-assign]
+
+
+def _no_marker_scan() -> None:
+    async def scan(self: _tree.MarkerScanner, marker: str, *, not_before: float) -> set[_tree.ProcId]:
+        return set()
+
+    _tree.MarkerScanner.scan = scan  # type: ignore[method-assign]
+
+
+#: Each seeded bug: what it reintroduces.
+SEEDED_BUGS: dict[str, tuple[Callable[[], None], str]] = {
+    "no-point-of-no-return": (_no_point_of_no_return, "the generation check before the spawn removed"),
+    "no-late-kill": (_no_late_kill, "a process registered for a stopped turn is not killed"),
+    "todos-kept": (_todos_kept, "a stop does not cancel the plan's pending todos"),
+    "output-before-notice": (_output_before_notice, "a stopped turn's leftover output is stored (before the notice)"),
+    "output-after-notice": (_output_after_notice, "a stopped turn's leftover output is stored after the notice"),
+    "no-marker-scan": (_no_marker_scan, "the sweep's environment-marker scan removed"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", required=True, help="append the trace to this file")
+    parser.add_argument("--seed-bug", choices=sorted(SEEDED_BUGS), help="reintroduce this bug")
+    args, rest = parser.parse_known_args()
+    install_trace(args.trace)
+    if args.seed_bug:
+        SEEDED_BUGS[args.seed_bug][0]()
+        print(f"chaos daemon: seeded bug {args.seed_bug}: {SEEDED_BUGS[args.seed_bug][1]}", file=sys.stderr, flush=True)
+    from supervisor.cli import main as corral
+
+    sys.argv = ["corral", *rest]
+    corral()
+
+
+if __name__ == "__main__":
+    main()

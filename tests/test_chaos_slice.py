@@ -1,0 +1,38 @@
+"""A fast slice of ``scripts/chaos_stop.py``: a clean daemon breaks no contract line in any
+trial, and each seeded bug (a mistake the contract forbids, put back in the daemon) is caught.
+
+Each run starts a real ``corral run`` (traced, see ``scripts/_chaos_daemon.py``) and the chaos
+agent in its three setups. A seeded run draws its stop moments where that bug shows: the
+script's full mix catches every one as well, only over more trials (see the README).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _scripts import run_json
+
+pytestmark = pytest.mark.chaos
+
+
+def test_chaos_slice_finds_no_violation_on_a_clean_daemon() -> None:
+    summary = run_json("chaos_stop.py", "--trials", "16", "--seed", "7")
+    assert summary["trials"] == 16
+    assert summary["violations"] == 0, summary
+
+
+@pytest.mark.parametrize(
+    ("bug", "moments", "kind"),
+    [
+        ("no-point-of-no-return", "preparing", "spawn-after-stop"),
+        ("no-late-kill", "spawning", "late-registration-not-killed"),
+        ("todos-kept", "entry", "todos-unfinished-after-stop"),
+        ("output-before-notice", "entry", "leftover-output-stored"),
+        ("output-after-notice", "entry", "entry-after-notice"),
+        ("no-marker-scan", "entry", "alive-when-stop-returned"),
+    ],
+)
+def test_chaos_slice_catches_each_seeded_bug(bug: str, moments: str, kind: str) -> None:
+    summary = run_json("chaos_stop.py", "--trials", "12", "--seed", "7", "--seed-bug", bug, "--moments", moments)
+    assert summary["seed_bug"] == bug
+    assert summary["by_kind"].get(kind, 0) > 0, summary
