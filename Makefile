@@ -34,7 +34,7 @@ test-core: $(STAMP)
 bench: $(STAMP)
 	-bash scripts/install-clis.sh
 	$(VENV)/bin/python -m scripts.bench_daemon
-	$(VENV)/bin/python scripts/bench_stop.py
+	$(VENV)/bin/python -m scripts.bench_stop
 	$(VENV)/bin/python scripts/chaos_stop.py
 
 # Lint (ruff) and types (mypy --strict), both configured in pyproject.toml.

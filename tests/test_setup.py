@@ -81,8 +81,8 @@ def test_bench_stop_without_the_agent_clis_says_which_rows_it_skipped(tmp_path: 
     env = {**os.environ, "CORRAL_CLI_CACHE": str(tmp_path / "no-clis"),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_stop.py"), "--quick", "--no-demo"],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-m", "scripts.bench_stop", "--quick", "--no-demo"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("claude", "codex", "gemini", "qwen"):
