@@ -360,6 +360,4 @@ ADAPTER = Adapter(
     default_command=("aider",),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="spawn",
-    description="Aider (aider-chat) one-shot --message turns; the session is a chat history file in the channel's cwd",
 )

@@ -85,6 +85,10 @@ class GenericParser:
         """Parse one stdout line."""
         return [self._joined(event) for event in self._parse(line)]
 
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Nothing: the protocol is spoken on stdout; stderr is the agent's log, which the turn logs."""
+        return []
+
     def end_text_run(self) -> None:
         """The turn has stored the open run (the agent went quiet): the next piece starts a new one."""
         self.in_text = False
@@ -166,7 +170,5 @@ ADAPTER = Adapter(
     default_command=(),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="spawn",  # with ``prompt = "stdin"`` the write is checked too (see Turn)
     option_keys=OPTION_KEYS,
-    description="any command; stdout lines are text, or JSON objects of the corral line protocol",
 )
