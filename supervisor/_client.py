@@ -95,12 +95,20 @@ class Client:
         self.close()
 
     def _request(
-        self, method: str, path: str, *, ok: tuple[int, ...] = (200, 202), params: dict[str, Any] | None = None, json_body: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: tuple[int, ...] = (200, 202),
+        params: dict[str, Any] | None = None,
+        json_body: Any = None,
     ) -> Any:
         if params:
             path = f"{path}?{urlencode(params)}"
         body = json.dumps(json_body).encode() if json_body is not None else b""
-        headers = {**self._headers, "content-type": "application/json"} if json_body is not None else dict(self._headers)
+        headers = dict(self._headers)
+        if json_body is not None:
+            headers["content-type"] = "application/json"
         if self._conn is not None and time.monotonic() - self._last_used > _REUSE_SECONDS:
             self.close()
         try:
@@ -148,7 +156,8 @@ class Client:
         conn = self._connect()  # a connection of its own, held for as long as it follows
         try:
             try:
-                conn.request("GET", f"/v1/channels/{_channel(channel)}/events?{urlencode({'after': after})}", headers=self._headers)
+                url = f"/v1/channels/{_channel(channel)}/events?{urlencode({'after': after})}"
+                conn.request("GET", url, headers=self._headers)
                 response = conn.getresponse()
             except _UNAVAILABLE as exc:
                 raise DaemonUnavailable(str(exc) or type(exc).__name__) from None

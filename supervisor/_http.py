@@ -83,7 +83,9 @@ async def serve_socket(
         connections.cancel_scope.deadline = trio.current_time() + graceful
 
 
-async def _accept_forever(listener: trio.SocketListener, handler: Callable[[Any], Awaitable[None]], nursery: trio.Nursery) -> None:
+async def _accept_forever(
+    listener: trio.SocketListener, handler: Callable[[Any], Awaitable[None]], nursery: trio.Nursery
+) -> None:
     while True:
         try:
             await _serve_listeners(handler, [listener], handler_nursery=nursery)
