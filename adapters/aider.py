@@ -103,8 +103,8 @@ def is_valid_session(session_id: str | None) -> bool:
 
 def session_file(request: TurnRequest) -> str:
     """The chat history file this turn reads and appends to."""
-    if is_valid_session(request.session_id):
-        return request.session_id  # type: ignore[return-value]
+    if request.session_id is not None and is_valid_session(request.session_id):
+        return request.session_id
     return history_file_for(request.turn_id)
 
 

@@ -130,20 +130,27 @@ class Client:
             payload["agent"] = agent
         if author:
             payload["author"] = author
-        return self._request("POST", f"/v1/channels/{_channel(channel)}/messages", json_body=payload)  # type: ignore[no-any-return]
+        path = f"/v1/channels/{_channel(channel)}/messages"
+        accepted: dict[str, Any] = self._request("POST", path, json_body=payload)
+        return accepted
 
     def stop(self, channel: str | None) -> dict[str, Any]:
         """Stop a channel (or all with None); returns the stop result, even a failed one."""
         path = "/v1/stop" if channel is None else f"/v1/channels/{_channel(channel)}/stop"
-        return self._request("POST", path, ok=(200, 500))  # type: ignore[no-any-return]
+        result: dict[str, Any] = self._request("POST", path, ok=(200, 500))
+        return result
 
     def status(self) -> dict[str, Any]:
         """The daemon's status."""
-        return self._request("GET", "/v1/status")  # type: ignore[no-any-return]
+        status: dict[str, Any] = self._request("GET", "/v1/status")
+        return status
 
     def entries(self, channel: str, after: int = 0) -> list[dict[str, Any]]:
         """Committed entries after ``after``."""
-        return self._request("GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after})["entries"]  # type: ignore[no-any-return]
+        entries: list[dict[str, Any]] = self._request(
+            "GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after}
+        )["entries"]
+        return entries
 
     def wait(self, channel: str, timeout: float | None = None) -> bool:
         """True once the channel is idle; False if ``timeout`` passed first."""

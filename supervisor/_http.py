@@ -67,6 +67,8 @@ async def serve_socket(
 
     async def connection(stream: trio.SocketStream) -> None:
         try:
+            # hypercorn types the stream as an SSLStream, yet handles a plain SocketStream (no TLS:
+            # the missing do_handshake tells it so) and its own serve_listeners passes one.
             await TCPServer(wrapped, hc, context, ConnectionState({}), stream)  # type: ignore[arg-type]
         except Exception:
             log.exception("a connection failed; only it was closed, the daemon serves on")
