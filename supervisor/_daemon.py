@@ -25,10 +25,9 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -315,7 +314,9 @@ def _signal_name(signum: int) -> str:
 WATCHED_SIGNALS = ORDERLY_SIGNALS + STATUS_SIGNALS + IGNORED_SIGNALS
 
 
-async def _watch_signals(stopping: trio.Event, scope: trio.CancelScope, sup: Supervisor, signals: Any) -> None:
+async def _watch_signals(
+    stopping: trio.Event, scope: trio.CancelScope, sup: Supervisor, signals: AsyncIterator[int]
+) -> None:
     with scope:
         async for signum in signals:
             if signum in ORDERLY_SIGNALS:

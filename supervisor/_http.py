@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -86,7 +85,7 @@ async def serve_socket(
 
 
 async def _accept_forever(
-    listener: trio.SocketListener, handler: Callable[[Any], Awaitable[None]], nursery: trio.Nursery
+    listener: trio.SocketListener, handler: Callable[[trio.SocketStream], Awaitable[None]], nursery: trio.Nursery
 ) -> None:
     while True:
         try:

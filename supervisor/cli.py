@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -79,7 +80,11 @@ class _Context:
         return Client(path)
 
 
-def _call(ctx: _Context, fn: Any) -> Any:
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _call(ctx: _Context, fn: Callable[[Client], T]) -> T:
     from ._client import APIError, DaemonGone, DaemonUnavailable
 
     client = ctx.client()
@@ -129,7 +134,7 @@ def main(ctx: click.Context, socket_path: str | None, config_path: str | None, a
     ctx.obj = _Context(socket_path, config_path, as_json)
 
 
-def _json_option(f: Any) -> Any:
+def _json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
 
 
