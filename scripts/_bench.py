@@ -3,9 +3,9 @@
 Imported by ``bench_daemon.py`` and ``bench_stop.py`` as ``scripts._bench`` (run from the
 repository root as ``.venv/bin/python -m scripts.bench_daemon``), and by ``chaos_stop.py`` as
 ``_bench`` (run as ``.venv/bin/python scripts/chaos_stop.py``, which puts ``scripts/`` on
-``sys.path``). Each script starts its own daemon(s) in a temporary folder; every scan here is scoped to processes whose
-HOME lies under that folder, so other corral instances on the machine are never counted nor
-killed.
+``sys.path``). Each script starts its own daemon(s) in a temporary folder; every scan here
+is scoped to processes whose HOME lies under that folder, so other corral instances on the
+machine are never counted nor killed.
 """
 
 from __future__ import annotations
