@@ -259,6 +259,10 @@ class Store:
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.path = path
+        self._writer_scope = trio.CancelScope(shield=True)
+        """The writer's own scope: only :func:`open_store` ends it, after the last commit.
+        Shielded, so a scope cancelled around the whole block (a ``move_on_after``, a Ctrl-C)
+        cannot take the writer away from a shutdown that still awaits its commits."""
         self._lock_fd = lock_store(path) if path != ":memory:" else -1
         try:
             self._open(path, synchronous)
@@ -372,13 +376,14 @@ class Store:
     # ------------------------------------------------------------ the writer
 
     async def run_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Commit queued writes in batches until cancelled; started by :func:`open_store`."""
-        task_status.started()
-        while True:
-            if not self._pending:
-                self._wake = trio.Event()
-                await self._wake.wait()
-            await self._commit_pending()
+        """Commit queued writes in batches until :func:`open_store` ends it."""
+        with self._writer_scope:
+            task_status.started()
+            while True:
+                if not self._pending:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                await self._commit_pending()
 
     async def _commit_pending(self) -> None:
         batch, self._pending = self._pending, []
@@ -692,6 +697,7 @@ async def open_store(path: str, *, synchronous: str = "FULL") -> AsyncIterator[S
                 with trio.CancelScope(shield=True):
                     while store._pending:
                         await store._commit_pending()
+                store._writer_scope.cancel()
                 nursery.cancel_scope.cancel()
     finally:
         store.close()
