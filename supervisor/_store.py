@@ -49,6 +49,7 @@ from typing import Any
 
 import trio
 
+from ._errors import CorralError
 from ._text import repair, repair_text
 
 log = logging.getLogger("corral.store")
@@ -86,7 +87,7 @@ CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state);
 TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
 
 
-class StoreError(RuntimeError):
+class StoreError(CorralError, RuntimeError):
     """A write could not be committed; nothing of it was shown to anyone."""
 
 
@@ -567,6 +568,36 @@ class Store:
                 )
 
         return self._submit(apply)
+
+    def accept_message(self, channel: str, agent: str, author: str, text: str, *, generation: int, nudge: bool) -> Pending:
+        """A message for ``agent``: its entry and its place in the queue, in one transaction
+        (stored and queued, or neither). Its seq is final at once (``pending.entry.seq``)."""
+
+        def keep_queued(db: sqlite3.Connection, seq: int) -> None:
+            self.queue_insert(db, QueuedRow(seq, channel, agent, author, text, generation, nudge))
+
+        return self.submit_entry(
+            channel, author, "message", text, generation=generation,
+            meta={"agent": agent, **({"nudge": True} if nudge else {})}, also=keep_queued,
+        )
+
+    def submit_stop_notice(
+        self, channel: str, text: str, *, stop_seq: int, turn: str | None, generation: int, result: Mapping[str, Any]
+    ) -> Pending:
+        """A stop's notice, last: it completes the stop's record (its final ``result``, with
+        ``notice_seq``) and ends its turn's row, in the notice's own transaction."""
+        meta = {"stop_seq": stop_seq, "ok": result.get("ok"), "dropped": result.get("dropped")}
+        return self.submit_entry(
+            channel, "system", "notice", text, turn=turn, generation=generation, meta=meta,
+            also=lambda db, seq: Store.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn),
+        )
+
+    def submit_turn_notice(self, channel: str, text: str, *, turn: str, generation: int) -> Pending:
+        """A notice that ends a turn (a shutdown's): the entry and the turn's row ended, together."""
+        return self.submit_entry(
+            channel, "system", "notice", text, turn=turn, generation=generation,
+            also=lambda db, _: Store.mark_turn_ended(db, turn),
+        )
 
     def queue_insert(self, db: sqlite3.Connection, row: QueuedRow) -> None:
         """(In a transaction) keep an accepted message until its turn begins."""

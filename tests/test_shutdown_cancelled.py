@@ -40,7 +40,7 @@ async def test_cancelling_the_block_from_outside_completes_the_shutdown(short_tm
         async with trio.open_nursery() as nursery:
             with trio.CancelScope() as outer:
                 async with open_supervisor(config) as sup:
-                    nursery.start_soon(watchdog, sup.store)
+                    nursery.start_soon(watchdog, sup._store)
                     await send_and_wait_ready(sup, "ch", f"gate={gate}")
                     turn_id = sup._turns["ch"].turn_id
                     outer.cancel()  # what a move_on_after or a Ctrl-C does
