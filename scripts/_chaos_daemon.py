@@ -87,7 +87,9 @@ def install_trace(path: str) -> None:
 
     supervisor_init = _supervisor.Supervisor.__init__
 
-    def init(self: _supervisor.Supervisor, config: Any, store: Any, nursery: trio.Nursery, hooks: Any = None, **kw: Any) -> None:
+    def init(
+        self: _supervisor.Supervisor, config: Any, store: Any, nursery: trio.Nursery, hooks: Any = None, **kw: Any
+    ) -> None:
         supervisor_init(self, config, store, nursery, hooks or Hooks(preparing=preparing, spawn=spawn), **kw)
         SUPERVISORS.append(self)
 
@@ -136,7 +138,7 @@ def _no_late_kill() -> None:
 
 
 def _todos_kept() -> None:
-    _supervisor.Supervisor._cancel_todos = lambda self, channel, generation: []  # type: ignore[method-assign]
+    _supervisor.Supervisor._cancelled_plans = lambda self, channel: {}  # type: ignore[method-assign]
 
 
 def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
@@ -178,7 +180,7 @@ def _output_after_notice() -> None:
                 await self.done.wait()
                 stopping = SUPERVISORS[-1]._stops.get(self.channel)
                 if stopping is not None:
-                    await stopping.wait()  # set once the stop's notice is stored
+                    await stopping.done.wait()  # set once the stop's notice is stored
                 _keep_everything(self, kind, text, meta)
 
         SUPERVISORS[-1]._nursery.start_soon(store_it)

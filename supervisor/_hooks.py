@@ -23,7 +23,13 @@ class Spawner(Protocol):
     """Starts a turn's process: :func:`supervisor._tree.spawn`, or a test's wrapper of it."""
 
     def __call__(
-        self, argv: tuple[str, ...], *, env: Mapping[str, str], cwd: str, stdin_pipe: bool, cgroup: TurnCgroup | None = None
+        self,
+        argv: tuple[str, ...],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        stdin_pipe: bool,
+        cgroup: TurnCgroup | None = None,
     ) -> Awaitable[trio.Process]:
         """Start ``argv``; the caller registers the process before its next checkpoint."""
         ...

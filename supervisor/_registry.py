@@ -47,7 +47,10 @@ class ProcessRegistry:
         if self._ledger.keep_process(channel, turn_id):
             return True
         if self._recording is not None and self._recording(channel):
-            log.info("process %d registered for turn %s in %r while its stop is stored: killed once it is", tree.pid, turn_id, channel)
+            log.info(
+                "process %d registered for turn %s in %r while its stop is stored: killed once it is",
+                tree.pid, turn_id, channel,
+            )
             self._deferred.add((channel, turn_id))
             return True
         log.info("killing process %d registered for stopped turn %s in %r", tree.pid, turn_id, channel)

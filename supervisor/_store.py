@@ -227,7 +227,7 @@ def _entry(row: tuple[Any, ...]) -> Entry:
 class Pending:
     """A write accepted but maybe not yet committed."""
 
-    __slots__ = ("entry", "_apply", "_done", "_error")
+    __slots__ = ("_apply", "_done", "_error", "entry")
 
     def __init__(self, apply: Callable[[sqlite3.Connection], None], entry: Entry | None) -> None:
         self.entry = entry
@@ -569,7 +569,9 @@ class Store:
 
         return self._submit(apply)
 
-    def accept_message(self, channel: str, agent: str, author: str, text: str, *, generation: int, nudge: bool) -> Pending:
+    def accept_message(
+        self, channel: str, agent: str, author: str, text: str, *, generation: int, nudge: bool
+    ) -> Pending:
         """A message for ``agent``: its entry and its place in the queue, in one transaction
         (stored and queued, or neither). Its seq is final at once (``pending.entry.seq``)."""
 
@@ -631,7 +633,8 @@ class Store:
         def apply(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM queue WHERE seq = ?", (message,))
             db.execute(
-                "INSERT INTO turns (id, channel, agent, generation, message, state, began) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO turns (id, channel, agent, generation, message, state, began)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, channel, agent, generation, message, TURN_RUNNING, time.time()),
             )
 
@@ -643,7 +646,9 @@ class Store:
 
     def end_turn(self, turn_id: str) -> Pending:
         """The turn ended on its own; a stopped turn is ended by its stop's notice instead."""
-        return self.submit_write("UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING))
+        return self.submit_write(
+            "UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING)
+        )
 
     @staticmethod
     def mark_turn_ended(db: sqlite3.Connection, turn_id: str | None) -> None:
@@ -657,7 +662,10 @@ class Store:
 
         def apply(db: sqlite3.Connection) -> None:
             for r in records:
-                summary = {"pending": True, "generation": r.generation, "dropped": list(r.dropped), "stopped_turn": r.stopped_turn}
+                summary = {
+                    "pending": True, "generation": r.generation, "dropped": list(r.dropped),
+                    "stopped_turn": r.stopped_turn,
+                }
                 db.execute(
                     "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
                     (r.seq, r.channel, r.generation, stamp, json.dumps(summary)),
@@ -700,7 +708,8 @@ class Store:
             "SELECT id, channel, generation, state FROM turns WHERE state = ? ORDER BY began", (TURN_RUNNING,)
         )
         stops = await self.query(
-            "SELECT seq, channel, generation, result FROM stops WHERE json_extract(result, '$.pending') = 1 ORDER BY seq"
+            "SELECT seq, channel, generation, result FROM stops"
+            " WHERE json_extract(result, '$.pending') = 1 ORDER BY seq"
         )
         pending = []
         for seq, channel, generation, result in stops:

@@ -33,7 +33,7 @@ from ._hooks import Hooks
 from ._ledger import QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
-from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
 from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
@@ -85,7 +85,10 @@ class Accepted:
 
     def to_json(self) -> dict[str, Any]:
         """As the API and ``corral send --json`` print it."""
-        return {"seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation, "queued": self.queued}
+        return {
+            "seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation,
+            "queued": self.queued,
+        }
 
 
 @dataclass(slots=True)
@@ -262,7 +265,8 @@ class Supervisor:
                     self._store.dequeue([m.id for m in take.dropped])
                 if take.ticket is None:
                     break
-                message: _Message = take.ticket.message.payload  # type: ignore[assignment]
+                message = take.ticket.message.payload
+                assert isinstance(message, _Message), "the supervisor queues only its own payloads"
                 # Dequeue and the turn's row in one commit, awaited before the point of no return.
                 message.begun = self._store.begin_turn(
                     take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id
@@ -283,7 +287,8 @@ class Supervisor:
         agent = self.config.agents.get(message.agent)
         turn_id = ticket.turn_id
         if agent is None:  # a restored message for an agent removed from the config
-            await self._end_turn_early(channel, turn_id, ticket.generation, f"agent {message.agent!r} is no longer configured")
+            why = f"agent {message.agent!r} is no longer configured"
+            await self._end_turn_early(channel, turn_id, ticket.generation, why)
             return
         turn = Turn(self._ports, channel, ticket, agent, message.text)
         self._turns[channel] = turn
@@ -423,7 +428,10 @@ class Supervisor:
         total.error = "; ".join(r.error for r in results if r.error) or None
         total.elapsed_ms = (trio.current_time() - started) * 1000
         total.cpu_ms = (time.process_time() - cpu) * 1000
-        log.info("stop all: %d channel(s), killed %s, swept %s, %.1f ms", len(results), total.killed, total.swept, total.elapsed_ms)
+        log.info(
+            "stop all: %d channel(s), killed %s, swept %s, %.1f ms",
+            len(results), total.killed, total.swept, total.elapsed_ms,
+        )
         return total
 
     def _record(self, decisions: list[StopDecision]) -> _StopBatch:
@@ -471,8 +479,9 @@ class Supervisor:
             for channel, progress in batch.progress.items():
                 progress.recorded = True
                 self._registry.settle(channel)
-            turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in batch.decisions if not d.repeat}
-            results: list[StopResult] = [None] * len(batch.decisions)  # type: ignore[list-item]
+            fresh = [d for d in batch.decisions if not d.repeat]
+            turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in fresh}
+            results: list[StopResult | None] = [None] * len(batch.decisions)
 
             async def one(i: int, decision: StopDecision) -> None:
                 if decision.repeat:
@@ -488,7 +497,9 @@ class Supervisor:
             async with trio.open_nursery() as nursery:
                 for i, decision in enumerate(batch.decisions):
                     nursery.start_soon(one, i, decision)
-            return results
+        done = [r for r in results if r is not None]
+        assert len(done) == len(results), "every decision has its result"
+        return done
 
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
         """The record could not be stored (the ledger's stop is undone); nothing was killed."""
@@ -546,11 +557,14 @@ class Supervisor:
                 result.stopped_turns.append(decision.stopped_turn)
             # The plan's entries and the notice, last; the notice's commit completes the record.
             writes = self._plan_entries(channel, decision.generation, progress.plans)
-            text = stop_notice_text(STOP_NOTICE, result.dropped) if result.ok else f"Stopping failed — {result.error}."
+            text = (
+                stop_notice_text(STOP_NOTICE, result.dropped) if result.ok else f"Stopping failed — {result.error}."
+            )
             result.elapsed_ms = (trio.current_time() - started) * 1000
             final = result.to_json()
             notice = self._store.submit_stop_notice(
-                channel, text, stop_seq=stop_seq, turn=decision.stopped_turn, generation=decision.generation, result=final
+                channel, text, stop_seq=stop_seq, turn=decision.stopped_turn, generation=decision.generation,
+                result=final,
             )
             assert notice.entry is not None
             result.notice_seq = notice.entry.seq
@@ -623,7 +637,8 @@ class Supervisor:
         if await self._store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
             self._stored_channels.add(channel)
             return
-        known = {name for (name,) in await self._store.query("SELECT DISTINCT channel FROM entries")} | set(self._ledger.channels())
+        stored = {name for (name,) in await self._store.query("SELECT DISTINCT channel FROM entries")}
+        known = stored | set(self._ledger.channels())
         if channel not in known:  # (it may have been created while the store was asked)
             raise UnknownChannel(channel, known)
 
@@ -786,7 +801,7 @@ class _StopBatch:
 @dataclass(slots=True)
 class _Acceptance:
     accepted: Accepted
-    pending: Any
+    pending: Pending
 
     async def accepted_now(self) -> Accepted:
         await self.pending.committed()
@@ -827,23 +842,24 @@ async def open_supervisor(
     if subreaper:
         subreaper = set_child_subreaper(True)
     try:
-        async with open_store(str(config.store_path)) as store:
-            async with trio.open_nursery() as nursery:
-                cgroups = open_root(config.server.cgroup, store.store_id)
-                sup = Supervisor(config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children)
-                if cgroups is not None and cgroups.watcher is not None:
-                    nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")
-                # Orphans of an abrupt end die before anything is re-queued or served.
-                await sup.recover()
-                await sup.restore()
-                try:
-                    yield sup
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await sup.shutdown()
-                    nursery.cancel_scope.cancel()
-                    if sup.cgroups is not None:
-                        sup.cgroups.close()
+        async with open_store(str(config.store_path)) as store, trio.open_nursery() as nursery:
+            cgroups = open_root(config.server.cgroup, store.store_id)
+            sup = Supervisor(
+                config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children
+            )
+            if cgroups is not None and cgroups.watcher is not None:
+                nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")
+            # Orphans of an abrupt end die before anything is re-queued or served.
+            await sup.recover()
+            await sup.restore()
+            try:
+                yield sup
+            finally:
+                with trio.CancelScope(shield=True):
+                    await sup.shutdown()
+                nursery.cancel_scope.cancel()
+                if sup.cgroups is not None:
+                    sup.cgroups.close()
     finally:
         if restore_subreaper:
             set_child_subreaper(False)

@@ -58,7 +58,16 @@ from ._lines import Line, LineReader
 from ._registry import ProcessRegistry
 from ._store import Pending, StoreError
 from ._text import repair_text
-from ._tree import STORE_MARKER, TURN_MARKER, KillReport, MarkerScanner, ProcessTree, ident, scrubbed_environment, wait_exited
+from ._tree import (
+    STORE_MARKER,
+    TURN_MARKER,
+    KillReport,
+    MarkerScanner,
+    ProcessTree,
+    ident,
+    scrubbed_environment,
+    wait_exited,
+)
 
 log = logging.getLogger("corral.turn")
 
@@ -229,7 +238,9 @@ class TurnAccount:
             return LastWords([Post("message", result.text)] if fresh else [], True, None)
         if result is not None and not result.ok:
             return LastWords(
-                [Post("error", result.text)] if result.text else [], False, result.text or "the agent reported a failure"
+                [Post("error", result.text)] if result.text else [],
+                False,
+                result.text or "the agent reported a failure",
             )
         return LastWords([], False, self.error or "the agent ended without a result")
 
@@ -400,7 +411,9 @@ class Turn:
             elif isinstance(effect, SavePlan):
                 store.save_todos(self.channel, self.agent.name, effect.items)
             else:
-                log.warning("[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line)
+                log.warning(
+                    "[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line
+                )
 
     def _post(self, kind: str, text: str, meta: dict[str, object] | None = None) -> None:
         """Submit an entry unless the turn is stale (ledger decides, no checkpoint before submit)."""
@@ -456,14 +469,18 @@ class Turn:
             try:
                 cgroup = ports.cgroups.create(self.turn_id, self.agent.cgroup_limits)
             except OSError as exc:  # e.g. the subtree was removed under us: the sweep still works
-                log.warning("[%s %s] no cgroup for this turn (%s): its stop falls back to the sweep", self.channel, self.turn_id, exc)
+                log.warning(
+                    "[%s %s] no cgroup for this turn (%s): its stop falls back to the sweep",
+                    self.channel, self.turn_id, exc,
+                )
+        stdin_pipe = launch.stdin is not None
         with ports.registry.spawn_in_flight():
             try:
                 if cgroup is None:  # (a test's spawner need not know cgroups)
-                    process = await ports.spawn(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None)
+                    process = await ports.spawn(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=stdin_pipe)
                 else:
                     process = await ports.spawn(
-                        launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None, cgroup=cgroup
+                        launch.argv, env=env, cwd=launch.cwd, stdin_pipe=stdin_pipe, cgroup=cgroup
                     )
             except BaseException:
                 if cgroup is not None:

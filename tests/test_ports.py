@@ -130,7 +130,8 @@ def test_a_plan_is_saved_and_shown() -> None:
 
 def test_tools_and_unparsed_lines() -> None:
     account = TurnAccount("bot")
-    assert account.on_event(ToolUse("sh", "ls"), silenced=False) == [Post("tool", "sh: ls", {"tool": "sh", "input": "ls"})]
+    tool = Post("tool", "sh: ls", {"tool": "sh", "input": "ls"})
+    assert account.on_event(ToolUse("sh", "ls"), silenced=False) == [tool]
     assert account.on_event(Unparsed("{", "bad json"), silenced=False) == [Warn("bad json", "{")]
 
 
@@ -151,7 +152,8 @@ def test_last_words_of_failures() -> None:
     words = failed.last_words(None)
     assert (words.effects, words.ok, words.error) == ([Post("error", "no")], False, "no")
     timeout = TurnAccount("bot").last_words("Turn ended: stall")
-    assert (timeout.effects, timeout.ok, timeout.error) == ([Post("error", "Turn ended: stall")], False, "Turn ended: stall")
+    why = "Turn ended: stall"
+    assert (timeout.effects, timeout.ok, timeout.error) == ([Post("error", why)], False, why)
     silent = TurnAccount("bot").last_words(None)
     assert (silent.ok, silent.error) == (False, "the agent ended without a result")
 
@@ -162,7 +164,8 @@ def test_a_stale_session_says_nothing_and_is_retried_once() -> None:
     words = account.last_words(None)
     assert (words.effects, words.ok, words.error) == ([], False, None)
     outcome = TurnOutcome(stale_session=True)
-    assert retry_without_session(outcome, "s1", stale=False) == SessionRetry("Session s1 is gone; starting a new conversation.")
+    retry = SessionRetry("Session s1 is gone; starting a new conversation.")
+    assert retry_without_session(outcome, "s1", stale=False) == retry
     assert retry_without_session(outcome, None, stale=False) is None  # it already ran without one
     assert retry_without_session(outcome, "s1", stale=True) is None  # stopped meanwhile
     assert retry_without_session(TurnOutcome(stale_session=True, stopped=True), "s1", stale=False) is None

@@ -52,7 +52,9 @@ async def test_cancelling_the_block_from_outside_completes_the_shutdown(short_tm
         gate.close()
     db = sqlite3.connect(f"file:{short_tmp / 'corral.db'}?mode=ro", uri=True)
     try:
-        last = db.execute("SELECT kind, text, turn FROM entries WHERE channel = 'ch' ORDER BY seq DESC LIMIT 1").fetchone()
+        last = db.execute(
+            "SELECT kind, text, turn FROM entries WHERE channel = 'ch' ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
         state = db.execute("SELECT state FROM turns WHERE id = ?", (turn_id,)).fetchone()
     finally:
         db.close()
