@@ -1167,7 +1167,8 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
         # Nothing was killed or dropped; the ledger is as it was.
         assert alive(spawned.calls[0].process.pid)
         assert sup._ledger.generation("ch") == 0 and not sup._ledger.is_stale("ch", turn_id)
-        assert [m.id for m in sup._ledger.queued("ch")] == [r[0] for r in await sup._store.query("SELECT seq FROM queue")]
+        stored = [r[0] for r in await sup._store.query("SELECT seq FROM queue")]
+        assert [m.id for m in sup._ledger.queued("ch")] == stored
         assert len(sup._ledger.queued("ch")) == 1
         assert sup._store.todos("ch", "bot")[2]["status"] == "pending"
 
