@@ -85,6 +85,10 @@ class GenericParser:
         """Parse one stdout line."""
         return [self._joined(event) for event in self._parse(line)]
 
+    def feed_stderr(self, line: str) -> list[Event]:
+        """Nothing: the generic protocol reports failures on stdout; stderr is only logged."""
+        return []
+
     def end_text_run(self) -> None:
         """The turn has stored the open run (the agent went quiet): the next piece starts a new one."""
         self.in_text = False
