@@ -86,7 +86,7 @@ class GenericParser:
         return [self._joined(event) for event in self._parse(line)]
 
     def feed_stderr(self, line: str) -> list[Event]:
-        """Nothing: the protocol is spoken on stdout; stderr is the agent's log, which the turn logs."""
+        """Nothing: the generic protocol reports failures on stdout; stderr is only logged."""
         return []
 
     def end_text_run(self) -> None:
@@ -170,5 +170,7 @@ ADAPTER = Adapter(
     default_command=(),
     build_launch=build_launch,
     new_parser=new_parser,
+    point_of_no_return="spawn",  # with ``prompt = "stdin"`` the write is checked too (see Turn)
     option_keys=OPTION_KEYS,
+    description="any command; stdout lines are text, or JSON objects of the corral line protocol",
 )

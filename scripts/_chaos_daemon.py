@@ -36,6 +36,10 @@ from typing import Any
 import trio
 
 from supervisor import _ledger, _registry, _supervisor, _tree, _turn
+from supervisor.testing import Hooks
+
+#: The supervisors started in this process (one: the daemon's), for the seeded bugs.
+SUPERVISORS: list[_supervisor.Supervisor] = []
 
 _trace_fd: int | None = None
 
@@ -83,8 +87,11 @@ def install_trace(path: str) -> None:
 
     supervisor_init = _supervisor.Supervisor.__init__
 
-    def init(self: _supervisor.Supervisor, config: Any, store: Any, nursery: trio.Nursery, hooks: Any = None) -> None:
-        supervisor_init(self, config, store, nursery, hooks or _supervisor.Hooks(preparing=preparing, spawn=spawn))
+    def init(
+        self: _supervisor.Supervisor, config: Any, store: Any, nursery: trio.Nursery, hooks: Any = None, **kw: Any
+    ) -> None:
+        supervisor_init(self, config, store, nursery, hooks or Hooks(preparing=preparing, spawn=spawn), **kw)
+        SUPERVISORS.append(self)
 
     _supervisor.Supervisor.__init__ = init  # type: ignore[method-assign]
 
@@ -131,20 +138,36 @@ def _no_late_kill() -> None:
 
 
 def _todos_kept() -> None:
-    _supervisor.Supervisor._cancel_todos = lambda self, channel, generation: []  # type: ignore[method-assign]
+    _supervisor.Supervisor._cancelled_plans = lambda self, channel: {}  # type: ignore[method-assign]
 
 
 def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
-    self._last = self.sup.store.submit_entry(
+    self._last = self.ports.store.submit_entry(
         self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
     )
 
 
+def _account_ignores_silence() -> None:
+    """The turn's account decides as if no stop had silenced the turn."""
+    on_event, close_text = _turn.TurnAccount.on_event, _turn.TurnAccount.close_text
+
+    def loud_event(self: _turn.TurnAccount, event: Any, *, silenced: bool) -> list[_turn.Effect]:
+        return on_event(self, event, silenced=False)
+
+    def loud_close(self: _turn.TurnAccount, *, silenced: bool) -> list[_turn.Effect]:
+        return close_text(self, silenced=False)
+
+    _turn.TurnAccount.on_event = loud_event  # type: ignore[method-assign]
+    _turn.TurnAccount.close_text = loud_close  # type: ignore[method-assign]
+
+
 def _output_before_notice() -> None:
+    _account_ignores_silence()
     _turn.Turn._post = _keep_everything  # type: ignore[method-assign]
 
 
 def _output_after_notice() -> None:
+    _account_ignores_silence()
     post = _turn.Turn._post
 
     def later(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
@@ -155,12 +178,12 @@ def _output_after_notice() -> None:
         async def store_it() -> None:
             with trio.CancelScope(shield=True):
                 await self.done.wait()
-                stopping = self.sup._stops.get(self.channel)
+                stopping = SUPERVISORS[-1]._stops.get(self.channel)
                 if stopping is not None:
-                    await stopping.wait()  # set once the stop's notice is stored
+                    await stopping.done.wait()  # set once the stop's notice is stored
                 _keep_everything(self, kind, text, meta)
 
-        self.sup._nursery.start_soon(store_it)
+        SUPERVISORS[-1]._nursery.start_soon(store_it)
 
     _turn.Turn._post = later  # type: ignore[method-assign]
 

@@ -10,6 +10,8 @@ Embedding::
 
 The names below are imported when first used (PEP 562), so ``import supervisor`` (and the
 ``corral`` CLI's client commands) start without importing Trio, psutil or hypercorn.
+Every error corral raises on purpose derives from :class:`CorralError`. What tests use to
+reach inside a supervisor (``Hooks``, its ledger and store) is in :mod:`supervisor.testing`.
 """
 
 from __future__ import annotations
@@ -21,19 +23,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
+    from ._client import APIError, DaemonUnavailable
     from ._config import AgentConfig, Config, ConfigError, Limits, Problem, ServerConfig, load_config, parse_config
-    from ._ledger import LedgerError, StopDecision, StopLedger
-    from ._store import Entry, StoreError
+    from ._daemon import DaemonError
+    from ._errors import CorralError, ShuttingDown, UsageError
+    from ._ledger import LedgerError
+    from ._store import Entry, StoreError, StoreInUse
     from ._supervisor import (
         SHUTDOWN_NOTICE,
         STOP_NOTICE,
         Accepted,
-        Hooks,
-        ShuttingDown,
         StopResult,
         Supervisor,
         UnknownChannel,
-        UsageError,
         open_supervisor,
     )
 
@@ -49,42 +51,46 @@ _LAZY = {
     "ServerConfig": "._config",
     "load_config": "._config",
     "parse_config": "._config",
+    "APIError": "._client",
+    "DaemonUnavailable": "._client",
+    "DaemonError": "._daemon",
+    "CorralError": "._errors",
+    "ShuttingDown": "._errors",
+    "UsageError": "._errors",
     "LedgerError": "._ledger",
-    "StopDecision": "._ledger",
-    "StopLedger": "._ledger",
     "Entry": "._store",
     "StoreError": "._store",
+    "StoreInUse": "._store",
     "SHUTDOWN_NOTICE": "._supervisor",
     "STOP_NOTICE": "._supervisor",
     "Accepted": "._supervisor",
-    "Hooks": "._supervisor",
-    "ShuttingDown": "._supervisor",
     "StopResult": "._supervisor",
     "Supervisor": "._supervisor",
     "UnknownChannel": "._supervisor",
-    "UsageError": "._supervisor",
     "open_supervisor": "._supervisor",
 }
 
 __all__ = [
     "SHUTDOWN_NOTICE",
     "STOP_NOTICE",
+    "APIError",
     "Accepted",
-    "AsyncioSupervisor",
     "AgentConfig",
+    "AsyncioSupervisor",
     "Config",
     "ConfigError",
+    "CorralError",
+    "DaemonError",
+    "DaemonUnavailable",
     "Entry",
-    "Hooks",
     "LedgerError",
     "Limits",
     "Problem",
     "ServerConfig",
     "ShuttingDown",
-    "StopDecision",
-    "StopLedger",
     "StopResult",
     "StoreError",
+    "StoreInUse",
     "Supervisor",
     "UnknownChannel",
     "UsageError",

@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from ._errors import CorralError
+
 #: The daemon closes idle keep-alive connections after 5 s; reconnect before that.
 _REUSE_SECONDS = 4.0
 
 
-class DaemonUnavailable(Exception):
+class DaemonUnavailable(CorralError):
     """No daemon answers on the socket."""
 
 
@@ -27,7 +29,7 @@ class DaemonGone(DaemonUnavailable):
     """The daemon went away in the middle of an answer (a follow's stream ended)."""
 
 
-class APIError(Exception):
+class APIError(CorralError):
     """The daemon answered with an error."""
 
     def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ._errors import CorralError
+
 DEFAULT_CONFIG_NAME = "corral.toml"
 #: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
 DEFAULT_SOCKET_MODE = 0o600
@@ -36,7 +38,7 @@ class Problem:
         return f"{self.file}: {self.key}: {self.message} — fix: {self.fix}"
 
 
-class ConfigError(Exception):
+class ConfigError(CorralError):
     """The config has problems; ``problems`` lists every one."""
 
     def __init__(self, problems: list[Problem]) -> None:

@@ -34,6 +34,7 @@ import trio
 from . import _systemd
 from ._api import ControlAPI
 from ._config import DEFAULT_SOCKET_MODE, Config
+from ._errors import CorralError
 from ._http import serve_socket
 from ._supervisor import Supervisor, open_supervisor
 
@@ -64,7 +65,7 @@ def harden_process() -> None:
         log.warning("cannot make the daemon non-dumpable (agents may read its environment): %s", exc)
 
 
-class DaemonError(RuntimeError):
+class DaemonError(CorralError, RuntimeError):
     """The daemon cannot start (socket in use, bad address); the message says how to fix it."""
 
 
@@ -180,7 +181,7 @@ async def run_daemon(
     signals = handlers.enter_context(trio.open_signal_receiver(*WATCHED_SIGNALS)) if handle_signals else None
     try:
         async with open_supervisor(config, subreaper=subreaper, owns_children=subreaper) as sup:
-            restored = len([c for c in sup.ledger.channels() if sup.ledger.queued(c)])
+            restored = len(sup.channels_with_queue())
             async with trio.open_nursery() as nursery:
                 signal_scope = trio.CancelScope()
                 if signals is not None:
@@ -274,7 +275,7 @@ async def _report_status(sup: Supervisor, send: Callable[[str], object], scope: 
     """``STATUS=`` on every change: a committed entry wakes it (an idle daemon: nothing does)."""
     changes_send, changes = trio.open_memory_channel[object](1)
 
-    ((newest,),) = await sup.store.query("SELECT coalesce(max(seq), 0) FROM entries")
+    newest = await sup.last_seq()
 
     async def watch() -> None:
         async for _entry in sup.follow(None, after=newest):

@@ -59,7 +59,7 @@ async def _turn(
         nursery.start_soon(show)
         if until is None:
             await sup.wait_idle(channel)
-            await sup.store.flush()
+            await sup.flush()
             rest = await sup.entries(channel, after=accepted.seq)
             target.append(rest[-1].seq if rest else accepted.seq)
             if seen >= target[0]:
@@ -116,7 +116,7 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
         with steps:
             say("1. A message; the reply streams into the transcript.")
             await _turn(sup, say, channel, "Hello! Who are you?")
-            session, _ = sup.store.session(channel, "demo")
+            session = sup.session(channel, "demo")
             say(f"     (session id saved: {session})\n")
             checks.check("the first reply", session is not None, "the demo agent saved no session id")
 
@@ -145,14 +145,14 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
 
             say("3. A follow-up resumes the same conversation.")
             await _turn(sup, say, channel, "What did I ask you before?")
-            resumed, _ = sup.store.session(channel, "demo")
+            resumed = sup.session(channel, "demo")
             say(f"     (same session: {resumed == session})\n")
             checks.check("the follow-up", resumed == session, f"session {resumed} is not the first one, {session}")
 
             say("4. A plan left unfinished: one nudge from corral, and the agent finishes it.")
             await _turn(sup, say, channel, "Make a plan for the fix")
             nudges = [e for e in await sup.entries(channel, after=0) if e.meta.get("nudge")]
-            todos = sup.store.todos(channel, "demo")
+            todos = sup.todos(channel, "demo")
             open_items = [t["content"] for t in todos if t["status"] in ("pending", "in_progress")]
             say(f"     (nudges: {len(nudges)}; unfinished todos now: {open_items or 'none'})\n")
             checks.check("the nudge", len(nudges) == 1, f"{len(nudges)} nudges were sent, not 1")

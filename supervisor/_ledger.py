@@ -101,7 +101,7 @@ class Take:
     dropped: tuple[QueuedMessage, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StopDecision:
     """What one channel's stop does; the driver carries it out in order."""
 
@@ -123,6 +123,14 @@ class StopDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class ShutdownDecision:
+    """What a shutdown does: end these turns (not already stopped) as interrupted by it."""
+
+    turns: tuple[tuple[str, str], ...]
+    """``(channel, turn_id)`` of every turn silenced: cancel its scope, interrupt its group."""
+
+
+@dataclass(frozen=True, slots=True)
 class EndDecision:
     """What follows a turn's end."""
 
@@ -138,6 +146,8 @@ class _Turn:
     generation: int
     phase: Phase
     nudge: bool
+    silenced: bool = False
+    """Ended by a shutdown: stale like a stopped turn, though the generation stays."""
 
 
 @dataclass(slots=True)
@@ -160,6 +170,7 @@ class StopLedger:
             raise ValueError("max_nudges must be >= 0")
         self.max_nudges = max_nudges
         self._channels: dict[str, _Channel] = {}
+        self._shut_down = False
 
     # ------------------------------------------------------------ queries
 
@@ -203,7 +214,7 @@ class StopLedger:
         state = self._channels.get(channel)
         if state is None or state.turn is None or state.turn.turn_id != turn_id:
             return True
-        return state.turn.generation < state.generation
+        return state.turn.silenced or state.turn.generation < state.generation
 
     # ------------------------------------------------------------ messages
 
@@ -232,6 +243,8 @@ class StopLedger:
         state = self._chan(channel)
         if state.turn is not None:
             raise LedgerError(f"channel {channel!r} already runs turn {state.turn.turn_id!r}")
+        if self._shut_down:
+            return Take(None, ())
         dropped = []
         while state.queue:
             message = state.queue.popleft()
@@ -273,7 +286,7 @@ class StopLedger:
             raise LedgerError(f"turn {turn_id!r} is not running in channel {channel!r}")
         turn = state.turn
         state.turn = None
-        stale = turn.generation < state.generation
+        stale = turn.silenced or turn.generation < state.generation
         nudge = (
             not stale
             and ok
@@ -293,7 +306,10 @@ class StopLedger:
         """Stop one channel. Synchronous: the generation has moved when this returns."""
         state = self._chan(channel)
         if state.stopped:
-            return StopDecision(channel, state.generation, True, None, (), False, state.notice_seq)
+            return StopDecision(
+                channel=channel, generation=state.generation, repeat=True, stopped_turn=None, dropped=(),
+                notice_due=False, notice_seq=state.notice_seq,
+            )
         prior = (state.notice_seq, state.routing_rests)
         state.generation += 1
         state.stopped = True
@@ -302,7 +318,10 @@ class StopLedger:
         dropped = tuple(state.queue)
         state.queue.clear()
         stopped_turn = state.turn.turn_id if state.turn else None
-        return StopDecision(channel, state.generation, False, stopped_turn, dropped, True, None, *prior)
+        return StopDecision(
+            channel=channel, generation=state.generation, repeat=False, stopped_turn=stopped_turn, dropped=dropped,
+            notice_due=True, notice_seq=None, prior_notice_seq=prior[0], prior_routing_rests=prior[1],
+        )
 
     def abort_stop(self, decision: StopDecision) -> bool:
         """Undo a stop whose record could not be stored; False if a later stop superseded it.
@@ -331,6 +350,25 @@ class StopLedger:
     def stop_all(self) -> list[StopDecision]:
         """Stop every channel that has work; idle channels are left alone."""
         return [self.stop(name) for name in list(self._channels) if self.is_busy(name)]
+
+    def shut_down(self) -> ShutdownDecision:
+        """The supervisor is closing: every current turn is silenced, nothing more starts.
+
+        Unlike a stop, no generation moves and no queue is dropped: what was accepted runs
+        after the restart. A silenced turn is stale to every question (``may_start``,
+        ``keep_process``, ``keep_output``, ``end_turn``), so it keeps only its session id.
+        A second call silences nothing more (no turn can begin in between).
+        """
+        self._shut_down = True
+        silenced = []
+        for name, state in self._channels.items():
+            turn = state.turn
+            if turn is None or turn.silenced:
+                continue
+            if turn.generation == state.generation:  # a stopped turn is its stop's to end
+                silenced.append((name, turn.turn_id))
+            turn.silenced = True  # even so: should its stop be undone, it stays silenced
+        return ShutdownDecision(tuple(silenced))
 
     def notice_seq(self, channel: str) -> int | None:
         """The seq of the notice stored for the channel's latest stop, once it is stored."""

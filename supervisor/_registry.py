@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ._ledger import StopLedger
 from ._tree import ProcessTree
@@ -34,6 +35,7 @@ class ProcessRegistry:
         """Is a stop of this channel still storing its record?"""
         self._trees: dict[tuple[str, str], ProcessTree] = {}
         self._deferred: set[tuple[str, str]] = set()
+        self._spawning = 0
 
     def register(self, channel: str, turn_id: str, tree: ProcessTree) -> bool:
         """Record a freshly spawned tree. Synchronous: call it before any checkpoint.
@@ -45,7 +47,10 @@ class ProcessRegistry:
         if self._ledger.keep_process(channel, turn_id):
             return True
         if self._recording is not None and self._recording(channel):
-            log.info("process %d registered for turn %s in %r while its stop is stored: killed once it is", tree.pid, turn_id, channel)
+            log.info(
+                "process %d registered for turn %s in %r while its stop is stored: killed once it is",
+                tree.pid, turn_id, channel,
+            )
             self._deferred.add((channel, turn_id))
             return True
         log.info("killing process %d registered for stopped turn %s in %r", tree.pid, turn_id, channel)
@@ -85,8 +90,17 @@ class ProcessRegistry:
         """Pids of every registered leader (Trio reaps these; nobody else may)."""
         return {tree.pid for tree in self._trees.values()}
 
-    def __iter__(self) -> Iterator[tuple[tuple[str, str], ProcessTree]]:
-        return iter(list(self._trees.items()))
+    @property
+    def spawning(self) -> int:
+        """Spawns in flight: their children exist before Trio can wait for them, so no
+        reaper may touch this process's children while any is."""
+        return self._spawning
 
-    def __len__(self) -> int:
-        return len(self._trees)
+    @contextmanager
+    def spawn_in_flight(self) -> Iterator[None]:
+        """Count a spawn from its start until it returns (or fails); see :attr:`spawning`."""
+        self._spawning += 1
+        try:
+            yield
+        finally:
+            self._spawning -= 1

@@ -49,6 +49,7 @@ from typing import Any
 
 import trio
 
+from ._errors import CorralError
 from ._text import repair, repair_text
 
 log = logging.getLogger("corral.store")
@@ -86,7 +87,7 @@ CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state);
 TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
 
 
-class StoreError(RuntimeError):
+class StoreError(CorralError, RuntimeError):
     """A write could not be committed; nothing of it was shown to anyone."""
 
 
@@ -226,7 +227,7 @@ def _entry(row: tuple[Any, ...]) -> Entry:
 class Pending:
     """A write accepted but maybe not yet committed."""
 
-    __slots__ = ("entry", "_apply", "_done", "_error")
+    __slots__ = ("_apply", "_done", "_error", "entry")
 
     def __init__(self, apply: Callable[[sqlite3.Connection], None], entry: Entry | None) -> None:
         self.entry = entry
@@ -259,6 +260,10 @@ class Store:
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.path = path
+        self._writer_scope = trio.CancelScope(shield=True)
+        """The writer's own scope: only :func:`open_store` ends it, after the last commit.
+        Shielded, so a scope cancelled around the whole block (a ``move_on_after``, a Ctrl-C)
+        cannot take the writer away from a shutdown that still awaits its commits."""
         self._lock_fd = lock_store(path) if path != ":memory:" else -1
         try:
             self._open(path, synchronous)
@@ -372,13 +377,14 @@ class Store:
     # ------------------------------------------------------------ the writer
 
     async def run_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Commit queued writes in batches until cancelled; started by :func:`open_store`."""
-        task_status.started()
-        while True:
-            if not self._pending:
-                self._wake = trio.Event()
-                await self._wake.wait()
-            await self._commit_pending()
+        """Commit queued writes in batches until :func:`open_store` ends it."""
+        with self._writer_scope:
+            task_status.started()
+            while True:
+                if not self._pending:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                await self._commit_pending()
 
     async def _commit_pending(self) -> None:
         batch, self._pending = self._pending, []
@@ -563,6 +569,38 @@ class Store:
 
         return self._submit(apply)
 
+    def accept_message(
+        self, channel: str, agent: str, author: str, text: str, *, generation: int, nudge: bool
+    ) -> Pending:
+        """A message for ``agent``: its entry and its place in the queue, in one transaction
+        (stored and queued, or neither). Its seq is final at once (``pending.entry.seq``)."""
+
+        def keep_queued(db: sqlite3.Connection, seq: int) -> None:
+            self.queue_insert(db, QueuedRow(seq, channel, agent, author, text, generation, nudge))
+
+        return self.submit_entry(
+            channel, author, "message", text, generation=generation,
+            meta={"agent": agent, **({"nudge": True} if nudge else {})}, also=keep_queued,
+        )
+
+    def submit_stop_notice(
+        self, channel: str, text: str, *, stop_seq: int, turn: str | None, generation: int, result: Mapping[str, Any]
+    ) -> Pending:
+        """A stop's notice, last: it completes the stop's record (its final ``result``, with
+        ``notice_seq``) and ends its turn's row, in the notice's own transaction."""
+        meta = {"stop_seq": stop_seq, "ok": result.get("ok"), "dropped": result.get("dropped")}
+        return self.submit_entry(
+            channel, "system", "notice", text, turn=turn, generation=generation, meta=meta,
+            also=lambda db, seq: Store.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn),
+        )
+
+    def submit_turn_notice(self, channel: str, text: str, *, turn: str, generation: int) -> Pending:
+        """A notice that ends a turn (a shutdown's): the entry and the turn's row ended, together."""
+        return self.submit_entry(
+            channel, "system", "notice", text, turn=turn, generation=generation,
+            also=lambda db, _: Store.mark_turn_ended(db, turn),
+        )
+
     def queue_insert(self, db: sqlite3.Connection, row: QueuedRow) -> None:
         """(In a transaction) keep an accepted message until its turn begins."""
         db.execute(
@@ -595,7 +633,8 @@ class Store:
         def apply(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM queue WHERE seq = ?", (message,))
             db.execute(
-                "INSERT INTO turns (id, channel, agent, generation, message, state, began) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO turns (id, channel, agent, generation, message, state, began)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, channel, agent, generation, message, TURN_RUNNING, time.time()),
             )
 
@@ -607,7 +646,9 @@ class Store:
 
     def end_turn(self, turn_id: str) -> Pending:
         """The turn ended on its own; a stopped turn is ended by its stop's notice instead."""
-        return self.submit_write("UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING))
+        return self.submit_write(
+            "UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING)
+        )
 
     @staticmethod
     def mark_turn_ended(db: sqlite3.Connection, turn_id: str | None) -> None:
@@ -621,7 +662,10 @@ class Store:
 
         def apply(db: sqlite3.Connection) -> None:
             for r in records:
-                summary = {"pending": True, "generation": r.generation, "dropped": list(r.dropped), "stopped_turn": r.stopped_turn}
+                summary = {
+                    "pending": True, "generation": r.generation, "dropped": list(r.dropped),
+                    "stopped_turn": r.stopped_turn,
+                }
                 db.execute(
                     "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
                     (r.seq, r.channel, r.generation, stamp, json.dumps(summary)),
@@ -664,7 +708,8 @@ class Store:
             "SELECT id, channel, generation, state FROM turns WHERE state = ? ORDER BY began", (TURN_RUNNING,)
         )
         stops = await self.query(
-            "SELECT seq, channel, generation, result FROM stops WHERE json_extract(result, '$.pending') = 1 ORDER BY seq"
+            "SELECT seq, channel, generation, result FROM stops"
+            " WHERE json_extract(result, '$.pending') = 1 ORDER BY seq"
         )
         pending = []
         for seq, channel, generation, result in stops:
@@ -692,6 +737,7 @@ async def open_store(path: str, *, synchronous: str = "FULL") -> AsyncIterator[S
                 with trio.CancelScope(shield=True):
                     while store._pending:
                         await store._commit_pending()
+                store._writer_scope.cancel()
                 nursery.cancel_scope.cancel()
     finally:
         store.close()

@@ -27,11 +27,13 @@ import trio
 
 from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._config import AgentConfig, Config
+from ._errors import ShuttingDown, UsageError
 from ._files import private_folder
-from ._ledger import QueuedMessage, StopDecision, StopLedger
+from ._hooks import Hooks
+from ._ledger import QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
-from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
 from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
@@ -40,9 +42,10 @@ from ._tree import (
     reap_if_child,
     reap_orphans,
     set_child_subreaper,
+    spawn,
     wait_pid_exit,
 )
-from ._turn import Turn, channel_slug, new_turn_id, unfinished
+from ._turn import Places, Turn, TurnPorts, new_turn_id, retry_without_session, unfinished
 
 log = logging.getLogger("corral")
 
@@ -53,10 +56,6 @@ MAX_MESSAGE_BYTES = 1 << 20
 MAX_CHANNEL_CHARS = 200
 #: What a stop may add on top of the grace period before it calls itself failed.
 STOP_SLACK = 10.0
-
-
-class UsageError(ValueError):
-    """A request the supervisor refuses: unknown agent, oversized message, bad channel name."""
 
 
 class UnknownChannel(UsageError):
@@ -73,10 +72,6 @@ class UnknownChannel(UsageError):
         super().__init__(f"unknown channel {channel!r}; {hint}")
 
 
-class ShuttingDown(RuntimeError):
-    """The supervisor no longer accepts work."""
-
-
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """A message the supervisor has stored and queued."""
@@ -90,7 +85,10 @@ class Accepted:
 
     def to_json(self) -> dict[str, Any]:
         """As the API and ``corral send --json`` print it."""
-        return {"seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation, "queued": self.queued}
+        return {
+            "seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation,
+            "queued": self.queued,
+        }
 
 
 @dataclass(slots=True)
@@ -143,49 +141,52 @@ class _Message:
     agent: str
     author: str
     text: str
-    committed: Any  # Pending | None (restored messages are already stored)
-    begun: Any = None
-    """Pending: the dequeue and the turn's row, stored before the point of no return."""
-
-
-@dataclass(slots=True)
-class Hooks:
-    """Points where a test can park a turn to drive a race deterministically.
-
-    Each is an optional ``async (channel, turn_id) -> None`` awaited at that point; ``spawn``
-    replaces the spawner (same signature as :func:`supervisor._tree.spawn`). Production
-    code passes none, and then no extra checkpoint exists.
-    """
-
-    took: Any = None
-    """After the worker took a message off the queue, before the turn is built."""
-    preparing: Any = None
-    """Inside the turn, after the launch is built, right before the point of no return."""
-    spawn: Any = None
+    committed: Pending | None
+    """The message's own write (None: restored messages are already stored)."""
+    begun: Pending | None = None
+    """The dequeue and the turn's row, stored before the point of no return."""
 
 
 class Supervisor:
     """Runs agents for channels. Make one with :func:`open_supervisor`."""
 
-    def __init__(self, config: Config, store: Store, nursery: trio.Nursery, hooks: Hooks | None = None) -> None:
-        self.hooks = hooks or Hooks()
-        self.reap_adopted = False
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        nursery: trio.Nursery,
+        hooks: Hooks | None = None,
+        *,
+        cgroups: CgroupRoot | None = None,
+        subreaper: bool = False,
+        owns_children: bool = False,
+    ) -> None:
+        self._hooks = hooks or Hooks()
+        self.reap_adopted = subreaper and owns_children
         """Every child of this process is corral's: reap dead adoptees after each turn."""
-        self.spawning = 0
-        """Spawns in flight (their children exist before Trio can wait for them)."""
         self._reap_scheduled = False
         self.config = config
-        self.store = store
-        self.ledger = StopLedger(max_nudges=config.limits.max_nudges)
-        self.registry = ProcessRegistry(self.ledger, recording=self._recording)
-        self.scanner = MarkerScanner(elsewhere=lambda wanted: self.registry.leader_pids())
+        self._store = store
+        self._ledger = StopLedger(max_nudges=config.limits.max_nudges)
+        self._registry = ProcessRegistry(self._ledger, recording=self._recording)
+        # A subreaper adopts every escaped descendant of a turn, so the marker scan need
+        # not read the whole of /proc: only this process's descendants.
+        self.scanner = MarkerScanner(
+            within=os.getpid() if subreaper else None, elsewhere=lambda wanted: self._registry.leader_pids()
+        )
         self.started = time.time()
         self._nursery = nursery
         self._workers: set[str] = set()
         self._turns: dict[str, Turn] = {}
         self._stops: dict[str, _StopInProgress] = {}
-        self.cgroups: CgroupRoot | None = None
+        self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
+        self._places = Places(config.state_dir, store.session)
+        self._ports = TurnPorts(
+            ledger=self._ledger, store=store, registry=self._registry, scanner=self.scanner,
+            spawn=self._hooks.spawn or spawn, places=self._places, cgroups=cgroups,
+            adopt_background=self.adopt_background, preparing=self._hooks.preparing,
+        )
         self.recovered: Recovery | None = None
         """What the last start recovered from an abrupt end of the previous owner."""
         self._idle: dict[str, trio.Event] = {}
@@ -201,21 +202,11 @@ class Supervisor:
 
     def agent_home(self, agent: str) -> Path:
         """The private HOME of an agent (its CLI writes its state there)."""
-        return self.config.state_dir / "home" / agent
+        return self._places.agent_home(agent)
 
     def channel_cwd(self, channel: str, agent: AgentConfig) -> Path:
-        """The fixed working directory of this channel and agent (created on first use).
-
-        The real CLIs resume a session only from the directory it was started in.
-        """
-        _, saved = self.store.session(channel, agent.name)
-        configured = Path(saved) if saved else agent.cwd
-        if configured is not None:  # the user's folder: created if missing, never re-moded
-            configured.mkdir(parents=True, exist_ok=True)
-            return configured
-        path = self.config.state_dir / "work" / agent.name / channel_slug(channel)
-        private_folder(path, within=self.config.state_dir)
-        return path
+        """The fixed working directory of this channel and agent (created on first use)."""
+        return self._places.channel_cwd(channel, agent)
 
     # ------------------------------------------------------------ sending
 
@@ -247,21 +238,12 @@ class Supervisor:
 
     def _accept(self, channel: str, agent: str, author: str, text: str, *, nudge: bool) -> _Acceptance:
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
-        generation = self.ledger.generation(channel)
-        store = self.store
-
-        def keep_queued(db: Any, seq: int) -> None:
-            # In the entry's own transaction: stored and queued, or neither.
-            store.queue_insert(db, QueuedRow(seq, channel, agent, author, text, generation, nudge))
-
-        pending = store.submit_entry(
-            channel, author, "message", text, generation=generation,
-            meta={"agent": agent, **({"nudge": True} if nudge else {})}, also=keep_queued,
-        )
+        generation = self._ledger.generation(channel)
+        pending = self._store.accept_message(channel, agent, author, text, generation=generation, nudge=nudge)
         assert pending.entry is not None
         seq = pending.entry.seq
-        ahead = len(self.ledger.queued(channel)) + (1 if self.ledger.current_turn(channel) else 0)
-        self.ledger.accept(
+        ahead = len(self._ledger.queued(channel)) + (1 if self._ledger.current_turn(channel) else 0)
+        self._ledger.accept(
             channel, seq, human=author.startswith("human:"), nudge=nudge, payload=_Message(agent, author, text, pending)
         )
         self._ensure_worker(channel)
@@ -278,18 +260,19 @@ class Supervisor:
         """Run the channel's queued messages one turn at a time; exit when idle."""
         try:
             while not self._closing:
-                take = self.ledger.take(channel, new_turn_id())
+                take = self._ledger.take(channel, new_turn_id())
                 if take.dropped:
-                    self.store.dequeue([m.id for m in take.dropped])
+                    self._store.dequeue([m.id for m in take.dropped])
                 if take.ticket is None:
                     break
-                message: _Message = take.ticket.message.payload  # type: ignore[assignment]
+                message = take.ticket.message.payload
+                assert isinstance(message, _Message), "the supervisor queues only its own payloads"
                 # Dequeue and the turn's row in one commit, awaited before the point of no return.
-                message.begun = self.store.begin_turn(
+                message.begun = self._store.begin_turn(
                     take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id
                 )
-                if self.hooks.took is not None:
-                    await self.hooks.took(channel, take.ticket.turn_id)
+                if self._hooks.took is not None:
+                    await self._hooks.took(channel, take.ticket.turn_id)
                 try:
                     await self._run_turn(channel, take.ticket, message)
                 except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
@@ -300,13 +283,14 @@ class Supervisor:
             if event is not None:
                 event.set()
 
-    async def _run_turn(self, channel: str, ticket: Any, message: _Message) -> None:
+    async def _run_turn(self, channel: str, ticket: TurnTicket, message: _Message) -> None:
         agent = self.config.agents.get(message.agent)
         turn_id = ticket.turn_id
         if agent is None:  # a restored message for an agent removed from the config
-            await self._end_turn_early(channel, turn_id, ticket.generation, f"agent {message.agent!r} is no longer configured")
+            why = f"agent {message.agent!r} is no longer configured"
+            await self._end_turn_early(channel, turn_id, ticket.generation, why)
             return
-        turn = Turn(self, channel, ticket, agent, message.text)
+        turn = Turn(self._ports, channel, ticket, agent, message.text)
         self._turns[channel] = turn
         try:
             if message.committed is not None:
@@ -314,7 +298,7 @@ class Supervisor:
                     await message.committed.committed()
                 except StoreError:
                     turn.done.set()
-                    self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
+                    self._ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
                     return
             if message.begun is not None:
                 try:
@@ -323,10 +307,10 @@ class Supervisor:
                     # Not recorded, not started: a turn nobody could find after a crash
                     # must not run. The message stays queued in the store.
                     turn.done.set()
-                    self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
+                    self._ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
                     log.error("[%s %s] the turn could not be recorded, so it did not start: %s", channel, turn_id, exc)
                     try:
-                        await self.store.append(
+                        await self._store.append(
                             channel, "system", "error",
                             f"This message did not run: corral could not record its turn ({exc.__cause__ or exc}). "
                             "It stays queued and runs after corral restarts.",
@@ -335,22 +319,21 @@ class Supervisor:
                     except StoreError:
                         pass
                     return
-            session_id, _ = self.store.session(channel, agent.name)
+            session_id, _ = self._store.session(channel, agent.name)
             outcome = await turn.run(session_id)
-            if outcome.stale_session and session_id and not outcome.stopped and not self.ledger.is_stale(channel, turn_id):
-                # The CLI forgot the session: drop it and try once more without it.
-                self.store.save_session(channel, agent.name, None, turn.cwd)
-                self.store.submit_entry(
-                    channel, "system", "status", f"Session {session_id} is gone; starting a new conversation.",
-                    turn=turn_id, generation=ticket.generation,
+            retry_decision = retry_without_session(outcome, session_id, stale=self._ledger.is_stale(channel, turn_id))
+            if retry_decision is not None and turn.cwd is not None:
+                self._store.save_session(channel, agent.name, None, turn.cwd)
+                self._store.submit_entry(
+                    channel, "system", "status", retry_decision.status, turn=turn_id, generation=ticket.generation
                 )
-                retry = Turn(self, channel, ticket, agent, message.text)
+                retry = Turn(self._ports, channel, ticket, agent, message.text)
                 self._turns[channel] = retry
                 turn.done.set()
                 turn = retry
                 outcome = await retry.run(None)
-            items = self.store.todos(channel, agent.name)
-            decision = self.ledger.end_turn(
+            items = self._store.todos(channel, agent.name)
+            decision = self._ledger.end_turn(
                 channel, turn_id, ok=outcome.ok, unfinished_todos=unfinished(items), max_nudges=agent.limits.max_nudges
             )
             if decision.nudge:
@@ -360,7 +343,7 @@ class Supervisor:
                 del self._turns[channel]
             turn.done.set()
             if turn.stop_reason is None:
-                self.store.end_turn(turn_id)
+                self._store.end_turn(turn_id)
             self.reap_adoptees()
 
     def reap_adoptees(self) -> None:
@@ -379,18 +362,18 @@ class Supervisor:
         self._reap_now()
 
     def _reap_now(self) -> None:
-        if self.reap_adopted and self.spawning == 0:
-            reaped = reap_orphans(self.registry.leader_pids())
+        if self.reap_adopted and self._registry.spawning == 0:
+            reaped = reap_orphans(self._registry.leader_pids())
             if reaped:
                 log.debug("reaped adopted processes %s", reaped)
 
-    async def _contain(self, channel: str, ticket: Any, exc: Exception) -> None:
+    async def _contain(self, channel: str, ticket: TurnTicket, exc: Exception) -> None:
         """A turn failed in corral itself: log it, say so, and free the channel."""
         log.exception("[%s %s] internal error", channel, ticket.turn_id, exc_info=exc)
-        if self.ledger.current_turn(channel) == ticket.turn_id:
-            self.ledger.end_turn(channel, ticket.turn_id, ok=False, unfinished_todos=0)
+        if self._ledger.current_turn(channel) == ticket.turn_id:
+            self._ledger.end_turn(channel, ticket.turn_id, ok=False, unfinished_todos=0)
         try:
-            await self.store.append(
+            await self._store.append(
                 channel, "system", "error", f"Internal error in corral: {exc!r} (see the daemon's log).",
                 turn=ticket.turn_id, generation=ticket.generation,
             )
@@ -398,9 +381,9 @@ class Supervisor:
             pass
 
     async def _end_turn_early(self, channel: str, turn_id: str, generation: int, why: str) -> None:
-        self.ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
-        self.store.end_turn(turn_id)
-        await self.store.append(channel, "system", "error", why, turn=turn_id, generation=generation)
+        self._ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
+        self._store.end_turn(turn_id)
+        await self._store.append(channel, "system", "error", why, turn=turn_id, generation=generation)
 
     def adopt_background(self, tree: ProcessTree) -> None:
         """Keep a normal turn's background processes, and reap any that become ours."""
@@ -425,7 +408,7 @@ class Supervisor:
             return await self.stop_all()
         await self.require_channel(channel)
         started, cpu = trio.current_time(), time.process_time()
-        decision = self.ledger.stop(channel)  # first act: the generation moves now
+        decision = self._ledger.stop(channel)  # first act: the generation moves now
         result = (await self._stop(self._record([decision]), started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
         return result
@@ -433,7 +416,7 @@ class Supervisor:
     async def stop_all(self) -> StopResult:
         """Stop every channel that has work; the result lists each."""
         started, cpu = trio.current_time(), time.process_time()
-        results = await self._stop(self._record(self.ledger.stop_all()), started)
+        results = await self._stop(self._record(self._ledger.stop_all()), started)
         total = StopResult(channel=None, generation=0, channels=results)
         for r in results:
             total.stopped_turns += r.stopped_turns
@@ -445,7 +428,10 @@ class Supervisor:
         total.error = "; ".join(r.error for r in results if r.error) or None
         total.elapsed_ms = (trio.current_time() - started) * 1000
         total.cpu_ms = (time.process_time() - cpu) * 1000
-        log.info("stop all: %d channel(s), killed %s, swept %s, %.1f ms", len(results), total.killed, total.swept, total.elapsed_ms)
+        log.info(
+            "stop all: %d channel(s), killed %s, swept %s, %.1f ms",
+            len(results), total.killed, total.swept, total.elapsed_ms,
+        )
         return total
 
     def _record(self, decisions: list[StopDecision]) -> _StopBatch:
@@ -459,7 +445,7 @@ class Supervisor:
         for decision in decisions:
             if decision.repeat:
                 continue
-            seq = self.store.next_seq()
+            seq = self._store.next_seq()
             plans = self._cancelled_plans(decision.channel)
             batch.seqs[decision.channel] = seq
             batch.plans[decision.channel] = plans
@@ -468,7 +454,7 @@ class Supervisor:
                 StopRecord(seq, decision.channel, decision.generation, tuple(m.id for m in decision.dropped),
                            decision.stopped_turn, plans)
             )
-        batch.write = self.store.submit_stop_records(records) if records else None
+        batch.write = self._store.submit_stop_records(records) if records else None
         return batch
 
     async def _stop(self, batch: _StopBatch, started: float) -> list[StopResult]:
@@ -484,17 +470,18 @@ class Supervisor:
             if failure is None:
                 for channel, plans in batch.plans.items():
                     for agent, items in plans.items():
-                        self.store.remember_todos(channel, agent, items)
+                        self._store.remember_todos(channel, agent, items)
             else:
                 for decision in batch.decisions:
                     if not decision.repeat:
-                        self.ledger.abort_stop(decision)
+                        self._ledger.abort_stop(decision)
             # No checkpoint from here to the last signal: the kill follows the commit at once.
             for channel, progress in batch.progress.items():
                 progress.recorded = True
-                self.registry.settle(channel)
-            turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in batch.decisions if not d.repeat}
-            results: list[StopResult] = [None] * len(batch.decisions)  # type: ignore[list-item]
+                self._registry.settle(channel)
+            fresh = [d for d in batch.decisions if not d.repeat]
+            turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in fresh}
+            results: list[StopResult | None] = [None] * len(batch.decisions)
 
             async def one(i: int, decision: StopDecision) -> None:
                 if decision.repeat:
@@ -510,7 +497,9 @@ class Supervisor:
             async with trio.open_nursery() as nursery:
                 for i, decision in enumerate(batch.decisions):
                     nursery.start_soon(one, i, decision)
-            return results
+        done = [r for r in results if r is not None]
+        assert len(done) == len(results), "every decision has its result"
+        return done
 
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
         """The record could not be stored (the ledger's stop is undone); nothing was killed."""
@@ -529,7 +518,7 @@ class Supervisor:
             if progress.result is not None and not progress.result.ok:
                 result.ok, result.error = False, progress.result.error
                 result.generation = progress.result.generation
-        result.notice_seq = self.ledger.notice_seq(channel)
+        result.notice_seq = self._ledger.notice_seq(channel)
         result.elapsed_ms = (trio.current_time() - started) * 1000
         log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
         return result
@@ -541,7 +530,7 @@ class Supervisor:
             return None
         turn.stop_reason = reason
         turn.scope.cancel()
-        self.registry.interrupt(decision.channel, turn.turn_id, turn.adapter.interrupt_signal)
+        self._registry.interrupt(decision.channel, turn.turn_id, turn.adapter.interrupt_signal)
         return turn
 
     async def _complete(
@@ -568,13 +557,14 @@ class Supervisor:
                 result.stopped_turns.append(decision.stopped_turn)
             # The plan's entries and the notice, last; the notice's commit completes the record.
             writes = self._plan_entries(channel, decision.generation, progress.plans)
-            text = stop_notice_text(STOP_NOTICE, result.dropped) if result.ok else f"Stopping failed — {result.error}."
+            text = (
+                stop_notice_text(STOP_NOTICE, result.dropped) if result.ok else f"Stopping failed — {result.error}."
+            )
             result.elapsed_ms = (trio.current_time() - started) * 1000
             final = result.to_json()
-            notice = self.store.submit_entry(
-                channel, "system", "notice", text, turn=decision.stopped_turn, generation=decision.generation,
-                meta={"stop_seq": stop_seq, "ok": result.ok, "dropped": result.dropped},
-                also=lambda db, seq: Store.complete_stop(db, stop_seq, {**final, "notice_seq": seq}, decision.stopped_turn),
+            notice = self._store.submit_stop_notice(
+                channel, text, stop_seq=stop_seq, turn=decision.stopped_turn, generation=decision.generation,
+                result=final,
             )
             assert notice.entry is not None
             result.notice_seq = notice.entry.seq
@@ -582,7 +572,7 @@ class Supervisor:
             for write in writes:
                 await write.committed()
             # Only a stored notice may be named (to the caller, or to a repeat of this stop).
-            self.ledger.notice_stored(channel, decision.generation, notice.entry.seq)
+            self._ledger.notice_stored(channel, decision.generation, notice.entry.seq)
         except StoreError as exc:
             result.ok = False
             result.notice_seq = None
@@ -603,8 +593,8 @@ class Supervisor:
     def _cancelled_plans(self, channel: str) -> dict[str, list[dict[str, str]]]:
         """The channel's plans with every unfinished todo cancelled (only plans that change)."""
         plans: dict[str, list[dict[str, str]]] = {}
-        for agent in self.store.todo_agents(channel):
-            items = self.store.todos(channel, agent)
+        for agent in self._store.todo_agents(channel):
+            items = self._store.todos(channel, agent)
             if not unfinished(items):
                 continue
             for item in items:
@@ -616,7 +606,7 @@ class Supervisor:
     def _plan_entries(self, channel: str, generation: int, plans: dict[str, list[dict[str, str]]]) -> list[Pending]:
         """The transcript's account of the cancelled plans (the plans were stored with the record)."""
         return [
-            self.store.submit_entry(
+            self._store.submit_entry(
                 channel, "system", "todos", f"Plan cancelled ({agent}).", generation=generation,
                 meta={"todos": items, "agent": agent},
             )
@@ -629,7 +619,7 @@ class Supervisor:
         """Wait until the channel runs no turn and has nothing queued; False on timeout."""
         await self.require_channel(channel)
         with trio.move_on_after(timeout if timeout is not None else float("inf")):
-            while channel in self._workers or self.ledger.is_busy(channel):
+            while channel in self._workers or self._ledger.is_busy(channel):
                 event = self._idle.setdefault(channel, trio.Event())
                 await event.wait()
             return True
@@ -642,12 +632,13 @@ class Supervisor:
         entry of it; the store is asked only when the ledger has not seen it.
         """
         check_channel(channel)
-        if channel in self.ledger.channels() or channel in self._stored_channels:
+        if channel in self._ledger.channels() or channel in self._stored_channels:
             return
-        if await self.store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
+        if await self._store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
             self._stored_channels.add(channel)
             return
-        known = {name for (name,) in await self.store.query("SELECT DISTINCT channel FROM entries")} | set(self.ledger.channels())
+        stored = {name for (name,) in await self._store.query("SELECT DISTINCT channel FROM entries")}
+        known = stored | set(self._ledger.channels())
         if channel not in known:  # (it may have been created while the store was asked)
             raise UnknownChannel(channel, known)
 
@@ -657,23 +648,44 @@ class Supervisor:
         A channel need not exist yet (subscribe, then send); call :meth:`require_channel`
         first to refuse a mistyped one, as the control API does.
         """
-        return self.store.follow(channel, after)
+        return self._store.follow(channel, after)
 
     async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
         """Committed entries of a channel after ``after``."""
         await self.require_channel(channel)
-        return await self.store.entries(channel, after=after, limit=limit)
+        return await self._store.entries(channel, after=after, limit=limit)
+
+    def session(self, channel: str, agent: str) -> str | None:
+        """The agent's session id in the channel (the next turn resumes it), if any."""
+        return self._store.session(channel, agent)[0]
+
+    def todos(self, channel: str, agent: str) -> list[dict[str, str]]:
+        """The agent's plan in the channel, as last stored."""
+        return self._store.todos(channel, agent)
+
+    def channels_with_queue(self) -> list[str]:
+        """Channels with messages waiting (after a restart: what was restored)."""
+        return [c for c in self._ledger.channels() if self._ledger.queued(c)]
+
+    async def last_seq(self) -> int:
+        """The seq of the newest committed entry (0: none)."""
+        ((newest,),) = await self._store.query("SELECT coalesce(max(seq), 0) FROM entries")
+        return int(newest)
+
+    async def flush(self) -> None:
+        """Wait until every write accepted so far is committed (a failure is not raised here)."""
+        await self._store.flush()
 
     def status(self) -> dict[str, Any]:
         """Agents, channels, running turns, at this instant."""
         channels: dict[str, Any] = {}
-        sessions = self.store.sessions_by_channel()
-        for name in sorted(self.ledger.channels()):
+        sessions = self._store.sessions_by_channel()
+        for name in sorted(self._ledger.channels()):
             turn = self._turns.get(name)
-            phase = self.ledger.turn_phase(name)
+            phase = self._ledger.turn_phase(name)
             channels[name] = {
-                "generation": self.ledger.generation(name),
-                "queued": len(self.ledger.queued(name)),
+                "generation": self._ledger.generation(name),
+                "queued": len(self._ledger.queued(name)),
                 "sessions": sessions.get(name, {}),
                 "turn": None
                 if turn is None
@@ -705,11 +717,11 @@ class Supervisor:
 
     async def restore(self) -> int:
         """Re-queue what a previous run accepted but never ran; returns how many."""
-        for channel, generation in (await self.store.load_generations()).items():
-            self.ledger.restore(channel, generation)
-        rows = await self.store.load_queue()
+        for channel, generation in (await self._store.load_generations()).items():
+            self._ledger.restore(channel, generation)
+        rows = await self._store.load_queue()
         for row in rows:
-            self.ledger.requeue(
+            self._ledger.requeue(
                 row.channel,
                 QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge,
                               _Message(row.agent, row.author, row.text, None)),
@@ -724,12 +736,16 @@ class Supervisor:
         their callers get their results and their notices are stored.
         """
         self._closing = True
-        turns = [turn for turn in self._turns.values() if turn.stop_reason is None]
-        for turn in turns:
+        decision = self._ledger.shut_down()  # every running turn is silenced now
+        turns = []
+        for channel, turn_id in decision.turns:
+            turn = self._turns.get(channel)
+            if turn is None or turn.turn_id != turn_id:
+                continue  # not built yet (parked after the take): it never starts, as after a stop
             turn.stop_reason = "shutdown"
             turn.scope.cancel()
-            if turn.tree is not None:
-                turn.tree.interrupt(turn.adapter.interrupt_signal)
+            self._registry.interrupt(channel, turn_id, turn.adapter.interrupt_signal)
+            turns.append(turn)
         async with trio.open_nursery() as nursery:
             for turn in turns:
                 nursery.start_soon(self._finish_shutdown_turn, turn)
@@ -740,17 +756,16 @@ class Supervisor:
     async def recover(self) -> Recovery:
         """Before serving: end the previous owner's orphans and close its turns on the record."""
         grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=self.config.limits.stop_grace)
-        self.recovered = await recover(self.store, grace, STOP_NOTICE, self.cgroups)
+        self.recovered = await recover(self._store, grace, STOP_NOTICE, self.cgroups)
         return self.recovered
 
     async def _finish_shutdown_turn(self, turn: Turn) -> None:
         with trio.move_on_after(turn.agent.limits.stop_grace + STOP_SLACK):
             await turn.done.wait()
         try:
-            await self.store.append(
-                turn.channel, "system", "notice", SHUTDOWN_NOTICE, turn=turn.turn_id, generation=turn.generation,
-                also=lambda db, _: Store.mark_turn_ended(db, turn.turn_id),
-            )
+            await self._store.submit_turn_notice(
+                turn.channel, SHUTDOWN_NOTICE, turn=turn.turn_id, generation=turn.generation
+            ).committed()
         except StoreError as exc:
             log.error("could not store the shutdown notice in %r: %s", turn.channel, exc)
 
@@ -786,7 +801,7 @@ class _StopBatch:
 @dataclass(slots=True)
 class _Acceptance:
     accepted: Accepted
-    pending: Any
+    pending: Pending
 
     async def accepted_now(self) -> Accepted:
         await self.pending.committed()
@@ -827,28 +842,24 @@ async def open_supervisor(
     if subreaper:
         subreaper = set_child_subreaper(True)
     try:
-        async with open_store(str(config.store_path)) as store:
-            async with trio.open_nursery() as nursery:
-                sup = Supervisor(config, store, nursery, hooks)
-                sup.cgroups = open_root(config.server.cgroup, store.store_id)
-                if sup.cgroups is not None and sup.cgroups.watcher is not None:
-                    nursery.start_soon(sup.cgroups.watcher.run, name="corral-cgroup-watcher")
-                sup.reap_adopted = bool(subreaper and owns_children)
-                if subreaper:
-                    # Every escaped descendant of a turn re-parents to this process, so the
-                    # marker scan need not read the whole of /proc.
-                    sup.scanner.within = os.getpid()
-                # Orphans of an abrupt end die before anything is re-queued or served.
-                await sup.recover()
-                await sup.restore()
-                try:
-                    yield sup
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await sup.shutdown()
-                    nursery.cancel_scope.cancel()
-                    if sup.cgroups is not None:
-                        sup.cgroups.close()
+        async with open_store(str(config.store_path)) as store, trio.open_nursery() as nursery:
+            cgroups = open_root(config.server.cgroup, store.store_id)
+            sup = Supervisor(
+                config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children
+            )
+            if cgroups is not None and cgroups.watcher is not None:
+                nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")
+            # Orphans of an abrupt end die before anything is re-queued or served.
+            await sup.recover()
+            await sup.restore()
+            try:
+                yield sup
+            finally:
+                with trio.CancelScope(shield=True):
+                    await sup.shutdown()
+                nursery.cancel_scope.cancel()
+                if sup.cgroups is not None:
+                    sup.cgroups.close()
     finally:
         if restore_subreaper:
             set_child_subreaper(False)

@@ -34,6 +34,8 @@ from typing import IO, Any
 
 import trio
 
+from ._errors import CorralError
+
 log = logging.getLogger("corral.systemd")
 
 #: ``sd_listen_fds``: the first passed descriptor.
@@ -55,7 +57,7 @@ STATUS_BUSY_INTERVAL = 5.0
 STATUS_MAX_CHARS = 200
 
 
-class SystemdError(RuntimeError):
+class SystemdError(CorralError, RuntimeError):
     """What systemd passed cannot be used; the message says what and how to fix it."""
 
 

@@ -9,6 +9,11 @@ shielded in ``finally`` and always does the same things in the same order: end t
 process tree (interrupt, grace, SIGKILL, sweep), drain what the CLI was still flushing —
 only until a deadline, since an escaped grandchild can hold the pipe open — keeping only
 the session id if the turn was stopped, then report.
+
+A turn sees the supervisor only through its :class:`TurnPorts`: the ledger's questions,
+the store's few writes, the registry, the spawner and the places it runs in. What a turn
+stores is decided by :class:`TurnAccount`, pure code from parser events to
+:data:`Effect` values; :class:`Turn` carries the effects out.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Protocol, runtime_checkable
 
 import trio
 
@@ -30,6 +36,7 @@ from adapters._base import (
     Error,
     Event,
     Launch,
+    Parser,
     Result,
     SessionId,
     StaleSession,
@@ -42,16 +49,25 @@ from adapters._base import (
     Unparsed,
 )
 
+from ._cgroup import CgroupRoot
 from ._config import AgentConfig
 from ._files import private_file, private_folder
+from ._hooks import Spawner, TurnHook
 from ._ledger import OutputKind, TurnTicket
 from ._lines import Line, LineReader
+from ._registry import ProcessRegistry
 from ._store import Pending, StoreError
 from ._text import repair_text
-from ._tree import STORE_MARKER, TURN_MARKER, KillReport, ProcessTree, ident, scrubbed_environment, spawn, wait_exited
-
-if TYPE_CHECKING:
-    from ._supervisor import Supervisor
+from ._tree import (
+    STORE_MARKER,
+    TURN_MARKER,
+    KillReport,
+    MarkerScanner,
+    ProcessTree,
+    ident,
+    scrubbed_environment,
+    wait_exited,
+)
 
 log = logging.getLogger("corral.turn")
 
@@ -94,11 +110,259 @@ class TurnOutcome:
     stale_session: bool = False
 
 
+# ------------------------------------------------------------ decisions: events to effects
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """Store a transcript entry of the turn."""
+
+    kind: str
+    text: str
+    meta: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SaveSession:
+    """Remember the agent's session id for the channel (even a stopped turn's)."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SavePlan:
+    """Replace the agent's plan (its todos) for the channel."""
+
+    items: list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Warn:
+    """A line the parser could not read: logged, never stored."""
+
+    reason: str
+    line: str
+
+
+Effect = Post | SaveSession | SavePlan | Warn
+"""What the turn's I/O side carries out, in order."""
+
+
+@dataclass(frozen=True, slots=True)
+class LastWords:
+    """How the turn's account ends: the entries it still owes and its verdict."""
+
+    effects: list[Effect]
+    ok: bool
+    error: str | None
+
+
+@dataclass(slots=True)
+class TurnAccount:
+    """What a turn has said so far, and what each new event adds. Pure: no I/O, no Trio.
+
+    ``silenced`` (a stop or a shutdown made the turn stale: the ledger's answer, asked by the
+    caller in the same synchronous step) drops every entry but still tracks the text, so
+    the final answer is compared with what was streamed.
+    """
+
+    agent: str
+    text: list[str] = field(default_factory=list)
+    """An open run of text deltas: one message once closed."""
+    streamed: str = ""
+    last_message: str = ""
+    result: Result | None = None
+    error: str | None = None
+    stale_session: bool = False
+
+    def on_event(self, event: Event, *, silenced: bool) -> list[Effect]:
+        """Map one parser event to the transcript, the session or the plan."""
+        if isinstance(event, SessionId):
+            return [SaveSession(event.id)]
+        if isinstance(event, Text) and event.delta:
+            self.text.append(event.text)
+            return []
+        effects = self.close_text(silenced=silenced)
+        post: Post | None = None
+        if isinstance(event, Text):
+            self.streamed += event.text
+            self.last_message = event.text
+            post = Post("message", event.text)
+        elif isinstance(event, Status):
+            post = Post("status", event.text)
+        elif isinstance(event, ToolUse):
+            post = Post("tool", f"{event.name}: {event.preview}", {"tool": event.name, "input": event.preview})
+        elif isinstance(event, ToolResult):
+            post = Post("tool", f"→ {event.preview}", {"result": event.preview, "is_error": event.is_error})
+        elif isinstance(event, Todos):
+            if not silenced:
+                # Repaired here, not only in the entry: the plan is saved as a write of its own.
+                items = [{"content": repair_text(i.content), "status": i.status} for i in event.items]
+                effects.append(SavePlan(items))
+                post = Post("todos", _todo_summary(items), {"todos": items, "agent": self.agent})
+        elif isinstance(event, Result):
+            self.result = event
+        elif isinstance(event, Error):
+            self.error = event.text
+            post = Post("error", event.text)
+        elif isinstance(event, StaleSession):
+            self.stale_session = True
+        elif isinstance(event, Unparsed):
+            effects.append(Warn(event.reason, event.line))
+        if post is not None and not silenced:
+            effects.append(post)
+        return effects
+
+    def close_text(self, *, silenced: bool) -> list[Effect]:
+        """Close the open run of text deltas, if any: one message."""
+        if not self.text:
+            return []
+        text = "".join(self.text)
+        self.text.clear()
+        self.streamed += text
+        self.last_message = text
+        return [] if silenced else [Post("message", text)]
+
+    def last_words(self, error: str | None) -> LastWords:
+        """The turn's final answer or the reason it failed (``error``: the turn's own failure)."""
+        if self.stale_session and error is None:
+            return LastWords([], False, None)  # the supervisor retries without the session
+        if error:
+            return LastWords([Post("error", error)], False, error)
+        result = self.result
+        if result is not None and result.ok and self.error is None:
+            # The final answer is often what was just streamed (or all of it): post it
+            # only if the transcript does not already end with it.
+            already = {self.last_message.strip(), self.streamed.strip()}
+            fresh = bool(result.text) and result.text.strip() not in already
+            return LastWords([Post("message", result.text)] if fresh else [], True, None)
+        if result is not None and not result.ok:
+            return LastWords(
+                [Post("error", result.text)] if result.text else [],
+                False,
+                result.text or "the agent reported a failure",
+            )
+        return LastWords([], False, self.error or "the agent ended without a result")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRetry:
+    """The CLI forgot the session: forget it too, say so, and run the turn once more without it."""
+
+    status: str
+
+
+def retry_without_session(outcome: TurnOutcome, session_id: str | None, *, stale: bool) -> SessionRetry | None:
+    """Whether a turn that reported a stale session is run again without it (once)."""
+    if outcome.stale_session and session_id and not outcome.stopped and not stale:
+        return SessionRetry(f"Session {session_id} is gone; starting a new conversation.")
+    return None
+
+
+# ------------------------------------------------------------ ports
+
+
+class TurnLedger(Protocol):
+    """The ledger's questions a turn asks (all synchronous, all pure)."""
+
+    def may_start(self, channel: str, turn_id: str) -> bool:
+        """Asked at the point of no return."""
+        ...
+
+    def is_stale(self, channel: str, turn_id: str) -> bool:
+        """A stop (or a shutdown) has silenced the turn."""
+        ...
+
+    def keep_output(self, channel: str, turn_id: str, kind: OutputKind) -> bool:
+        """May this output of the turn be stored?"""
+        ...
+
+
+class TurnStore(Protocol):
+    """The store's few writes a turn makes (each accepted at once, committed shortly)."""
+
+    @property
+    def store_id(self) -> str:
+        """The store's id: every turn process carries it in its environment."""
+        ...
+
+    def submit_entry(
+        self, channel: str, author: str, kind: str, text: str, *, turn: str | None = None, generation: int = 0,
+        meta: Mapping[str, object] | None = None,
+    ) -> Pending:
+        """A transcript entry."""
+        ...
+
+    def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
+        """The agent's session id for the channel."""
+        ...
+
+    def save_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> Pending:
+        """The agent's plan for the channel."""
+        ...
+
+    def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
+        """The turn's process, on its row (recovery finds it by it after a crash)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Places:
+    """Where agents run: a private HOME per agent, a fixed working folder per channel and agent."""
+
+    state_dir: Path
+    sessions: Callable[[str, str], tuple[str | None, str | None]]
+    """``(channel, agent) -> (session id, cwd)`` as stored."""
+
+    def agent_home(self, agent: str) -> Path:
+        """The private HOME of an agent (its CLI writes its state there)."""
+        return self.state_dir / "home" / agent
+
+    def channel_cwd(self, channel: str, agent: AgentConfig) -> Path:
+        """The fixed working directory of this channel and agent (created on first use).
+
+        The real CLIs resume a session only from the directory it was started in.
+        """
+        _, saved = self.sessions(channel, agent.name)
+        configured = Path(saved) if saved else agent.cwd
+        if configured is not None:  # the user's folder: created if missing, never re-moded
+            configured.mkdir(parents=True, exist_ok=True)
+            return configured
+        path = self.state_dir / "work" / agent.name / channel_slug(channel)
+        private_folder(path, within=self.state_dir)
+        return path
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPorts:
+    """Everything a turn uses of the supervisor's world, given at construction."""
+
+    ledger: TurnLedger
+    store: TurnStore
+    registry: ProcessRegistry
+    scanner: MarkerScanner
+    spawn: Spawner
+    places: Places
+    cgroups: CgroupRoot | None
+    """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
+    adopt_background: Callable[[ProcessTree], None]
+    """Keep a normal turn's background processes (``keep_background``), reaping them later."""
+    preparing: TurnHook | None = None
+    """A test's hook, awaited right before the point of no return."""
+
+
+@runtime_checkable
+class _LineTextRuns(Protocol):
+    """A parser whose text deltas are whole lines (the generic protocol's)."""
+
+    def end_text_run(self) -> None: ...
+
+
 class Turn:
     """One agent handling one message. Created and driven by the supervisor."""
 
-    def __init__(self, sup: Supervisor, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> None:
-        self.sup = sup
+    def __init__(self, ports: TurnPorts, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> None:
+        self.ports = ports
         self.channel = channel
         self.ticket = ticket
         self.turn_id = ticket.turn_id
@@ -112,13 +376,12 @@ class Turn:
         self.started_at = time.time()
         self.stop_reason: str | None = None
         """'user' or 'shutdown' once the supervisor has stopped this turn."""
-        self._text: list[str] = []
-        self._streamed = ""
-        self._last_message = ""
+        self.cwd: str | None = None
+        """The working folder, once prepared (it is created then)."""
+        self._account = TurnAccount(self.author)
         self._last: Pending | None = None
-        self._result: Result | None = None
-        self._error: str | None = None
-        self._parser: Any = None
+        self._parser: Parser | None = None
+        self._reader: LineReader | None = None
 
     # ------------------------------------------------------------ helpers
 
@@ -132,65 +395,44 @@ class Turn:
         """The generation the turn began under."""
         return self.ticket.generation
 
-    def _stale(self) -> bool:
-        return self.sup.ledger.is_stale(self.channel, self.turn_id)
-
     def _silenced(self) -> bool:
-        """Stopped by a user (stale) or by shutdown: nothing more of it may be stored."""
-        return self.stop_reason is not None or self._stale()
+        """Stopped by a user or by shutdown (the ledger says): nothing more of it may be stored."""
+        return self.ports.ledger.is_stale(self.channel, self.turn_id)
 
-    def _post(self, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Submit the effects' writes; no checkpoint, so the ledger's answer still holds."""
+        store = self.ports.store
+        for effect in effects:
+            if isinstance(effect, Post):
+                self._post(effect.kind, effect.text, dict(effect.meta) if effect.meta is not None else None)
+            elif isinstance(effect, SaveSession):
+                if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.SESSION):
+                    store.save_session(self.channel, self.agent.name, effect.session_id, self._cwd())
+            elif isinstance(effect, SavePlan):
+                store.save_todos(self.channel, self.agent.name, effect.items)
+            else:
+                log.warning(
+                    "[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line
+                )
+
+    def _post(self, kind: str, text: str, meta: dict[str, object] | None = None) -> None:
         """Submit an entry unless the turn is stale (ledger decides, no checkpoint before submit)."""
-        if self.stop_reason is not None or not self.sup.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+        if not self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
             return
-        self._last = self.sup.store.submit_entry(
+        self._last = self.ports.store.submit_entry(
             self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
         )
 
     def _flush_text(self) -> None:
-        if self._text:
-            text = "".join(self._text)
-            self._text.clear()
-            self._streamed += text
-            self._last_message = text
-            self._post("message", text)
+        self._carry_out(self._account.close_text(silenced=self._silenced()))
 
     def _handle(self, event: Event) -> None:
-        """Map one parser event to the transcript, the session or the plan."""
-        if isinstance(event, SessionId):
-            if self.sup.ledger.keep_output(self.channel, self.turn_id, OutputKind.SESSION):
-                self.sup.store.save_session(self.channel, self.agent.name, event.id, self.cwd)
-            return
-        if isinstance(event, Text) and event.delta:
-            self._text.append(event.text)
-            return
-        self._flush_text()
-        if isinstance(event, Text):
-            self._streamed += event.text
-            self._last_message = event.text
-            self._post("message", event.text)
-        elif isinstance(event, Status):
-            self._post("status", event.text)
-        elif isinstance(event, ToolUse):
-            self._post("tool", f"{event.name}: {event.preview}", {"tool": event.name, "input": event.preview})
-        elif isinstance(event, ToolResult):
-            self._post("tool", f"→ {event.preview}", {"result": event.preview, "is_error": event.is_error})
-        elif isinstance(event, Todos):
-            if self._silenced():
-                return
-            # Repaired here, not only in the entry: the plan is saved as a write of its own.
-            items = [{"content": repair_text(i.content), "status": i.status} for i in event.items]
-            self.sup.store.save_todos(self.channel, self.agent.name, items)
-            self._post("todos", _todo_summary(items), {"todos": items, "agent": self.agent.name})
-        elif isinstance(event, Result):
-            self._result = event
-        elif isinstance(event, Error):
-            self._error = event.text
-            self._post("error", event.text)
-        elif isinstance(event, StaleSession):
-            self.outcome.stale_session = True
-        elif isinstance(event, Unparsed):
-            log.warning("[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, event.reason, event.line)
+        """Decide what the event adds (pure), then carry it out."""
+        self._carry_out(self._account.on_event(event, silenced=self._silenced()))
+
+    def _cwd(self) -> str:
+        assert self.cwd is not None, "a turn's output comes only once it is prepared"
+        return self.cwd
 
     # ------------------------------------------------------------ the turn
 
@@ -211,40 +453,45 @@ class Turn:
         return self.outcome
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:
-        sup = self.sup
+        ports = self.ports
         request = self._request(session_id)
         self._parser = self.adapter.new_parser(request)
         launch = self.adapter.build_launch(request)
         env = self._environment(launch)
         await trio.to_thread.run_sync(_write_files, Path(request.home), launch.files)
-        if sup.hooks.preparing is not None:
-            await sup.hooks.preparing(self.channel, self.turn_id)
+        if ports.preparing is not None:
+            await ports.preparing(self.channel, self.turn_id)
         # The point of no return: the ledger is asked, then the spawn follows at once.
-        if not sup.ledger.may_start(self.channel, self.turn_id):
+        if not ports.ledger.may_start(self.channel, self.turn_id):
             return
-        spawner = sup.hooks.spawn or spawn
         cgroup = None
-        if sup.cgroups is not None:
+        if ports.cgroups is not None:
             try:
-                cgroup = sup.cgroups.create(self.turn_id, self.agent.cgroup_limits)
+                cgroup = ports.cgroups.create(self.turn_id, self.agent.cgroup_limits)
             except OSError as exc:  # e.g. the subtree was removed under us: the sweep still works
-                log.warning("[%s %s] no cgroup for this turn (%s): its stop falls back to the sweep", self.channel, self.turn_id, exc)
-        sup.spawning += 1
-        try:
-            extra = {} if cgroup is None else {"cgroup": cgroup}
-            process = await spawner(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=launch.stdin is not None, **extra)
-        except BaseException:
-            if cgroup is not None:
-                cgroup.remove()
-            raise
-        finally:
-            sup.spawning -= 1
+                log.warning(
+                    "[%s %s] no cgroup for this turn (%s): its stop falls back to the sweep",
+                    self.channel, self.turn_id, exc,
+                )
+        stdin_pipe = launch.stdin is not None
+        with ports.registry.spawn_in_flight():
+            try:
+                if cgroup is None:  # (a test's spawner need not know cgroups)
+                    process = await ports.spawn(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=stdin_pipe)
+                else:
+                    process = await ports.spawn(
+                        launch.argv, env=env, cwd=launch.cwd, stdin_pipe=stdin_pipe, cgroup=cgroup
+                    )
+            except BaseException:
+                if cgroup is not None:
+                    cgroup.remove()
+                raise
         # No checkpoint between the spawn returning and the registration: a stop that
         # landed during the spawn is seen here and the process dies at once.
         self.tree = ProcessTree(process, self.turn_id, cgroup)
-        sup.registry.register(self.channel, self.turn_id, self.tree)
+        ports.registry.register(self.channel, self.turn_id, self.tree)
         leader = ident(process.pid)
-        sup.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)
+        ports.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)
         log.info("[%s %s] started %s (pid %d)", self.channel, self.turn_id, self.agent.name, process.pid)
         if launch.stdin is not None:
             await self._write_stdin(process, launch.stdin)
@@ -253,7 +500,7 @@ class Turn:
     async def _write_stdin(self, process: trio.Process, data: bytes) -> None:
         assert process.stdin is not None
         try:
-            if self.sup.ledger.may_start(self.channel, self.turn_id):
+            if self.ports.ledger.may_start(self.channel, self.turn_id):
                 await process.stdin.send_all(data)
         except trio.BrokenResourceError:
             pass
@@ -297,8 +544,7 @@ class Turn:
             for line in lines:
                 if line.truncated:
                     log.warning("[%s %s] line over %d bytes truncated", self.channel, self.turn_id, len(line.data))
-                for event in self._parser.feed(line.text()):
-                    self._handle(event)
+                self._feed(line)
             # Deltas stay buffered across reads: one contiguous run of them is one message,
             # stored when the next event (or the end of the turn) closes it.
             if self._last is not None and self._last.failed:
@@ -310,12 +556,12 @@ class Turn:
 
         Only for parsers whose runs are whole lines (they have ``end_text_run``): a model's
         token deltas may pause mid-sentence, and are held until the next event."""
-        end_run = getattr(self._parser, "end_text_run", None)
-        if self._text and end_run is not None:
+        parser = self._parser
+        if self._account.text and isinstance(parser, _LineTextRuns):
             with trio.move_on_after(TEXT_QUIET_SECONDS):
                 return await reader.read_lines()  # cancel-safe: nothing is consumed on a cancel
             self._flush_text()
-            end_run()
+            parser.end_text_run()
         return await reader.read_lines()
 
     async def _drain_after_exit(self, process: trio.Process, drain: trio.CancelScope) -> None:
@@ -327,18 +573,18 @@ class Turn:
     async def _pump_stderr(self, process: trio.Process) -> None:
         assert process.stderr is not None
         reader = LineReader(process.stderr, max_line=64 * 1024)
-        feed = getattr(self._parser, "feed_stderr", None)
+        parser = self._parser
+        assert parser is not None
         while lines := await reader.read_lines():
             for line in lines:
                 text = line.text()
                 log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
-                if feed is not None:
-                    for event in feed(text):
-                        self._handle(event)
+                for event in parser.feed_stderr(text):
+                    self._handle(event)
 
     async def _teardown(self) -> None:
         """End the tree, drain leftovers, report. Shielded; same order every time."""
-        sup = self.sup
+        ports = self.ports
         tree = self.tree
         stopped = self._silenced()
         self.outcome.stopped = stopped
@@ -348,26 +594,27 @@ class Turn:
                 if interrupted:
                     await tree.terminate(self.adapter.interrupt_signal, self.agent.limits.stop_grace)
                 if interrupted or not self.agent.limits.keep_background:
-                    await tree.sweep(sup.scanner)
+                    await tree.sweep(ports.scanner)
                 else:
                     await tree.process.wait()
-                    sup.adopt_background(tree)
+                    ports.adopt_background(tree)
                 await self._drain_leftovers(tree)
                 if not interrupted and self._silenced():
                     # Stopped while finishing (the leftovers were being kept or drained):
                     # a stopped turn keeps nothing alive, whatever keep_background says.
                     self.outcome.stopped = True
-                    await tree.sweep(sup.scanner)
+                    await tree.sweep(ports.scanner)
                 for stream in (tree.process.stdout, tree.process.stderr):
                     if stream is not None:
                         await stream.aclose()
                 self.outcome.report = tree.report
-                sup.registry.release(self.channel, self.turn_id, tree)
+                ports.registry.release(self.channel, self.turn_id, tree)
             returncode = tree.process.returncode if tree else None
             if self._parser is not None and tree is not None:
                 for event in self._parser.finish(returncode, interrupted=interrupted):
                     self._handle(event)
             self._flush_text()
+            self.outcome.stale_session = self._account.stale_session
             if not self._silenced():
                 self._finish_entries()
             if self._last is not None:
@@ -381,43 +628,32 @@ class Turn:
             self.done.set()
 
     async def _drain_leftovers(self, tree: ProcessTree) -> None:
-        reader = getattr(self, "_reader", None)
+        reader = self._reader
         if reader is None or reader.eof:
             return
         with trio.move_on_after(DRAIN_SECONDS):
             while lines := await reader.read_lines():
                 for line in lines:
-                    for event in self._parser.feed(line.text()):
-                        self._handle(event)
+                    self._feed(line)
+
+    def _feed(self, line: Line) -> None:
+        assert self._parser is not None
+        for event in self._parser.feed(line.text()):
+            self._handle(event)
 
     def _finish_entries(self) -> None:
         """The turn's last words: its final answer or the reason it failed."""
-        if self.outcome.stale_session and self.outcome.error is None:
-            return  # the supervisor retries without the session; that turn speaks for both
-        if self.outcome.error:
-            self._post("error", self.outcome.error)
-            return
-        result = self._result
-        if result is not None and result.ok and self._error is None:
-            # The final answer is often what was just streamed (or all of it): post it
-            # only if the transcript does not already end with it.
-            already = {self._last_message.strip(), self._streamed.strip()}
-            if result.text and result.text.strip() not in already:
-                self._post("message", result.text)
-            self.outcome.ok = True
-        elif result is not None and not result.ok:
-            if result.text:
-                self._post("error", result.text)
-            self.outcome.error = result.text or "the agent reported a failure"
-        else:
-            self.outcome.error = self._error or "the agent ended without a result"
+        words = self._account.last_words(self.outcome.error)
+        self._carry_out(words.effects)
+        self.outcome.ok = words.ok
+        self.outcome.error = words.error
 
     # ------------------------------------------------------------ launch inputs
 
     def _request(self, session_id: str | None) -> TurnRequest:
-        sup = self.sup
-        home = sup.agent_home(self.agent.name)
-        self.cwd = str(sup.channel_cwd(self.channel, self.agent))
+        places = self.ports.places
+        home = places.agent_home(self.agent.name)
+        self.cwd = str(places.channel_cwd(self.channel, self.agent))
         return TurnRequest(
             prompt=self.prompt,
             channel=self.channel,
@@ -434,7 +670,7 @@ class Turn:
         )
 
     def _environment(self, launch: Launch) -> dict[str, str]:
-        home = self.sup.agent_home(self.agent.name)
+        home = self.ports.places.agent_home(self.agent.name)
         env = scrubbed_environment(os.environ)
         env.setdefault("PATH", os.defpath)
         env["HOME"] = str(home)
@@ -442,11 +678,11 @@ class Turn:
         env.update(launch.env)
         env.update(self.agent.env)
         env[TURN_MARKER] = self.turn_id  # last, so no config can remove the markers
-        env[STORE_MARKER] = self.sup.store.store_id
+        env[STORE_MARKER] = self.ports.store.store_id
         return env
 
 
-def _write_files(home: Path, files: dict[str, str] | Any) -> None:
+def _write_files(home: Path, files: Mapping[str, str]) -> None:
     private_folder(home / "tmp", within=home.parent.parent)
     for rel, content in dict(files).items():
         path = Path(rel) if os.path.isabs(rel) else home / rel

@@ -29,14 +29,14 @@ async def test_aider_resumes_its_chat_history_and_stops_its_shell(short_tmp: Pat
         first = await sup.send("c", "[[say:first reply]] hello")
         with trio.fail_after(60):
             await sup.wait_idle("c")
-        session, cwd = sup.store.session("c", "aider")
+        session, cwd = sup._store.session("c", "aider")
         assert session and (Path(cwd) / session).exists(), "the chat history file is the session"
         second = await sup.send("c", "and again")
         with trio.fail_after(60):
             await sup.wait_idle("c")
         replies = [e.text for e in await sup.entries("c", after=second.seq) if e.kind == "message"]
         assert any("earlier user messages: 1" in r for r in replies), replies
-        assert sup.store.session("c", "aider")[0] == session
+        assert sup._store.session("c", "aider")[0] == session
 
         await sup.send("c", "[[shell:sleep 300]] run it")
         with trio.fail_after(60):

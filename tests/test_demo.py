@@ -34,7 +34,7 @@ async def test_the_demo_agent_finishes_its_plan_on_the_first_nudge(short_tmp: Pa
         with trio.fail_after(SLOW):
             assert await sup.wait_idle("c")
         entries = await sup.entries("c", after=accepted.seq)
-        todos = sup.store.todos("c", "demo")
+        todos = sup._store.todos("c", "demo")
     nudges = [e for e in entries if e.meta.get("nudge")]
     assert [e.text for e in nudges] == [NUDGE_TEXT.format(n=2)]
     assert [t["status"] for t in todos] == ["completed"] * 3

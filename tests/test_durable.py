@@ -118,9 +118,9 @@ async def test_a_second_embedded_supervisor_on_one_store_is_refused(short_tmp: P
         with pytest.raises(StoreInUse, match=rf"store .*corral.db is in use by pid {os.getpid()}"):
             async with open_supervisor(make_config(short_tmp)):
                 pass
-        store_id = sup.store.store_id
+        store_id = sup._store.store_id
     async with open_supervisor(config) as again:  # released with its owner; the id is stable
-        assert again.store.store_id == store_id and len(store_id) == 16
+        assert again._store.store_id == store_id and len(store_id) == 16
     assert issubclass(StoreInUse, StoreError)
 
 
@@ -355,8 +355,8 @@ async def test_contract_17_a_stop_on_a_full_disk_kills_nothing_and_says_so(tiny_
             assert not failed.ok and failed.error is not None
             assert "could not be stored" in failed.error and "full" in failed.error
             assert failed.error.endswith("nothing was stopped")
-            assert alive(turn.tree.pid) and not sup.ledger.is_stale("ch", turn.turn_id)
-            assert len(sup.ledger.queued("ch")) == 1
+            assert alive(turn.tree.pid) and not sup._ledger.is_stale("ch", turn.turn_id)
+            assert len(sup._ledger.queued("ch")) == 1
             filler.unlink()
             with trio.fail_after(DEADLINE):
                 retry = await sup.stop("ch")

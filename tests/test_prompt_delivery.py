@@ -16,7 +16,8 @@ import trio.testing
 
 from conftest import make_config, script_agent
 from supervisor import open_supervisor
-from supervisor._supervisor import MAX_MESSAGE_BYTES, STOP_NOTICE, Hooks, Supervisor
+from supervisor._supervisor import MAX_MESSAGE_BYTES, STOP_NOTICE, Supervisor
+from supervisor.testing import Hooks
 from supervisor._tree import spawn
 
 #: Generous bound for real processes on a loaded machine.
@@ -146,7 +147,7 @@ async def test_a_stop_between_spawn_and_stdin_write_means_the_prompt_is_never_wr
             nursery.start_soon(stop)
             # The stop has moved the generation and waits for the turn's teardown.
             await trio.testing.wait_all_tasks_blocked()
-            assert sup.ledger.is_stale("c", sup.status()["channels"]["c"]["turn"]["id"])
+            assert sup._ledger.is_stale("c", sup.status()["channels"]["c"]["turn"]["id"])
             parked.go.set()
         [result] = results
         assert result.ok and len(result.stopped_turns) == 1

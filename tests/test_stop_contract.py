@@ -34,7 +34,8 @@ from conftest import make_config, script_agent, turn_processes
 from supervisor._ledger import StopLedger
 from supervisor._registry import ProcessRegistry
 from supervisor._store import Entry, StoreError
-from supervisor._supervisor import NUDGE_TEXT, STOP_NOTICE, Hooks, Supervisor, open_supervisor
+from supervisor._supervisor import NUDGE_TEXT, STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.testing import Hooks
 from supervisor._tree import TURN_MARKER, ProcessTree
 from supervisor._tree import spawn as real_spawn
 
@@ -283,7 +284,7 @@ async def test_contract_01_stop_leaves_the_same_agent_in_another_channel_alone(s
             result = await sup.stop("A")
 
         assert result.ok and len(result.stopped_turns) == 1
-        assert sup.ledger.generation("A") == 1 and sup.ledger.generation("B") == 0
+        assert sup._ledger.generation("A") == 1 and sup._ledger.generation("B") == 0
         assert b_proc.returncode is None and alive(b_proc.pid)
         b_gate.open()
         await idle(sup, "B")
@@ -308,7 +309,7 @@ async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(sho
         assert result.ok and result.stopped_turns == [] and result.killed == []
         assert [e.text for e in await sup.entries("idle", after=last)] == [STOP_NOTICE]
         assert sup._turns["busy"].turn_id == busy_turn
-        assert not sup.ledger.is_stale("busy", busy_turn)
+        assert not sup._ledger.is_stale("busy", busy_turn)
         assert spawned.calls[0].process.returncode is None
         gate.open()
         await idle(sup, "busy")
@@ -387,11 +388,11 @@ async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_aw
 
         def probe() -> dict[str, Any]:
             return {
-                "generation": sup.ledger.generation("ch"),
-                "stale": sup.ledger.is_stale("ch", turn.turn_id),
+                "generation": sup._ledger.generation("ch"),
+                "stale": sup._ledger.is_stale("ch", turn.turn_id),
                 "cancelled": turn.scope.cancel_called,
                 "signalled": turn.tree is not None and turn.tree.interrupted,
-                "queued": len(sup.ledger.queued("ch")),
+                "queued": len(sup._ledger.queued("ch")),
                 "recorded": len(stop_rows(sup)),
             }
 
@@ -438,7 +439,7 @@ async def test_contract_03_queued_messages_are_dropped(short_tmp: Path, gates: A
 
         assert result.dropped == 2
         assert len(spawned.calls) == 1
-        assert await sup.store.query("SELECT seq FROM queue") == []
+        assert await sup._store.query("SELECT seq FROM queue") == []
         entries = await sup.entries("ch")
         assert not [e for e in entries if e.author == "agent:bot" and e.seq > second.seq]
         assert entries[-1].kind == "notice"
@@ -451,7 +452,7 @@ async def test_contract_03_message_taken_off_the_queue_never_starts(short_tmp: P
         accepted = await sup.send("ch", "taken off the queue")
         with trio.fail_after(SLOW):
             await took.arrived.wait()
-        assert sup.ledger.queued("ch") == ()  # no longer queued: only the ledger's turn knows it
+        assert sup._ledger.queued("ch") == ()  # no longer queued: only the ledger's turn knows it
 
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
@@ -507,7 +508,7 @@ async def test_contract_04_message_after_the_stop_runs_while_the_stopped_turn_wi
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(stop)
                 await trio.testing.wait_all_tasks_blocked()
-                assert sup.ledger.generation("ch") == 1
+                assert sup._ledger.generation("ch") == 1
                 first = spawned.calls[0].process
                 assert first.returncode is None  # still winding down: its SIGINT handler waits
 
@@ -578,7 +579,7 @@ async def test_contract_06_process_registered_for_a_stopped_turn_is_killed_at_on
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(stop)
                 await trio.testing.wait_all_tasks_blocked()
-                assert sup.registry.get("ch", spawned.turn_id) is None  # nothing to kill yet
+                assert sup._registry.get("ch", spawned.turn_id) is None  # nothing to kill yet
                 assert spawned.process.returncode is None
                 spawner.go.set()
         await idle(sup, "ch")
@@ -586,10 +587,10 @@ async def test_contract_06_process_registered_for_a_stopped_turn_is_killed_at_on
         result = results[0]
         assert result.ok and result.elapsed_ms < 10_000
         assert spawned.process.returncode == -signal.SIGKILL
-        assert sup.registry.get("ch", spawned.turn_id) is None
+        assert sup._registry.get("ch", spawned.turn_id) is None
         entries = await sup.entries("ch")
         assert [e.kind for e in entries] == ["message", "notice"]
-        assert sup.store.session("ch", "bot")[0] == "sess-late"
+        assert sup._store.session("ch", "bot")[0] == "sess-late"
         assert not turn_processes([spawned.turn_id])
 
 
@@ -662,7 +663,7 @@ async def test_contract_08_output_flushed_after_the_kill_keeps_only_the_session_
     gate = gates()
     async with running(short_tmp, resume_args=["--resume", "{session}"]) as (sup, spawned):
         await send_and_wait_ready(sup, "ch", f"flush session=sess-first gate={gate}")
-        assert sup.store.session("ch", "bot")[0] == "sess-first"
+        assert sup._store.session("ch", "bot")[0] == "sess-first"
         turn_id = spawned.calls[0].turn_id
 
         with trio.fail_after(SLOW):
@@ -674,8 +675,8 @@ async def test_contract_08_output_flushed_after_the_kill_keeps_only_the_session_
         assert not [e for e in entries if "flushed" in e.text]
         assert [e.kind for e in entries if e.turn == turn_id] == ["message", "notice"]  # "ready", then the notice
         assert entries[-1].seq == result.notice_seq
-        assert sup.store.session("ch", "bot")[0] == "sess-flushed"
-        assert sup.store.todos("ch", "bot") == []
+        assert sup._store.session("ch", "bot")[0] == "sess-flushed"
+        assert sup._store.todos("ch", "bot") == []
 
         # The next message resumes the conversation the killed CLI named last.
         await sup.send("ch", "resume me")
@@ -717,7 +718,7 @@ async def test_contract_09_no_nudge_after_a_stop_and_the_plan_is_cancelled(short
             {"content": "three", "status": "cancelled"},
         ]
         assert cancelled[0].meta["todos"] == expected
-        assert sup.store.todos("ch", "bot") == expected
+        assert sup._store.todos("ch", "bot") == expected
         assert cancelled[0].seq < result.notice_seq == entries[-1].seq
 
 
@@ -772,7 +773,7 @@ async def test_contract_10_a_burst_of_stops_posts_one_notice(short_tmp: Path, ga
         assert len({r.notice_seq for r in results}) == 1 and results[0].notice_seq is not None
         assert len({r.generation for r in results}) == 1
         assert len(notices(await sup.entries("ch"))) == 1
-        assert await sup.store.query("SELECT count(*) FROM stops") == [(1,)]
+        assert await sup._store.query("SELECT count(*) FROM stops") == [(1,)]
 
 
 # ---------------------------------------------------------------- 11. repeats are idempotent
@@ -795,8 +796,8 @@ async def test_contract_11_repeat_stop_keeps_the_message_typed_after_the_first(s
                 typed = await sup.send("ch", "typed between the presses")
                 nursery.start_soon(stop, "repeat")
                 await trio.testing.wait_all_tasks_blocked()
-                assert sup.ledger.generation("ch") == 1
-                assert [m.id for m in sup.ledger.queued("ch")] == [typed.seq]
+                assert sup._ledger.generation("ch") == 1
+                assert [m.id for m in sup._ledger.queued("ch")] == [typed.seq]
                 windup.open()
         await idle(sup, "ch")
 
@@ -807,7 +808,7 @@ async def test_contract_11_repeat_stop_keeps_the_message_typed_after_the_first(s
         assert repeat.dropped == 0 and repeat.stopped_turns == [] and repeat.killed == []
         entries = await sup.entries("ch")
         assert len(notices(entries)) == 1
-        assert await sup.store.query("SELECT count(*) FROM stops") == [(1,)]
+        assert await sup._store.query("SELECT count(*) FROM stops") == [(1,)]
         assert entries[-1].text == "done: typed between the presses"
         assert len(spawned.calls) == 2
 
@@ -864,7 +865,7 @@ async def test_contract_13_a_stop_that_cannot_be_carried_out_answers_with_an_err
         def broken(batch: Any) -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
-        monkeypatch.setattr(sup.store, "_commit", broken)
+        monkeypatch.setattr(sup._store, "_commit", broken)
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
         monkeypatch.undo()
@@ -928,7 +929,7 @@ async def test_contract_14_stop_during_a_silent_stream_returns_within_the_budget
     async with running(short_tmp, stop_grace=grace) as (sup, spawned):
         await sup.send("ch", "ignore session=sess-silent child silent")
         await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("child "))
-        assert sup.store.session("ch", "bot")[0] == "sess-silent"
+        assert sup._store.session("ch", "bot")[0] == "sess-silent"
 
         start = trio.current_time()
         with trio.fail_after(SLOW):
@@ -939,7 +940,7 @@ async def test_contract_14_stop_during_a_silent_stream_returns_within_the_budget
         assert elapsed < grace + 3.0
         assert spawned.calls[0].process.returncode == -signal.SIGKILL
         assert not turn_processes([spawned.calls[0].turn_id])
-        assert sup.store.session("ch", "bot")[0] == "sess-silent"
+        assert sup._store.session("ch", "bot")[0] == "sess-silent"
 
 
 async def test_contract_14_stall_timeout_ends_a_silent_turn(short_tmp: Path) -> None:
@@ -988,7 +989,7 @@ async def test_contract_16_a_failed_store_write_is_an_error_the_caller_sees(
             def broken(batch: Any) -> None:
                 raise sqlite3.OperationalError("disk I/O error")
 
-            monkeypatch.setattr(sup.store, "_commit", broken)
+            monkeypatch.setattr(sup._store, "_commit", broken)
             with pytest.raises(StoreError), trio.fail_after(SLOW):
                 await sup.send("ch", "lost to the disk")
             with trio.fail_after(SLOW):
@@ -1007,7 +1008,7 @@ async def test_contract_16_a_failed_store_write_is_an_error_the_caller_sees(
         texts = [e.text for e in seen]
         assert "lost to the disk" not in texts and STOP_NOTICE not in texts
         assert texts[0] == "after the disk came back" and texts[-1] == "done: after the disk came back"
-        stored = await sup.store.query("SELECT text FROM entries")
+        stored = await sup._store.query("SELECT text FROM entries")
         assert ("lost to the disk",) not in stored
         assert len(spawned.calls) == 1
 
@@ -1035,8 +1036,8 @@ async def test_contract_16_a_turn_that_cannot_be_recorded_does_not_start(short_t
         assert faults.failed == 1 and len(spawned.calls) == 1
         assert error.turn == took_turns[1]
         assert "did not run" in error.text and "disk full" in error.text
-        assert await sup.store.query("SELECT text FROM queue") == [("taken while the disk was full",)]
-        assert await sup.store.query("SELECT id FROM turns") == [(took_turns[0],)]
+        assert await sup._store.query("SELECT text FROM queue") == [("taken while the disk was full",)]
+        assert await sup._store.query("SELECT id FROM turns") == [(took_turns[0],)]
 
 
 # ---------------------------------------------------------------- 15. death is not silence
@@ -1060,7 +1061,7 @@ class FailCommits:
         self.left = n
 
     def install(self, sup: Supervisor) -> None:
-        real = sup.store._commit
+        real = sup._store._commit
 
         def commit(batch: Any) -> None:
             if self.left > 0:
@@ -1069,7 +1070,7 @@ class FailCommits:
                 raise disk_full()
             real(batch)
 
-        sup.store._commit = commit  # type: ignore[method-assign]
+        sup._store._commit = commit  # type: ignore[method-assign]
 
 
 def fake_orphan(store_id: str, *extra_env: str) -> psutil.Popen:
@@ -1095,9 +1096,9 @@ async def test_contract_15_a_start_ends_its_stores_orphans_and_never_another_sto
     ids = {}
     for folder in (first, second):
         async with running(folder) as (sup, _):
-            ids[folder] = sup.store.store_id
+            ids[folder] = sup._store.store_id
             # A turn the previous owner began and never ended, as an abrupt death leaves it.
-            await sup.store.begin_turn("t0-gone", "ch", "bot", 0, 0).committed()
+            await sup._store.begin_turn("t0-gone", "ch", "bot", 0, 0).committed()
     assert ids[first] != ids[second]
     ours, theirs = fake_orphan(ids[first]), fake_orphan(ids[second])
     try:
@@ -1113,7 +1114,7 @@ async def test_contract_15_a_start_ends_its_stores_orphans_and_never_another_sto
             assert [(e.kind, e.text, e.turn) for e in entries] == [
                 ("notice", "Task interrupted — corral restarted. Send another message to continue.", "t0-gone")
             ]
-            assert await sup.store.query("SELECT state FROM turns WHERE id = 't0-gone'") == [("ended",)]
+            assert await sup._store.query("SELECT state FROM turns WHERE id = 't0-gone'") == [("ended",)]
         async with running(first) as (sup, _):
             assert sup.recovered is not None and sup.recovered.turns == [] and sup.recovered.killed == []
     finally:
@@ -1131,16 +1132,16 @@ async def test_contract_15_every_turn_process_carries_its_store(short_tmp: Path,
         await sup.send("ch", f"setsid gate={gate}")
         tool = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("setsid "))
         environ = psutil.Process(int(tool.text.split()[1])).environ()
-        assert environ["CORRAL_STORE"] == sup.store.store_id
+        assert environ["CORRAL_STORE"] == sup._store.store_id
         assert environ[TURN_MARKER] == spawned.calls[0].turn_id
-        (pid, started, state), = await sup.store.query(
+        (pid, started, state), = await sup._store.query(
             "SELECT pid, pid_started, state FROM turns WHERE id = ?", (spawned.calls[0].turn_id,)
         )
         assert pid == spawned.calls[0].process.pid and started and state == "running"
         gate.open()
         await idle(sup, "ch")
-        await sup.store.flush()
-        assert await sup.store.query("SELECT state FROM turns") == [("ended",)]
+        await sup._store.flush()
+        assert await sup._store.query("SELECT state FROM turns") == [("ended",)]
 
 
 # ---------------------------------------------------------------- 17. a stop outlives the supervisor
@@ -1165,10 +1166,11 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
         assert failed.notice_seq is None and failed.killed == [] and failed.stopped_turns == []
         # Nothing was killed or dropped; the ledger is as it was.
         assert alive(spawned.calls[0].process.pid)
-        assert sup.ledger.generation("ch") == 0 and not sup.ledger.is_stale("ch", turn_id)
-        assert [m.id for m in sup.ledger.queued("ch")] == [r[0] for r in await sup.store.query("SELECT seq FROM queue")]
-        assert len(sup.ledger.queued("ch")) == 1
-        assert sup.store.todos("ch", "bot")[2]["status"] == "pending"
+        assert sup._ledger.generation("ch") == 0 and not sup._ledger.is_stale("ch", turn_id)
+        stored = [r[0] for r in await sup._store.query("SELECT seq FROM queue")]
+        assert [m.id for m in sup._ledger.queued("ch")] == stored
+        assert len(sup._ledger.queued("ch")) == 1
+        assert sup._store.todos("ch", "bot")[2]["status"] == "pending"
 
         # A retried stop is a real stop, not a repeat with no notice.
         with trio.fail_after(SLOW):
@@ -1190,7 +1192,7 @@ async def test_contract_17_a_process_registered_while_the_record_is_stored_dies_
     gate = gates()
     spawner = SpawnRecorder(park=True)
     async with running(short_tmp, spawn=spawner) as (sup, _):
-        real = sup.store._commit
+        real = sup._store._commit
 
         def held(batch: Any) -> None:
             if any(p is record[0] for p in batch):
@@ -1200,15 +1202,15 @@ async def test_contract_17_a_process_registered_while_the_record_is_stored_dies_
                     raise disk_full()
             real(batch)
 
-        sup.store._commit = held  # type: ignore[method-assign]
-        real_submit = sup.store.submit_stop_records
+        sup._store._commit = held  # type: ignore[method-assign]
+        real_submit = sup._store.submit_stop_records
         record: list[Any] = [None]
 
         def submit(records: Any) -> Any:
             record[0] = real_submit(records)
             return record[0]
 
-        sup.store.submit_stop_records = submit  # type: ignore[method-assign]
+        sup._store.submit_stop_records = submit  # type: ignore[method-assign]
         for attempt in ("fails", "stored"):
             entered.clear()
             release.clear()
@@ -1230,7 +1232,7 @@ async def test_contract_17_a_process_registered_while_the_record_is_stored_dies_
                     assert await trio.to_thread.run_sync(entered.wait, SLOW)
                     spawner.go.set()  # registers for a stale turn while its stop is not stored
                     await trio.testing.wait_all_tasks_blocked()
-                    assert sup.registry.get("ch", spawned.turn_id) is not None
+                    assert sup._registry.get("ch", spawned.turn_id) is not None
                     assert spawned.process.returncode is None  # not killed: the record may fail
                     release.set()
             if attempt == "fails":
@@ -1259,12 +1261,12 @@ async def test_contract_17_stop_all_stores_every_record_in_one_transaction(short
         assert faults.failed == 1 and not failed.ok
         assert [c.ok for c in failed.channels or []] == [False, False]
         assert all(alive(s.process.pid) for s in spawned.calls)
-        assert [sup.ledger.generation(c) for c in ("a", "b")] == [0, 0]
-        assert await sup.store.query("SELECT * FROM stops") == []
+        assert [sup._ledger.generation(c) for c in ("a", "b")] == [0, 0]
+        assert await sup._store.query("SELECT * FROM stops") == []
         with trio.fail_after(SLOW):
             done = await sup.stop()
         assert done.ok and sorted(done.stopped_turns) == sorted(s.turn_id for s in spawned.calls)
-        assert sorted(r[0] for r in await sup.store.query("SELECT channel FROM stops")) == ["a", "b"]
+        assert sorted(r[0] for r in await sup._store.query("SELECT channel FROM stops")) == ["a", "b"]
 
 
 async def test_contract_17_the_record_is_on_disk_before_the_kill(short_tmp: Path, gates: Any) -> None:
@@ -1274,7 +1276,7 @@ async def test_contract_17_the_record_is_on_disk_before_the_kill(short_tmp: Path
         await wait_entry(sup, "ch", is_ready)
         queued = await sup.send("ch", "never runs")
         seen: list[Any] = []
-        real_interrupt = sup.registry.interrupt
+        real_interrupt = sup._registry.interrupt
 
         def interrupt(channel: str, turn_id: str, sig: int = signal.SIGINT) -> Any:
             # What a crash at the moment of the kill would leave on disk.
@@ -1291,7 +1293,7 @@ async def test_contract_17_the_record_is_on_disk_before_the_kill(short_tmp: Path
                 db.close()
             return real_interrupt(channel, turn_id, sig)
 
-        sup.registry.interrupt = interrupt  # type: ignore[method-assign]
+        sup._registry.interrupt = interrupt  # type: ignore[method-assign]
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
         await idle(sup, "ch")
@@ -1302,9 +1304,9 @@ async def test_contract_17_the_record_is_on_disk_before_the_kill(short_tmp: Path
         assert disk["turn"] == [("stopped",)]
         entries = await sup.entries("ch")
         dropped = [e for e in entries if e.seq == queued.seq][0]
-        assert dropped.meta["dropped_by_stop"] == (await sup.store.query("SELECT seq FROM stops"))[0][0]
-        await sup.store.flush()
-        assert await sup.store.query("SELECT state FROM turns") == [("ended",)]
+        assert dropped.meta["dropped_by_stop"] == (await sup._store.query("SELECT seq FROM stops"))[0][0]
+        await sup._store.flush()
+        assert await sup._store.query("SELECT state FROM turns") == [("ended",)]
         assert len(spawned.calls) == 1
 
 

@@ -17,7 +17,8 @@ import trio
 from conftest import make_config, script_agent
 from supervisor import open_supervisor
 from supervisor._daemon import run_daemon
-from supervisor._supervisor import UnknownChannel, UsageError
+from supervisor._errors import UsageError
+from supervisor._supervisor import UnknownChannel
 from supervisor._text import REPLACEMENT, BadText, check_message, repair, repair_text
 
 SLOW = 30
@@ -112,7 +113,7 @@ async def test_an_agent_printing_lone_surrogates_is_stored_repaired_and_others_a
             ("message", f"done {REPLACEMENT}"),
         ]
         assert not [e for e in await sup.entries("poisoned") if e.kind == "error"]
-        assert sup.store.todos("poisoned", "bad") == [{"content": f"plan {REPLACEMENT}", "status": "completed"}]
+        assert sup._store.todos("poisoned", "bad") == [{"content": f"plan {REPLACEMENT}", "status": "completed"}]
         for channel in channels:
             entries = await sup.entries(channel)
             assert [(e.kind, e.text) for e in entries] == [("message", f"m-{channel}"), ("message", f"ok m-{channel}")]

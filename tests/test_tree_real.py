@@ -24,7 +24,8 @@ import trio
 import trio.testing
 from conftest import PYTHON, make_config, turn_processes
 
-from supervisor._supervisor import STOP_NOTICE, Hooks, Supervisor, open_supervisor
+from supervisor._supervisor import STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.testing import Hooks
 from supervisor._tree import TURN_MARKER, set_child_subreaper
 from supervisor._tree import spawn as real_spawn
 from supervisor._turn import DRAIN_SECONDS, Turn

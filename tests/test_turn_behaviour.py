@@ -39,7 +39,7 @@ async def test_bad_bytes_overlong_lines_and_garbage_do_not_break_the_turn(short_
     assert lines[1].startswith("xxxx") and len(lines[1].encode()) == MAX_LINE, "an over-long line is capped, not dropped"
     assert texts[-1] == "still fine"
     assert not [e for e in entries if e.kind == "error"]
-    assert sup.store.session("c", "messy")[0] == "s-1"
+    assert sup._store.session("c", "messy")[0] == "s-1"
 
 
 async def test_a_forgotten_session_is_dropped_and_the_turn_retried_once(short_tmp: Path) -> None:
@@ -48,13 +48,13 @@ async def test_a_forgotten_session_is_dropped_and_the_turn_retried_once(short_tm
         await sup.send("c", "hello")
         with trio.fail_after(60):
             await sup.wait_idle("c")
-        _, cwd = sup.store.session("c", "demo")
-        sup.store.save_session("c", "demo", "no-such-session", cwd)
+        _, cwd = sup._store.session("c", "demo")
+        sup._store.save_session("c", "demo", "no-such-session", cwd)
         accepted = await sup.send("c", "are you there?")
         with trio.fail_after(60):
             await sup.wait_idle("c")
         entries = await sup.entries("c", after=accepted.seq)
-        new_session = sup.store.session("c", "demo")[0]
+        new_session = sup._store.session("c", "demo")[0]
     kinds = [(e.kind, e.text) for e in entries]
     assert ("status", "Session no-such-session is gone; starting a new conversation.") in kinds
     assert not [e for e in entries if e.kind == "error"], kinds
@@ -94,7 +94,7 @@ async def test_message_text_never_reaches_a_shell(short_tmp: Path) -> None:
         with trio.fail_after(60):
             await sup.wait_idle("c")
         entries = await sup.entries("c", after=accepted.seq)
-        cwd = Path(sup.store.session("c", "echo")[1] or sup.channel_cwd("c", config.agents["echo"]))
+        cwd = Path(sup._store.session("c", "echo")[1] or sup.channel_cwd("c", config.agents["echo"]))
     assert entries[-1].text == nasty
     assert not list(cwd.glob("pwned*")) and not list(short_tmp.glob("pwned*"))
 
