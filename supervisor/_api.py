@@ -29,8 +29,8 @@ from urllib.parse import parse_qs, unquote
 
 import trio
 
-from ._store import StoreError
 from ._errors import ShuttingDown, UsageError
+from ._store import StoreError
 from ._supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 
 log = logging.getLogger("corral.api")
