@@ -3,6 +3,7 @@
 #   make test       set up, install the real agent CLIs (pinned, about 800 MB cached in
 #                   ~/.cache/corral; needs Node.js >= 20 and npm), run every test
 #   make test-core  set up and run every test that needs no agent CLI (no Node.js needed)
+# Both test targets run `make check` (lint + types) before the tests: a check that fails fails the build.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -24,17 +25,17 @@ clis:
 	bash scripts/install-clis.sh
 
 # The CLIs first: a missing Node.js is reported before anything is set up.
-test: clis $(STAMP)
+test: clis check
 	$(VENV)/bin/pytest -q
 
-test-core: $(STAMP)
+test-core: check
 	$(VENV)/bin/pytest -q -m "not realcli"
 
 # Without the agent CLIs (no Node.js), the benchmarks run their demo-agent rows and say what they skipped.
 bench: $(STAMP)
 	-bash scripts/install-clis.sh
 	$(VENV)/bin/python -m scripts.bench_daemon
-	$(VENV)/bin/python scripts/bench_stop.py
+	$(VENV)/bin/python -m scripts.bench_stop
 	$(VENV)/bin/python scripts/chaos_stop.py
 
 # Lint (ruff) and types (mypy --strict), both configured in pyproject.toml.

@@ -193,11 +193,8 @@ class Adapter:
     new_parser: Callable[[TurnRequest], Parser]
     interrupt_signal: signal.Signals = signal.SIGINT
     """Sent to the process group first on a stop; the CLI's chance to clean up."""
-    point_of_no_return: Literal["spawn", "stdin"] = "spawn"
-    """Where a model call becomes inevitable: the spawn, or the prompt written on stdin."""
     option_keys: frozenset[str] = frozenset()
     """Extra ``[agents.NAME]`` keys this adapter accepts."""
-    description: str = ""
 
 
 def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:

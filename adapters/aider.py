@@ -103,8 +103,8 @@ def is_valid_session(session_id: str | None) -> bool:
 
 def session_file(request: TurnRequest) -> str:
     """The chat history file this turn reads and appends to."""
-    if is_valid_session(request.session_id):
-        return request.session_id  # type: ignore[return-value]
+    if request.session_id is not None and is_valid_session(request.session_id):
+        return request.session_id
     return history_file_for(request.turn_id)
 
 
@@ -360,6 +360,4 @@ ADAPTER = Adapter(
     default_command=("aider",),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="spawn",
-    description="Aider (aider-chat) one-shot --message turns; the session is a chat history file in the channel's cwd",
 )

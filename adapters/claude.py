@@ -356,6 +356,4 @@ ADAPTER = Adapter(
     # Measured: SIGINT makes the CLI kill its tool tree (in a session of its own) and exit
     # within ~0.15 s; SIGTERM can leave the tool running, SIGKILL always does.
     interrupt_signal=signal.SIGINT,
-    point_of_no_return="stdin",
-    description="Claude Code (claude -p, stream-json); resumes with --resume; SIGINT kills its tool tree",
 )

@@ -350,7 +350,5 @@ ADAPTER = Adapter(
     new_parser=new_parser,
     # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (README, "The agent CLIs").
     interrupt_signal=signal.SIGINT,
-    point_of_no_return="stdin",
     option_keys=OPTION_KEYS,
-    description="OpenAI Codex CLI (codex exec --json); resumes by thread id",
 )

@@ -59,7 +59,5 @@ ADAPTER = Adapter(
     build_launch=build_launch,
     new_parser=new_parser,
     interrupt_signal=signal.SIGINT,
-    point_of_no_return="spawn",
     option_keys=frozenset({"delay"}),
-    description="the bundled demo agent: no API needed",
 )

@@ -146,7 +146,9 @@ def main(argv: list[str]) -> int:
         return 1
     planned = "plan" in words or "long" in words
     if planned:
-        report_plan([{"content": s, "status": "in_progress" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file)
+        report_plan(
+            [{"content": s, "status": "in_progress" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file
+        )
     if "long" in words:
         match = re.search(r"long\s+(\d+(?:\.\d+)?)", words)
         seconds = float(match.group(1)) if match else 600.0
@@ -165,7 +167,9 @@ def main(argv: list[str]) -> int:
         time.sleep(delay)
         emit("text", text=line)
     if planned:
-        report_plan([{"content": s, "status": "completed" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file)
+        report_plan(
+            [{"content": s, "status": "completed" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file
+        )
     history.append({"role": "agent", "text": " ".join(reply)})
     save_json(file, history)
     emit("result", text="")

@@ -285,7 +285,5 @@ ADAPTER = Adapter(
     default_command=("gemini",),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="stdin",
     option_keys=OPTION_KEYS,
-    description="Google Gemini CLI (gemini --output-format stream-json), resumable with --resume",
 )

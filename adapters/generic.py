@@ -170,7 +170,5 @@ ADAPTER = Adapter(
     default_command=(),
     build_launch=build_launch,
     new_parser=new_parser,
-    point_of_no_return="spawn",  # with ``prompt = "stdin"`` the write is checked too (see Turn)
     option_keys=OPTION_KEYS,
-    description="any command; stdout lines are text, or JSON objects of the corral line protocol",
 )

@@ -363,7 +363,5 @@ ADAPTER = Adapter(
     new_parser=new_parser,
     # Measured: SIGINT to the group makes qwen cancel the tool and kill its tree (~1 s).
     interrupt_signal=signal.SIGINT,
-    point_of_no_return="stdin",
     option_keys=OPTION_KEYS,
-    description="Qwen Code (qwen) in headless stream-json mode, OpenAI-compatible API",
 )

@@ -1,12 +1,11 @@
 """What the benchmark scripts share: a ``corral run`` daemon, the marker scans, the clean-up.
 
-Imported by ``bench_daemon.py`` as ``scripts._bench`` (run from the repository root as
-``.venv/bin/python -m scripts.bench_daemon``), and by ``bench_stop.py`` and ``chaos_stop.py``
-as ``_bench`` (run as ``.venv/bin/python scripts/X.py``, which puts ``scripts/`` on
-``sys.path``). Each script
-starts its own daemon(s) in a temporary folder; every scan here is scoped to processes whose
-HOME lies under that folder, so other corral instances on the machine are never counted nor
-killed.
+Imported by ``bench_daemon.py`` and ``bench_stop.py`` as ``scripts._bench`` (run from the
+repository root as ``.venv/bin/python -m scripts.bench_daemon``), and by ``chaos_stop.py`` as
+``_bench`` (run as ``.venv/bin/python scripts/chaos_stop.py``, which puts ``scripts/`` on
+``sys.path``). Each script starts its own daemon(s) in a temporary folder; every scan here
+is scoped to processes whose HOME lies under that folder, so other corral instances on the
+machine are never counted nor killed.
 """
 
 from __future__ import annotations

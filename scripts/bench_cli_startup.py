@@ -55,7 +55,9 @@ def main() -> int:
            "CORRAL_SOCKET": str(folder / "corral.sock")}
     corral = corral_command()
     (folder / "corral.toml").write_text(DEMO_CONFIG)
-    daemon = subprocess.Popen([*corral, "run", "-c", "corral.toml"], cwd=folder, env=env, stderr=subprocess.PIPE, text=True)
+    daemon = subprocess.Popen(
+        [*corral, "run", "-c", "corral.toml"], cwd=folder, env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert daemon.stderr is not None
         for line in daemon.stderr:
@@ -70,7 +72,8 @@ def main() -> int:
             "corral status": median_wall([*corral, "status"], env, folder, args.runs),
         }
     finally:
-        subprocess.run([*corral, "shutdown"], check=False, env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([*corral, "shutdown"], check=False, env=env, cwd=folder,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             daemon.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """How fast a Stop is, and what it leaves behind, against the bare ``killpg`` floor.
 
-Run it as ``.venv/bin/python scripts/bench_stop.py`` (``--quick`` for a small fast run). It
-starts its own ``corral run`` daemon in a temporary folder and stops it at the end; every
+Run it from the repository root as ``.venv/bin/python -m scripts.bench_stop`` (``--quick`` for a
+small fast run). It starts its own ``corral run`` daemon in a temporary folder and stops it at the end; every
 figure is taken through the daemon's control API with :class:`supervisor._client.Client`
 (so each includes the HTTP round trip over the Unix socket).
 
@@ -66,12 +66,16 @@ from typing import Any
 
 import psutil
 
-from _bench import (
+from adapters import claude as claude_adapter
+from adapters import codex as codex_adapter
+from adapters import gemini as gemini_adapter
+from adapters import qwen as qwen_adapter
+from adapters._base import Adapter, TurnRequest
+from scripts._bench import (
     DEMO_AGENT,
     DEMO_AGENT_TOML,
     DIRECT_MARKER,
     MARKER,
-    REPO,
     SERVER_TOML,
     Daemon,
     Found,
@@ -83,23 +87,14 @@ from _bench import (
     spread,
     sweep_leftovers,
 )
-
-# The fake model servers and the CLIs' install paths live with the tests.
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from adapters import claude as claude_adapter  # noqa: E402
-from adapters import codex as codex_adapter  # noqa: E402
-from adapters import gemini as gemini_adapter  # noqa: E402
-from adapters import qwen as qwen_adapter  # noqa: E402
-from adapters._base import Adapter, TurnRequest  # noqa: E402
-from fakemodel import anthropic, gemini_api, openai_chat, openai_responses  # noqa: E402
-from fakemodel._http import FakeModelServer  # noqa: E402
-from fakemodel.clis import cache_dir as cli_cache_dir  # noqa: E402
-from fakemodel.clis import cli_path  # noqa: E402
-from fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, toml_value, write_tool_script  # noqa: E402
-from supervisor._cgroup import open_root  # noqa: E402
-from supervisor._client import Client  # noqa: E402
-from supervisor._tree import scrubbed_environment  # noqa: E402
+from supervisor._cgroup import open_root
+from supervisor._client import Client
+from supervisor._tree import scrubbed_environment
+from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+from tests.fakemodel._http import FakeModelServer
+from tests.fakemodel.clis import cache_dir as cli_cache_dir
+from tests.fakemodel.clis import cli_path
+from tests.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, toml_value, write_tool_script
 
 #: Targets, printed next to the figures.
 STOP_ONE_FACTOR, STOP_ONE_SLACK_MS = 2.0, 10.0
@@ -285,7 +280,8 @@ def stop_one_by_one(
             row.server_ms.append(result["elapsed_ms"])
             _account(row, result)
             stopped.update(result["stopped_turns"])
-            row.alive_at_return += len(left_of(tool_pids_of(channel), marker_processes(home, set(result["stopped_turns"]))))
+            marked = marker_processes(home, set(result["stopped_turns"]))
+            row.alive_at_return += len(left_of(tool_pids_of(channel), marked))
     time.sleep(1.0)  # the figure asked for is "left after 1 s"
     row.left_detail = left_of([pid for c in channels for pid in tool_pids_of(c)], marker_processes(home, stopped))
     row.left_after_1s = len(row.left_detail)
@@ -355,7 +351,8 @@ def row_floor_killpg(
             raise RuntimeError(f"pid {proc.pid} ended before its tool ran (exit {proc.wait()}); see {errlog.name}")
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
-            for future in concurrent.futures.as_completed([pool.submit(ready, p) for p in procs], timeout=READY_TIMEOUT):
+            futures = [pool.submit(ready, p) for p in procs]
+            for future in concurrent.futures.as_completed(futures, timeout=READY_TIMEOUT):
                 future.result()
         row.ready_ms = (time.perf_counter() - started) * 1000
         if all_at_once:
@@ -434,7 +431,8 @@ class CliSetup:
         table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options}
         return (
             SERVER_TOML
-            + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\nstall_timeout = 120\nturn_timeout = 300\n'
+            + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\n'
+            "stall_timeout = 120\nturn_timeout = 300\n"
             f"[agents.{self.name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
         )
 
@@ -465,7 +463,8 @@ def alive_tool(pid: int) -> str | None:
     try:
         proc = psutil.Process(pid)
         cmd = " ".join(proc.cmdline())
-        if proc.status() == psutil.STATUS_ZOMBIE or not cmd.startswith(("sleep 300", "/usr/bin/sleep 300", "/bin/sleep 300")):
+        sleeps = ("sleep 300", "/usr/bin/sleep 300", "/bin/sleep 300")
+        if proc.status() == psutil.STATUS_ZOMBIE or not cmd.startswith(sleeps):
             return None
         return cmd
     except psutil.Error:
@@ -494,7 +493,8 @@ def row_cli_corral(daemon: Daemon, setup: CliSetup, n: int, tag: str) -> StopRow
             if not pending:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{setup.name}: the tool did not start in {sorted(pending)} within {READY_TIMEOUT:g} s")
+                raise RuntimeError(
+                    f"{setup.name}: the tool did not start in {sorted(pending)} within {READY_TIMEOUT:g} s")
             if time.monotonic() > next_check:  # a turn that ended without running the tool
                 next_check = time.monotonic() + 1.0
                 for c in pending:
@@ -559,8 +559,9 @@ def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
             env[DIRECT_MARKER] = f"term-{tag}-{i}"
             log = (base / f"{i}.out").open("wb")
             logs.append(log)
-            proc = subprocess.Popen(list(launch.argv), stdin=subprocess.DEVNULL if launch.stdin is None else subprocess.PIPE,
-                                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=launch.cwd, start_new_session=True)
+            proc = subprocess.Popen(
+                list(launch.argv), stdin=subprocess.DEVNULL if launch.stdin is None else subprocess.PIPE,
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=launch.cwd, start_new_session=True)
             if launch.stdin is not None:  # the adapter passes the prompt on stdin
                 assert proc.stdin is not None
                 proc.stdin.write(launch.stdin)
@@ -571,7 +572,8 @@ def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
             for proc, pidfile in zip(procs, pidfiles, strict=True):
                 if proc.poll() is not None and tool_pids(pidfile) is None:
                     out = (base / f"{procs.index(proc)}.out").read_text(errors="replace")[-400:]
-                    raise RuntimeError(f"{setup.name} pid {proc.pid} exited {proc.returncode} before its tool ran: {out!r}")
+                    raise RuntimeError(
+                        f"{setup.name} pid {proc.pid} exited {proc.returncode} before its tool ran: {out!r}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{setup.name}: the directly started tools did not start within {READY_TIMEOUT:g} s")
             time.sleep(0.05)
@@ -627,7 +629,8 @@ def print_term_row(row: TermRow) -> None:
     print(f"  {'SIGTERM group':<15} {row.trees:>3} ch: {exits}, rc {sorted(set(row.returncodes))};"
           f" still running after {SIGTERM_WAIT:g} s: {row.still_running}")
     print(f"  {'':<15} {'':>3}     alive after 1 s: tool pids {row.tool_pids_alive}/{row.tool_pids_total},"
-          f" marked processes {len(row.left_detail)}{kinds_text(row.left_detail)}; killed by pid afterwards: {row.cleaned};"
+          f" marked processes {len(row.left_detail)}{kinds_text(row.left_detail)};"
+          f" killed by pid afterwards: {row.cleaned};"
           f" ready in {row.ready_ms:.0f} ms")
 
 
@@ -636,7 +639,8 @@ def missing_cli(name: str) -> str | None:
     try:
         path = cli_path(name)
     except FileNotFoundError:
-        return f"not installed under {cli_cache_dir()} (scripts/install-clis.sh installs it; needs Node.js >= 20 and npm)"
+        return (f"not installed under {cli_cache_dir()}"
+                " (scripts/install-clis.sh installs it; needs Node.js >= 20 and npm)")
     if shutil.which("node") is None:
         return f"installed at {path}, but Node.js (node) is not on PATH"
     return None
@@ -647,8 +651,10 @@ def run_cli(name: str, root: Path, n: int, failures: list[str]) -> None:
     folder = root / name
     folder.mkdir()
     with cli_setup(CLIS[name], folder) as setup:
-        sample = setup.adapter.build_launch(TurnRequest("PROMPT", "c", "t", name, (name,), home="HOME", options=setup.options))
-        print(f"\n[{name}] {' '.join(sample.argv)}  (interrupt {setup.adapter.interrupt_signal.name}, grace {CLI_STOP_GRACE:g} s)")
+        request = TurnRequest("PROMPT", "c", "t", name, (name,), home="HOME", options=setup.options)
+        sample = setup.adapter.build_launch(request)
+        print(f"\n[{name}] {' '.join(sample.argv)}"
+              f"  (interrupt {setup.adapter.interrupt_signal.name}, grace {CLI_STOP_GRACE:g} s)")
         daemon = Daemon(folder, setup.config_text())
         try:
             one = row_cli_corral(daemon, setup, n, "c")
@@ -662,7 +668,8 @@ def run_cli(name: str, root: Path, n: int, failures: list[str]) -> None:
             failures.append(f"{name} corral: {one.left_after_1s} leftover process(es) after 1 s: {one.left_detail[:4]}")
         term = row_cli_sigterm(setup, n, "t")
         print_term_row(term)
-        print(f"  corral leftovers after 1 s: {one.left_after_1s} -> {'meets' if one.left_after_1s == 0 else 'MISSES'} (target 0;"
+        print(f"  corral leftovers after 1 s: {one.left_after_1s}"
+              f" -> {'meets' if one.left_after_1s == 0 else 'MISSES'} (target 0;"
               f" alive at return {one.alive_at_return}); SIGTERM to the group alone left {len(term.left_detail)}")
 
 
@@ -705,19 +712,23 @@ def bench_size(folder: Path, setup: AgentSetup, n: int, daemons: dict[str, Daemo
         floor_med = statistics.median(floor.times_ms)
         target = STOP_ONE_FACTOR * floor_med + STOP_ONE_SLACK_MS
         one_med, one_p95 = statistics.median(one.times_ms), pct(one.times_ms, 0.95)
-        print(f"  {mech}: target stop-one <= {STOP_ONE_FACTOR:g} x floor ({floor_med:.1f}) + {STOP_ONE_SLACK_MS:g} = {target:.1f} ms:"
+        print(f"  {mech}: target stop-one <= {STOP_ONE_FACTOR:g} x floor ({floor_med:.1f})"
+              f" + {STOP_ONE_SLACK_MS:g} = {target:.1f} ms:"
               f" median {one_med:.1f} -> {'meets' if one_med <= target else 'MISSES'},"
               f" p95 {one_p95:.1f} -> {'meets' if one_p95 <= target else 'misses'}")
         t, sigint_floor = every.times_ms[0], sigint_all.times_ms[0]
-        print(f"  {mech}: stop-all of {n} = {t:.1f} ms = {t / sigint_floor:.2f} x the SIGINT-all floor ({sigint_floor:.1f} ms),"
+        within = t <= STOP_ALL_FLOOR_FACTOR * sigint_floor
+        print(f"  {mech}: stop-all of {n} = {t:.1f} ms = {t / sigint_floor:.2f} x the SIGINT-all floor"
+              f" ({sigint_floor:.1f} ms),"
               f" {t / kill_all.times_ms[0]:.2f} x the killpg-all floor ({kill_all.times_ms[0]:.1f} ms)"
-              + (f"; target <= {STOP_ALL_FLOOR_FACTOR:g} x -> {'meets' if t <= STOP_ALL_FLOOR_FACTOR * sigint_floor else 'MISSES'}"
+              + (f"; target <= {STOP_ALL_FLOOR_FACTOR:g} x -> {'meets' if within else 'MISSES'}"
                  if mech == "cgroup" and n >= 50 else ""))
         cpu = statistics.median(every.cpu_ms)
         print(f"  {mech}: corral CPU per stopped turn (stop-all): {cpu:.3f} ms; target < {CPU_PER_TURN_MS:g} ->"
               f" {'meets' if cpu < CPU_PER_TURN_MS else 'MISSES'}")
         if n == 200:
-            print(f"  {mech}: target stop-all of 200 <= {STOP_ALL_200_MS:g} ms: {t:.1f} -> {'meets' if t <= STOP_ALL_200_MS else 'MISSES'}")
+            print(f"  {mech}: target stop-all of 200 <= {STOP_ALL_200_MS:g} ms:"
+                  f" {t:.1f} -> {'meets' if t <= STOP_ALL_200_MS else 'MISSES'}")
         left = one.left_after_1s + every.left_after_1s + one.alive_at_return + every.alive_at_return
         print(f"  {mech}: target zero leftovers (daemon rows): {left} -> {'meets' if left == 0 else 'MISSES'};"
               f" the bare killpg floor left {floor.left_after_1s} (killed by pid afterwards)")
@@ -771,11 +782,14 @@ def bench_spawn(rounds: int = 200) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="demo rows at 1 and 10 channels, one channel per CLI")
-    parser.add_argument("--setup", choices=sorted(SETUPS), action="append", help="which demo-like agent rows (default: all)")
+    parser.add_argument("--setup", choices=sorted(SETUPS), action="append",
+                        help="which demo-like agent rows (default: all)")
     parser.add_argument("--no-demo", action="store_true", help="skip the demo agent rows")
-    parser.add_argument("--cli", default=",".join(CLIS), help="comma list of real CLIs to run ('' for none; default: %(default)s)")
+    parser.add_argument("--cli", default=",".join(CLIS),
+                        help="comma list of real CLIs to run ('' for none; default: %(default)s)")
     parser.add_argument("--cli-channels", type=int, default=None, help="channels per CLI (default 3; 1 with --quick)")
-    parser.add_argument("--mech", choices=MECHS, action="append", help="kill mechanisms of the daemon rows (default: both)")
+    parser.add_argument("--mech", choices=MECHS, action="append",
+                        help="kill mechanisms of the daemon rows (default: both)")
     parser.add_argument("--sizes", help="comma list of channel counts (default 1,50,200; 1,10 with --quick)")
     parser.add_argument("--spawn", action="store_true", help="only measure the spawn latency with and without a cgroup")
     args = parser.parse_args()
@@ -798,21 +812,27 @@ def main() -> int:
         print(f"skipping the {name} rows: {why}")
     root = short_tmp("cs-")
     failures: list[str] = []
-    print(f"stop benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s); daemon: `corral run` subprocess;")
-    print("every daemon figure is the client-side time of supervisor._client.Client.stop(), HTTP round trip over the Unix socket included")
+    print(f"stop benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s);"
+          " daemon: `corral run` subprocess;")
+    print("every daemon figure is the client-side time of supervisor._client.Client.stop(),"
+          " HTTP round trip over the Unix socket included")
     if clis:
-        print(f"real-CLI rows ({', '.join(clis)}; {cli_channels} channel(s) each; fake model servers on 127.0.0.1), each turn's tool"
+        print(f"real-CLI rows ({', '.join(clis)}; {cli_channels} channel(s) each;"
+              " fake model servers on 127.0.0.1), each turn's tool"
               f" = `{TOOL_SLEEP}` + a setsid `{SETSID_SLEEP}`, ready once both pid files exist:\n"
-              f"  corral stop-one = Client.stop(channel) one at a time on a `corral run` daemon (stop_grace {CLI_STOP_GRACE:g});"
+              "  corral stop-one = Client.stop(channel) one at a time on a `corral run` daemon"
+              f" (stop_grace {CLI_STOP_GRACE:g});"
               " left after 1 s = tool pids alive + CORRAL_TURN-marked processes\n"
-              f"  SIGTERM group   = the CLI started directly (its adapter's argv/env/cwd/HOME files), os.killpg(pgid, SIGTERM),"
+              "  SIGTERM group   = the CLI started directly (its adapter's argv/env/cwd/HOME files),"
+              " os.killpg(pgid, SIGTERM),"
               f" leader waited up to {SIGTERM_WAIT:g} s, then what is alive 1 s later (what most connectors do)")
     try:
         for name in [] if args.no_demo else args.setup or list(SETUPS):
             folder = root / name
             folder.mkdir()
             with SETUPS[name](folder) as setup:
-                print(f"\n[{setup.label}] prompt {setup.prompt!r}; ready = its 'tool running' entry (tree: agent, tool child, setsid grandchild)")
+                print(f"\n[{setup.label}] prompt {setup.prompt!r};"
+                      " ready = its 'tool running' entry (tree: agent, tool child, setsid grandchild)")
                 daemons: dict[str, Daemon] = {}
                 try:
                     for mech in mechs:

@@ -29,8 +29,8 @@ from urllib.parse import parse_qs, unquote
 
 import trio
 
-from ._store import StoreError
 from ._errors import ShuttingDown, UsageError
+from ._store import StoreError
 from ._supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 
 log = logging.getLogger("corral.api")
@@ -100,7 +100,10 @@ class _Exchange:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BODY:
-                raise HTTPError(413, "too_large", f"the request body is over {MAX_BODY} bytes (a message may be {MAX_MESSAGE_BYTES})")
+                raise HTTPError(
+                    413, "too_large",
+                    f"the request body is over {MAX_BODY} bytes (a message may be {MAX_MESSAGE_BYTES})",
+                )
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
@@ -133,7 +136,9 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def _query_number(query: dict[str, list[str]], key: str, default: float | None, *, maximum: float, integer: bool = False) -> Any:
+def _query_number(
+    query: dict[str, list[str]], key: str, default: float | None, *, maximum: float, integer: bool = False
+) -> Any:
     if key not in query:
         return default
     raw = query[key][-1]
@@ -151,7 +156,10 @@ def _segment(raw: str) -> str:
     try:
         return unquote(raw, errors="strict")
     except UnicodeDecodeError:
-        raise HTTPError(400, "bad_channel", f"{raw[:80]!r} is not valid UTF-8 once decoded; percent-encode the channel name's UTF-8 bytes") from None
+        raise HTTPError(
+            400, "bad_channel",
+            f"{raw[:80]!r} is not valid UTF-8 once decoded; percent-encode the channel name's UTF-8 bytes",
+        ) from None
 
 
 class ControlAPI:
@@ -301,7 +309,8 @@ class ControlAPI:
                 if peer.gone:  # checked in the same step as the send: no _Gone inside the nursery
                     break
                 data = json.dumps(entry.to_json(), ensure_ascii=False)
-                await peer.send({"type": "http.response.body", "body": f"id: {entry.seq}\ndata: {data}\n\n".encode(), "more_body": True})
+                body = f"id: {entry.seq}\ndata: {data}\n\n".encode()
+                await peer.send({"type": "http.response.body", "body": body, "more_body": True})
             nursery.cancel_scope.cancel()
         if not peer.gone:
             await peer.send({"type": "http.response.body", "body": b"", "more_body": False})

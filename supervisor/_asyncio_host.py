@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import outcome
 import trio
 
 from ._config import Config
@@ -126,9 +127,9 @@ async def open_asyncio_supervisor(config: Config, **options: Any) -> AsyncIterat
             await release.wait()
             nursery.cancel_scope.cancel()
 
-    def done(outcome: Any) -> None:
+    def done(result: outcome.Outcome[None]) -> None:
         try:
-            outcome.unwrap()
+            result.unwrap()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the asyncio side
             loop.call_soon_threadsafe(_settle, ready, None, exc)
             loop.call_soon_threadsafe(_settle, finished, None, exc)

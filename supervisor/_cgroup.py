@@ -26,7 +26,7 @@ the target, which keeps the pid (so the process group, the pidfd and Trio's wait
 leader's). The cgroup path and the argv are positional parameters: they are never parsed by
 the shell, nor by an option parser. The program is resolved in the parent first (a missing
 program fails the spawn with ``FileNotFoundError`` as before, not with a shell message).
-Its cost, measured with ``scripts/bench_stop.py --spawn`` (spawn of ``/bin/true`` until it
+Its cost, measured with ``python -m scripts.bench_stop --spawn`` (spawn of ``/bin/true`` until it
 exits, 200 rounds, 2 shared cores, load 3.1): median 0.8 ms plain, 1.5 ms through the step —
 one extra ``execve`` of ``dash``, 0.7 ms per turn, next to a CLI that takes 100 ms to seconds
 to start. A ``clone3(CLONE_INTO_CGROUP)`` helper would save that but is a compiled binary to

@@ -97,12 +97,20 @@ class Client:
         self.close()
 
     def _request(
-        self, method: str, path: str, *, ok: tuple[int, ...] = (200, 202), params: dict[str, Any] | None = None, json_body: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: tuple[int, ...] = (200, 202),
+        params: dict[str, Any] | None = None,
+        json_body: Any = None,
     ) -> Any:
         if params:
             path = f"{path}?{urlencode(params)}"
         body = json.dumps(json_body).encode() if json_body is not None else b""
-        headers = {**self._headers, "content-type": "application/json"} if json_body is not None else dict(self._headers)
+        headers = dict(self._headers)
+        if json_body is not None:
+            headers["content-type"] = "application/json"
         if self._conn is not None and time.monotonic() - self._last_used > _REUSE_SECONDS:
             self.close()
         try:
@@ -124,20 +132,27 @@ class Client:
             payload["agent"] = agent
         if author:
             payload["author"] = author
-        return self._request("POST", f"/v1/channels/{_channel(channel)}/messages", json_body=payload)  # type: ignore[no-any-return]
+        path = f"/v1/channels/{_channel(channel)}/messages"
+        accepted: dict[str, Any] = self._request("POST", path, json_body=payload)
+        return accepted
 
     def stop(self, channel: str | None) -> dict[str, Any]:
         """Stop a channel (or all with None); returns the stop result, even a failed one."""
         path = "/v1/stop" if channel is None else f"/v1/channels/{_channel(channel)}/stop"
-        return self._request("POST", path, ok=(200, 500))  # type: ignore[no-any-return]
+        result: dict[str, Any] = self._request("POST", path, ok=(200, 500))
+        return result
 
     def status(self) -> dict[str, Any]:
         """The daemon's status."""
-        return self._request("GET", "/v1/status")  # type: ignore[no-any-return]
+        status: dict[str, Any] = self._request("GET", "/v1/status")
+        return status
 
     def entries(self, channel: str, after: int = 0) -> list[dict[str, Any]]:
         """Committed entries after ``after``."""
-        return self._request("GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after})["entries"]  # type: ignore[no-any-return]
+        entries: list[dict[str, Any]] = self._request(
+            "GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after}
+        )["entries"]
+        return entries
 
     def wait(self, channel: str, timeout: float | None = None) -> bool:
         """True once the channel is idle; False if ``timeout`` passed first."""
@@ -150,7 +165,8 @@ class Client:
         conn = self._connect()  # a connection of its own, held for as long as it follows
         try:
             try:
-                conn.request("GET", f"/v1/channels/{_channel(channel)}/events?{urlencode({'after': after})}", headers=self._headers)
+                url = f"/v1/channels/{_channel(channel)}/events?{urlencode({'after': after})}"
+                conn.request("GET", url, headers=self._headers)
                 response = conn.getresponse()
             except _UNAVAILABLE as exc:
                 raise DaemonUnavailable(str(exc) or type(exc).__name__) from None

@@ -172,7 +172,8 @@ class _Checker:
     def boolean(self, data: Mapping[str, Any], key: str, prefix: str, default: bool) -> bool:
         value = data.get(key, default)
         if not isinstance(value, bool):
-            self.add(f"{prefix}{key}", f"expected true or false, got {value!r}", f"write {key} = {str(default).lower()}")
+            self.add(f"{prefix}{key}", f"expected true or false, got {value!r}",
+                     f"write {key} = {str(default).lower()}")
             return default
         return value
 
@@ -213,7 +214,8 @@ class _Checker:
             return None
         text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
         if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
-            self.add(f"{prefix}{key}", f"expected bytes (a whole number, or with K, M, G or T), got {value!r}", f'write {key} = "2G"')
+            self.add(f"{prefix}{key}", f"expected bytes (a whole number, or with K, M, G or T), got {value!r}",
+                     f'write {key} = "2G"')
             return default
         return text
 
@@ -291,7 +293,8 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             command = None
         if command is None and not adapter.default_command:
             if "command" not in raw:
-                check.add(f"{prefix}command", f"the {adapter_name} adapter needs a command", 'add command = ["program"]')
+                check.add(f"{prefix}command", f"the {adapter_name} adapter needs a command",
+                          'add command = ["program"]')
             command = ()
         elif command is not None:
             command = _check_command(check, command, f"{prefix}command", True)
@@ -299,17 +302,20 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             command = _check_command(check, adapter.default_command, f"{prefix}adapter", False)
         env_raw = raw.get("env", {})
         if not isinstance(env_raw, dict) or not all(isinstance(v, str) for v in env_raw.values()):
-            check.add(f"{prefix}env", f"expected a table of strings, got {env_raw!r}", f'write [agents.{name}.env] with KEY = "value"')
+            check.add(f"{prefix}env", f"expected a table of strings, got {env_raw!r}",
+                      f'write [agents.{name}.env] with KEY = "value"')
             env_raw = {}
         cwd_s = check.string(raw, "cwd", prefix)
         cwd = check.path(cwd_s) if cwd_s else None
         if cwd is not None and not cwd.is_dir():
-            check.add(f"{prefix}cwd", f"{cwd} is not a directory", f"mkdir -p {cwd}, or remove cwd to use a folder per channel")
+            check.add(f"{prefix}cwd", f"{cwd} is not a directory",
+                      f"mkdir -p {cwd}, or remove cwd to use a folder per channel")
         options = {k: raw[k] for k in adapter.option_keys if k in raw}
         if "resume_args" in options and check.strings(raw, "resume_args", prefix) is None:
             options.pop("resume_args")
         if "prompt" in options and options["prompt"] not in ("argument", "stdin"):
-            check.add(f"{prefix}prompt", f"expected \"argument\" or \"stdin\", got {options['prompt']!r}", 'write prompt = "stdin"')
+            check.add(f"{prefix}prompt", f"expected \"argument\" or \"stdin\", got {options['prompt']!r}",
+                      'write prompt = "stdin"')
         agents[name] = AgentConfig(
             name=name,
             adapter=adapter_name,
@@ -330,10 +336,12 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         if len(agents_raw) == 1:
             default_agent = next(iter(agents_raw))
         else:
-            check.add("defaults.agent", "several agents and no default", f'add agent = "{next(iter(agents_raw))}" to [defaults]')
+            check.add("defaults.agent", "several agents and no default",
+                      f'add agent = "{next(iter(agents_raw))}" to [defaults]')
     elif default_agent not in agents_raw:
         close = difflib.get_close_matches(default_agent, list(agents_raw), n=1)
-        check.add("defaults.agent", f"no agent is called {default_agent!r}", f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
+        check.add("defaults.agent", f"no agent is called {default_agent!r}",
+                  f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
 
     if check.problems:
         raise ConfigError(check.problems)
@@ -367,12 +375,16 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         try:
             mode = token_file.stat().st_mode
         except OSError:
-            check.add("server.token_file", f"{token_file} does not exist", f"create it with a secret: (umask 077; openssl rand -hex 32 > {token_file})")
+            check.add("server.token_file", f"{token_file} does not exist",
+                      f"create it with a secret: (umask 077; openssl rand -hex 32 > {token_file})")
         else:
             if not stat.S_ISREG(mode):
-                check.add("server.token_file", f"{token_file} is not a regular file", "point token_file at a file holding the secret")
+                check.add("server.token_file", f"{token_file} is not a regular file",
+                          "point token_file at a file holding the secret")
             elif mode & 0o077:
-                check.add("server.token_file", f"{token_file} is readable by other users (mode {stat.S_IMODE(mode):04o})", f"chmod 600 {token_file}")
+                check.add("server.token_file",
+                          f"{token_file} is readable by other users (mode {stat.S_IMODE(mode):04o})",
+                          f"chmod 600 {token_file}")
     socket_group = check.string(server, "socket_group", "server.")
     if socket_group == "":
         check.add("server.socket_group", "is empty", 'name a group, e.g. socket_group = "corral", or remove the key')
@@ -428,9 +440,11 @@ def _read_toml(file: Path) -> dict[str, Any]:
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError([Problem(str(file), "-", "the config file does not exist", "copy config.example.toml to it, or pass -c FILE")]) from None
+        raise ConfigError([Problem(str(file), "-", "the config file does not exist",
+                                   "copy config.example.toml to it, or pass -c FILE")]) from None
     except OSError as exc:
-        raise ConfigError([Problem(str(file), "-", f"cannot read it: {exc.strerror}", "check the path and its permissions")]) from None
+        raise ConfigError([Problem(str(file), "-", f"cannot read it: {exc.strerror}",
+                                   "check the path and its permissions")]) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -25,10 +25,9 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -76,7 +75,9 @@ def bind_unix_socket(path: Path, mode: int = DEFAULT_SOCKET_MODE, group: str | N
     The rights are set before the socket listens, so nobody connects while they are looser.
     """
     if len(os.fsencode(path)) >= 108:
-        raise DaemonError(f"socket path {path} is too long for a Unix socket (max 107 bytes); choose a shorter [server] socket")
+        raise DaemonError(
+            f"socket path {path} is too long for a Unix socket (max 107 bytes); choose a shorter [server] socket"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
@@ -195,7 +196,9 @@ async def run_daemon(
                 for sock, app in ((unix_sock, ControlAPI(sup, shutdown=stopping.set)),
                                   (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token))):
                     if sock is not None:
-                        await nursery.start(partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS))
+                        await nursery.start(
+                            partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS)
+                        )
                 log.info(
                     "corral %d ready on %s%s%s; %d agent(s); %d channel(s) with queued messages restored",
                     os.getpid(), config.server.socket,
@@ -290,7 +293,9 @@ async def _report_status(sup: Supervisor, send: Callable[[str], object], scope: 
 #: Signals that end the daemon in order (SIGXCPU: the hard limit's SIGKILL follows; SIGPWR:
 #: the power is failing).
 ORDERLY_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU", "SIGPWR") if hasattr(signal, name)
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU", "SIGPWR")
+    if hasattr(signal, name)
 )
 #: Signals that log a status line.
 STATUS_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -310,7 +315,9 @@ def _signal_name(signum: int) -> str:
 WATCHED_SIGNALS = ORDERLY_SIGNALS + STATUS_SIGNALS + IGNORED_SIGNALS
 
 
-async def _watch_signals(stopping: trio.Event, scope: trio.CancelScope, sup: Supervisor, signals: Any) -> None:
+async def _watch_signals(
+    stopping: trio.Event, scope: trio.CancelScope, sup: Supervisor, signals: AsyncIterator[int]
+) -> None:
     with scope:
         async for signum in signals:
             if signum in ORDERLY_SIGNALS:

@@ -122,7 +122,8 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
 
             say("2. A long task; stop it while its tool runs (a child plus a setsid grandchild).")
             seen = await _turn(
-                sup, say, channel, "Please do a long task", until=lambda e: e.kind == "status" and "tool running" in e.text
+                sup, say, channel, "Please do a long task",
+                until=lambda e: e.kind == "status" and "tool running" in e.text,
             )
             result = await sup.stop(channel)
             for entry in await sup.entries(channel, after=seen):
@@ -155,7 +156,9 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
             open_items = [t["content"] for t in todos if t["status"] in ("pending", "in_progress")]
             say(f"     (nudges: {len(nudges)}; unfinished todos now: {open_items or 'none'})\n")
             checks.check("the nudge", len(nudges) == 1, f"{len(nudges)} nudges were sent, not 1")
-            checks.check("the nudge", not open_items and bool(todos), f"the plan is not complete: {open_items or 'no plan'}")
+            checks.check(
+                "the nudge", not open_items and bool(todos), f"the plan is not complete: {open_items or 'no plan'}"
+            )
 
             turns = {e.turn for e in await sup.entries(channel, after=0) if e.turn}
             stray = await leftovers_of(turns)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -67,6 +66,8 @@ async def serve_socket(
 
     async def connection(stream: trio.SocketStream) -> None:
         try:
+            # hypercorn types the stream as an SSLStream, yet handles a plain SocketStream (no TLS:
+            # the missing do_handshake tells it so) and its own serve_listeners passes one.
             await TCPServer(wrapped, hc, context, ConnectionState({}), stream)  # type: ignore[arg-type]
         except Exception:
             log.exception("a connection failed; only it was closed, the daemon serves on")
@@ -83,7 +84,9 @@ async def serve_socket(
         connections.cancel_scope.deadline = trio.current_time() + graceful
 
 
-async def _accept_forever(listener: trio.SocketListener, handler: Callable[[Any], Awaitable[None]], nursery: trio.Nursery) -> None:
+async def _accept_forever(
+    listener: trio.SocketListener, handler: Callable[[trio.SocketStream], Awaitable[None]], nursery: trio.Nursery
+) -> None:
     while True:
         try:
             await _serve_listeners(handler, [listener], handler_nursery=nursery)

@@ -31,7 +31,9 @@ def preflight(config: Config) -> list[Problem]:
     socket_path = config.server.socket
     if len(os.fsencode(socket_path)) > MAX_SOCKET_BYTES:
         problems.append(
-            Problem(file, "server.socket", f"{socket_path} is {len(os.fsencode(socket_path))} bytes, over the {MAX_SOCKET_BYTES} a Unix socket path may have",
+            Problem(file, "server.socket",
+                    f"{socket_path} is {len(os.fsencode(socket_path))} bytes,"
+                    f" over the {MAX_SOCKET_BYTES} a Unix socket path may have",
                     'choose a shorter path, e.g. socket = "/run/corral/corral.sock"')
         )
     problems += _folder(file, "server.socket", socket_path.parent)
@@ -81,12 +83,14 @@ def _store(file: str, path: Path) -> list[Problem]:
         return []
     fix = "point [store] path at another file, or move this one away (a new store is created)"
     if path.is_dir():
-        return [Problem(file, "store.path", f"{path} is a folder, not a database file", f'give the file inside it, e.g. path = "{path / "corral.db"}"')]
+        return [Problem(file, "store.path", f"{path} is a folder, not a database file",
+                        f'give the file inside it, e.g. path = "{path / "corral.db"}"')]
     try:
         with path.open("rb") as f:
             header = f.read(len(_SQLITE_HEADER))
     except OSError as exc:
-        return [Problem(file, "store.path", f"{path} cannot be read: {exc.strerror}", f"chmod 600 {path}, as the user corral runs as")]
+        return [Problem(file, "store.path", f"{path} cannot be read: {exc.strerror}",
+                        f"chmod 600 {path}, as the user corral runs as")]
     if not header:
         return []  # an empty file becomes a new store
     if header != _SQLITE_HEADER:
@@ -107,7 +111,9 @@ def _store(file: str, path: Path) -> list[Problem]:
 def _state(file: str, folder: Path) -> list[Problem]:
     """The agents' state folder beside the store: a writable folder, or creatable."""
     if folder.exists() and not folder.is_dir():
-        return [Problem(file, "store.path", f"the state folder {folder} is a file", f"move {folder} away; corral keeps agents' state there")]
+        return [Problem(file, "store.path", f"the state folder {folder} is a file",
+                        f"move {folder} away; corral keeps agents' state there")]
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-        return [Problem(file, "store.path", f"the state folder {folder} is not writable by this user", f"chmod 700 {folder}, as the user corral runs as")]
+        return [Problem(file, "store.path", f"the state folder {folder} is not writable by this user",
+                        f"chmod 700 {folder}, as the user corral runs as")]
     return []

@@ -28,7 +28,9 @@ import functools
 import logging
 import os
 import signal
+import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,6 +171,16 @@ def stop_notice_text(text: str, dropped: int) -> str:
     return text
 
 
+def _completes_stop(seq: int, result: dict[str, Any], turn: str | None) -> Callable[[sqlite3.Connection, int], None]:
+    """The write, in the notice's transaction, that completes stop ``seq``."""
+    return lambda db, _entry: Store.complete_stop(db, seq, result, turn)
+
+
+def _ends_turn(turn_id: str) -> Callable[[sqlite3.Connection, int], None]:
+    """The write, in the notice's transaction, that marks turn ``turn_id`` ended."""
+    return lambda db, _entry: Store.mark_turn_ended(db, turn_id)
+
+
 async def recover(store: Store, grace: float, stop_notice: str, cgroups: CgroupRoot | None = None) -> Recovery:
     """End the previous owner's orphans (its turn cgroups first), then close its turns and
     stops on the record."""
@@ -184,7 +196,7 @@ async def recover(store: Store, grace: float, stop_notice: str, cgroups: CgroupR
             store.submit_entry(
                 channel, "system", "notice", stop_notice_text(stop_notice, dropped), turn=turn, generation=generation,
                 meta={"stop_seq": seq, "ok": True, "recovered": True},
-                also=lambda db, _, seq=seq, result=result, turn=turn: Store.complete_stop(db, seq, result, turn),
+                also=_completes_stop(seq, result, turn),
             )
         )
         report.stops.append(seq)
@@ -193,7 +205,7 @@ async def recover(store: Store, grace: float, stop_notice: str, cgroups: CgroupR
             store.submit_entry(
                 channel, "system", "notice", RESTART_NOTICE, turn=turn_id, generation=generation,
                 meta={"recovered": True},
-                also=lambda db, _, turn_id=turn_id: Store.mark_turn_ended(db, turn_id),
+                also=_ends_turn(turn_id),
             )
         )
         report.turns.append(turn_id)

@@ -559,8 +559,10 @@ class ProcessTree:
         me = os.getpid()
         for pid, then in self._members.items():
             # Escapees re-parented to this subreaper: reap exactly those (same start time).
-            now = read_stat(pid) if pid != self.pid and then is not None else None
-            if now is not None and now.state == "Z" and now.ppid == me and now.started == then.started:  # type: ignore[union-attr]
+            if pid == self.pid or then is None:
+                continue
+            now = read_stat(pid)
+            if now is not None and now.state == "Z" and now.ppid == me and now.started == then.started:
                 reap_if_child(pid)
         with trio.move_on_at(deadline):
             await self.process.wait()  # reap the leader last: its zombie held the group id

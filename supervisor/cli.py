@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -79,7 +80,11 @@ class _Context:
         return Client(path)
 
 
-def _call(ctx: _Context, fn: Any) -> Any:
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _call(ctx: _Context, fn: Callable[[Client], T]) -> T:
     from ._client import APIError, DaemonGone, DaemonUnavailable
 
     client = ctx.client()
@@ -117,9 +122,11 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version, help="Print the version and exit.")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version and exit.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's control socket (or CORRAL_SOCKET).")
-@click.option("-c", "--config", "config_path", metavar="FILE", help="Config file (or CORRAL_CONFIG; default ./corral.toml).")
+@click.option("-c", "--config", "config_path", metavar="FILE",
+              help="Config file (or CORRAL_CONFIG; default ./corral.toml).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every command; `run` logs JSON lines).")
 @click.pass_context
 def main(ctx: click.Context, socket_path: str | None, config_path: str | None, as_json: bool) -> None:
@@ -127,7 +134,7 @@ def main(ctx: click.Context, socket_path: str | None, config_path: str | None, a
     ctx.obj = _Context(socket_path, config_path, as_json)
 
 
-def _json_option(f: Any) -> Any:
+def _json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
 
 
@@ -202,7 +209,8 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
     if isinstance(exc, DaemonError | StoreInUse):
         return str(exc)
     if isinstance(exc, sqlite3.Error | StoreError):
-        return f"cannot use the store {config.store_path}: {exc} — fix: point [store] path {where} at a corral database or a new file"
+        return (f"cannot use the store {config.store_path}: {exc}"
+                f" — fix: point [store] path {where} at a corral database or a new file")
     if isinstance(exc, OSError):
         path = exc.filename or config.store_path
         return (
@@ -244,7 +252,8 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     if obj.json or as_json:
         _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket)})
     else:
-        click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)}; socket {config.server.socket}")
+        click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
+                   f" socket {config.server.socket}")
 
 
 @main.command()

@@ -58,7 +58,7 @@ def test_by_type_calls_the_handler_of_the_line_type_and_none_for_an_unknown_one(
     assert by_type(table, parser, {"type": 3}, "L") is None
 
 
-@pytest.mark.parametrize("name", sorted(set(KNOWN_ADAPTERS) - {"generic"}))
+@pytest.mark.parametrize("name", sorted(KNOWN_ADAPTERS))
 def test_every_parser_has_feed_stderr_and_a_blank_line_gives_nothing(name: str) -> None:
     parser = get_adapter(name).new_parser(_request(name))
     assert inspect.ismethod(parser.feed_stderr)

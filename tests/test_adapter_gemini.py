@@ -299,11 +299,11 @@ def test_prompt_is_never_an_argument(prompt: str) -> None:
 
 
 def test_adapter_metadata() -> None:
-    """Name, default binary, SIGINT first on a stop."""
+    """Name, default binary, SIGINT first on a stop, the prompt on stdin (its write is the point of no return)."""
     assert gemini.ADAPTER.name == "gemini"
     assert gemini.ADAPTER.default_command == ("gemini",)
     assert gemini.ADAPTER.interrupt_signal == signal.SIGINT
-    assert gemini.ADAPTER.point_of_no_return == "stdin"
+    assert gemini.build_launch(request()).stdin is not None
     assert isinstance(gemini.ADAPTER.new_parser(request()), gemini.GeminiParser)
 
 

@@ -64,6 +64,7 @@ def test_every_test_that_runs_an_agent_cli_is_marked_realcli() -> None:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_test_core_runs_the_tests_that_need_no_cli_and_make_test_checks_node_first() -> None:
+    # ... and both lint and type-check before the tests: the checks are part of the build.
     def planned(target: str) -> list[str]:
         done = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
         return done.stdout.splitlines()
@@ -74,6 +75,9 @@ def test_make_test_core_runs_the_tests_that_need_no_cli_and_make_test_checks_nod
     full = planned("test")
     assert full[0] == "bash scripts/install-clis.sh", "the Node.js check comes before the setup"
     assert full[-1] == ".venv/bin/pytest -q"
+    for plan in (core, full):
+        checks = [line for line in plan if line.startswith((".venv/bin/ruff check", ".venv/bin/mypy"))]
+        assert len(checks) == 2 and plan.index(checks[-1]) < len(plan) - 1, plan
 
 
 def test_bench_stop_without_the_agent_clis_says_which_rows_it_skipped(tmp_path: Path) -> None:
@@ -81,8 +85,8 @@ def test_bench_stop_without_the_agent_clis_says_which_rows_it_skipped(tmp_path: 
     env = {**os.environ, "CORRAL_CLI_CACHE": str(tmp_path / "no-clis"),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_stop.py"), "--quick", "--no-demo"],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-m", "scripts.bench_stop", "--quick", "--no-demo"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("claude", "codex", "gemini", "qwen"):
