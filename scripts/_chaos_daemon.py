@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from typing import Any
 
 import trio
 
-from supervisor import _ledger, _registry, _supervisor, _tree, _turn
+from supervisor import _cgroup, _ledger, _registry, _supervisor, _tree, _turn
 
 _trace_fd: int | None = None
 
@@ -96,6 +97,17 @@ def install_trace(path: str) -> None:
 
     _tree.signal_group = traced_signal_group
 
+    cgroup_kill = _cgroup.TurnCgroup.kill
+
+    def traced_cgroup_kill(self: _cgroup.TurnCgroup) -> None:
+        # cgroup.kill SIGKILLs every member (the kernel does it): traced as one SIGKILL each,
+        # the leader's pid being its group's id.
+        for pid in self.procs():
+            trace("signal", pgid=pid, sig=int(signal.SIGKILL))
+        cgroup_kill(self)
+
+    _cgroup.TurnCgroup.kill = traced_cgroup_kill  # type: ignore[method-assign]
+
     register = _registry.ProcessRegistry.register
 
     def traced_register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
@@ -131,7 +143,8 @@ def _no_late_kill() -> None:
 
 
 def _todos_kept() -> None:
-    _supervisor.Supervisor._cancel_todos = lambda self, channel, generation: []  # type: ignore[method-assign]
+    # The stop's record carries no cancelled plan: the todos stay pending, nothing cancels them.
+    _supervisor.Supervisor._cancelled_plans = lambda self, channel: {}  # type: ignore[method-assign]
 
 
 def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
@@ -157,7 +170,7 @@ def _output_after_notice() -> None:
                 await self.done.wait()
                 stopping = self.sup._stops.get(self.channel)
                 if stopping is not None:
-                    await stopping.wait()  # set once the stop's notice is stored
+                    await stopping.done.wait()  # set once the stop's notice is stored
                 _keep_everything(self, kind, text, meta)
 
         self.sup._nursery.start_soon(store_it)

@@ -72,12 +72,13 @@ ENTRY_KINDS = {
 }
 
 
-def chaos_config(folder: Path) -> str:
-    """The daemon's config: the three setups of the chaos agent."""
+def chaos_config(folder: Path, cgroup: str = "auto") -> str:
+    """The daemon's config: the three setups of the chaos agent; ``cgroup`` picks the kill
+    mechanism (``"auto"``: a cgroup per turn where cgroup v2 is writable, ``"off"``: the sweep)."""
     python, agent = json.dumps(sys.executable), json.dumps(str(REPO / "scripts" / "_chaos_agent.py"))
     env = f'CHAOS_DIR = {json.dumps(str(folder))}'
     return (
-        '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
+        f'[server]\nsocket = "corral.sock"\ncgroup = {json.dumps(cgroup)}\n[store]\npath = "corral.db"\n'
         f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
         f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {agent}]\nenv = {{ {env} }}\n'
         f'[agents.stdin]\nadapter = "generic"\ncommand = [{python}, {agent}]\nprompt = "stdin"\n'
@@ -267,12 +268,13 @@ def choose(index: int, rng: random.Random, moments: tuple[str, ...] = MOMENTS) -
 class Runner:
     """Runs the trials against one daemon, restarting it only if it dies."""
 
-    def __init__(self, folder: Path, seed_bug: str | None = None) -> None:
+    def __init__(self, folder: Path, seed_bug: str | None = None, cgroup: str = "auto") -> None:
         self.folder = folder
+        self.config = chaos_config(folder, cgroup)
         self.command = [sys.executable, str(REPO / "scripts" / "_chaos_daemon.py"), "--trace", str(folder / "trace.jsonl")]
         if seed_bug:
             self.command += ["--seed-bug", seed_bug]
-        self.daemon = Daemon(folder, chaos_config(folder), self.command)
+        self.daemon = Daemon(folder, self.config, self.command)
         self.api = API(self.daemon.socket)
         self.evidence = Evidence(folder)
         self.home = str(folder)
@@ -292,7 +294,7 @@ class Runner:
             trial.violate("daemon-died", f"status {self.daemon.proc.returncode}; see {self.daemon.log_path}")
             await self.api.aclose()
             self.daemon.stop()
-            self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, chaos_config(self.folder), self.command)
+            self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, self.config, self.command)
             self.api = API(self.daemon.socket)
             self.restarts += 1
 
@@ -568,6 +570,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help=f"trials at once (default {CONCURRENCY})")
     parser.add_argument("--seed-bug", choices=sorted(SEEDED_BUGS), default=None,
                         help="reintroduce one bug in the daemon: " + "; ".join(f"{k}: {v[1]}" for k, v in SEEDED_BUGS.items()))
+    parser.add_argument("--cgroup", choices=("auto", "off"), default="auto",
+                        help="the kill mechanism: a cgroup per turn where writable (auto, the default) or the sweep "
+                             "(off); the seeded bug no-marker-scan implies off (the marker scan is the sweep's)")
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
     parser.add_argument("--moments", default=",".join(MOMENTS),
                         help=f"comma-separated stop moments to draw from (default all: {','.join(MOMENTS)})")
@@ -588,7 +593,7 @@ def main() -> int:
     runner: Runner | None = None
     left: list[Found] = []
     try:
-        runner = Runner(root, args.seed_bug)
+        runner = Runner(root, args.seed_bug, "off" if args.seed_bug == "no-marker-scan" else args.cgroup)
         trio.run(run_all, runner, trials, args.concurrency, args.json)
     finally:
         if runner is not None:

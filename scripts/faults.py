@@ -14,7 +14,9 @@ Faults (a trial injects one, at a random moment):
   daemonized great-grandchild alive);
 * ``kill9:mid-stop`` — SIGKILL while a stop waits out the grace of an agent ignoring SIGINT;
 * ``kill9:mid-shutdown`` — SIGKILL while an orderly shutdown (SIGTERM) waits out that grace;
-* ``signal:NAME`` — every catchable signal whose default would end the daemon, mid-turn;
+* ``signal:NAME`` — every catchable signal whose default would end the daemon, mid-turn (the
+  daemon handles each, except the crash signals SEGV, BUS, FPE, ILL, ABRT, SYS and TRAP: one of
+  those may end it, and is then judged like ``kill -9``, by what the restart recovers);
 * ``poison`` — lone surrogates and NULs in messages and in agent output, next to clean sends;
 * ``abort:unix`` / ``abort:tcp`` — requests abandoned mid-body or mid-header (a shutdown and
   a stop announcing a body never sent, on the Unix socket and on TCP without a token);
@@ -73,8 +75,13 @@ SIGNALS = [
     s for s in (
         "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGVTALRM",
         "SIGPROF", "SIGXCPU", "SIGXFSZ", "SIGIO", "SIGPWR", "SIGSYS", "SIGTRAP", "SIGABRT",
+        "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL",
     ) if hasattr(signal, s)
 ]
+#: The signals of a crash (a hardware fault, an abort, a bad system call): the daemon does not
+#: handle them — after one its state is not to be trusted — so one may end it, and is then
+#: judged like ``kill -9``: the restart must find and end what it left, and mark its turns.
+CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGSYS", "SIGTRAP"}
 KINDS = [
     "kill9:accept", "kill9:mid-turn", "kill9:mid-stop", "kill9:mid-shutdown", *[f"signal:{s}" for s in SIGNALS],
     "poison", "abort:unix", "abort:tcp", "two-owners", "enospc", "eio",
@@ -177,6 +184,17 @@ def _stamps(folder: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _turn_messages(store: Path) -> dict[int, list[str]]:
+    """Which turns took each message (by the message's seq), from the store's ``turns`` table,
+    read-only: a turn killed before its agent ran its code leaves no start stamp, only its row
+    and the notice that ended it."""
+    out: dict[int, list[str]] = {}
+    with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+        for turn, message in db.execute("SELECT id, message FROM turns WHERE message IS NOT NULL"):
+            out.setdefault(int(message), []).append(str(turn))
+    return out
+
+
 def _ancestors(pid: int) -> set[int]:
     out = set()
     with contextlib.suppress(psutil.Error):
@@ -193,6 +211,7 @@ class Rig:
 
     def __init__(self, folder: Path, store: str = "corral.db") -> None:
         self.folder = folder
+        self.store = folder / store
         self.port = free_port()
         (folder / "token").write_text("chaos-token-" + os.urandom(8).hex())
         os.chmod(folder / "token", 0o600)
@@ -255,9 +274,11 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
             notes.append(f"ran-once: {channel} still busy after {WAIT_S:g} s")
     stamps = _stamps(rig.folder)
     entries = {c: api.entries(c) for c in book.channels}
+    taken = _turn_messages(rig.store)
     for m in book.messages:
         runs = stamps.get(m.ident, [])
-        stored = any(e["kind"] == "message" and e["author"].startswith("human:") and m.ident in e["text"] for e in entries[m.channel])
+        mine = [e["seq"] for e in entries[m.channel] if e["kind"] == "message" and e["author"].startswith("human:") and m.ident in e["text"]]
+        stored, seq = bool(mine), m.seq if m.seq is not None else (mine[0] if mine else -1)
         if len(runs) > 1:
             v["ran-once"] += 1
             notes.append(f"ran-once: message {m.ident} in {m.channel} ran {len(runs)} times")
@@ -266,7 +287,13 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
             # under a newer generation; even if the fault cut the stop's answer.
             dropped = any(e["kind"] == "notice" and m.generation is not None and e["generation"] > m.generation
                           for e in entries[m.channel])
-            if not dropped:
+            # Or its turn began and was ended (by a stop, a shutdown, a death) before the agent
+            # ran its code: the turn's last entry is the notice that says so.
+            ended = any(
+                [e["kind"] for e in entries[m.channel] if e["turn"] == turn][-1:] == ["notice"]
+                for turn in taken.get(seq, [])
+            )
+            if not (dropped or ended):
                 v["ran-once"] += 1
                 notes.append(f"ran-once: message {m.ident} in {m.channel} was accepted and never ran, and no stop dropped it")
         if m.sure and not stored:
@@ -507,7 +534,9 @@ class Trials:
         book.interrupted.add(ch)
         rig.close_client()
         code = rig.daemon.proc.returncode
-        if code is not None and code < 0:
+        if code is not None and code < 0 and name in CRASH_SIGNALS:
+            pass  # a crash, like kill -9: the restart must find what it left (checked there)
+        elif code is not None and code < 0:
             # Killed outright, like kill -9: the restart must find what it left (checked there).
             self.violations["daemon-alive"] += 1
             self.notes.append(f"daemon-alive: {name} killed the daemon outright (status {code}), no orderly shutdown")
