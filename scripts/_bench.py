@@ -106,6 +106,7 @@ class Daemon:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             log.write(line)
+            log.flush()  # a script may watch the log for a line as it comes
         log.close()
 
     @property

@@ -68,7 +68,7 @@ import psutil
 from _bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 
 WAIT_S = 30.0
-STOP_GRACE = 2.0
+STOP_GRACE = 0.6
 AGENT = REPO / "scripts" / "_chaos_agent.py"
 #: Signals whose default action ends a process and that a process may catch.
 SIGNALS = [
@@ -193,6 +193,18 @@ def _turn_messages(store: Path) -> dict[int, list[str]]:
         for turn, message in db.execute("SELECT id, message FROM turns WHERE message IS NOT NULL"):
             out.setdefault(int(message), []).append(str(turn))
     return out
+
+
+def _disposition(pid: int, signum: int) -> str:
+    """What ``pid`` does with ``signum`` now: ``ignored``, ``caught`` or ``default``
+    (``/proc/PID/status``: SigIgn, SigCgt)."""
+    masks = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigIgn", "SigCgt"):
+            masks[key] = int(value.strip(), 16)
+    bit = 1 << (signum - 1)
+    return "ignored" if masks["SigIgn"] & bit else "caught" if masks["SigCgt"] & bit else "default"
 
 
 def _ancestors(pid: int) -> set[int]:
@@ -523,11 +535,28 @@ class Trials:
         self.send(book, ch, "long", self.rng.choice(["plain", "stubborn"]))
         self.wait_entry(ch, "tool")
         assert rig.daemon is not None
-        rig.daemon.proc.send_signal(getattr(signal, name))
-        try:
-            rig.daemon.proc.wait(timeout=STOP_GRACE + 4)
-        except subprocess.TimeoutExpired:
-            pass  # handled (ignored, or a reload): the daemon serves on
+        signum = getattr(signal, name)
+        how = _disposition(rig.daemon.pid, signum)
+        logged = rig.daemon.log_path.stat().st_size
+        rig.daemon.proc.send_signal(signum)
+        if how == "caught":
+            # The daemon logs every signal it handles: wait for that line (or its end), then
+            # for the orderly exit if it said so.
+            deadline = time.monotonic() + WAIT_S
+            line = ""
+            while rig.alive() and time.monotonic() < deadline and not line:
+                with rig.daemon.log_path.open("rb") as fh:
+                    fh.seek(logged)
+                    line = next((t for t in fh.read().decode(errors="replace").splitlines() if f"received {name}" in t), "")
+                time.sleep(0.01)  # the daemon's pace, an outside event
+            if not line and rig.alive():
+                self.violations["answers"] += 1
+                self.notes.append(f"answers: the daemon catches {name} but never said it received it")
+            if "shutting down in order" in line:
+                rig.daemon.proc.wait(timeout=WAIT_S)
+        elif how == "default":
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rig.daemon.proc.wait(timeout=WAIT_S)
         if rig.alive():
             self.stop(book, ch)
             return
@@ -830,20 +859,11 @@ def plan(trials: int, quick: bool, only: list[str] | None, rng: random.Random) -
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=1000, help="how many trials (default 1000)")
-    parser.add_argument("--quick", action="store_true", help="one trial of each fault")
-    parser.add_argument("--seed", type=int, default=None, help="replay a run with this seed")
-    parser.add_argument("--only", default=None, help="comma-separated fault kinds or families (kill9, signal, ...)")
-    parser.add_argument("--json", action="store_true", help="print only a JSON summary")
-    args = parser.parse_args()
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+def run_plan(kinds: list[str], seed: int, say: Any) -> dict[str, Any]:
+    """Run ``kinds`` in order against one rig (in a fresh folder); the summary."""
     rng = random.Random(seed)
-    kinds = plan(args.trials, args.quick, args.only.split(",") if args.only else None, rng)
     root = short_tmp("cf-")
     (root / "main").mkdir()
-    say = (lambda *a, **k: None) if args.json else print
     say(f"faults: {len(kinds)} trials, seed {seed}, in {root}")
     trials = Trials(root, rng)
     started = time.monotonic()
@@ -869,26 +889,90 @@ def main() -> int:
     if left:
         trials.violations["no-survivor"] += 1
         trials.notes.append(f"no-survivor: {len(left)} process(es) alive after the last daemon stopped")
-    elapsed = time.monotonic() - started
     total = sum(trials.violations.values())
-    if args.json:
-        print(json.dumps({
-            "trials": done, "seed": seed, "elapsed_s": round(elapsed, 1), "violations": total,
-            "by_invariant": dict(trials.violations), "by_fault": {k: n for k, n in trials.by_fault.items() if n},
-            "kinds": dict(trials.kinds), "skipped": trials.skipped, "notes": trials.notes[:20],
-        }))
+    if not total:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        "trials": done, "seed": seed, "elapsed_s": round(time.monotonic() - started, 1), "violations": total,
+        "by_invariant": dict(trials.violations), "by_fault": {k: n for k, n in trials.by_fault.items() if n},
+        "kinds": dict(trials.kinds), "skipped": trials.skipped, "notes": trials.notes[:50],
+        "starts": trials.rig.starts, "kept": str(root) if total else None,
+    }
+
+
+def run_jobs(kinds: list[str], seed: int, jobs: int, say: Any) -> dict[str, Any]:
+    """Split the plan over ``jobs`` worker processes (each its own rig and folder); merge their summaries."""
+    parts = [kinds[j::jobs] for j in range(jobs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", ",".join(part), "--seed", str(seed * 1000 + j)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        for j, part in enumerate(parts) if part
+    ]
+    merged: dict[str, Any] = {"trials": 0, "seed": seed, "jobs": jobs, "violations": 0, "by_invariant": Counter(),
+                              "by_fault": Counter(), "kinds": Counter(), "skipped": {}, "notes": [], "starts": 0, "kept": []}
+    for proc in procs:
+        out, _ = proc.communicate()
+        lines = out.strip().splitlines()
+        if proc.returncode not in (0, 1) or not lines:
+            merged["violations"] += 1
+            merged["by_invariant"]["harness"] += 1
+            merged["notes"].append(f"harness: a worker exited with status {proc.returncode}")
+            continue
+        part = json.loads(lines[-1])
+        for key in ("trials", "violations", "starts"):
+            merged[key] += part[key]
+        for key in ("by_invariant", "by_fault", "kinds"):
+            merged[key].update(part[key])
+        merged["skipped"].update(part["skipped"])
+        merged["notes"] += part["notes"]
+        if part["kept"]:
+            merged["kept"].append(part["kept"])
+    for key in ("by_invariant", "by_fault", "kinds"):
+        merged[key] = dict(merged[key])
+    return merged
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=1000, help="how many trials (default 1000)")
+    parser.add_argument("--quick", action="store_true", help="one trial of each fault")
+    parser.add_argument("--seed", type=int, default=None, help="replay a run with this seed")
+    parser.add_argument("--only", default=None, help="comma-separated fault kinds or families (kill9, signal, ...)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes, each with its own daemon and folder (default 1; 2 halves a run on 2 cores)")
+    parser.add_argument("--json", action="store_true", help="print only a JSON summary")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run exactly these kinds, print JSON
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    if args.worker is not None:
+        print(json.dumps(run_plan(args.worker.split(","), seed, lambda *a, **k: None)))
+        return 0
+    kinds = plan(args.trials, args.quick, args.only.split(",") if args.only else None, random.Random(seed))
+    say = (lambda *a, **k: None) if args.json else print
+    started = time.monotonic()
+    if args.jobs > 1:
+        say(f"faults: {len(kinds)} trials, seed {seed}, {args.jobs} workers")
+        summary = run_jobs(kinds, seed, args.jobs, say)
     else:
-        print(f"\ntrials: {done} in {elapsed:.1f} s; daemon starts: {trials.rig.starts}")
+        summary = run_plan(kinds, seed, say)
+    summary["elapsed_s"] = round(time.monotonic() - started, 1)
+    total = summary["violations"]
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"\ntrials: {summary['trials']} in {summary['elapsed_s']:.1f} s; daemon starts: {summary['starts']}")
         print("trials per fault kind:")
         for k in KINDS:
-            if trials.kinds[k]:
-                print(f"  {trials.kinds[k]:>5} x {k:<22} violations {trials.by_fault[k]}"
-                      + (f"  (skipped: {trials.skipped[k]})" if k in trials.skipped else ""))
+            if summary["kinds"].get(k):
+                print(f"  {summary['kinds'][k]:>5} x {k:<22} violations {summary['by_fault'].get(k, 0)}"
+                      + (f"  (skipped: {summary['skipped'][k]})" if k in summary["skipped"] else ""))
         print(f"violations: {total}")
-        for key, n in trials.violations.most_common():
+        for key, n in Counter(summary["by_invariant"]).most_common():
             print(f"  {n:>5} x {key}")
         seen: set[str] = set()
-        for note in trials.notes:
+        for note in summary["notes"]:
             head = note[:60]
             if head not in seen:
                 seen.add(head)
@@ -896,9 +980,7 @@ def main() -> int:
             if len(seen) >= 15:
                 break
     if total:
-        say(f"(replay with --seed {seed}; logs kept in {root})")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+        say(f"(replay with --seed {seed}{f' --jobs {args.jobs}' if args.jobs > 1 else ''}; logs kept in {summary['kept']})")
     return 1 if total else 0
 
 
