@@ -66,7 +66,9 @@ STOP_GRACE = 1.0
 
 AGENTS = ("plain", "stdin", "stubborn")
 ENTRY_KINDS = {
-    "long": ["status:thinking", "todos", "tool", "status:tool running", "message"],
+    # Not "message": a long job's text is one message stored when it ends, 30 s on ("done",
+    # which a long job never draws either: a trial would wait the whole turn for nothing new).
+    "long": ["status:thinking", "todos", "tool", "status:tool running"],
     "short": ["status:thinking", "message"],
     "burst": ["status:thinking", "message"],
 }
