@@ -3,10 +3,12 @@
 
 Run it as ``.venv/bin/python scripts/chaos_stop.py`` (``--trials N``, default 1000;
 ``--quick`` for 50; ``--seed S`` to replay a run; ``--seed-bug NAME`` to reintroduce one bug
-and watch the trials catch it; ``--json`` for a machine-readable summary). Several trials run
+and watch the trials catch it; ``--cgroup off`` to stop through the sweep instead of a cgroup
+per turn; ``--json`` for a machine-readable summary). Several trials run
 at once, each on fresh channels of the same daemon (restarted only if it dies, which is itself
 a violation). The daemon runs through ``scripts/_chaos_daemon.py``, which traces the ledger's
-stops, each turn's point of no return, spawn and registration, and widens those windows.
+stops, each turn's point of no return, spawn, registration and signal (a ``cgroup.kill``
+counting as a SIGKILL of each member), and widens those windows.
 
 The agent is ``scripts/_chaos_agent.py`` (the generic line protocol) in three setups: the prompt
 as an argument, the prompt on stdin (``prompt = "stdin"``), and one that ignores SIGINT from

@@ -3,6 +3,7 @@
 
 Run it as ``.venv/bin/python scripts/faults.py`` (``--trials N``, default 1000; ``--quick``
 for one trial of each fault; ``--seed S`` to replay; ``--only KIND,...`` to pick faults;
+``--jobs N`` to split the trials over N worker processes, each with its own daemon and folder;
 ``--json`` for a machine-readable summary). Everything runs in a temporary folder: daemons on
 a Unix socket there and a loopback TCP port with a token, agents (``scripts/_chaos_agent.py``)
 with HOME there; the process scans only ever count and kill processes whose HOME lies there.
