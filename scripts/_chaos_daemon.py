@@ -50,6 +50,13 @@ def trace(event: str, **fields: Any) -> None:
 # ---------------------------------------------------------------- the trace
 
 
+def _exited(pid: int) -> bool:
+    """Has the process already exited (a zombie, not reaped here)? The widened spawn window
+    lets a quick agent finish before it is registered: then there is nothing left to kill."""
+    stat = _tree.read_stat(pid)
+    return stat is None or stat.state == "Z"
+
+
 def install_trace(path: str) -> None:
     """Trace the ledger's stops, the point of no return, spawns and registrations."""
     global _trace_fd
@@ -111,7 +118,8 @@ def install_trace(path: str) -> None:
     register = _registry.ProcessRegistry.register
 
     def traced_register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
-        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id))
+        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id),
+              exited=_exited(tree.pid))
         return register(self, channel, turn_id, tree)
 
     _registry.ProcessRegistry.register = traced_register  # type: ignore[method-assign]
@@ -135,7 +143,8 @@ def _no_point_of_no_return() -> None:
 
 def _no_late_kill() -> None:
     def register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
-        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id))
+        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id),
+              exited=_exited(tree.pid))
         self._trees[(channel, turn_id)] = tree
         return True
 

@@ -28,8 +28,9 @@ the same time. Every trial checks every line of the stop contract it can observe
 * no nudge after the stop, and the plan at the notice has nothing pending or in progress;
 * no spawn of a turn stopped before it started (trace: its spawn after the stop decision),
   and no message accepted before the stop ever starts a turn after it (started stamps);
-* late registrations die: a process registered for a turn already stale never runs its code
-  after the registration (its start stamp);
+* late registrations die: a process registered for a turn already stale is SIGKILLed at once
+  (unless it had exited already: the widened spawn window lets a quick agent finish before its
+  registration) and never runs its code after the registration (its start stamp);
 * nothing of the stopped turn alive when the stop returns; nothing of the trial at its end
   (``CORRAL_TURN`` marker, or a cwd in the channel's working folder);
 * the follow-up ran under the stop's generation; the other channel was untouched.
@@ -512,7 +513,7 @@ class Runner:
             if reg is None or not reg["stale"]:
                 continue
             first = next((s for s in ev.signals.get(reg["pid"], []) if s["t"] >= reg["t"]), None)
-            if first is None or first["sig"] != signal.SIGKILL:
+            if (first is None or first["sig"] != signal.SIGKILL) and not reg.get("exited"):
                 trial.violate("late-registration-not-killed", f"pid {reg['pid']} registered for stopped turn {p['turn']}; "
                                                               f"first signal after: {first and signal.Signals(first['sig']).name}")
             late = [s for s in ev.started_turn.get(p["turn"], []) if s["t"] > reg["t"]]
