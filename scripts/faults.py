@@ -290,7 +290,8 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
     taken = _turn_messages(rig.store)
     for m in book.messages:
         runs = stamps.get(m.ident, [])
-        mine = [e["seq"] for e in entries[m.channel] if e["kind"] == "message" and e["author"].startswith("human:") and m.ident in e["text"]]
+        mine = [e["seq"] for e in entries[m.channel]
+                if e["kind"] == "message" and e["author"].startswith("human:") and m.ident in e["text"]]
         stored, seq = bool(mine), m.seq if m.seq is not None else (mine[0] if mine else -1)
         if len(runs) > 1:
             v["ran-once"] += 1
@@ -548,7 +549,8 @@ class Trials:
             while rig.alive() and time.monotonic() < deadline and not line:
                 with rig.daemon.log_path.open("rb") as fh:
                     fh.seek(logged)
-                    line = next((t for t in fh.read().decode(errors="replace").splitlines() if f"received {name}" in t), "")
+                    text = fh.read().decode(errors="replace")
+                line = next((t for t in text.splitlines() if f"received {name}" in t), "")
                 time.sleep(0.01)  # the daemon's pace, an outside event
             if not line and rig.alive():
                 self.violations["answers"] += 1
@@ -911,8 +913,10 @@ def run_jobs(kinds: list[str], seed: int, jobs: int, say: Any) -> dict[str, Any]
         )
         for j, part in enumerate(parts) if part
     ]
-    merged: dict[str, Any] = {"trials": 0, "seed": seed, "jobs": jobs, "violations": 0, "by_invariant": Counter(),
-                              "by_fault": Counter(), "kinds": Counter(), "skipped": {}, "notes": [], "starts": 0, "kept": []}
+    merged: dict[str, Any] = {
+        "trials": 0, "seed": seed, "jobs": jobs, "violations": 0, "by_invariant": Counter(), "by_fault": Counter(),
+        "kinds": Counter(), "skipped": {}, "notes": [], "starts": 0, "kept": [],
+    }
     for proc in procs:
         out, _ = proc.communicate()
         lines = out.strip().splitlines()
@@ -942,9 +946,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="replay a run with this seed")
     parser.add_argument("--only", default=None, help="comma-separated fault kinds or families (kill9, signal, ...)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="worker processes, each with its own daemon and folder (default 1; 2 halves a run on 2 cores)")
+                        help="worker processes, each with its own daemon and folder (default 1)")
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run exactly these kinds, print JSON
+    # Internal: a worker of --jobs runs exactly these kinds and prints its JSON summary.
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     if args.worker is not None:
@@ -981,7 +986,8 @@ def main() -> int:
             if len(seen) >= 15:
                 break
     if total:
-        say(f"(replay with --seed {seed}{f' --jobs {args.jobs}' if args.jobs > 1 else ''}; logs kept in {summary['kept']})")
+        jobs = f" --jobs {args.jobs}" if args.jobs > 1 else ""
+        say(f"(replay with --seed {seed}{jobs}; logs kept in {summary['kept']})")
     return 1 if total else 0
 
 

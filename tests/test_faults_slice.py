@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from _scripts import run_json
 
 pytestmark = pytest.mark.chaos
