@@ -11,7 +11,7 @@ agent stamps its start with, so the two can be compared):
 * ``preparing`` — a turn reached its point of no return (channel, turn);
 * ``spawn`` — the turn passed it and its process is being spawned (turn);
 * ``register`` — a process was registered (turn, pid, whether the turn was already stale);
-* ``signal`` — a signal sent to a turn's process group (pgid, sig).
+* ``signal`` — a signal sent to a turn's process group (pgid, sig), once sent.
 
 It also widens the windows a stop must hit: the preparing phase lasts 0-50 ms and a spawn
 0-30 ms longer, both shielded as the work they stand for is (writing the agent's files in a
@@ -99,19 +99,23 @@ def install_trace(path: str) -> None:
     signal_group = _tree.signal_group
 
     def traced_signal_group(pgid: int, sig: int) -> bool:
+        # Traced once sent: a process may run on (another core) until the kernel delivers it.
+        sent = signal_group(pgid, sig)
         trace("signal", pgid=pgid, sig=int(sig))
-        return signal_group(pgid, sig)
+        return sent
 
     _tree.signal_group = traced_signal_group
+    _registry.signal_group = traced_signal_group  # the freeze of a registration while a stop is stored
 
     cgroup_kill = _cgroup.TurnCgroup.kill
 
     def traced_cgroup_kill(self: _cgroup.TurnCgroup) -> None:
         # cgroup.kill SIGKILLs every member (the kernel does it): traced as one SIGKILL each,
         # the leader's pid being its group's id.
-        for pid in self.procs():
-            trace("signal", pgid=pid, sig=int(signal.SIGKILL))
+        members = self.procs()
         cgroup_kill(self)
+        for pid in members:
+            trace("signal", pgid=pid, sig=int(signal.SIGKILL))
 
     _cgroup.TurnCgroup.kill = traced_cgroup_kill  # type: ignore[method-assign]
 

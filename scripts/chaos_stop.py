@@ -512,11 +512,19 @@ class Runner:
             reg = ev.registered.get(p["turn"])
             if reg is None or not reg["stale"]:
                 continue
-            first = next((s for s in ev.signals.get(reg["pid"], []) if s["t"] >= reg["t"]), None)
-            if (first is None or first["sig"] != signal.SIGKILL) and not reg.get("exited"):
+            after = [s for s in ev.signals.get(reg["pid"], []) if s["t"] >= reg["t"]]
+            first = after[0] if after else None
+            # SIGKILL at once; or, while the stop's record is being stored, SIGSTOP (frozen) and
+            # SIGKILL once it is.
+            killed = first is not None and (first["sig"] == signal.SIGKILL or first["sig"] == signal.SIGSTOP
+                                            and any(s["sig"] == signal.SIGKILL for s in after))
+            if not killed and not reg.get("exited"):
                 trial.violate("late-registration-not-killed", f"pid {reg['pid']} registered for stopped turn {p['turn']}; "
                                                               f"first signal after: {first and signal.Signals(first['sig']).name}")
-            late = [s for s in ev.started_turn.get(p["turn"], []) if s["t"] > reg["t"]]
+            # Its code may run between the registration and the signal's sending (on another
+            # core): not after it.
+            since = first["t"] if killed and first else reg["t"]
+            late = [s for s in ev.started_turn.get(p["turn"], []) if s["t"] > since]
             if late:
                 trial.violate("late-registration-lived", f"pid {reg['pid']} of stopped turn {p['turn']} ran its code "
                                                          f"{(late[0]['t'] - reg['t']) * 1000:.0f} ms after registering")
