@@ -105,7 +105,8 @@ def install_trace(path: str) -> None:
         return sent
 
     _tree.signal_group = traced_signal_group
-    _registry.signal_group = traced_signal_group  # the freeze of a registration while a stop is stored
+    # The freeze of a registration while its stop is stored (the registry's own import).
+    _registry.signal_group = traced_signal_group  # type: ignore[attr-defined]
 
     cgroup_kill = _cgroup.TurnCgroup.kill
 

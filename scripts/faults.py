@@ -820,21 +820,21 @@ def run_eio(folder: Path, fail_at: int) -> list[tuple[str, str]]:
                 await started_or_idle(sup)
             stopped.append(await sup.stop("eio"))
 
-    def runs() -> int:
+    def long_runs() -> int:
         return len(_stamps(folder).get("eio.L", []))
 
     async def started_or_idle(sup: Any, before: int = 0) -> None:
         with trio.fail_after(WAIT_S):
-            while runs() == before and not await sup.wait_idle("eio", timeout=0):
+            while long_runs() == before and not await sup.wait_idle("eio", timeout=0):
                 await trio.sleep(0.02)  # the agent's start, an outside event
 
     async def reopen() -> list[Any]:
         if not accepted:
             return []  # nothing was ever stored: no channel to look at
         async with open_supervisor(config) as sup:
-            before = runs()
+            before = long_runs()
             await started_or_idle(sup, before)
-            if runs() > before:
+            if long_runs() > before:
                 await sup.stop("eio")  # the long job, left queued by the fault, runs now: 30 s otherwise
             with trio.fail_after(WAIT_S):
                 await sup.wait_idle("eio")
