@@ -39,6 +39,8 @@ import trio
 from supervisor import _cgroup, _ledger, _registry, _supervisor, _tree, _turn
 
 _trace_fd: int | None = None
+_sup: _supervisor.Supervisor | None = None
+"""The daemon's supervisor (one per process), for the seeded bugs that reach into it."""
 
 
 def trace(event: str, **fields: Any) -> None:
@@ -91,8 +93,11 @@ def install_trace(path: str) -> None:
 
     supervisor_init = _supervisor.Supervisor.__init__
 
-    def init(self: _supervisor.Supervisor, config: Any, store: Any, nursery: trio.Nursery, hooks: Any = None) -> None:
-        supervisor_init(self, config, store, nursery, hooks or _supervisor.Hooks(preparing=preparing, spawn=spawn))
+    def init(self: _supervisor.Supervisor, config: Any, store: Any, nursery: trio.Nursery, hooks: Any = None,
+             **kw: Any) -> None:
+        global _sup
+        _sup = self
+        supervisor_init(self, config, store, nursery, hooks or _supervisor.Hooks(preparing=preparing, spawn=spawn), **kw)
 
     _supervisor.Supervisor.__init__ = init  # type: ignore[method-assign]
 
@@ -162,7 +167,9 @@ def _todos_kept() -> None:
 
 
 def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
-    self._last = self.sup.store.submit_entry(
+    # The turn reaches the store through its supervisor, or (narrow ports) through its ports.
+    store = self.ports.store if hasattr(self, "ports") else self.sup.store  # type: ignore[attr-defined]
+    self._last = store.submit_entry(
         self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
     )
 
@@ -182,12 +189,12 @@ def _output_after_notice() -> None:
         async def store_it() -> None:
             with trio.CancelScope(shield=True):
                 await self.done.wait()
-                stopping = self.sup._stops.get(self.channel)
+                stopping = _sup._stops.get(self.channel)  # type: ignore[union-attr]
                 if stopping is not None:
                     await stopping.done.wait()  # set once the stop's notice is stored
                 _keep_everything(self, kind, text, meta)
 
-        self.sup._nursery.start_soon(store_it)
+        _sup._nursery.start_soon(store_it)  # type: ignore[union-attr]
 
     _turn.Turn._post = later  # type: ignore[method-assign]
 
