@@ -97,7 +97,8 @@ def install_trace(path: str) -> None:
              **kw: Any) -> None:
         global _sup
         _sup = self
-        supervisor_init(self, config, store, nursery, hooks or _supervisor.Hooks(preparing=preparing, spawn=spawn), **kw)
+        hooks = hooks or _supervisor.Hooks(preparing=preparing, spawn=spawn)
+        supervisor_init(self, config, store, nursery, hooks, **kw)
 
     _supervisor.Supervisor.__init__ = init  # type: ignore[method-assign]
 
@@ -174,15 +175,26 @@ def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any
     )
 
 
+def _unsilence() -> Callable[[_turn.Turn], bool]:
+    """Where the turn's pure account drops a stopped turn's output before ``_post`` (the
+    narrow-ports Turn), that filter goes too. Returns the real check."""
+    silenced: Callable[[_turn.Turn], bool] = _turn.Turn._silenced
+    if hasattr(_turn.Turn, "_carry_out"):
+        _turn.Turn._silenced = lambda self: False  # type: ignore[method-assign]
+    return silenced
+
+
 def _output_before_notice() -> None:
+    _unsilence()
     _turn.Turn._post = _keep_everything  # type: ignore[method-assign]
 
 
 def _output_after_notice() -> None:
+    silenced = _unsilence()
     post = _turn.Turn._post
 
     def later(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
-        if not self._silenced():
+        if not silenced(self):
             post(self, kind, text, meta)
             return
 
