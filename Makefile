@@ -36,7 +36,7 @@ bench: $(STAMP)
 	-bash scripts/install-clis.sh
 	$(VENV)/bin/python -m scripts.bench_daemon
 	$(VENV)/bin/python -m scripts.bench_stop
-	$(VENV)/bin/python scripts/chaos_stop.py
+	$(VENV)/bin/python -m scripts.chaos_stop
 
 # Lint (ruff) and types (mypy --strict), both configured in pyproject.toml.
 check: $(STAMP)

@@ -1,9 +1,8 @@
 """What the benchmark scripts share: a ``corral run`` daemon, the marker scans, the clean-up.
 
-Imported by ``bench_daemon.py`` and ``bench_stop.py`` as ``scripts._bench`` (run from the
-repository root as ``.venv/bin/python -m scripts.bench_daemon``), and by ``chaos_stop.py`` as
-``_bench`` (run as ``.venv/bin/python scripts/chaos_stop.py``, which puts ``scripts/`` on
-``sys.path``). Each script starts its own daemon(s) in a temporary folder; every scan here
+Imported as ``scripts._bench`` by the benchmarks, ``chaos_stop`` and ``faults``, each run
+from the repository root as ``.venv/bin/python -m scripts.NAME``. Each script starts its own
+daemon(s) in a temporary folder; every scan here
 is scoped to processes whose HOME lies under that folder, so other corral instances on the
 machine are never counted nor killed.
 """
@@ -105,6 +104,7 @@ class Daemon:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             log.write(line)
+            log.flush()  # a script may watch the log for a line as it comes
         log.close()
 
     @property

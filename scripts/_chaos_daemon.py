@@ -11,7 +11,7 @@ agent stamps its start with, so the two can be compared):
 * ``preparing`` — a turn reached its point of no return (channel, turn);
 * ``spawn`` — the turn passed it and its process is being spawned (turn);
 * ``register`` — a process was registered (turn, pid, whether the turn was already stale);
-* ``signal`` — a signal sent to a turn's process group (pgid, sig).
+* ``signal`` — a signal sent to a turn's process group (pgid, sig), once sent.
 
 It also widens the windows a stop must hit: the preparing phase lasts 0-50 ms and a spawn
 0-30 ms longer, both shielded as the work they stand for is (writing the agent's files in a
@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from typing import Any
 
 import trio
 
-from supervisor import _ledger, _registry, _supervisor, _tree, _turn
+from supervisor import _cgroup, _ledger, _registry, _supervisor, _tree, _turn
 from supervisor.testing import Hooks
 
 #: The supervisors started in this process (one: the daemon's), for the seeded bugs.
@@ -51,6 +52,13 @@ def trace(event: str, **fields: Any) -> None:
 
 
 # ---------------------------------------------------------------- the trace
+
+
+def _exited(pid: int) -> bool:
+    """Has the process already exited (a zombie, not reaped here)? The widened spawn window
+    lets a quick agent finish before it is registered: then there is nothing left to kill."""
+    stat = _tree.read_stat(pid)
+    return stat is None or stat.state == "Z"
 
 
 def install_trace(path: str) -> None:
@@ -98,15 +106,32 @@ def install_trace(path: str) -> None:
     signal_group = _tree.signal_group
 
     def traced_signal_group(pgid: int, sig: int) -> bool:
+        # Traced once sent: a process may run on (another core) until the kernel delivers it.
+        sent = signal_group(pgid, sig)
         trace("signal", pgid=pgid, sig=int(sig))
-        return signal_group(pgid, sig)
+        return sent
 
     _tree.signal_group = traced_signal_group
+    # The freeze of a registration while its stop is stored (the registry's own import).
+    _registry.signal_group = traced_signal_group  # type: ignore[attr-defined]
+
+    cgroup_kill = _cgroup.TurnCgroup.kill
+
+    def traced_cgroup_kill(self: _cgroup.TurnCgroup) -> None:
+        # cgroup.kill SIGKILLs every member (the kernel does it): traced as one SIGKILL each,
+        # the leader's pid being its group's id.
+        members = self.procs()
+        cgroup_kill(self)
+        for pid in members:
+            trace("signal", pgid=pid, sig=int(signal.SIGKILL))
+
+    _cgroup.TurnCgroup.kill = traced_cgroup_kill  # type: ignore[method-assign]
 
     register = _registry.ProcessRegistry.register
 
     def traced_register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
-        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id))
+        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id),
+              exited=_exited(tree.pid))
         return register(self, channel, turn_id, tree)
 
     _registry.ProcessRegistry.register = traced_register  # type: ignore[method-assign]
@@ -130,7 +155,8 @@ def _no_point_of_no_return() -> None:
 
 def _no_late_kill() -> None:
     def register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
-        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id))
+        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id),
+              exited=_exited(tree.pid))
         self._trees[(channel, turn_id)] = tree
         return True
 

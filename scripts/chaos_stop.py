@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """Randomized stop trials against one real ``corral run`` daemon; exit 1 on any violation.
 
-Run it as ``.venv/bin/python scripts/chaos_stop.py`` (``--trials N``, default 1000;
+Run it as ``.venv/bin/python -m scripts.chaos_stop`` (``--trials N``, default 1000;
 ``--quick`` for 50; ``--seed S`` to replay a run; ``--seed-bug NAME`` to reintroduce one bug
-and watch the trials catch it; ``--json`` for a machine-readable summary). Several trials run
+and watch the trials catch it; ``--cgroup off`` to stop through the sweep instead of a cgroup
+per turn; ``--json`` for a machine-readable summary). Several trials run
 at once, each on fresh channels of the same daemon (restarted only if it dies, which is itself
 a violation). The daemon runs through ``scripts/_chaos_daemon.py``, which traces the ledger's
-stops, each turn's point of no return, spawn and registration, and widens those windows.
+stops, each turn's point of no return, spawn, registration and signal (a ``cgroup.kill``
+counting as a SIGKILL of each member), and widens those windows.
 
 The agent is ``scripts/_chaos_agent.py`` (the generic line protocol) in three setups: the prompt
 as an argument, the prompt on stdin (``prompt = "stdin"``), and one that ignores SIGINT from
@@ -26,8 +28,9 @@ the same time. Every trial checks every line of the stop contract it can observe
 * no nudge after the stop, and the plan at the notice has nothing pending or in progress;
 * no spawn of a turn stopped before it started (trace: its spawn after the stop decision),
   and no message accepted before the stop ever starts a turn after it (started stamps);
-* late registrations die: a process registered for a turn already stale never runs its code
-  after the registration (its start stamp);
+* late registrations die: a process registered for a turn already stale is SIGKILLed at once
+  (unless it had exited already: the widened spawn window lets a quick agent finish before its
+  registration) and never runs its code after the registration (its start stamp);
 * nothing of the stopped turn alive when the stop returns; nothing of the trial at its end
   (``CORRAL_TURN`` marker, or a cwd in the channel's working folder);
 * the follow-up ran under the stop's generation; the other channel was untouched.
@@ -51,10 +54,9 @@ from urllib.parse import quote
 import httpx
 import trio
 
-from _bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
-from _chaos_agent import FLUSH_TEXT
-from _chaos_daemon import SEEDED_BUGS
-
+from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
+from scripts._chaos_agent import FLUSH_TEXT
+from scripts._chaos_daemon import SEEDED_BUGS
 from supervisor._turn import channel_slug
 
 #: Trials running at once (on different channels).
@@ -66,18 +68,21 @@ STOP_GRACE = 1.0
 
 AGENTS = ("plain", "stdin", "stubborn")
 ENTRY_KINDS = {
-    "long": ["status:thinking", "todos", "tool", "status:tool running", "message"],
+    # Not "message": a long job's text is one message stored when it ends, 30 s on ("done",
+    # which a long job never draws either: a trial would wait the whole turn for nothing new).
+    "long": ["status:thinking", "todos", "tool", "status:tool running"],
     "short": ["status:thinking", "message"],
     "burst": ["status:thinking", "message"],
 }
 
 
-def chaos_config(folder: Path) -> str:
-    """The daemon's config: the three setups of the chaos agent."""
+def chaos_config(folder: Path, cgroup: str = "auto") -> str:
+    """The daemon's config: the three setups of the chaos agent; ``cgroup`` picks the kill
+    mechanism (``"auto"``: a cgroup per turn where cgroup v2 is writable, ``"off"``: the sweep)."""
     python, agent = json.dumps(sys.executable), json.dumps(str(REPO / "scripts" / "_chaos_agent.py"))
-    env = f'CHAOS_DIR = {json.dumps(str(folder))}'
+    env = f"CHAOS_DIR = {json.dumps(str(folder))}"
     return (
-        '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
+        f'[server]\nsocket = "corral.sock"\ncgroup = {json.dumps(cgroup)}\n[store]\npath = "corral.db"\n'
         f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
         f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {agent}]\nenv = {{ {env} }}\n'
         f'[agents.stdin]\nadapter = "generic"\ncommand = [{python}, {agent}]\nprompt = "stdin"\n'
@@ -96,8 +101,11 @@ class API:
     def __init__(self, socket: Path) -> None:
         self.http = httpx.AsyncClient(
             # The limits go on the transport: a client's own limits do not apply to a transport passed in.
-            transport=httpx.AsyncHTTPTransport(uds=str(socket), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)),
-            base_url="http://corral", timeout=WAIT_S + 30,
+            transport=httpx.AsyncHTTPTransport(
+                uds=str(socket), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            ),
+            base_url="http://corral",
+            timeout=WAIT_S + 30,
         )
 
     async def aclose(self) -> None:
@@ -110,12 +118,13 @@ class API:
         r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/messages", json=body)
         if r.status_code != 202:
             raise RuntimeError(f"send to {channel}: HTTP {r.status_code} {r.text[:200]}")
-        return r.json()
+        accepted: dict[str, Any] = r.json()
+        return accepted
 
     async def stop(self, channel: str) -> dict[str, Any]:
         """POST a stop; the stop result (with the HTTP status)."""
         r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/stop")
-        body = r.json()
+        body: dict[str, Any] = r.json()
         body["http_status"] = r.status_code
         return body
 
@@ -128,7 +137,8 @@ class API:
         """Every committed entry of the channel."""
         r = await self.http.get(f"/v1/channels/{quote(channel, safe='')}/entries")
         r.raise_for_status()
-        return r.json()["entries"]
+        entries: list[dict[str, Any]] = r.json()["entries"]
+        return entries
 
     async def wait_for(self, channel: str, kind: str, got: trio.Event) -> None:
         """Follow the channel until an agent entry of ``kind`` (``kind:text-prefix``) appears."""
@@ -258,21 +268,32 @@ def choose(index: int, rng: random.Random, moments: tuple[str, ...] = MOMENTS) -
     if moment == "entry":
         moment = "entry:" + rng.choice(ENTRY_KINDS[job])
     return Trial(
-        index=index, agent=rng.choice(AGENTS), job=job, moment=moment, delay=rng.uniform(0.0, 0.3),
+        index=index,
+        agent=rng.choice(AGENTS),
+        job=job,
+        moment=moment,
+        delay=rng.uniform(0.0, 0.3),
         repeat=rng.choice([None, None, None, "after", "concurrent"]),
-        follow_up=rng.random() < 0.5, other=rng.random() < 0.3,
+        follow_up=rng.random() < 0.5,
+        other=rng.random() < 0.3,
     )
 
 
 class Runner:
     """Runs the trials against one daemon, restarting it only if it dies."""
 
-    def __init__(self, folder: Path, seed_bug: str | None = None) -> None:
+    def __init__(self, folder: Path, seed_bug: str | None = None, cgroup: str = "auto") -> None:
         self.folder = folder
-        self.command = [sys.executable, str(REPO / "scripts" / "_chaos_daemon.py"), "--trace", str(folder / "trace.jsonl")]
+        self.config = chaos_config(folder, cgroup)
+        self.command = [
+            sys.executable,
+            str(REPO / "scripts" / "_chaos_daemon.py"),
+            "--trace",
+            str(folder / "trace.jsonl"),
+        ]
         if seed_bug:
             self.command += ["--seed-bug", seed_bug]
-        self.daemon = Daemon(folder, chaos_config(folder), self.command)
+        self.daemon = Daemon(folder, self.config, self.command)
         self.api = API(self.daemon.socket)
         self.evidence = Evidence(folder)
         self.home = str(folder)
@@ -292,7 +313,7 @@ class Runner:
             trial.violate("daemon-died", f"status {self.daemon.proc.returncode}; see {self.daemon.log_path}")
             await self.api.aclose()
             self.daemon.stop()
-            self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, chaos_config(self.folder), self.command)
+            self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, self.config, self.command)
             self.api = API(self.daemon.socket)
             self.restarts += 1
 
@@ -390,8 +411,14 @@ class Runner:
         entries = await api.entries(channel)
         if waited_for:
             kind, _, prefix = waited_for.partition(":")
-            if not any(e["kind"] == kind and e["text"].startswith(prefix) for e in entries if e["author"].startswith("agent:")):
-                trial.violate("harness", f"the turn ended without a {waited_for!r} entry: {_brief([e for e in entries if e['kind'] in ('error', 'notice')])}")
+            if not any(
+                e["kind"] == kind and e["text"].startswith(prefix) for e in entries if e["author"].startswith("agent:")
+            ):
+                trial.violate(
+                    "harness",
+                    f"the turn ended without a {waited_for!r} entry: "
+                    f"{_brief([e for e in entries if e['kind'] in ('error', 'notice')])}",
+                )
         self.check_stop(trial, accepted, results, follow, entries)
         self.evidence.refresh()
         self.check_trace(trial, channel, before)
@@ -414,8 +441,12 @@ class Runner:
             kill_by_pid(alive, wait=None)
 
     def check_stop(
-        self, trial: Trial, accepted: dict[str, Any], results: list[dict[str, Any]],
-        follow: dict[str, Any] | None, entries: list[dict[str, Any]],
+        self,
+        trial: Trial,
+        accepted: dict[str, Any],
+        results: list[dict[str, Any]],
+        follow: dict[str, Any] | None,
+        entries: list[dict[str, Any]],
     ) -> None:
         """The stop contract, from the stop results and the channel's transcript."""
         v = trial.violate
@@ -450,7 +481,11 @@ class Runner:
                 v("entry-after-notice", _brief(late))
         if stop.get("stopped_turns") and notice["turn"] not in stop["stopped_turns"]:
             v("notice-turn", f"the notice names turn {notice['turn']}, the stop stopped {stop['stopped_turns']}")
-        old = [e for e in entries if e["author"].startswith("agent:") and e["generation"] < generation and e["seq"] > notice["seq"]]
+        old = [
+            e
+            for e in entries
+            if e["author"].startswith("agent:") and e["generation"] < generation and e["seq"] > notice["seq"]
+        ]
         if old:
             v("old-message-ran", _brief(old))
         nudges = [e for e in entries if e["meta"].get("nudge") and e["seq"] > notice["seq"]]
@@ -465,8 +500,11 @@ class Runner:
             if follow["generation"] != generation:
                 v("follow-up", f"got generation {follow['generation']}, the stop made {generation}")
             replies = [
-                e for e in entries
-                if e["author"].startswith("agent:") and e["kind"] == "message" and e["seq"] > follow["seq"]
+                e
+                for e in entries
+                if e["author"].startswith("agent:")
+                and e["kind"] == "message"
+                and e["seq"] > follow["seq"]
                 and e["generation"] == follow["generation"]
             ]
             if not replies:
@@ -500,19 +538,38 @@ class Runner:
         for ident in before:
             for stamp in ev.started.get(ident, []):
                 if ev.spawned.get(stamp["turn"], float("inf")) > t_stop:
-                    trial.violate("dropped-message-ran", f"message {ident} was accepted before the stop and started turn {stamp['turn']} after it")
+                    trial.violate(
+                        "dropped-message-ran",
+                        f"message {ident} was accepted before the stop and started turn {stamp['turn']} after it",
+                    )
         for p in prepared:
             reg = ev.registered.get(p["turn"])
             if reg is None or not reg["stale"]:
                 continue
-            first = next((s for s in ev.signals.get(reg["pid"], []) if s["t"] >= reg["t"]), None)
-            if first is None or first["sig"] != signal.SIGKILL:
-                trial.violate("late-registration-not-killed", f"pid {reg['pid']} registered for stopped turn {p['turn']}; "
-                                                              f"first signal after: {first and signal.Signals(first['sig']).name}")
-            late = [s for s in ev.started_turn.get(p["turn"], []) if s["t"] > reg["t"]]
+            after = [s for s in ev.signals.get(reg["pid"], []) if s["t"] >= reg["t"]]
+            first = after[0] if after else None
+            # SIGKILL at once; or, while the stop's record is being stored, SIGSTOP (frozen) and
+            # SIGKILL once it is.
+            killed = first is not None and (
+                first["sig"] == signal.SIGKILL
+                or (first["sig"] == signal.SIGSTOP and any(s["sig"] == signal.SIGKILL for s in after))
+            )
+            if not killed and not reg.get("exited"):
+                trial.violate(
+                    "late-registration-not-killed",
+                    f"pid {reg['pid']} registered for stopped turn {p['turn']}; "
+                    f"first signal after: {first and signal.Signals(first['sig']).name}",
+                )
+            # Its code may run between the registration and the signal's sending (on another
+            # core): not after it.
+            since = first["t"] if killed and first else reg["t"]
+            late = [s for s in ev.started_turn.get(p["turn"], []) if s["t"] > since]
             if late:
-                trial.violate("late-registration-lived", f"pid {reg['pid']} of stopped turn {p['turn']} ran its code "
-                                                         f"{(late[0]['t'] - reg['t']) * 1000:.0f} ms after registering")
+                trial.violate(
+                    "late-registration-lived",
+                    f"pid {reg['pid']} of stopped turn {p['turn']} ran its code "
+                    f"{(late[0]['t'] - reg['t']) * 1000:.0f} ms after registering",
+                )
 
 
 def _turn_processes(home: str, turns: set[str], cwds: tuple[str, ...] = ()) -> list[Found]:
@@ -533,7 +590,9 @@ async def _append(results: list[dict[str, Any]], api: API, channel: str) -> None
 
 
 def _brief(entries: list[dict[str, Any]]) -> str:
-    return "; ".join(f"#{e['seq']} {e['author']} {e['kind']} g{e['generation']} {e['turn']} {e['text'][:60]!r}" for e in entries[:6])
+    return "; ".join(
+        f"#{e['seq']} {e['author']} {e['kind']} g{e['generation']} {e['turn']} {e['text'][:60]!r}" for e in entries[:6]
+    )
 
 
 # ---------------------------------------------------------------- main
@@ -552,7 +611,10 @@ async def run_all(runner: Runner, trials: list[Trial], concurrency: int, quiet: 
             done += 1
             if not quiet and done % max(1, len(trials) // 10) == 0:
                 bad = sum(1 for t in trials if t.violations)
-                print(f"  {done:>5}/{len(trials)} trials, {time.monotonic() - started:6.1f} s, {bad} with violations", flush=True)
+                print(
+                    f"  {done:>5}/{len(trials)} trials, {time.monotonic() - started:6.1f} s, {bad} with violations",
+                    flush=True,
+                )
 
     async with trio.open_nursery() as nursery:
         for _ in range(concurrency):
@@ -566,11 +628,25 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="50 trials")
     parser.add_argument("--seed", type=int, default=None, help="replay a run with this seed")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help=f"trials at once (default {CONCURRENCY})")
-    parser.add_argument("--seed-bug", choices=sorted(SEEDED_BUGS), default=None,
-                        help="reintroduce one bug in the daemon: " + "; ".join(f"{k}: {v[1]}" for k, v in SEEDED_BUGS.items()))
+    parser.add_argument(
+        "--seed-bug",
+        choices=sorted(SEEDED_BUGS),
+        default=None,
+        help="reintroduce one bug in the daemon: " + "; ".join(f"{k}: {v[1]}" for k, v in SEEDED_BUGS.items()),
+    )
+    parser.add_argument(
+        "--cgroup",
+        choices=("auto", "off"),
+        default="auto",
+        help="the kill mechanism: a cgroup per turn where writable (auto, the default) or the sweep "
+        "(off); the seeded bug no-marker-scan implies off (the marker scan is the sweep's)",
+    )
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
-    parser.add_argument("--moments", default=",".join(MOMENTS),
-                        help=f"comma-separated stop moments to draw from (default all: {','.join(MOMENTS)})")
+    parser.add_argument(
+        "--moments",
+        default=",".join(MOMENTS),
+        help=f"comma-separated stop moments to draw from (default all: {','.join(MOMENTS)})",
+    )
     args = parser.parse_args()
     moments = tuple(m for m in args.moments.split(",") if m)
     if not moments or set(moments) - set(MOMENTS):
@@ -581,14 +657,16 @@ def main() -> int:
     trials = [choose(i, rng, moments) for i in range(count)]
     root = short_tmp("cc-")
     say = (lambda *a, **k: None) if args.json else print
-    say(f"chaos stop: {count} trials, {args.concurrency} at a time, seed {seed}, one `corral run` daemon in {root}"
-        + (f", seeded bug {args.seed_bug}" if args.seed_bug else ""))
+    say(
+        f"chaos stop: {count} trials, {args.concurrency} at a time, seed {seed}, one `corral run` daemon in {root}"
+        + (f", seeded bug {args.seed_bug}" if args.seed_bug else "")
+    )
     started = time.monotonic()
     failures: list[str] = []
     runner: Runner | None = None
     left: list[Found] = []
     try:
-        runner = Runner(root, args.seed_bug)
+        runner = Runner(root, args.seed_bug, "off" if args.seed_bug == "no-marker-scan" else args.cgroup)
         trio.run(run_all, runner, trials, args.concurrency, args.json)
     finally:
         if runner is not None:
@@ -605,24 +683,46 @@ def main() -> int:
     by_kind.update({"after-the-run": len(failures)} if failures else {})
     phases = Counter(t.phase for t in trials)
     if args.json:
-        print(json.dumps({
-            "trials": count, "seed": seed, "seed_bug": args.seed_bug, "elapsed_s": round(elapsed, 1),
-            "violations": violations, "by_kind": dict(by_kind), "phases": dict(phases),
-            "examples": [[t.describe(), *[f"{k}: {d}" for k, d in t.violations[:3]]] for t in bad[:3]] + failures,
-        }))
+        print(
+            json.dumps(
+                {
+                    "trials": count,
+                    "seed": seed,
+                    "seed_bug": args.seed_bug,
+                    "elapsed_s": round(elapsed, 1),
+                    "violations": violations,
+                    "by_kind": dict(by_kind),
+                    "phases": dict(phases),
+                    "examples": [[t.describe(), *[f"{k}: {d}" for k, d in t.violations[:3]]] for t in bad[:3]]
+                    + failures,
+                }
+            )
+        )
     else:
         stops = sorted(t.stop_ms for t in trials if t.stop_ms)
         mix = Counter(f"{t.job}/{t.moment.split(':')[0]}" for t in trials)
-        print(f"\ntrials: {count} in {elapsed:.1f} s ({count / elapsed:.1f}/s); daemon restarts: {runner.restarts if runner else '?'}")
-        print(f"mix: {', '.join(f'{k} {n}' for k, n in sorted(mix.items()))}; agents "
-              f"{dict(Counter(t.agent for t in trials))}; repeats {sum(1 for t in trials if t.repeat)}, "
-              f"follow-ups {sum(1 for t in trials if t.follow_up)}, second channel {sum(1 for t in trials if t.other)}")
-        print(f"phase of the turn when the stop was decided: {', '.join(f'{k} {n}' for k, n in sorted(phases.items()))}")
-        print(f"stops that ended a turn: {sum(1 for t in trials if t.ended_turn)} (killed a process: "
-              f"{sum(1 for t in trials if t.killed)}, swept a setsid grandchild: {sum(1 for t in trials if t.swept)}); "
-              f"the rest stopped an idle channel or a turn before its spawn")
+        print(
+            f"\ntrials: {count} in {elapsed:.1f} s ({count / elapsed:.1f}/s); daemon restarts: "
+            f"{runner.restarts if runner else '?'}"
+        )
+        print(
+            f"mix: {', '.join(f'{k} {n}' for k, n in sorted(mix.items()))}; agents "
+            f"{dict(Counter(t.agent for t in trials))}; repeats {sum(1 for t in trials if t.repeat)}, "
+            f"follow-ups {sum(1 for t in trials if t.follow_up)}, second channel {sum(1 for t in trials if t.other)}"
+        )
+        print(
+            f"phase of the turn when the stop was decided: {', '.join(f'{k} {n}' for k, n in sorted(phases.items()))}"
+        )
+        print(
+            f"stops that ended a turn: {sum(1 for t in trials if t.ended_turn)} (killed a process: "
+            f"{sum(1 for t in trials if t.killed)}, swept a setsid grandchild: {sum(1 for t in trials if t.swept)}); "
+            f"the rest stopped an idle channel or a turn before its spawn"
+        )
         if stops:
-            print(f"stop call (client side): median {stops[len(stops) // 2]:.1f} ms, p95 {stops[int(len(stops) * 0.95)]:.1f} ms, max {stops[-1]:.1f} ms")
+            print(
+                f"stop call (client side): median {stops[len(stops) // 2]:.1f} ms, p95 "
+                f"{stops[int(len(stops) * 0.95)]:.1f} ms, max {stops[-1]:.1f} ms"
+            )
         print(f"processes left after the daemon stopped: {len(left)}")
         print(f"violations: {violations} (in {len(bad)} trial(s))")
         for key, n in by_kind.most_common():
@@ -634,8 +734,10 @@ def main() -> int:
         for line in failures:
             print(f"  - {line}")
     if violations:
-        say(f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}"
-            f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}; daemon log kept in {root}/daemon.log)")
+        say(
+            f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}"
+            f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}; daemon log kept in {root}/daemon.log)"
+        )
     else:
         shutil.rmtree(root, ignore_errors=True)
     return 1 if violations else 0

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Randomized fault trials against real ``corral run`` daemons; exit 1 on any violation.
 
-Run it as ``.venv/bin/python scripts/faults.py`` (``--trials N``, default 1000; ``--quick``
+Run it as ``.venv/bin/python -m scripts.faults`` (``--trials N``, default 1000; ``--quick``
 for one trial of each fault; ``--seed S`` to replay; ``--only KIND,...`` to pick faults;
+``--jobs N`` to split the trials over N worker processes, each with its own daemon and folder;
 ``--json`` for a machine-readable summary). Everything runs in a temporary folder: daemons on
 a Unix socket there and a loopback TCP port with a token, agents (``scripts/_chaos_agent.py``)
 with HOME there; the process scans only ever count and kill processes whose HOME lies there.
@@ -14,7 +15,9 @@ Faults (a trial injects one, at a random moment):
   daemonized great-grandchild alive);
 * ``kill9:mid-stop`` — SIGKILL while a stop waits out the grace of an agent ignoring SIGINT;
 * ``kill9:mid-shutdown`` — SIGKILL while an orderly shutdown (SIGTERM) waits out that grace;
-* ``signal:NAME`` — every catchable signal whose default would end the daemon, mid-turn;
+* ``signal:NAME`` — every catchable signal whose default would end the daemon, mid-turn (the
+  daemon handles each, except the crash signals SEGV, BUS, FPE, ILL, ABRT, SYS and TRAP: one of
+  those may end it, and is then judged like ``kill -9``, by what the restart recovers);
 * ``poison`` — lone surrogates and NULs in messages and in agent output, next to clean sends;
 * ``abort:unix`` / ``abort:tcp`` — requests abandoned mid-body or mid-header (a shutdown and
   a stop announcing a body never sent, on the Unix socket and on TCP without a token);
@@ -63,34 +66,69 @@ from urllib.parse import quote
 import httpx
 import psutil
 
-from _bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
+from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 
 WAIT_S = 30.0
-STOP_GRACE = 2.0
+STOP_GRACE = 0.6
 AGENT = REPO / "scripts" / "_chaos_agent.py"
 #: Signals whose default action ends a process and that a process may catch.
 SIGNALS = [
-    s for s in (
-        "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGVTALRM",
-        "SIGPROF", "SIGXCPU", "SIGXFSZ", "SIGIO", "SIGPWR", "SIGSYS", "SIGTRAP", "SIGABRT",
-    ) if hasattr(signal, s)
+    s
+    for s in (
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGSEGV",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGILL",
+    )
+    if hasattr(signal, s)
 ]
+#: The signals of a crash (a hardware fault, an abort, a bad system call): the daemon does not
+#: handle them — after one its state is not to be trusted — so one may end it, and is then
+#: judged like ``kill -9``: the restart must find and end what it left, and mark its turns.
+CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGSYS", "SIGTRAP"}
 KINDS = [
-    "kill9:accept", "kill9:mid-turn", "kill9:mid-stop", "kill9:mid-shutdown", *[f"signal:{s}" for s in SIGNALS],
-    "poison", "abort:unix", "abort:tcp", "two-owners", "enospc", "eio",
+    "kill9:accept",
+    "kill9:mid-turn",
+    "kill9:mid-stop",
+    "kill9:mid-shutdown",
+    *[f"signal:{s}" for s in SIGNALS],
+    "poison",
+    "abort:unix",
+    "abort:tcp",
+    "two-owners",
+    "enospc",
+    "eio",
 ]
 
 
 def config_text(folder: Path, store: str = "corral.db", port: int | None = None) -> str:
     """A daemon with the chaos agent (plain and SIGINT-ignoring), a TCP listener with a token."""
     python, agent = json.dumps(sys.executable), json.dumps(str(AGENT))
-    env = f'CHAOS_DIR = {json.dumps(str(folder))}'
+    env = f"CHAOS_DIR = {json.dumps(str(folder))}"
     tcp = f'tcp = "127.0.0.1:{port}"\ntoken_file = "token"\n' if port else ""
     return (
         f'[server]\nsocket = "corral.sock"\n{tcp}[store]\npath = {json.dumps(store)}\n'
         f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
         f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {json.dumps(str(AGENT))}]\nenv = {{ {env} }}\n'
-        f'[agents.stubborn]\nadapter = "generic"\ncommand = ["env", "--ignore-signal=INT", {python}, {agent}]\nenv = {{ {env} }}\n'
+        f'[agents.stubborn]\nadapter = "generic"\ncommand = ["env", "--ignore-signal=INT", {python}, '
+        f'{agent}]\nenv = {{ {env} }}\n'
     )
 
 
@@ -141,7 +179,9 @@ class Client:
     """The control API over the Unix socket (synchronous; one per thread)."""
 
     def __init__(self, sock: Path) -> None:
-        self.http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://corral", timeout=WAIT_S + 30)
+        self.http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://corral", timeout=WAIT_S + 30
+        )
 
     def close(self) -> None:
         """Close the connections."""
@@ -149,22 +189,28 @@ class Client:
 
     def post(self, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
         """POST JSON (or raw bytes); the status and the decoded answer (text if not JSON)."""
-        r = self.http.post(path, content=raw if raw is not None else json.dumps(body or {}), headers={"content-type": "application/json"})
+        r = self.http.post(
+            path,
+            content=raw if raw is not None else json.dumps(body or {}),
+            headers={"content-type": "application/json"},
+        )
         try:
             return r.status_code, r.json()
         except ValueError:
             return r.status_code, r.text
 
     def entries(self, channel: str) -> list[dict[str, Any]]:
-        """Every committed entry of the channel."""
+        """Every committed entry of the channel (none if the daemon never stored anything of it)."""
         r = self.http.get(f"/v1/channels/{quote(channel, safe='')}/entries")
+        if r.status_code == 404:
+            return []
         r.raise_for_status()
         return list(r.json()["entries"])
 
     def wait(self, channel: str) -> bool:
-        """True once the channel is idle."""
+        """True once the channel is idle (or unknown: nothing of it was ever stored)."""
         status, body = self.post(f"/v1/channels/{quote(channel, safe='')}/wait?timeout={WAIT_S}")
-        return status == 200 and bool(body.get("idle"))
+        return status == 404 or (status == 200 and bool(body.get("idle")))
 
 
 def _stamps(folder: Path) -> dict[str, list[dict[str, Any]]]:
@@ -175,6 +221,29 @@ def _stamps(folder: Path) -> dict[str, list[dict[str, Any]]]:
                 r = json.loads(line)
                 out.setdefault(r["id"], []).append(r)
     return out
+
+
+def _turn_messages(store: Path) -> dict[int, list[str]]:
+    """Which turns took each message (by the message's seq), from the store's ``turns`` table,
+    read-only: a turn killed before its agent ran its code leaves no start stamp, only its row
+    and the notice that ended it."""
+    out: dict[int, list[str]] = {}
+    with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+        for turn, message in db.execute("SELECT id, message FROM turns WHERE message IS NOT NULL"):
+            out.setdefault(int(message), []).append(str(turn))
+    return out
+
+
+def _disposition(pid: int, signum: int) -> str:
+    """What ``pid`` does with ``signum`` now: ``ignored``, ``caught`` or ``default``
+    (``/proc/PID/status``: SigIgn, SigCgt)."""
+    masks = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigIgn", "SigCgt"):
+            masks[key] = int(value.strip(), 16)
+    bit = 1 << (signum - 1)
+    return "ignored" if masks["SigIgn"] & bit else "caught" if masks["SigCgt"] & bit else "default"
 
 
 def _ancestors(pid: int) -> set[int]:
@@ -193,6 +262,7 @@ class Rig:
 
     def __init__(self, folder: Path, store: str = "corral.db") -> None:
         self.folder = folder
+        self.store = folder / store
         self.port = free_port()
         (folder / "token").write_text("chaos-token-" + os.urandom(8).hex())
         os.chmod(folder / "token", 0o600)
@@ -216,7 +286,10 @@ class Rig:
             orphans = [f for f in marker_processes(str(self.folder)) if self.daemon.pid not in _ancestors(f[0])]
             if orphans:
                 v["no-survivor"] += 1
-                notes.append(f"no-survivor: {len(orphans)} process(es) of the dead daemon's turns alive after the restart: {orphans[:3]}")
+                notes.append(
+                    f"no-survivor: {len(orphans)} process(es) of the dead daemon's turns alive after the restart: "
+                    f"{orphans[:3]}"
+                )
                 kill_by_pid(orphans)
 
     def alive(self) -> bool:
@@ -255,20 +328,36 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
             notes.append(f"ran-once: {channel} still busy after {WAIT_S:g} s")
     stamps = _stamps(rig.folder)
     entries = {c: api.entries(c) for c in book.channels}
+    taken = _turn_messages(rig.store)
     for m in book.messages:
         runs = stamps.get(m.ident, [])
-        stored = any(e["kind"] == "message" and e["author"].startswith("human:") and m.ident in e["text"] for e in entries[m.channel])
+        mine = [
+            e["seq"]
+            for e in entries[m.channel]
+            if e["kind"] == "message" and e["author"].startswith("human:") and m.ident in e["text"]
+        ]
+        stored, seq = bool(mine), m.seq if m.seq is not None else (mine[0] if mine else -1)
         if len(runs) > 1:
             v["ran-once"] += 1
             notes.append(f"ran-once: message {m.ident} in {m.channel} ran {len(runs)} times")
         elif not runs and (m.sure or stored):
             # Dropped by a stop that said so: its notice (the stop's record) is in the channel,
             # under a newer generation; even if the fault cut the stop's answer.
-            dropped = any(e["kind"] == "notice" and m.generation is not None and e["generation"] > m.generation
-                          for e in entries[m.channel])
-            if not dropped:
+            dropped = any(
+                e["kind"] == "notice" and m.generation is not None and e["generation"] > m.generation
+                for e in entries[m.channel]
+            )
+            # Or its turn began and was ended (by a stop, a shutdown, a death) before the agent
+            # ran its code: the turn's last entry is the notice that says so.
+            ended = any(
+                [e["kind"] for e in entries[m.channel] if e["turn"] == turn][-1:] == ["notice"]
+                for turn in taken.get(seq, [])
+            )
+            if not (dropped or ended):
                 v["ran-once"] += 1
-                notes.append(f"ran-once: message {m.ident} in {m.channel} was accepted and never ran, and no stop dropped it")
+                notes.append(
+                    f"ran-once: message {m.ident} in {m.channel} was accepted and never ran, and no stop dropped it"
+                )
         if m.sure and not stored:
             v["ran-once"] += 1
             notes.append(f"ran-once: message {m.ident} was accepted (202) and is not in the transcript")
@@ -276,8 +365,13 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
         if not s.result.get("ok"):
             continue
         gen = s.result.get("generation", 0)
-        late = [m.ident for m in book.messages if m.channel == s.channel and m.generation is not None and m.generation < gen
-                for r in stamps.get(m.ident, []) if r["t"] > s.returned]
+        late = [
+            m.ident
+            for m in book.messages
+            if m.channel == s.channel and m.generation is not None and m.generation < gen
+            for r in stamps.get(m.ident, [])
+            if r["t"] > s.returned
+        ]
         if late:
             v["nothing-after-stop"] += 1
             notes.append(f"nothing-after-stop: {late} started after the stop of {s.channel} returned")
@@ -294,17 +388,30 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
             notice = next((e for e in tes if e["kind"] == "notice"), None)
             if notice is not None and tes[-1] is not notice:
                 v["transcript"] += 1
-                notes.append(f"transcript: turn {turn} in {channel} has entries after its notice: {[e['kind'] for e in tes]}")
+                notes.append(
+                    f"transcript: turn {turn} in {channel} has entries after its notice: {[e['kind'] for e in tes]}"
+                )
         for s in (s for s in book.stops if s.channel == channel and s.result.get("ok")):
             notice = next((e for e in es if e["seq"] == s.result.get("notice_seq")), None)
             if notice is None or notice["kind"] != "notice":
                 v["transcript"] += 1
-                notes.append(f"transcript: the stop of {channel} (ok) names notice {s.result.get('notice_seq')}, not in the transcript")
+                notes.append(
+                    f"transcript: the stop of {channel} (ok) names notice {s.result.get('notice_seq')}, not in the "
+                    f"transcript"
+                )
             else:
-                old = [e for e in es if e["author"].startswith("agent:") and e["generation"] < s.result["generation"] and e["seq"] > notice["seq"]]
+                old = [
+                    e
+                    for e in es
+                    if e["author"].startswith("agent:")
+                    and e["generation"] < s.result["generation"]
+                    and e["seq"] > notice["seq"]
+                ]
                 if old:
                     v["nothing-after-stop"] += 1
-                    notes.append(f"nothing-after-stop: {len(old)} entries of a stopped turn after the notice in {channel}")
+                    notes.append(
+                        f"nothing-after-stop: {len(old)} entries of a stopped turn after the notice in {channel}"
+                    )
     for channel in book.interrupted:
         es = entries[channel]
         turns = [e["turn"] for e in es if e["turn"] and e["author"].startswith("agent:")]
@@ -315,8 +422,10 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
         # A notice: the interruption's, or the stop's when a stop was on record before the end.
         if last["kind"] != "notice":
             v["transcript"] += 1
-            notes.append(f"transcript: turn {cut} in {channel} was cut by the daemon's end; its last entry is "
-                         f"{last['kind']} {last['text'][:50]!r}, not an interruption notice")
+            notes.append(
+                f"transcript: turn {cut} in {channel} was cut by the daemon's end; its last entry is "
+                f"{last['kind']} {last['text'][:50]!r}, not an interruption notice"
+            )
 
 
 def survivors_of_stop(rig: Rig, result: dict[str, Any], v: Counter[str], notes: list[str]) -> None:
@@ -364,12 +473,16 @@ class Trials:
         book.channels.add(name)
         return name
 
-    def send(self, book: Book, channel: str, job: str, agent: str = "plain", client: Client | None = None) -> Message | None:
+    def send(
+        self, book: Book, channel: str, job: str, agent: str = "plain", client: Client | None = None
+    ) -> Message | None:
         """Send ``job IDENT``; record it as accepted if the daemon said so."""
         ident = f"{channel}.{len(book.messages)}"
         api = client or self.rig.api
         try:
-            status, body = api.post(f"/v1/channels/{quote(channel, safe='')}/messages", {"text": f"{job} {ident}", "agent": agent})
+            status, body = api.post(
+                f"/v1/channels/{quote(channel, safe='')}/messages", {"text": f"{job} {ident}", "agent": agent}
+            )
         except httpx.HTTPError:
             m = Message(ident, channel, None, None, sure=False)
             book.messages.append(m)
@@ -391,7 +504,7 @@ class Trials:
             status, body = api.post(f"/v1/channels/{quote(channel, safe='')}/stop")
         except httpx.HTTPError:
             return None
-        if not isinstance(body, dict) or status >= 500 and "ok" not in body:
+        if not isinstance(body, dict) or (status >= 500 and "ok" not in body):
             self.violations["answers"] += 1
             self.notes.append(f"answers: a stop of {channel} got HTTP {status}: {str(body)[:150]}")
             return None
@@ -496,18 +609,38 @@ class Trials:
         self.send(book, ch, "long", self.rng.choice(["plain", "stubborn"]))
         self.wait_entry(ch, "tool")
         assert rig.daemon is not None
-        rig.daemon.proc.send_signal(getattr(signal, name))
-        try:
-            rig.daemon.proc.wait(timeout=STOP_GRACE + 4)
-        except subprocess.TimeoutExpired:
-            pass  # handled (ignored, or a reload): the daemon serves on
+        signum = getattr(signal, name)
+        how = _disposition(rig.daemon.pid, signum)
+        logged = rig.daemon.log_path.stat().st_size
+        rig.daemon.proc.send_signal(signum)
+        if how == "caught":
+            # The daemon logs every signal it handles: wait for that line (or its end), then
+            # for the orderly exit if it said so.
+            deadline = time.monotonic() + WAIT_S
+            line = ""
+            while rig.alive() and time.monotonic() < deadline and not line:
+                with rig.daemon.log_path.open("rb") as fh:
+                    fh.seek(logged)
+                    text = fh.read().decode(errors="replace")
+                line = next((t for t in text.splitlines() if f"received {name}" in t), "")
+                time.sleep(0.01)  # the daemon's pace, an outside event
+            if not line and rig.alive():
+                self.violations["answers"] += 1
+                self.notes.append(f"answers: the daemon catches {name} but never said it received it")
+            if "shutting down in order" in line:
+                rig.daemon.proc.wait(timeout=WAIT_S)
+        elif how == "default":
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rig.daemon.proc.wait(timeout=WAIT_S)
         if rig.alive():
             self.stop(book, ch)
             return
         book.interrupted.add(ch)
         rig.close_client()
         code = rig.daemon.proc.returncode
-        if code is not None and code < 0:
+        if code is not None and code < 0 and name in CRASH_SIGNALS:
+            pass  # a crash, like kill -9: the restart must find what it left (checked there)
+        elif code is not None and code < 0:
             # Killed outright, like kill -9: the restart must find what it left (checked there).
             self.violations["daemon-alive"] += 1
             self.notes.append(f"daemon-alive: {name} killed the daemon outright (status {code}), no orderly shutdown")
@@ -524,10 +657,11 @@ class Trials:
         self.wait_entry(ch, "tool")
         target = f"/v1/channels/{ch}/stop"
         requests = [
-            f"POST /v1/shutdown HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n".encode(),
+            b"POST /v1/shutdown HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n",
             f"POST {target} HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{{".encode(),
-            f"POST /v1/channels/x/messages HTTP/1.1\r\nhost: x\r\ncontent-le".encode(),
-            f"POST /v1/channels/{ch}-z/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 40\r\n\r\n{{\"text\": \"sh".encode(),
+            b"POST /v1/channels/x/messages HTTP/1.1\r\nhost: x\r\ncontent-le",
+            f'POST /v1/channels/{ch}-z/messages HTTP/1.1\r\nhost: x\r\ncontent-length: '
+            f'40\r\n\r\n{{"text": "sh'.encode(),
         ]
         for _ in range(rng.randint(5, 20)):
             data = rng.choice(requests)
@@ -549,7 +683,8 @@ class Trials:
         time.sleep(0.3)  # let the daemon notice the last abandoned connection before the check
         if not rig.alive():
             self.violations["daemon-alive"] += 1
-            self.notes.append(f"daemon-alive: aborted requests on {listener} ended the daemon (status {rig.daemon.proc.returncode})")  # type: ignore[union-attr]
+            status = rig.daemon.proc.returncode if rig.daemon else None
+            self.notes.append(f"daemon-alive: aborted requests on {listener} ended the daemon (status {status})")
             book.interrupted.add(ch)
             rig.close_client()
             survivors_of_exit(rig, self.violations, self.notes)
@@ -588,7 +723,10 @@ class Trials:
                 client.close()
 
         threads = [threading.Thread(target=clean, args=(c,)) for c in good]
-        threads += [threading.Thread(target=poisoned, args=(t,)) for t in ('"lone \\ud800 surrogate"', '"nul \\u0000 inside"', '"\\udfff"')]
+        threads += [
+            threading.Thread(target=poisoned, args=(t,))
+            for t in ('"lone \\ud800 surrogate"', '"nul \\u0000 inside"', '"\\udfff"')
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -611,14 +749,19 @@ class Trials:
         self.send(book, ch, "short")
         second = self.root / f"second{self.count}"
         second.mkdir()
-        text = config_text(rig.folder, str(rig.folder / "corral.db")).replace('"corral.sock"', json.dumps(str(second / "corral.sock")))
+        text = config_text(rig.folder, str(rig.folder / "corral.db")).replace(
+            '"corral.sock"', json.dumps(str(second / "corral.sock"))
+        )
         try:
             other = Daemon(second, text)
         except RuntimeError:
             log = (second / "daemon.log").read_text(errors="replace")
             if "in use" not in log:
                 self.violations["answers"] += 1
-                self.notes.append(f"answers: the second owner was refused without naming the store in use: {log.strip().splitlines()[-1:]}")
+                self.notes.append(
+                    f"answers: the second owner was refused without naming the store in use: "
+                    f"{log.strip().splitlines()[-1:]}"
+                )
             return
         self.violations["answers"] += 1
         self.notes.append("answers: a second daemon started on a store another daemon owns")
@@ -628,7 +771,9 @@ class Trials:
         finally:
             client.close()
             other.stop()
-            survivors = [f for f in marker_processes(str(rig.folder)) if rig.daemon and rig.daemon.pid not in _ancestors(f[0])]
+            survivors = [
+                f for f in marker_processes(str(rig.folder)) if rig.daemon and rig.daemon.pid not in _ancestors(f[0])
+            ]
             kill_by_pid(survivors)
 
     # -- a full disk
@@ -640,7 +785,9 @@ class Trials:
         folder = self.root / f"disk{self.count}"
         disk = folder / "disk"
         disk.mkdir(parents=True)
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True
+        )
         if mounted.returncode != 0:
             self.skipped["enospc"] = f"mount -t tmpfs failed: {mounted.stderr.strip()[:100]}"
             return
@@ -668,16 +815,24 @@ class Trials:
                 self.violations["answers"] += 1
                 self.notes.append(f"answers: a stop on a full disk says ok without a stored notice: {body}")
             err = str(body.get("error") if isinstance(body, dict) else body)
-            if isinstance(body, dict) and not body.get("ok") and "disk" not in err.lower() and "space" not in err.lower():
+            if (
+                isinstance(body, dict)
+                and not body.get("ok")
+                and "disk" not in err.lower()
+                and "space" not in err.lower()
+            ):
                 self.violations["answers"] += 1
                 self.notes.append(f"answers: a stop on a full disk failed without saying the disk is full: {err[:120]}")
             if isinstance(body, dict) and not body.get("ok") and (body.get("killed") or body.get("swept")):
                 self.violations["nothing-after-stop"] += 1
-                self.notes.append(f"nothing-after-stop: a stop that could not store its record killed {body.get('killed')} anyway")
+                self.notes.append(
+                    f"nothing-after-stop: a stop that could not store its record killed {body.get('killed')} anyway"
+                )
             book.stops.append(stop)
             filler.unlink()
             self.disk_full = False
-            rig.daemon.stop() if rig.daemon else None  # type: ignore[func-returns-value]
+            if rig.daemon:
+                rig.daemon.stop()
             survivors_of_exit(rig, self.violations, self.notes)
             rig.start(self.violations, self.notes)
             # The stop said it failed: then it must not have dropped anything silently, and
@@ -688,7 +843,9 @@ class Trials:
                     if q is not None and ran.get(q.ident):
                         rig.api.wait(ch)
                         self.violations["nothing-after-stop"] += 1
-                        self.notes.append(f"nothing-after-stop: {q.ident}, dropped by a stop on a full disk, ran after the restart")
+                        self.notes.append(
+                            f"nothing-after-stop: {q.ident}, dropped by a stop on a full disk, ran after the restart"
+                        )
             check(rig, book, self.violations, self.notes)
         finally:
             self.disk_full = False
@@ -746,15 +903,33 @@ def run_eio(folder: Path, fail_at: int) -> list[tuple[str, str]]:
                     accepted.append((f"eio.{i}", a.seq))
                 except StoreError:
                     pass
-            with contextlib.suppress(StoreError):
-                await sup.send("eio", "long eio.L")
-            with trio.fail_after(WAIT_S):
-                while not (folder / "started.jsonl").exists() or "eio.L" not in (folder / "started.jsonl").read_text():
-                    await trio.sleep(0.02)  # the agent's start, an outside event
+            try:
+                a = await sup.send("eio", "long eio.L")
+                accepted.append(("eio.L", a.seq))
+            except StoreError:
+                pass  # refused, and said so: nothing to wait for
+            else:
+                # Until the long job runs, or the channel is idle without it: the fault hit
+                # its turn's record, and the message waits in the store for the next start.
+                await started_or_idle(sup)
             stopped.append(await sup.stop("eio"))
 
+    def long_runs() -> int:
+        return len(_stamps(folder).get("eio.L", []))
+
+    async def started_or_idle(sup: Any, before: int = 0) -> None:
+        with trio.fail_after(WAIT_S):
+            while long_runs() == before and not await sup.wait_idle("eio", timeout=0):
+                await trio.sleep(0.02)  # the agent's start, an outside event
+
     async def reopen() -> list[Any]:
+        if not accepted:
+            return []  # nothing was ever stored: no channel to look at
         async with open_supervisor(config) as sup:
+            before = long_runs()
+            await started_or_idle(sup, before)
+            if long_runs() > before:
+                await sup.stop("eio")  # the long job, left queued by the fault, runs now: 30 s otherwise
             with trio.fail_after(WAIT_S):
                 await sup.wait_idle("eio")
             return await sup.entries("eio")
@@ -764,7 +939,9 @@ def run_eio(folder: Path, fail_at: int) -> list[tuple[str, str]]:
     try:
         trio.run(session)
     except Exception as exc:  # noqa: BLE001 - the supervisor must contain a failed write
-        found.append(("answers", f"an EIO at commit {fail_at} escaped the embedded supervisor: {type(exc).__name__}: {exc}"))
+        found.append(
+            ("answers", f"an EIO at commit {fail_at} escaped the embedded supervisor: {type(exc).__name__}: {exc}")
+        )
     finally:
         Store._commit = commit  # type: ignore[method-assign]
     try:
@@ -801,20 +978,11 @@ def plan(trials: int, quick: bool, only: list[str] | None, rng: random.Random) -
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=1000, help="how many trials (default 1000)")
-    parser.add_argument("--quick", action="store_true", help="one trial of each fault")
-    parser.add_argument("--seed", type=int, default=None, help="replay a run with this seed")
-    parser.add_argument("--only", default=None, help="comma-separated fault kinds or families (kill9, signal, ...)")
-    parser.add_argument("--json", action="store_true", help="print only a JSON summary")
-    args = parser.parse_args()
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+def run_plan(kinds: list[str], seed: int, say: Any) -> dict[str, Any]:
+    """Run ``kinds`` in order against one rig (in a fresh folder); the summary."""
     rng = random.Random(seed)
-    kinds = plan(args.trials, args.quick, args.only.split(",") if args.only else None, rng)
     root = short_tmp("cf-")
     (root / "main").mkdir()
-    say = (lambda *a, **k: None) if args.json else print
     say(f"faults: {len(kinds)} trials, seed {seed}, in {root}")
     trials = Trials(root, rng)
     started = time.monotonic()
@@ -833,33 +1001,125 @@ def main() -> int:
                 trials.notes.append(f"harness: {kind}: {type(exc).__name__}: {exc}")
             done = i
             if i % max(1, len(kinds) // 20) == 0:
-                say(f"  {i:>5}/{len(kinds)} trials, {time.monotonic() - started:6.1f} s, {sum(trials.violations.values())} violations", flush=True)
+                say(
+                    f"  {i:>5}/{len(kinds)} trials, {time.monotonic() - started:6.1f} s, "
+                    f"{sum(trials.violations.values())} violations",
+                    flush=True,
+                )
     finally:
         trials.rig.stop()
         left: list[Found] = sweep_leftovers(str(root), (MARKER,))
     if left:
         trials.violations["no-survivor"] += 1
         trials.notes.append(f"no-survivor: {len(left)} process(es) alive after the last daemon stopped")
-    elapsed = time.monotonic() - started
     total = sum(trials.violations.values())
-    if args.json:
-        print(json.dumps({
-            "trials": done, "seed": seed, "elapsed_s": round(elapsed, 1), "violations": total,
-            "by_invariant": dict(trials.violations), "by_fault": {k: n for k, n in trials.by_fault.items() if n},
-            "kinds": dict(trials.kinds), "skipped": trials.skipped, "notes": trials.notes[:20],
-        }))
+    if not total:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        "trials": done,
+        "seed": seed,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "violations": total,
+        "by_invariant": dict(trials.violations),
+        "by_fault": {k: n for k, n in trials.by_fault.items() if n},
+        "kinds": dict(trials.kinds),
+        "skipped": trials.skipped,
+        "notes": trials.notes[:50],
+        "starts": trials.rig.starts,
+        "kept": str(root) if total else None,
+    }
+
+
+def run_jobs(kinds: list[str], seed: int, jobs: int, say: Any) -> dict[str, Any]:
+    """Split the plan over ``jobs`` worker processes (each its own rig and folder); merge their summaries."""
+    parts = [kinds[j::jobs] for j in range(jobs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", ",".join(part), "--seed", str(seed * 1000 + j)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for j, part in enumerate(parts)
+        if part
+    ]
+    merged: dict[str, Any] = {
+        "trials": 0,
+        "seed": seed,
+        "jobs": jobs,
+        "violations": 0,
+        "by_invariant": Counter(),
+        "by_fault": Counter(),
+        "kinds": Counter(),
+        "skipped": {},
+        "notes": [],
+        "starts": 0,
+        "kept": [],
+    }
+    for proc in procs:
+        out, _ = proc.communicate()
+        lines = out.strip().splitlines()
+        if proc.returncode not in (0, 1) or not lines:
+            merged["violations"] += 1
+            merged["by_invariant"]["harness"] += 1
+            merged["notes"].append(f"harness: a worker exited with status {proc.returncode}")
+            continue
+        part = json.loads(lines[-1])
+        for key in ("trials", "violations", "starts"):
+            merged[key] += part[key]
+        for key in ("by_invariant", "by_fault", "kinds"):
+            merged[key].update(part[key])
+        merged["skipped"].update(part["skipped"])
+        merged["notes"] += part["notes"]
+        if part["kept"]:
+            merged["kept"].append(part["kept"])
+    for key in ("by_invariant", "by_fault", "kinds"):
+        merged[key] = dict(merged[key])
+    return merged
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=1000, help="how many trials (default 1000)")
+    parser.add_argument("--quick", action="store_true", help="one trial of each fault")
+    parser.add_argument("--seed", type=int, default=None, help="replay a run with this seed")
+    parser.add_argument("--only", default=None, help="comma-separated fault kinds or families (kill9, signal, ...)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes, each with its own daemon and folder (default 1)"
+    )
+    parser.add_argument("--json", action="store_true", help="print only a JSON summary")
+    # Internal: a worker of --jobs runs exactly these kinds and prints its JSON summary.
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    if args.worker is not None:
+        print(json.dumps(run_plan(args.worker.split(","), seed, lambda *a, **k: None)))
+        return 0
+    kinds = plan(args.trials, args.quick, args.only.split(",") if args.only else None, random.Random(seed))
+    say = (lambda *a, **k: None) if args.json else print
+    started = time.monotonic()
+    if args.jobs > 1:
+        say(f"faults: {len(kinds)} trials, seed {seed}, {args.jobs} workers")
+        summary = run_jobs(kinds, seed, args.jobs, say)
     else:
-        print(f"\ntrials: {done} in {elapsed:.1f} s; daemon starts: {trials.rig.starts}")
+        summary = run_plan(kinds, seed, say)
+    summary["elapsed_s"] = round(time.monotonic() - started, 1)
+    total = summary["violations"]
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"\ntrials: {summary['trials']} in {summary['elapsed_s']:.1f} s; daemon starts: {summary['starts']}")
         print("trials per fault kind:")
         for k in KINDS:
-            if trials.kinds[k]:
-                print(f"  {trials.kinds[k]:>5} x {k:<22} violations {trials.by_fault[k]}"
-                      + (f"  (skipped: {trials.skipped[k]})" if k in trials.skipped else ""))
+            if summary["kinds"].get(k):
+                print(
+                    f"  {summary['kinds'][k]:>5} x {k:<22} violations {summary['by_fault'].get(k, 0)}"
+                    + (f"  (skipped: {summary['skipped'][k]})" if k in summary["skipped"] else "")
+                )
         print(f"violations: {total}")
-        for key, n in trials.violations.most_common():
+        for key, n in Counter(summary["by_invariant"]).most_common():
             print(f"  {n:>5} x {key}")
         seen: set[str] = set()
-        for note in trials.notes:
+        for note in summary["notes"]:
             head = note[:60]
             if head not in seen:
                 seen.add(head)
@@ -867,9 +1127,8 @@ def main() -> int:
             if len(seen) >= 15:
                 break
     if total:
-        say(f"(replay with --seed {seed}; logs kept in {root})")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+        jobs = f" --jobs {args.jobs}" if args.jobs > 1 else ""
+        say(f"(replay with --seed {seed}{jobs}; logs kept in {summary['kept']})")
     return 1 if total else 0
 
 

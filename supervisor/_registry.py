@@ -9,8 +9,9 @@ Two rules from the stop contract live here (line 6):
 
 One exception keeps line 17 true: while the stop that made the turn stale is still storing
 its record, nothing may be killed yet (a stop whose record cannot be stored kills nothing).
-Such a registration is deferred, and ``settle`` carries it out the moment the record is
-committed (SIGKILL, as on registration) — or forgets it if the stop was undone.
+Such a process is frozen instead (SIGSTOP to its group: it runs none of its code meanwhile),
+and ``settle`` carries out the kill the moment the record is committed (SIGKILL, as on
+registration) — or resumes it (SIGCONT) if the stop was undone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ._ledger import StopLedger
-from ._tree import ProcessTree
+from ._tree import ProcessTree, signal_group
 
 log = logging.getLogger("corral.registry")
 
@@ -48,9 +49,10 @@ class ProcessRegistry:
             return True
         if self._recording is not None and self._recording(channel):
             log.info(
-                "process %d registered for turn %s in %r while its stop is stored: killed once it is",
+                "process %d registered for turn %s in %r while its stop is stored: frozen, killed once it is",
                 tree.pid, turn_id, channel,
             )
+            signal_group(tree.pgid, signal.SIGSTOP)  # just spawned, unreaped: the group id is its own
             self._deferred.add((channel, turn_id))
             return True
         log.info("killing process %d registered for stopped turn %s in %r", tree.pid, turn_id, channel)
@@ -65,6 +67,8 @@ class ProcessRegistry:
             if tree is not None and not self._ledger.keep_process(*key):
                 log.info("killing process %d registered for stopped turn %s in %r", tree.pid, key[1], channel)
                 tree.kill_group()
+            elif tree is not None and tree.process.returncode is None:
+                signal_group(tree.pgid, signal.SIGCONT)  # the stop was undone: the turn runs on
 
     def release(self, channel: str, turn_id: str, tree: ProcessTree) -> bool:
         """Forget ``tree`` if it is still the one registered for this turn."""

@@ -485,6 +485,13 @@ class ProcessTree:
                     if pid not in self._members:
                         self._members[pid] = read_stat(pid)
                 self.cgroup.kill()
+            # Right after the spawn the leader may not be in its cgroup yet (the shell step
+            # enters it after exec): cgroup.kill misses it, so its group is killed too, while
+            # the unreaped leader still holds the group id.
+            if self.process.returncode is None:
+                if self.pid not in self._members:
+                    self._members[self.pid] = read_stat(self.pid)
+                signal_group(self.pgid, signal.SIGKILL)
             return
         if self.process.returncode is not None:
             return

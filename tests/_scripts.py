@@ -13,10 +13,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_json(script: str, *args: str, timeout: float = 240) -> dict[str, Any]:
-    """``python scripts/SCRIPT --json ARGS``, this tree first on the path; its JSON summary."""
+    """``python -m scripts.SCRIPT --json ARGS`` from the repository root, this tree first on the
+    path; its JSON summary."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / script), "--json", *args],
+        [sys.executable, "-m", f"scripts.{script.removesuffix('.py')}", "--json", *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
     )
     lines = proc.stdout.strip().splitlines()

@@ -26,7 +26,7 @@ from supervisor import ConfigError, parse_config
 from supervisor._cgroup import ENTER_SCRIPT, CgroupRoot, cgroup2_mount, open_root, own_cgroup
 from supervisor._store import Entry
 from supervisor._supervisor import Supervisor, open_supervisor
-from supervisor._tree import TURN_MARKER, spawn
+from supervisor._tree import TURN_MARKER, ProcessTree, spawn
 
 SLOW = 30.0
 MISSING = cgroup_missing()
@@ -424,3 +424,24 @@ async def test_cgroup_a_turn_whose_cgroup_cannot_be_made_runs_and_stops_with_the
             result = await sup.stop("ch")
         assert result.ok and result.kill == "sweep"
         assert any("falls back to the sweep" in r.getMessage() for r in caplog.records)
+
+
+@needs_cgroup
+async def test_cgroup_kill_right_after_the_spawn_ends_a_leader_not_yet_in_its_cgroup(short_tmp: Path) -> None:
+    # A late registration is killed the moment the spawn returns, when the shell step may not
+    # have entered the cgroup yet (it does so after exec). Modelled exactly: a leader that is
+    # not in its (empty) cgroup; cgroup.kill alone would miss it and the agent would run.
+    root = CgroupRoot(cgroup2_base(), "test-" + os.urandom(4).hex())
+    root.setup()
+    try:
+        cgroup = root.create("t1")
+        process = await spawn(("sleep", "60"), env={"PATH": os.defpath}, cwd=str(short_tmp), stdin_pipe=False)
+        tree = ProcessTree(process, "t1", cgroup)
+        assert process.pid not in cgroup.procs()
+        tree.kill_group()
+        with trio.fail_after(SLOW):
+            await process.wait()
+        assert process.returncode == -signal.SIGKILL
+        assert cgroup.remove()
+    finally:
+        root.close()

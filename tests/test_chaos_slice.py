@@ -33,6 +33,9 @@ def test_chaos_slice_finds_no_violation_on_a_clean_daemon() -> None:
     ],
 )
 def test_chaos_slice_catches_each_seeded_bug(bug: str, moments: str, kind: str) -> None:
-    summary = run_json("chaos_stop.py", "--trials", "12", "--seed", "7", "--seed-bug", bug, "--moments", moments)
+    # Two trials at a time: with eight, the stop requests queue behind each other on a loaded
+    # machine and land after the window the bug opens (the full mix is what the README counts).
+    summary = run_json("chaos_stop.py", "--trials", "12", "--seed", "7", "--seed-bug", bug, "--moments", moments,
+                       "--concurrency", "2")
     assert summary["seed_bug"] == bug
     assert summary["by_kind"].get(kind, 0) > 0, summary

@@ -594,6 +594,51 @@ async def test_contract_06_process_registered_for_a_stopped_turn_is_killed_at_on
         assert not turn_processes([spawned.turn_id])
 
 
+@pytest.mark.parametrize("recorded", [True, False])
+async def test_contract_06_a_registration_while_the_stop_is_stored_is_frozen_until_it_is(
+    short_tmp: Path, recorded: bool
+) -> None:
+    # Line 17 forbids killing before the stop's record is stored; line 6 forbids the process
+    # of a stopped turn to run meanwhile. Frozen, then killed once stored, or resumed if the
+    # stop was undone (its record failed).
+    ledger = StopLedger()
+    ledger.accept("ch", 1, human=True)
+    ledger.take("ch", "t1")
+    decision = ledger.stop("ch")
+    registry = ProcessRegistry(ledger, recording=lambda channel: True)
+    env = {"PATH": os.environ["PATH"], TURN_MARKER: "t1"}
+    tree = ProcessTree(await real_spawn(("sleep", "60"), env=env, cwd=str(short_tmp), stdin_pipe=False), "t1")
+
+    def state() -> str:
+        with open(f"/proc/{tree.pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+
+    try:
+        assert registry.register("ch", "t1", tree)  # deferred: not killed yet
+        with trio.fail_after(SLOW):
+            while state() != "T":  # the kernel delivers SIGSTOP asynchronously: an outside event
+                await trio.sleep(0.01)
+        if not recorded:
+            assert ledger.abort_stop(decision)
+        registry.settle("ch")
+        if recorded:
+            with trio.fail_after(SLOW):
+                await tree.process.wait()
+            assert tree.process.returncode == -signal.SIGKILL
+        else:
+            with trio.fail_after(SLOW):
+                while state() == "T":
+                    await trio.sleep(0.01)
+            assert tree.process.returncode is None
+    finally:
+        if tree.process.returncode is None:
+            tree.process.kill()
+        await tree.process.wait()
+        for stream in (tree.process.stdout, tree.process.stderr):
+            assert stream is not None
+            await stream.aclose()
+
+
 async def test_contract_06_release_is_by_identity(short_tmp: Path) -> None:
     ledger = StopLedger()
     ledger.accept("ch", 1, human=True)
