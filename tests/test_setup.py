@@ -66,7 +66,12 @@ def test_every_test_that_runs_an_agent_cli_is_marked_realcli() -> None:
 def test_make_test_core_runs_the_tests_that_need_no_cli_and_make_test_checks_node_first() -> None:
     # ... and both lint and type-check before the tests: the checks are part of the build.
     def planned(target: str) -> list[str]:
-        done = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+        # Under CI this test runs inside `make test`: a nested make would print its directory.
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+        done = subprocess.run(
+            ["make", "--no-print-directory", "-n", "-B", target],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True,
+        )
         return done.stdout.splitlines()
 
     core = planned("test-core")
