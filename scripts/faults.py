@@ -1035,9 +1035,10 @@ def run_jobs(kinds: list[str], seed: int, jobs: int, say: Any) -> dict[str, Any]
     parts = [kinds[j::jobs] for j in range(jobs)]
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", ",".join(part), "--seed", str(seed * 1000 + j)],
+            [sys.executable, "-m", "scripts.faults", "--worker", ",".join(part), "--seed", str(seed * 1000 + j)],
             stdout=subprocess.PIPE,
             text=True,
+            cwd=REPO,  # the workers import scripts._bench as this process does
         )
         for j, part in enumerate(parts)
         if part
