@@ -19,6 +19,7 @@ request never disturbs the daemon or anything it has accepted.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -27,8 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-import trio
-
+from ._dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
 from ._errors import ShuttingDown, UsageError
 from ._store import StoreError
 from ._supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
@@ -71,9 +71,11 @@ class _Exchange:
     ``gone`` is set by the ``http.disconnect`` message; ``started`` once a response began.
     """
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self._receive = receive
         self._send = send
+        self.headers = headers or []
+        """The request's headers, as ASGI gives them."""
         self.gone = False
         self.started = False
 
@@ -151,6 +153,13 @@ def _query_number(
     return value
 
 
+def _target(scope: Scope) -> tuple[str, str, list[str]]:
+    """The request's method, path (without the query) and decoded path segments."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.split(b"?", 1)[0].decode("latin-1")
+    return scope["method"], path, [_segment(p) for p in path.strip("/").split("/")]
+
+
 def _segment(raw: str) -> str:
     """Decode one percent-encoded path segment; a channel name must be valid UTF-8."""
     try:
@@ -169,6 +178,8 @@ class ControlAPI:
         self.sup = sup
         self.shutdown = shutdown
         self.token = token
+        #: The web dashboard, served where a token guards the listener (the loopback TCP one).
+        self.dashboard = Dashboard(sup, token) if token is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -181,7 +192,7 @@ class ControlAPI:
                     return
         if scope["type"] != "http":
             return
-        peer = _Exchange(receive, send)
+        peer = _Exchange(receive, send, scope.get("headers"))
         try:
             await self._answer(scope, peer)
         except _Gone:
@@ -193,7 +204,8 @@ class ControlAPI:
             # The whole request is read before anything is answered (a 401 included), so
             # the answer never races hypercorn's own reply to a half-sent body.
             body = await peer.body()
-            self._authorize(scope)
+            method, path, parts = _target(scope)
+            self._authorize(scope, method, parts)
             await self._route(scope, body, peer)
             return
         except HTTPError as exc:
@@ -215,20 +227,28 @@ class ControlAPI:
         if not peer.started:
             await peer.respond(status, {"error": {"code": code, "message": message}})
 
-    def _authorize(self, scope: Scope) -> None:
+    def _authorize(self, scope: Scope, method: str, parts: list[str]) -> None:
+        """The one auth site: the bearer token, or a dashboard session (see ``_dashauth``)."""
         if self.token is None:
             return
         headers = dict(scope.get("headers", []))
         given = headers.get(b"authorization", b"").decode("latin-1")
-        if not hmac.compare_digest(given, f"Bearer {self.token}"):
-            raise HTTPError(401, "unauthorized", "this listener needs 'Authorization: Bearer <token>'")
+        bearer = hmac.compare_digest(given, f"Bearer {self.token}")
+        if self.dashboard is None:
+            if not bearer:
+                raise HTTPError(401, "unauthorized", "this listener needs 'Authorization: Bearer <token>'")
+            return
+        refusal = self.dashboard.refusal(method, parts, scope, bearer=bearer)
+        if refusal is not None:
+            raise HTTPError(refusal.status, refusal.code, refusal.message)
 
     async def _route(self, scope: Scope, body: bytes, peer: _Exchange) -> None:
-        method = scope["method"]
-        raw = scope.get("raw_path") or scope["path"].encode()
-        path = raw.split(b"?", 1)[0].decode("latin-1")
-        parts = [_segment(p) for p in path.strip("/").split("/")]
+        method, path, parts = _target(scope)
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if parts[:1] == ["dashboard"] and self.dashboard is not None:
+            if await self.dashboard.answer(method, parts, query, scope, peer):
+                return
+            raise HTTPError(404, "not_found", f"no route {method} {path}")
         if parts[:1] != ["v1"]:
             raise HTTPError(404, "not_found", f"no route {method} {path}; the API lives under /v1/")
         rest = parts[1:]
@@ -288,29 +308,13 @@ class ControlAPI:
 
     async def _events(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
         after = _query_number(query, "after", 0, maximum=MAX_SEQ, integer=True)
+        # An EventSource that reconnects by itself names the last seq it saw, not a new ?after=.
+        after = max(after, last_event_id(peer.headers))
         await self.sup.require_channel(channel)  # an unknown channel is a 404, not an empty stream
-        entries = self.sup.follow(channel, after)
-        await peer.send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
-            }
-        )
-        async with trio.open_nursery() as nursery:
 
-            async def until_disconnect() -> None:
-                while (await peer.receive())["type"] != "http.disconnect":
-                    pass
-                nursery.cancel_scope.cancel()
+        async def produce(emit: Emit) -> None:
+            async with contextlib.aclosing(self.sup.follow(channel, after)) as entries:  # type: ignore[type-var]
+                async for entry in entries:
+                    await emit(sse_event(json.dumps(entry.to_json(), ensure_ascii=False), event_id=entry.seq))
 
-            nursery.start_soon(until_disconnect)
-            async for entry in entries:
-                if peer.gone:  # checked in the same step as the send: no _Gone inside the nursery
-                    break
-                data = json.dumps(entry.to_json(), ensure_ascii=False)
-                body = f"id: {entry.seq}\ndata: {data}\n\n".encode()
-                await peer.send({"type": "http.response.body", "body": body, "more_body": True})
-            nursery.cancel_scope.cancel()
-        if not peer.gone:
-            await peer.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await stream_events(peer, produce, keepalive=KEEPALIVE_SECONDS)

@@ -184,6 +184,11 @@ class Client:
         finally:
             conn.close()
 
+    def login_code(self) -> dict[str, Any]:
+        """A one-time dashboard login code (the token is needed): ``{"code", "path", "expires_in"}``."""
+        minted: dict[str, Any] = self._request("POST", "/dashboard/codes", ok=(201,))
+        return minted
+
     def shutdown(self) -> None:
         """Ask the daemon to shut down in order."""
         self._request("POST", "/v1/shutdown")

@@ -84,10 +84,10 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _call(ctx: _Context, fn: Callable[[Client], T]) -> T:
+def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None) -> T:
     from ._client import APIError, DaemonGone, DaemonUnavailable
 
-    client = ctx.client()
+    client = client or ctx.client()
     try:
         return fn(client)
     except DaemonGone as exc:
@@ -375,6 +375,50 @@ def shutdown(obj: _Context, as_json: bool) -> None:
         _print_json({"shutting_down": True})
     else:
         click.echo("corral is shutting down")
+
+
+@main.command(short_help="Print a one-time login URL for the web dashboard.")
+@click.option("-c", "--config", "config_path", metavar="FILE", help="Config file (its [server] tcp and token_file).")
+@click.option("--open", "open_browser", is_flag=True, help="Also open the URL in a web browser.")
+@_json_option
+@click.pass_obj
+def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_json: bool) -> None:
+    """Print a login URL for the dashboard, served on the daemon's loopback TCP listener.
+
+    The URL holds a code that works once, for two minutes: visiting it sets a session
+    cookie and opens the dashboard, so the token never reaches the browser. Needs
+    ``tcp`` and ``token_file`` in the config's [server] table.
+    """
+    from ._client import Client
+    from ._config import ConfigError, load_server_config
+
+    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    try:
+        server = load_server_config(file)
+    except ConfigError as exc:
+        _problems(exc.problems, file)
+    if server.tcp is None or server.token_file is None:
+        _fail(
+            f"{file}: server.tcp: the dashboard is served on the loopback TCP listener, and there is none — "
+            'fix: add tcp = "127.0.0.1:8765" and token_file = "corral.token" to [server], then restart the daemon'
+        )
+    try:
+        token = server.token_file.read_text().strip()
+    except OSError as exc:
+        _fail(f"{server.token_file}: cannot read the token: {exc.strerror or exc}")
+    url = f"http://{server.tcp}"
+    minted = _call(obj, lambda c: c.login_code(), client=Client(url=url, token=token))
+    login = f"{url}{minted['path']}"
+    if obj.json or as_json:
+        _print_json({"url": login, "expires_in": minted["expires_in"]})
+    else:
+        click.echo(login)
+        click.echo(f"(works once, for {minted['expires_in']:g} s)", err=True)
+    if open_browser:
+        import webbrowser
+
+        if not webbrowser.open(login):
+            _fail("no web browser could be opened here; open the URL above yourself")
 
 
 @main.command(short_help="Show the main job with no setup.")

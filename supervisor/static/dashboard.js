@@ -1,0 +1,338 @@
+// corral's dashboard: fills the server-rendered pages from the control API.
+//
+// Rules this script keeps (the tests hold it to them):
+// * Data is untrusted text: it reaches the page through textContent only, never innerHTML.
+// * Nothing optimistic: the transcript shows what the SSE stream delivers (entries the store
+//   saved), in seq order, each once; a stop's outcome is shown only once the API answered.
+// * A second press of Stop while a stop is on its way sends nothing.
+// * A stream that drops (a daemon restart) reconnects by itself from the last seq it saw,
+//   saying "Reconnecting…" meanwhile.
+"use strict";
+
+(() => {
+  const body = document.body;
+  const connection = document.getElementById("connection");
+  const CONNECTION_TEXT = {
+    connecting: "Connecting…",
+    live: "Live",
+    reconnecting: "Reconnecting…",
+    waiting: "No messages yet: send one to start the channel",
+    "signed-out": "Signed out: run `corral dashboard` for a new login URL",
+  };
+
+  function setConnection(state) {
+    connection.dataset.state = state;
+    connection.textContent = CONNECTION_TEXT[state];
+  }
+
+  function plural(n, one, many) {
+    return `${n} ${n === 1 ? one : many}`;
+  }
+
+  function clock(ts) {
+    return new Date(ts * 1000).toLocaleTimeString([], { hour12: false });
+  }
+
+  function element(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // An EventSource that, when its stream ends, asks `probe` why (signed out? no such channel
+  // yet?) and opens a new one from where it was (the URL carries the last seq seen).
+  function follow(makeUrl, handlers, probe) {
+    let delay = 250;
+    let timer = null;
+    function open() {
+      timer = null;
+      const source = new EventSource(makeUrl());
+      source.addEventListener("open", () => {
+        delay = 250;
+        setConnection("live");
+      });
+      for (const [name, handler] of Object.entries(handlers)) source.addEventListener(name, handler);
+      source.addEventListener("error", () => {
+        source.close();
+        setConnection("reconnecting");
+        probe().then((state) => {
+          if (state === "signed-out") {
+            setConnection(state);
+            return;
+          }
+          if (state === "waiting") setConnection(state);
+          timer = setTimeout(open, delay);
+          delay = Math.min(delay * 2, 4000);
+        });
+      });
+    }
+    open();
+    return {
+      // Reconnect at once if a reconnect is pending (a first message made the channel exist).
+      now() {
+        if (timer !== null) {
+          clearTimeout(timer);
+          open();
+        }
+      },
+    };
+  }
+
+  async function probeUrl(url) {
+    try {
+      const response = await fetch(url, { cache: "no-store" });
+      if (response.status === 401) return "signed-out";
+      if (response.status === 404) return "waiting";
+    } catch (err) {
+      // The daemon is not answering: it is restarting, or gone.
+    }
+    return "reconnecting";
+  }
+
+  async function post(url, payload) {
+    const response = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(payload),
+      cache: "no-store",
+    });
+    let result = null;
+    try {
+      result = await response.json();
+    } catch (err) {
+      result = null;
+    }
+    return { response, result };
+  }
+
+  function showAck(ack, state, text) {
+    ack.dataset.state = state;
+    ack.textContent = text;
+  }
+
+  function apiError(result, response) {
+    const error = result && result.error;
+    if (error && typeof error === "object") return `${error.message} (${response.status} ${error.code})`;
+    return `${response.status} ${response.statusText}`;
+  }
+
+  function counts(result) {
+    const killed = result.killed.length;
+    const swept = result.swept.length;
+    return (
+      `${plural(killed, "process", "processes")} killed, ${swept} swept, ` +
+      `${plural(result.dropped, "queued message", "queued messages")} dropped`
+    );
+  }
+
+  // The acknowledged stop: "Stopping…" at once; the server's answer when it comes.
+  function stopButton(button, ack, url, describe) {
+    let stopping = false;
+    button.addEventListener("click", async () => {
+      if (stopping) return; // a second press during "Stopping…" sends nothing
+      stopping = true;
+      button.disabled = true;
+      showAck(ack, "pending", "Stopping…");
+      try {
+        const { response, result } = await post(url, {});
+        if (result === null || (!response.ok && !("ok" in result))) {
+          showAck(ack, "failed", `Stop FAILED: ${result ? apiError(result, response) : response.status}. ` +
+            "The agents may still be running.");
+        } else if (!result.ok) {
+          showAck(ack, "failed", `Stop FAILED, not confirmed: ${result.error}. The agents may still be running.`);
+        } else {
+          const [state, text] = describe(result);
+          showAck(ack, state, text);
+        }
+      } catch (err) {
+        showAck(ack, "failed", `Stop NOT confirmed: the daemon did not answer (${err.message}). ` +
+          "The agents may still be running: press Stop again.");
+      } finally {
+        stopping = false;
+        button.disabled = false;
+      }
+    });
+  }
+
+  // ------------------------------------------------------------------ the channel view
+
+  const KINDS = new Set(["message", "status", "tool", "todos", "notice", "error"]);
+
+  function renderEntry(entry) {
+    const kind = KINDS.has(entry.kind) ? entry.kind : "other";
+    const who = String(entry.author).split(":")[0];
+    const item = element("li", `entry kind-${kind} author-${["human", "agent", "system"].includes(who) ? who : "other"}`);
+    item.dataset.seq = String(entry.seq);
+    item.dataset.kind = kind;
+    const head = element("div", "head");
+    head.append(element("span", "author", entry.author), element("span", "kind", entry.kind),
+      element("time", "time", clock(entry.ts)));
+    item.append(head);
+    const todos = entry.meta && entry.meta.todos;
+    if (kind === "todos" && Array.isArray(todos)) {
+      const list = element("ul", "checklist");
+      for (const todo of todos) {
+        const line = element("li", `todo todo-${["pending", "in_progress", "completed", "cancelled"]
+          .includes(todo.status) ? todo.status : "other"}`);
+        const box = element("input");
+        box.type = "checkbox";
+        box.disabled = true;
+        box.checked = todo.status === "completed";
+        line.append(box, element("span", "todo-text", String(todo.content)),
+          element("span", "todo-status", String(todo.status).replace("_", " ")));
+        list.append(line);
+      }
+      // The text is the same plan in brackets; shown only when it says more ("Plan cancelled").
+      if (!String(entry.text).startsWith("[")) item.append(element("p", "text", entry.text));
+      item.append(list);
+    } else if (kind === "tool") {
+      const pre = element("pre", "text");
+      pre.append(element("code", null, entry.text));
+      item.append(pre);
+    } else {
+      item.append(element("p", "text", entry.text));
+    }
+    if (entry.meta && entry.meta.dropped_by_stop) item.append(element("p", "dropped", "not run: dropped by a stop"));
+    return item;
+  }
+
+  function channelView() {
+    const channel = body.dataset.channel;
+    const path = `/v1/channels/${encodeURIComponent(channel)}`;
+    const transcript = document.getElementById("transcript");
+    let last = 0;
+    const stream = follow(
+      () => `${path}/events?after=${last}`,
+      {
+        message: (event) => {
+          const entry = JSON.parse(event.data);
+          if (entry.seq <= last) return; // already shown (a reconnect never duplicates)
+          last = entry.seq;
+          const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+          transcript.append(renderEntry(entry));
+          if (atBottom) transcript.lastElementChild.scrollIntoView({ block: "end" });
+        },
+      },
+      () => probeUrl(`${path}/entries?after=${last}&limit=1`),
+    );
+
+    stopButton(document.getElementById("stop"), document.getElementById("ack"), `${path}/stop`, (result) => {
+      const ms = result.elapsed_ms.toFixed(1);
+      if (result.repeat) return ["repeat", `Already stopped: nothing new ran since the last stop (a repeat; ${ms} ms).`];
+      return ["stopped", `Stopped in ${ms} ms: ${counts(result)}`];
+    });
+
+    const form = document.getElementById("send");
+    const field = document.getElementById("message");
+    const agent = document.getElementById("agent");
+    const error = document.getElementById("send-error");
+    const submit = form.querySelector("button[type=submit]");
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const text = field.value;
+      if (!text.trim()) return;
+      submit.disabled = true;
+      try {
+        const { response, result } = await post(`${path}/messages`, { text, agent: agent.value });
+        if (response.ok) {
+          field.value = "";
+          error.textContent = "";
+          stream.now();
+        } else {
+          error.textContent = `Not sent: ${result ? apiError(result, response) : response.status}`;
+        }
+      } catch (err) {
+        error.textContent = `Not sent: the daemon did not answer (${err.message})`;
+      } finally {
+        submit.disabled = false;
+      }
+    });
+    field.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
+    });
+  }
+
+  // ------------------------------------------------------------------ the channel list
+
+  function describeAgent(agent) {
+    const name = agent.agent ? `${agent.agent}: ` : "";
+    const queued = agent.queued ? `, ${agent.queued} queued` : "";
+    if (agent.state === "running") {
+      const since = agent.since ? ` since ${clock(agent.since)}` : "";
+      return `${name}running turn ${agent.turn}${since}${queued}`;
+    }
+    if (agent.state === "stopping") return `${name}stopping${queued}`;
+    if (agent.state === "queued") return `${name}queued ${agent.queued}`;
+    return `${name}idle`;
+  }
+
+  function listView() {
+    const tbody = document.querySelector("#channels tbody");
+    const running = document.getElementById("running");
+    const empty = document.getElementById("empty");
+    const rows = new Map(); // channel name -> {row, cell, shown}
+
+    function row(name) {
+      let known = rows.get(name);
+      if (!known) {
+        const tr = element("tr");
+        const link = element("a", null, name);
+        link.href = `/dashboard/channels/${encodeURIComponent(name)}`;
+        const th = element("th");
+        th.scope = "row";
+        th.append(link);
+        const cell = element("td", "agents");
+        tr.append(th, cell);
+        known = { row: tr, cell, shown: "" };
+        rows.set(name, known);
+      }
+      return known;
+    }
+
+    function render(view) {
+      running.textContent = String(view.running);
+      const names = new Set();
+      view.channels.forEach((channel, index) => {
+        names.add(channel.name);
+        const known = row(channel.name);
+        const shown = JSON.stringify(channel.agents);
+        if (known.shown !== shown) {
+          const list = element("ul", "agent-states");
+          for (const agent of channel.agents) {
+            const line = element("li", "agent-state", describeAgent(agent));
+            line.dataset.state = ["idle", "queued", "running", "stopping"].includes(agent.state) ? agent.state : "idle";
+            list.append(line);
+          }
+          known.cell.replaceChildren(list);
+          known.shown = shown;
+          known.row.dataset.state = channel.agents.some((a) => a.state === "running" || a.state === "stopping")
+            ? "running" : "idle";
+        }
+        if (tbody.children[index] !== known.row) tbody.insertBefore(known.row, tbody.children[index] || null);
+      });
+      for (const [name, known] of rows) {
+        if (!names.has(name)) {
+          known.row.remove();
+          rows.delete(name);
+        }
+      }
+      empty.hidden = view.channels.length > 0;
+      body.dataset.rendered = String(view.channels.length);
+    }
+
+    follow(() => "/dashboard/events", { status: (event) => render(JSON.parse(event.data)) },
+      () => probeUrl("/v1/status"));
+
+    stopButton(document.getElementById("stop-all"), document.getElementById("ack"), "/v1/stop", (result) => {
+      const ms = result.elapsed_ms.toFixed(1);
+      const stopped = result.channels || [];
+      if (stopped.length === 0) return ["repeat", "Nothing was running: no channel had work to stop."];
+      return ["stopped", `Stopped ${plural(stopped.length, "channel", "channels")} in ${ms} ms: ${counts(result)}`];
+    });
+  }
+
+  setConnection("connecting");
+  if (body.dataset.view === "channel") channelView();
+  else listView();
+})();
