@@ -241,7 +241,8 @@ def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
         "<form id=\"send\" class=\"send\">"
         "<label for=\"message\">Message</label>"
         "<textarea id=\"message\" name=\"text\" rows=\"2\" required></textarea>"
-        f"<div class=\"send-row\"><label for=\"agent\">Agent</label><select id=\"agent\" name=\"agent\">{options}</select>"
+        "<div class=\"send-row\"><label for=\"agent\">Agent</label>"
+        f"<select id=\"agent\" name=\"agent\">{options}</select>"
         "<button type=\"submit\">Send</button></div>"
         "<p id=\"send-error\" class=\"send-error\" role=\"alert\"></p></form>",
     )
