@@ -23,8 +23,8 @@ import trio
 
 from conftest import CORRAL
 from supervisor import _api, _dashauth, parse_config
-from supervisor._dashboard import CSP, agent_states, list_view
 from supervisor._daemon import run_daemon
+from supervisor._dashboard import CSP, agent_states, list_view
 
 TOKEN = "s3cret"
 
