@@ -165,6 +165,7 @@
     const item = element("li", `entry kind-${kind} author-${["human", "agent", "system"].includes(who) ? who : "other"}`);
     item.dataset.seq = String(entry.seq);
     item.dataset.kind = kind;
+    if (entry.turn) item.dataset.turn = String(entry.turn);
     const head = element("div", "head");
     head.append(element("span", "author", entry.author), element("span", "kind", entry.kind),
       element("time", "time", clock(entry.ts)));

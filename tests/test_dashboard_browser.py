@@ -1,0 +1,400 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright, against `corral run`.
+
+One browser for the module; one daemon (a real `corral run` subprocess with the loopback
+TCP listener) shared by the tests that need no restart, each in a channel of its own; the
+reconnect test starts its own. The page talks to the daemon over loopback TCP exactly as a
+person's browser does: logged in through the URL `corral dashboard` prints.
+
+``CORRAL_DASHBOARD_SCREENSHOTS=1`` also saves the screenshots the README shows (docs/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, DaemonProcess
+
+CHROMIUM = "/usr/bin/chromium"
+#: Headless, and quiet on an offline machine (no update checks, no sync, no QUIC probes).
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--no-first-run", "--disable-sync", "--disable-quic",
+]
+#: Generous: two cores shared with other test runs.
+TIMEOUT_MS = 30_000
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run does)"
+)
+
+if Path(CHROMIUM).exists():
+    from playwright.sync_api import Browser, BrowserContext, Page, Request, Route, expect, sync_playwright
+
+    expect.set_options(timeout=TIMEOUT_MS)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class DashboardDaemon(DaemonProcess):
+    """`corral run` with the demo agent and the loopback TCP listener the dashboard is served on."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        token = folder / "corral.token"
+        if not token.exists():
+            token.write_text("browser-test-token\n")
+            token.chmod(0o600)
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        super().__init__(folder, f"""
+[server]
+socket = "corral.sock"
+tcp = "127.0.0.1:{port}"
+token_file = "corral.token"
+[store]
+path = "corral.db"
+[defaults]
+stop_grace = 2
+[agents.demo]
+adapter = "demo"
+delay = 0.01
+""")
+
+    def login_url(self) -> str:
+        """What `corral dashboard` prints."""
+        done = self.cli("dashboard", check=True)
+        return str(done.stdout.strip())
+
+    def json(self, *args: str) -> Any:
+        """``corral --json ARGS`` (over the Unix socket)."""
+        return json.loads(self.cli("--json", *args, check=True).stdout)
+
+    def tail(self, channel: str) -> list[dict[str, Any]]:
+        """The channel's stored entries."""
+        out = self.cli("--json", "tail", channel, check=True).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DashboardDaemon]:
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="corral-b-", dir="/tmp"))  # short: a Unix socket path
+    d = DashboardDaemon(folder, _free_port())
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _logged_in(browser: Browser, daemon: DashboardDaemon) -> tuple[BrowserContext, Page]:
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(daemon.login_url())
+    expect(page).to_have_url(f"{daemon.base}/dashboard/")
+    return context, page
+
+
+def _channel(page: Page, daemon: DashboardDaemon, channel: str) -> None:
+    from urllib.parse import quote
+
+    page.goto(f"{daemon.base}/dashboard/channels/{quote(channel, safe='')}")
+
+
+def _transcript(page: Page) -> list[dict[str, str | None]]:
+    """The entries the page shows, in page order: seq, kind, turn, text."""
+    result: list[dict[str, str | None]] = page.locator("#transcript > li").evaluate_all(
+        "items => items.map(li => ({seq: li.dataset.seq, kind: li.dataset.kind, turn: li.dataset.turn || null,"
+        " text: li.querySelector('.text') ? li.querySelector('.text').textContent : ''}))"
+    )
+    return result
+
+
+def _screenshot(page: Page, name: str) -> None:
+    if os.environ.get("CORRAL_DASHBOARD_SCREENSHOTS") == "1":
+        page.screenshot(path=str(REPO / "docs" / name))
+
+
+def _stops(page: Page) -> list[Request]:
+    seen: list[Request] = []
+    page.on("request", lambda r: seen.append(r) if r.method == "POST" and r.url.endswith("/stop") else None)
+    return seen
+
+
+def _start_long_task(page: Page, channel: str) -> None:
+    """Send a long task from the page; return once its tool (a child and a setsid grandchild) runs."""
+    page.get_by_role("textbox", name="Message").fill("please do a long task")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#transcript > li[data-kind=status]").filter(has_text="tool running")).to_have_count(1)
+
+
+def test_login_through_the_url_sets_an_httponly_strict_cookie(browser: Browser, daemon: DashboardDaemon) -> None:
+    url = daemon.login_url()
+    assert url.startswith(f"{daemon.base}/dashboard/login?code=") and "browser-test-token" not in url
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(url)
+    expect(page).to_have_url(f"{daemon.base}/dashboard/")  # redirected: the code is not what stays shown
+    expect(page.get_by_role("heading", name="Channels")).to_be_visible()
+    expect(page.get_by_role("button", name="Stop all")).to_be_visible()
+    (cookie,) = context.cookies()
+    assert cookie["name"] == f"corral-session-{daemon.port}"
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and "browser-test-token" not in cookie["value"]
+    assert page.evaluate("document.cookie") == "", "no script can read the session"
+    # The URL works once: a second visit (a shoulder-surfer, a history entry) gets nothing.
+    other = browser.new_context()
+    again = other.new_page().goto(url)
+    assert again is not None and again.status == 403 and "corral dashboard" in again.text()
+    assert other.cookies() == []
+    other.close()
+    context.close()
+
+
+def test_send_a_message_and_see_the_reply_stream_in(browser: Browser, daemon: DashboardDaemon) -> None:
+    context, page = _logged_in(browser, daemon)
+    _channel(page, daemon, "talk")
+    expect(page.locator("#connection")).to_have_text(re.compile("No messages yet"))  # a channel not yet made
+    page.get_by_role("textbox", name="Message").fill("Hello there")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#transcript > li.author-human .text")).to_have_text(["Hello there"])
+    expect(page.locator("#transcript > li.author-agent.kind-message .text")).to_have_text(
+        re.compile("You said: Hello there")
+    )
+    expect(page.locator("#connection")).to_have_text("Live")
+    expect(page.get_by_role("textbox", name="Message")).to_have_value("")
+    page.get_by_role("link", name="corral").click()
+    expect(page.get_by_role("link", name="talk", exact=True)).to_be_visible()
+    context.close()
+
+
+def test_stop_mid_tool_shows_the_apis_counts_and_the_notice_last(browser: Browser, daemon: DashboardDaemon) -> None:
+    context, page = _logged_in(browser, daemon)
+    daemon.cli("send", "busy", "make the channel", check=True)
+    daemon.cli("wait", "busy", check=True)
+    _channel(page, daemon, "busy")
+    _start_long_task(page, "busy")
+    held: list[Route] = []
+    page.route("**/v1/channels/busy/stop", lambda route: held.append(route))
+    page.get_by_role("button", name="Stop").click()
+    ack = page.get_by_role("status")
+    # At once, before the server answered: "Stopping…", the button disabled, nothing claimed.
+    expect(ack).to_have_text("Stopping…")
+    expect(page.get_by_role("button", name="Stop")).to_be_disabled()
+    assert len(held) == 1
+    with page.expect_response("**/v1/channels/busy/stop") as answered:
+        held[0].continue_()
+    result = answered.value.json()
+    assert result["ok"] and not result["repeat"] and len(result["killed"]) >= 1
+    expect(ack).to_have_text(re.compile(r"^Stopped in [\d.]+ ms: "))
+    text = ack.text_content() or ""
+    match = re.fullmatch(
+        r"Stopped in ([\d.]+) ms: (\d+) process(?:es)? killed, (\d+) swept, (\d+) queued messages? dropped", text
+    )
+    assert match, text
+    assert abs(float(match[1]) - result["elapsed_ms"]) <= 0.05
+    assert [int(match[i]) for i in (2, 3, 4)] == [len(result["killed"]), len(result["swept"]), result["dropped"]]
+    expect(page.get_by_role("button", name="Stop")).to_be_enabled()
+    # The notice is the stopped turn's last entry; what comes next (a new message) is of another turn.
+    expect(page.locator("#transcript > li").last).to_have_attribute("data-seq", str(result["notice_seq"]))
+    _screenshot(page, "dashboard-channel.png")
+    page.get_by_role("textbox", name="Message").fill("and now something short")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#transcript > li.author-agent.kind-message .text").last).to_have_text(
+        re.compile("You said: and now something short")
+    )
+    shown = _transcript(page)
+    stored = daemon.tail("busy")  # JSON lines
+    assert [e["seq"] for e in shown] == [str(s["seq"]) for s in stored], "what the store saved, in seq order, once"
+    (stopped_turn,) = result["stopped_turns"]
+    notice = next(i for i, e in enumerate(shown) if e["seq"] == str(result["notice_seq"]))
+    assert shown[notice]["kind"] == "notice" and shown[notice]["text"] == "Execution stopped by user."
+    assert not [e for e in shown[notice + 1:] if e["turn"] == stopped_turn], "nothing of the stopped turn after it"
+    assert [e["turn"] for e in shown[:notice] if e["turn"] == stopped_turn], "the turn's entries came before"
+    context.close()
+
+
+def test_a_second_press_during_stopping_sends_nothing_and_a_repeat_says_so(
+    browser: Browser, daemon: DashboardDaemon
+) -> None:
+    context, page = _logged_in(browser, daemon)
+    daemon.cli("send", "twice", "make the channel", check=True)
+    daemon.cli("wait", "twice", check=True)
+    _channel(page, daemon, "twice")
+    _start_long_task(page, "twice")
+    sent = _stops(page)
+    held: list[Route] = []
+    page.route("**/v1/channels/twice/stop", lambda route: held.append(route))
+    stop = page.get_by_role("button", name="Stop")
+    stop.click()
+    stop.click(force=True)  # a second, impatient press (the button is disabled: the browser drops it)
+    stop.dispatch_event("click")  # and a synthetic one, which the script's own guard drops
+    expect(page.get_by_role("status")).to_have_text("Stopping…")
+    assert len(held) == 1 and len(sent) == 1, "one press, one request"
+    held[0].continue_()
+    expect(page.get_by_role("status")).to_have_text(re.compile("^Stopped in"))
+    page.unroute("**/v1/channels/twice/stop")
+    # Pressed again once it answered: nothing new ran since, so the server calls it a repeat.
+    with page.expect_response("**/v1/channels/twice/stop") as answered:
+        stop.click()
+    assert answered.value.json()["repeat"] is True
+    expect(page.get_by_role("status")).to_have_text(re.compile(r"^Already stopped: nothing new ran since the last stop"))
+    assert len(sent) == 2
+    notices = [e for e in _transcript(page) if e["kind"] == "notice"]
+    assert len(notices) == 1, notices
+    stored = [e for e in daemon.tail("twice") if e["kind"] == "notice"]
+    assert [n["seq"] for n in notices] == [str(e["seq"]) for e in stored]
+    context.close()
+
+
+HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+
+def test_hostile_agent_output_is_rendered_as_text(browser: Browser, daemon: DashboardDaemon) -> None:
+    context, page = _logged_in(browser, daemon)
+    violations: list[str] = []
+    page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+    channel = '<b onmouseover="window.__pwned=3">bold</b>'
+    daemon.cli("send", channel, HOSTILE, check=True)  # the demo agent echoes it: agent output
+    daemon.cli("wait", channel, check=True)
+    page.reload()
+    link = page.get_by_role("link", name=channel, exact=True)
+    expect(link).to_be_visible()
+    link.click()
+    expect(page.get_by_role("heading", name=channel, exact=True)).to_be_visible()
+    reply = page.locator("#transcript > li.author-agent.kind-message .text")
+    expect(reply).to_have_text(re.compile("You said: " + re.escape(HOSTILE)))
+    assert page.locator("#transcript img, #transcript script, main b").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert violations == [], "nothing even tried to run (the CSP had nothing to block)"
+    _screenshot(page, "dashboard-hostile.png")
+    context.close()
+
+
+def test_a_cookieless_request_is_refused(browser: Browser, daemon: DashboardDaemon) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    response = page.goto(f"{daemon.base}/dashboard/")
+    assert response is not None and response.status == 401 and "corral dashboard" in response.text()
+    for method, path in [("GET", "/v1/status"), ("GET", "/dashboard/events"), ("POST", "/v1/stop")]:
+        answer = context.request.fetch(f"{daemon.base}{path}", method=method,
+                                       headers={"origin": daemon.base})
+        assert answer.status == 401, (path, answer.text())
+    context.close()
+
+
+#: Another local program's pages: a script's POST (fetch), and a form's (a top-level navigation).
+EVIL_PAGES = {
+    "/fetch": """<!doctype html><html><body><script>
+fetch("{base}/v1/channels/victim/stop", {{method: "POST", credentials: "include", mode: "no-cors", body: "{{}}"}});
+</script></body></html>""",
+    "/form": """<!doctype html><html><body><form id="f" method="POST" enctype="text/plain"
+ action="{base}/v1/channels/victim/messages"><input name='{{"text": "injected", "x": "' value='"}}'></form>
+<script>document.getElementById("f").submit();</script></body></html>""",
+}
+
+
+def test_a_cross_origin_post_is_refused(browser: Browser, daemon: DashboardDaemon) -> None:
+    context, page = _logged_in(browser, daemon)
+    daemon.cli("send", "victim", "please do a long task", check=True)
+    _channel(page, daemon, "victim")
+    expect(page.locator("#transcript > li[data-kind=status]").filter(has_text="tool running")).to_have_count(1)
+
+    class Evil(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path not in EVIL_PAGES:
+                self.send_error(404)
+                return
+            body = EVIL_PAGES[self.path].format(base=daemon.base).encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    evil = ThreadingHTTPServer(("127.0.0.1", 0), Evil)  # another local program: same site, other origin
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    try:
+        attacker = context.new_page()
+        with attacker.expect_response("**/v1/channels/victim/stop") as answered:
+            attacker.goto(f"http://127.0.0.1:{evil.server_address[1]}/fetch")
+        assert answered.value.status == 403  # an opaque answer: its body is the browser's secret
+        answers = []
+        with attacker.expect_response("**/v1/channels/victim/messages") as answered:
+            attacker.goto(f"http://127.0.0.1:{evil.server_address[1]}/form")
+        attacker.wait_for_url(f"{daemon.base}/v1/channels/victim/messages")  # the form navigated there
+        answers.append((answered.value.status, json.loads(attacker.locator("body").text_content() or "")))
+        for status, body in answers:
+            # "cross_origin" is decided after the session: the browser sent a valid cookie along
+            # (SameSite does not tell ports apart), and only the Origin check refused it.
+            assert status == 403 and body["error"]["code"] == "cross_origin", body
+            assert f"origin 'http://127.0.0.1:{evil.server_address[1]}'" in body["error"]["message"]
+        status = daemon.json("status")["channels"]["victim"]
+        assert status["turn"] is not None and status["generation"] == 0, "the long task runs on: nothing stopped it"
+        assert not [e for e in daemon.tail("victim") if e["kind"] == "notice" or "injected" in e["text"]]
+    finally:
+        evil.shutdown()
+        evil.server_close()
+        daemon.cli("stop", "victim", check=True)
+        context.close()
+
+
+def test_the_page_reconnects_after_a_daemon_restart(browser: Browser, short_tmp: Path) -> None:
+    port = _free_port()
+    first = DashboardDaemon(short_tmp, port)
+    second: DashboardDaemon | None = None
+    try:
+        first.cli("send", "again", "before the restart", check=True)
+        first.cli("wait", "again", check=True)
+        context, page = _logged_in(browser, first)
+        _screenshot(page, "dashboard-list.png")
+        _channel(page, first, "again")
+        expect(page.locator("#transcript > li.author-agent.kind-message .text")).to_have_text(
+            [re.compile("You said: before the restart")]
+        )
+        expect(page.locator("#connection")).to_have_text("Live")
+        assert first.stop() == 0
+        expect(page.locator("#connection")).to_have_text("Reconnecting…")
+        second = DashboardDaemon(short_tmp, port)
+        expect(page.locator("#connection")).to_have_text("Live")  # the same session: the cookie outlives a restart
+        second.cli("send", "again", "after the restart", check=True)
+        expect(page.locator("#transcript > li.author-agent.kind-message .text")).to_have_text(
+            [re.compile("You said: before the restart"), re.compile("You said: after the restart")]
+        )
+        second.cli("wait", "again", check=True)
+        stored = second.tail("again")
+        expect(page.locator("#transcript > li")).to_have_count(len(stored))
+        assert [e["seq"] for e in _transcript(page)] == [str(s["seq"]) for s in stored], "none lost, none twice"
+        context.close()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
