@@ -33,11 +33,13 @@ CHROMIUM_ARGS = [
 #: Generous: two cores shared with other test runs.
 TIMEOUT_MS = 30_000
 
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run does)"
-)
+#: Skipped where Chromium is missing, except where CORRAL_REQUIRE_BROWSER=1 (CI): there they fail.
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and os.environ.get("CORRAL_REQUIRE_BROWSER") != "1",
+    reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run does)",
+)]
 
-if Path(CHROMIUM).exists():
+if Path(CHROMIUM).exists() or os.environ.get("CORRAL_REQUIRE_BROWSER") == "1":
     from playwright.sync_api import Browser, BrowserContext, Page, Request, Route, expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)
@@ -138,7 +140,7 @@ def _transcript(page: Page) -> list[dict[str, str | None]]:
 
 def _screenshot(page: Page, name: str) -> None:
     if os.environ.get("CORRAL_DASHBOARD_SCREENSHOTS") == "1":
-        page.screenshot(path=str(REPO / "docs" / name))
+        page.screenshot(path=str(REPO / "docs" / name), full_page=True)
 
 
 def _stops(page: Page) -> list[Request]:
@@ -195,6 +197,14 @@ def test_send_a_message_and_see_the_reply_stream_in(browser: Browser, daemon: Da
 
 def test_stop_mid_tool_shows_the_apis_counts_and_the_notice_last(browser: Browser, daemon: DashboardDaemon) -> None:
     context, page = _logged_in(browser, daemon)
+    try:
+        _stop_mid_tool(page, daemon)
+    finally:
+        daemon.cli("stop", "busy")
+        context.close()
+
+
+def _stop_mid_tool(page: Page, daemon: DashboardDaemon) -> None:
     daemon.cli("send", "busy", "make the channel", check=True)
     daemon.cli("wait", "busy", check=True)
     _channel(page, daemon, "busy")
@@ -236,13 +246,20 @@ def test_stop_mid_tool_shows_the_apis_counts_and_the_notice_last(browser: Browse
     assert shown[notice]["kind"] == "notice" and shown[notice]["text"] == "Execution stopped by user."
     assert not [e for e in shown[notice + 1:] if e["turn"] == stopped_turn], "nothing of the stopped turn after it"
     assert [e["turn"] for e in shown[:notice] if e["turn"] == stopped_turn], "the turn's entries came before"
-    context.close()
 
 
 def test_a_second_press_during_stopping_sends_nothing_and_a_repeat_says_so(
     browser: Browser, daemon: DashboardDaemon
 ) -> None:
     context, page = _logged_in(browser, daemon)
+    try:
+        _press_twice(page, daemon)
+    finally:
+        daemon.cli("stop", "twice")
+        context.close()
+
+
+def _press_twice(page: Page, daemon: DashboardDaemon) -> None:
     daemon.cli("send", "twice", "make the channel", check=True)
     daemon.cli("wait", "twice", check=True)
     _channel(page, daemon, "twice")
@@ -269,7 +286,6 @@ def test_a_second_press_during_stopping_sends_nothing_and_a_repeat_says_so(
     assert len(notices) == 1, notices
     stored = [e for e in daemon.tail("twice") if e["kind"] == "notice"]
     assert [n["seq"] for n in notices] == [str(e["seq"]) for e in stored]
-    context.close()
 
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
@@ -294,6 +310,39 @@ def test_hostile_agent_output_is_rendered_as_text(browser: Browser, daemon: Dash
     assert violations == [], "nothing even tried to run (the CSP had nothing to block)"
     _screenshot(page, "dashboard-hostile.png")
     context.close()
+
+
+def test_the_list_shows_each_agents_state_live_and_stop_all_is_acknowledged(
+    browser: Browser, daemon: DashboardDaemon
+) -> None:
+    context, page = _logged_in(browser, daemon)
+    try:
+        expect(page.locator("#connection")).to_have_text("Live")
+        for channel in ("list-a", "list-b"):
+            daemon.cli("send", channel, "please do a long task", check=True)
+        running = page.locator("tr", has=page.get_by_role("link", name=re.compile("^list-[ab]$")))
+        expect(running.locator(".agent-state")).to_have_text(
+            [re.compile(r"^demo: running turn t\S+ since \d\d:\d\d:\d\d$")] * 2
+        )
+        expect(page.locator("#running")).to_have_text("2")
+        _screenshot(page, "dashboard-list.png")
+        with page.expect_response("**/v1/stop") as answered:
+            page.get_by_role("button", name="Stop all").click()
+        result = answered.value.json()
+        assert sorted(c["channel"] for c in result["channels"]) == ["list-a", "list-b"]
+        ack = page.get_by_role("status")
+        expect(ack).to_have_text(re.compile("^Stopped 2 channels in"))
+        match = re.fullmatch(
+            r"Stopped 2 channels in ([\d.]+) ms: (\d+) process(?:es)? killed, (\d+) swept, (\d+) queued messages? dropped",
+            ack.text_content() or "",
+        )
+        assert match, ack.text_content()
+        assert [int(match[i]) for i in (2, 3, 4)] == [len(result["killed"]), len(result["swept"]), result["dropped"]]
+        expect(running.locator(".agent-state")).to_have_text(["idle", "idle"])
+        expect(page.locator("#running")).to_have_text("0")
+    finally:
+        daemon.cli("stop", "--all")
+        context.close()
 
 
 def test_a_cookieless_request_is_refused(browser: Browser, daemon: DashboardDaemon) -> None:
@@ -375,7 +424,6 @@ def test_the_page_reconnects_after_a_daemon_restart(browser: Browser, short_tmp:
         first.cli("send", "again", "before the restart", check=True)
         first.cli("wait", "again", check=True)
         context, page = _logged_in(browser, first)
-        _screenshot(page, "dashboard-list.png")
         _channel(page, first, "again")
         expect(page.locator("#transcript > li.author-agent.kind-message .text")).to_have_text(
             [re.compile("You said: before the restart")]
