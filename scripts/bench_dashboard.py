@@ -28,6 +28,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +45,12 @@ CHROMIUM_ARGS = [
     "--no-first-run", "--disable-sync", "--disable-quic",
 ]
 TARGET_MS = 1000.0
+#: ``corral`` with the keep-alive interval made endless (``run -c FILE`` is appended).
+KEEPALIVE_OFF = (
+    "import sys; import supervisor._api as api, supervisor._dashboard as dashboard; "
+    "api.KEEPALIVE_SECONDS = dashboard.KEEPALIVE_SECONDS = 1e9; "
+    "from supervisor.cli import main; sys.argv[0] = 'corral'; main()"
+)
 #: Before counting idle wake-ups: Trio's idle worker threads exit after 10 s, hypercorn closes
 #: an idle keep-alive connection (the page's fetches) after 5 s.
 SETTLE_SECONDS = 12.0
@@ -87,6 +94,8 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=2 * KEEPALIVE_SECONDS + 5,
                         help=f"seconds of idleness counted (default {2 * KEEPALIVE_SECONDS + 5:g})")
     parser.add_argument("--quick", action="store_true", help="20 channels, 3 runs, 10 s idle")
+    parser.add_argument("--keepalive-off", action="store_true",
+                        help="run the daemon with the keep-alive off, to show that nothing else wakes it")
     args = parser.parse_args()
     if args.quick:
         args.channels, args.runs, args.idle = 20, 3, 10.0
@@ -98,7 +107,8 @@ def main() -> int:
     token = "bench-token"
     (folder / "corral.token").write_text(token + "\n")
     (folder / "corral.token").chmod(0o600)
-    daemon = Daemon(folder, _config(port))
+    wrapper = [sys.executable, "-c", KEEPALIVE_OFF] if args.keepalive_off else None
+    daemon = Daemon(folder, _config(port), command=wrapper)
     base = f"http://127.0.0.1:{port}"
     failed = False
     try:
@@ -166,10 +176,11 @@ def main() -> int:
             woke = after[loop][1] - before[loop][1]
             others = {f"{n}/{tid}": total - before.get(tid, (n, 0))[1] for tid, (n, total) in after.items()
                       if tid != loop and total != before.get(tid, (n, 0))[1]}
-            expected = 2 * int(args.idle // KEEPALIVE_SECONDS)
+            expected = 0 if args.keepalive_off else 2 * int(args.idle // KEEPALIVE_SECONDS)
+            every = "off" if args.keepalive_off else f"one per stream every {KEEPALIVE_SECONDS:g} s"
             print(f"idle with the list and a channel open (2 event streams), {args.idle:g} s: event-loop thread"
-                  f" context switches {woke}; keep-alive comments due about {expected} (one per stream every"
-                  f" {KEEPALIVE_SECONDS:g} s); other threads: {json.dumps(others) if others else 'none'}")
+                  f" context switches {woke}; keep-alive comments due about {expected} ({every});"
+                  f" other threads: {json.dumps(others) if others else 'none'}")
             browser.close()
         api.close()
     finally:
