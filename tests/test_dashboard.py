@@ -325,3 +325,19 @@ def test_corral_dashboard_without_a_daemon_exits_3(short_tmp: Path) -> None:
     done = subprocess.run([*CORRAL, "-c", "corral.toml", "dashboard"], cwd=short_tmp, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 3 and "no daemon" in done.stderr
+
+
+def test_the_readme_dashboard_example_prints_a_login_url(short_tmp: Path) -> None:
+    import os
+    import sys
+
+    port = _free_port()
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PORT": str(port), "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["sh", str(root / "examples" / "dashboard.sh")], cwd=short_tmp, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(rf"^http://127\.0\.0\.1:{port}/dashboard/login\?code=[\w-]+$", done.stdout, re.M), done.stdout
+    assert "corral is shutting down" in done.stdout
+    assert oct((short_tmp / "corral.token").stat().st_mode & 0o777) == "0o600"
