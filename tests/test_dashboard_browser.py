@@ -288,6 +288,34 @@ def _press_twice(page: Page, daemon: DashboardDaemon) -> None:
     assert [n["seq"] for n in notices] == [str(e["seq"]) for e in stored]
 
 
+def test_a_stop_that_could_not_be_confirmed_is_shown_as_a_failure(browser: Browser, daemon: DashboardDaemon) -> None:
+    """The answers the API documents for a failed stop (500, ``ok: false``) and a daemon that never answers."""
+    context, page = _logged_in(browser, daemon)
+    daemon.cli("send", "failing", "make the channel", check=True)
+    daemon.cli("wait", "failing", check=True)
+    _channel(page, daemon, "failing")
+    failed = {"channel": "failing", "generation": 3, "repeat": False, "stopped_turns": ["t1"], "killed": [],
+              "swept": [], "kill": None, "cpu_ms": 0.1, "dropped": 0, "notice_seq": None, "elapsed_ms": 2.0,
+              "ok": False, "error": "cannot store the stop: database or disk is full (store corral.db)"}
+    page.route("**/v1/channels/failing/stop",
+               lambda route: route.fulfill(status=500, content_type="application/json", body=json.dumps(failed)))
+    page.get_by_role("button", name="Stop").click()
+    ack = page.get_by_role("status")
+    expect(ack).to_have_text(
+        "Stop FAILED, not confirmed: cannot store the stop: database or disk is full (store corral.db). "
+        "The agents may still be running."
+    )
+    expect(ack).to_have_attribute("data-state", "failed")
+    assert ack.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(179, 38, 30)", "red, not green"
+    page.unroute("**/v1/channels/failing/stop")
+    page.route("**/v1/channels/failing/stop", lambda route: route.abort("connectionrefused"))
+    page.get_by_role("button", name="Stop").click()
+    expect(ack).to_have_text(re.compile(r"^Stop NOT confirmed: the daemon did not answer .*press Stop again\.$"))
+    expect(ack).to_have_attribute("data-state", "failed")
+    expect(page.get_by_role("button", name="Stop")).to_be_enabled()
+    context.close()
+
+
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
 
