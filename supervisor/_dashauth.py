@@ -17,7 +17,8 @@ its history, its cache or a screenshot of its address bar:
   program serves. A request that changes state must therefore carry an ``Origin`` equal to
   the listener's own, and a script's read (``Sec-Fetch-Site``) must be same-origin.
 * Every request without the token must name a loopback ``Host`` with the listener's port
-  (a DNS-rebinding page names its own host).
+  (a DNS-rebinding page names its own host). One with neither the token nor a session is
+  told it needs one (401) before anything else.
 
 Everything here is pure: the clock and the randomness are arguments; :func:`decide` is the
 one decision, the control API's one auth site calls it.
@@ -165,21 +166,23 @@ def decide(
     if bearer:
         return None
     fields: Mapping[bytes, bytes] = {name.lower(): value for name, value in headers}
+    public = method == "GET" and any(tuple(parts[: len(prefix)]) == prefix for prefix in PUBLIC_PREFIXES)
+    if not public:
+        session = cookies(headers).get(cookie_name(port))
+        if session is None or not session_valid(key, session, now):
+            return Refusal(
+                401, "unauthorized",
+                "this listener needs 'Authorization: Bearer <token>' or a dashboard session: "
+                "run `corral dashboard` and open the URL it prints",
+            )
     host = fields.get(b"host", b"").decode("latin-1")
     if host not in {f"{name}:{port}" for name in LOOPBACK_HOSTS}:
         return Refusal(
             403, "bad_host",
             f"the Host {host[:80]!r} is not this loopback listener; open the URL `corral dashboard` prints",
         )
-    if any(tuple(parts[: len(prefix)]) == prefix for prefix in PUBLIC_PREFIXES) and method == "GET":
+    if public:
         return None
-    session = cookies(headers).get(cookie_name(port))
-    if session is None or not session_valid(key, session, now):
-        return Refusal(
-            401, "unauthorized",
-            "this listener needs 'Authorization: Bearer <token>' or a dashboard session: "
-            "run `corral dashboard` and open the URL it prints",
-        )
     shape = _shape(parts)
     if (method, shape) not in SESSION_ROUTES:
         return Refusal(

@@ -341,3 +341,50 @@ def test_the_readme_dashboard_example_prints_a_login_url(short_tmp: Path) -> Non
     assert re.search(rf"^http://127\.0\.0\.1:{port}/dashboard/login\?code=[\w-]+$", done.stdout, re.M), done.stdout
     assert "corral is shutting down" in done.stdout
     assert oct((short_tmp / "corral.token").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "expected"),
+    [
+        ("GET", "v1/status", {}, None),  # with the token (bearer=True below)
+        ("GET", "dashboard/static/dashboard.js", {"host": "127.0.0.1:8765"}, "public"),
+        ("GET", "dashboard/login", {"host": "localhost:8765"}, "public"),
+        ("GET", "dashboard/login", {"host": "evil.example:8765"}, "bad_host"),
+        ("POST", "dashboard/login", {"host": "127.0.0.1:8765"}, "unauthorized"),
+        ("GET", "v1/status", {"host": "127.0.0.1:8765"}, "unauthorized"),
+        ("GET", "v1/status", {"host": "127.0.0.1:8765", "cookie": "corral-session-9999=SESSION"}, "unauthorized"),
+        ("GET", "v1/status", {"host": "127.0.0.1:8766", "cookie": "SESSION"}, "bad_host"),
+        ("GET", "v1/status", {"cookie": "SESSION"}, "bad_host"),
+        ("GET", "v1/status", {"host": "[::1]:8765", "cookie": "SESSION"}, None),
+        ("GET", "v1/status", {"host": "127.0.0.1:8765", "cookie": "SESSION", "sec-fetch-site": "same-site"},
+         "cross_origin"),
+        ("GET", "dashboard", {"host": "127.0.0.1:8765", "cookie": "SESSION", "sec-fetch-site": "same-site"}, None),
+        ("GET", "dashboard/events", {"host": "127.0.0.1:8765", "cookie": "SESSION", "sec-fetch-site": "cross-site"},
+         "cross_origin"),
+        ("GET", "v1/channels/a%2Fb/events", {"host": "127.0.0.1:8765", "cookie": "SESSION"}, None),
+        ("POST", "v1/channels/c/stop", {"host": "127.0.0.1:8765", "cookie": "SESSION"}, "cross_origin"),
+        ("POST", "v1/channels/c/stop", {"host": "127.0.0.1:8765", "cookie": "SESSION",
+                                         "origin": "http://127.0.0.1:8765"}, None),
+        ("POST", "v1/channels/c/stop", {"host": "localhost:8765", "cookie": "SESSION",
+                                         "origin": "http://127.0.0.1:8765"}, "cross_origin"),
+        ("POST", "v1/stop", {"host": "127.0.0.1:8765", "cookie": "SESSION", "origin": "http://127.0.0.1:9"},
+         "cross_origin"),
+        ("POST", "v1/shutdown", {"host": "127.0.0.1:8765", "cookie": "SESSION", "origin": "http://127.0.0.1:8765"},
+         "forbidden"),
+        ("POST", "dashboard/codes", {"host": "127.0.0.1:8765", "cookie": "SESSION",
+                                      "origin": "http://127.0.0.1:8765"}, "forbidden"),
+        ("DELETE", "v1/channels/c/stop", {"host": "127.0.0.1:8765", "cookie": "SESSION",
+                                           "origin": "http://127.0.0.1:8765"}, "forbidden"),
+    ],
+)
+def test_decide_who_may_do_what(method: str, path: str, headers: dict[str, str], expected: str | None) -> None:
+    key = _dashauth.session_key("t")
+    session = f"corral-session-8765={_dashauth.new_session(key, now=0.0)}"
+    raw = [(k.encode(), v.replace("SESSION", session).encode()) for k, v in headers.items()]
+    parts = [part.replace("%2F", "/") for part in path.split("/")]
+    refusal = _dashauth.decide(method, parts, raw, port=8765, key=key, now=1.0, bearer=expected is None and not raw)
+    if expected in (None, "public"):
+        assert refusal is None, refusal
+    else:
+        assert refusal is not None and refusal.code == expected, refusal
+        assert refusal.message
