@@ -13,6 +13,10 @@ Routes (a channel is one percent-encoded path segment, so it may contain ``/``):
 ``POST /v1/shutdown``                            202, then an orderly shutdown
 ===============================================  =============================================
 
+On the loopback TCP listener (the one with a token) the same application serves the web
+dashboard under ``/dashboard/`` (:mod:`._dashboard`); who may call what is decided in one
+place, :meth:`ControlAPI._authorize`, with :mod:`._dashauth`.
+
 Every error is JSON: ``{"error": {"code": …, "message": …}}`` with a 4xx/5xx status. A bad
 request never disturbs the daemon or anything it has accepted.
 """

@@ -47,6 +47,9 @@ KEEPALIVE_SECONDS = 30.0
 #: While any turn runs or a message waits, the status stream re-reads the state this often:
 #: a turn that starts or ends stores no entry at that exact moment.
 BUSY_REFRESH_SECONDS = 0.5
+#: The status stream re-reads the state at most this often: a burst of entries (a stop-all of
+#: 200 channels, many agents streaming) costs one re-read per interval, not one per entry.
+MIN_REFRESH_SECONDS = 0.05
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
@@ -348,8 +351,10 @@ class Dashboard:
                     await emit(sse_event(data, event="status"))
                     last = data
                 busy = any(a["state"] != "idle" for c in view["channels"] for a in c["agents"])
+                read_at = trio.current_time()
                 with trio.move_on_after(BUSY_REFRESH_SECONDS if busy else math.inf):
                     await changes.receive()
+                await trio.sleep_until(read_at + MIN_REFRESH_SECONDS)  # at once if that time is past
 
 
 async def _send(peer: Peer, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
