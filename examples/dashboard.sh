@@ -9,6 +9,9 @@ socket = "dashboard.sock"
 tcp = "127.0.0.1:$port"
 token_file = "corral.token"
 
+[store]
+path = "dashboard.db"
+
 [agents.demo]
 adapter = "demo"
 TOML
