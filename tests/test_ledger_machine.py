@@ -102,7 +102,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def _accept(self, channel: str, *, human: bool, nudge: bool) -> None:
         model = self.chans[channel]
         message_id = self._new_id()
-        message = self.ledger.accept(channel, message_id, human=human, nudge=nudge)
+        message = self.ledger.accept(channel, "bot", message_id, human=human, nudge=nudge)
         assert (message.id, message.human, message.nudge) == (message_id, human, nudge)
         assert message.generation == model.generation  # stamped with the current generation
         self.msgs[message_id] = _Msg(channel, human, nudge, model.generation, model.stops)
@@ -152,10 +152,10 @@ class LedgerMachine(RuleBasedStateMachine):
         if model.turn is not None:
             before = self._snapshot(channel)
             with pytest.raises(LedgerError):  # a second turn in a busy channel is a driver bug
-                self.ledger.take(channel, turn_id)
+                self.ledger.take(channel, "bot", turn_id)
             assert self._snapshot(channel) == before
             return
-        result = self.ledger.take(channel, turn_id)
+        result = self.ledger.take(channel, "bot", turn_id)
         # Messages from before a stop that a restart put back are dropped, never run.
         assert [m.id for m in result.dropped] == model.ghosts
         assert all(self.msgs[m.id].fate == "dropped" for m in result.dropped)
@@ -281,7 +281,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert decision.generation == model.generation + 1
         accepted = [(self._new_id(), human) for human in window]
         for message_id, human in accepted:
-            self.ledger.accept(channel, message_id, human=human)
+            self.ledger.accept(channel, "bot", message_id, human=human)
         assert self.ledger.abort_stop(decision) is True
         # The model never saw the stop: the window's messages join the queue under the
         # restored generation, and a human among them lifts the routing rest.
@@ -367,7 +367,7 @@ class LedgerMachine(RuleBasedStateMachine):
             model.ghosts = dropped if ghosts else []
             for message_id in model.ghosts + model.queue:
                 record = self.msgs[message_id]
-                self.ledger.requeue(name, QueuedMessage(message_id, record.generation, record.human, record.nudge))
+                self.ledger.requeue(name, QueuedMessage(message_id, record.generation, record.human, record.nudge, agent="bot"))
 
     # ------------------------------------------------------------ invariants
 
