@@ -76,4 +76,5 @@ def test_contract_12_nothing_is_routed_while_the_channel_rests() -> None:
 
 
 def test_an_agent_mentioning_only_itself_routes_nowhere() -> None:
-    assert route("@codex note to self", author="codex", hops=0, members=AGENTS, may_route=True, max_hops=6).targets == ()
+    decision = route("@codex note to self", author="codex", hops=0, members=AGENTS, may_route=True, max_hops=6)
+    assert decision.targets == ()
