@@ -338,3 +338,38 @@ async def test_an_agent_post_after_a_stop_is_stored_not_routed_until_a_human_spe
         assert not sup.status()["channels"]["ch"]["rests"] and human.to == ("ann",)
         with trio.fail_after(SLOW):
             await wait_entry(sup, "ch", lambda e: e.author == "agent:bob" and e.text == "bob done")
+
+
+async def test_a_stop_at_the_first_checkpoint_after_a_hand_off_is_stored_keeps_b_from_starting(
+    short_tmp: Path,
+) -> None:
+    # The stop is scheduled from inside the store's write of A's hand-off entry, so it runs
+    # at the very next checkpoint. The routed message was accepted in the same synchronous
+    # step as the entry (under the old generation), so the stop drops it: B never starts.
+    async with running(short_tmp) as (sup, spawned):
+        results: list[Any] = []
+        stopped = trio.Event()
+
+        async def stop_now() -> None:
+            results.append(await sup.stop("ch"))
+            stopped.set()
+
+        real = sup._store.submit_entry
+
+        def submit_entry(channel: str, author: str, kind: str, text: str, **kw: Any) -> Any:
+            pending = real(channel, author, kind, text, **kw)
+            if author == "agent:ann" and kind == "message" and "@bob" in text and not results:
+                results.append(None)
+                sup._nursery.start_soon(stop_now)
+            return pending
+
+        sup._store.submit_entry = submit_entry  # type: ignore[method-assign]
+        await sup.send("ch", "handoff", to=["ann"])
+        with trio.fail_after(SLOW):
+            await stopped.wait()
+            assert await sup.wait_idle("ch")
+        result = results[1]
+        assert result.ok and len(spawned.calls) == 1  # ann's turn only: bob never started
+        stored = await entries(sup, "ch")
+        assert stored[-1].kind == "notice" and not any(e.author == "agent:bob" for e in stored)
+        assert [e.text for e in stored if e.author == "agent:ann"] == ["@bob please review"]
