@@ -373,3 +373,92 @@ async def test_a_stop_at_the_first_checkpoint_after_a_hand_off_is_stored_keeps_b
         stored = await entries(sup, "ch")
         assert stored[-1].kind == "notice" and not any(e.author == "agent:bob" for e in stored)
         assert [e.text for e in stored if e.author == "agent:ann"] == ["@bob please review"]
+
+
+# ---------------------------------------------------------------- the API, the CLI and a restart
+
+
+def _http(folder: Path) -> Any:
+    import httpx
+
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(folder / "corral.sock")), base_url="http://corral")
+
+
+async def test_api_to_field_and_agent_authors(short_tmp: Path) -> None:
+    from supervisor._daemon import run_daemon
+
+    config = two_agents(short_tmp)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: run_daemon(config, handle_signals=False, subreaper=False, task_status=task_status)
+        )
+        async with _http(short_tmp) as http:
+            bad = await http.post("/v1/channels/c/messages", json={"text": "hi", "to": ["bobb"]})
+            assert bad.status_code == 400 and "did you mean 'bob'" in bad.json()["error"]["message"]
+            wrong = await http.post("/v1/channels/c/messages", json={"text": "hi", "to": "bob"})
+            assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "bad_field"
+            both = await http.post("/v1/channels/c/messages", json={"text": "hi", "to": ["bob", "ann"]})
+            assert both.status_code == 202 and both.json()["to"] == ["bob", "ann"]
+            assert (await http.post("/v1/channels/c/wait", params={"timeout": 30})).json()["idle"]
+            stop = await http.post("/v1/channels/c/stop")
+            assert stop.status_code == 200 and stop.json()["turns"] == []
+
+            bot = await http.post("/v1/channels/c/messages", json={"text": "@bob look", "author": "agent:ann"})
+            assert bot.status_code == 202 and bot.json()["to"] == []  # stored, not routed: the channel rests
+            status = (await http.get("/v1/status")).json()["channels"]["c"]
+            assert status["rests"] is True and set(status["agents"]) == {"ann", "bob"}
+            assert all(a["state"] == "idle" for a in status["agents"].values())
+
+            human = await http.post("/v1/channels/c/messages", json={"text": "hi @bob"})
+            assert human.json()["to"] == ["bob"]
+            assert (await http.get("/v1/status")).json()["channels"]["c"]["rests"] is False
+            routed = await http.post("/v1/channels/c/messages", json={"text": "@ann look", "author": "agent:bob"})
+            assert routed.json()["to"] == ["ann"]
+            assert (await http.post("/v1/channels/c/wait", params={"timeout": 30})).json()["idle"]
+            await http.post("/v1/shutdown")
+
+
+def test_restart_a_channel_at_rest_stays_at_rest_after_shutdown_and_run(short_tmp: Path) -> None:
+    from conftest import DaemonProcess
+
+    text = """
+[server]
+socket = "corral.sock"
+[store]
+path = "corral.db"
+[defaults]
+agent = "ann"
+[agents.ann]
+adapter = "demo"
+delay = 0.01
+[agents.bob]
+adapter = "demo"
+delay = 0.01
+"""
+    daemon = DaemonProcess(short_tmp, text)
+    try:
+        daemon.cli("send", "ch", "hello", "--to", "ann", "--to", "bob", check=True)
+        daemon.cli("wait", "ch", check=True)
+        stop = json.loads(daemon.cli("stop", "ch", "--json", check=True).stdout)
+        assert stop["ok"] and not stop["repeat"]
+        daemon.cli("shutdown", check=True)
+        assert daemon.proc.wait(timeout=60) == 0
+    finally:
+        daemon.stop()
+    daemon = DaemonProcess(short_tmp, text)
+    try:
+        status = json.loads(daemon.cli("status", "--json", check=True).stdout)
+        assert status["channels"]["ch"]["rests"] is True
+        bot = json.loads(daemon.cli("send", "ch", "@bob wake up", "--as", "agent:ann", "--json", check=True).stdout)
+        assert bot["to"] == []
+        again = json.loads(daemon.cli("stop", "ch", "--json", check=True).stdout)
+        assert again["repeat"] and again["generation"] == stop["generation"]  # the repeat window survived too
+        human = json.loads(daemon.cli("send", "ch", "@bob go on", "--json", check=True).stdout)
+        assert human["to"] == ["bob"]
+        daemon.cli("wait", "ch", check=True)
+        status = json.loads(daemon.cli("status", "--json", check=True).stdout)
+        assert status["channels"]["ch"]["rests"] is False
+        shown = daemon.cli("status", check=True).stdout
+        assert "    bob: idle" in shown
+    finally:
+        daemon.stop()
