@@ -462,3 +462,51 @@ delay = 0.01
         assert "    bob: idle" in shown
     finally:
         daemon.stop()
+
+
+# ---------------------------------------------------------------- the README's section
+
+
+def _readme_section() -> str:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = text.index("## Channels and agents")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def _blocks(lang: str) -> list[str]:
+    import re
+
+    return re.findall(rf"```{lang}\n(.*?)```", _readme_section(), re.S)
+
+
+def test_readme_channel_config_is_valid_as_shown(tmp_path: Path) -> None:
+    import tomllib
+
+    (block,) = _blocks("toml")
+    config = parse_config(tomllib.loads(block), base=tmp_path)
+    assert config.members("review") == ("codex", "claude") and config.hop_limit("review") == 2
+    assert config.members("elsewhere") == ("claude", "codex") and config.hop_limit("elsewhere") == 6
+    assert (config.catch_up_entries, config.catch_up_bytes) == (20, 16384)
+
+
+def test_readme_catch_up_example_is_what_corral_builds() -> None:
+    from supervisor._catchup import Missed, catch_up_prompt
+
+    (block,) = _blocks("text")
+    built = catch_up_prompt(
+        [Missed("human:ana", "can someone look at the parser?"),
+         Missed("agent:gemini", "I can reproduce it with an empty file")],
+        "@claude the tests fail on empty input", author="agent:codex", earlier=3,
+    )
+    assert block == built + "\n"
+
+
+def test_readme_stop_and_status_examples_have_the_shapes_corral_returns() -> None:
+    from supervisor._supervisor import StopResult
+
+    stop, status = (json.loads(b) for b in _blocks("json"))
+    assert set(stop) == set(StopResult(channel="x", generation=1).to_json())
+    assert set(stop["turns"][0]) == {"agent", "turn", "killed", "swept"}
+    channel = status["channels"]["work"]
+    assert set(channel) >= {"generation", "rests", "queued", "turn", "agents"}
+    assert {a["state"] for a in channel["agents"].values()} <= {"idle", "queued", "running", "stopping"}
