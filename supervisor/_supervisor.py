@@ -167,7 +167,8 @@ class _Message:
     hops: int = 0
     """Agent-to-agent hand-offs behind it."""
     routed_from: int | None = None
-    """A hand-off's source entry (the agent's message it repeats)."""
+    """The entry it repeats when it has none of its own (a hand-off's source, or the entry of a
+    message sent to several agents, for the second and later): its catch-up leaves it out."""
     seen_before: int | None = None
     """The last message the agent had taken up before this one (its catch-up starts after it)."""
 
@@ -345,7 +346,7 @@ class Supervisor:
         first = targets[0] if targets else ""
         ahead = len(self._ledger.queued(channel, first)) + (1 if self._ledger.current_turn(channel, first) else 0)
         for i, target in enumerate(targets):  # the store gave the targets after the first seq + i
-            payload = _Message(target, author, text, pending, hops=hops)
+            payload = _Message(target, author, text, pending, hops=hops, routed_from=seq if i else None)
             self._ledger.accept(
                 channel, target, seq + i, human=human, nudge=nudge, payload=payload, hops=hops,
                 routed=author.startswith("agent:"),

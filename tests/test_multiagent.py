@@ -187,6 +187,8 @@ async def test_two_agents_work_at_once_and_one_stop_kills_both_with_one_notice_l
         assert [n.text for n in notices] == [STOP_NOTICE]
         assert stored[-1] == notices[0]
         assert sup.status()["channels"]["ch"]["agents"]["ann"]["state"] == "idle"
+        # A message to two agents is each one's prompt alone: neither catches up on it.
+        assert [p["prompt"] for p in prompts(short_tmp)] == [f"gate={gate}"] * 2
 
 
 async def test_a_stop_in_one_channel_never_rests_or_stops_another_with_the_same_agents(
