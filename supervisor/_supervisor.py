@@ -487,7 +487,11 @@ class Supervisor:
                 channel, turn_id, ok=outcome.ok, unfinished_todos=unfinished(items), max_nudges=agent.limits.max_nudges
             )
             if decision.nudge:
-                self._accept(channel, (agent.name,), "system", NUDGE_TEXT.format(n=unfinished(items)), nudge=True)
+                # It carries the hops of the message it follows: nudges never reset a chain.
+                self._accept(
+                    channel, (agent.name,), "system", NUDGE_TEXT.format(n=unfinished(items)), nudge=True,
+                    hops=message.hops,
+                )
         finally:
             if self._turns.get(lane) is turn:
                 del self._turns[lane]
@@ -520,7 +524,7 @@ class Supervisor:
     async def _contain(self, channel: str, ticket: TurnTicket, exc: Exception) -> None:
         """A turn failed in corral itself: log it, say so, and free the channel."""
         log.exception("[%s %s] internal error", channel, ticket.turn_id, exc_info=exc)
-        if self._ledger.current_turn(channel) == ticket.turn_id:
+        if self._ledger.current_turn(channel, ticket.agent) == ticket.turn_id:
             self._ledger.end_turn(channel, ticket.turn_id, ok=False, unfinished_todos=0)
         try:
             await self._store.append(

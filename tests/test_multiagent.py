@@ -512,3 +512,34 @@ def test_readme_stop_and_status_examples_have_the_shapes_corral_returns() -> Non
     channel = status["channels"]["work"]
     assert set(channel) >= {"generation", "rests", "queued", "turn", "agents"}
     assert {a["state"] for a in channel["agents"].values()} <= {"idle", "queued", "running", "stopping"}
+
+
+async def test_a_bug_in_one_agents_turn_frees_its_own_lane_while_another_agent_runs(
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor import _turn
+
+    original = _turn.Turn._request
+    broken: list[str] = []
+
+    def broken_once(self: Any, session_id: Any) -> Any:
+        if self.agent.name == "bob" and not broken:
+            broken.append(self.turn_id)
+            raise RuntimeError("a bug")
+        return original(self, session_id)
+
+    monkeypatch.setattr(_turn.Turn, "_request", broken_once)
+    gate = gates()
+    async with running(short_tmp) as (sup, _):
+        first = await sup.send("ch", f"gate={gate}", to=["ann"])
+        await ready(sup, "ch", "agent:ann", first.seq)
+        await sup.send("ch", "one", to=["bob"])
+        await sup.send("ch", "two", to=["bob"])
+        with trio.fail_after(SLOW):
+            await wait_entry(sup, "ch", lambda e: e.author == "agent:bob" and e.text == "bob done")
+        assert sup.status()["channels"]["ch"]["agents"]["ann"]["state"] == "running"
+        gate.open()
+        with trio.fail_after(SLOW):
+            assert await sup.wait_idle("ch")
+        stored = await entries(sup, "ch")
+        assert any(e.kind == "error" and "a bug" in e.text and e.turn == broken[0] for e in stored)
