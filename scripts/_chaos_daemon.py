@@ -145,7 +145,8 @@ def _no_point_of_no_return() -> None:
 
     def always(self: _ledger.StopLedger, channel: str, turn_id: str) -> bool:
         if not may_start(self, channel, turn_id):
-            turn = self._channels[channel].turn
+            lane = self._channels[channel].lane_of(turn_id)
+            turn = lane.turn if lane is not None else None
             if turn is not None:
                 turn.phase = _ledger.Phase.STARTED
         return True

@@ -3,7 +3,7 @@
 Routes (a channel is one percent-encoded path segment, so it may contain ``/``):
 
 ===============================================  =============================================
-``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "author"?}`` → 202 ``{seq, …}``
+``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "to"?, "author"?}`` → 202 ``{seq, to, …}``
 ``POST /v1/channels/{channel}/stop``             → the stop result, once the stop is complete
 ``POST /v1/stop``                                stop every busy channel
 ``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N
@@ -287,12 +287,15 @@ class ControlAPI:
         agent = fields.get("agent")
         if agent is not None and not isinstance(agent, str):
             raise HTTPError(400, "bad_field", "'agent' must be a string")
+        to = fields.get("to")
+        if to is not None and (not isinstance(to, list) or not all(isinstance(t, str) and t for t in to)):
+            raise HTTPError(400, "bad_field", "'to' must be a list of agent names, e.g. [\"claude\", \"codex\"]")
         author = fields.get("author", "user")
         if not isinstance(author, str) or not author:
             raise HTTPError(400, "bad_field", "'author' must be a non-empty string")
-        if not author.startswith("human:"):
+        if not author.startswith(("human:", "agent:")):  # another bot posts as "agent:NAME"
             author = f"human:{author}"
-        accepted = await self.sup.send(channel, text, agent=agent, author=author)
+        accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author)
         await peer.respond(202, accepted.to_json())
 
     async def _stop(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:

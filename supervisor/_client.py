@@ -125,11 +125,16 @@ class Client:
         self._last_used = time.monotonic()
         return _decode(response.status, data, ok)
 
-    def send(self, channel: str, text: str, *, agent: str | None = None, author: str | None = None) -> dict[str, Any]:
-        """Queue a message; returns ``{"seq": …}`` once it is stored."""
+    def send(
+        self, channel: str, text: str, *, agent: str | None = None, author: str | None = None,
+        to: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Queue a message (for ``agent`` and ``to``); returns ``{"seq": …}`` once it is stored."""
         payload: dict[str, Any] = {"text": text}
         if agent:
             payload["agent"] = agent
+        if to:
+            payload["to"] = to
         if author:
             payload["author"] = author
         path = f"/v1/channels/{_channel(channel)}/messages"

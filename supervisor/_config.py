@@ -21,6 +21,8 @@ from typing import Any
 from ._errors import CorralError
 
 DEFAULT_CONFIG_NAME = "corral.toml"
+DEFAULT_MAX_HOPS = 6
+"""Agent-to-agent hand-offs in a row before a human must speak (``max_hops``)."""
 #: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
 DEFAULT_SOCKET_MODE = 0o600
 
@@ -113,17 +115,50 @@ class Config:
     default_agent: str
     limits: Limits
     agents: Mapping[str, AgentConfig]
+    channels: Mapping[str, ChannelConfig] = field(default_factory=dict)
+    """``[channels.NAME]`` tables; a channel without one admits every agent."""
+    max_hops: int = DEFAULT_MAX_HOPS
+    """``[defaults] max_hops``: agent-to-agent hand-offs in a row before a human must speak."""
+    catch_up_entries: int = 20
+    """``[defaults] catch_up_entries``: at most this many missed messages in a catch-up prompt."""
+    catch_up_bytes: int = 16 * 1024
+    """``[defaults] catch_up_bytes``: at most this many bytes of missed messages in one."""
 
     def agent(self, name: str | None) -> AgentConfig:
         """The named agent, or the default one; KeyError if there is none."""
         return self.agents[name or self.default_agent]
 
+    def members(self, channel: str) -> tuple[str, ...]:
+        """The channel's agents, its default agent first."""
+        table = self.channels.get(channel)
+        if table is not None:
+            return table.agents
+        rest = tuple(name for name in self.agents if name != self.default_agent)
+        return ((self.default_agent,) if self.default_agent in self.agents else ()) + rest
 
-_TOP = {"server", "store", "defaults", "agents"}
+    def hop_limit(self, channel: str) -> int:
+        """The channel's ``max_hops`` (its table's, else ``[defaults]``)."""
+        table = self.channels.get(channel)
+        return table.max_hops if table is not None and table.max_hops is not None else self.max_hops
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """``[channels.NAME]``: the agents of a channel and its hop limit."""
+
+    name: str
+    agents: tuple[str, ...]
+    """Its members; the first is its default agent."""
+    max_hops: int | None = None
+    """None: ``[defaults] max_hops``."""
+
+
+_TOP = {"server", "store", "defaults", "agents", "channels"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup"}
 _STORE = {"path"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
-_DEFAULTS = {"agent"} | _LIMIT_KEYS
+_DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
+_CHANNEL = {"agents", "max_hops"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended"} | _LIMIT_KEYS
 
 
@@ -343,6 +378,11 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         check.add("defaults.agent", f"no agent is called {default_agent!r}",
                   f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
 
+    channels = _channels(check, data, set(agents_raw))
+    max_hops = check.count(defaults, "max_hops", "defaults.", DEFAULT_MAX_HOPS)
+    catch_up_entries = check.count(defaults, "catch_up_entries", "defaults.", 20)
+    catch_up_bytes = check.count(defaults, "catch_up_bytes", "defaults.", 16 * 1024)
+
     if check.problems:
         raise ConfigError(check.problems)
     return Config(
@@ -353,7 +393,42 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         default_agent=default_agent or "",
         limits=limits,
         agents=agents,
+        channels=channels,
+        max_hops=max_hops,
+        catch_up_entries=catch_up_entries,
+        catch_up_bytes=catch_up_bytes,
     )
+
+
+def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, ChannelConfig]:
+    """``[channels.NAME]`` tables: members that are configured agents, once each; a hop limit."""
+    channels: dict[str, ChannelConfig] = {}
+    for name, raw in check.table(data, "channels").items():
+        prefix = f"channels.{name}."
+        if not isinstance(raw, dict):
+            check.add(f"channels.{name}", "expected a table", f'write it as [channels.{name}] with agents = ["..."]')
+            continue
+        check.unknown(raw, _CHANNEL, prefix)
+        members = check.strings(raw, "agents", prefix)
+        if not members:
+            example = ", ".join(f'"{a}"' for a in sorted(agent_names)[:2]) or '"demo"'
+            check.add(f"{prefix}agents", "missing or empty: a channel needs at least one agent",
+                      f"write agents = [{example}] (the first is the channel's default agent)")
+            continue
+        ok = True
+        for member in members:
+            if member not in agent_names:
+                ok = False
+                close = difflib.get_close_matches(member, sorted(agent_names), n=1)
+                check.add(f"{prefix}agents", f"no agent is called {member!r}",
+                          f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(agent_names))}")
+        if len(set(members)) != len(members):
+            ok = False
+            check.add(f"{prefix}agents", f"an agent is listed twice in {list(members)!r}", "list each agent once")
+        max_hops = check.count(raw, "max_hops", prefix, DEFAULT_MAX_HOPS) if "max_hops" in raw else None
+        if ok:
+            channels[name] = ChannelConfig(name, members, max_hops)
+    return channels
 
 
 def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:

@@ -8,6 +8,11 @@ driver (the supervisor) and answers each with a decision; the driver carries dec
 Every method is synchronous and runs to completion, so a decision and the state it was
 made from can never be separated by another task.
 
+A channel has one or more **lanes**, one per agent working in it: a lane has its own
+queue, at most one turn, and its own run of nudges, so different agents of a channel work
+at the same time. Everything a stop is about is per channel, not per lane: the
+generation, the repeat window, the notice and the routing rest.
+
 Each channel has a **generation**, a counter only a stop moves. Everything is stamped
 with the generation current when it entered: a message when it is accepted, a turn when
 it takes its message off the queue. A turn is **stale** when its generation is older than
@@ -17,8 +22,9 @@ more, except the session id it prints (so the next message resumes the conversat
 The rules, each a line of the stop contract (docs/stop-contract.md):
 
 * ``stop(channel)`` moves that channel's generation and nothing else's (1, 2). It drops
-  every queued message of the channel (3) and makes its current turn stale, whatever
-  phase the turn is in (3, 5, 6).
+  every queued message of every lane of the channel (3) and makes every current turn of
+  the channel stale, whatever phase each is in (3, 5, 6); the decision names each
+  stopped turn with its agent, and owes one notice for all of them (10, 12).
 * A message accepted after the stop carries the new generation and runs (4).
 * ``may_start`` is asked at the point of no return; a stale turn gets ``False`` (5).
 * ``keep_process`` answers whether a newly registered process may live (6).
@@ -30,12 +36,14 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
 * ``stop_all()`` stops every channel that has work (a turn or a queued message); an idle
   channel has nothing to stop and gets no notice from a stop-all.
 * After a stop, agent-to-agent routing in the channel rests until a human speaks (12):
-  ``may_route`` answers for the router.
+  ``may_route`` answers for the router, and ``accept(..., routed=True)`` refuses (a
+  :class:`LedgerError`) a routed message while the channel rests or from a stale turn.
+  The rest lifts when a human message is accepted; routing then resumes from it only.
 * A stop is on record in the ledger at once, but it is carried out only once its record
   (generation, dropped messages, cancelled plan) is durably stored (17). If that store
   fails, ``abort_stop(decision)`` puts the channel back exactly as the stop found it:
   the generation, the repeat window, the routing rest, and the dropped messages at the
-  head of the queue, oldest first. Messages accepted while the record was being stored
+  head of their lanes' queues, oldest first. Messages accepted while the record was being stored
   were stamped with the stop's generation; they are re-stamped with the restored one
   and stay queued behind the restored messages, and a turn begun in that window keeps
   running under the restored generation. A retried stop is then a real stop, not a
@@ -43,7 +51,7 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
   dropped whatever this one would have), nothing is undone.
 
 Violations of the driver's side of the protocol (ending a turn that is not running,
-starting a second turn in a busy channel) raise :class:`LedgerError`: they are bugs.
+starting a second turn in a busy lane, routing while the channel rests) raise :class:`LedgerError`: they are bugs.
 """
 
 from __future__ import annotations
@@ -82,6 +90,12 @@ class QueuedMessage:
     nudge: bool = False
     """The supervisor's own "please continue" reminder."""
     payload: object = None
+    agent: str = ""
+    """The lane (agent) it waits in."""
+    hops: int = 0
+    """Agent-to-agent hand-offs that led to it: 0 for a human's message."""
+    routed: bool = False
+    """Routed by corral from an agent's message (a hand-off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +105,11 @@ class TurnTicket:
     turn_id: str
     message: QueuedMessage
     generation: int
+
+    @property
+    def agent(self) -> str:
+        """The lane (agent) the turn runs in."""
+        return self.message.agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +127,10 @@ class StopDecision:
     channel: str
     generation: int
     repeat: bool
-    stopped_turn: str | None
-    """The turn made stale: cancel its scope and kill its processes."""
+    stopped_turns: tuple[tuple[str, str], ...]
+    """``(agent, turn_id)`` of every turn made stale: cancel each scope, kill each tree."""
     dropped: tuple[QueuedMessage, ...]
-    """Queued messages that will never run."""
+    """Queued messages of every lane that will never run, oldest first."""
     notice_due: bool
     """Post the notice once the stopped turn is torn down."""
     notice_seq: int | None
@@ -121,13 +140,19 @@ class StopDecision:
     prior_routing_rests: bool = False
     """What ``abort_stop`` restores: whether routing rested before this stop."""
 
+    @property
+    def stopped_turn(self) -> str | None:
+        """The first stopped turn's id (None: nothing was running); see ``stopped_turns``."""
+        return self.stopped_turns[0][1] if self.stopped_turns else None
+
 
 @dataclass(frozen=True, slots=True)
 class ShutdownDecision:
     """What a shutdown does: end these turns (not already stopped) as interrupted by it."""
 
     turns: tuple[tuple[str, str], ...]
-    """``(channel, turn_id)`` of every turn silenced: cancel its scope, interrupt its group."""
+    """``(channel, turn_id)`` of every turn silenced (of every lane): cancel its scope,
+    interrupt its group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,19 +176,45 @@ class _Turn:
 
 
 @dataclass(slots=True)
-class _Channel:
-    generation: int = 0
+class _Lane:
     queue: deque[QueuedMessage] = field(default_factory=deque)
     turn: _Turn | None = None
+    nudges_in_row: int = 0
+
+
+@dataclass(slots=True)
+class _Channel:
+    generation: int = 0
+    lanes: dict[str, _Lane] = field(default_factory=dict)
+    """One per agent that has had work in the channel, in the order they first had it."""
     stopped: bool = False
     """A stop happened and no turn has begun since: the next stop is a repeat."""
     notice_seq: int | None = None
-    nudges_in_row: int = 0
     routing_rests: bool = False
+
+    def lane(self, agent: str) -> _Lane:
+        lane = self.lanes.get(agent)
+        if lane is None:
+            lane = self.lanes[agent] = _Lane()
+        return lane
+
+    def lane_of(self, turn_id: str) -> _Lane | None:
+        """The lane whose current turn is ``turn_id`` (a handful of lanes: a scan is enough)."""
+        for lane in self.lanes.values():
+            if lane.turn is not None and lane.turn.turn_id == turn_id:
+                return lane
+        return None
+
+    def queued(self) -> list[QueuedMessage]:
+        """Every lane's queue, merged in acceptance order."""
+        return sorted((m for lane in self.lanes.values() for m in lane.queue), key=lambda m: m.id)
+
+    def busy(self) -> bool:
+        return any(lane.turn is not None or lane.queue for lane in self.lanes.values())
 
 
 class StopLedger:
-    """Per-channel stop generations, queues and turns; decisions only, no I/O."""
+    """Per-channel stop generations and per-(channel, agent) lanes; decisions only, no I/O."""
 
     def __init__(self, *, max_nudges: int = 3) -> None:
         if max_nudges < 0:
@@ -180,6 +231,15 @@ class StopLedger:
             state = self._channels[channel] = _Channel()
         return state
 
+    def _lane(self, channel: str, agent: str | None) -> _Lane | None:
+        """The named lane, or (``agent`` None) the first lane with a turn, else the first."""
+        state = self._channels.get(channel)
+        if state is None or not state.lanes:
+            return None
+        if agent is not None:
+            return state.lanes.get(agent)
+        return next((lane for lane in state.lanes.values() if lane.turn is not None), next(iter(state.lanes.values())))
+
     def generation(self, channel: str) -> int:
         """The channel's current stop generation."""
         state = self._channels.get(channel)
@@ -189,72 +249,120 @@ class StopLedger:
         """Every channel the ledger has seen."""
         return self._channels.keys()
 
-    def queued(self, channel: str) -> tuple[QueuedMessage, ...]:
-        """The channel's queue, oldest first."""
+    def lanes(self, channel: str) -> tuple[str, ...]:
+        """The agents that have had work in the channel, in the order they first had it."""
         state = self._channels.get(channel)
-        return tuple(state.queue) if state else ()
+        return tuple(state.lanes) if state else ()
 
-    def current_turn(self, channel: str) -> str | None:
-        """The id of the turn the channel is running or preparing, if any."""
+    def queued(self, channel: str, agent: str | None = None) -> tuple[QueuedMessage, ...]:
+        """A lane's queue, oldest first; with no ``agent``, every lane's, in acceptance order."""
         state = self._channels.get(channel)
-        return state.turn.turn_id if state and state.turn else None
+        if state is None:
+            return ()
+        if agent is None:
+            return tuple(state.queued())
+        lane = state.lanes.get(agent)
+        return tuple(lane.queue) if lane else ()
 
-    def turn_phase(self, channel: str) -> Phase | None:
-        """The phase of the channel's current turn, if any."""
-        state = self._channels.get(channel)
-        return state.turn.phase if state and state.turn else None
+    def current_turn(self, channel: str, agent: str | None = None) -> str | None:
+        """The id of the turn the lane is running or preparing (no ``agent``: any lane's)."""
+        lane = self._lane(channel, agent)
+        return lane.turn.turn_id if lane and lane.turn else None
 
-    def is_busy(self, channel: str) -> bool:
-        """The channel has a turn or a queued message."""
+    def current_turns(self, channel: str) -> dict[str, str]:
+        """``agent -> turn id`` of every lane running or preparing a turn."""
         state = self._channels.get(channel)
-        return bool(state and (state.turn or state.queue))
+        if state is None:
+            return {}
+        return {agent: lane.turn.turn_id for agent, lane in state.lanes.items() if lane.turn is not None}
+
+    def turn_phase(self, channel: str, agent: str | None = None) -> Phase | None:
+        """The phase of the lane's current turn (no ``agent``: any lane's), if any."""
+        lane = self._lane(channel, agent)
+        return lane.turn.phase if lane and lane.turn else None
+
+    def is_busy(self, channel: str, agent: str | None = None) -> bool:
+        """The lane (no ``agent``: any lane of the channel) has a turn or a queued message."""
+        state = self._channels.get(channel)
+        if state is None:
+            return False
+        if agent is None:
+            return state.busy()
+        lane = state.lanes.get(agent)
+        return bool(lane and (lane.turn or lane.queue))
 
     def is_stale(self, channel: str, turn_id: str) -> bool:
-        """A stop has happened since this turn began (or the turn is not the current one)."""
+        """A stop has happened since this turn began (or the turn is not a current one)."""
         state = self._channels.get(channel)
-        if state is None or state.turn is None or state.turn.turn_id != turn_id:
+        lane = state.lane_of(turn_id) if state else None
+        if state is None or lane is None or lane.turn is None:
             return True
-        return state.turn.silenced or state.turn.generation < state.generation
+        return lane.turn.silenced or lane.turn.generation < state.generation
+
+    def rests(self, channel: str) -> bool:
+        """Agent-to-agent routing in the channel rests (a stop, and no human since)."""
+        state = self._channels.get(channel)
+        return bool(state and state.routing_rests)
+
+    def in_repeat_window(self, channel: str) -> bool:
+        """A stop happened and no turn has begun since: the next stop is a repeat."""
+        state = self._channels.get(channel)
+        return bool(state and state.stopped)
 
     # ------------------------------------------------------------ messages
 
-    def restore(self, channel: str, generation: int) -> None:
-        """Set a channel's generation from the store after a restart (never moves it back)."""
+    def restore(self, channel: str, generation: int, *, rests: bool = False, stopped: bool = False) -> None:
+        """Set a channel's state from the store after a restart (never moves the generation back).
+
+        ``rests`` and ``stopped`` are the routing rest and the repeat window as stored.
+        """
         state = self._chan(channel)
         state.generation = max(state.generation, generation)
+        state.routing_rests = state.routing_rests or rests
+        state.stopped = state.stopped or stopped
 
     def accept(
-        self, channel: str, message_id: int, *, human: bool, nudge: bool = False, payload: object = None
+        self, channel: str, agent: str, message_id: int, *, human: bool, nudge: bool = False, payload: object = None,
+        hops: int = 0, routed: bool = False,
     ) -> QueuedMessage:
-        """Queue a message under the channel's current generation. A human lifts the routing rest."""
+        """Queue a message in the agent's lane under the channel's current generation.
+
+        A human lifts the routing rest. A ``routed`` message (a hand-off from an agent) while
+        the channel rests is a driver bug: ``may_route`` said no.
+        """
         state = self._chan(channel)
-        message = QueuedMessage(message_id, state.generation, human, nudge, payload)
-        state.queue.append(message)
+        if routed and state.routing_rests:
+            raise LedgerError(f"channel {channel!r} rests: message {message_id} may not be routed")
+        message = QueuedMessage(message_id, state.generation, human, nudge, payload, agent, hops, routed)
+        state.lane(agent).queue.append(message)
         if human:
             state.routing_rests = False
         return message
 
     def requeue(self, channel: str, message: QueuedMessage) -> None:
         """Put back a message restored from the store, with the generation it was accepted under."""
-        self._chan(channel).queue.append(message)
+        self._chan(channel).lane(message.agent).queue.append(message)
 
-    def take(self, channel: str, turn_id: str) -> Take:
-        """Begin the next turn: pop the oldest current message; stale ones are dropped."""
+    def take(self, channel: str, agent: str, turn_id: str) -> Take:
+        """Begin the lane's next turn: pop its oldest current message; stale ones are dropped."""
         state = self._chan(channel)
-        if state.turn is not None:
-            raise LedgerError(f"channel {channel!r} already runs turn {state.turn.turn_id!r}")
+        lane = state.lane(agent)
+        if lane.turn is not None:
+            raise LedgerError(f"agent {agent!r} in channel {channel!r} already runs turn {lane.turn.turn_id!r}")
+        if state.lane_of(turn_id) is not None:
+            raise LedgerError(f"turn {turn_id!r} already runs in channel {channel!r}")
         if self._shut_down:
             return Take(None, ())
         dropped = []
-        while state.queue:
-            message = state.queue.popleft()
+        while lane.queue:
+            message = lane.queue.popleft()
             if message.generation < state.generation:
                 dropped.append(message)
                 continue
-            state.turn = _Turn(turn_id, state.generation, Phase.PREPARING, message.nudge)
+            lane.turn = _Turn(turn_id, state.generation, Phase.PREPARING, message.nudge)
             state.stopped = False
             if message.human:
-                state.nudges_in_row = 0
+                lane.nudges_in_row = 0
             return Take(TurnTicket(turn_id, message, state.generation), tuple(dropped))
         return Take(None, tuple(dropped))
 
@@ -264,9 +372,9 @@ class StopLedger:
         """Asked at the point of no return. True moves the turn to STARTED."""
         if self.is_stale(channel, turn_id):
             return False
-        turn = self._channels[channel].turn
-        assert turn is not None
-        turn.phase = Phase.STARTED
+        lane = self._channels[channel].lane_of(turn_id)
+        assert lane is not None and lane.turn is not None
+        lane.turn.phase = Phase.STARTED
         return True
 
     def keep_process(self, channel: str, turn_id: str) -> bool:
@@ -280,34 +388,35 @@ class StopLedger:
     def end_turn(
         self, channel: str, turn_id: str, *, ok: bool, unfinished_todos: int, max_nudges: int | None = None
     ) -> EndDecision:
-        """The turn is over and torn down; decide whether to nudge it on."""
+        """The turn is over and torn down; decide whether to nudge it on (in its own lane)."""
         state = self._channels.get(channel)
-        if state is None or state.turn is None or state.turn.turn_id != turn_id:
+        lane = state.lane_of(turn_id) if state else None
+        if state is None or lane is None or lane.turn is None:
             raise LedgerError(f"turn {turn_id!r} is not running in channel {channel!r}")
-        turn = state.turn
-        state.turn = None
+        turn = lane.turn
+        lane.turn = None
         stale = turn.silenced or turn.generation < state.generation
         nudge = (
             not stale
             and ok
             and unfinished_todos > 0
-            and state.nudges_in_row < (self.max_nudges if max_nudges is None else max_nudges)
-            and not state.queue
+            and lane.nudges_in_row < (self.max_nudges if max_nudges is None else max_nudges)
+            and not lane.queue
         )
         if nudge:
-            state.nudges_in_row += 1
+            lane.nudges_in_row += 1
         elif not turn.nudge:
-            state.nudges_in_row = 0
+            lane.nudges_in_row = 0
         return EndDecision(nudge=nudge, stale=stale)
 
     # ------------------------------------------------------------ stops
 
     def stop(self, channel: str) -> StopDecision:
-        """Stop one channel. Synchronous: the generation has moved when this returns."""
+        """Stop one channel, every lane of it. Synchronous: the generation has moved when this returns."""
         state = self._chan(channel)
         if state.stopped:
             return StopDecision(
-                channel=channel, generation=state.generation, repeat=True, stopped_turn=None, dropped=(),
+                channel=channel, generation=state.generation, repeat=True, stopped_turns=(), dropped=(),
                 notice_due=False, notice_seq=state.notice_seq,
             )
         prior = (state.notice_seq, state.routing_rests)
@@ -315,20 +424,23 @@ class StopLedger:
         state.stopped = True
         state.notice_seq = None
         state.routing_rests = True
-        dropped = tuple(state.queue)
-        state.queue.clear()
-        stopped_turn = state.turn.turn_id if state.turn else None
+        dropped = tuple(state.queued())
+        stopped_turns = []
+        for agent, lane in state.lanes.items():
+            lane.queue.clear()
+            if lane.turn is not None:
+                stopped_turns.append((agent, lane.turn.turn_id))
         return StopDecision(
-            channel=channel, generation=state.generation, repeat=False, stopped_turn=stopped_turn, dropped=dropped,
-            notice_due=True, notice_seq=None, prior_notice_seq=prior[0], prior_routing_rests=prior[1],
+            channel=channel, generation=state.generation, repeat=False, stopped_turns=tuple(stopped_turns),
+            dropped=dropped, notice_due=True, notice_seq=None, prior_notice_seq=prior[0], prior_routing_rests=prior[1],
         )
 
     def abort_stop(self, decision: StopDecision) -> bool:
         """Undo a stop whose record could not be stored; False if a later stop superseded it.
 
         Exactly restores the channel: generation, repeat window, routing rest, notice seq, and
-        the dropped messages back at the head of the queue. Work begun since the stop (a
-        message accepted, a turn taken) is re-stamped with the restored generation.
+        every lane's dropped messages back at the head of its queue. Work begun since the stop
+        (a message accepted, a turn taken) is re-stamped with the restored generation.
         """
         if decision.repeat:
             raise LedgerError(f"a repeat stop of {decision.channel!r} has nothing to undo")
@@ -341,10 +453,15 @@ class StopLedger:
         state.notice_seq = decision.prior_notice_seq
         # A human who spoke since has lifted the rest already; that stands.
         state.routing_rests = decision.prior_routing_rests and state.routing_rests
-        later = [replace(m, generation=restored) if m.generation > restored else m for m in state.queue]
-        state.queue = deque([*decision.dropped, *later])
-        if state.turn is not None and state.turn.generation > restored:
-            state.turn.generation = restored
+        back: dict[str, list[QueuedMessage]] = {}
+        for message in decision.dropped:
+            back.setdefault(message.agent, []).append(message)
+        for agent in {*back, *state.lanes}:
+            lane = state.lane(agent)
+            later = [replace(m, generation=restored) if m.generation > restored else m for m in lane.queue]
+            lane.queue = deque([*back.get(agent, ()), *later])
+            if lane.turn is not None and lane.turn.generation > restored:
+                lane.turn.generation = restored
         return True
 
     def stop_all(self) -> list[StopDecision]:
@@ -362,12 +479,13 @@ class StopLedger:
         self._shut_down = True
         silenced = []
         for name, state in self._channels.items():
-            turn = state.turn
-            if turn is None or turn.silenced:
-                continue
-            if turn.generation == state.generation:  # a stopped turn is its stop's to end
-                silenced.append((name, turn.turn_id))
-            turn.silenced = True  # even so: should its stop be undone, it stays silenced
+            for lane in state.lanes.values():
+                turn = lane.turn
+                if turn is None or turn.silenced:
+                    continue
+                if turn.generation == state.generation:  # a stopped turn is its stop's to end
+                    silenced.append((name, turn.turn_id))
+                turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))
 
     def notice_seq(self, channel: str) -> int | None:
@@ -383,9 +501,15 @@ class StopLedger:
 
     # ------------------------------------------------------------ routing (contract 12)
 
-    def may_route(self, channel: str, *, from_human: bool) -> bool:
-        """May a message be routed on to another agent? Human messages always may."""
+    def may_route(self, channel: str, *, from_human: bool, turn_id: str | None = None) -> bool:
+        """May a message be routed on to another agent? Human messages always may.
+
+        An agent's message routes only while the channel does not rest and, when it comes
+        from a turn (``turn_id``), only if that turn is not stale.
+        """
         if from_human:
             return True
         state = self._channels.get(channel)
-        return not (state and state.routing_rests)
+        if state and state.routing_rests:
+            return False
+        return turn_id is None or not self.is_stale(channel, turn_id)

@@ -28,7 +28,13 @@ Theory of operation
   the turn ends: a row still ``running`` at start is a turn the last owner left behind.
 * **A stop's record** (its generation, the dequeue and mark of every dropped message, the
   cancelled plan) is one write, committed before the stop kills anything; its row stays
-  ``pending`` until the notice is stored in the same commit that completes it.
+  ``pending`` until the notice is stored in the same commit that completes it. The same
+  write puts the channel at rest and opens its repeat window (``generations.rests`` and
+  ``.stopped``); a human's message lifts the rest and a turn's begin closes the window,
+  each in its own write, so both survive a restart.
+* **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
+  ``PRAGMA user_version`` i to i + 1, each in one transaction, at open. Never edit one
+  that has shipped: add the next.
 """
 
 from __future__ import annotations
@@ -82,6 +88,35 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state);
 """
 
+_MIGRATIONS: tuple[str, ...] = (
+    # 1: several agents per channel. A queued message's hand-off hops and source entry;
+    # the channel's routing rest and repeat window; the last message each agent answered.
+    """
+    ALTER TABLE queue ADD COLUMN hops INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE queue ADD COLUMN routed_from INTEGER;
+    ALTER TABLE generations ADD COLUMN rests INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE generations ADD COLUMN stopped INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE IF NOT EXISTS seen (
+        channel TEXT NOT NULL, agent TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (channel, agent));
+    """,
+)
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Bring a store's schema up to date, one version per transaction."""
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    for number in range(version, len(_MIGRATIONS)):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _MIGRATIONS[number].split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {number + 1}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
 #: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
 #: (the stop's notice then ends it); ``ended``.
 TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
@@ -104,7 +139,8 @@ class StopRecord:
     generation: int
     dropped: tuple[int, ...]
     """Seqs of the queued messages the stop drops: dequeued and marked."""
-    stopped_turn: str | None
+    stopped_turns: tuple[str, ...]
+    """Every turn of the channel the stop ends (one per agent running)."""
     plans: Mapping[str, list[dict[str, str]]]
     """The cancelled plan, by agent."""
 
@@ -217,6 +253,20 @@ class QueuedRow:
     text: str
     generation: int
     nudge: bool
+    hops: int = 0
+    """Agent-to-agent hand-offs behind it (0: a human's or a system message)."""
+    routed_from: int | None = None
+    """The seq of the entry it repeats, when it has none of its own: a hand-off's source
+    entry, or the message's entry for its second and later targets."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelState:
+    """What a stop leaves on a channel, as stored: generation, routing rest, repeat window."""
+
+    generation: int
+    rests: bool
+    stopped: bool
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:
@@ -281,10 +331,11 @@ class Store:
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        migrate(self._db)
         self._limiter = trio.CapacityLimiter(1)
         row = self._db.execute(
             "SELECT max(m) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
-            " UNION ALL SELECT max(seq) FROM queue)"
+            " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns)"
         ).fetchone()
         self._seq = row[0] or 0
         self._pending: list[Pending] = []
@@ -295,6 +346,9 @@ class Store:
         self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
         self._sessions: dict[tuple[str, str], tuple[str | None, str]] = {
             (c, a): (s, d) for c, a, s, d in self._db.execute("SELECT channel, agent, session_id, cwd FROM sessions")
+        }
+        self._seen: dict[tuple[str, str], int] = {
+            (c, a): s for c, a, s in self._db.execute("SELECT channel, agent, seq FROM seen")
         }
         self._todos: dict[tuple[str, str], list[dict[str, str]]] = {
             (c, a): json.loads(items) for c, a, items in self._db.execute("SELECT channel, agent, items FROM todos")
@@ -570,28 +624,70 @@ class Store:
         return self._submit(apply)
 
     def accept_message(
-        self, channel: str, agent: str, author: str, text: str, *, generation: int, nudge: bool
+        self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
+        to: tuple[str, ...] = (), hops: int = 0,
     ) -> Pending:
-        """A message for ``agent``: its entry and its place in the queue, in one transaction
-        (stored and queued, or neither). Its seq is final at once (``pending.entry.seq``)."""
+        """A message for ``agent`` (and ``to``, its other targets): its entry and its place in
+        each target's queue, in one transaction (stored and queued, or neither). Its seq is
+        final at once (``pending.entry.seq``); the other targets' queue rows take the seqs
+        right after it (``pending.entry.seq + i``). A human's message lifts the channel's
+        routing rest in the same transaction. ``agent`` None: stored, queued nowhere.
+        """
+        targets = ((agent,) if agent is not None else ()) + tuple(t for t in to if t != agent)
+        extra: list[int] = []  # the other targets' seqs: taken right after the entry's, below
 
         def keep_queued(db: sqlite3.Connection, seq: int) -> None:
-            self.queue_insert(db, QueuedRow(seq, channel, agent, author, text, generation, nudge))
+            for target, row_seq in zip(targets, [seq, *extra][: len(targets)], strict=True):
+                # A later target's row repeats the entry: it names it (its catch-up skips it).
+                source = seq if row_seq != seq else None
+                row = QueuedRow(row_seq, channel, target, author, text, generation, nudge, hops, source)
+                self.queue_insert(db, row)
+            if author.startswith("human:"):
+                db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
 
-        return self.submit_entry(
-            channel, author, "message", text, generation=generation,
-            meta={"agent": agent, **({"nudge": True} if nudge else {})}, also=keep_queued,
+        meta: dict[str, Any] = {"agent": agent, **({"nudge": True} if nudge else {})}
+        if len(targets) > 1:
+            meta["to"] = list(targets)
+        if hops:
+            meta["hops"] = hops
+        pending = self.submit_entry(
+            channel, author, "message", text, generation=generation, meta=meta, also=keep_queued
         )
+        extra.extend(self.next_seq() for _ in targets[1:])  # (keep_queued runs at commit, later)
+        return pending
+
+    def accept_routed(
+        self, channel: str, agents: tuple[str, ...], author: str, text: str, *, generation: int, hops: int,
+        source: int,
+    ) -> tuple[list[int], Pending]:
+        """Hand an agent's stored entry ``source`` on to ``agents``: a queue row each (no new
+        entry: the transcript holds it once), in one transaction. Returns their seqs."""
+        rows = [QueuedRow(self.next_seq(), channel, a, author, text, generation, False, hops, source) for a in agents]
+
+        def apply(db: sqlite3.Connection) -> None:
+            for row in rows:
+                self.queue_insert(db, row)
+
+        return [r.seq for r in rows], self._submit(apply)
 
     def submit_stop_notice(
-        self, channel: str, text: str, *, stop_seq: int, turn: str | None, generation: int, result: Mapping[str, Any]
+        self, channel: str, text: str, *, stop_seq: int, turn: str | None, generation: int, result: Mapping[str, Any],
+        turns: tuple[str, ...] = (),
     ) -> Pending:
         """A stop's notice, last: it completes the stop's record (its final ``result``, with
-        ``notice_seq``) and ends its turn's row, in the notice's own transaction."""
-        meta = {"stop_seq": stop_seq, "ok": result.get("ok"), "dropped": result.get("dropped")}
+        ``notice_seq``) and ends its turns' rows (``turn`` and ``turns``), in the notice's
+        own transaction."""
+        meta: dict[str, Any] = {"stop_seq": stop_seq, "ok": result.get("ok"), "dropped": result.get("dropped")}
+        if len(turns) > 1:
+            meta["turns"] = list(turns)
+
+        def complete(db: sqlite3.Connection, seq: int) -> None:
+            Store.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn)
+            for other in turns:
+                Store.mark_turn_ended(db, other)
+
         return self.submit_entry(
-            channel, "system", "notice", text, turn=turn, generation=generation, meta=meta,
-            also=lambda db, seq: Store.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn),
+            channel, "system", "notice", text, turn=turn, generation=generation, meta=meta, also=complete,
         )
 
     def submit_turn_notice(self, channel: str, text: str, *, turn: str, generation: int) -> Pending:
@@ -604,8 +700,10 @@ class Store:
     def queue_insert(self, db: sqlite3.Connection, row: QueuedRow) -> None:
         """(In a transaction) keep an accepted message until its turn begins."""
         db.execute(
-            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge)),
+            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge, hops, routed_from)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge), row.hops,
+             row.routed_from),
         )
 
     def dequeue(self, seqs: list[int]) -> Pending:
@@ -618,20 +716,61 @@ class Store:
     async def load_queue(self) -> list[QueuedRow]:
         """Messages accepted before a restart and not yet run, oldest first."""
         rows = await self.query(
-            "SELECT seq, channel, agent, author, text, generation, nudge FROM queue ORDER BY seq"
+            "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from FROM queue ORDER BY seq"
         )
-        return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6])) for r in rows]
+        return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
 
     async def load_generations(self) -> dict[str, int]:
         """Every channel's stop generation as of the last run."""
         return dict(await self.query("SELECT channel, generation FROM generations"))
 
+    async def load_channel_states(self) -> dict[str, ChannelState]:
+        """Every stopped channel's generation, routing rest and repeat window as of the last run."""
+        rows = await self.query("SELECT channel, generation, rests, stopped FROM generations")
+        return {c: ChannelState(g, bool(r), bool(s)) for c, g, r, s in rows}
+
+    def seen(self, channel: str, agent: str) -> int | None:
+        """The seq of the last message the agent took up in the channel (None: never)."""
+        return self._seen.get((channel, agent))
+
+    async def missed(
+        self, channel: str, agent: str, *, after: int | None, before: int, skip: int | None, limit: int
+    ) -> tuple[list[tuple[str, str]], int]:
+        """The channel's ``message`` entries the agent has not seen: after ``after``, before
+        ``before``, by a human or another agent, not dropped by a stop, not ``skip``.
+        Returns the newest ``limit`` of them (author, text), oldest first, and how many
+        there are in all."""
+        where = (
+            "channel = ? AND kind = 'message' AND seq > ? AND seq < ? AND seq != ? AND author != ?"
+            " AND (author LIKE 'human:%' OR author LIKE 'agent:%')"
+            " AND json_extract(meta, '$.dropped_by_stop') IS NULL"
+        )
+        params = (
+            channel, after if after is not None else 0, before, skip if skip is not None else -1, f"agent:{agent}"
+        )
+        ((total,),) = await self.query(f"SELECT count(*) FROM entries WHERE {where}", params)
+        rows = await self.query(f"SELECT author, text FROM entries WHERE {where} ORDER BY seq DESC LIMIT ?",
+                                (*params, limit))
+        return [(a, t) for a, t in reversed(rows)], int(total)
+
     # ------------------------------------------------------------ turns and stop records
 
     def begin_turn(self, turn_id: str, channel: str, agent: str, generation: int, message: int) -> Pending:
-        """Dequeue the turn's message and keep a ``running`` row for the turn, in one commit."""
+        """Dequeue the turn's message and keep a ``running`` row for the turn, in one commit.
+
+        The same commit closes the channel's repeat window (a turn has begun since its stop)
+        and records the message as the last one the agent has seen (for its next catch-up).
+        """
+        self._seen[(channel, agent)] = max(message, self._seen.get((channel, agent), 0))
+
         def apply(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM queue WHERE seq = ?", (message,))
+            db.execute("UPDATE generations SET stopped = 0 WHERE channel = ? AND stopped = 1", (channel,))
+            db.execute(
+                "INSERT INTO seen (channel, agent, seq) VALUES (?, ?, ?)"
+                " ON CONFLICT(channel, agent) DO UPDATE SET seq = max(seq, excluded.seq)",
+                (channel, agent, message),
+            )
             db.execute(
                 "INSERT INTO turns (id, channel, agent, generation, message, state, began)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -664,15 +803,17 @@ class Store:
             for r in records:
                 summary = {
                     "pending": True, "generation": r.generation, "dropped": list(r.dropped),
-                    "stopped_turn": r.stopped_turn,
+                    "stopped_turn": r.stopped_turns[0] if r.stopped_turns else None,
+                    "stopped_turns": list(r.stopped_turns),
                 }
                 db.execute(
                     "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
                     (r.seq, r.channel, r.generation, stamp, json.dumps(summary)),
                 )
                 db.execute(
-                    "INSERT INTO generations (channel, generation) VALUES (?, ?)"
-                    " ON CONFLICT(channel) DO UPDATE SET generation=max(generation, excluded.generation)",
+                    "INSERT INTO generations (channel, generation, rests, stopped) VALUES (?, ?, 1, 1)"
+                    " ON CONFLICT(channel) DO UPDATE SET generation=max(generation, excluded.generation),"
+                    " rests=1, stopped=1",
                     (r.channel, r.generation),
                 )
                 db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
@@ -686,8 +827,7 @@ class Store:
                         " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
                         (r.channel, agent, json.dumps(items, ensure_ascii=False), stamp),
                     )
-                if r.stopped_turn is not None:
-                    db.execute("UPDATE turns SET state = ? WHERE id = ?", (TURN_STOPPED, r.stopped_turn))
+                db.executemany("UPDATE turns SET state = ? WHERE id = ?", [(TURN_STOPPED, t) for t in r.stopped_turns])
 
         return self._submit(apply)
 
@@ -697,9 +837,13 @@ class Store:
 
     @staticmethod
     def complete_stop(db: sqlite3.Connection, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
-        """(In the notice's transaction) the stop is complete: its final result, its turn ended."""
+        """(In the notice's transaction) the stop is complete: its final result, its turns ended
+        (``turn`` and every turn its record names: a stop of several agents' turns)."""
+        row = db.execute("SELECT result FROM stops WHERE seq = ?", (seq,)).fetchone()
+        recorded = json.loads(row[0]).get("stopped_turns", []) if row else []
         db.execute("UPDATE stops SET result = ? WHERE seq = ?", (json.dumps(result, ensure_ascii=False), seq))
-        Store.mark_turn_ended(db, turn)
+        for stopped in {turn, *recorded}:
+            Store.mark_turn_ended(db, stopped)
 
     async def unfinished(self) -> tuple[list[tuple[str, str, int, str]], list[tuple[int, str, int, int, str | None]]]:
         """What the last owner left: turns still ``running`` (id, channel, generation, state)

@@ -9,6 +9,17 @@ scope, interrupt signal to its group — no checkpoint between the decision and 
 signal); then the stop waits for the turn's shielded teardown to reap the tree and drain
 its output, and stores the notice, last. A record that cannot be stored fails the stop
 before anything is killed: ``ledger.abort_stop`` puts the channel back as it was.
+
+A channel has one worker per agent (a lane: its queue, one turn at a time), so different
+agents of a channel work at once. A stop is channel-wide: one decision names every running
+turn of the channel; all of them are signalled in one synchronous pass, waited for
+together, and then ONE notice is stored, last.
+
+Hand-offs: a turn stores its entries through a store port that routes each ``message``
+entry of the agent's (``_hand_off``) in the same synchronous step that stores it — no
+checkpoint between "the ledger lets the entry be kept" and "the routed message is
+accepted", so a stop lands either before both (nothing stored, nothing routed) or after
+both (the routed message is queued under the old generation and dropped by the stop).
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ import difflib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +36,7 @@ from typing import Any
 
 import trio
 
+from ._catchup import Missed, catch_up_prompt
 from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._config import AgentConfig, Config
 from ._errors import ShuttingDown, UsageError
@@ -33,6 +45,7 @@ from ._hooks import Hooks
 from ._ledger import QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
+from ._router import AddressError, address, route
 from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
 from ._text import BadText, check_message
 from ._tree import (
@@ -79,15 +92,18 @@ class Accepted:
     seq: int
     channel: str
     agent: str
+    """The first agent it went to ("" when it was stored only: an agent's post while the channel rests)."""
     generation: int
     queued: int
-    """Messages ahead of it in the channel (including a running turn)."""
+    """Messages ahead of it in the first agent's lane (including a running turn)."""
+    to: tuple[str, ...] = ()
+    """Every agent it went to (empty: stored only)."""
 
     def to_json(self) -> dict[str, Any]:
         """As the API and ``corral send --json`` print it."""
         return {
             "seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation,
-            "queued": self.queued,
+            "queued": self.queued, "to": list(self.to),
         }
 
 
@@ -99,6 +115,8 @@ class StopResult:
     generation: int
     repeat: bool = False
     stopped_turns: list[str] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    """Every stopped turn with its agent: ``{"agent", "turn", "killed", "swept"}``."""
     killed: list[int] = field(default_factory=list)
     swept: list[int] = field(default_factory=list)
     kill: str | None = None
@@ -119,6 +137,7 @@ class StopResult:
             "generation": self.generation,
             "repeat": self.repeat,
             "stopped_turns": self.stopped_turns,
+            "turns": self.turns,
             "killed": self.killed,
             "swept": self.swept,
             "kill": self.kill,
@@ -145,6 +164,48 @@ class _Message:
     """The message's own write (None: restored messages are already stored)."""
     begun: Pending | None = None
     """The dequeue and the turn's row, stored before the point of no return."""
+    hops: int = 0
+    """Agent-to-agent hand-offs behind it."""
+    routed_from: int | None = None
+    """The entry it repeats when it has none of its own (a hand-off's source, or the entry of a
+    message sent to several agents, for the second and later): its catch-up leaves it out."""
+    seen_before: int | None = None
+    """The last message the agent had taken up before this one (its catch-up starts after it)."""
+
+
+class _TurnStore:
+    """The store as a turn sees it: an agent's ``message`` entry is handed off as it is stored."""
+
+    def __init__(self, store: Store, hand_off: Callable[[str, str, str, str, int], None]) -> None:
+        self._store = store
+        self._hand_off = hand_off
+
+    @property
+    def store_id(self) -> str:
+        """The store's id."""
+        return self._store.store_id
+
+    def submit_entry(
+        self, channel: str, author: str, kind: str, text: str, *, turn: str | None = None, generation: int = 0,
+        meta: Mapping[str, object] | None = None,
+    ) -> Pending:
+        """Store the entry; route it on in the same step if it is an agent's message."""
+        pending = self._store.submit_entry(channel, author, kind, text, turn=turn, generation=generation, meta=meta)
+        if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:"):
+            self._hand_off(channel, turn, author, text, pending.entry.seq)
+        return pending
+
+    def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
+        """The agent's session id for the channel."""
+        return self._store.save_session(channel, agent, session_id, cwd)
+
+    def save_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> Pending:
+        """The agent's plan for the channel."""
+        return self._store.save_todos(channel, agent, items)
+
+    def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
+        """The turn's process, on its row."""
+        return self._store.turn_spawned(turn_id, pid, started)
 
 
 class Supervisor:
@@ -176,14 +237,18 @@ class Supervisor:
         )
         self.started = time.time()
         self._nursery = nursery
-        self._workers: set[str] = set()
-        self._turns: dict[str, Turn] = {}
+        self._workers: set[tuple[str, str]] = set()
+        """``(channel, agent)`` lanes with a worker."""
+        self._turns: dict[tuple[str, str], Turn] = {}
+        """The built turn of each ``(channel, agent)`` lane."""
+        self._hops: dict[str, int] = {}
+        """Each current turn's message's hop count (its hand-offs go one further)."""
         self._stops: dict[str, _StopInProgress] = {}
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self._places = Places(config.state_dir, store.session)
         self._ports = TurnPorts(
-            ledger=self._ledger, store=store, registry=self._registry, scanner=self.scanner,
+            ledger=self._ledger, store=_TurnStore(store, self._hand_off), registry=self._registry, scanner=self.scanner,
             spawn=self._hooks.spawn or spawn, places=self._places, cgroups=cgroups,
             adopt_background=self.adopt_background, preparing=self._hooks.preparing,
         )
@@ -210,11 +275,17 @@ class Supervisor:
 
     # ------------------------------------------------------------ sending
 
-    async def send(self, channel: str, text: str, *, agent: str | None = None, author: str = "human:user") -> Accepted:
+    async def send(
+        self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
+        author: str = "human:user",
+    ) -> Accepted:
         """Store and queue a message; returns once it is committed.
 
-        Raises :class:`UsageError` for bad input and :class:`StoreError` if it could not be
-        stored (then it will not run either).
+        It goes to ``agent`` and ``to`` if given, else to the agents it @mentions, else to
+        the channel's default agent. ``author`` is ``human:NAME``, ``agent:NAME`` (a
+        configured agent: another bot posting for it; while the channel rests its message
+        is stored but goes to no one) or ``system``. Raises :class:`UsageError` for bad
+        input and :class:`StoreError` if it could not be stored (then it will not run either).
         """
         if self._closing:
             raise ShuttingDown("corral is shutting down")
@@ -228,60 +299,136 @@ class Supervisor:
             raise UsageError(str(exc)) from None
         if len(text.encode("utf-8", errors="replace")) > MAX_MESSAGE_BYTES:
             raise UsageError(f"the message is over {MAX_MESSAGE_BYTES} bytes")
-        if not (author.startswith("human:") and len(author) > 6) and author != "system":
-            raise UsageError(f"author must be 'human:NAME', got {author!r}")
+        self._check_author(author)
+        explicit = [*([agent] if agent is not None else []), *(to or ())]
+        members = self.config.members(channel)
         try:
-            agent_config = self.config.agent(agent)
-        except KeyError:
-            raise UsageError(f"unknown agent {agent!r}; configured: {', '.join(self.config.agents)}") from None
-        return await self._accept(channel, agent_config.name, author, text, nudge=False).accepted_now()
+            targets = address(
+                text, to=explicit, members=members, default=members[0] if members else self.config.default_agent,
+                configured=self.config.agents,
+            )
+        except AddressError as exc:
+            raise UsageError(str(exc)) from None
+        hops = 0
+        if author.startswith("agent:"):
+            # Another bot speaking for an agent: a hand-off like any other, so it obeys the rest.
+            sender = author.removeprefix("agent:")
+            targets = tuple(t for t in targets if t != sender)
+            if not self._ledger.may_route(channel, from_human=False):
+                targets = ()
+            hops = 1
+        return await self._accept(channel, targets, author, text, nudge=False, hops=hops).accepted_now()
 
-    def _accept(self, channel: str, agent: str, author: str, text: str, *, nudge: bool) -> _Acceptance:
+    def _check_author(self, author: str) -> None:
+        if author == "system" or (author.startswith("human:") and len(author) > 6):
+            return
+        if author.startswith("agent:"):
+            name = author.removeprefix("agent:")
+            if name in self.config.agents:
+                return
+            close = difflib.get_close_matches(name, sorted(self.config.agents), n=1)
+            hint = f"did you mean 'agent:{close[0]}'?" if close else f"configured: {', '.join(self.config.agents)}"
+            raise UsageError(f"author {author!r} names no configured agent; {hint}")
+        raise UsageError(f"author must be 'human:NAME', 'agent:NAME' or 'system', got {author!r}")
+
+    def _accept(
+        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0
+    ) -> _Acceptance:
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
         generation = self._ledger.generation(channel)
-        pending = self._store.accept_message(channel, agent, author, text, generation=generation, nudge=nudge)
+        pending = self._store.accept_message(
+            channel, targets[0] if targets else None, author, text, generation=generation, nudge=nudge, to=targets,
+            hops=hops,
+        )
         assert pending.entry is not None
         seq = pending.entry.seq
-        ahead = len(self._ledger.queued(channel)) + (1 if self._ledger.current_turn(channel) else 0)
-        self._ledger.accept(
-            channel, seq, human=author.startswith("human:"), nudge=nudge, payload=_Message(agent, author, text, pending)
-        )
-        self._ensure_worker(channel)
-        return _Acceptance(Accepted(seq, channel, agent, generation, ahead), pending)
+        human = author.startswith("human:")
+        first = targets[0] if targets else ""
+        ahead = len(self._ledger.queued(channel, first)) + (1 if self._ledger.current_turn(channel, first) else 0)
+        for i, target in enumerate(targets):  # the store gave the targets after the first seq + i
+            payload = _Message(target, author, text, pending, hops=hops, routed_from=seq if i else None)
+            self._ledger.accept(
+                channel, target, seq + i, human=human, nudge=nudge, payload=payload, hops=hops,
+                routed=author.startswith("agent:"),
+            )
+            self._ensure_worker(channel, target)
+        return _Acceptance(Accepted(seq, channel, first, generation, ahead, targets), pending)
 
-    def _ensure_worker(self, channel: str) -> None:
-        if channel not in self._workers and not self._closing:
-            self._workers.add(channel)
-            self._nursery.start_soon(self._worker, channel, name=f"corral-worker:{channel}")
+    def _hand_off(self, channel: str, turn_id: str, author: str, text: str, source: int) -> None:
+        """(Synchronous, in the step that stored it) route an agent's message entry on."""
+        agent = author.removeprefix("agent:")
+        decision = route(
+            text, author=agent, hops=self._hops.get(turn_id, 0), members=self.config.members(channel),
+            may_route=self._ledger.may_route(channel, from_human=False, turn_id=turn_id),
+            max_hops=self.config.hop_limit(channel),
+        )
+        generation = self._ledger.generation(channel)  # the producing turn's: it is not stale
+        if decision.targets:
+            seqs, pending = self._store.accept_routed(
+                channel, decision.targets, author, text, generation=generation, hops=decision.hops, source=source
+            )
+            for target, seq in zip(decision.targets, seqs, strict=True):
+                payload = _Message(target, author, text, pending, hops=decision.hops, routed_from=source)
+                self._ledger.accept(channel, target, seq, human=False, payload=payload, hops=decision.hops, routed=True)
+                self._ensure_worker(channel, target)
+            log.info("[%s %s] %s handed off to %s (hop %d)", channel, turn_id, agent, decision.targets, decision.hops)
+        status = decision.status()
+        if status is not None:
+            self._store.submit_entry(channel, "system", "status", status, turn=turn_id, generation=generation)
+
+    def _ensure_worker(self, channel: str, agent: str) -> None:
+        lane = (channel, agent)
+        if lane not in self._workers and not self._closing:
+            self._workers.add(lane)
+            self._nursery.start_soon(self._worker, channel, agent, name=f"corral-worker:{channel}:{agent}")
 
     # ------------------------------------------------------------ workers and turns
 
-    async def _worker(self, channel: str) -> None:
-        """Run the channel's queued messages one turn at a time; exit when idle."""
+    async def _worker(self, channel: str, agent: str) -> None:
+        """Run one lane's queued messages one turn at a time; exit when idle."""
         try:
             while not self._closing:
-                take = self._ledger.take(channel, new_turn_id())
+                take = self._ledger.take(channel, agent, new_turn_id())
                 if take.dropped:
                     self._store.dequeue([m.id for m in take.dropped])
                 if take.ticket is None:
                     break
                 message = take.ticket.message.payload
                 assert isinstance(message, _Message), "the supervisor queues only its own payloads"
+                message.seen_before = self._store.seen(channel, agent)
                 # Dequeue and the turn's row in one commit, awaited before the point of no return.
                 message.begun = self._store.begin_turn(
                     take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id
                 )
-                if self._hooks.took is not None:
-                    await self._hooks.took(channel, take.ticket.turn_id)
+                self._hops[take.ticket.turn_id] = message.hops
                 try:
-                    await self._run_turn(channel, take.ticket, message)
-                except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
-                    await self._contain(channel, take.ticket, exc)
+                    if self._hooks.took is not None:
+                        await self._hooks.took(channel, take.ticket.turn_id)
+                    try:
+                        await self._run_turn(channel, take.ticket, message)
+                    except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
+                        await self._contain(channel, take.ticket, exc)
+                finally:
+                    self._hops.pop(take.ticket.turn_id, None)
         finally:
-            self._workers.discard(channel)
+            self._workers.discard((channel, agent))
             event = self._idle.pop(channel, None)
             if event is not None:
                 event.set()
+
+    async def _prompt(self, channel: str, ticket: TurnTicket, message: _Message) -> str:
+        """The message's text, after what the agent missed in the channel since its last turn."""
+        if message.routed_from is None and (message.author == "system" or ticket.message.nudge):
+            return message.text
+        config = self.config
+        rows, total = await self._store.missed(
+            channel, message.agent, after=message.seen_before, before=ticket.message.id, skip=message.routed_from,
+            limit=config.catch_up_entries,
+        )
+        return catch_up_prompt(
+            [Missed(a, t) for a, t in rows], message.text, author=message.author, earlier=total - len(rows),
+            max_entries=config.catch_up_entries, max_bytes=config.catch_up_bytes,
+        )
 
     async def _run_turn(self, channel: str, ticket: TurnTicket, message: _Message) -> None:
         agent = self.config.agents.get(message.agent)
@@ -290,8 +437,9 @@ class Supervisor:
             why = f"agent {message.agent!r} is no longer configured"
             await self._end_turn_early(channel, turn_id, ticket.generation, why)
             return
+        lane = (channel, agent.name)
         turn = Turn(self._ports, channel, ticket, agent, message.text)
-        self._turns[channel] = turn
+        self._turns[lane] = turn
         try:
             if message.committed is not None:
                 try:
@@ -319,6 +467,8 @@ class Supervisor:
                     except StoreError:
                         pass
                     return
+            # What the agent missed goes first (the turn has not started: it reads its prompt then).
+            turn.prompt = await self._prompt(channel, ticket, message)
             session_id, _ = self._store.session(channel, agent.name)
             outcome = await turn.run(session_id)
             retry_decision = retry_without_session(outcome, session_id, stale=self._ledger.is_stale(channel, turn_id))
@@ -327,8 +477,8 @@ class Supervisor:
                 self._store.submit_entry(
                     channel, "system", "status", retry_decision.status, turn=turn_id, generation=ticket.generation
                 )
-                retry = Turn(self._ports, channel, ticket, agent, message.text)
-                self._turns[channel] = retry
+                retry = Turn(self._ports, channel, ticket, agent, turn.prompt)
+                self._turns[lane] = retry
                 turn.done.set()
                 turn = retry
                 outcome = await retry.run(None)
@@ -337,10 +487,14 @@ class Supervisor:
                 channel, turn_id, ok=outcome.ok, unfinished_todos=unfinished(items), max_nudges=agent.limits.max_nudges
             )
             if decision.nudge:
-                self._accept(channel, agent.name, "system", NUDGE_TEXT.format(n=unfinished(items)), nudge=True)
+                # It carries the hops of the message it follows: nudges never reset a chain.
+                self._accept(
+                    channel, (agent.name,), "system", NUDGE_TEXT.format(n=unfinished(items)), nudge=True,
+                    hops=message.hops,
+                )
         finally:
-            if self._turns.get(channel) is turn:
-                del self._turns[channel]
+            if self._turns.get(lane) is turn:
+                del self._turns[lane]
             turn.done.set()
             if turn.stop_reason is None:
                 self._store.end_turn(turn_id)
@@ -370,7 +524,7 @@ class Supervisor:
     async def _contain(self, channel: str, ticket: TurnTicket, exc: Exception) -> None:
         """A turn failed in corral itself: log it, say so, and free the channel."""
         log.exception("[%s %s] internal error", channel, ticket.turn_id, exc_info=exc)
-        if self._ledger.current_turn(channel) == ticket.turn_id:
+        if self._ledger.current_turn(channel, ticket.agent) == ticket.turn_id:
             self._ledger.end_turn(channel, ticket.turn_id, ok=False, unfinished_todos=0)
         try:
             await self._store.append(
@@ -420,6 +574,7 @@ class Supervisor:
         total = StopResult(channel=None, generation=0, channels=results)
         for r in results:
             total.stopped_turns += r.stopped_turns
+            total.turns += r.turns
             total.killed += r.killed
             total.swept += r.swept
             total.kill = total.kill or r.kill
@@ -452,7 +607,7 @@ class Supervisor:
             batch.progress[decision.channel] = self._stops[decision.channel] = _StopInProgress(plans)
             records.append(
                 StopRecord(seq, decision.channel, decision.generation, tuple(m.id for m in decision.dropped),
-                           decision.stopped_turn, plans)
+                           tuple(turn_id for _, turn_id in decision.stopped_turns), plans)
             )
         batch.write = self._store.submit_stop_records(records) if records else None
         return batch
@@ -523,38 +678,51 @@ class Supervisor:
         log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
         return result
 
-    def _apply(self, decision: StopDecision, *, reason: str) -> Turn | None:
-        """Carry out the kill decision at once: cancel the turn's scope, signal its group."""
-        turn = self._turns.get(decision.channel)
-        if turn is None or turn.turn_id != decision.stopped_turn:
-            return None
-        turn.stop_reason = reason
-        turn.scope.cancel()
-        self._registry.interrupt(decision.channel, turn.turn_id, turn.adapter.interrupt_signal)
-        return turn
+    def _apply(self, decision: StopDecision, *, reason: str) -> list[Turn]:
+        """Carry out the kill decision at once, for every stopped turn of the channel in one
+        pass (no checkpoint): cancel each turn's scope, signal its group."""
+        turns = []
+        for agent, turn_id in decision.stopped_turns:
+            turn = self._turns.get((decision.channel, agent))
+            if turn is None or turn.turn_id != turn_id:
+                continue  # not built yet (parked after the take): it never starts
+            turn.stop_reason = reason
+            turn.scope.cancel()
+            self._registry.interrupt(decision.channel, turn.turn_id, turn.adapter.interrupt_signal)
+            turns.append(turn)
+        return turns
 
     async def _complete(
-        self, decision: StopDecision, turn: Turn | None, started: float, stop_seq: int, progress: _StopInProgress
+        self, decision: StopDecision, turns: list[Turn], started: float, stop_seq: int, progress: _StopInProgress
     ) -> StopResult:
         channel = decision.channel
         result = StopResult(channel, decision.generation, dropped=len(decision.dropped))
+        built = {turn.turn_id: turn for turn in turns}
         try:
-            if turn is not None:
-                result.stopped_turns.append(turn.turn_id)
-                budget = turn.agent.limits.stop_grace + STOP_SLACK
-                with trio.move_on_after(budget):
+            # Every turn was signalled at once; their teardowns run in their own tasks, so
+            # waiting on each in turn under one deadline waits for all of them together.
+            budget = max((turn.agent.limits.stop_grace for turn in turns), default=0.0) + STOP_SLACK
+            with trio.move_on_after(budget):
+                for turn in turns:
                     await turn.done.wait()
-                if not turn.done.is_set():
+            for agent, turn_id in decision.stopped_turns:
+                result.stopped_turns.append(turn_id)
+                account: dict[str, Any] = {"agent": agent, "turn": turn_id, "killed": [], "swept": []}
+                result.turns.append(account)
+                stopped = built.get(turn_id)
+                if stopped is None:
+                    continue
+                if not stopped.done.is_set():
                     result.ok = False
-                    result.error = f"turn {turn.turn_id} did not finish within {budget:g} s"
-                report = turn.outcome.report
-                result.killed, result.swept = list(report.killed), list(report.swept)
-                result.kill = report.mechanism
+                    result.error = f"turn {turn_id} ({agent}) did not finish within {budget:g} s"
+                report = stopped.outcome.report
+                account["killed"], account["swept"] = list(report.killed), list(report.swept)
+                result.killed += report.killed
+                result.swept += report.swept
+                result.kill = result.kill or report.mechanism
                 if report.survivors:
                     result.ok = False
                     result.error = f"processes {report.survivors} could not be confirmed dead"
-            elif decision.stopped_turn is not None:
-                result.stopped_turns.append(decision.stopped_turn)
             # The plan's entries and the notice, last; the notice's commit completes the record.
             writes = self._plan_entries(channel, decision.generation, progress.plans)
             text = (
@@ -564,7 +732,7 @@ class Supervisor:
             final = result.to_json()
             notice = self._store.submit_stop_notice(
                 channel, text, stop_seq=stop_seq, turn=decision.stopped_turn, generation=decision.generation,
-                result=final,
+                result=final, turns=tuple(turn_id for _, turn_id in decision.stopped_turns),
             )
             assert notice.entry is not None
             result.notice_seq = notice.entry.seq
@@ -619,7 +787,7 @@ class Supervisor:
         """Wait until the channel runs no turn and has nothing queued; False on timeout."""
         await self.require_channel(channel)
         with trio.move_on_after(timeout if timeout is not None else float("inf")):
-            while channel in self._workers or self._ledger.is_busy(channel):
+            while any(lane[0] == channel for lane in self._workers) or self._ledger.is_busy(channel):
                 event = self._idle.setdefault(channel, trio.Event())
                 await event.wait()
             return True
@@ -677,25 +845,49 @@ class Supervisor:
         await self._store.flush()
 
     def status(self) -> dict[str, Any]:
-        """Agents, channels, running turns, at this instant."""
+        """Agents, channels, and per channel each agent's state, at this instant.
+
+        A channel's ``agents`` maps each agent that has had work there to ``{"state",
+        "queued", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0),
+        ``running`` (``turn`` says which and since when) or ``stopping`` (a stop is tearing
+        its turn down). ``turn`` and ``queued`` at the channel's level are kept for
+        single-agent readers: the first running turn, and every lane's queue together.
+        """
         channels: dict[str, Any] = {}
         sessions = self._store.sessions_by_channel()
         for name in sorted(self._ledger.channels()):
-            turn = self._turns.get(name)
-            phase = self._ledger.turn_phase(name)
+            agents: dict[str, Any] = {}
+            for agent in self._ledger.lanes(name):
+                turn = self._turns.get((name, agent))
+                queued = len(self._ledger.queued(name, agent))
+                phase = self._ledger.turn_phase(name, agent)
+                if turn is not None and turn.stop_reason is not None and not turn.done.is_set():
+                    state = "stopping"
+                elif turn is not None or phase is not None:
+                    state = "running"
+                else:
+                    state = "queued" if queued else "idle"
+                agents[agent] = {
+                    "state": state,
+                    "queued": queued,
+                    "turn": None
+                    if turn is None
+                    else {
+                        "id": turn.turn_id,
+                        "agent": turn.agent.name,
+                        "phase": phase.value if phase is not None else "ending",
+                        "pid": turn.tree.pid if turn.tree else None,
+                        "started": turn.started_at,
+                    },
+                }
+            first = next((a["turn"] for a in agents.values() if a["turn"] is not None), None)
             channels[name] = {
                 "generation": self._ledger.generation(name),
                 "queued": len(self._ledger.queued(name)),
+                "rests": self._ledger.rests(name),
                 "sessions": sessions.get(name, {}),
-                "turn": None
-                if turn is None
-                else {
-                    "id": turn.turn_id,
-                    "agent": turn.agent.name,
-                    "phase": phase.value if phase is not None else "ending",
-                    "pid": turn.tree.pid if turn.tree else None,
-                    "started": turn.started_at,
-                },
+                "turn": first,
+                "agents": agents,
             }
         return {
             "pid": os.getpid(),
@@ -708,7 +900,7 @@ class Supervisor:
                 for name, a in self.config.agents.items()
             },
             "channels": channels,
-            "running": sum(1 for c in channels.values() if c["turn"]),
+            "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
             "shutting_down": self._closing,
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
         }
@@ -717,16 +909,17 @@ class Supervisor:
 
     async def restore(self) -> int:
         """Re-queue what a previous run accepted but never ran; returns how many."""
-        for channel, generation in (await self._store.load_generations()).items():
-            self._ledger.restore(channel, generation)
+        for channel, state in (await self._store.load_channel_states()).items():
+            self._ledger.restore(channel, state.generation, rests=state.rests, stopped=state.stopped)
         rows = await self._store.load_queue()
         for row in rows:
+            payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from)
             self._ledger.requeue(
                 row.channel,
-                QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge,
-                              _Message(row.agent, row.author, row.text, None)),
+                QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge, payload,
+                              agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:")),
             )
-            self._ensure_worker(row.channel)
+            self._ensure_worker(row.channel, row.agent)
         return len(rows)
 
     async def shutdown(self) -> None:
@@ -738,9 +931,10 @@ class Supervisor:
         self._closing = True
         decision = self._ledger.shut_down()  # every running turn is silenced now
         turns = []
+        built = {(c, t.turn_id): t for (c, _), t in self._turns.items()}
         for channel, turn_id in decision.turns:
-            turn = self._turns.get(channel)
-            if turn is None or turn.turn_id != turn_id:
+            turn = built.get((channel, turn_id))
+            if turn is None:
                 continue  # not built yet (parked after the take): it never starts, as after a stop
             turn.stop_reason = "shutdown"
             turn.scope.cancel()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -259,14 +260,17 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
 @main.command()
 @click.argument("channel")
 @click.argument("text")
-@click.option("--agent", metavar="NAME", help="Which agent (default: the config's default).")
+@click.option("--agent", metavar="NAME", help="Which agent (default: @mentions, else the channel's default).")
+@click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
 @click.option("--as", "author", metavar="NAME", help="Who is speaking (default: user).")
 @_json_option
 @click.pass_obj
-def send(obj: _Context, channel: str, text: str, agent: str | None, author: str | None, as_json: bool) -> None:
+def send(
+    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str | None, as_json: bool
+) -> None:
     """Send TEXT to CHANNEL; prints the accepted seq."""
     ctx = _merge(obj, as_json)
-    result = _call(ctx, lambda c: c.send(channel, text, agent=agent, author=author))
+    result = _call(ctx, lambda c: c.send(channel, text, agent=agent, author=author, to=list(to) or None))
     if ctx.json:
         _print_json(result)
     else:
@@ -353,15 +357,28 @@ def status(obj: _Context, as_json: bool) -> None:
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
     for name, ch in result["channels"].items():
-        turn = ch["turn"]
-        running = f"turn {turn['id']} ({turn['agent']}, {turn['phase']}, pid {turn['pid']})" if turn else "idle"
-        click.echo(f"  channel {name}: {running}, {ch['queued']} queued, generation {ch['generation']}")
+        rests = ", routing rests until a human speaks" if ch.get("rests") else ""
+        click.echo(f"  channel {name}: generation {ch['generation']}{rests}")
+        for agent_name, lane in (ch.get("agents") or {}).items():
+            click.echo(f"    {agent_name}: {_lane_state(lane)}")
     recovered = result.get("recovered") or {}
     if recovered.get("killed") or recovered.get("turns") or recovered.get("stops"):
         click.echo(
             f"  recovered at start: killed {recovered['killed']}, interrupted turns {recovered['turns']},"
             f" stop notices {recovered['stops']}"
         )
+
+
+def _lane_state(lane: dict[str, Any]) -> str:
+    """One agent's state in a channel, as ``corral status`` prints it."""
+    turn = lane.get("turn")
+    if lane["state"] in ("running", "stopping") and turn:
+        since = time.strftime("%H:%M:%S", time.localtime(turn["started"]))
+        what = f"{lane['state']} turn {turn['id']} since {since} ({turn['phase']}, pid {turn['pid']})"
+    else:
+        what = lane["state"]
+    return what + (f", {lane['queued']} queued" if lane["queued"] and lane["state"] != "queued" else
+                   f" {lane['queued']}" if lane["state"] == "queued" else "")
 
 
 @main.command()

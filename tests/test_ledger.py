@@ -35,8 +35,8 @@ def _snapshot(ledger: StopLedger, channel: str) -> tuple[object, ...]:
 
 def _run_turn(ledger: StopLedger, channel: str, message_id: int, turn_id: str, *, human: bool = True) -> None:
     """Accept a message and take it as the channel's current turn, past the point of no return."""
-    ledger.accept(channel, message_id, human=human)
-    take = ledger.take(channel, turn_id)
+    ledger.accept(channel, "bot", message_id, human=human)
+    take = ledger.take(channel, "bot", turn_id)
     assert take.ticket is not None and take.ticket.message.id == message_id
     assert ledger.may_start(channel, turn_id)
 
@@ -48,7 +48,7 @@ def test_contract_01_stop_is_scoped_to_its_channel() -> None:
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "ta")
     _run_turn(ledger, "b", 2, "tb")
-    ledger.accept("b", 3, human=True)
+    ledger.accept("b", "bot", 3, human=True)
     before = _snapshot(ledger, "b")
 
     decision = ledger.stop("a")
@@ -60,7 +60,7 @@ def test_contract_01_stop_is_scoped_to_its_channel() -> None:
     assert ledger.keep_process("b", "tb")
     assert ledger.keep_output("b", "tb", OutputKind.OTHER)
     assert ledger.end_turn("b", "tb", ok=True, unfinished_todos=0).stale is False
-    take = ledger.take("b", "tb2")
+    take = ledger.take("b", "bot", "tb2")
     assert take.ticket is not None and take.ticket.message.id == 3
 
 
@@ -80,7 +80,7 @@ def test_contract_01_stop_of_an_idle_channel_stays_in_that_channel() -> None:
 def test_stop_all_stops_only_busy_channels() -> None:
     ledger = StopLedger()
     _run_turn(ledger, "running", 1, "t1")
-    ledger.accept("queued", 2, human=True)
+    ledger.accept("queued", "bot", 2, human=True)
     _run_turn(ledger, "idle", 3, "t3")  # a channel that has worked, and is done
     ledger.end_turn("idle", "t3", ok=True, unfinished_todos=0)
     idle_before = _snapshot(ledger, "idle")
@@ -124,22 +124,22 @@ def test_contract_02_stop_moves_generation_before_it_returns() -> None:
 def test_contract_03_queued_message_is_dropped_by_stop() -> None:
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
-    ledger.accept("a", 2, human=True)
-    ledger.accept("a", 3, human=False)
+    ledger.accept("a", "bot", 2, human=True)
+    ledger.accept("a", "bot", 3, human=False)
 
     decision = ledger.stop("a")
 
     assert [m.id for m in decision.dropped] == [2, 3]
     assert ledger.queued("a") == ()
     ledger.end_turn("a", "t1", ok=True, unfinished_todos=0)
-    assert ledger.take("a", "t2").ticket is None
+    assert ledger.take("a", "bot", "t2").ticket is None
 
 
 def test_contract_03_message_taken_off_queue_before_stop_never_starts() -> None:
     # openagents #676 hole 1: the message had left the queue when the stop cleared it.
     ledger = StopLedger()
-    ledger.accept("a", 1, human=True)
-    ticket = ledger.take("a", "t1").ticket
+    ledger.accept("a", "bot", 1, human=True)
+    ticket = ledger.take("a", "bot", "t1").ticket
     assert ticket is not None
 
     decision = ledger.stop("a")
@@ -153,8 +153,8 @@ def test_contract_03_message_taken_off_queue_before_stop_never_starts() -> None:
 def test_contract_03_half_prepared_turn_never_starts_at_any_later_point_of_no_return() -> None:
     # openagents #676 hole 2: the stop landed during the turn's preparation round trips.
     ledger = StopLedger()
-    ledger.accept("a", 1, human=True)
-    ledger.take("a", "t1")
+    ledger.accept("a", "bot", 1, human=True)
+    ledger.take("a", "bot", "t1")
     assert ledger.turn_phase("a") is Phase.PREPARING
     ledger.stop("a")
     for _ in range(3):  # every later point of no return says no
@@ -165,10 +165,10 @@ def test_contract_03_half_prepared_turn_never_starts_at_any_later_point_of_no_re
 def test_contract_03_restored_message_from_an_older_generation_is_dropped_on_take() -> None:
     ledger = StopLedger()
     ledger.restore("a", 2)
-    ledger.requeue("a", QueuedMessage(1, 1, True))
-    ledger.requeue("a", QueuedMessage(2, 2, True))
+    ledger.requeue("a", QueuedMessage(1, 1, True, agent="bot"))
+    ledger.requeue("a", QueuedMessage(2, 2, True, agent="bot"))
 
-    take = ledger.take("a", "t1")
+    take = ledger.take("a", "bot", "t1")
 
     assert [m.id for m in take.dropped] == [1]
     assert take.ticket is not None and take.ticket.message.id == 2
@@ -181,14 +181,14 @@ def test_contract_04_message_accepted_after_stop_runs_while_stopped_turn_winds_d
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
     ledger.stop("a")
-    message = ledger.accept("a", 2, human=True)
+    message = ledger.accept("a", "bot", 2, human=True)
     assert message.generation == 1
 
     # The stopped turn is still tearing down: its message waits, it is not dropped.
     assert ledger.queued("a") == (message,)
     assert ledger.end_turn("a", "t1", ok=False, unfinished_todos=0).stale is True
 
-    take = ledger.take("a", "t2")
+    take = ledger.take("a", "bot", "t2")
     assert take.dropped == ()
     assert take.ticket is not None and take.ticket.message.id == 2
     assert ledger.may_start("a", "t2") is True
@@ -200,8 +200,8 @@ def test_contract_04_message_accepted_after_stop_runs_while_stopped_turn_winds_d
 
 def test_contract_05_may_start_true_moves_turn_to_started() -> None:
     ledger = StopLedger()
-    ledger.accept("a", 1, human=True)
-    ledger.take("a", "t1")
+    ledger.accept("a", "bot", 1, human=True)
+    ledger.take("a", "bot", "t1")
     assert ledger.turn_phase("a") is Phase.PREPARING
     assert ledger.may_start("a", "t1") is True
     assert ledger.turn_phase("a") is Phase.STARTED
@@ -209,8 +209,8 @@ def test_contract_05_may_start_true_moves_turn_to_started() -> None:
 
 def test_contract_05_may_start_false_after_stop() -> None:
     ledger = StopLedger()
-    ledger.accept("a", 1, human=True)
-    ledger.take("a", "t1")
+    ledger.accept("a", "bot", 1, human=True)
+    ledger.take("a", "bot", "t1")
     ledger.stop("a")
     assert ledger.may_start("a", "t1") is False
 
@@ -238,9 +238,9 @@ def test_contract_06_keep_process_false_for_previous_turn_after_successor_starte
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
     ledger.stop("a")
-    ledger.accept("a", 2, human=True)
+    ledger.accept("a", "bot", 2, human=True)
     ledger.end_turn("a", "t1", ok=False, unfinished_todos=0)
-    ledger.take("a", "t2")
+    ledger.take("a", "bot", "t2")
     # A late registration for the stopped turn dies; the successor's processes live.
     assert ledger.keep_process("a", "t1") is False
     assert ledger.keep_process("a", "t2") is True
@@ -264,8 +264,8 @@ def test_contract_08_keep_output_keeps_only_session_for_stale_turn() -> None:
 
 def _nudge_turn(ledger: StopLedger, channel: str, message_id: int, turn_id: str) -> None:
     """Queue and take the supervisor's own "please continue" message, as the driver does."""
-    ledger.accept(channel, message_id, human=False, nudge=True)
-    ticket = ledger.take(channel, turn_id).ticket
+    ledger.accept(channel, "bot", message_id, human=False, nudge=True)
+    ticket = ledger.take(channel, "bot", turn_id).ticket
     assert ticket is not None and ticket.message.nudge
 
 
@@ -330,10 +330,10 @@ def test_contract_09_queued_nudge_is_dropped_by_stop() -> None:
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
     assert ledger.end_turn("a", "t1", ok=True, unfinished_todos=4).nudge is True
-    ledger.accept("a", 2, human=False, nudge=True)
+    ledger.accept("a", "bot", 2, human=False, nudge=True)
     decision = ledger.stop("a")
     assert [m.id for m in decision.dropped] == [2]
-    assert ledger.take("a", "t2").ticket is None
+    assert ledger.take("a", "bot", "t2").ticket is None
 
 
 def test_nudge_max_nudges_zero_turns_it_off() -> None:
@@ -357,7 +357,7 @@ def test_nudge_per_call_max_nudges_overrides_the_default() -> None:
 def test_nudge_not_when_a_message_is_queued() -> None:
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
-    ledger.accept("a", 2, human=True)
+    ledger.accept("a", "bot", 2, human=True)
     assert ledger.end_turn("a", "t1", ok=True, unfinished_todos=4).nudge is False
 
 
@@ -421,7 +421,7 @@ def test_contract_11_repeat_stop_does_not_move_generation_or_drop_message_typed_
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
     first = ledger.stop("a")
-    typed = ledger.accept("a", 2, human=True)
+    typed = ledger.accept("a", "bot", 2, human=True)
 
     repeat = ledger.stop("a")  # a client's automatic re-send
 
@@ -430,7 +430,7 @@ def test_contract_11_repeat_stop_does_not_move_generation_or_drop_message_typed_
     assert repeat.dropped == () and repeat.stopped_turn is None and not repeat.notice_due
     assert ledger.queued("a") == (typed,)
     ledger.end_turn("a", "t1", ok=False, unfinished_todos=0)
-    take = ledger.take("a", "t2")
+    take = ledger.take("a", "bot", "t2")
     assert take.ticket is not None and take.ticket.message.id == 2
 
 
@@ -447,8 +447,8 @@ def test_contract_11_stop_after_a_new_turn_began_is_not_a_repeat() -> None:
 def test_contract_11_take_that_only_drops_does_not_end_the_repeat_window() -> None:
     ledger = StopLedger()
     ledger.stop("a")
-    ledger.requeue("a", QueuedMessage(1, 0, True))  # restored, from before the stop
-    take = ledger.take("a", "t1")
+    ledger.requeue("a", QueuedMessage(1, 0, True, agent="bot"))  # restored, from before the stop
+    take = ledger.take("a", "bot", "t1")
     assert take.ticket is None and [m.id for m in take.dropped] == [1]
     assert ledger.stop("a").repeat is True
 
@@ -457,7 +457,7 @@ def test_contract_11_repeat_via_stop_all_keeps_message_typed_after_first_press()
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
     ledger.stop("a")
-    ledger.accept("a", 2, human=True)
+    ledger.accept("a", "bot", 2, human=True)
     (decision,) = ledger.stop_all()
     assert decision.repeat is True and decision.dropped == ()
     assert [m.id for m in ledger.queued("a")] == [2]
@@ -471,9 +471,9 @@ def test_contract_12_may_route_rests_after_stop_until_human_message_accepted() -
     assert ledger.may_route("a", from_human=False) is True
     ledger.stop("a")
     assert ledger.may_route("a", from_human=False) is False
-    ledger.accept("a", 1, human=False)  # an agent's message does not lift the rest
+    ledger.accept("a", "bot", 1, human=False)  # an agent's message does not lift the rest
     assert ledger.may_route("a", from_human=False) is False
-    ledger.accept("a", 2, human=True)
+    ledger.accept("a", "bot", 2, human=True)
     assert ledger.may_route("a", from_human=False) is True
 
 
@@ -491,7 +491,7 @@ def test_contract_12_routing_rest_is_per_channel() -> None:
 
 def test_contract_12_human_message_dropped_by_a_later_stop_does_not_lift_the_later_rest() -> None:
     ledger = StopLedger()
-    ledger.accept("a", 1, human=True)
+    ledger.accept("a", "bot", 1, human=True)
     ledger.stop("a")
     assert ledger.may_route("a", from_human=False) is False
 
@@ -515,7 +515,7 @@ def test_restore_never_moves_a_generation_back() -> None:
 def test_restore_sets_generation_of_new_messages() -> None:
     ledger = StopLedger()
     ledger.restore("a", 3)
-    assert ledger.accept("a", 1, human=True).generation == 3
+    assert ledger.accept("a", "bot", 1, human=True).generation == 3
 
 
 # ---------------------------------------------------------------- protocol violations
@@ -524,9 +524,9 @@ def test_restore_sets_generation_of_new_messages() -> None:
 def test_ledger_error_when_taking_a_second_turn_in_a_busy_channel() -> None:
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
-    ledger.accept("a", 2, human=True)
+    ledger.accept("a", "bot", 2, human=True)
     with pytest.raises(LedgerError):
-        ledger.take("a", "t2")
+        ledger.take("a", "bot", "t2")
     # Nothing moved: the queued message is still there for the right take.
     assert [m.id for m in ledger.queued("a")] == [2]
     assert ledger.current_turn("a") == "t1"
@@ -537,7 +537,7 @@ def test_ledger_error_when_taking_during_a_stopped_turn_teardown() -> None:
     _run_turn(ledger, "a", 1, "t1")
     ledger.stop("a")
     with pytest.raises(LedgerError):
-        ledger.take("a", "t2")
+        ledger.take("a", "bot", "t2")
 
 
 def test_ledger_error_when_ending_a_turn_that_is_not_running() -> None:
@@ -564,8 +564,8 @@ def test_ledger_error_is_a_runtime_error() -> None:
 def test_contract_17_abort_stop_restores_the_channel_exactly() -> None:
     ledger = StopLedger()
     _run_turn(ledger, "a", 1, "t1")
-    ledger.accept("a", 2, human=True)
-    ledger.accept("a", 3, human=False)
+    ledger.accept("a", "bot", 2, human=True)
+    ledger.accept("a", "bot", 3, human=False)
     _run_turn(ledger, "b", 4, "t4")
     before = {name: _snapshot(ledger, name) for name in ("a", "b")}
 
@@ -584,15 +584,15 @@ def test_contract_17_abort_stop_restores_the_channel_exactly() -> None:
 
 def test_contract_17_abort_stop_restamps_work_begun_while_the_record_was_stored() -> None:
     ledger = StopLedger()
-    ledger.accept("a", 1, human=False)
+    ledger.accept("a", "bot", 1, human=False)
     decision = ledger.stop("a")
-    late = ledger.accept("a", 2, human=True)  # stamped with the stop's generation
+    late = ledger.accept("a", "bot", 2, human=True)  # stamped with the stop's generation
     assert late.generation == 1 and ledger.may_route("a", from_human=False)  # a human spoke
     assert ledger.abort_stop(decision) is True
     assert ledger.generation("a") == 0
     assert [(m.id, m.generation) for m in ledger.queued("a")] == [(1, 0), (2, 0)]
     assert ledger.may_route("a", from_human=False)  # the human lifted the rest; it stays lifted
-    take = ledger.take("a", "t1")
+    take = ledger.take("a", "bot", "t1")
     assert take.ticket is not None and take.ticket.message.id == 1 and take.dropped == ()
 
 
@@ -612,13 +612,93 @@ def test_contract_17_abort_stop_keeps_the_rest_and_notice_of_an_earlier_stop() -
 
 def test_contract_17_abort_of_a_superseded_stop_changes_nothing() -> None:
     ledger = StopLedger()
-    ledger.accept("a", 1, human=True)
+    ledger.accept("a", "bot", 1, human=True)
     first = ledger.stop("a")
-    ledger.accept("a", 2, human=True)
-    take = ledger.take("a", "t2")  # a turn began: the next stop is not a repeat
+    ledger.accept("a", "bot", 2, human=True)
+    take = ledger.take("a", "bot", "t2")  # a turn began: the next stop is not a repeat
     assert take.ticket is not None
     second = ledger.stop("a")
     assert ledger.abort_stop(first) is False
     assert ledger.generation("a") == second.generation == 2 and ledger.queued("a") == ()
     with pytest.raises(LedgerError):
         ledger.abort_stop(ledger.stop("a"))  # a repeat has nothing to undo
+
+
+# ---------------------------------------------------------------- several agents per channel
+
+
+def test_lanes_of_one_channel_run_turns_at_the_same_time() -> None:
+    ledger = StopLedger()
+    ledger.accept("ch", "ann", 1, human=True)
+    ledger.accept("ch", "bob", 2, human=True)
+    ann = ledger.take("ch", "ann", "ta").ticket
+    bob = ledger.take("ch", "bob", "tb").ticket
+    assert ann is not None and bob is not None and (ann.agent, bob.agent) == ("ann", "bob")
+    assert ledger.current_turns("ch") == {"ann": "ta", "bob": "tb"}
+    assert ledger.may_start("ch", "ta") and ledger.may_start("ch", "tb")
+    with pytest.raises(LedgerError):  # one turn at a time per lane
+        ledger.take("ch", "ann", "ta2")
+
+
+def test_contract_12_one_stop_names_every_turn_of_the_channel_with_its_agent_and_drops_every_lane() -> None:
+    ledger = StopLedger()
+    _run_turn(ledger, "ch", 1, "ta")  # lane "bot"
+    ledger.accept("ch", "ann", 2, human=True)
+    ledger.take("ch", "ann", "tann")
+    ledger.accept("ch", "ann", 3, human=True)
+    ledger.accept("ch", "bob", 4, human=False)
+
+    decision = ledger.stop("ch")
+
+    assert sorted(decision.stopped_turns) == [("ann", "tann"), ("bot", "ta")]
+    assert [(m.id, m.agent) for m in decision.dropped] == [(3, "ann"), (4, "bob")]
+    assert decision.notice_due and all(ledger.is_stale("ch", t) for _, t in decision.stopped_turns)
+    assert ledger.queued("ch") == ()
+
+
+def test_contract_17_abort_stop_restores_every_lane_exactly() -> None:
+    ledger = StopLedger()
+    ledger.accept("ch", "ann", 1, human=True)
+    ledger.take("ch", "ann", "tann")
+    ledger.accept("ch", "ann", 2, human=True)
+    ledger.accept("ch", "bob", 3, human=False)
+    ledger.accept("ch", "bob", 4, human=False)
+    before = {a: ledger.queued("ch", a) for a in ("ann", "bob")}
+
+    decision = ledger.stop("ch")
+    ledger.accept("ch", "bob", 5, human=False)  # while the record was being stored
+    assert ledger.abort_stop(decision)
+
+    assert ledger.queued("ch", "ann") == before["ann"]
+    assert [m.id for m in ledger.queued("ch", "bob")] == [3, 4, 5]
+    assert all(m.generation == 0 for m in ledger.queued("ch"))
+    assert not ledger.is_stale("ch", "tann") and not ledger.rests("ch")
+
+
+def test_contract_12_a_routed_message_is_refused_while_the_channel_rests_and_a_human_lifts_it() -> None:
+    ledger = StopLedger()
+    ledger.stop("ch")
+    assert ledger.rests("ch") and not ledger.may_route("ch", from_human=False)
+    with pytest.raises(LedgerError):
+        ledger.accept("ch", "bob", 1, human=False, routed=True, hops=1)
+    assert ledger.queued("ch") == ()
+    ledger.accept("ch", "ann", 2, human=True)
+    assert ledger.may_route("ch", from_human=False)
+    assert ledger.accept("ch", "bob", 3, human=False, routed=True, hops=1).hops == 1
+
+
+def test_contract_12_a_stale_turn_may_not_route() -> None:
+    ledger = StopLedger()
+    _run_turn(ledger, "ch", 1, "t1")
+    assert ledger.may_route("ch", from_human=False, turn_id="t1")
+    ledger.stop("ch")
+    ledger.accept("ch", "bot", 2, human=True)  # the rest is lifted; the stopped turn is still stale
+    assert not ledger.may_route("ch", from_human=False, turn_id="t1")
+
+
+def test_restore_brings_back_the_rest_and_the_repeat_window() -> None:
+    ledger = StopLedger()
+    ledger.restore("ch", 3, rests=True, stopped=True)
+    assert ledger.rests("ch") and ledger.in_repeat_window("ch")
+    assert ledger.stop("ch").repeat  # a re-sent stop after the restart does not move the generation
+    assert ledger.generation("ch") == 3

@@ -177,10 +177,10 @@ def test_a_stale_session_says_nothing_and_is_retried_once() -> None:
 def test_shutdown_silences_running_turns_and_keeps_the_queues() -> None:
     ledger = StopLedger()
     for channel in ("a", "b", "c"):
-        ledger.accept(channel, 1, human=True)
-        ledger.accept(channel, 2, human=True)
-    ta = ledger.take("a", "ta").ticket
-    tb = ledger.take("b", "tb").ticket
+        ledger.accept(channel, "bot", 1, human=True)
+        ledger.accept(channel, "bot", 2, human=True)
+    ta = ledger.take("a", "bot", "ta").ticket
+    tb = ledger.take("b", "bot", "tb").ticket
     assert ta is not None and tb is not None
     ledger.stop("b")  # b's turn is its stop's to end
     decision = ledger.shut_down()
@@ -189,15 +189,15 @@ def test_shutdown_silences_running_turns_and_keeps_the_queues() -> None:
     assert ledger.keep_output("a", "ta", OutputKind.SESSION) and not ledger.keep_output("a", "ta", OutputKind.OTHER)
     assert ledger.generation("a") == 0 and [m.id for m in ledger.queued("a")] == [2]  # runs after the restart
     assert [m.id for m in ledger.queued("c")] == [1, 2]
-    assert ledger.take("c", "tc").ticket is None  # nothing begins once shut down
+    assert ledger.take("c", "bot", "tc").ticket is None  # nothing begins once shut down
     assert ledger.end_turn("a", "ta", ok=True, unfinished_todos=3).nudge is False
     assert ledger.shut_down().turns == ()
 
 
 def test_a_turn_whose_stop_is_undone_stays_silenced_by_the_shutdown() -> None:
     ledger = StopLedger()
-    ledger.accept("a", 1, human=True)
-    ledger.take("a", "ta")
+    ledger.accept("a", "bot", 1, human=True)
+    ledger.take("a", "bot", "ta")
     stop = ledger.stop("a")
     assert ledger.shut_down().turns == ()
     assert ledger.abort_stop(stop)

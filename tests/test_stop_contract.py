@@ -278,7 +278,7 @@ async def test_contract_01_stop_leaves_the_same_agent_in_another_channel_alone(s
     async with running(short_tmp) as (sup, spawned):
         await send_and_wait_ready(sup, "A", f"gate={a_gate}")
         await send_and_wait_ready(sup, "B", f"gate={b_gate}")
-        b_proc = next(s.process for s in spawned.calls if sup._turns["B"].turn_id == s.turn_id)
+        b_proc = next(s.process for s in spawned.calls if sup._turns["B", "bot"].turn_id == s.turn_id)
 
         with trio.fail_after(SLOW):
             result = await sup.stop("A")
@@ -299,7 +299,7 @@ async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(sho
     gate = gates()
     async with running(short_tmp) as (sup, spawned):
         await send_and_wait_ready(sup, "busy", f"gate={gate}")
-        busy_turn = sup._turns["busy"].turn_id
+        busy_turn = sup._turns["busy", "bot"].turn_id
         last = await existing_idle(sup, "idle")
 
         with trio.fail_after(SLOW):
@@ -308,7 +308,7 @@ async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(sho
         # The idle channel still gets its notice (the UI settles), and nothing else moves.
         assert result.ok and result.stopped_turns == [] and result.killed == []
         assert [e.text for e in await sup.entries("idle", after=last)] == [STOP_NOTICE]
-        assert sup._turns["busy"].turn_id == busy_turn
+        assert sup._turns["busy", "bot"].turn_id == busy_turn
         assert not sup._ledger.is_stale("busy", busy_turn)
         assert spawned.calls[0].process.returncode is None
         gate.open()
@@ -383,7 +383,7 @@ async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_aw
     async with running(short_tmp) as (sup, _):
         await send_and_wait_ready(sup, "ch", f"gate={gate}")
         await sup.send("ch", "queued behind the running turn")
-        turn = sup._turns["ch"]
+        turn = sup._turns["ch", "bot"]
         assert turn.tree is not None
 
         def probe() -> dict[str, Any]:
@@ -602,8 +602,8 @@ async def test_contract_06_a_registration_while_the_stop_is_stored_is_frozen_unt
     # of a stopped turn to run meanwhile. Frozen, then killed once stored, or resumed if the
     # stop was undone (its record failed).
     ledger = StopLedger()
-    ledger.accept("ch", 1, human=True)
-    ledger.take("ch", "t1")
+    ledger.accept("ch", "bot", 1, human=True)
+    ledger.take("ch", "bot", "t1")
     decision = ledger.stop("ch")
     registry = ProcessRegistry(ledger, recording=lambda channel: True)
     env = {"PATH": os.environ["PATH"], TURN_MARKER: "t1"}
@@ -641,8 +641,8 @@ async def test_contract_06_a_registration_while_the_stop_is_stored_is_frozen_unt
 
 async def test_contract_06_release_is_by_identity(short_tmp: Path) -> None:
     ledger = StopLedger()
-    ledger.accept("ch", 1, human=True)
-    ledger.take("ch", "t1")
+    ledger.accept("ch", "bot", 1, human=True)
+    ledger.take("ch", "bot", "t1")
     registry = ProcessRegistry(ledger)
     env = {"PATH": os.environ["PATH"], TURN_MARKER: "t1"}
     old = ProcessTree(await real_spawn(("true",), env=env, cwd=str(short_tmp), stdin_pipe=False), "t1")
