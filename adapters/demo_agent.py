@@ -149,7 +149,7 @@ def read_request(prompt: str) -> Request:
 
 def quote(text: str) -> str:
     """``text`` with the ``@`` of every mention dropped: quoted, it hands nothing off."""
-    return re.sub(r"@(?=[\w-])", "", text)
+    return re.sub(r"(?<![\w@.])@(?=[\w-])", "", text)  # a mention as corral reads one: not me@host
 
 
 def hand_off(request: Request, me: str) -> str | None:
