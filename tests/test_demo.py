@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 import trio
+from conftest import make_config
 
 from adapters import demo_agent
-from conftest import make_config
 from supervisor import open_supervisor
 from supervisor._catchup import Missed, catch_up_prompt
 from supervisor._supervisor import NUDGE_TEXT
