@@ -213,9 +213,9 @@ def main(argv: list[str]) -> int:
     time.sleep(delay)
     if request.sender is not None and (handed is not None or re.search(r"\breview\b", words)):
         # Another agent's hand-off: one line answers it (the next hand-off, or the review).
-        reply = handed or f"Reviewed {request.sender}'s change: two small nits, nothing blocking. — {me}"
-        emit("text", text=reply)
-        history.append({"role": "agent", "text": reply})
+        answer = handed or f"Reviewed {request.sender}'s change: two small nits, nothing blocking. — {me}"
+        emit("text", text=answer)
+        history.append({"role": "agent", "text": answer})
         save_json(file, history)
         emit("result", text="")  # ends the text's run: corral stores it, and hands it on
         return 0
