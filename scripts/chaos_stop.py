@@ -1051,7 +1051,8 @@ def main() -> int:
     if violations:
         say(
             f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}"
-            f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}; daemon log kept in {root}/daemon.log)"
+            f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}"
+            f"{f' --kinds {args.kinds}' if kinds != KINDS else ''}; daemon log kept in {root}/daemon.log)"
         )
     else:
         shutil.rmtree(root, ignore_errors=True)
