@@ -837,9 +837,13 @@ class Store:
 
     @staticmethod
     def complete_stop(db: sqlite3.Connection, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
-        """(In the notice's transaction) the stop is complete: its final result, its turn ended."""
+        """(In the notice's transaction) the stop is complete: its final result, its turns ended
+        (``turn`` and every turn its record names: a stop of several agents' turns)."""
+        row = db.execute("SELECT result FROM stops WHERE seq = ?", (seq,)).fetchone()
+        recorded = json.loads(row[0]).get("stopped_turns", []) if row else []
         db.execute("UPDATE stops SET result = ? WHERE seq = ?", (json.dumps(result, ensure_ascii=False), seq))
-        Store.mark_turn_ended(db, turn)
+        for stopped in {turn, *recorded}:
+            Store.mark_turn_ended(db, stopped)
 
     async def unfinished(self) -> tuple[list[tuple[str, str, int, str]], list[tuple[int, str, int, int, str | None]]]:
         """What the last owner left: turns still ``running`` (id, channel, generation, state)

@@ -482,3 +482,18 @@ async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reop
     async with open_store(path) as store:
         state = (await store.load_channel_states())["c"]
         assert (state.rests, state.stopped) == (False, False)
+
+
+async def test_completing_a_stop_ends_every_turn_its_record_names(tmp_path: Path) -> None:
+    # After a kill -9 mid-stop, recovery completes the stop naming one turn: every turn the
+    # record names (one per agent of the channel) is ended with it.
+    from supervisor._store import StopRecord
+
+    async with open_store(db_path(tmp_path)) as store:
+        for turn, agent, seq in (("t1", "ann", 1), ("t2", "bob", 2)):
+            await store.begin_turn(turn, "c", agent, 0, seq).committed()
+        stop_seq = store.next_seq()
+        await store.submit_stop_records([StopRecord(stop_seq, "c", 1, (), ("t1", "t2"), {})]).committed()
+        await store.append("c", "system", "notice", "stopped", also=lambda db, _: Store.complete_stop(
+            db, stop_seq, {"ok": True}, "t1"))
+        assert await store.query("SELECT id, state FROM turns ORDER BY id") == [("t1", "ended"), ("t2", "ended")]
