@@ -20,8 +20,10 @@ It hands work to other agents of its channel, by ``@mentions`` corral routes (it
 comes in ``$DEMO_AGENT_NAME``; every hand-off it writes is signed ``— NAME``, so the agent
 that receives it knows whom to answer):
 
-* ``ask OTHER to TASK`` (``@OTHER`` too) — it first writes ``@OTHER please TASK — NAME`` (corral hands that
-  to OTHER at once), then does its own part of the request (the words before ``ask``);
+* ``ask OTHER to TASK`` (``@OTHER`` too) — it does its own part of the request (the words
+  before ``ask``), then writes ``@OTHER please TASK — NAME`` as a message of its own, which
+  corral hands to OTHER; with a ``long`` task of its own the hand-off comes first, so both
+  agents work at once;
 * ``ping-pong with OTHER`` — it writes ``@OTHER ping — NAME``; an agent that receives
   ``@NAME ping — OTHER`` answers ``@OTHER pong — NAME`` and the reverse, for ever: corral's
   ``max_hops`` ends the chain;
