@@ -4,7 +4,8 @@
 Run it as ``.venv/bin/python -m scripts.chaos_stop`` (``--trials N``, default 1000;
 ``--quick`` for 50; ``--seed S`` to replay a run; ``--seed-bug NAME`` to reintroduce one bug
 and watch the trials catch it; ``--cgroup off`` to stop through the sweep instead of a cgroup
-per turn; ``--json`` for a machine-readable summary). Several trials run
+per turn; ``--kinds single|multi`` for one kind of trial, both by default, see below;
+``--json`` for a machine-readable summary). Several trials run
 at once, each on fresh channels of the same daemon (restarted only if it dies, which is itself
 a violation). The daemon runs through ``scripts/_chaos_daemon.py``, which traces the ledger's
 stops, each turn's point of no return, spawn, registration and signal (a ``cgroup.kill``
