@@ -24,7 +24,8 @@ def build_launch(request: TurnRequest) -> Launch:
     """The generic launch, with ``--session ID`` when resuming."""
     options = {"resume_args": ["--session", "{session}"], **request.options}
     launch = generic.build_launch(_with_options(request, options))
-    env = {"DEMO_AGENT_DELAY": str(request.options.get("delay", 0.05))}
+    # Its name, so it can sign its hand-offs and know which mentions are its own.
+    env = {"DEMO_AGENT_DELAY": str(request.options.get("delay", 0.05)), "DEMO_AGENT_NAME": request.agent}
     return Launch(argv=launch.argv, env=env, cwd=launch.cwd, stdin=launch.stdin)
 
 

@@ -16,6 +16,24 @@ Words in the prompt steer it: ``long`` (run the tool for ``long N`` seconds, def
 ``plan`` (report a three-step plan and finish step one), ``fail`` (report an error),
 ``silent`` (print the session id, then nothing for a long time).
 
+It hands work to other agents of its channel, by ``@mentions`` corral routes (its own name
+comes in ``$DEMO_AGENT_NAME``; every hand-off it writes is signed ``— NAME``, so the agent
+that receives it knows whom to answer):
+
+* ``ask OTHER to TASK`` (``@OTHER`` too) — it does its own part of the request (the words
+  before ``ask``), then writes ``@OTHER please TASK — NAME`` as a message of its own, which
+  corral hands to OTHER; with a ``long`` task of its own the hand-off comes first, so both
+  agents work at once;
+* ``ping-pong with OTHER`` — it writes ``@OTHER ping — NAME``; an agent that receives
+  ``@NAME ping — OTHER`` answers ``@OTHER pong — NAME`` and the reverse, for ever: corral's
+  ``max_hops`` ends the chain;
+* ``please review`` (from another agent) — a short review, signed, that mentions no one: the
+  chain ends there.
+
+Only the message it answers steers it: a catch-up corral puts before it (what the channel
+said since its last turn) is counted, not obeyed. When it quotes a message it drops the
+``@`` of each mention, so a quote never hands anything off.
+
 The plan is kept with the conversation. When the supervisor nudges the agent ("You have N
 remaining task(s) in your plan..."), it works through the steps left and reports the plan
 complete, so one nudge does its job.
@@ -31,6 +49,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 # The tool: a shell-like child that starts a setsid grandchild sharing its stdout.
@@ -93,6 +112,64 @@ def finish_plan(plan_file: Path, delay: float) -> list[str]:
     return done
 
 
+#: corral's catch-up block (supervisor/_catchup.py): its first line, and the line before the answered message.
+CATCH_UP_HEADER = "[Catch-up: messages in this channel since your last turn"
+CATCH_UP_END = re.compile(r"^\[End of catch-up\. The message you are answering, from (?P<author>[^\]]*):\]$", re.M)
+#: A hand-off's signature: the agent that wrote it.
+SIGNED = re.compile(r"\s—\s(?P<name>[\w-]+)\s*$")
+ASK = re.compile(r"\bask\s+@?(?P<name>[\w-]+)\s+to\s+(?P<task>[^.!?\n]+)", re.I)
+PING_PONG = re.compile(r"\bping-pong with\s+@?(?P<name>[\w-]+)", re.I)
+
+
+@dataclass(frozen=True)
+class Request:
+    """The message a turn answers, apart from the catch-up corral may put before it."""
+
+    text: str
+    caught_up: int = 0
+    """Messages of the catch-up (what the channel said since this agent's last turn)."""
+    sender: str | None = None
+    """The agent that wrote it (its signature, or the catch-up's footer), None for a human."""
+
+
+def read_request(prompt: str) -> Request:
+    """Split corral's catch-up from the answered message (the prompt's last part, unchanged)."""
+    caught_up, footer_author = 0, None
+    if prompt.startswith(CATCH_UP_HEADER):
+        end = CATCH_UP_END.search(prompt)
+        if end is not None:
+            lines = prompt[: end.start()].splitlines()[1:]
+            caught_up = sum(1 for line in lines if not line.startswith("["))
+            footer_author = end["author"]
+            prompt = prompt[end.end() + 1:]
+    signed = SIGNED.search(prompt)
+    sender = signed["name"] if signed else None
+    if sender is None and footer_author is not None and footer_author.startswith("agent:"):
+        sender = footer_author.removeprefix("agent:")
+    return Request(prompt, caught_up, sender)
+
+
+def quote(text: str) -> str:
+    """``text`` with the ``@`` of every mention dropped: quoted, it hands nothing off."""
+    return re.sub(r"(?<![\w@.])@(?=[\w-])", "", text)  # a mention as corral reads one: not me@host
+
+
+def hand_off(request: Request, me: str) -> str | None:
+    """The hand-off line a request calls for (one that mentions another agent), or None."""
+    words = request.text
+    ping = re.match(rf"\s*@{re.escape(me)}\s+(ping|pong)\b", words, re.I)
+    if ping and request.sender and request.sender != me:
+        answer = "pong" if ping.group(1).lower() == "ping" else "ping"
+        return f"@{request.sender} {answer} — {me}"
+    started = PING_PONG.search(words)
+    if started and started["name"] != me:
+        return f"@{started['name']} ping — {me}"
+    ask = ASK.search(words)
+    if ask and ask["name"] != me:
+        return f"@{ask['name']} please {ask['task'].strip()} — {me}"
+    return None
+
+
 def main(argv: list[str]) -> int:
     """Run one turn."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
@@ -125,12 +202,25 @@ def main(argv: list[str]) -> int:
     save_json(file, history)
     emit("session", id=session)
 
-    words = prompt.lower()
+    me = os.environ.get("DEMO_AGENT_NAME", "demo")
+    request = read_request(prompt)
+    handed = hand_off(request, me)
+    ask = ASK.search(request.text)
+    # Only the answered message steers the agent, and only its own part of it.
+    words = (request.text[: ask.start()] if ask else request.text).lower()
     if "silent" in words:
         time.sleep(3600)
         return 0
     emit("status", text="thinking")
     time.sleep(delay)
+    if request.sender is not None and (handed is not None or re.search(r"\breview\b", words)):
+        # Another agent's hand-off: one line answers it (the next hand-off, or the review).
+        answer = handed or f"Reviewed {request.sender}'s change: two small nits, nothing blocking. — {me}"
+        emit("text", text=answer)
+        history.append({"role": "agent", "text": answer})
+        save_json(file, history)
+        emit("result", text="")  # ends the text's run: corral stores it, and hands it on
+        return 0
     plan_file = store / f"{session}.plan.json"
     if NUDGE.search(prompt):
         done = finish_plan(plan_file, delay)
@@ -149,6 +239,8 @@ def main(argv: list[str]) -> int:
         report_plan(
             [{"content": s, "status": "in_progress" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file
         )
+    if handed is not None and "long" in words:
+        emit("text", text=handed)  # first (the tool's event ends its run): the other agent works meanwhile
     if "long" in words:
         match = re.search(r"long\s+(\d+(?:\.\d+)?)", words)
         seconds = float(match.group(1)) if match else 600.0
@@ -156,9 +248,11 @@ def main(argv: list[str]) -> int:
         subprocess.run([sys.executable, "-c", TOOL, str(seconds)], check=False)
         emit("text", text=f"The long task ran for {seconds:g} s.")
     reply = [
-        f"You said: {prompt}",
+        f"You said: {quote(request.text)}",
+        *([f"(I caught up on {request.caught_up} message(s) first.)"] if request.caught_up else []),
         (
-            f"This conversation ({session}) had {len(earlier)} earlier message(s); the last was: {earlier[-1]!r}."
+            f"This conversation ({session}) had {len(earlier)} earlier message(s); "
+            f"the last was: {quote(read_request(earlier[-1]).text)!r}."
             if earlier
             else f"This is the start of conversation {session}."
         ),
@@ -170,6 +264,11 @@ def main(argv: list[str]) -> int:
         report_plan(
             [{"content": s, "status": "completed" if i == 0 else "pending"} for i, s in enumerate(STEPS)], plan_file
         )
+    if handed is not None and "long" not in words:
+        # Last, as a message of its own (the status ends the reply's run): the other agent
+        # starts once this one has said everything.
+        emit("status", text=f"handing off: {quote(handed)}")
+        emit("text", text=handed)
     history.append({"role": "agent", "text": " ".join(reply)})
     save_json(file, history)
     emit("result", text="")

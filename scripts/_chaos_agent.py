@@ -14,6 +14,19 @@ missed in a channel with several agents), the message it answers. Its first word
   supervisor is still reading: the flushing phase).
 * ``poison ID`` — output with a lone surrogate escape, a NUL and bytes that are not UTF-8.
 
+With ``$CHAOS_RING`` (``ma,mb,mc``: the agents of a multi-agent channel, ``$CHAOS_AGENT``
+being this one) it also hands work on, by ``@mentions`` corral routes:
+
+* ``chain ID`` — one message ``@NEXT chain ID`` (NEXT: the next agent of the ring), a result;
+  the chain goes on until corral's ``max_hops`` ends it;
+* ``chainlong ID`` — the message ``@NEXT chainlong ID`` first, then the ``long`` job: every
+  agent the chain reaches runs its tool at the same time;
+* ``fan ID`` — one message ``@OTHER1 @OTHER2 chain ID``: two chains at once.
+
+The prompt's job is read from the message the turn answers: corral's catch-up before it
+is skipped, and so are the ``@mentions`` it starts with. On SIGINT a ring agent's flush
+also mentions the next agent: stored, it would be handed on (it never may be).
+
 Every job first appends ``{"turn", "pid", "t", "id", "job"}`` to ``$CHAOS_DIR/started.jsonl``
 (``t`` is ``time.monotonic()``, the clock the instrumented daemon traces with): the proof a
 turn's process ran its own code. On SIGINT it flushes ``FLUSHED-ON-SIGINT <ID>`` as text, a
@@ -47,7 +60,7 @@ def emit(obj: object) -> None:
 def started(job: str, ident: str) -> None:
     """Append this process's start to the started log (one write: lines never interleave)."""
     line = json.dumps({"turn": os.environ.get("CORRAL_TURN", ""), "pid": os.getpid(), "t": time.monotonic(),
-                       "id": ident, "job": job}) + "\n"
+                       "id": ident, "job": job, "agent": os.environ.get("CHAOS_AGENT", "")}) + "\n"
     fd = os.open(os.path.join(os.environ["CHAOS_DIR"], "started.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())
@@ -55,11 +68,38 @@ def started(job: str, ident: str) -> None:
         os.close(fd)
 
 
+#: corral's catch-up block ends with this line; the answered message follows it.
+CATCH_UP_END = "[End of catch-up. The message you are answering, from "
+
+
+def answered(prompt: str) -> str:
+    """The message a turn answers: the prompt after corral's catch-up, if it has one."""
+    at = prompt.rfind(CATCH_UP_END)
+    return prompt[prompt.index("\n", at) + 1:] if at >= 0 and prompt.startswith("[Catch-up:") else prompt
+
+
+def ring() -> tuple[list[str], str]:
+    """The multi-agent ring and this agent's name (``([], "")`` outside one)."""
+    names = [n for n in os.environ.get("CHAOS_RING", "").split(",") if n]
+    return names, os.environ.get("CHAOS_AGENT", "")
+
+
+def next_agents(job: str) -> list[str]:
+    """The agents a ring job hands on to: the next one (``fan``: both others)."""
+    names, me = ring()
+    if me not in names:
+        return []
+    at = names.index(me)
+    others = names[at + 1:] + names[:at]
+    return others if job == "fan" else others[:1]
+
+
 def on_sigint(ident: str) -> None:
     """Flush what a real CLI flushes when interrupted, then exit."""
+    mention = "".join(f" @{name}" for name in next_agents("chain"))
 
     def handler(signum: int, frame: object) -> None:
-        emit({"type": "text", "text": f"{FLUSH_TEXT} {ident}"})
+        emit({"type": "text", "text": f"{FLUSH_TEXT} {ident}{mention}"})
         emit({"type": "session", "id": f"chaos-{ident}"})
         emit({"type": "todos", "todos": [{**item, "status": "in_progress"} for item in PLAN]})
         os._exit(130)
@@ -86,14 +126,25 @@ def double_fork() -> None:
 
 def main() -> int:
     prompt = sys.stdin.read() if os.environ.get("CHAOS_STDIN") == "1" else sys.argv[-1]
-    if prompt.startswith("[Catch-up:"):  # what it missed in the channel, then its message, last
-        prompt = prompt.split("\n[End of catch-up.", 1)[-1].partition("\n")[2]
-    job, _, ident = prompt.strip().partition(" ")
-    ident = ident.split()[0] if ident else "?"
+    words = answered(prompt).split()
+    while words and words[0].startswith("@"):  # the mentions that addressed it
+        words.pop(0)
+    job, ident = [*words, "?", "?"][:2]
     started(job, ident)
     on_sigint(ident)
     emit({"type": "session", "id": f"chaos-{ident}"})
     emit({"type": "status", "text": "thinking"})
+    if job in ("chain", "chainlong", "fan"):
+        targets = next_agents(job)
+        if targets:
+            # A message of its own: the next event (the result, or the long job's plan) ends its run.
+            handed = "chain" if job == "fan" else job
+            emit({"type": "text", "text": " ".join(f"@{t}" for t in targets) + f" {handed} {ident}"})
+        if job == "chainlong":
+            job = "long"
+        else:
+            emit({"type": "result", "text": ""})
+            return 0
     if job == "long":
         emit({"type": "todos", "todos": PLAN})
         double_fork()

@@ -7,7 +7,11 @@ Usage: ``python scripts/_chaos_daemon.py --trace FILE [--seed-bug NAME] run -c c
 The trace is one JSON object per line, ``t`` being ``time.monotonic()`` (the clock the chaos
 agent stamps its start with, so the two can be compared):
 
-* ``stop`` — the ledger decided a stop: channel, the turn it stopped, repeat or not;
+* ``stop`` — the ledger decided a stop: channel, the turn it stopped (``turns``: every one,
+  with several agents), repeat or not;
+* ``accept`` — the ledger queued a message: channel, agent, hops, whether corral routed it
+  from an agent, and whether the channel rested just before (a routed message then is a
+  violation of contract line 12);
 * ``preparing`` — a turn reached its point of no return (channel, turn);
 * ``spawn`` — the turn passed it and its process is being spawned (turn);
 * ``register`` — a process was registered (turn, pid, whether the turn was already stale);
@@ -72,10 +76,20 @@ def install_trace(path: str) -> None:
     def stop(self: _ledger.StopLedger, channel: str) -> _ledger.StopDecision:
         decision = ledger_stop(self, channel)
         trace("stop", channel=channel, turn=decision.stopped_turn, repeat=decision.repeat,
-              generation=decision.generation, dropped=len(decision.dropped))
+              generation=decision.generation, dropped=len(decision.dropped),
+              turns=[turn for _, turn in decision.stopped_turns])
         return decision
 
     _ledger.StopLedger.stop = stop  # type: ignore[method-assign]
+
+    ledger_accept = _ledger.StopLedger.accept
+
+    def accept(self: _ledger.StopLedger, channel: str, agent: str, message_id: int, **kw: Any) -> _ledger.QueuedMessage:
+        trace("accept", channel=channel, agent=agent, seq=message_id, hops=kw.get("hops", 0),
+              routed=kw.get("routed", False), rests=self.rests(channel))
+        return ledger_accept(self, channel, agent, message_id, **kw)
+
+    _ledger.StopLedger.accept = accept  # type: ignore[method-assign]
 
     async def preparing(channel: str, turn_id: str) -> None:
         trace("preparing", channel=channel, turn=turn_id)
@@ -222,6 +236,19 @@ def _no_marker_scan() -> None:
     _tree.MarkerScanner.scan = scan  # type: ignore[method-assign]
 
 
+def _rest_forgotten() -> None:
+    """A stop forgets to put agent-to-agent routing to rest (the router and the ledger's guard
+    then both let another bot's agent message be handed on)."""
+    stop = _ledger.StopLedger.stop
+
+    def restless(self: _ledger.StopLedger, channel: str) -> _ledger.StopDecision:
+        decision = stop(self, channel)
+        self._channels[channel].routing_rests = False
+        return decision
+
+    _ledger.StopLedger.stop = restless  # type: ignore[method-assign]
+
+
 #: Each seeded bug: what it reintroduces.
 SEEDED_BUGS: dict[str, tuple[Callable[[], None], str]] = {
     "no-point-of-no-return": (_no_point_of_no_return, "the generation check before the spawn removed"),
@@ -230,6 +257,7 @@ SEEDED_BUGS: dict[str, tuple[Callable[[], None], str]] = {
     "output-before-notice": (_output_before_notice, "a stopped turn's leftover output is stored (before the notice)"),
     "output-after-notice": (_output_after_notice, "a stopped turn's leftover output is stored after the notice"),
     "no-marker-scan": (_no_marker_scan, "the sweep's environment-marker scan removed"),
+    "rest-forgotten": (_rest_forgotten, "a stop does not put agent-to-agent routing to rest (multi-agent trials)"),
 }
 
 

@@ -20,7 +20,14 @@ For 1, 50 and 200 channels, each running the demo agent inside its tool (every c
 * **SIGINT-all floor** / **killpg-all floor**: the floors of a stop-all — every group sent
   SIGINT (what corral's stop sends first) or SIGKILL in one pass, then every leader waited.
 
-The stop-one and stop-all rows run once per kill mechanism (``--mech``), each with its own
+Then **4 agents**: one channel whose 4 agents (the same agent configured four times) are
+all inside their tool, stopped with one call, in ``--multi-rounds`` rounds (a fresh channel
+each), against the **4-tree floor**: the same 4 trees started directly, every group
+SIGKILLed in one pass and every leader waited (the killpg-all floor of 4, taken as many
+times; the SIGINT-all floor of 4 is shown too). Target: the median stop within 2 x the
+median floor + 10 ms, and 0 processes left.
+
+The stop-one, stop-all and 4-agent rows run once per kill mechanism (``--mech``), each with its own
 daemon: ``cgroup`` (a cgroup v2 per turn; skipped, saying why, where none is writable) and
 ``sweep`` (``[server] cgroup = "off"``). Each daemon row also shows corral's own CPU per
 stopped turn (the stop result's ``cpu_ms``: ``time.process_time()`` of the daemon, all its
@@ -103,6 +110,9 @@ STOP_ALL_200_MS = 150.0
 STOP_ALL_FLOOR_FACTOR = 1.5
 CPU_PER_TURN_MS = 0.25
 MECHS = ("cgroup", "sweep")
+#: The multi-agent row (issue 10): agents of one channel, all mid-tool, stopped at once.
+MULTI_AGENTS = 4
+MULTI_ROUNDS, MULTI_ROUNDS_QUICK = 10, 5
 READY_TIMEOUT = 180.0
 
 
@@ -172,10 +182,19 @@ SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[AgentSetup]
 }
 
 
+def multi_agents(setup: AgentSetup) -> list[str]:
+    """The agents of the multi-agent row: the setup's agent, then copies named ``AGENT-2`` ..."""
+    return [setup.agent, *(f"{setup.agent}-{k}" for k in range(2, MULTI_AGENTS + 1))]
+
+
 def config_text(setup: AgentSetup, mech: str = "sweep") -> str:
-    """The daemon's config for one agent setup and kill mechanism."""
+    """The daemon's config for one agent setup and kill mechanism (the agent, and its copies
+    for the multi-agent row: a channel without a table admits every agent)."""
     server = SERVER_TOML.replace("[server]\n", f'[server]\ncgroup = "{"auto" if mech == "cgroup" else "off"}"\n')
-    return server + f'[defaults]\nstop_grace = 2\nagent = "{setup.agent}"\n' + setup.agent_toml
+    header = f"[agents.{setup.agent}]\n"
+    assert setup.agent_toml.startswith(header), "an agent setup's table starts with its own header"
+    copies = "".join(setup.agent_toml.replace(header, f"[agents.{name}]\n", 1) for name in multi_agents(setup)[1:])
+    return server + f'[defaults]\nstop_grace = 2\nagent = "{setup.agent}"\n' + setup.agent_toml + copies
 
 
 def cgroup_missing() -> str | None:
@@ -308,6 +327,90 @@ def row_stop_all(daemon: Daemon, setup: AgentSetup, n: int, tag: str, mech: str 
     row.left_detail = marker_processes(home, stopped)
     row.left_after_1s = len(row.left_detail)
     return row
+
+
+def row_multi_agent(daemon: Daemon, setup: AgentSetup, rounds: int, tag: str, mech: str = "") -> StopRow:
+    """One channel, ``MULTI_AGENTS`` agents all in their tool; one stop call; ``rounds`` times."""
+    row = StopRow(f"{MULTI_AGENTS}-agent {mech}".strip(), 1)
+    agents = multi_agents(setup)
+    home = str(daemon.folder)
+    stopped: set[str] = set()
+    with Client(str(daemon.socket)) as client:
+        client.status()
+        for r in range(rounds):
+            channel = f"{tag}-{r}"
+            started = time.perf_counter()
+            client.send(channel, setup.prompt, to=agents)
+            running: set[str] = set()
+            with Client(str(daemon.socket)) as follower:
+                for entry in follower.follow(channel):
+                    if setup.ready_entry(entry):
+                        running.add(entry["author"])
+                        if len(running) == len(agents):
+                            break
+                    elif entry["kind"] in ("error", "notice"):
+                        raise RuntimeError(f"{channel}: {entry['kind']}: {entry['text']}")
+                else:
+                    raise RuntimeError(f"{channel}: the stream ended before every agent's tool ran")
+            row.ready_ms = max(row.ready_ms, (time.perf_counter() - started) * 1000)
+            t0 = time.perf_counter()
+            result = client.stop(channel)
+            row.times_ms.append((time.perf_counter() - t0) * 1000)
+            row.server_ms.append(result["elapsed_ms"])
+            _account(row, result)
+            turns = sorted(t["agent"] for t in result.get("turns", []))
+            if turns != sorted(agents):
+                row.errors.append(f"{channel}: the stop stopped the turns of {turns}, not of {sorted(agents)}")
+            stopped.update(result["stopped_turns"])
+            row.alive_at_return += len(marker_processes(home, set(result["stopped_turns"])))
+    time.sleep(1.0)  # the figure asked for is "left after 1 s"
+    row.left_detail = marker_processes(home, stopped)
+    row.left_after_1s = len(row.left_detail)
+    return row
+
+
+def row_floor_rounds(folder: Path, setup: AgentSetup, n: int, tag: str, rounds: int, sig: int) -> StopRow:
+    """:func:`row_floor_killpg` of ``n`` trees all at once, ``rounds`` times: one figure each."""
+    total: StopRow | None = None
+    for r in range(rounds):
+        row = row_floor_killpg(folder, setup, n, f"{tag}{r}", all_at_once=True, sig=sig)
+        if total is None:
+            total = row
+            continue
+        total.times_ms += row.times_ms
+        total.left_after_1s += row.left_after_1s
+        total.left_detail += row.left_detail
+        total.ready_ms = max(total.ready_ms, row.ready_ms)
+    assert total is not None, "at least one round"
+    total.what = f"{'SIGINT' if sig == signal.SIGINT else 'killpg'}-{n} floor"
+    return total
+
+
+def bench_multi(folder: Path, setup: AgentSetup, rounds: int, daemons: dict[str, Daemon], failures: list[str]) -> None:
+    """The multi-agent row per mechanism, against the floor of the same trees (same run)."""
+    n = MULTI_AGENTS
+    print(f"  {n} agents in one channel, all in their tool, stopped with one call; {rounds} rounds"
+          f" (a fresh channel each), against {n} trees started directly, all signalled in one pass:")
+    floor = _loaded(row_floor_rounds(folder, setup, n, "mk", rounds, signal.SIGKILL))
+    sigint = _loaded(row_floor_rounds(folder, setup, n, "mi", rounds, signal.SIGINT))
+    for row in (floor, sigint):
+        print_row(row)
+    floor_med = statistics.median(floor.times_ms)
+    target = STOP_ONE_FACTOR * floor_med + STOP_ONE_SLACK_MS
+    for mech, daemon in daemons.items():
+        row = _loaded(row_multi_agent(daemon, setup, rounds, f"m{n}", mech))
+        print_row(row)
+        med, p95 = statistics.median(row.times_ms), pct(row.times_ms, 0.95)
+        left = row.alive_at_return + row.left_after_1s
+        print(f"  {mech}: target {n}-agent stop <= {STOP_ONE_FACTOR:g} x the {n}-tree floor ({floor_med:.1f})"
+              f" + {STOP_ONE_SLACK_MS:g} = {target:.1f} ms:"
+              f" median {med:.1f} -> {'meets' if med <= target else 'MISSES'},"
+              f" p95 {p95:.1f} -> {'meets' if p95 <= target else 'misses'};"
+              f" SIGINT floor of {n} {statistics.median(sigint.times_ms):.1f} ms;"
+              f" leftovers {left} -> {'meets' if left == 0 else 'MISSES'} (target 0)")
+        if left:
+            failures.append(f"{setup.label} {mech} {n}-agent: {left} leftover process(es)")
+        failures += [f"{setup.label} {row.what}: {e}" for e in row.errors]
 
 
 def kill_groups(procs: Iterable[subprocess.Popen[Any]]) -> None:
@@ -791,12 +894,17 @@ def main() -> int:
     parser.add_argument("--mech", choices=MECHS, action="append",
                         help="kill mechanisms of the daemon rows (default: both)")
     parser.add_argument("--sizes", help="comma list of channel counts (default 1,50,200; 1,10 with --quick)")
+    parser.add_argument("--multi-rounds", type=int, default=None,
+                        help=f"rounds of the {MULTI_AGENTS}-agent row (default {MULTI_ROUNDS};"
+                        f" {MULTI_ROUNDS_QUICK} with --quick; 0 skips it)")
     parser.add_argument("--spawn", action="store_true", help="only measure the spawn latency with and without a cgroup")
     args = parser.parse_args()
     if args.spawn:
         return bench_spawn()
     sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else (1, 10) if args.quick else (1, 50, 200)
     mechs = list(args.mech or MECHS)
+    multi_rounds = args.multi_rounds if args.multi_rounds is not None else (
+        MULTI_ROUNDS_QUICK if args.quick else MULTI_ROUNDS)
     if "cgroup" in mechs and (why := cgroup_missing()) is not None:
         print(f"skipping the cgroup rows: {why}")
         mechs.remove("cgroup")
@@ -840,6 +948,8 @@ def main() -> int:
                         daemons[mech] = Daemon(folder / mech, config_text(setup, mech))
                     for n in sizes:
                         bench_size(folder, setup, n, daemons, failures)
+                    if multi_rounds:
+                        bench_multi(folder, setup, multi_rounds, daemons, failures)
                 finally:
                     for daemon in daemons.values():
                         code = daemon.stop()

@@ -4,7 +4,8 @@
 Run it as ``.venv/bin/python -m scripts.chaos_stop`` (``--trials N``, default 1000;
 ``--quick`` for 50; ``--seed S`` to replay a run; ``--seed-bug NAME`` to reintroduce one bug
 and watch the trials catch it; ``--cgroup off`` to stop through the sweep instead of a cgroup
-per turn; ``--json`` for a machine-readable summary). Several trials run
+per turn; ``--kinds single|multi`` for one kind of trial, both by default, see below;
+``--json`` for a machine-readable summary). Several trials run
 at once, each on fresh channels of the same daemon (restarted only if it dies, which is itself
 a violation). The daemon runs through ``scripts/_chaos_daemon.py``, which traces the ledger's
 stops, each turn's point of no return, spawn, registration and signal (a ``cgroup.kill``
@@ -34,6 +35,27 @@ the same time. Every trial checks every line of the stop contract it can observe
 * nothing of the stopped turn alive when the stop returns; nothing of the trial at its end
   (``CORRAL_TURN`` marker, or a cwd in the channel's working folder);
 * the follow-up ran under the stop's generation; the other channel was untouched.
+
+**Multi-agent trials** (``--kinds``: ``single``, ``multi``, or both, the default) run in a
+channel of three ring agents ``ma``, ``mb``, ``mc`` (the chaos agent plain, on stdin and
+stubborn; ``[defaults] max_hops = 4``) that hand work on by ``@mentions``: a chain (one agent
+after the other until the hop limit), a long chain (each hands on, then runs its tool: every
+agent it reaches is mid-tool at once), or a fan (two chains at once). The stop lands right
+after the send, after 0-300 ms, after the 1st-3rd hand-off message, or once the chain has
+ended; sometimes repeated (after, or concurrently). Then, sometimes, another bot posts an
+``agent:mb`` message mentioning ``@mc`` (stored, never handed on: the channel rests), and a
+human message lifts the rest (its chain must run to the hop limit), sometimes stopped again
+mid-chain; sometimes a second channel runs a chain of the same agents meanwhile. Checked:
+
+* every fresh stop has exactly one notice, and no entry of any turn it stopped comes after
+  it; a repeat names the same notice; no older-generation agent entry after a notice;
+* no leftover output stored (the SIGINT flush, which mentions the next agent), and nothing
+  handed on from it; the plan of every agent settled at the notice;
+* no routed message accepted while the channel rests (the trace of the ledger's accepts, the
+  bot post's ``to``, and no turn ever started by the bot post); hops never above max_hops;
+* a human lifts the rest: its chain ends with the hop-limit status entry;
+* no process of a stopped turn alive when its stop returns, none of the trial at its end;
+* the second channel: no stop, no notice, its chain ran to the hop limit.
 """
 
 from __future__ import annotations
@@ -67,6 +89,16 @@ WAIT_S = 60.0
 STOP_GRACE = 1.0
 
 AGENTS = ("plain", "stdin", "stubborn")
+#: The agents of a multi-agent trial, in ring order (each hands on to the next).
+RING = ("ma", "mb", "mc")
+#: ``[defaults] max_hops`` of the chaos daemon.
+MAX_HOPS = 4
+KINDS = ("single", "multi")
+MULTI_JOBS = ("chain", "chainlong", "chainlong", "fan")
+#: Agent turns a job's chain may take at most (the human's message's turn, then one per hop).
+MULTI_TURNS = {"chain": MAX_HOPS + 1, "chainlong": MAX_HOPS + 1, "fan": 1 + 2 * MAX_HOPS}
+#: The hop-limit status entry's words (supervisor/_router.py).
+CHAIN_STOPPED = f"chain stopped at {MAX_HOPS} hops"
 ENTRY_KINDS = {
     # Not "message": a long job's text is one message stored when it ends, 30 s on ("done",
     # which a long job never draws either: a trial would wait the whole turn for nothing new).
@@ -89,7 +121,16 @@ def chaos_config(folder: Path, cgroup: str = "auto") -> str:
         f'env = {{ {env}, CHAOS_STDIN = "1" }}\n'
         f'[agents.stubborn]\nadapter = "generic"\n'
         f'command = ["env", "--ignore-signal=INT", {python}, {agent}]\nenv = {{ {env} }}\n'
-    )
+        + "".join(
+            f'[agents.{name}]\nadapter = "generic"\ncommand = [{command}{python}, {agent}]\n{extra}'
+            f'env = {{ {env}, CHAOS_RING = "{",".join(RING)}", CHAOS_AGENT = "{name}"{stdin} }}\n'
+            for name, command, extra, stdin in (
+                ("ma", "", "", ""),
+                ("mb", "", 'prompt = "stdin"\n', ', CHAOS_STDIN = "1"'),
+                ("mc", '"env", "--ignore-signal=INT", ', "", ""),
+            )
+        )
+    ).replace("[defaults]\n", f"[defaults]\nmax_hops = {MAX_HOPS}\n")
 
 
 # ---------------------------------------------------------------- the API, async
@@ -112,9 +153,11 @@ class API:
         """Close every connection."""
         await self.http.aclose()
 
-    async def send(self, channel: str, text: str, agent: str | None = None) -> dict[str, Any]:
-        """POST a message (to ``agent``, or the default one); the accepted seq and generation."""
-        body = {"text": text, **({"agent": agent} if agent else {})}
+    async def send(
+        self, channel: str, text: str, agent: str | None = None, author: str | None = None
+    ) -> dict[str, Any]:
+        """POST a message (to ``agent``, or as addressed; by ``author``); the accepted seq, generation, ``to``."""
+        body = {"text": text, **({"agent": agent} if agent else {}), **({"author": author} if author else {})}
         r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/messages", json=body)
         if r.status_code != 202:
             raise RuntimeError(f"send to {channel}: HTTP {r.status_code} {r.text[:200]}")
@@ -139,6 +182,14 @@ class API:
         r.raise_for_status()
         entries: list[dict[str, Any]] = r.json()["entries"]
         return entries
+
+    async def follow_until(self, channel: str, until: Any, after: int = 0) -> None:
+        """Follow the channel (from ``after``) until ``until(entry)`` is true."""
+        path = f"/v1/channels/{quote(channel, safe='')}/events"
+        async with self.http.stream("GET", path, params={"after": after}) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and until(json.loads(line[6:])):
+                    return
 
     async def wait_for(self, channel: str, kind: str, got: trio.Event) -> None:
         """Follow the channel until an agent entry of ``kind`` (``kind:text-prefix``) appears."""
@@ -193,6 +244,8 @@ class Evidence:
         self.started_turn: dict[str, list[dict[str, Any]]] = {}
         self.signals: dict[int, list[dict[str, Any]]] = {}
         """Signals sent to each process group, in order."""
+        self.accepts: dict[str, list[dict[str, Any]]] = {}
+        """The ledger's accepted messages, by channel."""
 
     def refresh(self) -> None:
         """Index whatever was appended since the last call."""
@@ -210,6 +263,8 @@ class Evidence:
                 self.registered[r["turn"]] = r
             elif r["ev"] == "signal":
                 self.signals.setdefault(r["pgid"], []).append(r)
+            elif r["ev"] == "accept":
+                self.accepts.setdefault(r["channel"], []).append(r)
         for r in self.stamps.records[s0:]:
             self.started.setdefault(r["id"], []).append(r)
             self.started_turn.setdefault(r["turn"], []).append(r)
@@ -241,6 +296,14 @@ class Trial:
     ended_turn: bool = False
     killed: int = 0
     swept: int = 0
+    kind: str = "single"
+    """single | multi (a channel of the ring agents, handing work on)"""
+    hand_offs: int = 1
+    """Multi, moment ``handoff``: stop once this many hand-off messages are stored."""
+    bot: bool = False
+    """Multi: after the stop, another bot posts an agent message that mentions an agent."""
+    again: bool = False
+    """Multi: the chain a human's message starts (``follow_up``) is stopped again, mid-chain."""
 
     def violate(self, kind: str, detail: str) -> None:
         """Record one violation of the contract (or of the harness's expectations)."""
@@ -249,6 +312,13 @@ class Trial:
     def describe(self) -> str:
         """The trial's choices, for a violation report."""
         moment = f"delay {self.delay * 1000:.0f} ms" if self.moment == "delay" else self.moment
+        if self.kind == "multi":
+            moment = f"hand-off {self.hand_offs}" if self.moment == "handoff" else moment
+            return (
+                f"trial {self.index} (multi): {self.job} from ma, stop at {moment} ({self.phase}), "
+                f"repeat={self.repeat}, bot post={self.bot}, human lifts={self.follow_up}, stopped again={self.again}, "
+                f"other channel={self.other}"
+            )
         return (
             f"trial {self.index}: {self.job} on {self.agent}, stop at {moment} ({self.phase}), repeat={self.repeat}, "
             f"follow-up={self.follow_up}, other channel={self.other}"
@@ -276,6 +346,36 @@ def choose(index: int, rng: random.Random, moments: tuple[str, ...] = MOMENTS) -
         repeat=rng.choice([None, None, None, "after", "concurrent"]),
         follow_up=rng.random() < 0.5,
         other=rng.random() < 0.3,
+    )
+
+
+def choose_multi(index: int, rng: random.Random) -> Trial:
+    """A multi-agent trial's random choices."""
+    job = rng.choice(MULTI_JOBS)
+    # A long chain never ends by itself (its agents run their tools): no "done" moment.
+    moments = ["now", "delay", "delay", "handoff", "handoff", "handoff"] + ([] if job == "chainlong" else ["done"])
+    lift = rng.random() < 0.7
+    return Trial(
+        index=index,
+        agent="ma",
+        job=job,
+        moment=rng.choice(moments),
+        delay=rng.uniform(0.0, 0.3),
+        repeat=rng.choice([None, None, "after", "concurrent"]),
+        follow_up=lift,
+        other=rng.random() < 0.3,
+        kind="multi",
+        hand_offs=rng.randint(1, 3),
+        bot=rng.random() < 0.5,
+        again=lift and rng.random() < 0.3,
+    )
+
+
+def _hand_off_of(ident: str) -> Any:
+    """True for an agent's message that hands work of trial job ``ident`` on (it mentions a ring agent)."""
+    return lambda e: (
+        e["author"].startswith("agent:") and e["kind"] == "message" and e["text"].startswith("@")
+        and e["text"].endswith(f" {ident}")
     )
 
 
@@ -331,7 +431,7 @@ class Runner:
     async def run(self, trial: Trial) -> None:
         """Run one trial; its violations end up in ``trial.violations``."""
         try:
-            await self._run(trial)
+            await (self._run_multi if trial.kind == "multi" else self._run)(trial)
         except Exception as exc:  # noqa: BLE001 - a harness failure is reported like a violation
             leaves = list(_leaves(exc))
             trial.violate("trial-failed", "; ".join(f"{type(e).__name__}: {e}" for e in leaves))
@@ -572,6 +672,204 @@ class Runner:
                 )
 
 
+    # ------------------------------------------------------------ multi-agent trials
+
+    async def _stop_now(self, trial: Trial, channel: str, results: list[dict[str, Any]], concurrent: bool) -> None:
+        """Stop the channel (twice at once if ``concurrent``); check nothing of it outlives the return."""
+        t0 = time.perf_counter()
+        fresh: list[dict[str, Any]] = []
+        if concurrent:
+            async with trio.open_nursery() as both:
+                for _ in range(2):
+                    both.start_soon(_append, fresh, self.api, channel)
+        else:
+            fresh.append(await self.api.stop(channel))
+        trial.stop_ms = trial.stop_ms or (time.perf_counter() - t0) * 1000
+        results += fresh
+        stopped = {t for r in fresh for t in r.get("stopped_turns", [])}
+        trial.ended_turn = trial.ended_turn or bool(stopped)
+        trial.killed += sum(len(r.get("killed", [])) for r in fresh)
+        trial.swept += sum(len(r.get("swept", [])) for r in fresh)
+        if stopped:
+            alive = await trio.to_thread.run_sync(_turn_processes, self.home, stopped)
+            if alive:
+                trial.violate("alive-when-stop-returned", f"{alive}")
+                kill_by_pid(alive, wait=None)
+
+    async def _until(self, trial: Trial, channel: str, until: Any, what: str, after: int = 0) -> None:
+        """Follow the channel until ``until(entry)``; a harness violation if it goes idle first."""
+        got = trio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                await self.api.follow_until(channel, until, after)
+                got.set()
+                nursery.cancel_scope.cancel()
+
+            async def idle() -> None:
+                await self.api.wait(channel)
+                # Idle: one more look (the entry may have come with the last turn), then give up.
+                entries = await self.api.entries(channel)
+                if not any(until(e) for e in entries if e["seq"] > after):
+                    trial.violate("harness", f"the channel went idle before {what}: {_brief(entries[-4:])}")
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            nursery.start_soon(idle)
+            with trio.move_on_after(WAIT_S):
+                await trio.sleep_forever()
+            trial.violate("harness", f"no {what} within {WAIT_S:g} s")
+            nursery.cancel_scope.cancel()
+
+    async def _run_multi(self, trial: Trial) -> None:
+        api = self.api
+        channel, other = f"m{trial.index}", f"m{trial.index}-other"
+        ident = f"t{trial.index}"
+        results: list[dict[str, Any]] = []
+        if trial.other:
+            await api.send(other, f"@ma chain {ident}o")
+        accepted = await api.send(channel, f"@ma {trial.job} {ident}a")
+        if trial.moment == "delay":
+            await trio.sleep(trial.delay)
+        elif trial.moment == "done":
+            await api.wait(channel)
+        elif trial.moment == "handoff":
+            seen = [0]
+            handed = _hand_off_of(f"{ident}a")
+
+            def enough(entry: dict[str, Any]) -> bool:
+                seen[0] += handed(entry)
+                return seen[0] >= trial.hand_offs
+
+            await self._until(trial, channel, enough, f"{trial.hand_offs} hand-off(s)", accepted["seq"])
+        await self._stop_now(trial, channel, results, concurrent=trial.repeat == "concurrent")
+        if trial.repeat == "after":
+            results.append(await api.stop(channel))
+        bot = await api.send(channel, f"@mc chain {ident}b", author="agent:mb") if trial.bot else None
+        human = await api.send(channel, f"@ma chain {ident}h") if trial.follow_up else None
+        if human is not None and trial.again:
+            await self._until(trial, channel, _hand_off_of(f"{ident}h"), "the lifted chain's hand-off", human["seq"])
+            await self._stop_now(trial, channel, results, concurrent=False)
+        for name in (channel, other) if trial.other else (channel,):
+            if not await api.wait(name):
+                trial.violate("busy", f"{name} still busy after {WAIT_S:g} s")
+        entries = await api.entries(channel)
+        self.evidence.refresh()
+        self.check_multi(trial, ident, entries, results, bot, human)
+        self.check_multi_trace(trial, channel, results)
+        turns = {e["turn"] for e in entries if e["turn"]} | {t for r in results for t in r.get("stopped_turns", [])}
+        turns |= {r["turn"] for r in self.evidence.prepared.get(channel, [])}
+        cwds = tuple(self.cwd_of(agent, channel) for agent in RING)
+        if trial.other:
+            other_entries = await api.entries(other)
+            turns |= {e["turn"] for e in other_entries if e["turn"]}
+            turns |= {r["turn"] for r in self.evidence.prepared.get(other, [])}
+            cwds += tuple(self.cwd_of(agent, other) for agent in RING)
+            if self.evidence.stops.get(other):
+                trial.violate("other-channel", f"stopped: {self.evidence.stops[other]}")
+            bad = [e for e in other_entries if e["kind"] in ("notice", "error")]
+            if bad:
+                trial.violate("other-channel", f"disturbed: {_brief(bad)}")
+            if not any(e["kind"] == "status" and CHAIN_STOPPED in e["text"] for e in other_entries):
+                trial.violate("other-channel", f"its chain never reached the hop limit: {_brief(other_entries[-4:])}")
+        alive = await trio.to_thread.run_sync(_turn_processes, self.home, turns, cwds)
+        if alive:
+            trial.violate("alive-at-trial-end", f"{alive}")
+            kill_by_pid(alive, wait=None)
+
+    def check_multi(
+        self, trial: Trial, ident: str, entries: list[dict[str, Any]], results: list[dict[str, Any]],
+        bot: dict[str, Any] | None, human: dict[str, Any] | None,
+    ) -> None:
+        """The stop contract with several agents, from the stop results, the transcript and the stamps."""
+        v = trial.violate
+        for r in results:
+            if r.get("http_status") != 200 or not r.get("ok"):
+                v("stop-failed", f"HTTP {r.get('http_status')}: {r.get('error')}")
+            if len(r.get("turns", [])) != len(r.get("stopped_turns", [])):
+                v("stop-result", f"turns {r.get('turns')} do not match stopped_turns {r.get('stopped_turns')}")
+        fresh = [r for r in results if not r.get("repeat")]
+        if len(fresh) != 1 + trial.again:
+            v("notice-count", f"{len(fresh)} fresh stop(s) among {len(results)} (expected {1 + trial.again})")
+            return
+        trial.phase = f"{len(fresh[0].get('turns', []))} turn(s) running"
+        by_seq = {e["seq"]: e for e in entries}
+        notices = [e for e in entries if e["kind"] == "notice"]
+        if len(notices) != len(fresh):
+            v("notice-count", f"{len(notices)} notice(s) for {len(fresh)} fresh stop(s): {_brief(notices)}")
+        for r in results:
+            if r.get("repeat") and r.get("notice_seq") != fresh[0].get("notice_seq"):
+                v("repeat", f"a repeat stop names notice {r.get('notice_seq')}, not {fresh[0].get('notice_seq')}")
+        for stop in fresh:
+            notice = by_seq.get(stop.get("notice_seq", -1))
+            if notice is None or notice["kind"] != "notice":
+                v("notice-missing", f"the stop's notice_seq {stop.get('notice_seq')} is not a notice in the channel")
+                continue
+            late = [e for e in entries if e["turn"] in stop["stopped_turns"] and e["seq"] > notice["seq"]]
+            if late:
+                v("entry-after-notice", _brief(late))
+            old = [
+                e for e in entries
+                if e["author"].startswith("agent:") and e["generation"] < stop["generation"]
+                and e["seq"] > notice["seq"]
+            ]
+            if old:
+                v("old-message-ran", _brief(old))
+            last_plan: dict[str, dict[str, Any]] = {}
+            for e in entries:
+                if e["seq"] < notice["seq"] and isinstance(e["meta"].get("todos"), list):
+                    # The agent's own plan entries and the stop's "Plan cancelled (NAME)" name it differently.
+                    last_plan[str(e["meta"].get("agent") or e["author"]).removeprefix("agent:")] = e
+            nudges = [e for e in entries if e["meta"].get("nudge") and e["seq"] > notice["seq"]]
+            if nudges:
+                v("nudge-after-stop", _brief(nudges))
+            for agent, plan in last_plan.items():
+                open_items = [i for i in plan["meta"]["todos"] if i.get("status") in ("pending", "in_progress")]
+                if open_items:
+                    v("todos-unfinished-after-stop", f"{agent}'s plan at notice #{notice['seq']}: {open_items}")
+        leftovers = [e for e in entries if FLUSH_TEXT in e["text"]]
+        if leftovers:
+            v("leftover-output-stored", _brief(leftovers))
+        # A routed flush would start its receiver with the job word FLUSHED-ON-SIGINT.
+        stamps = [s for job in ("a", "b", "h") for s in self.evidence.started.get(f"{ident}{job}", [])]
+        flushed = [s for s in stamps if s["job"] == FLUSH_TEXT]
+        if flushed:
+            v("stale-output-routed", f"turns started by a stopped turn's flush: {flushed[:3]}")
+        if bot is not None and bot.get("to"):
+            v("routed-while-resting", f"the bot's post (agent:mb) after the stop went to {bot['to']}")
+        ran = self.evidence.started.get(f"{ident}b", [])
+        if ran:
+            v("routed-while-resting", f"the bot's post started turn(s) {[s['turn'] for s in ran]}")
+        for chain in (f"{ident}a", f"{ident}h"):
+            turns = {s["turn"] for s in self.evidence.started.get(chain, [])}
+            if len(turns) > MULTI_TURNS[trial.job if chain.endswith("a") else "chain"]:
+                v("hops-over-max", f"chain {chain} took {len(turns)} turns")
+        if human is not None and not trial.again:
+            ended = [
+                e for e in entries if e["seq"] > human["seq"] and e["kind"] == "status" and CHAIN_STOPPED in e["text"]
+            ]
+            if not ended:
+                after = [e for e in entries if e["seq"] > human["seq"]]
+                v("rest-not-lifted", f"the human's chain never reached the hop limit: {_brief(after[-5:])}")
+
+    def check_multi_trace(self, trial: Trial, channel: str, results: list[dict[str, Any]]) -> None:
+        """From the trace: routed accepts while resting, hops, spawns after a stop of their turn."""
+        ev = self.evidence
+        for a in ev.accepts.get(channel, []):
+            if a["routed"] and a["rests"]:
+                trial.violate("routed-while-resting", f"the ledger accepted routed message {a['seq']} for {a['agent']}")
+            if a["hops"] > MAX_HOPS:
+                trial.violate("hops-over-max", f"message {a['seq']} for {a['agent']} at {a['hops']} hops")
+        stops = [s for s in ev.stops.get(channel, []) if not s["repeat"]]
+        if len(stops) != sum(1 for r in results if not r.get("repeat")):
+            trial.violate("harness", f"{len(stops)} fresh stop(s) of {channel} in the trace")
+        for stop in stops:
+            for p in ev.prepared.get(channel, []):
+                stopped = p["turn"] in stop["turns"]
+                if stopped and p["t"] < stop["t"] and ev.spawned.get(p["turn"], -1.0) > stop["t"]:
+                    trial.violate("spawn-after-stop", f"turn {p['turn']} was stopped while preparing, spawned anyway")
+
+
 def _turn_processes(home: str, turns: set[str], cwds: tuple[str, ...] = ()) -> list[Found]:
     """Living processes of ``turns`` or with a cwd in ``cwds`` (HOME under ``home``): ``(pid, turn, cwd)``."""
     return marker_processes(home, turns, cwds=cwds, detail="cwd")
@@ -641,6 +939,12 @@ def main() -> int:
         help="the kill mechanism: a cgroup per turn where writable (auto, the default) or the sweep "
         "(off); the seeded bug no-marker-scan implies off (the marker scan is the sweep's)",
     )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="comma-separated trial kinds to draw from: single (one agent per channel), multi (the ring agents "
+        "handing work on); default both. --moments applies to single trials",
+    )
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
     parser.add_argument(
         "--moments",
@@ -651,10 +955,15 @@ def main() -> int:
     moments = tuple(m for m in args.moments.split(",") if m)
     if not moments or set(moments) - set(MOMENTS):
         parser.error(f"--moments: choose among {', '.join(MOMENTS)}")
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not kinds or set(kinds) - set(KINDS):
+        parser.error(f"--kinds: choose among {', '.join(KINDS)}")
     count = 50 if args.quick else args.trials
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
-    trials = [choose(i, rng, moments) for i in range(count)]
+    trials = [
+        choose_multi(i, rng) if rng.choice(kinds) == "multi" else choose(i, rng, moments) for i in range(count)
+    ]
     root = short_tmp("cc-")
     say = (lambda *a, **k: None) if args.json else print
     say(
@@ -701,6 +1010,7 @@ def main() -> int:
     else:
         stops = sorted(t.stop_ms for t in trials if t.stop_ms)
         mix = Counter(f"{t.job}/{t.moment.split(':')[0]}" for t in trials)
+        multi = [t for t in trials if t.kind == "multi"]
         print(
             f"\ntrials: {count} in {elapsed:.1f} s ({count / elapsed:.1f}/s); daemon restarts: "
             f"{runner.restarts if runner else '?'}"
@@ -710,6 +1020,12 @@ def main() -> int:
             f"{dict(Counter(t.agent for t in trials))}; repeats {sum(1 for t in trials if t.repeat)}, "
             f"follow-ups {sum(1 for t in trials if t.follow_up)}, second channel {sum(1 for t in trials if t.other)}"
         )
+        if multi:
+            print(
+                f"multi-agent trials: {len(multi)}; bot posts {sum(1 for t in multi if t.bot)}, human lifts "
+                f"{sum(1 for t in multi if t.follow_up)}, stopped again mid-chain {sum(1 for t in multi if t.again)}, "
+                f"second channel {sum(1 for t in multi if t.other)}"
+            )
         print(
             f"phase of the turn when the stop was decided: {', '.join(f'{k} {n}' for k, n in sorted(phases.items()))}"
         )
@@ -736,7 +1052,8 @@ def main() -> int:
     if violations:
         say(
             f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}"
-            f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}; daemon log kept in {root}/daemon.log)"
+            f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}"
+            f"{f' --kinds {args.kinds}' if kinds != KINDS else ''}; daemon log kept in {root}/daemon.log)"
         )
     else:
         shutil.rmtree(root, ignore_errors=True)

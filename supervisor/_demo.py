@@ -84,6 +84,18 @@ async def leftovers_of(turn_ids: set[str]) -> list[int]:
     return _alive(sorted({proc.pid for procs in found.values() for proc in procs}))
 
 
+#: The demo's config: two demo agents in one channel, ``demo`` its default, hand-offs ended
+#: after ``max_hops``.
+DEMO_CONFIG: dict[str, object] = {
+    "store": {"path": "corral.db"},
+    "defaults": {"agent": "demo"},
+    "agents": {"demo": {"adapter": "demo"}, "reviewer": {"adapter": "demo"}},
+    "channels": {"demo": {"agents": ["demo", "reviewer"], "max_hops": 4}},
+}
+#: The demo channel's hop limit (``DEMO_CONFIG``).
+DEMO_MAX_HOPS = 4
+
+
 @dataclass
 class Checks:
     """What the demo verified: each check with why it failed, if it did."""
@@ -104,11 +116,7 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
     SIGTERM (its turns' trees killed and swept), and the demo returns False.
     """
     steps = steps or trio.CancelScope()
-    config = parse_config(
-        {"store": {"path": "corral.db"}, "agents": {"demo": {"adapter": "demo"}}},
-        file="(demo)",
-        base=folder,
-    )
+    config = parse_config(DEMO_CONFIG, file="(demo)", base=folder)
     channel = "demo"
     checks = Checks()
     say(f"corral demo — a supervisor with the demo agent in {folder}\n")
@@ -160,6 +168,8 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
                 "the nudge", not open_items and bool(todos), f"the plan is not complete: {open_items or 'no plan'}"
             )
 
+            await _hand_offs(sup, say, channel, checks)
+
             turns = {e.turn for e in await sup.entries(channel, after=0) if e.turn}
             stray = await leftovers_of(turns)
             checks.check("the end", not stray, f"processes of the demo's turns are still alive: {stray}")
@@ -172,6 +182,54 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
         return False
     say("demo finished: every step did what it should.")
     return True
+
+
+async def _hand_offs(sup: Supervisor, say: Callable[[str], None], channel: str, checks: Checks) -> None:
+    """Steps 5-7: a hand-off, a ping-pong the hop limit ends, a stop in the middle of a chain."""
+    say("5. A hand-off: the demo agent asks the reviewer (an @mention corral routes to it).")
+    await _turn(sup, say, channel, "@demo write the fix, then ask reviewer to review it")
+    reviews = [e for e in await sup.entries(channel, after=0) if e.author == "agent:reviewer" and e.kind == "message"]
+    say("")
+    checks.check("the hand-off", any("Reviewed demo's change" in e.text for e in reviews),
+                 f"the reviewer never answered the hand-off: {[e.text for e in reviews]}")
+
+    say(f"6. A ping-pong between the two agents: the hop limit (max_hops = {DEMO_MAX_HOPS}) ends it.")
+    await _turn(sup, say, channel, "@demo play ping-pong with reviewer")
+    ended = [e for e in await sup.entries(channel, after=0) if e.kind == "status" and "chain stopped at" in e.text]
+    say("")
+    checks.check("the hop limit", bool(ended) and f"stopped at {DEMO_MAX_HOPS} hops" in ended[-1].text,
+                 f"no 'chain stopped at {DEMO_MAX_HOPS} hops' status entry: {[e.text for e in ended]}")
+
+    say("7. A stop in the middle of a hand-off chain: both agents run a tool; one press stops them both.")
+    running: set[str] = set()
+
+    def both_running(entry: Entry) -> bool:
+        if entry.kind == "status" and "tool running" in entry.text:
+            running.add(entry.author)
+        return len(running) == 2
+
+    seen = await _turn(sup, say, channel, "@demo do a long task and ask reviewer to run a long task too",
+                       until=both_running)
+    result = await sup.stop(channel)
+    after = await sup.entries(channel, after=seen)
+    for entry in after:
+        say(_line(entry))
+    agents = sorted(t["agent"] for t in result.turns)
+    left = _alive(result.killed + result.swept)
+    say(f"     one stop, {len(result.turns)} turns: {', '.join(agents)}; killed {len(result.killed)},"
+        f" swept {len(result.swept)} in {result.elapsed_ms:.1f} ms; alive now: {left or 'none'}")
+    rests = sup.status()["channels"][channel]["rests"]
+    say(f"     hand-offs now rest until a human speaks in the channel: {rests}\n")
+    checks.check("the channel-wide stop", result.ok, f"the stop reported an error: {result.error}")
+    checks.check("the channel-wide stop", agents == ["demo", "reviewer"],
+                 f"it stopped the turns of {agents}, not of both agents")
+    notices = [e for e in after if e.kind == "notice"]
+    checks.check("the channel-wide stop", len(notices) == 1 and after[-1] is notices[0],
+                 f"not one notice, last: {[(e.kind, e.author) for e in after]}")
+    checks.check("the channel-wide stop", not left, f"processes it killed or swept are still alive: {left}")
+    stray = await leftovers_of(set(result.stopped_turns))
+    checks.check("the channel-wide stop", not stray, f"processes of the stopped turns are still alive: {stray}")
+    checks.check("the channel-wide stop", rests, "agent-to-agent routing does not rest after the stop")
 
 
 async def _until_signalled(folder: Path, say: Callable[[str], None]) -> bool | signal.Signals:

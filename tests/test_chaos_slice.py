@@ -1,5 +1,6 @@
 """A fast slice of ``scripts/chaos_stop.py``: a clean daemon breaks no contract line in any
-trial, and each seeded bug (a mistake the contract forbids, put back in the daemon) is caught.
+trial, single-agent or multi-agent (hand-off chains), and each seeded bug (a mistake the
+contract forbids, put back in the daemon) is caught.
 
 Each run starts a real ``corral run`` (traced, see ``scripts/_chaos_daemon.py``) and the chaos
 agent in its three setups. A seeded run draws its stop moments where that bug shows: the
@@ -16,7 +17,15 @@ pytestmark = pytest.mark.chaos
 
 
 def test_chaos_slice_finds_no_violation_on_a_clean_daemon() -> None:
-    summary = run_json("chaos_stop.py", "--trials", "16", "--seed", "7")
+    summary = run_json("chaos_stop.py", "--trials", "16", "--seed", "7", "--kinds", "single")
+    assert summary["trials"] == 16
+    assert summary["violations"] == 0, summary
+
+
+def test_chaos_slice_finds_no_violation_in_multi_agent_channels() -> None:
+    # Hand-off chains stopped mid-chain, repeated stops, bot posts while the channel rests,
+    # human messages lifting the rest, a second channel with the same agents.
+    summary = run_json("chaos_stop.py", "--trials", "16", "--seed", "7", "--kinds", "multi")
     assert summary["trials"] == 16
     assert summary["violations"] == 0, summary
 
@@ -36,6 +45,14 @@ def test_chaos_slice_catches_each_seeded_bug(bug: str, moments: str, kind: str) 
     # Two trials at a time: with eight, the stop requests queue behind each other on a loaded
     # machine and land after the window the bug opens (the full mix is what the README counts).
     summary = run_json("chaos_stop.py", "--trials", "12", "--seed", "7", "--seed-bug", bug, "--moments", moments,
-                       "--concurrency", "2")
+                       "--concurrency", "2", "--kinds", "single")
     assert summary["seed_bug"] == bug
     assert summary["by_kind"].get(kind, 0) > 0, summary
+
+
+def test_chaos_slice_catches_a_stop_that_forgets_the_routing_rest() -> None:
+    # Seeded: a stop leaves agent-to-agent routing on; another bot's post after it is handed on.
+    summary = run_json("chaos_stop.py", "--trials", "12", "--seed", "7", "--seed-bug", "rest-forgotten",
+                       "--kinds", "multi")
+    assert summary["seed_bug"] == "rest-forgotten"
+    assert summary["by_kind"].get("routed-while-resting", 0) > 0, summary
