@@ -25,6 +25,8 @@ from typing import Any
 
 import trio
 
+from ._acp import AcpAgentPool
+from ._acp_turn import AcpTurn
 from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._config import AgentConfig, Config
 from ._errors import ShuttingDown, UsageError
@@ -103,6 +105,9 @@ class StopResult:
     swept: list[int] = field(default_factory=list)
     kill: str | None = None
     """How the turn's tree was ended: ``"cgroup"`` or ``"sweep"`` (None: nothing was running)."""
+    ended: str | None = None
+    """An ACP turn's prompt: ``"cancelled"`` (the agent acknowledged the typed cancel) or
+    ``"killed"`` (it did not in time, or died: its whole tree was killed). None otherwise."""
     cpu_ms: float = 0.0
     """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
     dropped: int = 0
@@ -122,6 +127,7 @@ class StopResult:
             "killed": self.killed,
             "swept": self.swept,
             "kill": self.kill,
+            "ended": self.ended,
             "cpu_ms": round(self.cpu_ms, 3),
             "dropped": self.dropped,
             "notice_seq": self.notice_seq,
@@ -177,7 +183,9 @@ class Supervisor:
         self.started = time.time()
         self._nursery = nursery
         self._workers: set[str] = set()
-        self._turns: dict[str, Turn] = {}
+        self._turns: dict[str, Turn | AcpTurn] = {}
+        self._acp = AcpAgentPool(nursery)
+        """The persistent ACP agent processes, one per (channel, agent); closed on shutdown."""
         self._stops: dict[str, _StopInProgress] = {}
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
@@ -290,7 +298,11 @@ class Supervisor:
             why = f"agent {message.agent!r} is no longer configured"
             await self._end_turn_early(channel, turn_id, ticket.generation, why)
             return
-        turn = Turn(self._ports, channel, ticket, agent, message.text)
+        turn: Turn | AcpTurn = (
+            AcpTurn(self._ports, self._acp, channel, ticket, agent, message.text)
+            if agent.adapter == "acp"
+            else Turn(self._ports, channel, ticket, agent, message.text)
+        )
         self._turns[channel] = turn
         try:
             if message.committed is not None:
@@ -363,7 +375,7 @@ class Supervisor:
 
     def _reap_now(self) -> None:
         if self.reap_adopted and self._registry.spawning == 0:
-            reaped = reap_orphans(self._registry.leader_pids())
+            reaped = reap_orphans(self._registry.leader_pids() | self._acp.pids())
             if reaped:
                 log.debug("reaped adopted processes %s", reaped)
 
@@ -523,7 +535,7 @@ class Supervisor:
         log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
         return result
 
-    def _apply(self, decision: StopDecision, *, reason: str) -> Turn | None:
+    def _apply(self, decision: StopDecision, *, reason: str) -> Turn | AcpTurn | None:
         """Carry out the kill decision at once: cancel the turn's scope, signal its group."""
         turn = self._turns.get(decision.channel)
         if turn is None or turn.turn_id != decision.stopped_turn:
@@ -534,7 +546,8 @@ class Supervisor:
         return turn
 
     async def _complete(
-        self, decision: StopDecision, turn: Turn | None, started: float, stop_seq: int, progress: _StopInProgress
+        self, decision: StopDecision, turn: Turn | AcpTurn | None, started: float, stop_seq: int,
+        progress: _StopInProgress,
     ) -> StopResult:
         channel = decision.channel
         result = StopResult(channel, decision.generation, dropped=len(decision.dropped))
@@ -550,6 +563,7 @@ class Supervisor:
                 report = turn.outcome.report
                 result.killed, result.swept = list(report.killed), list(report.swept)
                 result.kill = report.mechanism
+                result.ended = turn.ended if isinstance(turn, AcpTurn) else None
                 if report.survivors:
                     result.ok = False
                     result.error = f"processes {report.survivors} could not be confirmed dead"
@@ -751,6 +765,7 @@ class Supervisor:
                 nursery.start_soon(self._finish_shutdown_turn, turn)
             for progress in list(self._stops.values()):
                 nursery.start_soon(progress.done.wait)
+        await self._acp.close_all()  # after the turns: each cancelled its own prompt first
         self._reap_now()
 
     async def recover(self) -> Recovery:
@@ -759,7 +774,7 @@ class Supervisor:
         self.recovered = await recover(self._store, grace, STOP_NOTICE, self.cgroups)
         return self.recovered
 
-    async def _finish_shutdown_turn(self, turn: Turn) -> None:
+    async def _finish_shutdown_turn(self, turn: Turn | AcpTurn) -> None:
         with trio.move_on_after(turn.agent.limits.stop_grace + STOP_SLACK):
             await turn.done.wait()
         try:

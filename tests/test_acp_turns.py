@@ -1,0 +1,168 @@
+"""``adapter = "acp"`` turns inside a supervisor, against the fake ACP agent (tests/fakes/fake_acp.py):
+one persistent agent process per (channel, agent) serving turn after turn; entries as for any
+turn; the stop's typed cancel and the kill that always follows (``ended``: ``cancelled`` or
+``killed``); a permission decided by the policy and stored; the idle close; shutdown."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from adapters.acp import PermissionDecided, PromptEnded
+from conftest import make_config
+from supervisor import open_supervisor
+from supervisor._acp_turn import turn_event
+from supervisor._supervisor import Supervisor
+from supervisor._tree import read_stat
+from tests.fakemodel.rig import write_tool_script
+
+FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
+#: Real processes get real time.
+BOUND = 30
+
+
+def fake(folder: Path, **extra: Any) -> dict[str, Any]:
+    state = folder / "fake-state"
+    state.mkdir(exist_ok=True)
+    return {
+        "adapter": "acp", "command": [sys.executable, FAKE], "env": {"FAKE_ACP_STATE": str(state)},
+        "acp_cancel_grace": 1.0, **extra,
+    }
+
+
+def alive(pid: int) -> bool:
+    stat = read_stat(pid)
+    return stat is not None and stat.state != "Z"
+
+
+async def turn(sup: Supervisor, channel: str, text: str, agent: str | None = None) -> list[tuple[str, str]]:
+    accepted = await sup.send(channel, text, agent=agent)
+    with trio.fail_after(BOUND):
+        assert await sup.wait_idle(channel)
+    return [(e.kind, e.text) for e in await sup.entries(channel, after=accepted.seq)]
+
+
+def agent_pid(sup: Supervisor, channel: str, agent: str = "acp") -> int:
+    running = sup._acp.get((channel, agent))
+    assert running is not None
+    return running.pid
+
+
+async def wait_file(path: Path) -> int:
+    with trio.fail_after(BOUND):
+        while not path.exists() or not path.read_text().strip():
+            await trio.sleep(0.02)  # a file another process writes: polled, within a bound
+    return int(path.read_text())
+
+
+def test_prompt_ended_maps_to_the_turns_verdict() -> None:
+    assert turn_event(PromptEnded("end_turn")) is not None and turn_event(PromptEnded("end_turn")).ok  # type: ignore[union-attr]
+    refused = turn_event(PromptEnded("refusal"))
+    assert refused is not None and not refused.ok and "refusal" in refused.text  # type: ignore[union-attr]
+    assert turn_event(PromptEnded("exited", error="gone")) is None
+    decided = turn_event(PermissionDecided("touch x", "selected", "no", "reject_once"))
+    assert decided is not None and decided.text == "permission for 'touch x': rejected (reject_once)"  # type: ignore[union-attr]
+
+
+async def test_turns_share_one_agent_process_and_store_entries_as_any_turn(short_tmp: Path) -> None:
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        first = await turn(sup, "c", "[[say:hello world]] [[plan]] [[thought]]")
+        pid = agent_pid(sup, "c")
+        session = sup.session("c", "acp")
+        second = await turn(sup, "c", "[[say:again]]")
+        assert agent_pid(sup, "c") == pid, "the same process serves the next turn"
+        assert sup.todos("c", "acp")[1] == {"content": "Do the work", "status": "in_progress"}
+    # Three chunks, one message; the plan is stored; thoughts are dropped.
+    assert first[:2] == [("todos", "[x] Read the task; [~] Do the work; [ ] Report back"),
+                         ("message", "hello world (earlier: 0)")], first
+    assert not [t for _, t in first if "hmm" in t], "thoughts are dropped"
+    # The plan's unfinished todos nudge the agent, as after any turn (max_nudges = 3).
+    assert [t for k, t in first if k == "message" and t.startswith("You have 2 remaining")], first
+    assert second[0] == ("message", "again (earlier: 4)"), second  # after 1 prompt + 3 nudges
+    assert session is not None and session.startswith("fake-")
+    assert not alive(pid), "shutdown closes every agent process"
+
+
+async def test_stop_mid_tool_cancels_kills_the_tool_and_the_agent_serves_on(short_tmp: Path) -> None:
+    tool = write_tool_script(short_tmp)
+    pid_file = short_tmp / "tool.pid"
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", f"[[tool:sh {tool} {pid_file}]] [[say:never said]]")
+        child = await wait_file(pid_file)
+        grandchild = int(Path(f"{pid_file}.setsid").read_text())
+        pid = agent_pid(sup, "c")
+        with trio.fail_after(BOUND):
+            result = await sup.stop("c")
+        assert result.ok and result.ended == "cancelled", result
+        assert result.to_json()["ended"] == "cancelled"
+        assert not alive(child) and not alive(grandchild), "the fake leaves its tool running: corral kills it"
+        assert set(result.killed) >= {child, grandchild} and pid not in result.killed
+        assert alive(pid)
+        entries = [(e.kind, e.text) for e in await sup.entries("c", after=accepted.seq)]
+        assert entries[-1] == ("notice", "Execution stopped by user."), entries
+        assert not [t for _, t in entries if "never said" in t]
+        after = await turn(sup, "c", "[[say:still here]]")
+        assert agent_pid(sup, "c") == pid
+    assert after[-1] == ("message", "still here (earlier: 1)"), after
+
+
+async def test_an_agent_that_ignores_the_cancel_is_killed_whole_and_restarted_with_load(short_tmp: Path) -> None:
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        await turn(sup, "c", "[[say:one]]")
+        session = sup.session("c", "acp")
+        accepted = await sup.send("c", "[[ignore-cancel]]")
+        pid = agent_pid(sup, "c")
+        with trio.fail_after(BOUND):
+            while sup._ledger.turn_phase("c") is None or not sup._acp.get(("c", "acp")).busy:  # type: ignore[union-attr]
+                await trio.sleep(0.01)  # the prompt reaches a real process
+            result = await sup.stop("c")
+        assert result.ok and result.ended == "killed" and pid in result.killed, result
+        assert not alive(pid)
+        entries = [(e.kind, e.text) for e in await sup.entries("c", after=accepted.seq)]
+        assert entries[-1][0] == "notice"
+        after = await turn(sup, "c", "[[say:back]]")
+        assert agent_pid(sup, "c") != pid
+        assert sup.session("c", "acp") == session, "the fresh process loaded the stored session"
+    assert after[-1] == ("message", "back (earlier: 2)"), after
+
+
+async def test_a_permission_request_is_answered_by_the_policy_and_stored(short_tmp: Path) -> None:
+    agents = {"acp": fake(short_tmp), "strict": fake(short_tmp, unattended=False)}
+    config = make_config(short_tmp, agents, agent="acp")
+    async with open_supervisor(config) as sup:
+        allowed = await turn(sup, "a", "[[permission]]")
+        rejected = await turn(sup, "r", "[[permission]]", agent="strict")
+    assert ("status", "permission for 'touch allowed.txt': allowed (allow_once)") in allowed, allowed
+    assert ("status", "permission for 'touch allowed.txt': rejected (reject_once)") in rejected, rejected
+    assert any('"optionId": "no"' in t for k, t in rejected if k == "message"), rejected
+
+
+async def test_an_agent_that_dies_mid_prompt_fails_the_turn_and_restarts_on_the_next(short_tmp: Path) -> None:
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        died = await turn(sup, "c", "[[die]]")
+        after = await turn(sup, "c", "[[say:alive]]")
+    # What it said before dying is kept, as for any turn; the error says why it ended.
+    assert died[0] == ("message", "dying") and [k for k, _ in died].count("error") == 1, died
+    assert died[-1][0] == "error" and "exited (status 3)" in died[-1][1], died
+    assert after[-1] == ("message", "alive (earlier: 1)"), after
+
+
+async def test_an_idle_agent_process_is_closed_and_the_next_message_loads_its_session(short_tmp: Path) -> None:
+    config = make_config(short_tmp, {"acp": fake(short_tmp, acp_idle_timeout=0.3)})
+    async with open_supervisor(config) as sup:
+        await turn(sup, "c", "[[say:one]]")
+        pid = agent_pid(sup, "c")
+        gone = sup._acp._gone[("c", "acp")]
+        with trio.fail_after(BOUND):
+            await gone.wait()
+        assert sup._acp.get(("c", "acp")) is None and not alive(pid)
+        after = await turn(sup, "c", "[[say:two]]")
+        assert agent_pid(sup, "c") != pid
+    assert after[-1] == ("message", "two (earlier: 1)"), after
