@@ -36,7 +36,7 @@ from collections.abc import Mapping
 import trio
 
 from adapters import Adapter, get_adapter
-from adapters._base import Error, Event, Result, Status, TurnRequest
+from adapters._base import Event, Result, Status, TurnRequest
 from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, PromptEnded, acp_settings
 
 from ._acp import STOP_EXITED, AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, CancelReport, PromptStream

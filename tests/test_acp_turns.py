@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from conftest import make_config
 
 from adapters.acp import PermissionDecided, PromptEnded
-from conftest import make_config
 from supervisor import open_supervisor
 from supervisor._acp_turn import turn_event
 from supervisor._supervisor import Supervisor
