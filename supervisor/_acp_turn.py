@@ -121,6 +121,11 @@ class AcpTurn:
         return self.ticket.generation
 
     @property
+    def stop_grace(self) -> float:
+        """The longest a stop of this turn takes: the cancel's grace, then the kill."""
+        return self.settings.cancel_grace + KILL_BUDGET
+
+    @property
     def tree(self) -> ProcessTree | None:
         """The agent process's tree (shared by every turn of this channel's agent)."""
         return self._agent.tree if self._agent is not None else None

@@ -554,7 +554,7 @@ class Supervisor:
         try:
             if turn is not None:
                 result.stopped_turns.append(turn.turn_id)
-                budget = turn.agent.limits.stop_grace + STOP_SLACK
+                budget = _grace(turn) + STOP_SLACK
                 with trio.move_on_after(budget):
                     await turn.done.wait()
                 if not turn.done.is_set():
@@ -775,7 +775,7 @@ class Supervisor:
         return self.recovered
 
     async def _finish_shutdown_turn(self, turn: Turn | AcpTurn) -> None:
-        with trio.move_on_after(turn.agent.limits.stop_grace + STOP_SLACK):
+        with trio.move_on_after(_grace(turn) + STOP_SLACK):
             await turn.done.wait()
         try:
             await self._store.submit_turn_notice(
@@ -821,6 +821,11 @@ class _Acceptance:
     async def accepted_now(self) -> Accepted:
         await self.pending.committed()
         return self.accepted
+
+
+def _grace(turn: Turn | AcpTurn) -> float:
+    """How long a stopped turn may take to end before its stop calls itself failed."""
+    return turn.stop_grace if isinstance(turn, AcpTurn) else turn.agent.limits.stop_grace
 
 
 def check_channel(channel: object) -> None:

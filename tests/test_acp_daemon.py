@@ -29,7 +29,9 @@ from tests.fakemodel.rig import toml_value, write_tool_script
 pytestmark = pytest.mark.realcli
 
 STOP_GRACE = 3.0
-CANCEL_GRACE = 3.0
+#: Generous: the tests check that the agent acknowledges the cancel, not how fast a loaded
+#: machine lets it (see tests/test_acp_realcli.py).
+CANCEL_GRACE = 10.0
 #: A stop returns within the cancel grace plus this (the kill, the notice).
 STOP_MARGIN = 3.0
 
