@@ -417,6 +417,13 @@ class AcpAgent:
         log.info("agent %d: cancel %s after %.2fs, killed %s", self.pid, ended, report.dead_after, killed)
         return report
 
+    async def sweep_turn(self, budget: float = 5.0) -> tuple[list[int], list[int]]:
+        """After a prompt that ended on its own: kill what it started and left running (a
+        normal turn's leftovers are swept, as for every turn). ``(killed, survivors)``."""
+        if self.busy or self.dead or self._exited.is_set():
+            return [], []
+        return await self._kill_turn_processes(trio.current_time() + budget)
+
     def _turn_candidates(self, marked: set[ProcId]) -> set[ProcId]:
         """The processes the turn started: new descendants, and new marked escapees."""
         now = descendants(self.pid, include_self=False)

@@ -269,6 +269,12 @@ class AcpTurn:
                 stream.discard()  # the cancelled prompt's leftovers: only a session id is kept
                 log.info("[%s %s] %s: prompt %s after the cancel, killed %s", self.channel, self.turn_id,
                          self.agent.name, self.ended, report.killed)
+            elif agent is not None and stream is not None and not self.agent.limits.keep_background:
+                # A normal turn's leftovers are swept too (what the prompt started and left).
+                killed, survivors = await agent.sweep_turn(KILL_BUDGET)
+                self.outcome.report = KillReport(swept=killed, survivors=survivors)
+                if killed:
+                    log.info("[%s %s] swept what the turn left running: %s", self.channel, self.turn_id, killed)
             self._carry_out(self._account.close_text(silenced=self._silenced()))
             if not self._silenced():
                 words = self._account.last_words(self.outcome.error)

@@ -16,7 +16,7 @@ from adapters.acp import PermissionDecided, PromptEnded
 from supervisor import open_supervisor
 from supervisor._acp_turn import turn_event
 from supervisor._supervisor import Supervisor
-from supervisor._tree import read_stat
+from supervisor._tree import descendants, read_stat
 from tests.fakemodel.rig import write_tool_script
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
@@ -166,3 +166,22 @@ async def test_an_idle_agent_process_is_closed_and_the_next_message_loads_its_se
         after = await turn(sup, "c", "[[say:two]]")
         assert agent_pid(sup, "c") != pid
     assert after[-1] == ("message", "two (earlier: 1)"), after
+
+
+async def test_a_normal_turns_background_process_is_swept_and_the_agents_own_stay(short_tmp: Path) -> None:
+    pid_file = short_tmp / "bg.pid"
+    script = short_tmp / "bg.sh"
+    script.write_text(f"#!/bin/sh\nsetsid sleep 3003 </dev/null >/dev/null 2>&1 &\necho $! > {pid_file}\n")
+    agent = fake(short_tmp)
+    agent["env"] = {**agent["env"], "FAKE_ACP_HELPER": "1"}
+    config = make_config(short_tmp, {"acp": agent})
+    async with open_supervisor(config) as sup:
+        await turn(sup, "c", "[[say:warm]]")
+        running = sup._acp.get(("c", "acp"))
+        assert running is not None
+        helpers = descendants(running.pid)
+        entries = await turn(sup, "c", f"[[tool:sh {script}]] [[say:started]]")
+        background = int(pid_file.read_text())
+        assert ("message", "started (earlier: 1)") in entries, entries
+        assert not alive(background), "the background process outlived its turn"
+        assert all(alive(p.pid) for p in helpers), "what the agent started before the turn stays"
