@@ -6,15 +6,18 @@ turn; the stop's typed cancel and the kill that always follows (``ended``: ``can
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from conftest import make_config
 
 from adapters.acp import PermissionDecided, PromptEnded
 from supervisor import open_supervisor
 from supervisor._acp_turn import turn_event
+from supervisor._config import ConfigError, parse_config
 from supervisor._supervisor import Supervisor
 from supervisor._tree import descendants, read_stat
 from tests.fakemodel.rig import write_tool_script
@@ -185,3 +188,36 @@ async def test_a_normal_turns_background_process_is_swept_and_the_agents_own_sta
         assert ("message", "started (earlier: 1)") in entries, entries
         assert not alive(background), "the background process outlived its turn"
         assert all(alive(p.pid) for p in helpers), "what the agent started before the turn stays"
+
+
+def test_corral_check_names_each_bad_acp_key_with_its_fix(short_tmp: Path) -> None:
+    data = {
+        "agents": {
+            "typo": {"adapter": "acp", "preset": "gemni", "acp_cancel_grace": -1, "acp_idel_timeout": 5},
+            "bare": {"adapter": "acp"},
+        },
+        "defaults": {"agent": "typo"},
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, file="corral.toml", base=short_tmp)
+    problems = {(p.key, p.fix) for p in caught.value.problems}
+    assert ("agents.typo.preset", "did you mean 'gemini'?") in problems
+    assert ("agents.typo.acp_idel_timeout", "did you mean 'acp_idle_timeout'?") in problems
+    assert ("agents.typo.acp_cancel_grace", "write acp_cancel_grace = 3") in problems
+    assert any(key == "agents.bare.command" and "preset" in fix for key, fix in problems), problems
+
+
+def test_the_readme_acp_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Any agent that speaks ACP"):]
+    block = section[section.index("```toml\n") + 8 : section.index("```\n", section.index("```toml\n"))]
+    bin_dir = short_tmp / "bin"  # the agents' binaries, as an install would put them on PATH
+    bin_dir.mkdir()
+    for name in ("gemini", "my-agent"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    config = parse_config({**tomllib.loads(block), "defaults": {"agent": "gemini-acp"}}, base=short_tmp)
+    gemini, other = config.agents["gemini-acp"], config.agents["any-acp"]
+    assert gemini.command == ("gemini",) and gemini.options["preset"] == "gemini"
+    assert other.command == ("my-agent", "--acp")
