@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from conftest import make_config
 
 from adapters.acp import PermissionDecided, PromptEnded
@@ -20,6 +21,7 @@ from supervisor._acp_turn import turn_event
 from supervisor._config import ConfigError, parse_config
 from supervisor._supervisor import Supervisor
 from supervisor._tree import descendants, read_stat
+from supervisor.testing import Hooks
 from tests.fakemodel.rig import write_tool_script
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
@@ -221,3 +223,49 @@ def test_the_readme_acp_example_is_a_valid_config(short_tmp: Path, monkeypatch: 
     gemini, other = config.agents["gemini-acp"], config.agents["any-acp"]
     assert gemini.command == ("gemini",) and gemini.options["preset"] == "gemini"
     assert other.command == ("my-agent", "--acp")
+
+
+async def test_a_stop_before_the_point_of_no_return_sends_no_prompt(short_tmp: Path) -> None:
+    arrived, go = trio.Event(), trio.Event()
+
+    async def preparing(channel: str, turn_id: str) -> None:
+        arrived.set()
+        with trio.CancelScope(shield=True):  # parked past the stop: the ledger must refuse
+            await go.wait()
+
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config, hooks=Hooks(preparing=preparing)) as sup:
+        await sup.send("c", "[[say:must not run]] half prepared")
+        with trio.fail_after(BOUND):
+            await arrived.wait()
+        results = []
+        async with trio.open_nursery() as nursery:
+
+            async def stop() -> None:
+                results.append(await sup.stop("c"))
+
+            nursery.start_soon(stop)
+            await trio.testing.wait_all_tasks_blocked()
+            go.set()
+        assert results[0].ok and results[0].stopped_turns and results[0].ended is None, results
+        entries = [(e.kind, e.text) for e in await sup.entries("c")]
+    assert entries == [("message", "[[say:must not run]] half prepared"), ("notice", "Execution stopped by user.")]
+    histories = list((short_tmp / "fake-state").glob("*.json"))
+    assert histories == [], "the agent never saw the prompt"
+
+
+async def test_the_stop_of_one_channel_leaves_the_other_channels_agent_alone(short_tmp: Path) -> None:
+    tool = write_tool_script(short_tmp)
+    pid_file = short_tmp / "tool.pid"
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        await turn(sup, "b", "[[say:here]]")
+        other = agent_pid(sup, "b")
+        await sup.send("a", f"[[tool:sh {tool} {pid_file}]]")
+        child = await wait_file(pid_file)
+        with trio.fail_after(BOUND):
+            result = await sup.stop("a")
+        assert result.ok and not alive(child) and other not in result.killed and alive(other)
+        after = await turn(sup, "b", "[[say:still]]")
+        assert agent_pid(sup, "b") == other
+    assert after[-1] == ("message", "still (earlier: 1)")
