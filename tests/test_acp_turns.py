@@ -5,7 +5,9 @@ turn; the stop's typed cancel and the kill that always follows (``ended``: ``can
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from conftest import make_config
+from conftest import DaemonProcess, make_config
 
 from adapters.acp import PermissionDecided, PromptEnded
 from supervisor import open_supervisor
@@ -22,7 +24,7 @@ from supervisor._config import ConfigError, parse_config
 from supervisor._supervisor import Supervisor
 from supervisor._tree import descendants, read_stat
 from supervisor.testing import Hooks
-from tests.fakemodel.rig import write_tool_script
+from tests.fakemodel.rig import toml_value, write_tool_script
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 #: Real processes get real time.
@@ -269,3 +271,39 @@ async def test_the_stop_of_one_channel_leaves_the_other_channels_agent_alone(sho
         after = await turn(sup, "b", "[[say:still]]")
         assert agent_pid(sup, "b") == other
     assert after[-1] == ("message", "still (earlier: 1)")
+
+
+def test_after_kill_9_the_restart_kills_the_orphaned_agent_and_loads_its_session(short_tmp: Path) -> None:
+    table = fake(short_tmp)
+    text = (
+        '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n[agents.acp]\n'
+        + "".join(f"{key} = {toml_value(value)}\n" for key, value in table.items())
+    )
+    tool = write_tool_script(short_tmp)
+    pid_file = short_tmp / "tool.pid"
+    daemon = DaemonProcess(short_tmp, text)
+    restarted = None
+    try:
+        assert daemon.cli("send", "c", "[[say:one]]").returncode == 0
+        assert daemon.cli("wait", "c", "--timeout", str(BOUND)).returncode == 0
+        assert daemon.cli("send", "c", f"[[tool:sh {tool} {pid_file}]]").returncode == 0
+        deadline = time.monotonic() + BOUND
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline, "the tool did not start"
+            time.sleep(0.02)  # a file another process writes: polled, within a bound
+        status = json.loads(daemon.cli("--json", "status").stdout)
+        agent = status["channels"]["c"]["turn"]["pid"]
+        child = int(pid_file.read_text())
+        daemon.proc.kill()
+        daemon.proc.wait()
+        assert alive(agent) and alive(child)  # orphaned
+        restarted = DaemonProcess(short_tmp, text)
+        assert not alive(agent) and not alive(child), "ready means serving: the orphans are dead by then"
+        assert restarted.cli("send", "c", "[[say:back]]").returncode == 0
+        assert restarted.cli("wait", "c", "--timeout", str(BOUND)).returncode == 0
+        last = json.loads(restarted.cli("tail", "c", "--json").stdout.splitlines()[-1])
+        assert last["text"] == "back (earlier: 2)", "the fresh agent loaded the stored session"
+    finally:
+        if restarted is not None:
+            assert restarted.stop() == 0
+        daemon.stop()
