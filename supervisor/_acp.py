@@ -366,10 +366,20 @@ class AcpAgent:
             await self._kill_agent()
         saved = self.conn.session_id or self._saved_session
         self._saved_session = saved
-        with trio.move_on_after(self.start_timeout) as scope:
-            await self._start(self._nursery, saved)
-        if scope.cancelled_caught:
-            raise AcpAgentError(f"the agent did not reopen its session within {self.start_timeout:g}s: {self._why()}")
+        try:
+            with trio.move_on_after(self.start_timeout) as scope:
+                await self._start(self._nursery, saved)
+            if scope.cancelled_caught:
+                raise AcpAgentError(
+                    f"the agent did not reopen its session within {self.start_timeout:g}s: {self._why()}"
+                )
+        except BaseException:
+            # Half started (a stop, a failure, the timeout): no session to prompt. Kill it, so
+            # the next call starts afresh instead of taking it for a running agent.
+            with trio.CancelScope(shield=True):
+                if self.tree is not None and not self.dead:
+                    await self._kill_agent()
+            raise
         self.last_used = trio.current_time()
         self._set_idle_deadline()
         return True

@@ -307,3 +307,32 @@ def test_after_kill_9_the_restart_kills_the_orphaned_agent_and_loads_its_session
         if restarted is not None:
             assert restarted.stop() == 0
         daemon.stop()
+
+
+async def test_a_stop_while_the_agent_restarts_kills_the_half_started_process(short_tmp: Path) -> None:
+    hold = short_tmp / "hold-load"
+    agent = fake(short_tmp)
+    agent["env"] = {**agent["env"], "FAKE_ACP_HOLD_LOAD": str(hold)}
+    config = make_config(short_tmp, {"acp": agent})
+    async with open_supervisor(config) as sup:
+        await turn(sup, "c", "[[say:one]]")
+        running = sup._acp.get(("c", "acp"))
+        assert running is not None
+        first = running.pid
+        await sup.send("c", "[[ignore-cancel]]")
+        with trio.fail_after(BOUND):
+            while not running.busy:
+                await trio.sleep(0.01)  # the prompt reaches a real process
+            assert (await sup.stop("c")).ended == "killed"
+        hold.touch()  # the restart's session/load now hangs
+        await sup.send("c", "[[say:never]]")
+        with trio.fail_after(BOUND):
+            while running.pid == first:
+                await trio.sleep(0.01)  # a real process is being started
+            half = running.pid
+            result = await sup.stop("c")
+        assert result.ok and result.stopped_turns, result
+        assert not alive(half), "the half-started agent does not outlive the stop"
+        hold.unlink()
+        after = await turn(sup, "c", "[[say:back]]")
+    assert after[-1] == ("message", "back (earlier: 2)"), after
