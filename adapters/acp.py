@@ -59,13 +59,15 @@ A line that is not JSON-RPC is an :class:`Unparsed` event (logged, never fatal);
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._base import (
+    Adapter,
     Event,
     Launch,
+    Parser,
     SessionId,
     Status,
     Text,
@@ -73,9 +75,11 @@ from ._base import (
     Todos,
     ToolResult,
     ToolUse,
+    TurnRequest,
     Unparsed,
     preview,
 )
+from ._common import json_file
 from ._jsonrpc import (
     INVALID_PARAMS,
     MAX_LINE_BYTES,
@@ -542,6 +546,31 @@ class Preset:
     note: str = ""
     restart_after_cancel: bool = False
     """The agent's session is out of step after a cancel: restart it (session/load) instead."""
+    files: Callable[[TurnRequest], Mapping[str, str]] | None = None
+    """The private files a bare install needs in the agent's HOME (settings that keep it quiet)."""
+    home_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables naming a place under the agent's HOME (the value is relative to it)."""
+
+
+def _gemini_files(request: TurnRequest) -> Mapping[str, str]:
+    from . import gemini
+
+    return {gemini.SETTINGS_PATH: json_file(gemini.settings(request))}
+
+
+def _qwen_files(request: TurnRequest) -> Mapping[str, str]:
+    from . import qwen
+
+    return {qwen.SETTINGS_PATH: json_file(qwen.DEFAULT_SETTINGS)}
+
+
+def _codex_files(request: TurnRequest) -> Mapping[str, str]:
+    from . import codex
+
+    # Over ACP codex asks before running a command (``untrusted``) and corral's policy
+    # answers; full access, or its sandbox refuses what the policy allowed.
+    config = codex.config_toml(request).replace('approval_policy = "never"', 'approval_policy = "untrusted"')
+    return {f"{codex.CODEX_DIR}/config.toml": config}
 
 
 #: Known ACP agents. ``binary`` is the default command; a configured ``command`` replaces it.
@@ -558,13 +587,16 @@ PRESETS: dict[str, Preset] = {
             "NO_COLOR": "1",
         },
         "gemini >= 0.61: --acp (--experimental-acp is the deprecated spelling)",
+        files=_gemini_files,
     ),
     "qwen": Preset(
         "qwen",
         ("--acp",),
         {"QWEN_TELEMETRY_ENABLED": "false", "NO_UPDATE_NOTIFIER": "1", "NO_COLOR": "1"},
         "qwen 0.15: --acp",
+        files=_qwen_files,
     ),
+    # opencode runs bash without asking unless its config says permission.bash = "ask".
     "opencode": Preset("opencode", ("acp",), {"OPENCODE_DISABLE_AUTOUPDATE": "true"}, "opencode acp"),
     # claude-agent-acp 0.23 interrupts the query on a cancel, and the next prompt then ends at
     # once with the interrupted query's result (each later answer one prompt late): a fresh
@@ -576,7 +608,7 @@ PRESETS: dict[str, Preset] = {
         "the Zed bridge",
         restart_after_cancel=True,
     ),
-    "codex": Preset("codex-acp", (), {}, "the Zed bridge"),
+    "codex": Preset("codex-acp", (), {}, "the Zed bridge", files=_codex_files, home_env={"CODEX_HOME": ".codex"}),
 }
 
 
@@ -600,3 +632,72 @@ def preset_launch(
         raise KeyError(f"unknown ACP preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
     argv = (*(command or (preset.binary,)), *preset.args, *args)
     return Launch(argv=argv, env={**preset.env, **(env or {})}, cwd=cwd, stdin=b"", files=dict(files or {}))
+
+
+# ---------------------------------------------------------------- the adapter
+
+#: ``[agents.NAME]`` keys of ``adapter = "acp"``: ``preset`` (a key of :data:`PRESETS`: the
+#: command, environment and files a bare install needs), ``acp_cancel_grace`` (seconds a
+#: stop waits for the typed cancel's answer before killing the agent's whole tree) and
+#: ``acp_idle_timeout`` (seconds an agent process may sit idle before it is closed).
+OPTION_KEYS = frozenset({"preset", "acp_cancel_grace", "acp_idle_timeout"})
+#: Default ``acp_cancel_grace``.
+DEFAULT_CANCEL_GRACE = 3.0
+#: Default ``acp_idle_timeout``: ten minutes.
+DEFAULT_IDLE_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class AcpSettings:
+    """What an ACP agent's options mean, read totally (the config loader checked their types)."""
+
+    preset: str | None
+    cancel_grace: float
+    idle_timeout: float
+
+    @property
+    def restart_after_cancel(self) -> bool:
+        """The preset's quirk: a fresh process (session/load) after every cancel."""
+        return self.preset is not None and PRESETS[self.preset].restart_after_cancel
+
+
+def acp_settings(options: Mapping[str, object]) -> AcpSettings:
+    """The agent's ACP options, with their defaults."""
+    preset = options.get("preset")
+    grace = options.get("acp_cancel_grace", DEFAULT_CANCEL_GRACE)
+    idle = options.get("acp_idle_timeout", DEFAULT_IDLE_TIMEOUT)
+    return AcpSettings(
+        preset if isinstance(preset, str) and preset in PRESETS else None,
+        float(grace) if isinstance(grace, int | float) else DEFAULT_CANCEL_GRACE,
+        float(idle) if isinstance(idle, int | float) else DEFAULT_IDLE_TIMEOUT,
+    )
+
+
+def build_launch(request: TurnRequest) -> Launch:
+    """The agent process's launch: the preset's (if any) with the configured command and args.
+
+    Started once per (channel, agent) and kept; the prompt never goes in argv or on stdin at
+    start (it is a ``session/prompt``). The model, if configured, is not passed: ACP has no
+    portable way to choose one (use the agent's own ``args`` or settings).
+    """
+    settings = acp_settings(request.options)
+    if settings.preset is None:
+        return Launch(argv=(*request.command, *request.args), cwd=request.cwd, stdin=b"")
+    preset = PRESETS[settings.preset]
+    files = preset.files(request) if preset.files is not None else {}
+    env = {key: f"{request.home.rstrip('/')}/{rel}" for key, rel in preset.home_env.items()}
+    return preset_launch(settings.preset, cwd=request.cwd, command=request.command, args=request.args, env=env,
+                         files=files)
+
+
+def _no_line_parser(request: TurnRequest) -> Parser:
+    raise TypeError("an ACP agent's output is not parsed line by line: supervisor._acp_turn drives it")
+
+
+ADAPTER = Adapter(
+    name="acp",
+    default_command=(),
+    build_launch=build_launch,
+    new_parser=_no_line_parser,
+    option_keys=OPTION_KEYS,
+)

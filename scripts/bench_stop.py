@@ -969,6 +969,8 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
     if skipped:
         print(f"skipped: the rows of {', '.join(skipped)} (not installed here; see above)")
+    print("ACP agents (adapter = \"acp\": the typed cancel's acknowledgement, the tree dead, the stop through the"
+          " daemon, the next prompt of a warm agent against a CLI started anew): python -m scripts.bench_acp")
     if failures:
         print("FAILURES:\n  " + "\n  ".join(failures[:20]))
         return 1

@@ -192,6 +192,9 @@ class AcpAgent:
         """Things the owner should store as status entries (e.g. a session that could not load)."""
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
         self.last_used = trio.current_time()
+        self.idle_timeout = math.inf
+        """Seconds idle after which the owner closes the agent (see :meth:`watch_idle`)."""
+        self._idle_scope: trio.CancelScope | None = None
         self.dead = False
         self._send_events, self._events = trio.open_memory_channel[AcpEvent | _Exited](math.inf)
         self._write_lock = trio.Lock()
@@ -258,6 +261,7 @@ class AcpAgent:
                         self._last_end = event
                         self.last_used = trio.current_time()
                         self._prompt_done.set()
+                        self._set_idle_deadline()
                     self._send_events.send_nowait(event)
             await self._flush()
         if generation != self._generation:
@@ -286,6 +290,25 @@ class AcpAgent:
                 raise AcpAgentError(f"the agent exited (status {event.returncode}) during start-up: {self._why()}")
             if isinstance(event, (*kinds, RequestFailed)):
                 return event
+
+    def _set_idle_deadline(self) -> None:
+        """Move the idle watch's deadline: none while a prompt runs, else last use + timeout."""
+        if self._idle_scope is not None:
+            self._idle_scope.deadline = math.inf if self.busy else self.last_used + self.idle_timeout
+
+    async def watch_idle(self, closing: trio.Event) -> bool:
+        """Wait until ``closing`` is set (False) or the agent has been idle for
+        :attr:`idle_timeout` (True). One Trio deadline, moved as prompts start and end: an
+        idle agent costs no wake-ups until it is due."""
+        while not closing.is_set():
+            with trio.CancelScope() as scope:
+                self._idle_scope = scope
+                self._set_idle_deadline()
+                await closing.wait()
+            self._idle_scope = None
+            if not closing.is_set() and not self.busy and self.idle_for() >= self.idle_timeout:
+                return True
+        return False
 
     def _why(self) -> str:
         return " | ".join(self.stderr_tail) or "no output on stderr"
@@ -343,10 +366,22 @@ class AcpAgent:
             await self._kill_agent()
         saved = self.conn.session_id or self._saved_session
         self._saved_session = saved
-        with trio.move_on_after(self.start_timeout) as scope:
-            await self._start(self._nursery, saved)
-        if scope.cancelled_caught:
-            raise AcpAgentError(f"the agent did not reopen its session within {self.start_timeout:g}s: {self._why()}")
+        try:
+            with trio.move_on_after(self.start_timeout) as scope:
+                await self._start(self._nursery, saved)
+            if scope.cancelled_caught:
+                raise AcpAgentError(
+                    f"the agent did not reopen its session within {self.start_timeout:g}s: {self._why()}"
+                )
+        except BaseException:
+            # Half started (a stop, a failure, the timeout): no session to prompt. Kill it, so
+            # the next call starts afresh instead of taking it for a running agent.
+            with trio.CancelScope(shield=True):
+                if self.tree is not None and not self.dead:
+                    await self._kill_agent()
+            raise
+        self.last_used = trio.current_time()
+        self._set_idle_deadline()
         return True
 
     # ------------------------------------------------------------ a turn
@@ -363,6 +398,7 @@ class AcpAgent:
         self._prompt_done = trio.Event()
         self._last_end = None
         self.conn.prompt(text)
+        self._set_idle_deadline()
         return PromptStream(self)
 
     async def cancel(self, grace: float = CANCEL_GRACE) -> CancelReport:
@@ -390,6 +426,13 @@ class AcpAgent:
         report = CancelReport(ended, reason, acked_after, trio.current_time() - started, killed, survivors, decisions)
         log.info("agent %d: cancel %s after %.2fs, killed %s", self.pid, ended, report.dead_after, killed)
         return report
+
+    async def sweep_turn(self, budget: float = 5.0) -> tuple[list[int], list[int]]:
+        """After a prompt that ended on its own: kill what it started and left running (a
+        normal turn's leftovers are swept, as for every turn). ``(killed, survivors)``."""
+        if self.busy or self.dead or self._exited.is_set():
+            return [], []
+        return await self._kill_turn_processes(trio.current_time() + budget)
 
     def _turn_candidates(self, marked: set[ProcId]) -> set[ProcId]:
         """The processes the turn started: new descendants, and new marked escapees."""
@@ -471,6 +514,23 @@ class PromptStream:
 
     def __aiter__(self) -> PromptStream:
         return self
+
+    def discard(self) -> list[AcpEvent]:
+        """After a cancel has returned: take, without waiting, what the cancelled prompt left
+        queued (its answer included), so the next prompt's stream starts clean. The caller
+        keeps nothing of it but a session id (stop contract: leftovers are discarded)."""
+        left = list(self._queue)
+        self._queue.clear()
+        while not self._done:
+            try:
+                event = self._agent._events.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if isinstance(event, _Exited | PromptEnded):
+                self._done = True
+            if not isinstance(event, _Exited):
+                left.append(event)
+        return left
 
     async def __anext__(self) -> AcpEvent:
         agent = self._agent
@@ -575,6 +635,8 @@ class AcpSpec:
     unattended: bool = True
     restart_after_cancel: bool = False
     start_timeout: float = START_TIMEOUT
+    idle_timeout: float = math.inf
+    """Close the agent process after this long without a prompt (the next one starts it again)."""
 
 
 class AcpAgentPool:
@@ -582,8 +644,9 @@ class AcpAgentPool:
 
     What a supervisor's turn needs: :meth:`agent` before a prompt (starts the process, or
     restarts a gone one with ``session/load``), :meth:`cancel` for a stop (scoped to its key:
-    other channels' agents are never touched), :meth:`close_idle` from a periodic task, and
-    :meth:`close_all` on shutdown. Start it with ``pool = AcpAgentPool(nursery)``.
+    other channels' agents are never touched), and :meth:`close_all` on shutdown. An agent
+    idle for its spec's ``idle_timeout`` is closed by its own host task (a Trio deadline, no
+    polling). Start it with ``pool = AcpAgentPool(nursery)``.
     """
 
     def __init__(self, nursery: trio.Nursery) -> None:
@@ -627,9 +690,13 @@ class AcpAgentPool:
                 start_timeout=spec.start_timeout,
                 restart_after_cancel=spec.restart_after_cancel,
             ) as agent:
+                agent.idle_timeout = spec.idle_timeout
                 self._agents[key], self._closers[key], self._gone[key] = agent, close, gone
                 task_status.started(agent)
-                await close.wait()
+                if await agent.watch_idle(close):
+                    log.info("agent %s of %r: idle for %gs, closed", key[1], key[0], spec.idle_timeout)
+                    # Forgotten before the close begins: the next message starts a fresh one.
+                    del self._agents[key], self._closers[key], self._gone[key]
         finally:
             if self._agents.get(key) is not None and self._closers.get(key) is close:
                 del self._agents[key], self._closers[key], self._gone[key]
@@ -657,6 +724,10 @@ class AcpAgentPool:
         for key in idle:
             await self.close(key)
         return idle
+
+    def pids(self) -> set[int]:
+        """The agent processes' pids (Trio waits for them: no reaper may take them)."""
+        return {agent.tree.pid for agent in self._agents.values() if agent.tree is not None}
 
     async def close_all(self) -> None:
         """End every agent (shutdown), all at once."""

@@ -283,6 +283,23 @@ def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: b
     return argv
 
 
+def _acp_options(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | None:
+    """Check an ``adapter = "acp"`` agent's own keys; the preset's binary, if a preset is named."""
+    from adapters.acp import DEFAULT_CANCEL_GRACE, DEFAULT_IDLE_TIMEOUT, PRESETS
+
+    check.seconds(raw, "acp_cancel_grace", prefix, DEFAULT_CANCEL_GRACE)
+    check.seconds(raw, "acp_idle_timeout", prefix, DEFAULT_IDLE_TIMEOUT)
+    preset = check.string(raw, "preset", prefix)
+    if preset is None:
+        return None
+    if preset not in PRESETS:
+        close = difflib.get_close_matches(preset, sorted(PRESETS), n=1)
+        check.add(f"{prefix}preset", f"unknown ACP preset {preset!r}",
+                  f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(PRESETS))}")
+        return None
+    return PRESETS[preset].binary
+
+
 def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path | None = None) -> Config:
     """Validate a parsed TOML document; raise :class:`ConfigError` listing every problem."""
     # Imported here: a client command reads only [server] and never needs the adapters.
@@ -326,7 +343,15 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         if command == ():
             check.add(f"{prefix}command", "is empty", 'write command = ["program", "arg"]')
             command = None
-        if command is None and not adapter.default_command:
+        preset_binary = _acp_options(check, raw, prefix) if adapter_name == "acp" else None
+        if command is None and preset_binary is not None:
+            command = _check_command(check, (preset_binary,), f"{prefix}preset", False)
+        elif command is None and adapter_name == "acp":
+            if "command" not in raw and "preset" not in raw:
+                check.add(f"{prefix}command", "the acp adapter needs a command or a preset",
+                          'add preset = "gemini" (or command = ["agent", "--acp"])')
+            command = ()
+        elif command is None and not adapter.default_command:
             if "command" not in raw:
                 check.add(f"{prefix}command", f"the {adapter_name} adapter needs a command",
                           'add command = ["program"]')
@@ -346,6 +371,10 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             check.add(f"{prefix}cwd", f"{cwd} is not a directory",
                       f"mkdir -p {cwd}, or remove cwd to use a folder per channel")
         options = {k: raw[k] for k in adapter.option_keys if k in raw}
+        for key in ("acp_cancel_grace", "acp_idle_timeout"):
+            if key in options and (isinstance(options[key], bool) or not isinstance(options[key], int | float)
+                                   or not options[key] >= 0):
+                options.pop(key)  # reported above; the default stands
         if "resume_args" in options and check.strings(raw, "resume_args", prefix) is None:
             options.pop("resume_args")
         if "prompt" in options and options["prompt"] not in ("argument", "stdin"):

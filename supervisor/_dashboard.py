@@ -228,8 +228,13 @@ def list_page() -> bytes:
 
 
 def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
-    """One channel: the transcript (filled in live), the send box and the channel's Stop."""
-    options = "".join(
+    """One channel: the transcript (filled in live), the send box and the channel's Stop.
+
+    The agent chooser's first choice sends no target: the server then addresses the
+    message by its ``@mentions``, else to the channel's default agent.
+    """
+    automatic = f"@mentions, else {default}" if default else "@mentions"
+    options = f"<option value=\"\">{html.escape(automatic)}</option>" + "".join(
         f"<option value=\"{html.escape(name)}\">{html.escape(name)}"
         f"{' (default)' if name == default else ''}</option>"
         for name in agents
@@ -283,8 +288,8 @@ class Dashboard:
             await _send(peer, 200, PAGE_HEADERS, list_page())
         elif method == "GET" and len(rest) == 2 and rest[0] == "channels":
             config = self.sup.config
-            agents = sorted(config.agents, key=lambda name: name != config.default_agent)  # the default first
-            page = channel_page(rest[1], agents, config.default_agent)
+            members = list(config.members(rest[1]))  # the channel's default agent first
+            page = channel_page(rest[1], members, members[0] if members else None)
             await _send(peer, 200, PAGE_HEADERS, page)
         elif method == "GET" and rest == ["events"]:
             await stream_events(peer, self._status_events, keepalive=KEEPALIVE_SECONDS)

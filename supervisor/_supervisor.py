@@ -36,6 +36,8 @@ from typing import Any
 
 import trio
 
+from ._acp import AcpAgentPool
+from ._acp_turn import AcpTurn
 from ._catchup import Missed, catch_up_prompt
 from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._config import AgentConfig, Config
@@ -121,6 +123,9 @@ class StopResult:
     swept: list[int] = field(default_factory=list)
     kill: str | None = None
     """How the turn's tree was ended: ``"cgroup"`` or ``"sweep"`` (None: nothing was running)."""
+    ended: str | None = None
+    """An ACP turn's prompt: ``"cancelled"`` (the agent acknowledged the typed cancel) or
+    ``"killed"`` (it did not in time, or died: its whole tree was killed). None otherwise."""
     cpu_ms: float = 0.0
     """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
     dropped: int = 0
@@ -141,6 +146,7 @@ class StopResult:
             "killed": self.killed,
             "swept": self.swept,
             "kill": self.kill,
+            "ended": self.ended,
             "cpu_ms": round(self.cpu_ms, 3),
             "dropped": self.dropped,
             "notice_seq": self.notice_seq,
@@ -239,10 +245,12 @@ class Supervisor:
         self._nursery = nursery
         self._workers: set[tuple[str, str]] = set()
         """``(channel, agent)`` lanes with a worker."""
-        self._turns: dict[tuple[str, str], Turn] = {}
+        self._turns: dict[tuple[str, str], Turn | AcpTurn] = {}
         """The built turn of each ``(channel, agent)`` lane."""
         self._hops: dict[str, int] = {}
         """Each current turn's message's hop count (its hand-offs go one further)."""
+        self._acp = AcpAgentPool(nursery)
+        """The persistent ACP agent processes, one per (channel, agent); closed on shutdown."""
         self._stops: dict[str, _StopInProgress] = {}
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
@@ -438,7 +446,11 @@ class Supervisor:
             await self._end_turn_early(channel, turn_id, ticket.generation, why)
             return
         lane = (channel, agent.name)
-        turn = Turn(self._ports, channel, ticket, agent, message.text)
+        turn: Turn | AcpTurn = (
+            AcpTurn(self._ports, self._acp, channel, ticket, agent, message.text)
+            if agent.adapter == "acp"
+            else Turn(self._ports, channel, ticket, agent, message.text)
+        )
         self._turns[lane] = turn
         try:
             if message.committed is not None:
@@ -517,7 +529,7 @@ class Supervisor:
 
     def _reap_now(self) -> None:
         if self.reap_adopted and self._registry.spawning == 0:
-            reaped = reap_orphans(self._registry.leader_pids())
+            reaped = reap_orphans(self._registry.leader_pids() | self._acp.pids())
             if reaped:
                 log.debug("reaped adopted processes %s", reaped)
 
@@ -678,10 +690,10 @@ class Supervisor:
         log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
         return result
 
-    def _apply(self, decision: StopDecision, *, reason: str) -> list[Turn]:
+    def _apply(self, decision: StopDecision, *, reason: str) -> list[Turn | AcpTurn]:
         """Carry out the kill decision at once, for every stopped turn of the channel in one
         pass (no checkpoint): cancel each turn's scope, signal its group."""
-        turns = []
+        turns: list[Turn | AcpTurn] = []
         for agent, turn_id in decision.stopped_turns:
             turn = self._turns.get((decision.channel, agent))
             if turn is None or turn.turn_id != turn_id:
@@ -693,7 +705,8 @@ class Supervisor:
         return turns
 
     async def _complete(
-        self, decision: StopDecision, turns: list[Turn], started: float, stop_seq: int, progress: _StopInProgress
+        self, decision: StopDecision, turns: list[Turn | AcpTurn], started: float, stop_seq: int,
+        progress: _StopInProgress,
     ) -> StopResult:
         channel = decision.channel
         result = StopResult(channel, decision.generation, dropped=len(decision.dropped))
@@ -701,7 +714,7 @@ class Supervisor:
         try:
             # Every turn was signalled at once; their teardowns run in their own tasks, so
             # waiting on each in turn under one deadline waits for all of them together.
-            budget = max((turn.agent.limits.stop_grace for turn in turns), default=0.0) + STOP_SLACK
+            budget = max((_grace(turn) for turn in turns), default=0.0) + STOP_SLACK
             with trio.move_on_after(budget):
                 for turn in turns:
                     await turn.done.wait()
@@ -720,6 +733,10 @@ class Supervisor:
                 result.killed += report.killed
                 result.swept += report.swept
                 result.kill = result.kill or report.mechanism
+                if isinstance(stopped, AcpTurn):
+                    account["ended"] = stopped.ended
+                    # With several ACP turns, one killed outright makes the stop "killed".
+                    result.ended = "killed" if "killed" in (result.ended, stopped.ended) else stopped.ended
                 if report.survivors:
                     result.ok = False
                     result.error = f"processes {report.survivors} could not be confirmed dead"
@@ -945,6 +962,7 @@ class Supervisor:
                 nursery.start_soon(self._finish_shutdown_turn, turn)
             for progress in list(self._stops.values()):
                 nursery.start_soon(progress.done.wait)
+        await self._acp.close_all()  # after the turns: each cancelled its own prompt first
         self._reap_now()
 
     async def recover(self) -> Recovery:
@@ -953,8 +971,8 @@ class Supervisor:
         self.recovered = await recover(self._store, grace, STOP_NOTICE, self.cgroups)
         return self.recovered
 
-    async def _finish_shutdown_turn(self, turn: Turn) -> None:
-        with trio.move_on_after(turn.agent.limits.stop_grace + STOP_SLACK):
+    async def _finish_shutdown_turn(self, turn: Turn | AcpTurn) -> None:
+        with trio.move_on_after(_grace(turn) + STOP_SLACK):
             await turn.done.wait()
         try:
             await self._store.submit_turn_notice(
@@ -1000,6 +1018,11 @@ class _Acceptance:
     async def accepted_now(self) -> Accepted:
         await self.pending.committed()
         return self.accepted
+
+
+def _grace(turn: Turn | AcpTurn) -> float:
+    """How long a stopped turn may take to end before its stop calls itself failed."""
+    return turn.stop_grace if isinstance(turn, AcpTurn) else turn.agent.limits.stop_grace
 
 
 def check_channel(channel: object) -> None:

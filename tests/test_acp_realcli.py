@@ -29,7 +29,12 @@ pytestmark = pytest.mark.realcli
 
 #: Real processes get real time.
 BOUND = 120
-CANCEL_GRACE = 3.0
+#: The grace the tests give a cancel's acknowledgement: generous, because what is tested is
+#: that the agent acknowledges, not how fast a loaded machine lets it. claude-agent-acp 0.23
+#: answers ``cancelled`` only once the Claude Code process it drives has handled the
+#: interrupt and emitted its result (a round trip through a second node process): on two
+#: cores shared with other work that took over the production default of 3 s now and then.
+CANCEL_GRACE = 15.0
 
 #: Agents whose ``session/load`` cannot resume here, and why (corral falls back to a new
 #: session with a notice). gemini 0.61's ACP loadSession starts recording the session under

@@ -58,7 +58,12 @@ def test_by_type_calls_the_handler_of_the_line_type_and_none_for_an_unknown_one(
     assert by_type(table, parser, {"type": 3}, "L") is None
 
 
-@pytest.mark.parametrize("name", sorted(KNOWN_ADAPTERS))
+#: Adapters whose agents are not read line by line (``acp``: a JSON-RPC connection, driven by
+#: supervisor._acp_turn), so they have no parser.
+NO_LINE_PARSER = {"acp"}
+
+
+@pytest.mark.parametrize("name", sorted(set(KNOWN_ADAPTERS) - NO_LINE_PARSER))
 def test_every_parser_has_feed_stderr_and_a_blank_line_gives_nothing(name: str) -> None:
     parser = get_adapter(name).new_parser(_request(name))
     assert inspect.ismethod(parser.feed_stderr)
@@ -80,3 +85,9 @@ def test_a_repeated_stale_session_message_on_stderr_is_one_stale_session(name: s
     assert [type(e) for e in first] == [StaleSession]
     assert parser.feed_stderr(line) == []
     assert parser.finish(1, interrupted=False) == []
+
+
+def test_an_adapter_without_a_line_parser_says_what_drives_it() -> None:
+    for name in NO_LINE_PARSER:
+        with pytest.raises(TypeError, match="_acp_turn"):
+            get_adapter(name).new_parser(_request(name))

@@ -69,8 +69,12 @@ token_file = "corral.token"
 [store]
 path = "corral.db"
 [defaults]
+agent = "demo"
 stop_grace = 2
 [agents.demo]
+adapter = "demo"
+delay = 0.01
+[agents.reviewer]
 adapter = "demo"
 delay = 0.01
 """)
@@ -192,6 +196,26 @@ def test_send_a_message_and_see_the_reply_stream_in(browser: Browser, daemon: Da
     expect(page.get_by_role("textbox", name="Message")).to_have_value("")
     page.get_by_role("link", name="corral").click()
     expect(page.get_by_role("link", name="talk", exact=True)).to_be_visible()
+    context.close()
+
+
+def test_a_message_goes_by_its_mentions_or_to_the_chosen_agent(browser: Browser, daemon: DashboardDaemon) -> None:
+    context, page = _logged_in(browser, daemon)
+    _channel(page, daemon, "address")
+    box = page.get_by_role("textbox", name="Message")
+    box.fill("@reviewer have a look")  # the chooser's first choice: by @mentions, else the default
+    page.get_by_role("button", name="Send").click()
+    replies = page.locator("#transcript > li.author-agent.kind-message")
+    expect(replies).to_have_count(1)
+    expect(replies.locator(".author")).to_have_text([re.compile("reviewer")])
+    page.get_by_label("Agent").select_option("demo")  # an explicit target: no mention needed
+    box.fill("and you, please")
+    page.get_by_role("button", name="Send").click()
+    expect(replies).to_have_count(2)
+    expect(replies.nth(1).locator(".author")).to_have_text(re.compile("demo"))
+    messages = [e for e in daemon.tail("address") if e["kind"] == "message"]
+    assert [e["author"].split(":")[0] for e in messages] == ["human", "agent", "human", "agent"]
+    assert [e["author"] for e in messages][1::2] == ["agent:reviewer", "agent:demo"]
     context.close()
 
 
@@ -366,7 +390,7 @@ def test_the_list_shows_each_agents_state_live_and_stop_all_is_acknowledged(
         )
         assert match, ack.text_content()
         assert [int(match[i]) for i in (2, 3, 4)] == [len(result["killed"]), len(result["swept"]), result["dropped"]]
-        expect(running.locator(".agent-state")).to_have_text(["idle", "idle"])
+        expect(running.locator(".agent-state")).to_have_text(["demo: idle", "demo: idle"])
         expect(page.locator("#running")).to_have_text("0")
     finally:
         daemon.cli("stop", "--all")

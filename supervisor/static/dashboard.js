@@ -235,7 +235,7 @@
       if (!text.trim()) return;
       submit.disabled = true;
       try {
-        const { response, result } = await post(`${path}/messages`, { text, agent: agent.value });
+        const { response, result } = await post(`${path}/messages`, agent.value ? { text, to: [agent.value] } : { text });
         if (response.ok) {
           field.value = "";
           error.textContent = "";

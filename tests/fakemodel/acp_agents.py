@@ -132,6 +132,45 @@ def _opencode(url: str, cwd: str, home: str) -> Launch:
     )
 
 
+def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
+    """The ``[agents.NAME]`` table of a daemon's ``adapter = "acp"`` agent: the preset, the
+    installed binary, the environment that points it at the fake server at ``url``. What the
+    preset cannot know (a fake provider) goes in files under ``folder``, named by ``env``."""
+    table: dict[str, object] = {"adapter": "acp", "preset": name, "command": [str(acp_binary(name))]}
+    if name == "gemini":
+        table["env"] = gemini_api.agent_env(url)
+    elif name == "qwen":
+        table["args"] = ["--auth-type", "openai"]
+        table["env"] = openai_chat.agent_env(url)
+    elif name == "claude":
+        table["env"] = anthropic.agent_env(url)
+    elif name == "codex":
+        # codex reads its provider from $CODEX_HOME/config.toml: the preset's (no provider)
+        # is replaced by one naming the fake server.
+        from adapters._base import TurnRequest
+        from adapters.codex import config_toml
+
+        codex_home = folder / "codex-home"
+        codex_home.mkdir(exist_ok=True)
+        request = TurnRequest(
+            prompt="", channel="", turn_id="", agent="codex", command=(), options=openai_responses.agent_options(url)
+        )
+        config = config_toml(request).replace('approval_policy = "never"', 'approval_policy = "untrusted"')
+        (codex_home / "config.toml").write_text(config)
+        table["env"] = {**openai_responses.agent_env(url), "CODEX_HOME": str(codex_home)}
+    elif name == "opencode":
+        config_file = folder / "opencode.json"
+        config_file.write_text(_json(opencode_config(url)))
+        table["env"] = {
+            "OPENCODE_CONFIG": str(config_file),
+            "OPENCODE_DISABLE_MODELS_FETCH": "true",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "true",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "true",
+            "OPENCODE_DISABLE_SHARE": "true",
+        }
+    return table
+
+
 @dataclass(frozen=True)
 class AcpAgentSpec:
     """One real ACP agent and its fake model server."""

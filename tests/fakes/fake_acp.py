@@ -21,7 +21,8 @@ Sessions are remembered in ``$FAKE_ACP_STATE/<id>.json`` (default: the cwd), so 
 process can ``session/load`` one; the answer then says how many earlier prompts it found
 (``earlier: N``). ``FAKE_ACP_NO_LOAD=1`` hides the loadSession capability;
 ``FAKE_ACP_HELPER=1`` starts a long ``sleep`` at start-up, like an MCP server a real agent
-starts before any turn (it must survive a cancel).
+starts before any turn (it must survive a cancel). ``FAKE_ACP_HOLD_LOAD=PATH`` holds every
+``session/load`` answer while PATH exists (a slow restart).
 """
 
 from __future__ import annotations
@@ -222,6 +223,9 @@ def main() -> None:
             send({"id": rid, "result": {"sessionId": "fake-" + uuid.uuid4().hex[:12]}})
         elif method == "session/load":
             sid = params.get("sessionId")
+            hold = os.environ.get("FAKE_ACP_HOLD_LOAD")
+            while hold and Path(hold).exists():
+                time.sleep(0.02)
             if os.environ.get("FAKE_ACP_NO_LOAD") == "1" or not (state_dir() / f"{sid}.json").exists():
                 send({"id": rid, "error": {"code": -32002, "message": f"session {sid} not found"}})
                 continue
