@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Where a stop-all spends corral's CPU: cProfile of one ``stop_all`` of N busy light turns.
+
+Run it from the repository root as ``.venv/bin/python -m scripts.profile_stop`` (``--channels
+N``, default 200; ``--kill cgroup|sweep``; ``--top K`` rows of each table). It runs an embedded
+supervisor the way ``corral run`` does (child subreaper, owns its children), starts the
+light tree of ``scripts.bench_stop`` (a shell, a ``sleep`` in its group and a ``setsid sleep``)
+in every channel, waits until each says "tool running", then profiles one ``stop_all``:
+wall time, the process's CPU (all threads: what the stop result's ``cpu_ms`` counts) and
+the main thread's, and the functions by own time and by cumulative time. No HTTP, so
+what is left is the stop path itself (the store's writer thread shows in the process CPU,
+not in the profile, which covers the main thread only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from supervisor import open_supervisor, parse_config
+
+LIGHT_SCRIPT = 'sleep 600 & setsid sleep 600 & echo "tool running"; wait'
+
+
+async def run(channels: int, kill: str, top: int, profiling: bool = True) -> int:
+    folder = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))
+    config = parse_config(
+        {
+            "server": {"socket": "corral.sock", "cgroup": "auto" if kill == "cgroup" else "off"},
+            "store": {"path": "corral.db"},
+            "defaults": {"stop_grace": 2, "agent": "light"},
+            "agents": {"light": {"adapter": "generic", "command": ["/bin/sh", "-c", LIGHT_SCRIPT, "sh"]}},
+        },
+        file=str(folder / "corral.toml"),
+        base=folder,
+    )
+    async with open_supervisor(config, subreaper=True, owns_children=True) as sup:
+        if kill == "cgroup" and sup.cgroups is None:
+            print("no writable cgroup v2 here: use --kill sweep")
+            return 1
+        names = [f"p{i}" for i in range(channels)]
+
+        async def ready(channel: str) -> None:
+            async for entry in sup.follow(channel):
+                if "tool running" in entry.text:
+                    return
+
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(ready, name)
+            for name in names:
+                await sup.send(name, "go")
+        print(f"{channels} light trees ready in {(time.perf_counter() - t0) * 1000:.0f} ms ({kill})")
+        profile = cProfile.Profile()
+        wall, cpu, main = time.perf_counter(), time.process_time(), time.thread_time()
+        if profiling:
+            profile.enable()
+        result = await sup.stop_all()
+        profile.disable()
+        if os.environ.get("PROFILE_OUT"):
+            profile.dump_stats(os.environ["PROFILE_OUT"])
+        wall = (time.perf_counter() - wall) * 1000
+        cpu = (time.process_time() - cpu) * 1000
+        main = (time.thread_time() - main) * 1000
+        turns = len(result.stopped_turns) or 1
+        print(
+            f"stop-all of {turns} turns: {wall:.1f} ms wall, CPU {cpu:.1f} ms all threads"
+            f" ({cpu / turns:.3f} ms per turn), {main:.1f} ms main thread; ok={result.ok}"
+            f" kill={result.kill} killed={len(result.killed)} swept={len(result.swept)}"
+        )
+        for order in ("tottime", "cumulative") if profiling else ():
+            out = io.StringIO()
+            pstats.Stats(profile, stream=out).sort_stats(order).print_stats(top)
+            print(f"\n---- by {order} (the main thread, under cProfile: slower than unprofiled)")
+            print("\n".join(out.getvalue().splitlines()[6:]))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--channels", type=int, default=200)
+    parser.add_argument("--kill", choices=("cgroup", "sweep"), default="cgroup")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--no-profile", action="store_true", help="time the stop-all without cProfile")
+    args = parser.parse_args()
+    return trio.run(run, args.channels, args.kill, args.top, not args.no_profile)
+
+
+if __name__ == "__main__":
+    os.environ.pop("CORRAL_TURN", None)
+    sys.exit(main())
