@@ -28,6 +28,25 @@ import trio
 
 from supervisor import open_supervisor, parse_config
 
+class TaskCpu(trio.abc.Instrument):
+    """CPU (this thread's) and steps per task, by the task's name: which tasks a stop wakes, how often."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.steps: dict[str, int] = {}
+        self._at: float | None = None
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._at = time.thread_time()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._at is None:  # the step that added the instrument: begun before it
+            return
+        name = task.coro.cr_code.co_qualname if hasattr(task.coro, "cr_code") else task.name
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.thread_time() - self._at
+        self.steps[name] = self.steps.get(name, 0) + 1
+
+
 LIGHT_SCRIPT = 'sleep 600 & setsid sleep 600 & echo "tool running"; wait'
 
 
@@ -62,22 +81,35 @@ async def run(channels: int, kill: str, top: int, profiling: bool = True) -> int
                 await sup.send(name, "go")
         print(f"{channels} light trees ready in {(time.perf_counter() - t0) * 1000:.0f} ms ({kill})")
         profile = cProfile.Profile()
-        wall, cpu, main = time.perf_counter(), time.process_time(), time.thread_time()
+        wall, cpu, main, times = time.perf_counter(), time.process_time(), time.thread_time(), os.times()
+        tasks = TaskCpu()
         if profiling:
             profile.enable()
+        else:
+            trio.lowlevel.add_instrument(tasks)
         result = await sup.stop_all()
         profile.disable()
+        if not profiling:
+            trio.lowlevel.remove_instrument(tasks)
         if os.environ.get("PROFILE_OUT"):
             profile.dump_stats(os.environ["PROFILE_OUT"])
         wall = (time.perf_counter() - wall) * 1000
         cpu = (time.process_time() - cpu) * 1000
         main = (time.thread_time() - main) * 1000
+        after = os.times()
+        user, system = (after.user - times.user) * 1000, (after.system - times.system) * 1000
         turns = len(result.stopped_turns) or 1
         print(
             f"stop-all of {turns} turns: {wall:.1f} ms wall, CPU {cpu:.1f} ms all threads"
-            f" ({cpu / turns:.3f} ms per turn), {main:.1f} ms main thread; ok={result.ok}"
+            f" ({cpu / turns:.3f} ms per turn; user {user:.0f}, system {system:.0f}), {main:.1f} ms main thread;"
+            f" ok={result.ok}"
             f" kill={result.kill} killed={len(result.killed)} swept={len(result.swept)}"
         )
+        if not profiling:
+            total = sum(tasks.cpu.values()) * 1000
+            print(f"task steps: {sum(tasks.steps.values())}, {total:.1f} ms in steps (instrumented), by task:")
+            for name, spent in sorted(tasks.cpu.items(), key=lambda kv: -kv[1]):
+                print(f"  {spent * 1000:7.1f} ms {tasks.steps[name]:6d} steps  {name}")
         for order in ("tottime", "cumulative") if profiling else ():
             out = io.StringIO()
             pstats.Stats(profile, stream=out).sort_stats(order).print_stats(top)

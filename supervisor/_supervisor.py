@@ -17,7 +17,7 @@ import difflib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +34,7 @@ from ._ledger import QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
 from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
+from ._teardown import TreeBatch
 from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
@@ -481,6 +482,7 @@ class Supervisor:
                 self._registry.settle(channel)
             fresh = [d for d in batch.decisions if not d.repeat]
             turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in fresh}
+            together = self._end_together(turns.values())
             results: list[StopResult | None] = [None] * len(batch.decisions)
 
             async def one(i: int, decision: StopDecision) -> None:
@@ -495,11 +497,24 @@ class Supervisor:
                     )
 
             async with trio.open_nursery() as nursery:
+                if together is not None:
+                    nursery.start_soon(together.run)
                 for i, decision in enumerate(batch.decisions):
                     nursery.start_soon(one, i, decision)
         done = [r for r in results if r is not None]
         assert len(done) == len(results), "every decision has its result"
         return done
+
+    def _end_together(self, turns: Iterable[Turn | None]) -> TreeBatch | None:
+        """One batch ends the cgroup trees of the stopped turns, all at once (see ``_teardown``)."""
+        watcher = self.cgroups.watcher if self.cgroups is not None else None
+        if watcher is None or not watcher.running:
+            return None
+        together = TreeBatch(watcher)
+        for turn in turns:
+            if turn is not None and turn.tree is not None:
+                together.add(turn.tree, turn.agent.limits.stop_grace)
+        return together if len(together) else None
 
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
         """The record could not be stored (the ledger's stop is undone); nothing was killed."""

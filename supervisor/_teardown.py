@@ -1,0 +1,164 @@
+"""Ending the cgroup trees of a stop-all together: one task, one pass per step.
+
+A stop of one turn ends its tree in the turn's own teardown (:meth:`ProcessTree.terminate`,
+then :meth:`ProcessTree.sweep`): a wait for the leader, ``cgroup.kill``, a wait for the
+cgroup to empty, the leader reaped, the cgroup removed — half a dozen Trio waits, each a
+wake-up of that turn's task. A stop-all of 200 turns multiplied that by 200, and the
+wake-ups, not the kernel, were most of corral's CPU per stopped turn. So a stop-all hands
+every cgroup tree it interrupted (:meth:`ProcessTree.hand_over`) to one :class:`TreeBatch`,
+which does each step for all of them at once:
+
+1. **grace**: every leader's pidfd in one epoll set of the batch's own, waited on as one
+   file; at each wake-up the trees whose leader has exited, or whose ``stop_grace`` is up,
+   get their ``cgroup.kill`` in one pass (a leader that saves its session on the interrupt
+   is given its grace; the others are not held up by it);
+2. **empty**: the ``cgroup.events`` files of all killed cgroups watched through the root's
+   one inotify instance, one wake-up per change of any of them (never polled in a loop);
+3. **reap and remove**: escapees that re-parented to corral reaped by identity, each leader
+   reaped last (its zombie held the group id), each empty cgroup removed, each tree's
+   :class:`KillReport` written — the same report as the one-turn path's.
+
+The turns' teardowns wait for the batch's ``done`` and carry on (drain, notice) as before.
+A tree whose own teardown had already begun (a turn ending on its own, a timeout) is not
+taken: it ends as it was. Sweep trees (no cgroup) end on their own: their sweep shares a
+marker scan already (:class:`MarkerScanner`).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+from dataclasses import dataclass
+
+import trio
+
+from ._cgroup import Watcher
+from ._tree import ProcessTree
+
+#: How long the batch waits for a killed cgroup to empty (as :meth:`ProcessTree.sweep`'s budget).
+EMPTY_BUDGET = 5.0
+
+
+@dataclass(slots=True)
+class _Member:
+    tree: ProcessTree
+    grace: float
+    deadline: float = 0.0
+    """Grace: when it is killed whatever its leader does. Killed: when waiting for it ends."""
+    emptied: bool = False
+
+
+class TreeBatch:
+    """The cgroup trees of one stop-all, ended together by :meth:`run` (one task)."""
+
+    def __init__(self, watcher: Watcher, *, budget: float = EMPTY_BUDGET) -> None:
+        self.watcher = watcher
+        """The store's shared inotify instance; it must be running (:meth:`Watcher.run`)."""
+        self.budget = budget
+        self.done = trio.Event()
+        """Set once every tree of the batch is ended (or given up on: see its report)."""
+        self._members: list[_Member] = []
+
+    def add(self, tree: ProcessTree, grace: float) -> bool:
+        """Take over ending ``tree`` (already interrupted); False if it ends on its own."""
+        if not tree.hand_over(self.done):
+            return False
+        self._members.append(_Member(tree, grace))
+        return True
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    async def run(self) -> None:
+        """End every tree: grace, ``cgroup.kill``, wait for empty, reap, remove. Run it shielded."""
+        try:
+            killed = await self._grace()
+            await self._wait_empty(killed)
+            for member in killed:
+                tree = member.tree
+                tree.reap_escapees()
+                if tree.process.returncode is None:  # a leader killed before it entered its cgroup
+                    with trio.move_on_at(member.deadline):
+                        await tree.process.wait()
+                tree.close_cgroup(member.emptied)
+        finally:
+            self.done.set()
+
+    async def _grace(self) -> list[_Member]:
+        """Kill each tree once its leader has exited or its grace is up; all of them, in passes."""
+        start = trio.current_time()
+        killed: list[_Member] = []
+        waiting: dict[int, _Member] = {}
+        poll = select.epoll()
+        try:
+            for member in self._members:
+                member.deadline = start + member.grace
+                tree = member.tree
+                fd = -1
+                if tree.process.returncode is None:
+                    try:
+                        fd = os.pidfd_open(tree.pid)
+                    except OSError:
+                        fd = -1
+                if fd < 0:
+                    self._kill(member, killed)
+                    continue
+                poll.register(fd, select.EPOLLIN)
+                waiting[fd] = member
+            while waiting:
+                now = trio.current_time()
+                ready = {fd for fd, _ in poll.poll(0)}
+                for fd in [fd for fd, m in waiting.items() if fd in ready or m.deadline <= now]:
+                    member = waiting.pop(fd)
+                    poll.unregister(fd)
+                    os.close(fd)
+                    self._kill(member, killed)
+                if waiting:
+                    with trio.move_on_at(min(m.deadline for m in waiting.values())):
+                        await trio.lowlevel.wait_readable(poll.fileno())
+        finally:
+            for fd in waiting:
+                os.close(fd)
+            trio.lowlevel.notify_closing(poll.fileno())
+            poll.close()
+        return killed
+
+    def _kill(self, member: _Member, killed: list[_Member]) -> None:
+        member.tree.kill_group()
+        member.deadline = trio.current_time() + self.budget
+        killed.append(member)
+
+    async def _wait_empty(self, killed: list[_Member]) -> None:
+        """Wait until every killed cgroup says ``populated 0``, or its deadline passes."""
+        watcher = self.watcher
+        watches: list[int] = []
+        try:
+            for member in killed:
+                cgroup = member.tree.cgroup
+                assert cgroup is not None
+                try:
+                    watches.append(watcher.add(os.path.join(cgroup.path, "cgroup.events")))
+                except OSError:
+                    pass  # gone already (then it is empty), or no watch: its deadline bounds it
+            left = killed
+            while True:
+                changed = watcher.changed_any(watches)  # registered before the reads below
+                try:
+                    now = trio.current_time()
+                    still = []
+                    for member in left:
+                        assert member.tree.cgroup is not None
+                        if not member.tree.cgroup.populated():
+                            member.emptied = True
+                        elif member.deadline > now:
+                            still.append(member)
+                    left = still
+                    if not left:
+                        return
+                    with trio.move_on_at(min(m.deadline for m in left)):
+                        await changed.wait()
+                finally:
+                    watcher.forget(changed)
+        finally:
+            for wd in watches:
+                watcher.remove(wd)
