@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import os
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -47,10 +49,29 @@ class TaskCpu(trio.abc.Instrument):
         self.steps[name] = self.steps.get(name, 0) + 1
 
 
+class GcTime:
+    """Collections of the cyclic garbage collector, and the time they took."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self.by_generation: dict[int, int] = {}
+        self._at = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._at = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._at
+            gen = info.get("generation", -1)
+            self.by_generation[gen] = self.by_generation.get(gen, 0) + 1
+
+
 LIGHT_SCRIPT = 'sleep 600 & setsid sleep 600 & echo "tool running"; wait'
 
 
-async def run(channels: int, kill: str, top: int, profiling: bool = True) -> int:
+async def run(channels: int, kill: str, top: int, profiling: bool = True, repeat: int = 1) -> int:
     folder = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))
     config = parse_config(
         {
@@ -62,59 +83,70 @@ async def run(channels: int, kill: str, top: int, profiling: bool = True) -> int
         file=str(folder / "corral.toml"),
         base=folder,
     )
+    per_turn: list[float] = []
     async with open_supervisor(config, subreaper=True, owns_children=True) as sup:
         if kill == "cgroup" and sup.cgroups is None:
             print("no writable cgroup v2 here: use --kill sweep")
             return 1
-        names = [f"p{i}" for i in range(channels)]
+        for round_ in range(repeat):
+            names = [f"p{round_}-{i}" for i in range(channels)]
 
-        async def ready(channel: str) -> None:
-            async for entry in sup.follow(channel):
-                if "tool running" in entry.text:
-                    return
+            async def ready(channel: str) -> None:
+                async for entry in sup.follow(channel):
+                    if "tool running" in entry.text:
+                        return
 
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(ready, name)
-            for name in names:
-                await sup.send(name, "go")
-        print(f"{channels} light trees ready in {(time.perf_counter() - t0) * 1000:.0f} ms ({kill})")
-        profile = cProfile.Profile()
-        wall, cpu, main, times = time.perf_counter(), time.process_time(), time.thread_time(), os.times()
-        tasks = TaskCpu()
-        if profiling:
-            profile.enable()
-        else:
-            trio.lowlevel.add_instrument(tasks)
-        result = await sup.stop_all()
-        profile.disable()
-        if not profiling:
-            trio.lowlevel.remove_instrument(tasks)
-        if os.environ.get("PROFILE_OUT"):
-            profile.dump_stats(os.environ["PROFILE_OUT"])
-        wall = (time.perf_counter() - wall) * 1000
-        cpu = (time.process_time() - cpu) * 1000
-        main = (time.thread_time() - main) * 1000
-        after = os.times()
-        user, system = (after.user - times.user) * 1000, (after.system - times.system) * 1000
-        turns = len(result.stopped_turns) or 1
-        print(
-            f"stop-all of {turns} turns: {wall:.1f} ms wall, CPU {cpu:.1f} ms all threads"
-            f" ({cpu / turns:.3f} ms per turn; user {user:.0f}, system {system:.0f}), {main:.1f} ms main thread;"
-            f" ok={result.ok}"
-            f" kill={result.kill} killed={len(result.killed)} swept={len(result.swept)}"
-        )
-        if not profiling:
-            total = sum(tasks.cpu.values()) * 1000
-            print(f"task steps: {sum(tasks.steps.values())}, {total:.1f} ms in steps (instrumented), by task:")
-            for name, spent in sorted(tasks.cpu.items(), key=lambda kv: -kv[1]):
-                print(f"  {spent * 1000:7.1f} ms {tasks.steps[name]:6d} steps  {name}")
-        for order in ("tottime", "cumulative") if profiling else ():
-            out = io.StringIO()
-            pstats.Stats(profile, stream=out).sort_stats(order).print_stats(top)
-            print(f"\n---- by {order} (the main thread, under cProfile: slower than unprofiled)")
-            print("\n".join(out.getvalue().splitlines()[6:]))
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for name in names:
+                    nursery.start_soon(ready, name)
+                for name in names:
+                    await sup.send(name, "go")
+            print(f"{channels} light trees ready in {(time.perf_counter() - t0) * 1000:.0f} ms ({kill})")
+            profile = cProfile.Profile()
+            tasks = TaskCpu()
+            wall, cpu, main, times = time.perf_counter(), time.process_time(), time.thread_time(), os.times()
+            if profiling:
+                profile.enable()
+            else:
+                trio.lowlevel.add_instrument(tasks)
+            collections = GcTime()
+            gc.callbacks.append(collections)
+            result = await sup.stop_all()
+            gc.callbacks.remove(collections)
+            profile.disable()
+            if not profiling:
+                trio.lowlevel.remove_instrument(tasks)
+            wall = (time.perf_counter() - wall) * 1000
+            cpu = (time.process_time() - cpu) * 1000
+            main = (time.thread_time() - main) * 1000
+            after = os.times()
+            user, system = (after.user - times.user) * 1000, (after.system - times.system) * 1000
+            turns = len(result.stopped_turns) or 1
+            per_turn.append(cpu / turns)
+            print(
+                f"stop-all of {turns} turns: {wall:.1f} ms wall, CPU {cpu:.1f} ms all threads"
+                f" ({cpu / turns:.3f} ms per turn; user {user:.0f}, system {system:.0f}), {main:.1f} ms main thread;"
+                f" ok={result.ok} kill={result.kill} killed={len(result.killed)} swept={len(result.swept)};"
+                f" load {os.getloadavg()[0]:.2f}"
+            )
+            print(f"garbage collections during it: {collections.count} (by generation {collections.by_generation}),"
+                  f" {collections.seconds * 1000:.1f} ms; objects tracked: {len(gc.get_objects())}")
+            if not profiling:
+                total = sum(tasks.cpu.values()) * 1000
+                print(f"task steps: {sum(tasks.steps.values())}, {total:.1f} ms in steps (instrumented), by task:")
+                for name, spent in sorted(tasks.cpu.items(), key=lambda kv: -kv[1]):
+                    print(f"  {spent * 1000:7.1f} ms {tasks.steps[name]:6d} steps  {name}")
+            if profiling and os.environ.get("PROFILE_OUT"):
+                profile.dump_stats(os.environ["PROFILE_OUT"])
+            for order in ("tottime", "cumulative") if profiling else ():
+                out = io.StringIO()
+                pstats.Stats(profile, stream=out).sort_stats(order).print_stats(top)
+                print(f"\n---- by {order} (the main thread, under cProfile: slower than unprofiled)")
+                print("\n".join(out.getvalue().splitlines()[6:]))
+    if repeat > 1:
+        print(f"CPU per stopped turn over {repeat} rounds: min {min(per_turn):.3f}, median"
+              f" {statistics.median(per_turn):.3f} ms")
     return 0
 
 
@@ -123,9 +155,11 @@ def main() -> int:
     parser.add_argument("--channels", type=int, default=200)
     parser.add_argument("--kill", choices=("cgroup", "sweep"), default="cgroup")
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--no-profile", action="store_true", help="time the stop-all without cProfile")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="no cProfile: time the stop-all and show the CPU of each kind of task (an Instrument)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds (fresh trees each), then min and median")
     args = parser.parse_args()
-    return trio.run(run, args.channels, args.kill, args.top, not args.no_profile)
+    return trio.run(run, args.channels, args.kill, args.top, not args.no_profile, args.repeat)
 
 
 if __name__ == "__main__":

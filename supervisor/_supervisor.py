@@ -13,6 +13,7 @@ before anything is killed: ``ledger.abort_stop`` puts the channel back as it was
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
@@ -34,7 +35,7 @@ from ._ledger import QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
 from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
-from ._teardown import TreeBatch
+from ._teardown import CollectorPause, TreeBatch
 from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
@@ -163,6 +164,8 @@ class Supervisor:
         owns_children: bool = False,
     ) -> None:
         self._hooks = hooks or Hooks()
+        self._collector = CollectorPause() if owns_children else contextlib.nullcontext()
+        """Pauses the garbage collector during stops, where the process is corral's (see ``_teardown``)."""
         self.reap_adopted = subreaper and owns_children
         """Every child of this process is corral's: reap dead adoptees after each turn."""
         self._reap_scheduled = False
@@ -461,7 +464,7 @@ class Supervisor:
     async def _stop(self, batch: _StopBatch, started: float) -> list[StopResult]:
         """Await the record, then kill, tear down and post the notices. Shielded: once the
         generation has moved, the stop is carried out (or undone) whatever the caller does."""
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True), self._collector:
             failure: str | None = None
             if batch.write is not None:
                 try:

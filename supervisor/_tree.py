@@ -523,7 +523,8 @@ class ProcessTree:
         empty the cgroup would hold every such stop for the whole grace, for nothing.
         """
         if self._ended_by is not None:
-            await self._ended_by.wait()
+            if not self._ended_by.is_set():
+                await self._ended_by.wait()
             return
         self._ending = True
         if self.cgroup is not None:
@@ -544,7 +545,8 @@ class ProcessTree:
     async def sweep(self, scanner: MarkerScanner, *, budget: float = 5.0) -> None:
         """Kill every remaining process of the turn, and wait until they are gone."""
         if self._ended_by is not None:
-            await self._ended_by.wait()
+            if not self._ended_by.is_set():  # (no checkpoint when it is: nothing to wait for)
+                await self._ended_by.wait()
             return
         self._ending = True
         deadline = trio.current_time() + budget
