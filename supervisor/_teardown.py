@@ -36,6 +36,7 @@ marker scan already (:class:`MarkerScanner`).
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import select
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ import trio
 
 from ._cgroup import Watcher
 from ._tree import ProcessTree
+
+log = logging.getLogger("corral.teardown")
 
 #: How long the batch waits for a killed cgroup to empty (as :meth:`ProcessTree.sweep`'s budget).
 EMPTY_BUDGET = 5.0
@@ -56,6 +59,8 @@ class _Member:
     deadline: float = 0.0
     """Grace: when it is killed whatever its leader does. Killed: when waiting for it ends."""
     emptied: bool = False
+    closed: bool = False
+    """Reaped, removed (if empty) and reported."""
 
 
 class TreeBatch:
@@ -80,17 +85,29 @@ class TreeBatch:
         return len(self._members)
 
     async def run(self) -> None:
-        """End every tree: grace, ``cgroup.kill``, wait for empty, reap, remove. Run it shielded."""
+        """End every tree: grace, ``cgroup.kill``, wait for empty, reap, remove. Run it shielded.
+
+        Should the batch itself fail (no epoll set, say, when out of file descriptors), each
+        tree it has not finished is ended on its own, as a single stop ends it.
+        """
         try:
-            killed = await self._grace()
-            await self._wait_empty(killed)
-            for member in killed:
-                tree = member.tree
-                tree.reap_escapees()
-                if tree.process.returncode is None:  # a leader killed before it entered its cgroup
-                    with trio.move_on_at(member.deadline):
-                        await tree.process.wait()
-                tree.close_cgroup(member.emptied)
+            try:
+                killed = await self._grace()
+                await self._wait_empty(killed)
+                for member in killed:
+                    tree = member.tree
+                    tree.reap_escapees()
+                    if tree.process.returncode is None:  # a leader killed before it entered its cgroup
+                        with trio.move_on_at(member.deadline):
+                            await tree.process.wait()
+                    tree.close_cgroup(member.emptied)
+                    member.closed = True
+            except Exception:
+                log.exception("the batched teardown failed: each of its trees is ended on its own")
+                async with trio.open_nursery() as nursery:
+                    for member in self._members:
+                        if not member.closed:
+                            nursery.start_soon(member.tree.end_alone, member.grace, self.budget)
         finally:
             self.done.set()
 
@@ -99,23 +116,28 @@ class TreeBatch:
         start = trio.current_time()
         killed: list[_Member] = []
         waiting: dict[int, _Member] = {}
+        blind: list[_Member] = []
+        """No pidfd (out of file descriptors?): its leader is checked at each wake-up."""
         poll = select.epoll()
         try:
             for member in self._members:
                 member.deadline = start + member.grace
-                tree = member.tree
-                fd = -1
-                if tree.process.returncode is None:
-                    try:
-                        fd = os.pidfd_open(tree.pid)
-                    except OSError:
-                        fd = -1
-                if fd < 0:
+                if member.tree.process.returncode is not None:
                     self._kill(member, killed)
                     continue
-                poll.register(fd, select.EPOLLIN)
+                try:
+                    fd = os.pidfd_open(member.tree.pid)
+                except OSError:
+                    blind.append(member)
+                    continue
+                try:
+                    poll.register(fd, select.EPOLLIN)
+                except OSError:
+                    os.close(fd)
+                    blind.append(member)
+                    continue
                 waiting[fd] = member
-            while waiting:
+            while waiting or blind:
                 now = trio.current_time()
                 ready = {fd for fd, _ in poll.poll(0)}
                 for fd in [fd for fd, m in waiting.items() if fd in ready or m.deadline <= now]:
@@ -123,8 +145,12 @@ class TreeBatch:
                     poll.unregister(fd)
                     os.close(fd)
                     self._kill(member, killed)
-                if waiting:
-                    with trio.move_on_at(min(m.deadline for m in waiting.values())):
+                for member in [m for m in blind if m.deadline <= now or m.tree.process.returncode is not None]:
+                    blind.remove(member)
+                    self._kill(member, killed)
+                if waiting or blind:
+                    deadlines = [m.deadline for m in waiting.values()] + [m.deadline for m in blind]
+                    with trio.move_on_at(min(deadlines)):
                         await trio.lowlevel.wait_readable(poll.fileno())
         finally:
             for fd in waiting:

@@ -584,6 +584,14 @@ class ProcessTree:
         self.report.returncode = self.process.returncode
 
 
+    async def end_alone(self, grace: float, budget: float) -> None:
+        """End a handed-over cgroup tree on its own after all (its batch failed): the leader's
+        grace, then as :meth:`sweep` does. Its turn still waits for the batch to be done."""
+        if self.process.returncode is None:
+            with trio.move_on_after(grace):
+                await wait_exited(self.process)
+        await self._end_cgroup(trio.current_time() + budget)
+
     async def _end_cgroup(self, deadline: float) -> None:
         """``cgroup.kill``, wait for ``populated 0``, reap the leader (last), remove the cgroup."""
         assert self.cgroup is not None

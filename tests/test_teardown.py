@@ -287,3 +287,29 @@ async def test_a_stop_pauses_the_collector_only_where_the_process_is_corrals(
             during.append(gc.isenabled())
         assert during == [not owns_children]
         assert gc.isenabled()
+
+
+@needs_cgroup
+async def test_batch_that_fails_ends_each_tree_on_its_own(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with cgroup_root() as root:
+        made = [await light_tree(root, f"t{i}", LIGHT, short_tmp) for i in range(2)]
+
+        def no_epoll() -> None:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr("supervisor._teardown.select.epoll", no_epoll)
+        batch = TreeBatch(root.watcher)  # type: ignore[arg-type]
+        for tree, _ in made:
+            tree.interrupt(signal.SIGINT)
+            assert batch.add(tree, grace=5.0)
+        with trio.fail_after(SLOW):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(batch.run)
+                for tree, _ in made:
+                    nursery.start_soon(tree.terminate, signal.SIGINT, 5.0)
+        for tree, pids in made:
+            assert not any(alive(p) for p in pids)
+            assert tree.report.survivors == [] and sorted(tree.report.killed) == sorted(pids[:2])
+            assert tree.report.swept == [pids[2]]
+            assert tree.cgroup is not None and not Path(tree.cgroup.path).exists()
+        close_streams([tree for tree, _ in made])
