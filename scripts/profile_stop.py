@@ -9,7 +9,9 @@ in every channel, waits until each says "tool running", then profiles one ``stop
 wall time, the process's CPU (all threads: what the stop result's ``cpu_ms`` counts) and
 the main thread's, and the functions by own time and by cumulative time. No HTTP, so
 what is left is the stop path itself (the store's writer thread shows in the process CPU,
-not in the profile, which covers the main thread only).
+not in the profile, which covers the main thread only). ``--no-profile`` times it without
+cProfile and shows the CPU of each kind of task instead; ``--trio-floor`` measures what Trio
+alone charges to cancel that many turn-shaped task groups, nothing else running.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import time
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from supervisor import open_supervisor, parse_config
+
 
 class TaskCpu(trio.abc.Instrument):
     """CPU (this thread's) and steps per task, by the task's name: which tasks a stop wakes, how often."""
@@ -150,6 +154,45 @@ async def run(channels: int, kill: str, top: int, profiling: bool = True, repeat
     return 0
 
 
+async def trio_floor(channels: int, rounds: int = 4) -> int:
+    """What Trio alone charges to cancel a turn-shaped task group: per "turn", a task blocked
+    reading a pipe inside the nested cancel scopes a turn has, with two child tasks blocked on
+    pipes of their own (the stderr pump, the exit watch). Each round cancels every turn's
+    scope and waits until all have unwound; the first round pays for cold memory."""
+    fds = [os.pipe() for _ in range(channels * 3)]
+    for r, _ in fds:
+        os.set_blocking(r, False)
+
+    async def child(fd: int) -> None:
+        await trio.lowlevel.wait_readable(fd)
+
+    async def turn(i: int, scopes: list[trio.CancelScope], task_status: trio.TaskStatus[None]) -> None:
+        scope = trio.CancelScope()
+        scopes.append(scope)
+        with scope, trio.CancelScope(), trio.move_on_after(1000):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(child, fds[3 * i + 1][0])
+                nursery.start_soon(child, fds[3 * i + 2][0])
+                task_status.started()
+                await trio.lowlevel.wait_readable(fds[3 * i][0])
+
+    for round_ in range(rounds):
+        scopes: list[trio.CancelScope] = []
+        async with trio.open_nursery() as nursery:
+            for i in range(channels):
+                await nursery.start(turn, i, scopes)
+            await trio.testing.wait_all_tasks_blocked()
+            cpu = time.thread_time()
+            for scope in scopes:
+                scope.cancel()
+        cpu = (time.thread_time() - cpu) * 1e6 / channels
+        print(f"round {round_ + 1}: cancel and unwind {cpu:.0f} us per turn (CPU)")
+    for r, w in fds:
+        os.close(r)
+        os.close(w)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--channels", type=int, default=200)
@@ -158,7 +201,11 @@ def main() -> int:
     parser.add_argument("--no-profile", action="store_true",
                         help="no cProfile: time the stop-all and show the CPU of each kind of task (an Instrument)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds (fresh trees each), then min and median")
+    parser.add_argument("--trio-floor", action="store_true",
+                        help="only what Trio alone charges to cancel N turn-shaped task groups")
     args = parser.parse_args()
+    if args.trio_floor:
+        return trio.run(trio_floor, args.channels)
     return trio.run(run, args.channels, args.kill, args.top, not args.no_profile, args.repeat)
 
 
