@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import select
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -56,15 +57,17 @@ EMPTY_BUDGET = 5.0
 class _Member:
     tree: ProcessTree
     grace: float
+    done: trio.Event = field(default_factory=trio.Event)
+    """Set once this tree is ended: its turn's teardown carries on then, not when the last is."""
     deadline: float = 0.0
     """Grace: when it is killed whatever its leader does. Killed: when waiting for it ends."""
+    watch: int | None = None
     emptied: bool = False
-    closed: bool = False
-    """Reaped, removed (if empty) and reported."""
 
 
 class TreeBatch:
-    """The cgroup trees of one stop-all, ended together by :meth:`run` (one task)."""
+    """The cgroup trees of one stop-all, ended together by :meth:`run` (one task, and one
+    helper task for the grace), each released to its turn as soon as it is over."""
 
     def __init__(self, watcher: Watcher, *, budget: float = EMPTY_BUDGET) -> None:
         self.watcher = watcher
@@ -73,12 +76,19 @@ class TreeBatch:
         self.done = trio.Event()
         """Set once every tree of the batch is ended (or given up on: see its report)."""
         self._members: list[_Member] = []
+        self._killed: list[_Member] = []
+        """Killed, not yet empty."""
+        self._graced = False
+        """Every tree is killed (the grace is over for all)."""
+        self._wake: trio.Event | None = None
+        """What the collecting loop waits on: a change of a cgroup, or more trees killed."""
 
     def add(self, tree: ProcessTree, grace: float) -> bool:
         """Take over ending ``tree`` (already interrupted); False if it ends on its own."""
-        if not tree.hand_over(self.done):
+        member = _Member(tree, grace)
+        if not tree.hand_over(member.done):
             return False
-        self._members.append(_Member(tree, grace))
+        self._members.append(member)
         return True
 
     def __len__(self) -> int:
@@ -92,29 +102,31 @@ class TreeBatch:
         """
         try:
             try:
-                killed = await self._grace()
-                await self._wait_empty(killed)
-                for member in killed:
-                    tree = member.tree
-                    tree.reap_escapees()
-                    if tree.process.returncode is None:  # a leader killed before it entered its cgroup
-                        with trio.move_on_at(member.deadline):
-                            await tree.process.wait()
-                    tree.close_cgroup(member.emptied)
-                    member.closed = True
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._grace)
+                    await self._collect()
             except Exception:
                 log.exception("the batched teardown failed: each of its trees is ended on its own")
+                for member in self._killed:
+                    if member.watch is not None:
+                        self.watcher.remove(member.watch)
+                self._killed.clear()
                 async with trio.open_nursery() as nursery:
                     for member in self._members:
-                        if not member.closed:
-                            nursery.start_soon(member.tree.end_alone, member.grace, self.budget)
+                        if not member.done.is_set():
+                            nursery.start_soon(self._alone, member)
         finally:
+            for member in self._members:
+                member.done.set()
             self.done.set()
 
-    async def _grace(self) -> list[_Member]:
-        """Kill each tree once its leader has exited or its grace is up; all of them, in passes."""
+    async def _alone(self, member: _Member) -> None:
+        await member.tree.end_alone(member.grace, self.budget)
+        member.done.set()
+
+    async def _grace(self) -> None:
+        """Kill each tree once its leader has exited or its grace is up, in passes."""
         start = trio.current_time()
-        killed: list[_Member] = []
         waiting: dict[int, _Member] = {}
         blind: list[_Member] = []
         """No pidfd (out of file descriptors?): its leader is checked at each wake-up."""
@@ -123,7 +135,7 @@ class TreeBatch:
             for member in self._members:
                 member.deadline = start + member.grace
                 if member.tree.process.returncode is not None:
-                    self._kill(member, killed)
+                    self._kill(member)
                     continue
                 try:
                     fd = os.pidfd_open(member.tree.pid)
@@ -144,10 +156,11 @@ class TreeBatch:
                     member = waiting.pop(fd)
                     poll.unregister(fd)
                     os.close(fd)
-                    self._kill(member, killed)
+                    self._kill(member)
                 for member in [m for m in blind if m.deadline <= now or m.tree.process.returncode is not None]:
                     blind.remove(member)
-                    self._kill(member, killed)
+                    self._kill(member)
+                self._poke()
                 if waiting or blind:
                     deadlines = [m.deadline for m in waiting.values()] + [m.deadline for m in blind]
                     with trio.move_on_at(min(deadlines)):
@@ -157,47 +170,63 @@ class TreeBatch:
                 os.close(fd)
             trio.lowlevel.notify_closing(poll.fileno())
             poll.close()
-        return killed
+            self._graced = True
+            self._poke()
 
-    def _kill(self, member: _Member, killed: list[_Member]) -> None:
+    def _kill(self, member: _Member) -> None:
         member.tree.kill_group()
         member.deadline = trio.current_time() + self.budget
-        killed.append(member)
-
-    async def _wait_empty(self, killed: list[_Member]) -> None:
-        """Wait until every killed cgroup says ``populated 0``, or its deadline passes."""
-        watcher = self.watcher
-        watches: list[int] = []
+        cgroup = member.tree.cgroup
+        assert cgroup is not None
         try:
-            for member in killed:
-                cgroup = member.tree.cgroup
-                assert cgroup is not None
-                try:
-                    watches.append(watcher.add(os.path.join(cgroup.path, "cgroup.events")))
-                except OSError:
-                    pass  # gone already (then it is empty), or no watch: its deadline bounds it
-            left = killed
-            while True:
-                changed = watcher.changed_any(watches)  # registered before the reads below
-                try:
-                    now = trio.current_time()
-                    still = []
-                    for member in left:
-                        assert member.tree.cgroup is not None
-                        if not member.tree.cgroup.populated():
-                            member.emptied = True
-                        elif member.deadline > now:
-                            still.append(member)
-                    left = still
-                    if not left:
-                        return
-                    with trio.move_on_at(min(m.deadline for m in left)):
-                        await changed.wait()
-                finally:
-                    watcher.forget(changed)
-        finally:
-            for wd in watches:
-                watcher.remove(wd)
+            member.watch = self.watcher.add(os.path.join(cgroup.path, "cgroup.events"))
+        except OSError:
+            pass  # gone already (then it is empty), or no watch: its deadline bounds it
+        self._killed.append(member)
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _collect(self) -> None:
+        """Release each killed tree as soon as its cgroup says ``populated 0`` (or its deadline
+        passes): reap, remove, report, and wake its turn."""
+        watcher = self.watcher
+        stragglers: list[_Member] = []
+        while True:
+            # Registered before the reads below: a change after a read wakes us.
+            wake = self._wake = watcher.changed_any([m.watch for m in self._killed if m.watch is not None])
+            try:
+                now = trio.current_time()
+                for member in list(self._killed):
+                    assert member.tree.cgroup is not None
+                    if not member.tree.cgroup.populated():
+                        member.emptied = True
+                    elif member.deadline > now:
+                        continue
+                    self._killed.remove(member)
+                    if member.watch is not None:
+                        watcher.remove(member.watch)
+                    member.tree.reap_escapees()
+                    if member.tree.process.returncode is None:  # a leader killed before it entered its cgroup
+                        stragglers.append(member)
+                    else:
+                        self._close(member)
+                if self._graced and not self._killed:
+                    break
+                with trio.move_on_at(min((m.deadline for m in self._killed), default=math.inf)):
+                    await wake.wait()
+            finally:
+                self._wake = None
+                watcher.forget(wake)
+        for member in stragglers:
+            with trio.move_on_at(member.deadline):
+                await member.tree.process.wait()
+            self._close(member)
+
+    def _close(self, member: _Member) -> None:
+        member.tree.close_cgroup(member.emptied)
+        member.done.set()
 
 
 class CollectorPause:
