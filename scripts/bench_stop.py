@@ -106,8 +106,11 @@ from tests.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, toml_value, write_tool
 #: Targets, printed next to the figures.
 STOP_ONE_FACTOR, STOP_ONE_SLACK_MS = 2.0, 10.0
 STOP_ALL_200_MS = 150.0
-#: Issue 11: cgroup stop-all of 200 within this many SIGINT-all floors; CPU per stopped turn.
+#: Issue 11: cgroup stop-all of busy channels (the demo agent) within this many SIGINT-all
+#: floors, of light trees within this many killpg-all floors (a bare SIGKILL-and-wait of the
+#: same trees); corral's CPU per stopped turn under this.
 STOP_ALL_FLOOR_FACTOR = 1.5
+STOP_ALL_LIGHT_FACTOR = 2.0
 CPU_PER_TURN_MS = 0.25
 MECHS = ("cgroup", "sweep")
 #: The multi-agent row (issue 10): agents of one channel, all mid-tool, stopped at once.
@@ -138,6 +141,8 @@ class AgentSetup:
     """Its environment when started directly, given a private HOME."""
     ready_line: Callable[[str], bool]
     """True for the stdout line that shows the tool tree exists, when run directly."""
+    light: bool = False
+    """The lightest tree: its stop-all target is against the killpg-all floor, not the SIGINT-all one."""
 
 
 @contextlib.contextmanager
@@ -172,6 +177,7 @@ def light_setup(folder: Path) -> Iterator[AgentSetup]:
         direct_argv=lambda prompt: [*argv, prompt],
         direct_env=demo_env,
         ready_line=lambda line: "tool running" in line,
+        light=True,
     )
 
 
@@ -463,7 +469,10 @@ def row_floor_killpg(
             for proc in procs:
                 os.killpg(proc.pid, sig)
             for proc in procs:
-                proc.wait(timeout=30)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:  # (seen once under a load of 26: a shell that missed it)
+                    row.errors.append(f"leader {proc.pid} was still running 30 s after the {signal.Signals(sig).name}")
             row.times_ms.append((time.perf_counter() - t0) * 1000)
         for proc in procs if not all_at_once else ():
             t0 = time.perf_counter()
@@ -807,6 +816,9 @@ def bench_size(folder: Path, setup: AgentSetup, n: int, daemons: dict[str, Daemo
     kill_all = _loaded(row_floor_killpg(folder, setup, n, f"g{n}", all_at_once=True))
     for row in (floor, sigint_all, kill_all):
         print_row(row)
+    print(f"  (the floors are floors, not competitors: they end the groups only and wait for the leaders;"
+          f" left alive after 1 s: SIGINT-all {sigint_all.left_after_1s}, killpg-all {kill_all.left_after_1s}"
+          " — setsid processes, and background jobs that ignore SIGINT — where corral's stops must leave 0)")
     for mech, daemon in daemons.items():
         one = _loaded(row_stop_one(daemon, setup, n, f"o{n}", mech))
         every = _loaded(row_stop_all(daemon, setup, n, f"a{n}", mech))
@@ -819,12 +831,15 @@ def bench_size(folder: Path, setup: AgentSetup, n: int, daemons: dict[str, Daemo
               f" + {STOP_ONE_SLACK_MS:g} = {target:.1f} ms:"
               f" median {one_med:.1f} -> {'meets' if one_med <= target else 'MISSES'},"
               f" p95 {one_p95:.1f} -> {'meets' if one_p95 <= target else 'misses'}")
-        t, sigint_floor = every.times_ms[0], sigint_all.times_ms[0]
-        within = t <= STOP_ALL_FLOOR_FACTOR * sigint_floor
+        t, sigint_floor, kill_floor = every.times_ms[0], sigint_all.times_ms[0], kill_all.times_ms[0]
+        factor, floor_name, target_floor = (
+            (STOP_ALL_LIGHT_FACTOR, "killpg-all", kill_floor) if setup.light
+            else (STOP_ALL_FLOOR_FACTOR, "SIGINT-all", sigint_floor)
+        )
+        within = t <= factor * target_floor
         print(f"  {mech}: stop-all of {n} = {t:.1f} ms = {t / sigint_floor:.2f} x the SIGINT-all floor"
-              f" ({sigint_floor:.1f} ms),"
-              f" {t / kill_all.times_ms[0]:.2f} x the killpg-all floor ({kill_all.times_ms[0]:.1f} ms)"
-              + (f"; target <= {STOP_ALL_FLOOR_FACTOR:g} x -> {'meets' if within else 'MISSES'}"
+              f" ({sigint_floor:.1f} ms), {t / kill_floor:.2f} x the killpg-all floor ({kill_floor:.1f} ms)"
+              + (f"; target <= {factor:g} x the {floor_name} floor -> {'meets' if within else 'MISSES'}"
                  if mech == "cgroup" and n >= 50 else ""))
         cpu = statistics.median(every.cpu_ms)
         print(f"  {mech}: corral CPU per stopped turn (stop-all): {cpu:.3f} ms; target < {CPU_PER_TURN_MS:g} ->"

@@ -46,7 +46,7 @@ import os
 import shutil
 import signal
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,11 +106,23 @@ def _write(path: Path | str, text: str) -> None:
         os.close(fd)
 
 
+def read_small(path: str) -> bytes:
+    """The whole of a small kernel file (``/proc``, cgroupfs) in one ``read``; raises OSError.
+
+    Plain ``os`` calls, not a buffered file object: a stop-all reads a few of these per
+    turn, and ``open()`` costs half as much again as the read itself.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
 def read_procs(path: Path | str) -> list[int]:
     """The pids in a cgroup's ``cgroup.procs`` (empty if the cgroup is gone)."""
     try:
-        with open(os.path.join(path, "cgroup.procs"), "rb") as fh:
-            return [int(x) for x in fh.read().split()]
+        return [int(x) for x in read_small(os.path.join(path, "cgroup.procs")).split()]
     except OSError:
         return []
 
@@ -118,13 +130,11 @@ def read_procs(path: Path | str) -> list[int]:
 def populated(path: Path | str) -> bool:
     """Does the cgroup (or a child of it) still hold a living process? False once it is gone."""
     try:
-        with open(os.path.join(path, "cgroup.events"), "rb") as fh:
-            for line in fh.read().splitlines():
-                if line.startswith(b"populated "):
-                    return line.endswith(b"1")
+        data = read_small(os.path.join(path, "cgroup.events"))
     except OSError:
         return False
-    return False
+    at = data.find(b"populated ")
+    return at >= 0 and data[at + 10 : at + 11] == b"1"
 
 
 _libc: ctypes.CDLL | None = None
@@ -152,6 +162,8 @@ class Watcher:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
         self.fd = fd
         self._waiting: dict[int, trio.Event] = {}
+        self._any: list[tuple[frozenset[int], trio.Event]] = []
+        """Waits on several files at once (a stop-all's): woken by a change of any of them."""
         self._refs: dict[int, int] = {}
         self._running = False
         self._closed = False
@@ -176,6 +188,17 @@ class Watcher:
         """An event set at the next change of the watched file."""
         return self._waiting.setdefault(wd, trio.Event())
 
+    def changed_any(self, wds: Collection[int]) -> trio.Event:
+        """An event set at the next change of any of the watched files: one wake-up for a
+        whole batch of cgroups, however many of them change."""
+        event = trio.Event()
+        self._any.append((frozenset(wds), event))
+        return event
+
+    def forget(self, event: trio.Event) -> None:
+        """Drop a wait of :meth:`changed_any` that is over (whether or not it was woken)."""
+        self._any = [(wds, e) for wds, e in self._any if e is not event]
+
     @property
     def running(self) -> bool:
         """Is :meth:`run` reading the events?"""
@@ -192,12 +215,22 @@ class Watcher:
                 except BlockingIOError:
                     continue
                 at = 0
+                seen = set()
                 while at + 16 <= len(data):
                     wd, _, _, length = _EVENT.unpack_from(data, at)
                     at += 16 + length
+                    seen.add(wd)
                     event = self._waiting.pop(wd, None)
                     if event is not None:
                         event.set()
+                if self._any:
+                    waiting = []
+                    for wds, event in self._any:
+                        if wds.isdisjoint(seen):
+                            waiting.append((wds, event))
+                        else:
+                            event.set()
+                    self._any = waiting
         finally:
             self._running = False
             self.close()

@@ -291,8 +291,13 @@ class Pending:
         return self._error is not None
 
     async def committed(self) -> Entry | None:
-        """Wait for the commit; raise :class:`StoreError` if it failed."""
-        await self._done.wait()
+        """Wait for the commit; raise :class:`StoreError` if it failed.
+
+        No checkpoint once it is committed: a stop-all's teardowns ask this of hundreds of
+        writes long committed, and each needless wake-up costs every one of them.
+        """
+        if not self._done.is_set():
+            await self._done.wait()
         if self._error is not None:
             raise StoreError(f"could not store: {self._error}") from self._error
         return self.entry

@@ -24,11 +24,12 @@ both (the routed message is queued under the old generation and dropped by the s
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
 from ._router import AddressError, address, route
 from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
+from ._teardown import CollectorPause, TreeBatch
 from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
@@ -229,6 +231,8 @@ class Supervisor:
         owns_children: bool = False,
     ) -> None:
         self._hooks = hooks or Hooks()
+        self._collector = CollectorPause() if owns_children else contextlib.nullcontext()
+        """Pauses the garbage collector during stops, where the process is corral's (see ``_teardown``)."""
         self.reap_adopted = subreaper and owns_children
         """Every child of this process is corral's: reap dead adoptees after each turn."""
         self._reap_scheduled = False
@@ -627,7 +631,7 @@ class Supervisor:
     async def _stop(self, batch: _StopBatch, started: float) -> list[StopResult]:
         """Await the record, then kill, tear down and post the notices. Shielded: once the
         generation has moved, the stop is carried out (or undone) whatever the caller does."""
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True), self._collector:
             failure: str | None = None
             if batch.write is not None:
                 try:
@@ -648,6 +652,7 @@ class Supervisor:
                 self._registry.settle(channel)
             fresh = [d for d in batch.decisions if not d.repeat]
             turns = {} if failure else {d.channel: self._apply(d, reason="user") for d in fresh}
+            together = self._end_together(turn for stopped in turns.values() for turn in stopped)
             results: list[StopResult | None] = [None] * len(batch.decisions)
 
             async def one(i: int, decision: StopDecision) -> None:
@@ -662,11 +667,28 @@ class Supervisor:
                     )
 
             async with trio.open_nursery() as nursery:
+                if together is not None:
+                    nursery.start_soon(together.run)
                 for i, decision in enumerate(batch.decisions):
                     nursery.start_soon(one, i, decision)
         done = [r for r in results if r is not None]
         assert len(done) == len(results), "every decision has its result"
         return done
+
+    def _end_together(self, turns: Iterable[Turn | AcpTurn]) -> TreeBatch | None:
+        """One batch ends the cgroup trees of the stopped turns, all at once (see ``_teardown``).
+
+        An ACP turn's tree is its agent's, which outlives the turn: its stop is the agent's
+        own cancel sequence, never this batch.
+        """
+        watcher = self.cgroups.watcher if self.cgroups is not None else None
+        if watcher is None or not watcher.running:
+            return None
+        together = TreeBatch(watcher)
+        for turn in turns:
+            if isinstance(turn, Turn) and turn.tree is not None:
+                together.add(turn.tree, turn.agent.limits.stop_grace)
+        return together if len(together) else None
 
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
         """The record could not be stored (the ledger's stop is undone); nothing was killed."""

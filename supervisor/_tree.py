@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import psutil
 import trio
 
-from ._cgroup import TurnCgroup, entering_argv
+from ._cgroup import TurnCgroup, entering_argv, read_small
 
 log = logging.getLogger("corral.tree")
 
@@ -92,8 +92,7 @@ class ProcStat:
 def read_stat(pid: int) -> ProcStat | None:
     """Parse ``/proc/PID/stat`` (one read, no psutil); None if the process is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
+        raw = read_small(f"/proc/{pid}/stat")
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
@@ -420,6 +419,10 @@ class ProcessTree:
         self._cgroup_killed = False
         self._members: dict[int, ProcStat | None] = {}
         """Cgroup path: every pid seen in the cgroup while signalling it, and its stat then."""
+        self._ending = False
+        """Its own teardown (``terminate`` or ``sweep``) has begun."""
+        self._ended_by: trio.Event | None = None
+        """Set once a batch that took over its ending (:meth:`hand_over`) is done with it."""
 
     @property
     def pid(self) -> int:
@@ -453,6 +456,19 @@ class ProcessTree:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+    def hand_over(self, done: trio.Event) -> bool:
+        """Let a batch end this tree (:mod:`supervisor._teardown`): ``terminate`` and ``sweep``
+        then wait for ``done`` instead. Only a cgroup tree whose own teardown has not begun."""
+        if self.cgroup is None or self._ending or self._ended_by is not None:
+            return False
+        self._ended_by = done
+        return True
+
+    @property
+    def handed_over(self) -> bool:
+        """Does a batch end this tree?"""
+        return self._ended_by is not None
 
     def interrupt(self, sig: int) -> None:
         """Snapshot the descendants, then send the interrupt signal to the group.
@@ -506,6 +522,11 @@ class ProcessTree:
         cgroup's: a shell's background jobs ignore SIGINT (POSIX), and waiting for them to
         empty the cgroup would hold every such stop for the whole grace, for nothing.
         """
+        if self._ended_by is not None:
+            if not self._ended_by.is_set():
+                await self._ended_by.wait()
+            return
+        self._ending = True
         if self.cgroup is not None:
             if not self._interrupted:
                 self.interrupt(sig)
@@ -523,6 +544,11 @@ class ProcessTree:
 
     async def sweep(self, scanner: MarkerScanner, *, budget: float = 5.0) -> None:
         """Kill every remaining process of the turn, and wait until they are gone."""
+        if self._ended_by is not None:
+            if not self._ended_by.is_set():  # (no checkpoint when it is: nothing to wait for)
+                await self._ended_by.wait()
+            return
+        self._ending = True
         deadline = trio.current_time() + budget
         if self.cgroup is not None:
             await self._end_cgroup(deadline)
@@ -558,21 +584,39 @@ class ProcessTree:
         self.report.returncode = self.process.returncode
 
 
+    async def end_alone(self, grace: float, budget: float) -> None:
+        """End a handed-over cgroup tree on its own after all (its batch failed): the leader's
+        grace, then as :meth:`sweep` does. Its turn still waits for the batch to be done."""
+        if self.process.returncode is None:
+            with trio.move_on_after(grace):
+                await wait_exited(self.process)
+        await self._end_cgroup(trio.current_time() + budget)
+
     async def _end_cgroup(self, deadline: float) -> None:
         """``cgroup.kill``, wait for ``populated 0``, reap the leader (last), remove the cgroup."""
         assert self.cgroup is not None
         self.kill_group()
         emptied = await self.cgroup.wait_empty(deadline)
+        self.reap_escapees()
+        with trio.move_on_at(deadline):
+            await self.process.wait()  # reap the leader last: its zombie held the group id
+        self.close_cgroup(emptied)
+
+    def reap_escapees(self) -> None:
+        """Cgroup path, once it is empty: reap the members that re-parented to this subreaper
+        (exactly those: same pid and start time, a zombie child of this process)."""
         me = os.getpid()
         for pid, then in self._members.items():
-            # Escapees re-parented to this subreaper: reap exactly those (same start time).
             if pid == self.pid or then is None:
                 continue
             now = read_stat(pid)
             if now is not None and now.state == "Z" and now.ppid == me and now.started == then.started:
                 reap_if_child(pid)
-        with trio.move_on_at(deadline):
-            await self.process.wait()  # reap the leader last: its zombie held the group id
+
+    def close_cgroup(self, emptied: bool) -> None:
+        """Cgroup path, the leader reaped (or the deadline passed): remove the cgroup if
+        nothing is left in it, and write the report."""
+        assert self.cgroup is not None
         survivors = set(self.cgroup.procs()) if not emptied else set()
         if self.process.returncode is None:
             survivors.add(self.pid)

@@ -605,7 +605,9 @@ class Turn:
                     self.outcome.stopped = True
                     await tree.sweep(ports.scanner)
                 for stream in (tree.process.stdout, tree.process.stderr):
-                    if stream is not None:
+                    if isinstance(stream, trio.lowlevel.FdStream):
+                        stream.close()  # no checkpoint (aclose has one): shielded, nothing to wait for
+                    elif stream is not None:
                         await stream.aclose()
                 self.outcome.report = tree.report
                 ports.registry.release(self.channel, self.turn_id, tree)
