@@ -40,8 +40,9 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   daemons write one database.
 * **Text.** PostgreSQL text cannot hold NUL: agent output's NUL becomes U+FFFD there
   (:meth:`Engine.storable`), the one difference a reader can see. JSON columns are kept as
-  text on both engines (the exact JSON written is read back), and read with ``::json``,
-  which, unlike ``jsonb``, accepts the ``\\u0000`` escape.
+  text on both engines (the exact JSON written is read back: ``jsonb`` would reorder it,
+  and PostgreSQL's JSON types refuse the ``\\u0000`` escape JSON gives a NUL), and read
+  in SQL only through :meth:`Engine.json_get`.
 """
 
 from __future__ import annotations
@@ -519,8 +520,10 @@ class PostgresEngine(Engine):
         return f"greatest({a}, {b})"
 
     def json_get(self, column: str, key: str) -> str:
-        """``->>`` on ``::json`` (which accepts ``\\u0000``, unlike ``jsonb``)."""
-        return f"({column}::json ->> '{key}')"
+        """``->>``, on the text with each ``\\u0000`` escape made ``\\ufffd`` first: PostgreSQL's
+        JSON functions refuse that escape anywhere in the document. Only other values than
+        the one read can change (corral reads its own numbers and booleans this way)."""
+        return f"(replace({column}, '\\u0000', '\\ufffd')::json ->> '{key}')"
 
     def mark_dropped(self) -> str:
         """Text surgery on the JSON object: appends the key as ``json_set`` does, with no parse."""

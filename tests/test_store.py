@@ -7,6 +7,7 @@ Every test that takes ``store_at`` runs twice: on SQLite and on a real PostgreSQ
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import subprocess
@@ -20,7 +21,7 @@ import trio
 import trio.testing
 
 from supervisor._engines import Engine, is_postgres
-from supervisor._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
+from supervisor._store import ChannelState, Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 
 #: Upper bound for a blocked commit thread, so a failing test cannot hang the run forever.
 GATE_TIMEOUT = 30
@@ -440,3 +441,49 @@ async def test_a_full_disk_says_disk_full_with_the_store_path(tmp_path: Path) ->
             filler.unlink()
             after = await store.append("a", "u", "message", "after")
             assert [e.text for e in await store.entries("a")] == [first.text, after.text]
+
+
+# ---------------------------------------------------------------- stop records, queue, turns (both engines)
+
+
+async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(store_at: str) -> None:
+    plan = [{"content": "ship", "status": "cancelled"}]
+    async with open_store(store_at) as store:
+        first = store.accept_message("c", "bot", "human:u", "first", generation=0, nudge=False)
+        reply = store.submit_entry("c", "agent:bot", "message", "hi", meta={"raw": "NUL \0 in meta"})
+        dropped = store.accept_message("c", "bot", "human:u", "dropped", generation=0, nudge=False, to=("other",))
+        await dropped.committed()
+        assert first.entry is not None and reply.entry is not None and dropped.entry is not None
+        await store.begin_turn("t1", "c", "bot", 0, first.entry.seq).committed()
+        await store.turn_spawned("t1", 123, 2**40).committed()  # start ticks past 32 bits
+        await store.begin_turn("t2", "c", "other", 0, first.entry.seq).committed()
+        stop_seq = store.next_seq()
+        record = StopRecord(stop_seq, "c", 3, (dropped.entry.seq, dropped.entry.seq + 1), ("t1",), {"bot": plan})
+        await store.submit_stop_records([record]).committed()
+        await store.record_stop(store.next_seq(), "c", 2, {}).committed()  # a generation never goes back
+    async with open_store(store_at) as store:  # what a restart finds
+        turns, stops = await store.unfinished()
+        assert turns == [("t2", "c", 0, "running")]
+        assert stops == [(stop_seq, "c", 3, 2, "t1")]
+        assert await store.load_queue() == []
+        assert await store.load_channel_states() == {"c": ChannelState(3, True, True)}
+        assert await store.query("SELECT pid, pid_started, state FROM turns WHERE id = ?", ("t1",)) == [
+            (123, 2**40, "stopped")
+        ]
+        assert store.todos("c", "bot") == plan and store.seen("c", "bot") == first.entry.seq
+        (marked,) = [e for e in await store.entries("c") if e.seq == dropped.entry.seq]
+        assert marked.meta == {"agent": "bot", "to": ["bot", "other"], "dropped_by_stop": stop_seq}
+        missed = await store.missed("c", "other", after=None, before=10_000, skip=None, limit=10)
+        assert missed == ([("human:u", "first"), ("agent:bot", "hi")], 2)  # not the dropped one
+        notice = store.submit_stop_notice("c", "Stopped.", stop_seq=stop_seq, turn="t1", generation=3,
+                                          result={"ok": True}, turns=("t1", "t2"))
+        await notice.committed()
+        assert await store.unfinished() == ([], [])
+        ((result,),) = await store.query("SELECT result FROM stops WHERE seq = ?", (stop_seq,))
+        assert json.loads(result) == {"ok": True, "notice_seq": notice.entry.seq}  # type: ignore[union-attr]
+        await store.append("c", "human:u", "message", "again")  # (a plain entry does not lift the rest)
+        lifted = store.accept_message("c", "bot", "human:u", "go on", generation=3, nudge=False)
+        await lifted.committed()
+        assert await store.load_channel_states() == {"c": ChannelState(3, False, True)}
+        await store.begin_turn("t3", "c", "bot", 3, lifted.entry.seq).committed()  # type: ignore[union-attr]
+        assert await store.load_channel_states() == {"c": ChannelState(3, False, False)}
