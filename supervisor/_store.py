@@ -54,7 +54,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -64,6 +64,7 @@ from ._engines import StoreInUse as StoreInUse
 from ._text import repair
 
 log = logging.getLogger("corral.store")
+T = TypeVar("T")
 
 KINDS = ("message", "status", "tool", "todos", "notice", "error")
 
@@ -520,13 +521,21 @@ class Store:
                     (channel, after, limit),
                 )]
 
-        return await trio.to_thread.run_sync(read, limiter=self._limiter)
+        return await self._read(read)
 
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query (for status and tests)."""
-        return await trio.to_thread.run_sync(
-            lambda: self._db.query(sql, params), limiter=self._limiter
-        )
+        return await self._read(lambda: self._db.query(sql, params))
+
+    async def _read(self, read: Callable[[], T]) -> T:
+        """Run ``read`` in the store's thread; a PostgreSQL failure (the server gone, say) is a
+        :class:`StoreError` naming the store, like a failed write's."""
+        try:
+            return await trio.to_thread.run_sync(read, limiter=self._limiter)
+        except Exception as exc:
+            if not is_postgres_error(exc):
+                raise
+            raise StoreError(f"could not read the store: {describe_failure(exc, self.path)}") from exc
 
     # ------------------------------------------------------------ sessions, todos, stops, queue
 

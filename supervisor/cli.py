@@ -198,6 +198,7 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
     import sqlite3
 
     from ._daemon import DaemonError
+    from ._engines import is_postgres_error
     from ._store import StoreError, StoreInUse
 
     if isinstance(exc, BaseExceptionGroup):
@@ -209,6 +210,10 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
     where = f"in {config.path}" if config.path else "in the config"
     if isinstance(exc, DaemonError | StoreInUse):
         return str(exc)
+    if config.store_url is not None and (is_postgres_error(exc) or isinstance(exc, StoreError)):
+        first = str(exc).split("\n", 1)[0].strip()
+        return (f"cannot use the store {config.store_name}: {first}"
+                f" — fix: start the PostgreSQL server, or point [store] url {where} at a database this user can use")
     if isinstance(exc, sqlite3.Error | StoreError):
         return (f"cannot use the store {config.store_path}: {exc}"
                 f" — fix: point [store] path {where} at a corral database or a new file")
