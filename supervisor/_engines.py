@@ -55,7 +55,6 @@ import os
 import re
 import socket
 import sqlite3
-import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -87,18 +86,8 @@ def is_postgres(where: str) -> bool:
 def redact(url: str) -> str:
     """``url`` without its password (in the user part or a ``password=`` parameter), for
     logs, errors and ``status``."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        if ":" in user:
-            netloc = f"{user.split(':', 1)[0]}:***@{host}"
-    query = "&".join(
-        f"{k}=***" if k == "password" else f"{k}={v}" if v or "=" in pair else k
-        for pair in parts.query.split("&") if pair
-        for k, _, v in [pair.partition("=")]
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    url = re.sub(r"^([a-z]+://[^:/@?]*):[^@/?]*@", r"\1:***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
 
 
 def lock_store(path: str) -> int:
