@@ -48,6 +48,19 @@ def test_store_url_selects_postgresql_and_path_stays_the_default(tmp_path: Path)
     assert default.store_url is None and default.store_location == str(tmp_path / "corral.db")
 
 
+def test_the_readmes_postgresql_block_is_a_store_url(tmp_path: Path) -> None:
+    import re
+    import tomllib
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Storing on PostgreSQL"):]
+    (block,) = re.findall(r"```toml\n(.*?)```\n", section[: section.index("\n## ", 3)], re.S)
+    data = {**tomllib.loads(block), "agents": {"d": {"adapter": "demo"}}}
+    config = parse_config(data, base=tmp_path)
+    assert config.store_url == "postgresql://corral@/corral?host=/run/postgresql"
+    assert config.state_dir == tmp_path / "corral.d"
+
+
 @pytest.mark.parametrize(
     ("store", "message", "fix"),
     [
@@ -247,6 +260,13 @@ def test_corral_run_on_postgresql_sends_stops_and_restarts_with_everything_kept(
         daemon.cli("send", "ch", "queued across the restart", check=True)
         status = json.loads(daemon.cli("--json", "status", check=True).stdout)
         assert status["store"] == url and status["channels"]["ch"]["queued"] == 1
+        other = short_tmp / "other"
+        other.mkdir()
+        (other / "corral.toml").write_text(pg_config(short_tmp, url).replace('"corral.sock"', '"other.sock"'))
+        second = subprocess.run([*CORRAL, "run", "-c", "corral.toml"], cwd=other, capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 1 and "Traceback" not in second.stderr
+        assert f"store {url} is in use by corral pid {daemon.proc.pid} on " in second.stderr
         assert daemon.stop() == 0
         before = texts(url)
 
@@ -285,7 +305,7 @@ def test_the_database_restarted_under_a_running_daemon(
         postgres_server.stop()
         refused = daemon.cli("send", "ch", "sent while the database is down")
         assert refused.returncode != 0
-        assert "store" in refused.stderr and "database connection failed" in refused.stderr, refused.stderr
+        assert "store_failed" in refused.stderr and "database connection failed" in refused.stderr, refused.stderr
         assert daemon.cli("status").returncode == 0  # the daemon serves on
         down = json.loads(daemon.cli("--json", "stop", "ch").stdout or "{}")
         assert down.get("ok") is not True  # a stop that cannot be stored says so
