@@ -239,7 +239,8 @@ class QueuedRow:
     hops: int = 0
     """Agent-to-agent hand-offs behind it (0: a human's or a system message)."""
     routed_from: int | None = None
-    """For a hand-off: the seq of the agent's entry it was routed from (it has no entry of its own)."""
+    """The seq of the entry it repeats, when it has none of its own: a hand-off's source
+    entry, or the message's entry for its second and later targets."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -610,7 +611,10 @@ class Store:
 
         def keep_queued(db: Engine, seq: int) -> None:
             for target, row_seq in zip(targets, [seq, *extra][: len(targets)], strict=True):
-                self.queue_insert(db, QueuedRow(row_seq, channel, target, author, text, generation, nudge, hops))
+                # A later target's row repeats the entry: it names it (its catch-up skips it).
+                source = seq if row_seq != seq else None
+                row = QueuedRow(row_seq, channel, target, author, text, generation, nudge, hops, source)
+                self.queue_insert(db, row)
             if author.startswith("human:"):
                 db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
 

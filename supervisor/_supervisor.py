@@ -167,7 +167,8 @@ class _Message:
     hops: int = 0
     """Agent-to-agent hand-offs behind it."""
     routed_from: int | None = None
-    """A hand-off's source entry (the agent's message it repeats)."""
+    """The entry it repeats when it has none of its own (a hand-off's source, or the entry of a
+    message sent to several agents, for the second and later): its catch-up leaves it out."""
     seen_before: int | None = None
     """The last message the agent had taken up before this one (its catch-up starts after it)."""
 
@@ -345,7 +346,7 @@ class Supervisor:
         first = targets[0] if targets else ""
         ahead = len(self._ledger.queued(channel, first)) + (1 if self._ledger.current_turn(channel, first) else 0)
         for i, target in enumerate(targets):  # the store gave the targets after the first seq + i
-            payload = _Message(target, author, text, pending, hops=hops)
+            payload = _Message(target, author, text, pending, hops=hops, routed_from=seq if i else None)
             self._ledger.accept(
                 channel, target, seq + i, human=human, nudge=nudge, payload=payload, hops=hops,
                 routed=author.startswith("agent:"),
@@ -486,7 +487,11 @@ class Supervisor:
                 channel, turn_id, ok=outcome.ok, unfinished_todos=unfinished(items), max_nudges=agent.limits.max_nudges
             )
             if decision.nudge:
-                self._accept(channel, (agent.name,), "system", NUDGE_TEXT.format(n=unfinished(items)), nudge=True)
+                # It carries the hops of the message it follows: nudges never reset a chain.
+                self._accept(
+                    channel, (agent.name,), "system", NUDGE_TEXT.format(n=unfinished(items)), nudge=True,
+                    hops=message.hops,
+                )
         finally:
             if self._turns.get(lane) is turn:
                 del self._turns[lane]
@@ -519,7 +524,7 @@ class Supervisor:
     async def _contain(self, channel: str, ticket: TurnTicket, exc: Exception) -> None:
         """A turn failed in corral itself: log it, say so, and free the channel."""
         log.exception("[%s %s] internal error", channel, ticket.turn_id, exc_info=exc)
-        if self._ledger.current_turn(channel) == ticket.turn_id:
+        if self._ledger.current_turn(channel, ticket.agent) == ticket.turn_id:
             self._ledger.end_turn(channel, ticket.turn_id, ok=False, unfinished_todos=0)
         try:
             await self._store.append(

@@ -512,3 +512,38 @@ def test_the_docs_name_the_state_folder_the_code_uses(tmp_path: Path) -> None:
     for doc in ("README.md", "config.example.toml"):
         text = (repo / doc).read_text()
         assert "corral.db.d" not in text and "corral.d/" in text, doc
+
+
+# ---------------------------------------------------------------- [channels.NAME]
+
+TWO = '[defaults]\nagent = "claude"\n[agents.claude]\nadapter = "demo"\n[agents.codex]\nadapter = "demo"\n'
+
+
+def test_channel_tables_set_members_default_agent_and_hops(tmp_path: Path) -> None:
+    defaults = TWO.replace('agent = "claude"', 'agent = "claude"\nmax_hops = 4\ncatch_up_entries = 5\ncatch_up_bytes = 1000')
+    config = load_config(write(tmp_path, defaults + '[channels.review]\nagents = ["codex", "claude"]\nmax_hops = 2\n'))
+    assert config.members("review") == ("codex", "claude")  # the first is the default agent
+    assert config.hop_limit("review") == 2
+    assert config.members("elsewhere") == ("claude", "codex")  # no table: every agent, the default first
+    assert config.hop_limit("elsewhere") == 4
+    assert (config.catch_up_entries, config.catch_up_bytes) == (5, 1000)
+
+
+def test_channel_tables_are_checked_with_a_did_you_mean(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, TWO + '[channels.review]\nagents = ["codx"]\nmax_hop = 3\n'
+                                           '[channels.empty]\nagents = []\n'
+                                           '[channels.twice]\nagents = ["claude", "claude"]\nmax_hops = -1\n'
+                                           '[channels.flat]\n')
+    assert "did you mean 'codex'" in by_key(problems, "channels.review.agents").fix
+    assert "did you mean 'max_hops'" in by_key(problems, "channels.review.max_hop").fix
+    assert "at least one agent" in by_key(problems, "channels.empty.agents").message
+    assert "listed twice" in by_key(problems, "channels.twice.agents").message
+    assert by_key(problems, "channels.twice.max_hops")
+    assert by_key(problems, "channels.flat.agents")
+
+
+def test_defaults_max_hops_and_catch_up_caps_are_checked(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, TWO.replace('agent = "claude"', 'agent = "claude"\nmax_hops = "six"'
+                                                 '\ncatch_up_bytes = -1'))
+    assert by_key(problems, "defaults.max_hops").fix == "write max_hops = 6"
+    assert by_key(problems, "defaults.catch_up_bytes")

@@ -622,3 +622,83 @@ def test_contract_17_abort_of_a_superseded_stop_changes_nothing() -> None:
     assert ledger.generation("a") == second.generation == 2 and ledger.queued("a") == ()
     with pytest.raises(LedgerError):
         ledger.abort_stop(ledger.stop("a"))  # a repeat has nothing to undo
+
+
+# ---------------------------------------------------------------- several agents per channel
+
+
+def test_lanes_of_one_channel_run_turns_at_the_same_time() -> None:
+    ledger = StopLedger()
+    ledger.accept("ch", "ann", 1, human=True)
+    ledger.accept("ch", "bob", 2, human=True)
+    ann = ledger.take("ch", "ann", "ta").ticket
+    bob = ledger.take("ch", "bob", "tb").ticket
+    assert ann is not None and bob is not None and (ann.agent, bob.agent) == ("ann", "bob")
+    assert ledger.current_turns("ch") == {"ann": "ta", "bob": "tb"}
+    assert ledger.may_start("ch", "ta") and ledger.may_start("ch", "tb")
+    with pytest.raises(LedgerError):  # one turn at a time per lane
+        ledger.take("ch", "ann", "ta2")
+
+
+def test_contract_12_one_stop_names_every_turn_of_the_channel_with_its_agent_and_drops_every_lane() -> None:
+    ledger = StopLedger()
+    _run_turn(ledger, "ch", 1, "ta")  # lane "bot"
+    ledger.accept("ch", "ann", 2, human=True)
+    ledger.take("ch", "ann", "tann")
+    ledger.accept("ch", "ann", 3, human=True)
+    ledger.accept("ch", "bob", 4, human=False)
+
+    decision = ledger.stop("ch")
+
+    assert sorted(decision.stopped_turns) == [("ann", "tann"), ("bot", "ta")]
+    assert [(m.id, m.agent) for m in decision.dropped] == [(3, "ann"), (4, "bob")]
+    assert decision.notice_due and all(ledger.is_stale("ch", t) for _, t in decision.stopped_turns)
+    assert ledger.queued("ch") == ()
+
+
+def test_contract_17_abort_stop_restores_every_lane_exactly() -> None:
+    ledger = StopLedger()
+    ledger.accept("ch", "ann", 1, human=True)
+    ledger.take("ch", "ann", "tann")
+    ledger.accept("ch", "ann", 2, human=True)
+    ledger.accept("ch", "bob", 3, human=False)
+    ledger.accept("ch", "bob", 4, human=False)
+    before = {a: ledger.queued("ch", a) for a in ("ann", "bob")}
+
+    decision = ledger.stop("ch")
+    ledger.accept("ch", "bob", 5, human=False)  # while the record was being stored
+    assert ledger.abort_stop(decision)
+
+    assert ledger.queued("ch", "ann") == before["ann"]
+    assert [m.id for m in ledger.queued("ch", "bob")] == [3, 4, 5]
+    assert all(m.generation == 0 for m in ledger.queued("ch"))
+    assert not ledger.is_stale("ch", "tann") and not ledger.rests("ch")
+
+
+def test_contract_12_a_routed_message_is_refused_while_the_channel_rests_and_a_human_lifts_it() -> None:
+    ledger = StopLedger()
+    ledger.stop("ch")
+    assert ledger.rests("ch") and not ledger.may_route("ch", from_human=False)
+    with pytest.raises(LedgerError):
+        ledger.accept("ch", "bob", 1, human=False, routed=True, hops=1)
+    assert ledger.queued("ch") == ()
+    ledger.accept("ch", "ann", 2, human=True)
+    assert ledger.may_route("ch", from_human=False)
+    assert ledger.accept("ch", "bob", 3, human=False, routed=True, hops=1).hops == 1
+
+
+def test_contract_12_a_stale_turn_may_not_route() -> None:
+    ledger = StopLedger()
+    _run_turn(ledger, "ch", 1, "t1")
+    assert ledger.may_route("ch", from_human=False, turn_id="t1")
+    ledger.stop("ch")
+    ledger.accept("ch", "bot", 2, human=True)  # the rest is lifted; the stopped turn is still stale
+    assert not ledger.may_route("ch", from_human=False, turn_id="t1")
+
+
+def test_restore_brings_back_the_rest_and_the_repeat_window() -> None:
+    ledger = StopLedger()
+    ledger.restore("ch", 3, rests=True, stopped=True)
+    assert ledger.rests("ch") and ledger.in_repeat_window("ch")
+    assert ledger.stop("ch").repeat  # a re-sent stop after the restart does not move the generation
+    assert ledger.generation("ch") == 3

@@ -1,8 +1,9 @@
 """A hypothesis state machine for the stop ledger, checked against an independent model.
 
 The driver's calls (accept, stop, stop_all, take, may_start, keep_process, keep_output,
-end_turn, notice_stored, and a daemon restart that restores generations and requeues
-messages) are interleaved in any order over three channels. The model below is written
+end_turn, notice_stored, a hand-off routed from a turn's output, and a daemon restart that
+restores generations and requeues messages) are interleaved in any order over three
+channels, each with two agents (two lanes). The model below is written
 from the stop contract (docs/stop-contract.md), not from the ledger's code: it tracks each message's fate
 (queued, taken, dropped) and each turn's staleness. Every step checks the ledger's answer
 against the model, and every invariant is rechecked for every channel after every step.
@@ -13,14 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from supervisor._ledger import LedgerError, OutputKind, Phase, QueuedMessage, StopDecision, StopLedger
+from supervisor._router import route as router_route
 
 CHANNELS = ("a", "b", "c")
 channels = st.sampled_from(CHANNELS)
+AGENTS = ("x", "y")
+agents = st.sampled_from(AGENTS)
+MAX_HOPS = 3
 # Few distinct values: what matters is zero versus some, and hitting the nudge limit.
 todo_counts = st.sampled_from((0, 1, 3))
 nudge_limits = st.one_of(st.none(), st.integers(min_value=0, max_value=3))
@@ -29,23 +34,34 @@ nudge_limits = st.one_of(st.none(), st.integers(min_value=0, max_value=3))
 @dataclass
 class _Msg:
     channel: str
+    agent: str
     human: bool
     nudge: bool
     generation: int
     stops_before: int
     """How many non-repeat stops of its channel happened before it was accepted."""
     fate: str = "queued"  # queued | taken | dropped
+    hops: int = 0
+    routed: bool = False
 
 
 @dataclass
-class _Chan:
-    generation: int = 0
+class _Lane:
     queue: list[int] = field(default_factory=list)
     """Live messages, oldest first."""
     ghosts: list[int] = field(default_factory=list)
     """Dropped messages a restart put back (the store missed their dequeue); never run."""
     turn: str | None = None
     started: bool = False
+    nudges_in_row: int = 0
+    """Nudges granted since the row began: a human turn began, or a turn that was not a
+    nudge ended without one."""
+
+
+@dataclass
+class _Chan:
+    generation: int = 0
+    lanes: dict[str, _Lane] = field(default_factory=lambda: {a: _Lane() for a in AGENTS})
     ticket_since_stop: bool = True
     """A take returned a ticket since the last stop (vacuously true before any stop)."""
     stops: int = 0
@@ -53,9 +69,16 @@ class _Chan:
     notices_due: int = 0
     notice_seq: int | None = None
     routing_rests: bool = False
-    nudges_in_row: int = 0
-    """Nudges granted since the row began: a human turn began, or a turn that was not a
-    nudge ended without one."""
+
+    def waiting(self) -> list[int]:
+        """Every lane's ghosts and queue, in acceptance order."""
+        return sorted(i for lane in self.lanes.values() for i in lane.ghosts + lane.queue)
+
+    def busy(self) -> bool:
+        return any(lane.queue or lane.ghosts or lane.turn is not None for lane in self.lanes.values())
+
+    def first_turn(self) -> str | None:
+        return next((lane.turn for lane in self.lanes.values() if lane.turn is not None), None)
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -68,6 +91,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.chans: dict[str, _Chan] = {name: _Chan() for name in CHANNELS}
         self.msgs: dict[int, _Msg] = {}
         self.turns: list[tuple[str, str]] = []  # every turn ever taken: (channel, turn_id)
+        self.turn_agent: dict[str, str] = {}
         self.stale: set[str] = set()  # turns a non-repeat stop made stale
         self.turn_message: dict[str, int] = {}
         self.next_id = 0
@@ -85,28 +109,34 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _current(self, channel: str, turn_id: str) -> bool:
         """The model's answer to "may this turn still act?"."""
-        return self.chans[channel].turn == turn_id and turn_id not in self.stale
+        agent = self.turn_agent.get(turn_id)
+        return agent is not None and self.chans[channel].lanes[agent].turn == turn_id and turn_id not in self.stale
 
     def _snapshot(self, channel: str) -> tuple[object, ...]:
-        turn = self.ledger.current_turn(channel)
+        turns = self.ledger.current_turns(channel)
         return (
             self.ledger.generation(channel),
             self.ledger.queued(channel),
-            turn,
-            self.ledger.turn_phase(channel),
+            tuple(sorted(turns.items())),
+            tuple(self.ledger.turn_phase(channel, a) for a in AGENTS),
             self.ledger.is_busy(channel),
-            self.ledger.is_stale(channel, turn) if turn else None,
+            tuple(self.ledger.is_stale(channel, t) for t in turns.values()),
             self.ledger.may_route(channel, from_human=False),
         )
 
-    def _accept(self, channel: str, *, human: bool, nudge: bool) -> None:
+    def _accept(
+        self, channel: str, agent: str, *, human: bool, nudge: bool, hops: int = 0, routed: bool = False
+    ) -> None:
         model = self.chans[channel]
+        # Contract 12: no routed message is ever accepted while the channel rests.
+        assert not (routed and model.routing_rests)
         message_id = self._new_id()
-        message = self.ledger.accept(channel, "bot", message_id, human=human, nudge=nudge)
-        assert (message.id, message.human, message.nudge) == (message_id, human, nudge)
+        message = self.ledger.accept(channel, agent, message_id, human=human, nudge=nudge, hops=hops, routed=routed)
+        assert (message.id, message.human, message.nudge, message.agent) == (message_id, human, nudge, agent)
         assert message.generation == model.generation  # stamped with the current generation
-        self.msgs[message_id] = _Msg(channel, human, nudge, model.generation, model.stops)
-        model.queue.append(message_id)
+        self.msgs[message_id] = _Msg(channel, agent, human, nudge, model.generation, model.stops, hops=hops,
+                                     routed=routed)
+        model.lanes[agent].queue.append(message_id)
         if human:
             model.routing_rests = False
 
@@ -121,7 +151,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if decision.repeat:
             assert decision.generation == model.generation
             assert decision.dropped == ()  # a message typed after the first press survives
-            assert decision.stopped_turn is None
+            assert decision.stopped_turns == ()
             assert decision.notice_seq == model.notice_seq
             return
         model.generation += 1
@@ -132,116 +162,182 @@ class LedgerMachine(RuleBasedStateMachine):
         model.routing_rests = True
         assert decision.generation == model.generation
         assert decision.notice_seq is None
-        # Contract 3: exactly the messages queued before the stop are dropped, oldest first.
-        assert [m.id for m in decision.dropped] == model.ghosts + model.queue
+        # Contract 3: exactly the messages queued (in every lane) before the stop are dropped,
+        # oldest first.
+        assert [m.id for m in decision.dropped] == model.waiting()
         for message in decision.dropped:
             record = self.msgs[message.id]
-            assert record.channel == channel
+            assert record.channel == channel and record.agent == message.agent
             assert record.stops_before < model.stops  # accepted before this stop
-            assert record.fate == ("dropped" if message.id in model.ghosts else "queued")
+            ghost = message.id in model.lanes[record.agent].ghosts
+            assert record.fate == ("dropped" if ghost else "queued")
             record.fate = "dropped"
-        model.queue.clear()
-        model.ghosts.clear()
-        assert decision.stopped_turn == model.turn
-        if model.turn is not None:
-            self.stale.add(model.turn)
+        # Contract 12: every running turn of every agent in the channel is stopped, by one decision.
+        assert sorted(decision.stopped_turns) == sorted(
+            (agent, lane.turn) for agent, lane in model.lanes.items() if lane.turn is not None
+        )
+        for lane in model.lanes.values():
+            lane.queue.clear()
+            lane.ghosts.clear()
+            if lane.turn is not None:
+                self.stale.add(lane.turn)
 
-    def _take(self, channel: str) -> None:
+    def _take(self, channel: str, agent: str) -> None:
         model = self.chans[channel]
+        lane = model.lanes[agent]
         turn_id = f"t{self._new_id()}"
-        if model.turn is not None:
+        if lane.turn is not None:
             before = self._snapshot(channel)
-            with pytest.raises(LedgerError):  # a second turn in a busy channel is a driver bug
-                self.ledger.take(channel, "bot", turn_id)
+            with pytest.raises(LedgerError):  # a second turn in a busy lane is a driver bug
+                self.ledger.take(channel, agent, turn_id)
             assert self._snapshot(channel) == before
             return
-        result = self.ledger.take(channel, "bot", turn_id)
+        result = self.ledger.take(channel, agent, turn_id)
         # Messages from before a stop that a restart put back are dropped, never run.
-        assert [m.id for m in result.dropped] == model.ghosts
+        assert [m.id for m in result.dropped] == lane.ghosts
         assert all(self.msgs[m.id].fate == "dropped" for m in result.dropped)
-        model.ghosts.clear()
-        if not model.queue:
+        lane.ghosts.clear()
+        if not lane.queue:
             assert result.ticket is None
             return
         ticket = result.ticket
-        assert ticket is not None and ticket.turn_id == turn_id
-        assert ticket.message.id == model.queue[0]  # oldest first
+        assert ticket is not None and ticket.turn_id == turn_id and ticket.agent == agent
+        assert ticket.message.id == lane.queue[0]  # oldest first
         record = self.msgs[ticket.message.id]
         # Contract 3: no message accepted before a (non-repeat) stop of its channel runs after it.
-        assert record.fate == "queued" and record.channel == channel
+        assert record.fate == "queued" and record.channel == channel and record.agent == agent
         assert record.stops_before == model.stops
         assert ticket.generation == model.generation == ticket.message.generation
         record.fate = "taken"
-        model.queue.pop(0)
-        model.turn = turn_id
-        model.started = False
+        lane.queue.pop(0)
+        lane.turn = turn_id
+        lane.started = False
         model.ticket_since_stop = True
         if record.human:
-            model.nudges_in_row = 0
+            lane.nudges_in_row = 0
         self.turns.append((channel, turn_id))
+        self.turn_agent[turn_id] = agent
         self.turn_message[turn_id] = ticket.message.id
 
-    def _end(self, channel: str, ok: bool, todos: int, limit: int | None) -> None:
-        model = self.chans[channel]
-        turn_id = model.turn
+    def _end(self, channel: str, agent: str, ok: bool, todos: int, limit: int | None) -> None:
+        lane = self.chans[channel].lanes[agent]
+        turn_id = lane.turn
         assert turn_id is not None
         stale = turn_id in self.stale
-        queued = bool(model.queue or model.ghosts)
+        queued = bool(lane.queue or lane.ghosts)
         was_nudge = self.msgs[self.turn_message[turn_id]].nudge
         decision = self.ledger.end_turn(channel, turn_id, ok=ok, unfinished_todos=todos, max_nudges=limit)
-        model.turn = None
-        model.started = False
+        lane.turn = None
+        lane.started = False
         assert decision.stale == stale
         # Contract 9 and the nudge rules: only after an ok, current turn with unfinished todos
-        # and nothing queued; never after a stop; at most the limit in a row (0 turns it off).
+        # and nothing queued in its lane; never after a stop; at most the limit in a row.
         row_limit = self.max_nudges if limit is None else limit
-        expected = not stale and ok and todos > 0 and not queued and model.nudges_in_row < row_limit
+        expected = not stale and ok and todos > 0 and not queued and lane.nudges_in_row < row_limit
         assert decision.nudge == expected
         if decision.nudge:
-            model.nudges_in_row += 1
-            assert model.nudges_in_row <= row_limit
-            self._accept(channel, human=False, nudge=True)  # the driver queues the nudge at once
+            lane.nudges_in_row += 1
+            assert lane.nudges_in_row <= row_limit
+            self._accept(channel, agent, human=False, nudge=True)  # the driver queues the nudge at once
         elif not was_nudge:
-            model.nudges_in_row = 0
+            lane.nudges_in_row = 0
 
     # ------------------------------------------------------------ rules
 
-    @rule(channel=channels, human=st.booleans())
-    def accept(self, channel: str, human: bool) -> None:
-        self._accept(channel, human=human, nudge=False)
+    @rule(channel=channels, agent=agents, human=st.booleans())
+    def accept(self, channel: str, agent: str, human: bool) -> None:
+        self._accept(channel, agent, human=human, nudge=False)
 
-    @rule(channel=channels, human=st.booleans())
-    def accept_and_run(self, channel: str, human: bool) -> None:
-        """What a worker does for a message on an idle channel: accept, take, start."""
-        self._accept(channel, human=human, nudge=False)
-        if self.chans[channel].turn is None:
-            self._take(channel)
-            turn = self.chans[channel].turn
+    @rule(channel=channels, agent=agents, human=st.booleans())
+    def accept_and_run(self, channel: str, agent: str, human: bool) -> None:
+        """What a worker does for a message on an idle lane: accept, take, start."""
+        self._accept(channel, agent, human=human, nudge=False)
+        lane = self.chans[channel].lanes[agent]
+        if lane.turn is None:
+            self._take(channel, agent)
+            turn = lane.turn
             assert turn is not None
             assert self.ledger.may_start(channel, turn) is True
-            self.chans[channel].started = True
+            lane.started = True
 
-    @rule(channel=channels, ok=st.booleans(), todos=todo_counts)
-    def full_turn(self, channel: str, ok: bool, todos: int) -> None:
+    @rule(channel=channels, agent=agents, ok=st.booleans(), todos=todo_counts)
+    def full_turn(self, channel: str, agent: str, ok: bool, todos: int) -> None:
         """A worker's whole cycle: take if idle, start unless stopped, end."""
-        model = self.chans[channel]
-        if model.turn is None:
-            self._take(channel)
-        if model.turn is None:
+        lane = self.chans[channel].lanes[agent]
+        if lane.turn is None:
+            self._take(channel, agent)
+        if lane.turn is None:
             return
-        if self._current(channel, model.turn):
-            assert self.ledger.may_start(channel, model.turn) is True
-            model.started = True
-        self._end(channel, ok, todos, None)
+        if self._current(channel, lane.turn):
+            assert self.ledger.may_start(channel, lane.turn) is True
+            lane.started = True
+        self._end(channel, agent, ok, todos, None)
 
-    @rule(channel=channels, rounds=st.integers(min_value=1, max_value=5))
-    def agent_keeps_going(self, channel: str, rounds: int) -> None:
+    @rule(channel=channels, agent=agents, rounds=st.integers(min_value=1, max_value=5))
+    def agent_keeps_going(self, channel: str, agent: str, rounds: int) -> None:
         """Turns that end well with work left over: the nudge chain a stop must break."""
         for _ in range(rounds):
-            model = self.chans[channel]
-            if model.turn is None and not model.queue:
+            lane = self.chans[channel].lanes[agent]
+            if lane.turn is None and not lane.queue:
                 break
-            self.full_turn(channel, True, 1)
+            self.full_turn(channel, agent, True, 1)
+
+    @rule(channel=channels, agent=agents, to=agents)
+    def hand_off(self, channel: str, agent: str, to: str) -> None:
+        """The agent's running turn stores a message mentioning ``to``: the driver asks
+        the ledger and the router, and accepts what they allow, in the same step."""
+        lane = self.chans[channel].lanes[agent]
+        model = self.chans[channel]
+        if lane.turn is None:
+            return
+        turn_id = lane.turn
+        if not self.ledger.keep_output(channel, turn_id, OutputKind.OTHER):
+            assert not self._current(channel, turn_id)  # a stale turn's message is never stored
+            return
+        parent = self.msgs[self.turn_message[turn_id]].hops
+        may = self.ledger.may_route(channel, from_human=False, turn_id=turn_id)
+        assert may == (not model.routing_rests)
+        decision = router_route(
+            f"@{to} over", author=agent, hops=parent, members=AGENTS, may_route=may, max_hops=MAX_HOPS
+        )
+        if to == agent or not may:
+            assert decision.targets == () and decision.chain_stopped_at is None  # never back to its author
+            return
+        if parent + 1 > MAX_HOPS:
+            event("hand-off held back at the hop limit")
+            assert decision.targets == () and decision.chain_stopped_at == parent
+            return
+        assert decision.targets == (to,) and decision.hops == parent + 1
+        for name in decision.targets:
+            self._accept(channel, name, human=False, nudge=False, hops=decision.hops, routed=True)
+
+    @rule(channel=channels, rounds=st.integers(min_value=1, max_value=6))
+    def ping_pong(self, channel: str, rounds: int) -> None:
+        """Each agent in turn takes its message, hands off to the other, and ends: a chain
+        that only the hop limit (or a stop, or a rest) ends."""
+        lanes = self.chans[channel].lanes
+        for _ in range(rounds):
+            for agent, other in zip(AGENTS, reversed(AGENTS), strict=True):
+                if lanes[agent].turn is None:
+                    self._take(channel, agent)
+                turn_id = lanes[agent].turn
+                if turn_id is None:
+                    continue
+                if self._current(channel, turn_id):
+                    assert self.ledger.may_start(channel, turn_id) is True
+                    lanes[agent].started = True
+                self.hand_off(channel, agent, other)
+                self._end(channel, agent, True, 0, None)
+
+    @rule(channel=channels, agent=agents)
+    def route_while_resting_is_refused(self, channel: str, agent: str) -> None:
+        """A routed message while the channel rests is a driver bug: refused, nothing changes."""
+        if not self.chans[channel].routing_rests:
+            return
+        before = self._snapshot(channel)
+        with pytest.raises(LedgerError):
+            self.ledger.accept(channel, agent, self._new_id(), human=False, hops=1, routed=True)
+        assert self._snapshot(channel) == before
 
     @rule(channel=channels)
     def stop(self, channel: str) -> None:
@@ -256,7 +352,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule()
     def stop_all(self) -> None:
-        busy = {name for name, m in self.chans.items() if m.queue or m.ghosts or m.turn is not None}
+        busy = {name for name, m in self.chans.items() if m.busy()}
         idle = {name: self._snapshot(name) for name in CHANNELS if name not in busy}
         decisions = self.ledger.stop_all()
         names = [d.channel for d in decisions]
@@ -266,8 +362,8 @@ class LedgerMachine(RuleBasedStateMachine):
             self._check_stop(decision)
         assert {name: self._snapshot(name) for name in idle} == idle
 
-    @rule(channel=channels, window=st.lists(st.booleans(), max_size=3))
-    def stop_then_abort(self, channel: str, window: list[bool]) -> None:
+    @rule(channel=channels, window=st.lists(st.tuples(agents, st.booleans()), max_size=3))
+    def stop_then_abort(self, channel: str, window: list[tuple[str, bool]]) -> None:
         """A stop whose record could not be stored (contract 17), with messages accepted
         (human or not) while it was being stored: ``abort_stop`` restores the channel exactly."""
         model = self.chans[channel]
@@ -279,23 +375,24 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.ledger.abort_stop(decision)
             return
         assert decision.generation == model.generation + 1
-        accepted = [(self._new_id(), human) for human in window]
-        for message_id, human in accepted:
-            self.ledger.accept(channel, "bot", message_id, human=human)
+        accepted = [(self._new_id(), agent, human) for agent, human in window]
+        for message_id, agent, human in accepted:
+            self.ledger.accept(channel, agent, message_id, human=human)
         assert self.ledger.abort_stop(decision) is True
-        # The model never saw the stop: the window's messages join the queue under the
-        # restored generation, and a human among them lifts the routing rest.
-        for message_id, human in accepted:
-            self.msgs[message_id] = _Msg(channel, human, False, model.generation, model.stops)
-            model.queue.append(message_id)
+        # The model never saw the stop: every lane's dropped messages are back at its head,
+        # the window's messages join the lanes under the restored generation, and a human
+        # among them lifts the routing rest.
+        for message_id, agent, human in accepted:
+            self.msgs[message_id] = _Msg(channel, agent, human, False, model.generation, model.stops)
+            model.lanes[agent].queue.append(message_id)
             if human:
                 model.routing_rests = False
         assert self.ledger.notice_seq(channel) == model.notice_seq
         assert {name: self._snapshot(name) for name in others} == others
 
-    @rule(channel=channels)
-    def take(self, channel: str) -> None:
-        self._take(channel)
+    @rule(channel=channels, agent=agents)
+    def take(self, channel: str, agent: str) -> None:
+        self._take(channel, agent)
 
     @precondition(lambda self: bool(self.turns))
     @rule(data=st.data())
@@ -305,7 +402,7 @@ class LedgerMachine(RuleBasedStateMachine):
         # Contract 5: a stopped (or finished) turn never passes the point of no return.
         assert answer == self._current(channel, turn_id)
         if answer:
-            self.chans[channel].started = True
+            self.chans[channel].lanes[self.turn_agent[turn_id]].started = True
 
     @precondition(lambda self: bool(self.turns))
     @rule(data=st.data())
@@ -322,16 +419,16 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = kind is OutputKind.SESSION or self._current(channel, turn_id)
         assert self.ledger.keep_output(channel, turn_id, kind) == expected
 
-    @rule(channel=channels, ok=st.booleans(), todos=todo_counts, limit=nudge_limits)
-    def end_turn(self, channel: str, ok: bool, todos: int, limit: int | None) -> None:
-        if self.chans[channel].turn is not None:
-            self._end(channel, ok, todos, limit)
+    @rule(channel=channels, agent=agents, ok=st.booleans(), todos=todo_counts, limit=nudge_limits)
+    def end_turn(self, channel: str, agent: str, ok: bool, todos: int, limit: int | None) -> None:
+        if self.chans[channel].lanes[agent].turn is not None:
+            self._end(channel, agent, ok, todos, limit)
 
     @rule(channel=channels, data=st.data())
     def end_wrong_turn(self, channel: str, data: st.DataObject) -> None:
-        """Ending a turn that is not the one running is a driver bug, and changes nothing."""
-        current = self.chans[channel].turn
-        wrong = [t for c, t in self.turns if c == channel and t != current] + ["never-taken"]
+        """Ending a turn that is not one running is a driver bug, and changes nothing."""
+        current = {lane.turn for lane in self.chans[channel].lanes.values()}
+        wrong = [t for c, t in self.turns if c == channel and t not in current] + ["never-taken"]
         turn_id = data.draw(st.sampled_from(wrong), label="not running")
         before = self._snapshot(channel)
         with pytest.raises(LedgerError):
@@ -353,21 +450,26 @@ class LedgerMachine(RuleBasedStateMachine):
         from the store; with ``ghosts`` the store also missed dequeuing dropped messages."""
         self.ledger = StopLedger(max_nudges=self.max_nudges)
         for name, model in self.chans.items():
-            self.ledger.restore(name, model.generation)
+            # The store keeps the routing rest and the repeat window: they survive the restart.
+            self.ledger.restore(name, model.generation, rests=model.routing_rests, stopped=not model.ticket_since_stop)
             if lower:
                 self.ledger.restore(name, model.generation - 1)  # never moves a generation back
-            model.turn = None
-            model.started = False
-            # A fresh ledger starts a fresh repeat window, routing rest and nudge row.
-            model.ticket_since_stop = True
-            model.routing_rests = False
+            # A fresh ledger starts no notice and fresh nudge rows.
             model.notice_seq = None
-            model.nudges_in_row = 0
-            dropped = sorted(i for i, r in self.msgs.items() if r.channel == name and r.fate == "dropped")
-            model.ghosts = dropped if ghosts else []
-            for message_id in model.ghosts + model.queue:
-                record = self.msgs[message_id]
-                self.ledger.requeue(name, QueuedMessage(message_id, record.generation, record.human, record.nudge, agent="bot"))
+            for agent, lane in model.lanes.items():
+                lane.turn = None
+                lane.started = False
+                lane.nudges_in_row = 0
+                dropped = sorted(
+                    i for i, r in self.msgs.items() if r.channel == name and r.agent == agent and r.fate == "dropped"
+                )
+                lane.ghosts = dropped if ghosts else []
+                for message_id in lane.ghosts + lane.queue:
+                    record = self.msgs[message_id]
+                    self.ledger.requeue(name, QueuedMessage(
+                        message_id, record.generation, record.human, record.nudge, agent=agent, hops=record.hops,
+                        routed=record.routed,
+                    ))
 
     # ------------------------------------------------------------ invariants
 
@@ -375,16 +477,22 @@ class LedgerMachine(RuleBasedStateMachine):
     def channels_match_the_model(self) -> None:
         for name, model in self.chans.items():
             assert self.ledger.generation(name) == model.generation
-            queued = self.ledger.queued(name)
-            assert [m.id for m in queued] == model.ghosts + model.queue
-            assert all(m.generation == model.generation for m in queued if m.id in model.queue)
-            assert self.ledger.current_turn(name) == model.turn
-            assert self.ledger.is_busy(name) == bool(model.queue or model.ghosts or model.turn)
-            if model.turn is not None:
-                assert self.ledger.turn_phase(name) is (Phase.STARTED if model.started else Phase.PREPARING)
-                assert self.ledger.is_stale(name, model.turn) == (model.turn in self.stale)
-            else:
-                assert self.ledger.turn_phase(name) is None
+            assert [m.id for m in self.ledger.queued(name)] == model.waiting()
+            for agent, lane in model.lanes.items():
+                queued = self.ledger.queued(name, agent)
+                assert [m.id for m in queued] == lane.ghosts + lane.queue
+                assert all(m.generation == model.generation for m in queued if m.id in lane.queue)
+                assert self.ledger.current_turn(name, agent) == lane.turn
+                assert self.ledger.is_busy(name, agent) == bool(lane.queue or lane.ghosts or lane.turn)
+                if lane.turn is not None:
+                    assert self.ledger.turn_phase(name, agent) is (Phase.STARTED if lane.started else Phase.PREPARING)
+                    assert self.ledger.is_stale(name, lane.turn) == (lane.turn in self.stale)
+                else:
+                    assert self.ledger.turn_phase(name, agent) is None
+            assert self.ledger.is_busy(name) == model.busy()
+            assert self.ledger.current_turns(name) == {
+                a: lane.turn for a, lane in model.lanes.items() if lane.turn is not None
+            }
             # Contract 12: routing rests after a stop until a human speaks; humans never gated.
             assert self.ledger.may_route(name, from_human=False) == (not model.routing_rests)
             assert self.ledger.may_route(name, from_human=True)
@@ -405,9 +513,12 @@ class LedgerMachine(RuleBasedStateMachine):
     def every_message_has_one_fate(self) -> None:
         for message_id, record in self.msgs.items():
             model = self.chans[record.channel]
-            assert (message_id in model.queue) == (record.fate == "queued")
-            if message_id in model.ghosts:
+            lane = model.lanes[record.agent]
+            assert (message_id in lane.queue) == (record.fate == "queued")
+            if message_id in lane.ghosts:
                 assert record.fate == "dropped"
+            # Hand-offs: no routed message ever exceeds the hop limit.
+            assert record.hops <= MAX_HOPS
             if record.fate == "queued":
                 # Contract 4: a message accepted after the last stop is still waiting to run.
                 assert record.stops_before == model.stops

@@ -187,6 +187,8 @@ async def test_two_agents_work_at_once_and_one_stop_kills_both_with_one_notice_l
         assert [n.text for n in notices] == [STOP_NOTICE]
         assert stored[-1] == notices[0]
         assert sup.status()["channels"]["ch"]["agents"]["ann"]["state"] == "idle"
+        # A message to two agents is each one's prompt alone: neither catches up on it.
+        assert [p["prompt"] for p in prompts(short_tmp)] == [f"gate={gate}"] * 2
 
 
 async def test_a_stop_in_one_channel_never_rests_or_stops_another_with_the_same_agents(
@@ -338,3 +340,206 @@ async def test_an_agent_post_after_a_stop_is_stored_not_routed_until_a_human_spe
         assert not sup.status()["channels"]["ch"]["rests"] and human.to == ("ann",)
         with trio.fail_after(SLOW):
             await wait_entry(sup, "ch", lambda e: e.author == "agent:bob" and e.text == "bob done")
+
+
+async def test_a_stop_at_the_first_checkpoint_after_a_hand_off_is_stored_keeps_b_from_starting(
+    short_tmp: Path,
+) -> None:
+    # The stop is scheduled from inside the store's write of A's hand-off entry, so it runs
+    # at the very next checkpoint. The routed message was accepted in the same synchronous
+    # step as the entry (under the old generation), so the stop drops it: B never starts.
+    async with running(short_tmp) as (sup, spawned):
+        results: list[Any] = []
+        stopped = trio.Event()
+
+        async def stop_now() -> None:
+            results.append(await sup.stop("ch"))
+            stopped.set()
+
+        real = sup._store.submit_entry
+
+        def submit_entry(channel: str, author: str, kind: str, text: str, **kw: Any) -> Any:
+            pending = real(channel, author, kind, text, **kw)
+            if author == "agent:ann" and kind == "message" and "@bob" in text and not results:
+                results.append(None)
+                sup._nursery.start_soon(stop_now)
+            return pending
+
+        sup._store.submit_entry = submit_entry  # type: ignore[method-assign]
+        await sup.send("ch", "handoff", to=["ann"])
+        with trio.fail_after(SLOW):
+            await stopped.wait()
+            assert await sup.wait_idle("ch")
+        result = results[1]
+        assert result.ok and len(spawned.calls) == 1  # ann's turn only: bob never started
+        stored = await entries(sup, "ch")
+        assert stored[-1].kind == "notice" and not any(e.author == "agent:bob" for e in stored)
+        assert [e.text for e in stored if e.author == "agent:ann"] == ["@bob please review"]
+
+
+# ---------------------------------------------------------------- the API, the CLI and a restart
+
+
+def _http(folder: Path) -> Any:
+    import httpx
+
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(folder / "corral.sock")), base_url="http://corral")
+
+
+async def test_api_to_field_and_agent_authors(short_tmp: Path) -> None:
+    from supervisor._daemon import run_daemon
+
+    config = two_agents(short_tmp)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: run_daemon(config, handle_signals=False, subreaper=False, task_status=task_status)
+        )
+        async with _http(short_tmp) as http:
+            bad = await http.post("/v1/channels/c/messages", json={"text": "hi", "to": ["bobb"]})
+            assert bad.status_code == 400 and "did you mean 'bob'" in bad.json()["error"]["message"]
+            wrong = await http.post("/v1/channels/c/messages", json={"text": "hi", "to": "bob"})
+            assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "bad_field"
+            both = await http.post("/v1/channels/c/messages", json={"text": "hi", "to": ["bob", "ann"]})
+            assert both.status_code == 202 and both.json()["to"] == ["bob", "ann"]
+            assert (await http.post("/v1/channels/c/wait", params={"timeout": 30})).json()["idle"]
+            stop = await http.post("/v1/channels/c/stop")
+            assert stop.status_code == 200 and stop.json()["turns"] == []
+
+            bot = await http.post("/v1/channels/c/messages", json={"text": "@bob look", "author": "agent:ann"})
+            assert bot.status_code == 202 and bot.json()["to"] == []  # stored, not routed: the channel rests
+            status = (await http.get("/v1/status")).json()["channels"]["c"]
+            assert status["rests"] is True and set(status["agents"]) == {"ann", "bob"}
+            assert all(a["state"] == "idle" for a in status["agents"].values())
+
+            human = await http.post("/v1/channels/c/messages", json={"text": "hi @bob"})
+            assert human.json()["to"] == ["bob"]
+            assert (await http.get("/v1/status")).json()["channels"]["c"]["rests"] is False
+            routed = await http.post("/v1/channels/c/messages", json={"text": "@ann look", "author": "agent:bob"})
+            assert routed.json()["to"] == ["ann"]
+            assert (await http.post("/v1/channels/c/wait", params={"timeout": 30})).json()["idle"]
+            await http.post("/v1/shutdown")
+
+
+def test_restart_a_channel_at_rest_stays_at_rest_after_shutdown_and_run(short_tmp: Path) -> None:
+    from conftest import DaemonProcess
+
+    text = """
+[server]
+socket = "corral.sock"
+[store]
+path = "corral.db"
+[defaults]
+agent = "ann"
+[agents.ann]
+adapter = "demo"
+delay = 0.01
+[agents.bob]
+adapter = "demo"
+delay = 0.01
+"""
+    daemon = DaemonProcess(short_tmp, text)
+    try:
+        daemon.cli("send", "ch", "hello", "--to", "ann", "--to", "bob", check=True)
+        daemon.cli("wait", "ch", check=True)
+        stop = json.loads(daemon.cli("stop", "ch", "--json", check=True).stdout)
+        assert stop["ok"] and not stop["repeat"]
+        daemon.cli("shutdown", check=True)
+        assert daemon.proc.wait(timeout=60) == 0
+    finally:
+        daemon.stop()
+    daemon = DaemonProcess(short_tmp, text)
+    try:
+        status = json.loads(daemon.cli("status", "--json", check=True).stdout)
+        assert status["channels"]["ch"]["rests"] is True
+        bot = json.loads(daemon.cli("send", "ch", "@bob wake up", "--as", "agent:ann", "--json", check=True).stdout)
+        assert bot["to"] == []
+        again = json.loads(daemon.cli("stop", "ch", "--json", check=True).stdout)
+        assert again["repeat"] and again["generation"] == stop["generation"]  # the repeat window survived too
+        human = json.loads(daemon.cli("send", "ch", "@bob go on", "--json", check=True).stdout)
+        assert human["to"] == ["bob"]
+        daemon.cli("wait", "ch", check=True)
+        status = json.loads(daemon.cli("status", "--json", check=True).stdout)
+        assert status["channels"]["ch"]["rests"] is False
+        shown = daemon.cli("status", check=True).stdout
+        assert "    bob: idle" in shown
+    finally:
+        daemon.stop()
+
+
+# ---------------------------------------------------------------- the README's section
+
+
+def _readme_section() -> str:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = text.index("## Channels and agents")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def _blocks(lang: str) -> list[str]:
+    import re
+
+    return re.findall(rf"```{lang}\n(.*?)```", _readme_section(), re.S)
+
+
+def test_readme_channel_config_is_valid_as_shown(tmp_path: Path) -> None:
+    import tomllib
+
+    (block,) = _blocks("toml")
+    config = parse_config(tomllib.loads(block), base=tmp_path)
+    assert config.members("review") == ("codex", "claude") and config.hop_limit("review") == 2
+    assert config.members("elsewhere") == ("claude", "codex") and config.hop_limit("elsewhere") == 6
+    assert (config.catch_up_entries, config.catch_up_bytes) == (20, 16384)
+
+
+def test_readme_catch_up_example_is_what_corral_builds() -> None:
+    from supervisor._catchup import Missed, catch_up_prompt
+
+    (block,) = _blocks("text")
+    built = catch_up_prompt(
+        [Missed("human:ana", "can someone look at the parser?"),
+         Missed("agent:gemini", "I can reproduce it with an empty file")],
+        "@claude the tests fail on empty input", author="agent:codex", earlier=3,
+    )
+    assert block == built + "\n"
+
+
+def test_readme_stop_and_status_examples_have_the_shapes_corral_returns() -> None:
+    from supervisor._supervisor import StopResult
+
+    stop, status = (json.loads(b) for b in _blocks("json"))
+    assert set(stop) == set(StopResult(channel="x", generation=1).to_json())
+    assert set(stop["turns"][0]) == {"agent", "turn", "killed", "swept"}
+    channel = status["channels"]["work"]
+    assert set(channel) >= {"generation", "rests", "queued", "turn", "agents"}
+    assert {a["state"] for a in channel["agents"].values()} <= {"idle", "queued", "running", "stopping"}
+
+
+async def test_a_bug_in_one_agents_turn_frees_its_own_lane_while_another_agent_runs(
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor import _turn
+
+    original = _turn.Turn._request
+    broken: list[str] = []
+
+    def broken_once(self: Any, session_id: Any) -> Any:
+        if self.agent.name == "bob" and not broken:
+            broken.append(self.turn_id)
+            raise RuntimeError("a bug")
+        return original(self, session_id)
+
+    monkeypatch.setattr(_turn.Turn, "_request", broken_once)
+    gate = gates()
+    async with running(short_tmp) as (sup, _):
+        first = await sup.send("ch", f"gate={gate}", to=["ann"])
+        await ready(sup, "ch", "agent:ann", first.seq)
+        await sup.send("ch", "one", to=["bob"])
+        await sup.send("ch", "two", to=["bob"])
+        with trio.fail_after(SLOW):
+            await wait_entry(sup, "ch", lambda e: e.author == "agent:bob" and e.text == "bob done")
+        assert sup.status()["channels"]["ch"]["agents"]["ann"]["state"] == "running"
+        gate.open()
+        with trio.fail_after(SLOW):
+            assert await sup.wait_idle("ch")
+        stored = await entries(sup, "ch")
+        assert any(e.kind == "error" and "a bug" in e.text and e.turn == broken[0] for e in stored)

@@ -487,3 +487,52 @@ async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(s
         assert await store.load_channel_states() == {"c": ChannelState(3, False, True)}
         await store.begin_turn("t3", "c", "bot", 3, lifted.entry.seq).committed()  # type: ignore[union-attr]
         assert await store.load_channel_states() == {"c": ChannelState(3, False, False)}
+
+
+async def test_a_store_of_the_first_schema_is_migrated_and_keeps_its_rows(store_at: str) -> None:
+    from supervisor._engines import open_engine
+    from supervisor._store import _MIGRATIONS, _SCHEMA, _statements
+
+    old = open_engine(store_at)  # the first version, as shipped: no hops, no rest, no seen table
+    old.begin()
+    for statement in _statements(_SCHEMA):
+        old.execute(old.ddl(statement))
+    old.execute("INSERT INTO queue (seq, channel, agent, author, text, generation, nudge)"
+                " VALUES (7, 'c', 'claude', 'human:u', 'queued before the upgrade', 2, 0)")
+    old.execute("INSERT INTO generations (channel, generation) VALUES ('c', 2)")
+    old.commit()
+    old.close()
+    async with open_store(store_at) as store:
+        assert await store.load_queue() == [QueuedRow(7, "c", "claude", "human:u", "queued before the upgrade", 2, False)]
+        states = await store.load_channel_states()
+        assert (states["c"].generation, states["c"].rests, states["c"].stopped) == (2, False, False)
+        assert store.seen("c", "claude") is None
+        assert store.next_seq() == 8
+        versions = await store.query("SELECT version FROM schema_migrations ORDER BY version")
+        assert versions == [(n,) for n in range(1, len(_MIGRATIONS) + 1)]
+    async with open_store(store_at) as store:  # a second open migrates nothing again
+        assert await store.query("SELECT version FROM schema_migrations ORDER BY version") == versions
+
+
+async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reopen(store_at: str) -> None:
+    from supervisor._store import StopRecord
+
+    path = store_at
+    async with open_store(path) as store:
+        await store.accept_message("c", "ann", "human:u", "hi", generation=0, nudge=False).committed()
+        await store.begin_turn("t1", "c", "ann", 0, 1).committed()
+        await store.submit_stop_records([StopRecord(store.next_seq(), "c", 1, (), ("t1",), {})]).committed()
+    async with open_store(path) as store:
+        state = (await store.load_channel_states())["c"]
+        assert (state.generation, state.rests, state.stopped) == (1, True, True)
+        assert store.seen("c", "ann") == 1
+        # A human's message lifts the rest; a turn's begin closes the repeat window.
+        pending = store.accept_message("c", "bob", "human:u", "go", generation=1, nudge=False, to=("bob", "ann"))
+        await pending.committed()
+        assert pending.entry is not None
+        assert [(r.seq, r.agent) for r in await store.load_queue()] == [(pending.entry.seq, "bob"),
+                                                                        (pending.entry.seq + 1, "ann")]
+        await store.begin_turn("t2", "c", "bob", 1, pending.entry.seq).committed()
+    async with open_store(path) as store:
+        state = (await store.load_channel_states())["c"]
+        assert (state.rests, state.stopped) == (False, False)
