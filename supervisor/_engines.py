@@ -56,6 +56,7 @@ import re
 import socket
 import sqlite3
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CorralError
@@ -211,6 +212,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def begin(self, *, schema: bool = False) -> None:
         """Open a write transaction (``schema``: also serialise with other openers' migrations)."""
+
+    def batch(self) -> AbstractContextManager[object]:
+        """Around a transaction's writes: nothing here; PostgreSQL pipelines them (one round
+        trip for the batch, its first error raised when the block ends)."""
+        return nullcontext()
 
     @abc.abstractmethod
     def commit(self) -> None:
@@ -439,6 +445,11 @@ class PostgresEngine(Engine):
         self._retrying("BEGIN", ())
         if schema:
             self.execute("SELECT pg_advisory_xact_lock(?, ?)", (_LOCK_SPACE, _SCHEMA_LOCK))
+
+    def batch(self) -> AbstractContextManager[object]:
+        """psycopg's pipeline mode: a group commit's statements go out without waiting for
+        each other's answers (the first error is raised when the block ends)."""
+        return self._conn.pipeline()
 
     def commit(self) -> None:
         """Commit."""

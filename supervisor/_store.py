@@ -460,8 +460,9 @@ class Store:
         db = self._db
         db.begin()
         try:
-            for pending in batch:
-                pending._apply(db)
+            with db.batch():
+                for pending in batch:
+                    pending._apply(db)
             db.commit()
         except BaseException:
             db.rollback()  # (never raises: it would hide the real error)

@@ -24,9 +24,9 @@ DEBIAN_BINARIES = "/usr/lib/postgresql/*/bin"
 
 def find_binaries() -> Path | None:
     """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``, or None."""
-    for folder in sorted(glob.glob(DEBIAN_BINARIES), reverse=True):
-        if all(os.access(os.path.join(folder, b), os.X_OK) for b in ("initdb", "pg_ctl", "postgres")):
-            return Path(folder)
+    for found in sorted(glob.glob(DEBIAN_BINARIES), reverse=True):
+        if all(os.access(os.path.join(found, b), os.X_OK) for b in ("initdb", "pg_ctl", "postgres")):
+            return Path(found)
     initdb = shutil.which("initdb")
     if initdb is not None:
         folder = Path(os.path.realpath(initdb)).parent
