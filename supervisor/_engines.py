@@ -176,8 +176,6 @@ def describe_postgres(exc: BaseException, name: str) -> str:
         return f"I/O error in the PostgreSQL server of the store {name}; check its disk"
     if failure == "connection lost":
         return f"the database connection failed: {first} (store {name}); corral reconnects at the next write"
-    if isinstance(exc, StoreError):
-        return str(exc)
     diag = getattr(exc, "diag", None)
     primary = getattr(diag, "message_primary", None) or first
     if state is not None and state[:2] in _SAFE_CLASSES:

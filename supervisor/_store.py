@@ -146,6 +146,7 @@ def migrate(db: Engine) -> None:
             db.rollback()
             raise
 
+
 #: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
 #: (the stop's notice then ends it); ``ended``.
 TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"

@@ -233,8 +233,9 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
 def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """Validate a config file: every problem, with the file, the key and the fix.
 
-    Also checks what it can without starting: the socket path's length, and that the
-    socket's and the store's folders are writable or can be created.
+    Also checks what it can without starting: the socket path's length, that the socket's
+    and the store's folders are writable or can be created, and that a PostgreSQL store
+    answers.
     """
     import dataclasses
 
@@ -255,11 +256,14 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
                 click.echo(str(problem), err=True)
             click.echo(f"{len(problems)} problem(s)", err=True)
         sys.exit(EXIT_ERROR)
+    # (A PostgreSQL store was connected to by the preflight: say so.)
+    connected = " (connected)" if config.store_url else ""
     if obj.json or as_json:
-        _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket)})
+        _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
+                     "store": config.store_name})
     else:
         click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
-                   f" socket {config.server.socket}")
+                   f" socket {config.server.socket}; store {config.store_name}{connected}")
 
 
 @main.command()

@@ -106,6 +106,7 @@ def test_check_says_whether_the_database_answers(short_tmp: Path, postgres_serve
     (short_tmp / "corral.toml").write_text(pg_config(short_tmp, url))
     good = subprocess.run([*CORRAL, "check", "-c", "corral.toml"], cwd=short_tmp, capture_output=True, text=True)
     assert good.returncode == 0, good.stderr
+    assert f"store {url} (connected)" in good.stdout
     missing = url.replace("/t", "/nosuchdb", 1)
     (short_tmp / "corral.toml").write_text(pg_config(short_tmp, missing))
     bad = subprocess.run([*CORRAL, "check", "-c", "corral.toml"], cwd=short_tmp, capture_output=True, text=True)
