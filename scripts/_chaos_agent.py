@@ -2,7 +2,8 @@
 """The agent chaos_stop.py and faults.py run: the generic line protocol, with a stop's hard cases.
 
 The prompt is the last argument, or stdin when the agent is configured with
-``prompt = "stdin"`` (then the prompt is read to EOF first). Its first word is the job:
+``prompt = "stdin"`` (then the prompt is read to EOF first); after a catch-up (what the agent
+missed in a channel with several agents), the message it answers. Its first word is the job:
 
 * ``short ID`` — one status, one message, a result (a quick turn).
 * ``long ID`` — status, a plan (todos: one in progress, two pending), a ``bash`` tool that
@@ -85,6 +86,8 @@ def double_fork() -> None:
 
 def main() -> int:
     prompt = sys.stdin.read() if os.environ.get("CHAOS_STDIN") == "1" else sys.argv[-1]
+    if prompt.startswith("[Catch-up:"):  # what it missed in the channel, then its message, last
+        prompt = prompt.split("\n[End of catch-up.", 1)[-1].partition("\n")[2]
     job, _, ident = prompt.strip().partition(" ")
     ident = ident.split()[0] if ident else "?"
     started(job, ident)

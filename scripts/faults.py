@@ -572,15 +572,18 @@ class Trials:
             rig.kill9()
             t.join()
         elif point == "mid-turn":
-            self.send(book, ch, "long", rng.choice(["plain", "stubborn"]))
-            self.send(book, ch, "short")  # queued: it runs once, after the restart
+            agent = rng.choice(["plain", "stubborn"])
+            self.send(book, ch, "long", agent)
+            # Queued behind it (the same agent: each agent of a channel has its own queue):
+            # it runs once, after the restart.
+            self.send(book, ch, "short", agent)
             self.wait_entry(ch, "tool")
             time.sleep(rng.uniform(0.0, 0.2))
             rig.kill9()
             book.interrupted.add(ch)
         elif point == "mid-stop":
             self.send(book, ch, "long", "stubborn")
-            self.send(book, ch, "short")  # queued: the stop drops it
+            self.send(book, ch, "short", "stubborn")  # queued (its agent is busy): the stop drops it
             self.wait_entry(ch, "tool")
             client = Client(rig.daemon.socket)  # type: ignore[union-attr]
             t = threading.Thread(target=self.stop, args=(book, ch, client))
@@ -592,7 +595,7 @@ class Trials:
             book.interrupted.add(ch)
         elif point == "mid-shutdown":
             self.send(book, ch, "long", "stubborn")
-            self.send(book, ch, "short")  # queued: kept for after the restart
+            self.send(book, ch, "short", "stubborn")  # queued (its agent is busy): kept for after the restart
             self.wait_entry(ch, "tool")
             assert rig.daemon is not None
             rig.daemon.proc.send_signal(signal.SIGTERM)
@@ -798,14 +801,14 @@ class Trials:
             ch = "full"
             book.channels.add(ch)
             self.send_on(rig, book, ch, "long", "stubborn")
-            queued = [self.send_on(rig, book, ch, "short") for _ in range(2)]
+            queued = [self.send_on(rig, book, ch, "short", "stubborn") for _ in range(2)]
             filler = disk / "filler"
             with contextlib.suppress(OSError), filler.open("wb") as fh:
                 while True:
                     fh.write(b"\0" * 65536)
                     fh.flush()
             self.disk_full = True
-            self.send_on(rig, book, ch, "short")  # may be refused: it must say the disk is full
+            self.send_on(rig, book, ch, "short", "stubborn")  # may be refused: it must say the disk is full
             status, body = rig.api.post(f"/v1/channels/{ch}/stop")
             stop = Stop(ch, body if isinstance(body, dict) else {}, time.monotonic())
             if status >= 500 and not isinstance(body, dict):

@@ -18,7 +18,7 @@ setting unless asked (``subreaper=True``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -61,9 +61,12 @@ class AsyncioSupervisor:
         self._token.run_sync_soon(self._nursery.start_soon, run)
         return future
 
-    async def send(self, channel: str, text: str, *, agent: str | None = None, author: str = "human:user") -> Accepted:
+    async def send(
+        self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
+        author: str = "human:user",
+    ) -> Accepted:
         """See :meth:`Supervisor.send`."""
-        return await self._call(lambda: self.supervisor.send(channel, text, agent=agent, author=author))
+        return await self._call(lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author))
 
     async def stop(self, channel: str | None = None) -> StopResult:
         """See :meth:`Supervisor.stop`."""

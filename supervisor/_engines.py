@@ -55,8 +55,8 @@ import os
 import re
 import socket
 import sqlite3
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CorralError
@@ -368,6 +368,7 @@ class PostgresEngine(Engine):
         self._url = url
         self._store_id: str | None = None
         self._lost: StoreInUse | None = None
+        self._pipeline: psycopg.Pipeline | None = None
         try:
             import psycopg  # noqa: F401 - the optional extra; checked here, used below
         except ImportError:
@@ -432,7 +433,10 @@ class PostgresEngine(Engine):
         """Rows of a read (outside a transaction: reconnects once if needed)."""
         from psycopg.pq import TransactionStatus
 
-        if self._conn.info.transaction_status == TransactionStatus.IDLE or self._conn.broken:
+        if self._pipeline is not None:  # (a read in a batch: its answer is needed now)
+            cursor = self._conn.execute(self._sql(sql), params)
+            self._pipeline.sync()
+        elif self._conn.info.transaction_status == TransactionStatus.IDLE or self._conn.broken:
             cursor = self._retrying(sql, params)
         else:
             cursor = self._conn.execute(self._sql(sql), params)
@@ -444,10 +448,16 @@ class PostgresEngine(Engine):
         if schema:
             self.execute("SELECT pg_advisory_xact_lock(?, ?)", (_LOCK_SPACE, _SCHEMA_LOCK))
 
-    def batch(self) -> AbstractContextManager[object]:
+    @contextmanager
+    def batch(self) -> Iterator[object]:
         """psycopg's pipeline mode: a group commit's statements go out without waiting for
-        each other's answers (the first error is raised when the block ends)."""
-        return self._conn.pipeline()
+        each other's answers (the first error is raised when the block ends, or at a read)."""
+        with self._conn.pipeline() as pipeline:
+            self._pipeline = pipeline
+            try:
+                yield pipeline
+            finally:
+                self._pipeline = None
 
     def commit(self) -> None:
         """Commit."""

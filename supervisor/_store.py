@@ -812,9 +812,13 @@ class Store:
 
     @staticmethod
     def complete_stop(db: Engine, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
-        """(In the notice's transaction) the stop is complete: its final result, its turn ended."""
+        """(In the notice's transaction) the stop is complete: its final result, its turns ended
+        (``turn`` and every turn its record names: a stop of several agents' turns)."""
+        rows = db.query("SELECT result FROM stops WHERE seq = ?", (seq,))
+        recorded = json.loads(rows[0][0]).get("stopped_turns", []) if rows else []
         db.execute("UPDATE stops SET result = ? WHERE seq = ?", (json.dumps(result, ensure_ascii=False), seq))
-        Store.mark_turn_ended(db, turn)
+        for stopped in {turn, *recorded}:
+            Store.mark_turn_ended(db, stopped)
 
     async def unfinished(self) -> tuple[list[tuple[str, str, int, str]], list[tuple[int, str, int, int, str | None]]]:
         """What the last owner left: turns still ``running`` (id, channel, generation, state)

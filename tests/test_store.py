@@ -457,13 +457,14 @@ async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(s
         await store.begin_turn("t1", "c", "bot", 0, first.entry.seq).committed()
         await store.turn_spawned("t1", 123, 2**40).committed()  # start ticks past 32 bits
         await store.begin_turn("t2", "c", "other", 0, first.entry.seq).committed()
+        await store.begin_turn("t9", "d", "bot", 0, first.entry.seq).committed()  # another channel's, left running
         stop_seq = store.next_seq()
-        record = StopRecord(stop_seq, "c", 3, (dropped.entry.seq, dropped.entry.seq + 1), ("t1",), {"bot": plan})
+        record = StopRecord(stop_seq, "c", 3, (dropped.entry.seq, dropped.entry.seq + 1), ("t1", "t2"), {"bot": plan})
         await store.submit_stop_records([record]).committed()
         await store.record_stop(store.next_seq(), "c", 2, {}).committed()  # a generation never goes back
     async with open_store(store_at) as store:  # what a restart finds
         turns, stops = await store.unfinished()
-        assert turns == [("t2", "c", 0, "running")]
+        assert turns == [("t9", "d", 0, "running")]
         assert stops == [(stop_seq, "c", 3, 2, "t1")]
         assert await store.load_queue() == []
         assert await store.load_channel_states() == {"c": ChannelState(3, True, True)}
@@ -476,9 +477,9 @@ async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(s
         missed = await store.missed("c", "other", after=None, before=10_000, skip=None, limit=10)
         assert missed == ([("human:u", "first"), ("agent:bot", "hi")], 2)  # not the dropped one
         notice = store.submit_stop_notice("c", "Stopped.", stop_seq=stop_seq, turn="t1", generation=3,
-                                          result={"ok": True}, turns=("t1", "t2"))
+                                          result={"ok": True})  # t2 ends too: its record names it
         await notice.committed()
-        assert await store.unfinished() == ([], [])
+        assert await store.unfinished() == ([("t9", "d", 0, "running")], [])
         ((result,),) = await store.query("SELECT result FROM stops WHERE seq = ?", (stop_seq,))
         assert json.loads(result) == {"ok": True, "notice_seq": notice.entry.seq}  # type: ignore[union-attr]
         await store.append("c", "human:u", "message", "again")  # (a plain entry does not lift the rest)
@@ -536,3 +537,18 @@ async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reop
     async with open_store(path) as store:
         state = (await store.load_channel_states())["c"]
         assert (state.rests, state.stopped) == (False, False)
+
+
+async def test_completing_a_stop_ends_every_turn_its_record_names(store_at: str) -> None:
+    # After a kill -9 mid-stop, recovery completes the stop naming one turn: every turn the
+    # record names (one per agent of the channel) is ended with it.
+    from supervisor._store import StopRecord
+
+    async with open_store(store_at) as store:
+        for turn, agent, seq in (("t1", "ann", 1), ("t2", "bob", 2)):
+            await store.begin_turn(turn, "c", agent, 0, seq).committed()
+        stop_seq = store.next_seq()
+        await store.submit_stop_records([StopRecord(stop_seq, "c", 1, (), ("t1", "t2"), {})]).committed()
+        await store.append("c", "system", "notice", "stopped", also=lambda db, _: Store.complete_stop(
+            db, stop_seq, {"ok": True}, "t1"))
+        assert await store.query("SELECT id, state FROM turns ORDER BY id") == [("t1", "ended"), ("t2", "ended")]
