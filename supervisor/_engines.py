@@ -18,7 +18,9 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   ``apply(db)`` callbacks of writes get the engine and call :meth:`Engine.execute`.
 * **Transactions.** :meth:`Engine.begin` / :meth:`Engine.commit` / :meth:`Engine.rollback`
   on one connection used by one worker thread at a time (the store's limiter). A rollback
-  after a failure never raises: it would hide the failure.
+  after a failure never raises: it would hide the failure. On PostgreSQL a batch's writes
+  are pipelined (:meth:`Engine.batch`: one round trip, not one per statement); a read in
+  the batch syncs the pipeline first, so it sees the batch's writes and raises their error.
 * **Failures that are not the write's fault** (:meth:`Engine.fatal`): a full disk, an I/O
   error, a lost database connection. The store does not retry such a batch write by write
   (every write would fail the same way); it fails the batch visibly.
