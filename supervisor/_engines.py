@@ -57,6 +57,7 @@ import os
 import re
 import socket
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -357,6 +358,8 @@ class SQLiteEngine(Engine):
 _LOCK_SPACE = 0x636F7272
 #: The second key of the lock that serialises schema migrations between openers.
 _SCHEMA_LOCK = 0
+#: How long an opener retries a held owner lock before it is refused (seconds).
+_LOCK_PATIENCE = 1.0
 
 
 class PostgresEngine(Engine):
@@ -484,9 +487,16 @@ class PostgresEngine(Engine):
 
     def _take(self, store_id: str) -> None:
         key = self._key(store_id)
-        ((taken,),) = self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_SPACE, key)).fetchall()
-        if taken:
-            return
+        # A session that just ended holds its locks until its server process has exited, a
+        # moment after its client closed: a restart right after a `kill -9` waits that out.
+        deadline = time.monotonic() + _LOCK_PATIENCE
+        while True:
+            ((taken,),) = self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_SPACE, key)).fetchall()
+            if taken:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)  # (in the store's worker thread, at open or reconnect only)
         holders = self._conn.execute(
             "SELECT a.application_name, a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
             " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
@@ -504,7 +514,16 @@ class PostgresEngine(Engine):
         self._store_id = store_id
 
     def close(self) -> None:
-        """Close the connection: the server releases the advisory lock with the session."""
+        """Give up the advisory lock, then close the connection (the server would release the
+        lock with the session too, but only once its process has exited: a moment later)."""
+        import psycopg
+
+        if self._store_id is not None and not (self._conn.closed or self._conn.broken):
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_SPACE, self._key(self._store_id)))
+            except psycopg.Error as exc:
+                log.warning("store %s: could not release its lock (%s); the server does at disconnect",
+                            self.name, describe_postgres(exc, self.name))
         self._conn.close()
 
     def fatal(self, exc: BaseException) -> str | None:

@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from conftest import CORRAL, PYTHON, DaemonProcess, make_config
 from test_stop_contract import AGENT, Gate
 
 from supervisor import ConfigError, parse_config
-from supervisor._engines import redact
+from supervisor._engines import _LOCK_PATIENCE, _LOCK_SPACE, redact
 from supervisor._store import Entry, StoreError, StoreInUse, describe_failure, open_store
 from supervisor._supervisor import open_supervisor
 
@@ -129,6 +130,39 @@ async def test_a_second_owner_of_one_database_is_refused_naming_the_holder(postg
         assert again.store_id == store_id
         assert [e.text for e in await again.entries("c")] == ["mine"]
         assert await again.query("SELECT version FROM schema_migrations ORDER BY version") == [(1,)]
+
+
+def advisory_locks(url: str) -> int:
+    """How many corral advisory locks the database's sessions hold (seen from a new session)."""
+    with psycopg.connect(url) as conn:
+        ((count,),) = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2",
+            (_LOCK_SPACE,),
+        ).fetchall()
+    return int(count)
+
+
+async def test_a_closed_store_has_given_its_lock_up_and_a_reopen_waits_out_a_leaving_holder(
+    postgres_url: str,
+) -> None:
+    # The server releases a closed session's locks only once its process has exited, a moment
+    # after the client closed: the store unlocks before it closes, so none is left behind ...
+    for i in range(5):
+        async with open_store(postgres_url) as store:
+            await store.append("c", "u", "message", f"open {i}")
+            assert advisory_locks(postgres_url) == 1
+        assert advisory_locks(postgres_url) == 0
+    # ... and an opener retries a held lock for a moment (a restart right after a kill -9).
+    holder = psycopg.connect(postgres_url, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s, %s)", (_LOCK_SPACE, int(store.store_id[:8], 16) & 0x7FFFFFFF))
+    assert _LOCK_PATIENCE >= 1.0
+    leaving = threading.Timer(0.25, holder.close)  # the fault: the holder goes away a moment later
+    leaving.start()
+    try:
+        async with open_store(postgres_url) as again:
+            assert [e.text for e in await again.entries("c")][-1] == "open 4"
+    finally:
+        leaving.join()
 
 
 async def test_a_restarted_server_fails_writes_visibly_then_the_store_reconnects(
