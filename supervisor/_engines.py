@@ -27,8 +27,10 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
 * **The owner lock.** SQLite: ``flock`` on ``<store>.lock`` (:func:`lock_store`).
   PostgreSQL: a session-level advisory lock keyed from the store id, held by the store's
   connection; a second daemon on the same database is refused with :class:`StoreInUse`
-  naming the holder's ``application_name`` (``corral pid N on HOST``). The fleet will
-  replace this one-owner lock with per-channel leases and fencing tokens.
+  naming the holder's ``application_name`` (``corral pid N on HOST``), after retrying for
+  a second (a closed session's locks are freed only once its server process has exited; the
+  store unlocks before it closes for the same reason). The fleet will replace this
+  one-owner lock with per-channel leases and fencing tokens.
 * **Reconnecting (PostgreSQL).** A connection that broke (the server restarted) is replaced
   at the next transaction or read, and the owner lock is taken again first; if another
   daemon took it meanwhile, the store has lost its ownership and every later write fails
