@@ -7,13 +7,15 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# The optional extras to install: the test tools, and psycopg for the PostgreSQL store's tests.
+EXTRAS ?= test,postgres
 
 .PHONY: demo test test-core setup clis bench check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 setup: $(STAMP)

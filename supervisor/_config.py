@@ -123,6 +123,20 @@ class Config:
     """``[defaults] catch_up_entries``: at most this many missed messages in a catch-up prompt."""
     catch_up_bytes: int = 16 * 1024
     """``[defaults] catch_up_bytes``: at most this many bytes of missed messages in one."""
+    store_url: str | None = None
+    """``[store] url``: the store is this PostgreSQL database (None: the SQLite file ``store_path``)."""
+
+    @property
+    def store_location(self) -> str:
+        """What :func:`open_store` opens: the PostgreSQL URL, or else the SQLite file."""
+        return self.store_url or str(self.store_path)
+
+    @property
+    def store_name(self) -> str:
+        """The store as messages and ``status`` name it (a URL without its password)."""
+        from ._engines import redact
+
+        return redact(self.store_url) if self.store_url else str(self.store_path)
 
     def agent(self, name: str | None) -> AgentConfig:
         """The named agent, or the default one; KeyError if there is none."""
@@ -155,7 +169,7 @@ class ChannelConfig:
 
 _TOP = {"server", "store", "defaults", "agents", "channels"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup"}
-_STORE = {"path"}
+_STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops"}
@@ -300,6 +314,25 @@ def _acp_options(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | 
     return PRESETS[preset].binary
 
 
+def _store_url(check: _Checker, store: Mapping[str, Any]) -> str | None:
+    """``[store] url``: a PostgreSQL URL, and not together with ``path``."""
+    from ._engines import POSTGRES_SCHEMES, is_postgres
+
+    url = check.string(store, "url", "store.")
+    if url is None:
+        return None
+    if not is_postgres(url):
+        check.add("store.url", f"expected a PostgreSQL URL ({' or '.join(POSTGRES_SCHEMES)}...), got {url[:20]!r}",
+                  'write url = "postgresql://USER@HOST/DATABASE" (a socket folder: "postgresql:///corral?host=/run/'
+                  'postgresql"), or use path = "corral.db" for SQLite')
+        return None
+    if "path" in store:
+        check.add("store.url", "both [store] path and url are set: a store is a SQLite file or a PostgreSQL database",
+                  "remove one: path for SQLite (the default), url for PostgreSQL")
+        return None
+    return url
+
+
 def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path | None = None) -> Config:
     """Validate a parsed TOML document; raise :class:`ConfigError` listing every problem."""
     # Imported here: a client command reads only [server] and never needs the adapters.
@@ -313,6 +346,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
     store = check.table(data, "store")
     check.unknown(store, _STORE, "store.")
     store_path = check.path(check.string(store, "path", "store.", "corral.db") or "corral.db")
+    store_url = _store_url(check, store)
 
     defaults = check.table(data, "defaults")
     check.unknown(defaults, _DEFAULTS, "defaults.")
@@ -419,6 +453,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         server=server_config,
         store_path=store_path,
         state_dir=store_path.parent / (store_path.stem + ".d"),
+        store_url=store_url,
         default_agent=default_agent or "",
         limits=limits,
         agents=agents,

@@ -3,7 +3,8 @@
 The config's own rules (:mod:`._config`) say whether it is well formed; these say whether
 the socket, the store and the state folder can be used on this machine, now: a socket
 path too long for ``AF_UNIX``, a folder under a regular file, on ``/proc`` or not writable,
-a store path that is a folder, a damaged file or another program's database. Each answer is
+a store path that is a folder, a damaged file or another program's database, a PostgreSQL
+store without its driver or that does not answer (a connection is tried). Each answer is
 a :class:`Problem` with the path and the fix. Nothing is created or changed here; what the
 file system can only tell by trying is reported by ``corral run`` when it tries.
 """
@@ -38,10 +39,35 @@ def preflight(config: Config) -> list[Problem]:
         )
     problems += _folder(file, "server.socket", socket_path.parent)
     problems += _group(file, config.server.socket_group)
-    problems += _folder(file, "store.path", config.store_path.parent)
-    problems += _store(file, config.store_path)
+    if config.store_url is not None:
+        problems += _postgres(file, config.store_url)
+    else:
+        problems += _folder(file, "store.path", config.store_path.parent)
+        problems += _store(file, config.store_path)
     problems += _state(file, config.state_dir)
     return problems
+
+
+#: How long ``corral check`` waits for the PostgreSQL server to answer.
+CONNECT_TIMEOUT = 5
+
+
+def _postgres(file: str, url: str) -> list[Problem]:
+    """The driver is installed, and the database answers (a connection, nothing read or written)."""
+    from ._engines import redact
+
+    try:
+        import psycopg
+    except ImportError:
+        return [Problem(file, "store.url", "the store is on PostgreSQL, but its driver psycopg is not installed",
+                        "pip install 'corral[postgres]' in corral's environment")]
+    try:
+        psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT).close()
+    except psycopg.Error as exc:
+        cause = str(exc).split("\n", 1)[0].strip()
+        return [Problem(file, "store.url", f"cannot connect to {redact(url)}: {cause}",
+                        "start the PostgreSQL server, create the database and its user, or fix the URL")]
+    return []
 
 
 def _folder(file: str, key: str, folder: Path) -> list[Problem]:

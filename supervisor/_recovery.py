@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 import trio
 
 from ._cgroup import CgroupRoot, TurnCgroup
+from ._engines import Engine
 from ._store import Pending, Store
 from ._tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wait_gone
 
@@ -171,12 +171,12 @@ def stop_notice_text(text: str, dropped: int) -> str:
     return text
 
 
-def _completes_stop(seq: int, result: dict[str, Any], turn: str | None) -> Callable[[sqlite3.Connection, int], None]:
+def _completes_stop(seq: int, result: dict[str, Any], turn: str | None) -> Callable[[Engine, int], None]:
     """The write, in the notice's transaction, that completes stop ``seq``."""
     return lambda db, _entry: Store.complete_stop(db, seq, result, turn)
 
 
-def _ends_turn(turn_id: str) -> Callable[[sqlite3.Connection, int], None]:
+def _ends_turn(turn_id: str) -> Callable[[Engine, int], None]:
     """The write, in the notice's transaction, that marks turn ``turn_id`` ended."""
     return lambda db, _entry: Store.mark_turn_ended(db, turn_id)
 

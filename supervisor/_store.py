@@ -1,4 +1,4 @@
-"""The store: one SQLite file (WAL) holding the transcript, stops, sessions, todos and queue.
+"""The store: the transcript, stops, sessions, todos and queue, in SQLite or PostgreSQL.
 
 Theory of operation
 -------------------
@@ -18,9 +18,13 @@ Theory of operation
   is described by :func:`describe_failure`: it names the store and the cause, never the
   data of anyone's write.
 * Reads and writes share one connection serialised by a capacity limiter of one thread.
-* **One owner.** The store holds an OS lock (``flock`` on ``<store>.lock``, which names the
-  owner's pid) for as long as it is open: a second daemon or embedded supervisor on the
-  same file is refused at start (:class:`StoreInUse`) instead of interleaving its writes.
+* **Two engines, one store.** A SQLite file (``[store] path``, the default) or a PostgreSQL
+  database (``[store] url``): everything above and below holds on both; the connection, the
+  owner lock and the few SQL fragments that differ are the engine's (:mod:`._engines`).
+* **One owner.** The store holds a lock for as long as it is open (SQLite: ``flock`` on
+  ``<store>.lock``, which names the owner's pid; PostgreSQL: an advisory lock of its
+  connection): a second daemon or embedded supervisor on the same store is refused at
+  start (:class:`StoreInUse`) instead of interleaving its writes.
 * **Identity and turns.** Each store has a stable random id (``meta.store_id``); every
   process of a turn carries it in its environment, so after an abrupt death the next
   owner finds exactly its own orphans. A ``turns`` row is written for every turn in the
@@ -33,17 +37,16 @@ Theory of operation
   ``.stopped``); a human's message lifts the rest and a turn's begin closes the window,
   each in its own write, so both survive a restart.
 * **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
-  ``PRAGMA user_version`` i to i + 1, each in one transaction, at open. Never edit one
+  version i to i + 1, each in one transaction at open, recorded as a row of
+  ``schema_migrations`` (SQLite stores that kept it in ``PRAGMA user_version`` are carried
+  over). Written once in SQLite's dialect; an engine maps the column types. Never edit one
   that has shipped: add the next.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
-import os
 import secrets
 import sqlite3
 import time
@@ -51,14 +54,17 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
-from ._errors import CorralError
-from ._text import repair, repair_text
+from ._engines import Engine, describe_postgres, disk_failure, is_postgres_error, open_engine
+from ._engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
+from ._engines import StoreInUse as StoreInUse
+from ._text import repair
 
 log = logging.getLogger("corral.store")
+T = TypeVar("T")
 
 KINDS = ("message", "status", "tool", "todos", "notice", "error")
 
@@ -102,32 +108,48 @@ _MIGRATIONS: tuple[str, ...] = (
 )
 
 
-def migrate(db: sqlite3.Connection) -> None:
-    """Bring a store's schema up to date, one version per transaction."""
-    (version,) = db.execute("PRAGMA user_version").fetchone()
-    for number in range(version, len(_MIGRATIONS)):
-        db.execute("BEGIN IMMEDIATE")
+_VERSIONS = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied REAL NOT NULL)"
+
+
+def _statements(script: str) -> list[str]:
+    return [s for s in script.split(";") if s.strip()]
+
+
+def _version(db: Engine) -> int:
+    ((version,),) = db.query("SELECT coalesce(max(version), 0) FROM schema_migrations")
+    return int(version)
+
+
+def migrate(db: Engine) -> None:
+    """Create the first schema if missing, then bring it up to date, one version per
+    transaction (each under the engine's migration lock, so openers never race)."""
+    db.begin(schema=True)
+    try:
+        for statement in [*_statements(_SCHEMA), _VERSIONS]:
+            db.execute(db.ddl(statement))
+        if _version(db) == 0:  # (a store from before the table: its version is carried over)
+            db.executemany("INSERT INTO schema_migrations (version, applied) VALUES (?, ?)",
+                           [(n, time.time()) for n in range(1, db.legacy_version() + 1)])
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+    for number in range(len(_MIGRATIONS)):
+        db.begin(schema=True)
         try:
-            for statement in _MIGRATIONS[number].split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute(f"PRAGMA user_version = {number + 1}")
+            if _version(db) == number:
+                for statement in _statements(_MIGRATIONS[number]):
+                    db.execute(db.ddl(statement))
+                db.execute("INSERT INTO schema_migrations (version, applied) VALUES (?, ?)", (number + 1, time.time()))
+            db.commit()
         except BaseException:
-            db.execute("ROLLBACK")
+            db.rollback()
             raise
-        db.execute("COMMIT")
+
 
 #: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
 #: (the stop's notice then ends it); ``ended``.
 TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
-
-
-class StoreError(CorralError, RuntimeError):
-    """A write could not be committed; nothing of it was shown to anyone."""
-
-
-class StoreInUse(StoreError):
-    """Another process owns the store (it holds the store's lock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,51 +167,8 @@ class StopRecord:
     """The cancelled plan, by agent."""
 
 
-def lock_store(path: str) -> int:
-    """Take the store's lock (``<path>.lock``, 0600) for this process; return its descriptor.
-
-    ``flock`` is released by the kernel when the owner dies, however it dies, and the
-    descriptor is close-on-exec, so no agent inherits it. Raises :class:`StoreInUse`
-    naming the owner's pid.
-    """
-    lock_path = path + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StoreInUse(
-            f"store {path} is in use by pid {owner}; stop that corral first (`corral shutdown`), "
-            "or give this one another [store] path"
-        ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-#: SQLite's primary result codes for a failing disk (the extended codes keep them in the low byte).
-SQLITE_IOERR = 10
-SQLITE_FULL = 13
-
-
-def _disk_failure(exc: BaseException) -> str | None:
-    """"disk full" or "I/O error" if ``exc`` is the disk failing, else None."""
-    if isinstance(exc, sqlite3.Error):
-        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
-        if code == SQLITE_FULL:
-            return "disk full"
-        if code == SQLITE_IOERR:
-            return "I/O error"
-    if isinstance(exc, OSError):
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return "disk full"
-        if exc.errno == errno.EIO:
-            return "I/O error"
-    return None
+#: (Kept importable from here: the disk's failure, as the engines classify it.)
+_disk_failure = disk_failure
 
 
 def describe_failure(exc: BaseException, path: str) -> str:
@@ -197,8 +176,13 @@ def describe_failure(exc: BaseException, path: str) -> str:
 
     A text encoding error quotes the offending character, which may be someone else's
     text; an unknown exception may quote anything. Only SQLite's own messages (which name
-    tables and constraints, not values) and OS error strings are passed on.
+    tables and constraints, not values), PostgreSQL's of the classes that name no value
+    (see :func:`._engines.describe_postgres`) and OS error strings are passed on.
     """
+    if isinstance(exc, StoreError):
+        return str(exc)
+    if is_postgres_error(exc):
+        return describe_postgres(exc, path)
     disk = _disk_failure(exc)
     if disk == "disk full":
         return f"disk full: cannot write the store {path}; free space on its filesystem"
@@ -279,7 +263,7 @@ class Pending:
 
     __slots__ = ("_apply", "_done", "_error", "entry")
 
-    def __init__(self, apply: Callable[[sqlite3.Connection], None], entry: Entry | None) -> None:
+    def __init__(self, apply: Callable[[Engine], None], entry: Entry | None) -> None:
         self.entry = entry
         self._apply = apply
         self._done = trio.Event()
@@ -311,37 +295,35 @@ class _Subscription:
 
 
 class Store:
-    """The SQLite store. Open it with :func:`open_store`."""
+    """The store, on SQLite (a file path) or PostgreSQL (a URL). Open it with :func:`open_store`."""
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
-        self.path = path
         self._writer_scope = trio.CancelScope(shield=True)
         """The writer's own scope: only :func:`open_store` ends it, after the last commit.
         Shielded, so a scope cancelled around the whole block (a ``move_on_after``, a Ctrl-C)
         cannot take the writer away from a shutdown that still awaits its commits."""
-        self._lock_fd = lock_store(path) if path != ":memory:" else -1
+        self._db = open_engine(path, synchronous=synchronous)
+        self.path = self._db.name
+        """What messages call the store: its file, or its URL without a password."""
         try:
-            self._open(path, synchronous)
+            self._open()
         except BaseException:
-            self._unlock()
+            self._db.close()
             raise
 
-    def _open(self, path: str, synchronous: str) -> None:
-        if path != ":memory:" and not os.path.exists(path):
-            # Transcripts can hold secrets: the file (and SQLite's -wal/-shm, which copy its
-            # mode) is readable by its owner only.
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
+    def _open(self) -> None:
         migrate(self._db)
+        self._db.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?) ON CONFLICT (key) DO NOTHING",
+                         (secrets.token_hex(8),))
+        self.store_id: str = self._db.query("SELECT value FROM meta WHERE key = 'store_id'")[0][0]
+        """This store's identity: every process of its turns carries it (``CORRAL_STORE``)."""
+        self._db.own(self.store_id)
         self._limiter = trio.CapacityLimiter(1)
-        row = self._db.execute(
+        # (For ONE owner: a fleet on one database needs a sequence or per-host ranges, see _engines.)
+        row = self._db.query(
             "SELECT max(m) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
-            " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns)"
-        ).fetchone()
+            " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns) AS seqs"
+        )[0]
         self._seq = row[0] or 0
         self._pending: list[Pending] = []
         # The newest accepted write: batches commit in order, so when it is done, all are.
@@ -350,24 +332,16 @@ class Store:
         self._wake = trio.Event()
         self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
         self._sessions: dict[tuple[str, str], tuple[str | None, str]] = {
-            (c, a): (s, d) for c, a, s, d in self._db.execute("SELECT channel, agent, session_id, cwd FROM sessions")
+            (c, a): (s, d) for c, a, s, d in self._db.query("SELECT channel, agent, session_id, cwd FROM sessions")
         }
         self._seen: dict[tuple[str, str], int] = {
-            (c, a): s for c, a, s in self._db.execute("SELECT channel, agent, seq FROM seen")
+            (c, a): s for c, a, s in self._db.query("SELECT channel, agent, seq FROM seen")
         }
         self._todos: dict[tuple[str, str], list[dict[str, str]]] = {
-            (c, a): json.loads(items) for c, a, items in self._db.execute("SELECT channel, agent, items FROM todos")
+            (c, a): json.loads(items) for c, a, items in self._db.query("SELECT channel, agent, items FROM todos")
         }
-        self._db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?)", (secrets.token_hex(8),))
-        self.store_id: str = self._db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
-        """This store's identity: every process of its turns carries it (``CORRAL_STORE``)."""
         self.commits = 0
         self._closed = False
-
-    def _unlock(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # closing the descriptor releases the lock
-            self._lock_fd = -1
 
     # ------------------------------------------------------------ writing
 
@@ -376,7 +350,7 @@ class Store:
         self._seq += 1
         return self._seq
 
-    def _submit(self, apply: Callable[[sqlite3.Connection], None], entry: Entry | None = None) -> Pending:
+    def _submit(self, apply: Callable[[Engine], None], entry: Entry | None = None) -> Pending:
         if self._closed:
             raise StoreError("the store is closed")
         pending = Pending(apply, entry)
@@ -395,7 +369,7 @@ class Store:
         turn: str | None = None,
         generation: int = 0,
         meta: Mapping[str, Any] | None = None,
-        also: Callable[[sqlite3.Connection, int], None] | None = None,
+        also: Callable[[Engine, int], None] | None = None,
     ) -> Pending:
         """Accept a transcript entry now (its ``seq`` is final); it commits shortly.
 
@@ -405,11 +379,11 @@ class Store:
             raise ValueError(f"unknown entry kind {kind!r}")
         # Made storable here, before it can join (and fail) anyone's batch: a human's text
         # was checked by the supervisor; what remains (agent output, previews, meta) is repaired.
-        text = repair_text(text)
+        text = self._db.storable(text)
         entry = Entry(self.next_seq(), channel, author, kind, text, turn, generation, time.time(), repair(meta or {}))
         meta_json = json.dumps(entry.meta, ensure_ascii=False)
 
-        def apply(db: sqlite3.Connection) -> None:
+        def apply(db: Engine) -> None:
             db.execute(
                 "INSERT INTO entries (seq, channel, author, kind, text, turn, generation, ts, meta)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -428,7 +402,7 @@ class Store:
 
     def submit_write(self, sql: str, params: tuple[Any, ...]) -> Pending:
         """Queue a plain write in the same commit order as entries."""
-        def apply(db: sqlite3.Connection) -> None:
+        def apply(db: Engine) -> None:
             db.execute(sql, params)
 
         return self._submit(apply)
@@ -453,7 +427,7 @@ class Store:
             await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
         except Exception as exc:  # noqa: BLE001 - a failed batch is retried write by write
             log.error("store commit of %d writes failed: %s", len(batch), describe_failure(exc, self.path))
-            if len(batch) > 1 and _disk_failure(exc) is None:
+            if len(batch) > 1 and self._db.fatal(exc) is None:
                 await self._commit_one_by_one(batch)
             else:
                 self._fail(batch, exc)
@@ -468,8 +442,8 @@ class Store:
                 await trio.to_thread.run_sync(self._commit, [pending], limiter=self._limiter)
             except Exception as exc:  # noqa: BLE001 - this write fails, visibly, and alone
                 log.error("store write %d of a failed batch failed alone: %s", i + 1, describe_failure(exc, self.path))
-                if _disk_failure(exc) is not None:
-                    self._fail(batch[i:], exc)  # the disk, not the write: the rest cannot go either
+                if self._db.fatal(exc) is not None:
+                    self._fail(batch[i:], exc)  # the disk or the link, not the write: the rest cannot go either
                     return
                 self._fail([pending], exc)
             else:
@@ -490,19 +464,14 @@ class Store:
 
     def _commit(self, batch: list[Pending]) -> None:
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        db.begin()
         try:
-            for pending in batch:
-                pending._apply(db)
-            db.execute("COMMIT")
+            with db.batch():
+                for pending in batch:
+                    pending._apply(db)
+            db.commit()
         except BaseException:
-            # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR do): a ROLLBACK
-            # then fails with "no transaction is active" and would hide the real error.
-            if db.in_transaction:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error as rollback:
-                    log.error("store rollback failed after a failed commit: %s", rollback)
+            db.rollback()  # (never raises: it would hide the real error)
             raise
 
     async def flush(self) -> None:
@@ -549,26 +518,32 @@ class Store:
 
         def read() -> list[Entry]:
             if channel is None:
-                rows = self._db.execute(
+                return [_entry(row) for row in self._db.query(
                     "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
                     " WHERE seq > ? ORDER BY seq LIMIT ?",
                     (after, limit),
-                )
-            else:
-                rows = self._db.execute(
+                )]
+            return [_entry(row) for row in self._db.query(
                     "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
                     " WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
                     (channel, after, limit),
-                )
-            return [_entry(row) for row in rows.fetchall()]
+                )]
 
-        return await trio.to_thread.run_sync(read, limiter=self._limiter)
+        return await self._read(read)
 
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query (for status and tests)."""
-        return await trio.to_thread.run_sync(
-            lambda: self._db.execute(sql, params).fetchall(), limiter=self._limiter
-        )
+        return await self._read(lambda: self._db.query(sql, params))
+
+    async def _read(self, read: Callable[[], T]) -> T:
+        """Run ``read`` in the store's thread; a PostgreSQL failure (the server gone, say) is a
+        :class:`StoreError` naming the store, like a failed write's."""
+        try:
+            return await trio.to_thread.run_sync(read, limiter=self._limiter)
+        except Exception as exc:
+            if not is_postgres_error(exc):
+                raise
+            raise StoreError(f"could not read the store: {describe_failure(exc, self.path)}") from exc
 
     # ------------------------------------------------------------ sessions, todos, stops, queue
 
@@ -614,15 +589,15 @@ class Store:
     def record_stop(self, seq: int, channel: str | None, generation: int, result: Mapping[str, Any]) -> Pending:
         """Keep a stop (with its own seq) and the channel's generation for restarts."""
 
-        def apply(db: sqlite3.Connection) -> None:
+        def apply(db: Engine) -> None:
             db.execute(
                 "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
                 (seq, channel, generation, time.time(), json.dumps(result, ensure_ascii=False)),
             )
             if channel is not None:
                 db.execute(
-                    "INSERT INTO generations (channel, generation) VALUES (?, ?)"
-                    " ON CONFLICT(channel) DO UPDATE SET generation=max(generation, excluded.generation)",
+                    "INSERT INTO generations (channel, generation) VALUES (?, ?) ON CONFLICT(channel) DO UPDATE"
+                    f" SET generation={db.greatest('generations.generation', 'excluded.generation')}",
                     (channel, generation),
                 )
 
@@ -641,7 +616,7 @@ class Store:
         targets = ((agent,) if agent is not None else ()) + tuple(t for t in to if t != agent)
         extra: list[int] = []  # the other targets' seqs: taken right after the entry's, below
 
-        def keep_queued(db: sqlite3.Connection, seq: int) -> None:
+        def keep_queued(db: Engine, seq: int) -> None:
             for target, row_seq in zip(targets, [seq, *extra][: len(targets)], strict=True):
                 # A later target's row repeats the entry: it names it (its catch-up skips it).
                 source = seq if row_seq != seq else None
@@ -669,7 +644,7 @@ class Store:
         entry: the transcript holds it once), in one transaction. Returns their seqs."""
         rows = [QueuedRow(self.next_seq(), channel, a, author, text, generation, False, hops, source) for a in agents]
 
-        def apply(db: sqlite3.Connection) -> None:
+        def apply(db: Engine) -> None:
             for row in rows:
                 self.queue_insert(db, row)
 
@@ -686,7 +661,7 @@ class Store:
         if len(turns) > 1:
             meta["turns"] = list(turns)
 
-        def complete(db: sqlite3.Connection, seq: int) -> None:
+        def complete(db: Engine, seq: int) -> None:
             Store.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn)
             for other in turns:
                 Store.mark_turn_ended(db, other)
@@ -702,7 +677,7 @@ class Store:
             also=lambda db, _: Store.mark_turn_ended(db, turn),
         )
 
-    def queue_insert(self, db: sqlite3.Connection, row: QueuedRow) -> None:
+    def queue_insert(self, db: Engine, row: QueuedRow) -> None:
         """(In a transaction) keep an accepted message until its turn begins."""
         db.execute(
             "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge, hops, routed_from)"
@@ -713,7 +688,7 @@ class Store:
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""
-        def apply(db: sqlite3.Connection) -> None:
+        def apply(db: Engine) -> None:
             db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in seqs])
 
         return self._submit(apply)
@@ -748,7 +723,7 @@ class Store:
         where = (
             "channel = ? AND kind = 'message' AND seq > ? AND seq < ? AND seq != ? AND author != ?"
             " AND (author LIKE 'human:%' OR author LIKE 'agent:%')"
-            " AND json_extract(meta, '$.dropped_by_stop') IS NULL"
+            f" AND {self._db.json_get('meta', 'dropped_by_stop')} IS NULL"
         )
         params = (
             channel, after if after is not None else 0, before, skip if skip is not None else -1, f"agent:{agent}"
@@ -768,12 +743,12 @@ class Store:
         """
         self._seen[(channel, agent)] = max(message, self._seen.get((channel, agent), 0))
 
-        def apply(db: sqlite3.Connection) -> None:
+        def apply(db: Engine) -> None:
             db.execute("DELETE FROM queue WHERE seq = ?", (message,))
             db.execute("UPDATE generations SET stopped = 0 WHERE channel = ? AND stopped = 1", (channel,))
             db.execute(
                 "INSERT INTO seen (channel, agent, seq) VALUES (?, ?, ?)"
-                " ON CONFLICT(channel, agent) DO UPDATE SET seq = max(seq, excluded.seq)",
+                f" ON CONFLICT(channel, agent) DO UPDATE SET seq = {db.greatest('seen.seq', 'excluded.seq')}",
                 (channel, agent, message),
             )
             db.execute(
@@ -795,7 +770,7 @@ class Store:
         )
 
     @staticmethod
-    def mark_turn_ended(db: sqlite3.Connection, turn_id: str | None) -> None:
+    def mark_turn_ended(db: Engine, turn_id: str | None) -> None:
         """(In a transaction) the turn's last entry is being stored: it is over."""
         if turn_id is not None:
             db.execute("UPDATE turns SET state = ? WHERE id = ?", (TURN_ENDED, turn_id))
@@ -804,7 +779,7 @@ class Store:
         """Store the records of one or more stops as ONE transaction (a stop-all is one)."""
         stamp = time.time()
 
-        def apply(db: sqlite3.Connection) -> None:
+        def apply(db: Engine) -> None:
             for r in records:
                 summary = {
                     "pending": True, "generation": r.generation, "dropped": list(r.dropped),
@@ -817,13 +792,13 @@ class Store:
                 )
                 db.execute(
                     "INSERT INTO generations (channel, generation, rests, stopped) VALUES (?, ?, 1, 1)"
-                    " ON CONFLICT(channel) DO UPDATE SET generation=max(generation, excluded.generation),"
-                    " rests=1, stopped=1",
+                    " ON CONFLICT(channel) DO UPDATE SET"
+                    f" generation={db.greatest('generations.generation', 'excluded.generation')}, rests=1, stopped=1",
                     (r.channel, r.generation),
                 )
                 db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
                 db.executemany(
-                    "UPDATE entries SET meta = json_set(meta, '$.dropped_by_stop', ?) WHERE seq = ?",
+                    f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?",
                     [(r.seq, s) for s in r.dropped],
                 )
                 for agent, items in r.plans.items():
@@ -841,11 +816,11 @@ class Store:
         self._todos[(channel, agent)] = [dict(i) for i in items]
 
     @staticmethod
-    def complete_stop(db: sqlite3.Connection, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
+    def complete_stop(db: Engine, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
         """(In the notice's transaction) the stop is complete: its final result, its turns ended
         (``turn`` and every turn its record names: a stop of several agents' turns)."""
-        row = db.execute("SELECT result FROM stops WHERE seq = ?", (seq,)).fetchone()
-        recorded = json.loads(row[0]).get("stopped_turns", []) if row else []
+        rows = db.query("SELECT result FROM stops WHERE seq = ?", (seq,))
+        recorded = json.loads(rows[0][0]).get("stopped_turns", []) if rows else []
         db.execute("UPDATE stops SET result = ? WHERE seq = ?", (json.dumps(result, ensure_ascii=False), seq))
         for stopped in {turn, *recorded}:
             Store.mark_turn_ended(db, stopped)
@@ -858,7 +833,7 @@ class Store:
         )
         stops = await self.query(
             "SELECT seq, channel, generation, result FROM stops"
-            " WHERE json_extract(result, '$.pending') = 1 ORDER BY seq"
+            f" WHERE {self._db.json_get('result', 'pending')} = {self._db.json_true} ORDER BY seq"
         )
         pending = []
         for seq, channel, generation, result in stops:
@@ -870,12 +845,14 @@ class Store:
         """Close the database (after the writer has stopped) and give up the store's lock."""
         self._closed = True
         self._db.close()
-        self._unlock()
 
 
 @asynccontextmanager
 async def open_store(path: str, *, synchronous: str = "FULL") -> AsyncIterator[Store]:
-    """Open the store and run its writer; on exit, commit what is pending and close."""
+    """Open the store and run its writer; on exit, commit what is pending and close.
+
+    ``path`` is a SQLite file, or a ``postgresql://`` URL (any libpq URL; ``synchronous``
+    is SQLite's alone)."""
     store = await trio.to_thread.run_sync(lambda: Store(path, synchronous=synchronous))
     try:
         async with trio.open_nursery() as nursery:

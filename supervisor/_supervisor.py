@@ -933,7 +933,7 @@ class Supervisor:
             "started": self.started,
             "uptime": time.time() - self.started,
             "config": str(self.config.path) if self.config.path else None,
-            "store": str(self.config.store_path),
+            "store": self.config.store_name,
             "agents": {
                 name: {"adapter": a.adapter, "command": list(a.command), "model": a.model}
                 for name, a in self.config.agents.items()
@@ -1081,7 +1081,7 @@ async def open_supervisor(
     if subreaper:
         subreaper = set_child_subreaper(True)
     try:
-        async with open_store(str(config.store_path)) as store, trio.open_nursery() as nursery:
+        async with open_store(config.store_location) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children

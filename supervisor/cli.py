@@ -198,6 +198,7 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
     import sqlite3
 
     from ._daemon import DaemonError
+    from ._engines import is_postgres_error
     from ._store import StoreError, StoreInUse
 
     if isinstance(exc, BaseExceptionGroup):
@@ -209,6 +210,10 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
     where = f"in {config.path}" if config.path else "in the config"
     if isinstance(exc, DaemonError | StoreInUse):
         return str(exc)
+    if config.store_url is not None and (is_postgres_error(exc) or isinstance(exc, StoreError)):
+        first = str(exc).split("\n", 1)[0].strip()
+        return (f"cannot use the store {config.store_name}: {first}"
+                f" — fix: start the PostgreSQL server, or point [store] url {where} at a database this user can use")
     if isinstance(exc, sqlite3.Error | StoreError):
         return (f"cannot use the store {config.store_path}: {exc}"
                 f" — fix: point [store] path {where} at a corral database or a new file")
@@ -228,8 +233,9 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
 def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """Validate a config file: every problem, with the file, the key and the fix.
 
-    Also checks what it can without starting: the socket path's length, and that the
-    socket's and the store's folders are writable or can be created.
+    Also checks what it can without starting: the socket path's length, that the socket's
+    and the store's folders are writable or can be created, and that a PostgreSQL store
+    answers.
     """
     import dataclasses
 
@@ -250,11 +256,14 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
                 click.echo(str(problem), err=True)
             click.echo(f"{len(problems)} problem(s)", err=True)
         sys.exit(EXIT_ERROR)
+    # (A PostgreSQL store was connected to by the preflight: say so.)
+    connected = " (connected)" if config.store_url else ""
     if obj.json or as_json:
-        _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket)})
+        _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
+                     "store": config.store_name})
     else:
         click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
-                   f" socket {config.server.socket}")
+                   f" socket {config.server.socket}; store {config.store_name}{connected}")
 
 
 @main.command()

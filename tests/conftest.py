@@ -12,6 +12,8 @@ from typing import Any
 
 import psutil
 import pytest
+from _postgres import PostgresServer
+from _postgres import missing as postgres_missing
 
 from supervisor import Config, parse_config
 from supervisor._tree import TURN_MARKER
@@ -28,6 +30,34 @@ def short_tmp() -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the test session (skipped, with the reason, where it cannot run)."""
+    reason = postgres_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The URL of a new, empty database of its own for this test."""
+    return postgres_server.new_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a test's store lives, once per engine: a SQLite file, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "corral.db")
+    url: str = request.getfixturevalue("postgres_url")
+    return url
 
 
 def make_config(folder: Path, agents: dict[str, dict[str, Any]] | None = None, **defaults: Any) -> Config:

@@ -8,8 +8,10 @@ is on conditions read from the store (a read-only connection of its own), under 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import sqlite3
 import stat
@@ -25,6 +27,7 @@ from conftest import CORRAL, PYTHON, DaemonProcess, make_config, turn_processes
 from test_stop_contract import AGENT, Gate
 
 from supervisor import SHUTDOWN_NOTICE, StoreError
+from supervisor._engines import is_postgres
 from supervisor._recovery import RESTART_NOTICE
 from supervisor._store import StoreInUse
 from supervisor._supervisor import open_supervisor
@@ -109,14 +112,22 @@ def running_turn(folder: Path, daemon: DaemonProcess, prompt: str) -> tuple[str,
 # ---------------------------------------------------------------- one owner per store
 
 
-async def test_a_second_embedded_supervisor_on_one_store_is_refused(short_tmp: Path) -> None:
+async def test_a_second_embedded_supervisor_on_one_store_is_refused(short_tmp: Path, store_at: str) -> None:
     config = make_config(short_tmp)
+    lock = Path(str(config.store_path) + ".lock")
+    if is_postgres(store_at):  # the lock is the database's: an advisory lock naming the holder
+        config = dataclasses.replace(config, store_url=store_at)
+        holder = rf"store {re.escape(store_at)} is in use by corral pid {os.getpid()} on "
+    else:
+        holder = rf"store .*corral.db is in use by pid {os.getpid()}"
     async with open_supervisor(config) as sup:
-        lock = Path(str(config.store_path) + ".lock")
-        assert stat.S_IMODE(lock.stat().st_mode) == 0o600
-        assert lock.read_text().strip() == str(os.getpid())
-        with pytest.raises(StoreInUse, match=rf"store .*corral.db is in use by pid {os.getpid()}"):
-            async with open_supervisor(make_config(short_tmp)):
+        if is_postgres(store_at):
+            assert not lock.exists()
+        else:
+            assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+            assert lock.read_text().strip() == str(os.getpid())
+        with pytest.raises(StoreInUse, match=holder):
+            async with open_supervisor(config):
                 pass
         store_id = sup._store.store_id
     async with open_supervisor(config) as again:  # released with its owner; the id is stable

@@ -1,8 +1,13 @@
-"""Tests for ``supervisor._store``: ordering, saved-before-shown, group commit, persistence."""
+"""Tests for ``supervisor._store``: ordering, saved-before-shown, group commit, persistence.
+
+Every test that takes ``store_at`` runs twice: on SQLite and on a real PostgreSQL database
+(``conftest.postgres_server``; skipped, with the reason, where the server cannot run).
+"""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import subprocess
@@ -15,15 +20,11 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor._store import Entry, Pending, QueuedRow, Store, StoreError, open_store
+from supervisor._engines import Engine, is_postgres
+from supervisor._store import ChannelState, Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 
 #: Upper bound for a blocked commit thread, so a failing test cannot hang the run forever.
 GATE_TIMEOUT = 30
-
-
-def db_path(tmp_path: Path) -> str:
-    """The store file of a test."""
-    return str(tmp_path / "corral.db")
 
 
 @asynccontextmanager
@@ -79,8 +80,8 @@ class BlockedCommits:
 # ---------------------------------------------------------------- ordering
 
 
-async def test_seq_strictly_increases_in_submit_order_across_channels(tmp_path: Path) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_seq_strictly_increases_in_submit_order_across_channels(store_at: str) -> None:
+    async with open_store(store_at) as store:
         pendings = [store.submit_entry(ch, "u", "message", f"m{i}") for i, ch in enumerate("abacbca")]
         stop_seq = store.next_seq()
         store.record_stop(stop_seq, "a", 1, {})
@@ -96,8 +97,8 @@ async def test_seq_strictly_increases_in_submit_order_across_channels(tmp_path: 
         assert [e.channel for e in stored] == [*"abacbca", "b"]
 
 
-async def test_unknown_kind_is_refused(tmp_path: Path) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_unknown_kind_is_refused(store_at: str) -> None:
+    async with open_store(store_at) as store:
         with pytest.raises(ValueError, match="kind"):
             store.submit_entry("a", "u", "shout", "x")
 
@@ -105,8 +106,8 @@ async def test_unknown_kind_is_refused(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- saved before shown
 
 
-async def test_follower_sees_an_entry_only_after_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_follower_sees_an_entry_only_after_its_commit(store_at: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(store_at) as store:
         first = await store.append("c", "u", "message", "first")
         async with following(store, "c") as chan, following(store, None) as everything:
             assert await receive(chan) == first
@@ -127,8 +128,8 @@ async def test_follower_sees_an_entry_only_after_its_commit(tmp_path: Path, monk
             assert await receive(everything) == entry
 
 
-async def test_failed_commit_shows_nothing_and_append_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_failed_commit_shows_nothing_and_append_raises(store_at: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(store_at) as store:
         first = await store.append("c", "u", "message", "first")
         async with following(store, "c") as chan:
             assert await receive(chan) == first
@@ -150,8 +151,8 @@ async def test_failed_commit_shows_nothing_and_append_raises(tmp_path: Path, mon
             assert [e.text for e in await store.entries("c")] == ["first", "kept"]
 
 
-async def test_a_poisoned_write_fails_alone_and_the_good_ones_in_its_batch_commit(tmp_path: Path) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_a_poisoned_write_fails_alone_and_the_good_ones_in_its_batch_commit(store_at: str, tmp_path: Path) -> None:
+    async with open_store(store_at) as store:
         async with following(store, None) as everything:
             await trio.testing.wait_all_tasks_blocked()
             # Submitted without a checkpoint in between, so they form one batch. Two writes
@@ -174,7 +175,7 @@ async def test_a_poisoned_write_fails_alone_and_the_good_ones_in_its_batch_commi
                 message = str(failed.value)
                 # It names nothing of anyone's data: not the bad character, no other text.
                 assert "\ud83d" not in message and "secret" not in message and "emoji" not in message
-                assert db_path(tmp_path) in message
+                assert store_at in message
             assert "not valid Unicode" in str(await _error_of(batch[1]))
             assert "no_such_table" in str(await _error_of(batch[3]))
             # The good ones are stored and published in seq order, exactly once each.
@@ -197,29 +198,35 @@ async def _error_of(pending: Pending) -> StoreError:
     raise AssertionError("the write did not fail")
 
 
-async def test_agent_text_and_meta_with_lone_surrogates_are_stored_repaired(tmp_path: Path) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_agent_text_and_meta_with_lone_surrogates_are_stored_repaired(store_at: str) -> None:
+    async with open_store(store_at) as store:
         # An agent streaming half an emoji, a tool preview and meta (keys too) with one.
         text = await store.append("a", "agent:x", "message", "half \ud83d, other half \ude00, NUL \0 kept")
-        tool = await store.append("a", "agent:x", "tool", "t", meta={"input": ["\udfff"], "k\ud800": {"n": 1}})
-        assert text.text == "half \ufffd, other half \ufffd, NUL \0 kept"
-        assert tool.meta == {"input": ["\ufffd"], "k\ufffd": {"n": 1}}
+        tool = await store.append("a", "agent:x", "tool", "t", meta={"input": ["\udfff", "\0"], "k\ud800": {"n": 1}})
+        # PostgreSQL text cannot hold NUL: there (only) it is repaired too. JSON escapes it on both.
+        nul = "\ufffd" if is_postgres(store_at) else "\0"
+        assert text.text == f"half \ufffd, other half \ufffd, NUL {nul} kept"
+        assert tool.meta == {"input": ["\ufffd", "\0"], "k\ufffd": {"n": 1}}
         assert await store.entries("a") == [text, tool]
 
 
-async def test_a_failed_commit_is_not_masked_by_its_rollback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_a_failed_commit_is_not_masked_by_its_rollback(store_at: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(store_at) as store:
         # SQLite rolls back by itself on SQLITE_FULL; a second ROLLBACK would raise
         # "cannot rollback - no transaction is active" and hide the real error.
-        def full(db: sqlite3.Connection) -> None:
+        def full(db: Engine) -> None:
             db.execute("ROLLBACK")
+            if is_postgres(store_at):
+                import psycopg
+
+                raise psycopg.errors.DiskFull("could not extend file")
             error = sqlite3.OperationalError("database or disk is full")
             error.sqlite_errorcode = 13  # type: ignore[attr-defined]
             raise error
 
         with pytest.raises(StoreError) as failed:
             await store._submit(full).committed()
-        assert "disk full" in str(failed.value) and db_path(tmp_path) in str(failed.value)
+        assert "disk full" in str(failed.value) and store_at in str(failed.value)
         assert "rollback" not in str(failed.value)
         assert (await store.append("a", "u", "message", "after")).text == "after"
 
@@ -227,8 +234,8 @@ async def test_a_failed_commit_is_not_masked_by_its_rollback(tmp_path: Path, mon
 # ---------------------------------------------------------------- group commit
 
 
-async def test_quick_submits_share_one_commit(tmp_path: Path) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_quick_submits_share_one_commit(store_at: str) -> None:
+    async with open_store(store_at) as store:
         before = store.commits
         pendings = [store.submit_entry("a", "u", "message", str(i)) for i in range(200)]
         await store.flush()
@@ -238,8 +245,8 @@ async def test_quick_submits_share_one_commit(tmp_path: Path) -> None:
         assert len(await store.entries("a")) == 200
 
 
-async def test_writes_made_during_a_commit_go_into_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_writes_made_during_a_commit_go_into_the_next_one(store_at: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(store_at) as store:
         blocked = BlockedCommits(monkeypatch)
         try:
             first = store.submit_entry("a", "u", "message", "first")
@@ -259,8 +266,8 @@ async def test_writes_made_during_a_commit_go_into_the_next_one(tmp_path: Path, 
         assert store.commits == 2
 
 
-async def test_flush_waits_for_a_batch_already_committing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_flush_waits_for_a_batch_already_committing(store_at: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_store(store_at) as store:
         blocked = BlockedCommits(monkeypatch)
         flushed = trio.Event()
 
@@ -284,8 +291,8 @@ async def test_flush_waits_for_a_batch_already_committing(tmp_path: Path, monkey
 # ---------------------------------------------------------------- following
 
 
-async def test_follow_gives_history_then_live_entries_per_channel(tmp_path: Path) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_follow_gives_history_then_live_entries_per_channel(store_at: str) -> None:
+    async with open_store(store_at) as store:
         a1 = await store.append("a", "u", "message", "a1")
         b1 = await store.append("b", "u", "message", "b1")
         a2 = await store.append("a", "u", "message", "a2")
@@ -306,8 +313,8 @@ async def test_follow_gives_history_then_live_entries_per_channel(tmp_path: Path
 # ---------------------------------------------------------------- persistence
 
 
-async def test_entries_persist_and_seq_continues_after_reopen(tmp_path: Path) -> None:
-    path = db_path(tmp_path)
+async def test_entries_persist_and_seq_continues_after_reopen(store_at: str) -> None:
+    path = store_at
     async with open_store(path) as store:
         written = [
             await store.append("a", "u", "message", "héllo", meta={"x": 1}),
@@ -325,8 +332,8 @@ async def test_entries_persist_and_seq_continues_after_reopen(tmp_path: Path) ->
         assert (await store.query("SELECT seq, result FROM stops")) == [(stop_seq, '{"killed": 2}')]
 
 
-async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(tmp_path: Path) -> None:
-    path = db_path(tmp_path)
+async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(store_at: str) -> None:
+    path = store_at
     async with open_store(path) as store:
         await store.append("a", "u", "message", "m")
         stop_seq = store.next_seq()
@@ -343,8 +350,8 @@ async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(tmp
         assert store.next_seq() == q_seq + 1
 
 
-async def test_sessions_todos_queue_and_generations_survive_a_reopen(tmp_path: Path) -> None:
-    path = db_path(tmp_path)
+async def test_sessions_todos_queue_and_generations_survive_a_reopen(store_at: str) -> None:
+    path = store_at
     todos = [{"content": "write tests", "status": "in_progress"}, {"content": "ship", "status": "pending"}]
     async with open_store(path) as store:
         store.save_session("c1", "claude", "sess-1", "/w/c1")
@@ -356,7 +363,7 @@ async def test_sessions_todos_queue_and_generations_survive_a_reopen(tmp_path: P
         for text, nudge in (("first", False), ("second", True), ("third", False)):
             row_box: list[QueuedRow] = []
 
-            def also(db: sqlite3.Connection, seq: int, text: str = text, nudge: bool = nudge) -> None:
+            def also(db: Engine, seq: int, text: str = text, nudge: bool = nudge) -> None:
                 row = QueuedRow(seq, "c1", "claude", "u", text, 4, nudge)
                 row_box.append(row)
                 store.queue_insert(db, row)
@@ -380,8 +387,8 @@ async def test_sessions_todos_queue_and_generations_survive_a_reopen(tmp_path: P
         assert await store.load_generations() == {"c1": 4, "c2": 1}
 
 
-async def test_closed_store_refuses_writes(tmp_path: Path) -> None:
-    async with open_store(db_path(tmp_path)) as store:
+async def test_closed_store_refuses_writes(store_at: str) -> None:
+    async with open_store(store_at) as store:
         pass
     with pytest.raises(StoreError):
         store.submit_entry("a", "u", "message", "x")
@@ -436,34 +443,82 @@ async def test_a_full_disk_says_disk_full_with_the_store_path(tmp_path: Path) ->
             assert [e.text for e in await store.entries("a")] == [first.text, after.text]
 
 
-async def test_a_store_of_the_first_schema_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
-    from supervisor._store import _MIGRATIONS, _SCHEMA
+# ---------------------------------------------------------------- stop records, queue, turns (both engines)
 
-    path = db_path(tmp_path)
-    old = sqlite3.connect(path)
-    old.executescript(_SCHEMA)  # the first version, as shipped: no hops, no rest, no seen table
+
+async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(store_at: str) -> None:
+    plan = [{"content": "ship", "status": "cancelled"}]
+    async with open_store(store_at) as store:
+        first = store.accept_message("c", "bot", "human:u", "first", generation=0, nudge=False)
+        reply = store.submit_entry("c", "agent:bot", "message", "hi", meta={"raw": "NUL \0 in meta"})
+        dropped = store.accept_message("c", "bot", "human:u", "dropped", generation=0, nudge=False, to=("other",))
+        await dropped.committed()
+        assert first.entry is not None and reply.entry is not None and dropped.entry is not None
+        await store.begin_turn("t1", "c", "bot", 0, first.entry.seq).committed()
+        await store.turn_spawned("t1", 123, 2**40).committed()  # start ticks past 32 bits
+        await store.begin_turn("t2", "c", "other", 0, first.entry.seq).committed()
+        await store.begin_turn("t9", "d", "bot", 0, first.entry.seq).committed()  # another channel's, left running
+        stop_seq = store.next_seq()
+        record = StopRecord(stop_seq, "c", 3, (dropped.entry.seq, dropped.entry.seq + 1), ("t1", "t2"), {"bot": plan})
+        await store.submit_stop_records([record]).committed()
+        await store.record_stop(store.next_seq(), "c", 2, {}).committed()  # a generation never goes back
+    async with open_store(store_at) as store:  # what a restart finds
+        turns, stops = await store.unfinished()
+        assert turns == [("t9", "d", 0, "running")]
+        assert stops == [(stop_seq, "c", 3, 2, "t1")]
+        assert await store.load_queue() == []
+        assert await store.load_channel_states() == {"c": ChannelState(3, True, True)}
+        assert await store.query("SELECT pid, pid_started, state FROM turns WHERE id = ?", ("t1",)) == [
+            (123, 2**40, "stopped")
+        ]
+        assert store.todos("c", "bot") == plan and store.seen("c", "bot") == first.entry.seq
+        (marked,) = [e for e in await store.entries("c") if e.seq == dropped.entry.seq]
+        assert marked.meta == {"agent": "bot", "to": ["bot", "other"], "dropped_by_stop": stop_seq}
+        missed = await store.missed("c", "other", after=None, before=10_000, skip=None, limit=10)
+        assert missed == ([("human:u", "first"), ("agent:bot", "hi")], 2)  # not the dropped one
+        notice = store.submit_stop_notice("c", "Stopped.", stop_seq=stop_seq, turn="t1", generation=3,
+                                          result={"ok": True})  # t2 ends too: its record names it
+        await notice.committed()
+        assert await store.unfinished() == ([("t9", "d", 0, "running")], [])
+        ((result,),) = await store.query("SELECT result FROM stops WHERE seq = ?", (stop_seq,))
+        assert json.loads(result) == {"ok": True, "notice_seq": notice.entry.seq}  # type: ignore[union-attr]
+        await store.append("c", "human:u", "message", "again")  # (a plain entry does not lift the rest)
+        lifted = store.accept_message("c", "bot", "human:u", "go on", generation=3, nudge=False)
+        await lifted.committed()
+        assert await store.load_channel_states() == {"c": ChannelState(3, False, True)}
+        await store.begin_turn("t3", "c", "bot", 3, lifted.entry.seq).committed()  # type: ignore[union-attr]
+        assert await store.load_channel_states() == {"c": ChannelState(3, False, False)}
+
+
+async def test_a_store_of_the_first_schema_is_migrated_and_keeps_its_rows(store_at: str) -> None:
+    from supervisor._engines import open_engine
+    from supervisor._store import _MIGRATIONS, _SCHEMA, _statements
+
+    old = open_engine(store_at)  # the first version, as shipped: no hops, no rest, no seen table
+    old.begin()
+    for statement in _statements(_SCHEMA):
+        old.execute(old.ddl(statement))
     old.execute("INSERT INTO queue (seq, channel, agent, author, text, generation, nudge)"
                 " VALUES (7, 'c', 'claude', 'human:u', 'queued before the upgrade', 2, 0)")
     old.execute("INSERT INTO generations (channel, generation) VALUES ('c', 2)")
     old.commit()
     old.close()
-    async with open_store(path) as store:
+    async with open_store(store_at) as store:
         assert await store.load_queue() == [QueuedRow(7, "c", "claude", "human:u", "queued before the upgrade", 2, False)]
         states = await store.load_channel_states()
         assert (states["c"].generation, states["c"].rests, states["c"].stopped) == (2, False, False)
         assert store.seen("c", "claude") is None
         assert store.next_seq() == 8
-        ((version,),) = await store.query("PRAGMA user_version")
-        assert version == len(_MIGRATIONS)
-    async with open_store(path) as store:  # a second open migrates nothing again
-        ((version,),) = await store.query("PRAGMA user_version")
-        assert version == len(_MIGRATIONS)
+        versions = await store.query("SELECT version FROM schema_migrations ORDER BY version")
+        assert versions == [(n,) for n in range(1, len(_MIGRATIONS) + 1)]
+    async with open_store(store_at) as store:  # a second open migrates nothing again
+        assert await store.query("SELECT version FROM schema_migrations ORDER BY version") == versions
 
 
-async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reopen(tmp_path: Path) -> None:
+async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reopen(store_at: str) -> None:
     from supervisor._store import StopRecord
 
-    path = db_path(tmp_path)
+    path = store_at
     async with open_store(path) as store:
         await store.accept_message("c", "ann", "human:u", "hi", generation=0, nudge=False).committed()
         await store.begin_turn("t1", "c", "ann", 0, 1).committed()
@@ -484,12 +539,12 @@ async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reop
         assert (state.rests, state.stopped) == (False, False)
 
 
-async def test_completing_a_stop_ends_every_turn_its_record_names(tmp_path: Path) -> None:
+async def test_completing_a_stop_ends_every_turn_its_record_names(store_at: str) -> None:
     # After a kill -9 mid-stop, recovery completes the stop naming one turn: every turn the
     # record names (one per agent of the channel) is ended with it.
     from supervisor._store import StopRecord
 
-    async with open_store(db_path(tmp_path)) as store:
+    async with open_store(store_at) as store:
         for turn, agent, seq in (("t1", "ann", 1), ("t2", "bob", 2)):
             await store.begin_turn(turn, "c", agent, 0, seq).committed()
         stop_seq = store.next_seq()

@@ -1,0 +1,569 @@
+"""The store's two database engines: SQLite (the embedded default) and PostgreSQL.
+
+Theory of operation
+-------------------
+
+One :class:`~supervisor._store.Store` holds everything that makes the store mean what it
+means — the in-memory ``seq``, the one writer task and its group commit, saved before
+shown, the per-write retry, and every SQL statement, written once. An engine is the
+connection under it: what differs between SQLite and PostgreSQL and nothing more.
+
+* **Why one store over two engines, not a store per engine.** The semantics are the hard
+  part and the tests pin them; two store classes would be two places for them to drift.
+  The SQL the two share is nearly all of it, so it stays in the store in one dialect
+  (SQLite's, with ``?`` placeholders), and an engine translates what differs: ``?`` to
+  ``%s`` (``%`` doubled), ``INTEGER``/``REAL`` column types to ``BIGINT``/``DOUBLE
+  PRECISION`` in DDL, and four fragments it writes itself — :meth:`Engine.greatest`,
+  :meth:`Engine.json_get`, :attr:`Engine.json_true`, :meth:`Engine.mark_dropped`. The
+  ``apply(db)`` callbacks of writes get the engine and call :meth:`Engine.execute`.
+* **Transactions.** :meth:`Engine.begin` / :meth:`Engine.commit` / :meth:`Engine.rollback`
+  on one connection used by one worker thread at a time (the store's limiter). A rollback
+  after a failure never raises: it would hide the failure. On PostgreSQL a batch's writes
+  are pipelined (:meth:`Engine.batch`: one round trip, not one per statement); a read in
+  the batch syncs the pipeline first, so it sees the batch's writes and raises their error.
+* **Failures that are not the write's fault** (:meth:`Engine.fatal`): a full disk, an I/O
+  error, a lost database connection. The store does not retry such a batch write by write
+  (every write would fail the same way); it fails the batch visibly.
+* **The owner lock.** SQLite: ``flock`` on ``<store>.lock`` (:func:`lock_store`).
+  PostgreSQL: a session-level advisory lock keyed from the store id, held by the store's
+  connection; a second daemon on the same database is refused with :class:`StoreInUse`
+  naming the holder's ``application_name`` (``corral pid N on HOST``), after retrying for
+  a second (a closed session's locks are freed only once its server process has exited; the
+  store unlocks before it closes for the same reason). The fleet will replace this
+  one-owner lock with per-channel leases and fencing tokens.
+* **Reconnecting (PostgreSQL).** A connection that broke (the server restarted) is replaced
+  at the next transaction or read, and the owner lock is taken again first; if another
+  daemon took it meanwhile, the store has lost its ownership and every later write fails
+  with :class:`StoreInUse`. A ``BEGIN`` or a read that fails on a broken connection is
+  retried once on a new one (nothing was written); a failure inside a transaction fails
+  its batch. A connection lost during ``COMMIT`` leaves the outcome unknown to the client:
+  the writes are reported failed though the server may have kept them (PostgreSQL cannot
+  say; the fleet's fencing will make a retry safe).
+* **seq on PostgreSQL** is assigned in memory from ``max(seq)`` at open, as on SQLite: right
+  for ONE owner. The fleet must change this (a sequence, or ranges per host) before two
+  daemons write one database.
+* **Text.** PostgreSQL text cannot hold NUL: agent output's NUL becomes U+FFFD there
+  (:meth:`Engine.storable`), the one difference a reader can see. JSON columns are kept as
+  text on both engines (the exact JSON written is read back: ``jsonb`` would reorder it,
+  and PostgreSQL's JSON types refuse the ``\\u0000`` escape JSON gives a NUL), and read
+  in SQL only through :meth:`Engine.json_get`.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import fcntl
+import logging
+import os
+import re
+import socket
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from ._errors import CorralError
+from ._text import REPLACEMENT, repair_text
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("corral.store")
+
+#: The URL schemes that select PostgreSQL (libpq's own).
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+class StoreError(CorralError, RuntimeError):
+    """A write could not be committed; nothing of it was shown to anyone."""
+
+
+class StoreInUse(StoreError):
+    """Another process owns the store (it holds the store's lock)."""
+
+
+def is_postgres(where: str) -> bool:
+    """True if ``where`` is a PostgreSQL URL rather than a SQLite file path."""
+    return where.startswith(POSTGRES_SCHEMES)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (in the user part or a ``password=`` parameter), for
+    logs, errors and ``status``."""
+    url = re.sub(r"^([a-z]+://[^:/@?]*):[^@/?]*@", r"\1:***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+
+
+def lock_store(path: str) -> int:
+    """Take the store's lock (``<path>.lock``, 0600) for this process; return its descriptor.
+
+    ``flock`` is released by the kernel when the owner dies, however it dies, and the
+    descriptor is close-on-exec, so no agent inherits it. Raises :class:`StoreInUse`
+    naming the owner's pid.
+    """
+    lock_path = path + ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreInUse(
+            f"store {path} is in use by pid {owner}; stop that corral first (`corral shutdown`), "
+            "or give this one another [store] path"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+#: SQLite's primary result codes for a failing disk (the extended codes keep them in the low byte).
+SQLITE_IOERR = 10
+SQLITE_FULL = 13
+
+
+def disk_failure(exc: BaseException) -> str | None:
+    """"disk full" or "I/O error" if ``exc`` is the disk failing (SQLite or the OS), else None."""
+    if isinstance(exc, sqlite3.Error):
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code == SQLITE_FULL:
+            return "disk full"
+        if code == SQLITE_IOERR:
+            return "I/O error"
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "disk full"
+        if exc.errno == errno.EIO:
+            return "I/O error"
+    return None
+
+
+def is_postgres_error(exc: BaseException) -> bool:
+    """True for psycopg's exceptions (checked by module: the driver is an optional extra)."""
+    return type(exc).__module__.split(".")[0] == "psycopg"
+
+
+#: SQLSTATE classes whose primary message names objects (tables, constraints, settings,
+#: connections) but never a value: safe to pass on. Class 22 (data exception) quotes values.
+_SAFE_CLASSES = ("08", "23", "25", "40", "42", "53", "54", "55", "57", "58", "0A")
+
+
+def postgres_failure(exc: BaseException) -> str | None:
+    """"disk full", "I/O error" or "connection lost" if ``exc`` is PostgreSQL's server or
+    connection failing rather than the write, else None."""
+    if not is_postgres_error(exc):
+        return None
+    state: str | None = getattr(exc, "sqlstate", None)
+    if state == "53100":
+        return "disk full"
+    if state in ("58030", "XX001", "XX002"):
+        return "I/O error"
+    import psycopg
+
+    if isinstance(exc, psycopg.OperationalError) and (state is None or state[:2] in ("08", "57")):
+        return "connection lost"
+    return None
+
+
+def describe_postgres(exc: BaseException, name: str) -> str:
+    """A psycopg error as a caller may see it: the store, the cause, no value of any write."""
+    failure = postgres_failure(exc)
+    state: str | None = getattr(exc, "sqlstate", None)
+    first = str(exc).split("\n", 1)[0].strip()
+    if failure == "disk full":
+        return f"disk full: the PostgreSQL server cannot write the store {name}; free space on its disk"
+    if failure == "I/O error":
+        return f"I/O error in the PostgreSQL server of the store {name}; check its disk"
+    if failure == "connection lost":
+        return f"the database connection failed: {first} (store {name}); corral reconnects at the next write"
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) or first
+    if state is not None and state[:2] in _SAFE_CLASSES:
+        return f"{primary} (store {name})"
+    table = getattr(diag, "table_name", None)
+    where = f" in table {table}" if table else ""
+    return f"PostgreSQL refused a value of the write{where} (SQLSTATE {state or 'client'}); it was not stored in {name}"
+
+
+class Engine(abc.ABC):
+    """One database connection under the store, and the dialect of its SQL.
+
+    Used from one worker thread at a time. ``name`` is what messages call the store (a
+    file path, or a URL without its password).
+    """
+
+    name: str
+    kind: str
+
+    @abc.abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one statement (SQLite dialect, ``?`` placeholders) in the current transaction."""
+
+    @abc.abstractmethod
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter row."""
+
+    @abc.abstractmethod
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a read and return its rows."""
+
+    @abc.abstractmethod
+    def begin(self, *, schema: bool = False) -> None:
+        """Open a write transaction (``schema``: also serialise with other openers' migrations)."""
+
+    def batch(self) -> AbstractContextManager[object]:
+        """Around a transaction's writes: nothing here; PostgreSQL pipelines them (one round
+        trip for the batch, its first error raised when the block ends)."""
+        return nullcontext()
+
+    @abc.abstractmethod
+    def commit(self) -> None:
+        """Commit the transaction."""
+
+    @abc.abstractmethod
+    def rollback(self) -> None:
+        """Roll back if a transaction is open; log (never raise) a rollback that fails."""
+
+    @abc.abstractmethod
+    def own(self, store_id: str) -> None:
+        """Hold the owner lock for ``store_id`` (raise :class:`StoreInUse`), if not held yet."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection and give up the owner lock."""
+
+    @abc.abstractmethod
+    def fatal(self, exc: BaseException) -> str | None:
+        """Why ``exc`` is not the write's fault (disk full, I/O error, connection lost), or None."""
+
+    @abc.abstractmethod
+    def legacy_version(self) -> int:
+        """The schema version kept before the ``schema_migrations`` table (SQLite's user_version)."""
+
+    def storable(self, text: str) -> str:
+        """``text`` as this engine can keep it (lone surrogates repaired)."""
+        return repair_text(text)
+
+    def ddl(self, sql: str) -> str:
+        """A schema statement in this engine's column types."""
+        return sql
+
+    @abc.abstractmethod
+    def greatest(self, a: str, b: str) -> str:
+        """SQL for the larger of two values."""
+
+    @abc.abstractmethod
+    def json_get(self, column: str, key: str) -> str:
+        """SQL for the scalar at ``key`` of a JSON text column (NULL if absent)."""
+
+    json_true: str
+    """How :meth:`json_get` of a JSON ``true`` compares."""
+
+    @abc.abstractmethod
+    def mark_dropped(self) -> str:
+        """SQL for ``meta`` with ``dropped_by_stop`` set to the one parameter."""
+
+
+class SQLiteEngine(Engine):
+    """A SQLite file in WAL mode, owned through ``flock`` on ``<path>.lock``."""
+
+    kind = "sqlite"
+    json_true = "1"
+
+    def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
+        self.name = path
+        self._lock_fd = lock_store(path) if path != ":memory:" else -1
+        try:
+            if path != ":memory:" and not os.path.exists(path):
+                # Transcripts can hold secrets: the file (and SQLite's -wal/-shm, which copy its
+                # mode) is readable by its owner only.
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.execute("PRAGMA busy_timeout=5000")
+        except BaseException:
+            self._unlock()
+            raise
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one statement."""
+        self._db.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement per row."""
+        self._db.executemany(sql, rows)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a read."""
+        return self._db.execute(sql, params).fetchall()
+
+    def begin(self, *, schema: bool = False) -> None:
+        """``BEGIN IMMEDIATE``: the write lock now, not at the first write."""
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        """Commit."""
+        self._db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        """Roll back, unless SQLite already did (it does on SQLITE_FULL and SQLITE_IOERR)."""
+        # A ROLLBACK then fails with "no transaction is active" and would hide the real error.
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error as rollback:
+                log.error("store rollback failed after a failed commit: %s", rollback)
+
+    def own(self, store_id: str) -> None:
+        """The flock was taken before the file was opened: nothing more to hold."""
+
+    def _unlock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = -1
+
+    def close(self) -> None:
+        """Close the file, then release the lock."""
+        try:
+            self._db.close()
+        finally:
+            self._unlock()
+
+    def fatal(self, exc: BaseException) -> str | None:
+        """A full or failing disk."""
+        return disk_failure(exc)
+
+    def legacy_version(self) -> int:
+        """``PRAGMA user_version``: where stores before ``schema_migrations`` kept it."""
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def greatest(self, a: str, b: str) -> str:
+        """SQLite's two-argument scalar ``max``."""
+        return f"max({a}, {b})"
+
+    def json_get(self, column: str, key: str) -> str:
+        """``json_extract``."""
+        return f"json_extract({column}, '$.{key}')"
+
+    def mark_dropped(self) -> str:
+        """``json_set``."""
+        return "json_set(meta, '$.dropped_by_stop', ?)"
+
+
+#: The advisory lock's first key: corral's namespace in the database ("corr").
+_LOCK_SPACE = 0x636F7272
+#: The second key of the lock that serialises schema migrations between openers.
+_SCHEMA_LOCK = 0
+#: How long an opener retries a held owner lock before it is refused (seconds).
+_LOCK_PATIENCE = 1.0
+
+
+class PostgresEngine(Engine):
+    """A PostgreSQL database over psycopg 3 (its sync API, in the store's worker thread)."""
+
+    kind = "postgresql"
+    json_true = "'true'"
+
+    def __init__(self, url: str) -> None:
+        self.name = redact(url)
+        self._url = url
+        self._store_id: str | None = None
+        self._lost: StoreInUse | None = None
+        self._pipeline: psycopg.Pipeline | None = None
+        try:
+            import psycopg  # noqa: F401 - the optional extra; checked here, used below
+        except ImportError:
+            raise StoreError(
+                f"the store {self.name} is on PostgreSQL, which needs the driver: pip install 'corral[postgres]'"
+            ) from None
+        self._conn = self._connect()
+
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        import psycopg
+
+        return psycopg.connect(
+            self._url, autocommit=True, connect_timeout=10,
+            application_name=f"corral pid {os.getpid()} on {socket.gethostname()}"[:63],
+        )
+
+    @staticmethod
+    def _sql(sql: str) -> str:
+        return sql.replace("%", "%%").replace("?", "%s")
+
+    def _alive(self) -> None:
+        """A new connection (and the owner lock again) if the last one broke."""
+        if self._lost is not None:
+            raise self._lost
+        if self._conn.broken or self._conn.closed:
+            log.warning("store %s: the database connection was lost; reconnecting", self.name)
+            self._conn.close()
+            self._conn = self._connect()
+            if self._store_id is not None:
+                try:
+                    self._take(self._store_id)
+                except StoreInUse as exc:
+                    self._lost = StoreInUse(f"lost the store: {exc}")
+                    self._conn.close()
+                    raise self._lost from None
+            log.warning("store %s: reconnected", self.name)
+
+    def _retrying(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
+        """Run a statement that wrote nothing yet (a BEGIN, a read): once more on a new
+        connection if this one turns out broken."""
+        import psycopg
+
+        self._alive()
+        try:
+            return self._conn.execute(self._sql(sql), params)
+        except psycopg.OperationalError:
+            if not self._conn.broken:
+                raise
+        self._alive()
+        return self._conn.execute(self._sql(sql), params)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one statement."""
+        self._conn.execute(self._sql(sql), params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement per row."""
+        with self._conn.cursor() as cursor:
+            cursor.executemany(self._sql(sql), rows)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a read (outside a transaction: reconnects once if needed)."""
+        from psycopg.pq import TransactionStatus
+
+        if self._pipeline is not None:  # (a read in a batch: its answer is needed now)
+            cursor = self._conn.execute(self._sql(sql), params)
+            self._pipeline.sync()
+        elif self._conn.info.transaction_status == TransactionStatus.IDLE or self._conn.broken:
+            cursor = self._retrying(sql, params)
+        else:
+            cursor = self._conn.execute(self._sql(sql), params)
+        return cursor.fetchall() if cursor.description is not None else []
+
+    def begin(self, *, schema: bool = False) -> None:
+        """``BEGIN`` (reconnecting first if needed); ``schema`` also waits for the migration lock."""
+        self._retrying("BEGIN", ())
+        if schema:
+            self.execute("SELECT pg_advisory_xact_lock(?, ?)", (_LOCK_SPACE, _SCHEMA_LOCK))
+
+    @contextmanager
+    def batch(self) -> Iterator[object]:
+        """psycopg's pipeline mode: a group commit's statements go out without waiting for
+        each other's answers (the first error is raised when the block ends, or at a read)."""
+        with self._conn.pipeline() as pipeline:
+            self._pipeline = pipeline
+            try:
+                yield pipeline
+            finally:
+                self._pipeline = None
+
+    def commit(self) -> None:
+        """Commit."""
+        self._conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        """Roll back an open or failed transaction; nothing to do on a broken connection."""
+        import psycopg
+        from psycopg.pq import TransactionStatus
+
+        if self._conn.broken or self._conn.info.transaction_status not in (
+            TransactionStatus.INTRANS, TransactionStatus.INERROR
+        ):
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except psycopg.Error as rollback:
+            log.error("store rollback failed after a failed commit: %s", describe_postgres(rollback, self.name))
+
+    def _key(self, store_id: str) -> int:
+        return int(store_id[:8], 16) & 0x7FFFFFFF
+
+    def _take(self, store_id: str) -> None:
+        key = self._key(store_id)
+        # A session that just ended holds its locks until its server process has exited, a
+        # moment after its client closed: a restart right after a `kill -9` waits that out.
+        deadline = time.monotonic() + _LOCK_PATIENCE
+        while True:
+            ((taken,),) = self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_SPACE, key)).fetchall()
+            if taken:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)  # (in the store's worker thread, at open or reconnect only)
+        holders = self._conn.execute(
+            "SELECT a.application_name, a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
+            (_LOCK_SPACE, key),
+        ).fetchall()
+        holder = (holders[0][0] or f"database session {holders[0][1]}") if holders else "another session"
+        raise StoreInUse(
+            f"store {self.name} is in use by {holder}; stop that corral first (`corral shutdown`), "
+            "or give this one another [store] url (another database)"
+        )
+
+    def own(self, store_id: str) -> None:
+        """Take the session-level advisory lock of this store (kept until the connection ends)."""
+        self._take(store_id)
+        self._store_id = store_id
+
+    def close(self) -> None:
+        """Give up the advisory lock, then close the connection (the server would release the
+        lock with the session too, but only once its process has exited: a moment later)."""
+        import psycopg
+
+        if self._store_id is not None and not (self._conn.closed or self._conn.broken):
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_SPACE, self._key(self._store_id)))
+            except psycopg.Error as exc:
+                log.warning("store %s: could not release its lock (%s); the server does at disconnect",
+                            self.name, describe_postgres(exc, self.name))
+        self._conn.close()
+
+    def fatal(self, exc: BaseException) -> str | None:
+        """The server's disk, or the connection."""
+        if isinstance(exc, StoreInUse):
+            return "store lost"
+        return postgres_failure(exc) or disk_failure(exc)
+
+    def legacy_version(self) -> int:
+        """Always 0: PostgreSQL stores began with ``schema_migrations``."""
+        return 0
+
+    def storable(self, text: str) -> str:
+        """Repaired, and NUL (which PostgreSQL text cannot hold) as U+FFFD."""
+        return repair_text(text).replace("\0", REPLACEMENT)
+
+    def ddl(self, sql: str) -> str:
+        """64-bit integers and double precision: SQLite's INTEGER and REAL are both."""
+        return re.sub(r"\bREAL\b", "DOUBLE PRECISION", re.sub(r"\bINTEGER\b", "BIGINT", sql))
+
+    def greatest(self, a: str, b: str) -> str:
+        """``greatest``."""
+        return f"greatest({a}, {b})"
+
+    def json_get(self, column: str, key: str) -> str:
+        """``->>``, on the text with each ``\\u0000`` escape made ``\\ufffd`` first: PostgreSQL's
+        JSON functions refuse that escape anywhere in the document. Only other values than
+        the one read can change (corral reads its own numbers and booleans this way)."""
+        return f"(replace({column}, '\\u0000', '\\ufffd')::json ->> '{key}')"
+
+    def mark_dropped(self) -> str:
+        """Text surgery on the JSON object: appends the key as ``json_set`` does, with no parse."""
+        return ("CASE WHEN meta = '{}' THEN '{' ELSE left(meta, -1) || ', ' END"
+                " || '\"dropped_by_stop\": ' || CAST(? AS BIGINT) || '}'")
+
+
+def open_engine(where: str, *, synchronous: str = "FULL") -> Engine:
+    """The engine for a store: a PostgreSQL URL, or else a SQLite file path."""
+    if is_postgres(where):
+        return PostgresEngine(where)
+    return SQLiteEngine(where, synchronous=synchronous)
