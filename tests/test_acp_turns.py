@@ -275,6 +275,8 @@ async def test_the_stop_of_one_channel_leaves_the_other_channels_agent_alone(sho
 
 def test_after_kill_9_the_restart_kills_the_orphaned_agent_and_loads_its_session(short_tmp: Path) -> None:
     table = fake(short_tmp)
+    # Without this the fake ends at its stdin's EOF, racing the check that it was orphaned.
+    table["env"]["FAKE_ACP_LINGER"] = "1"
     text = (
         '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n[agents.acp]\n'
         + "".join(f"{key} = {toml_value(value)}\n" for key, value in table.items())

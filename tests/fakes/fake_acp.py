@@ -239,6 +239,10 @@ def main() -> None:
             _cancelled.setdefault(params.get("sessionId"), threading.Event()).set()
         elif rid is not None:
             send({"id": rid, "error": {"code": -32601, "message": f"unknown method {method}"}})
+    if os.environ.get("FAKE_ACP_LINGER") == "1":
+        # An agent that does not notice its client is gone (busy in its work): it stays
+        # until something kills it, as an orphan after its daemon's kill -9.
+        threading.Event().wait()
 
 
 if __name__ == "__main__":
