@@ -25,8 +25,10 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
 * **The owner lock.** SQLite: ``flock`` on ``<store>.lock`` (:func:`lock_store`).
   PostgreSQL: a session-level advisory lock keyed from the store id, held by the store's
   connection; a second daemon on the same database is refused with :class:`StoreInUse`
-  naming the holder's ``application_name`` (``corral pid N on HOST``). The fleet will
-  replace this one-owner lock with per-channel leases and fencing tokens.
+  naming the holder's ``application_name`` (``corral pid N on HOST``). In a fleet the
+  lock is per host (keyed from the store id and ``[cluster] host``): two daemons calling
+  themselves the same host are refused; hosts share the channels through leases with
+  fencing tokens (:mod:`._fleet`).
 * **Reconnecting (PostgreSQL).** A connection that broke (the server restarted) is replaced
   at the next transaction or read, and the owner lock is taken again first; if another
   daemon took it meanwhile, the store has lost its ownership and every later write fails
@@ -35,9 +37,9 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   its batch. A connection lost during ``COMMIT`` leaves the outcome unknown to the client:
   the writes are reported failed though the server may have kept them (PostgreSQL cannot
   say; the fleet's fencing will make a retry safe).
-* **seq on PostgreSQL** is assigned in memory from ``max(seq)`` at open, as on SQLite: right
-  for ONE owner. The fleet must change this (a sequence, or ranges per host) before two
-  daemons write one database.
+* **seq on PostgreSQL** is assigned in memory, as on SQLite, but in a stride: each host has
+  a slot (its row in ``hosts``) and takes only seqs ``n * SEQ_STRIDE + slot``, so hosts
+  writing one database never collide (see the store's theory of operation).
 * **Text.** PostgreSQL text cannot hold NUL: agent output's NUL becomes U+FFFD there
   (:meth:`Engine.storable`), the one difference a reader can see. JSON columns are kept as
   text on both engines (the exact JSON written is read back: ``jsonb`` would reorder it,
@@ -48,14 +50,16 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
 from __future__ import annotations
 
 import abc
+import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import re
 import socket
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -225,8 +229,9 @@ class Engine(abc.ABC):
         """Roll back if a transaction is open; log (never raise) a rollback that fails."""
 
     @abc.abstractmethod
-    def own(self, store_id: str) -> None:
-        """Hold the owner lock for ``store_id`` (raise :class:`StoreInUse`), if not held yet."""
+    def own(self, store_id: str, host: str = "") -> None:
+        """Hold the owner lock for ``store_id`` (raise :class:`StoreInUse`), if not held yet;
+        ``host``: the lock is this fleet host's (PostgreSQL)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -263,12 +268,16 @@ class Engine(abc.ABC):
     def mark_dropped(self) -> str:
         """SQL for ``meta`` with ``dropped_by_stop`` set to the one parameter."""
 
+    now: str
+    """SQL for the database's clock in seconds since the epoch (one clock for every host)."""
+
 
 class SQLiteEngine(Engine):
     """A SQLite file in WAL mode, owned through ``flock`` on ``<path>.lock``."""
 
     kind = "sqlite"
     json_true = "1"
+    now = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.name = path
@@ -315,7 +324,7 @@ class SQLiteEngine(Engine):
             except sqlite3.Error as rollback:
                 log.error("store rollback failed after a failed commit: %s", rollback)
 
-    def own(self, store_id: str) -> None:
+    def own(self, store_id: str, host: str = "") -> None:
         """The flock was taken before the file was opened: nothing more to hold."""
 
     def _unlock(self) -> None:
@@ -362,11 +371,14 @@ class PostgresEngine(Engine):
 
     kind = "postgresql"
     json_true = "'true'"
+    now = "extract(epoch from clock_timestamp())::double precision"
 
     def __init__(self, url: str) -> None:
         self.name = redact(url)
         self._url = url
         self._store_id: str | None = None
+        self._host = ""
+        self._pipeline: psycopg.Pipeline | None = None
         self._lost: StoreInUse | None = None
         try:
             import psycopg  # noqa: F401 - the optional extra; checked here, used below
@@ -398,7 +410,7 @@ class PostgresEngine(Engine):
             self._conn = self._connect()
             if self._store_id is not None:
                 try:
-                    self._take(self._store_id)
+                    self._take(self._store_id, self._host)
                 except StoreInUse as exc:
                     self._lost = StoreInUse(f"lost the store: {exc}")
                     self._conn.close()
@@ -436,6 +448,8 @@ class PostgresEngine(Engine):
             cursor = self._retrying(sql, params)
         else:
             cursor = self._conn.execute(self._sql(sql), params)
+            if self._pipeline is not None:
+                self._pipeline.sync()  # (a read inside a pipelined batch, a fencing check: its rows now)
         return cursor.fetchall() if cursor.description is not None else []
 
     def begin(self, *, schema: bool = False) -> None:
@@ -447,7 +461,16 @@ class PostgresEngine(Engine):
     def batch(self) -> AbstractContextManager[object]:
         """psycopg's pipeline mode: a group commit's statements go out without waiting for
         each other's answers (the first error is raised when the block ends)."""
-        return self._conn.pipeline()
+        return self._pipelined()
+
+    @contextlib.contextmanager
+    def _pipelined(self) -> Iterator[object]:
+        with self._conn.pipeline() as pipeline:
+            self._pipeline = pipeline
+            try:
+                yield pipeline
+            finally:
+                self._pipeline = None
 
     def commit(self) -> None:
         """Commit."""
@@ -467,11 +490,14 @@ class PostgresEngine(Engine):
         except psycopg.Error as rollback:
             log.error("store rollback failed after a failed commit: %s", describe_postgres(rollback, self.name))
 
-    def _key(self, store_id: str) -> int:
-        return int(store_id[:8], 16) & 0x7FFFFFFF
+    def _key(self, store_id: str, host: str) -> int:
+        if not host:
+            return int(store_id[:8], 16) & 0x7FFFFFFF
+        # (A stable hash: Python's hash() of a str changes with every process.)
+        return int(hashlib.sha256(f"{store_id}/{host}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
-    def _take(self, store_id: str) -> None:
-        key = self._key(store_id)
+    def _take(self, store_id: str, host: str) -> None:
+        key = self._key(store_id, host)
         ((taken,),) = self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_SPACE, key)).fetchall()
         if taken:
             return
@@ -481,15 +507,16 @@ class PostgresEngine(Engine):
             (_LOCK_SPACE, key),
         ).fetchall()
         holder = (holders[0][0] or f"database session {holders[0][1]}") if holders else "another session"
+        named = f" (as fleet host {host!r})" if host else ""
         raise StoreInUse(
-            f"store {self.name} is in use by {holder}; stop that corral first (`corral shutdown`), "
-            "or give this one another [store] url (another database)"
+            f"store {self.name} is in use by {holder}{named}; stop that corral first (`corral shutdown`), "
+            "or give this one another [store] url (another database) or another [cluster] host"
         )
 
-    def own(self, store_id: str) -> None:
-        """Take the session-level advisory lock of this store (kept until the connection ends)."""
-        self._take(store_id)
-        self._store_id = store_id
+    def own(self, store_id: str, host: str = "") -> None:
+        """Take the session-level advisory lock of this store and host (kept until the connection ends)."""
+        self._take(store_id, host)
+        self._store_id, self._host = store_id, host
 
     def close(self) -> None:
         """Close the connection: the server releases the advisory lock with the session."""

@@ -488,6 +488,22 @@ class StopLedger:
                 turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))
 
+    def lose(self, channel: str) -> ShutdownDecision:
+        """This host lost the channel's lease (a fleet): its current turns are silenced, as in
+        a shutdown but for one channel, and its queue is forgotten here (the store keeps it:
+        the channel's new owner runs it). No generation moves: nobody stopped anything."""
+        state = self._channels.get(channel)
+        if state is None:
+            return ShutdownDecision(())
+        silenced = []
+        for lane in state.lanes.values():
+            turn = lane.turn
+            if turn is not None and not turn.silenced:
+                silenced.append((channel, turn.turn_id))
+                turn.silenced = True
+            lane.queue.clear()
+        return ShutdownDecision(tuple(silenced))
+
     def notice_seq(self, channel: str) -> int | None:
         """The seq of the notice stored for the channel's latest stop, once it is stored."""
         state = self._channels.get(channel)

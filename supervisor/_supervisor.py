@@ -41,12 +41,13 @@ from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._config import AgentConfig, Config
 from ._errors import ShuttingDown, UsageError
 from ._files import private_folder
+from ._fleet import Fleet
 from ._hooks import Hooks
-from ._ledger import QueuedMessage, StopDecision, StopLedger, TurnTicket
+from ._ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
 from ._router import AddressError, address, route
-from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
+from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ._text import BadText, check_message
 from ._tree import (
     MarkerScanner,
@@ -64,6 +65,10 @@ log = logging.getLogger("corral")
 
 STOP_NOTICE = "Execution stopped by user."
 SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
+HOST_LOST_NOTICE = (
+    "Task interrupted — its host stopped answering and another host took the channel over. "
+    "Send another message to continue."
+)
 NUDGE_TEXT = "You have {n} remaining task(s) in your plan. Please continue working on them."
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_CHANNEL_CHARS = 200
@@ -174,11 +179,21 @@ class _Message:
 
 
 class _TurnStore:
-    """The store as a turn sees it: an agent's ``message`` entry is handed off as it is stored."""
+    """The store as a turn sees it: an agent's ``message`` entry is handed off as it is stored.
 
-    def __init__(self, store: Store, hand_off: Callable[[str, str, str, str, int], None]) -> None:
+    In a fleet every write of a turn carries the fencing token its host held when the turn
+    began (``fences``): a host that lost the channel's lease stores nothing more for it."""
+
+    def __init__(
+        self, store: Store, hand_off: Callable[[str, str, str, str, int], None],
+        fences: Mapping[str, tuple[str, int]], fence: Callable[[str], int | None],
+    ) -> None:
         self._store = store
         self._hand_off = hand_off
+        self._fences = fences
+        """Each running turn's channel and token (by turn id)."""
+        self._fence = fence
+        """The token this host last held for a channel (kept after the lease is lost)."""
 
     @property
     def store_id(self) -> str:
@@ -190,22 +205,50 @@ class _TurnStore:
         meta: Mapping[str, object] | None = None,
     ) -> Pending:
         """Store the entry; route it on in the same step if it is an agent's message."""
-        pending = self._store.submit_entry(channel, author, kind, text, turn=turn, generation=generation, meta=meta)
+        fence = self._fences[turn][1] if turn is not None and turn in self._fences else None
+        pending = self._store.submit_entry(
+            channel, author, kind, text, turn=turn, generation=generation, meta=meta, fence=fence
+        )
         if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:"):
             self._hand_off(channel, turn, author, text, pending.entry.seq)
         return pending
 
     def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
         """The agent's session id for the channel."""
-        return self._store.save_session(channel, agent, session_id, cwd)
+        return self._store.save_session(channel, agent, session_id, cwd, fence=self._fence(channel))
 
     def save_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> Pending:
         """The agent's plan for the channel."""
-        return self._store.save_todos(channel, agent, items)
+        return self._store.save_todos(channel, agent, items, fence=self._fence(channel))
 
     def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
         """The turn's process, on its row."""
-        return self._store.turn_spawned(turn_id, pid, started)
+        channel, fence = self._fences.get(turn_id, ("", None))
+        return self._store.turn_spawned(turn_id, pid, started, channel=channel, fence=fence)
+
+
+class _LeasedLedger:
+    """The ledger as a fleet's turn sees it: at the point of no return the channel's lease
+    must be this host's too (its local deadline not passed)."""
+
+    def __init__(self, ledger: StopLedger, fleet: Fleet) -> None:
+        self._ledger = ledger
+        self._fleet = fleet
+
+    def may_start(self, channel: str, turn_id: str) -> bool:
+        """The ledger's answer, and only while this host holds the lease."""
+        if not self._fleet.holds(channel):
+            log.warning("[%s %s] not started: this host does not hold the channel's lease", channel, turn_id)
+            return False
+        return self._ledger.may_start(channel, turn_id)
+
+    def is_stale(self, channel: str, turn_id: str) -> bool:
+        """The ledger's answer."""
+        return self._ledger.is_stale(channel, turn_id)
+
+    def keep_output(self, channel: str, turn_id: str, kind: OutputKind) -> bool:
+        """The ledger's answer."""
+        return self._ledger.keep_output(channel, turn_id, kind)
 
 
 class Supervisor:
@@ -247,8 +290,22 @@ class Supervisor:
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self._places = Places(config.state_dir, store.session)
+        self.fleet: Fleet | None = None
+        """This host's leases, when the store is shared by a fleet (PostgreSQL with a host)."""
+        if store.host is not None:
+            self.fleet = Fleet(store, store.host, config.cluster.lease, on_lost=self._lost, on_orphans=self._orphans)
+        self._fences: dict[str, tuple[str, int]] = {}
+        """Each running turn's channel and the fencing token its lease had when it began."""
+        self._last_token: dict[str, int] = {}
+        """The token this host last held for each channel (kept when the lease is lost)."""
+        self._known: set[int] = set()
+        """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
+        self._taking: set[str] = set()
+        """Channels a heartbeat is taking up right now."""
         self._ports = TurnPorts(
-            ledger=self._ledger, store=_TurnStore(store, self._hand_off), registry=self._registry, scanner=self.scanner,
+            ledger=self._ledger if self.fleet is None else _LeasedLedger(self._ledger, self.fleet),
+            store=_TurnStore(store, self._hand_off, self._fences, self._last_token.get),
+            registry=self._registry, scanner=self.scanner,
             spawn=self._hooks.spawn or spawn, places=self._places, cgroups=cgroups,
             adopt_background=self.adopt_background, preparing=self._hooks.preparing,
         )
@@ -345,10 +402,12 @@ class Supervisor:
         human = author.startswith("human:")
         first = targets[0] if targets else ""
         ahead = len(self._ledger.queued(channel, first)) + (1 if self._ledger.current_turn(channel, first) else 0)
-        for i, target in enumerate(targets):  # the store gave the targets after the first seq + i
+        step = self._store.seq_step
+        for i, target in enumerate(targets):  # the store gave the targets the seqs after the first (+ i steps)
             payload = _Message(target, author, text, pending, hops=hops, routed_from=seq if i else None)
+            self._known.add(seq + i * step)
             self._ledger.accept(
-                channel, target, seq + i, human=human, nudge=nudge, payload=payload, hops=hops,
+                channel, target, seq + i * step, human=human, nudge=nudge, payload=payload, hops=hops,
                 routed=author.startswith("agent:"),
             )
             self._ensure_worker(channel, target)
@@ -369,6 +428,7 @@ class Supervisor:
             )
             for target, seq in zip(decision.targets, seqs, strict=True):
                 payload = _Message(target, author, text, pending, hops=decision.hops, routed_from=source)
+                self._known.add(seq)
                 self._ledger.accept(channel, target, seq, human=False, payload=payload, hops=decision.hops, routed=True)
                 self._ensure_worker(channel, target)
             log.info("[%s %s] %s handed off to %s (hop %d)", channel, turn_id, agent, decision.targets, decision.hops)
@@ -388,6 +448,8 @@ class Supervisor:
         """Run one lane's queued messages one turn at a time; exit when idle."""
         try:
             while not self._closing:
+                if self.fleet is not None and not await self._own(channel):
+                    break  # another host runs the channel: the message waits in the store's queue
                 take = self._ledger.take(channel, agent, new_turn_id())
                 if take.dropped:
                     self._store.dequeue([m.id for m in take.dropped])
@@ -396,9 +458,14 @@ class Supervisor:
                 message = take.ticket.message.payload
                 assert isinstance(message, _Message), "the supervisor queues only its own payloads"
                 message.seen_before = self._store.seen(channel, agent)
-                # Dequeue and the turn's row in one commit, awaited before the point of no return.
+                token = self._last_token.get(channel) if self.fleet is not None else None
+                if token is not None:
+                    self._fences[take.ticket.turn_id] = (channel, token)
+                # Dequeue and the turn's row in one commit, awaited before the point of no return
+                # (in a fleet: under the lease's token, checked in that commit).
                 message.begun = self._store.begin_turn(
-                    take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id
+                    take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id,
+                    fence=token,
                 )
                 self._hops[take.ticket.turn_id] = message.hops
                 try:
@@ -410,11 +477,103 @@ class Supervisor:
                         await self._contain(channel, take.ticket, exc)
                 finally:
                     self._hops.pop(take.ticket.turn_id, None)
+                    self._fences.pop(take.ticket.turn_id, None)
         finally:
             self._workers.discard((channel, agent))
             event = self._idle.pop(channel, None)
             if event is not None:
                 event.set()
+
+    # ------------------------------------------------------------ the fleet
+
+    def _placed_elsewhere(self, channel: str) -> str | None:
+        """The host the channel is pinned to, if it is not this one."""
+        table = self.config.channels.get(channel)
+        assert self.fleet is not None
+        return table.host if table is not None and table.pinned_elsewhere(self.fleet.host) else None
+
+    async def _own(self, channel: str) -> bool:
+        """(A fleet) hold the channel's lease before a turn: keep it, or take it if placement
+        allows and it is free or expired; a channel new to this host (a new token) is first
+        taken over from the store (its stop state, queue, plans, and what moves of its sessions)."""
+        fleet = self.fleet
+        assert fleet is not None
+        if fleet.holds(channel):
+            return True
+        if self._placed_elsewhere(channel) is not None:
+            return False
+        try:
+            token = await fleet.acquire(channel)
+        except StoreError as exc:
+            log.error("[%s] could not take the channel's lease: %s", channel, exc)
+            return False
+        if token is None:
+            return False
+        if self._last_token.get(channel) != token:
+            self._last_token[channel] = token
+            await self._take_over(channel)
+        return True
+
+    async def _take_over(self, channel: str) -> None:
+        found = await self._store.take_over(
+            channel, here=lambda cwd: os.path.isdir(cwd), skip={t for t, _ in self._fences.items()},
+            notice=HOST_LOST_NOTICE,
+        )
+        if found.state is not None:
+            self._ledger.restore(channel, found.state.generation, rests=found.state.rests, stopped=found.state.stopped)
+        self._requeue([row for row in found.queue if row.seq not in self._known])
+
+    def _requeue(self, rows: Sequence[QueuedRow]) -> None:
+        for row in rows:
+            self._known.add(row.seq)
+            payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from)
+            self._ledger.requeue(
+                row.channel,
+                QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge, payload,
+                              agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:")),
+            )
+            self._ensure_worker(row.channel, row.agent)
+
+    def _lost(self, channel: str, why: str) -> None:
+        """(Synchronous, from the heartbeat) this host lost the channel's lease: its turns are
+        killed now, in this step; its queue here is forgotten (the store keeps it for the owner)."""
+        self._known.difference_update(m.id for m in self._ledger.queued(channel))  # (queued again if retaken)
+        decision = self._ledger.lose(channel)
+        for lane, turn in list(self._turns.items()):
+            if lane[0] == channel and (channel, turn.turn_id) in decision.turns:
+                turn.stop_reason = "lease lost"
+                turn.scope.cancel()
+                self._registry.interrupt(channel, turn.turn_id, turn.adapter.interrupt_signal)
+        log.warning("[%s] lease lost (%s): killed turns %s", channel, why, [t for _, t in decision.turns])
+
+    def _orphans(self, channels: list[str], queued: list[tuple[str, int]]) -> None:
+        """(From the heartbeat) channels with work under an expired lease of another host, and
+        messages other hosts queued for channels this host holds: take them up."""
+        for channel in channels:
+            if channel not in self._taking and self._placed_elsewhere(channel) is None and not self._closing:
+                self._taking.add(channel)
+                self._nursery.start_soon(self._take_orphan, channel)
+        fresh = [channel for channel, seq in queued if seq not in self._known]
+        for channel in dict.fromkeys(fresh):
+            if channel not in self._taking and not self._closing:
+                self._taking.add(channel)
+                self._nursery.start_soon(self._take_orphan, channel)
+
+    async def _take_orphan(self, channel: str) -> None:
+        try:
+            if await self._own(channel):
+                await self._pick_up(channel)
+                for agent in self._ledger.lanes(channel):  # (restored here before the lease was free)
+                    if self._ledger.queued(channel, agent):
+                        self._ensure_worker(channel, agent)
+        except StoreError as exc:
+            log.error("[%s] could not take the channel up: %s", channel, exc)
+        finally:
+            self._taking.discard(channel)
+
+    async def _pick_up(self, channel: str) -> None:
+        rows = await self._store.load_queue(channel)
+        self._requeue([row for row in rows if row.seq not in self._known])
 
     async def _prompt(self, channel: str, ticket: TurnTicket, message: _Message) -> str:
         """The message's text, after what the agent missed in the channel since its last turn."""
@@ -562,6 +721,8 @@ class Supervisor:
             return await self.stop_all()
         await self.require_channel(channel)
         started, cpu = trio.current_time(), time.process_time()
+        if self.fleet is not None and not await self._own(channel):
+            return await self._stop_elsewhere(channel, started)
         decision = self._ledger.stop(channel)  # first act: the generation moves now
         result = (await self._stop(self._record([decision]), started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
@@ -588,6 +749,31 @@ class Supervisor:
             len(results), total.killed, total.swept, total.elapsed_ms,
         )
         return total
+
+    async def _stop_elsewhere(self, channel: str, started: float) -> StopResult:
+        """(A fleet) the channel is another host's, or pinned to one that is not running:
+        nothing is recorded or killed here, and the answer says where the channel runs."""
+        assert self.fleet is not None
+        owner = pinned = self._placed_elsewhere(channel)
+        seen = ""
+        try:
+            for host in await self.fleet.hosts():
+                if channel in host["channels"] and not host["channels"][channel]["expired"]:
+                    owner = host["host"]
+                if host["host"] == owner:
+                    seen = f" (its last heartbeat {host['age']:.1f} s ago)"
+        except StoreError as exc:
+            seen = f" (the store could not be read: {exc})"
+        where = f"host {owner}{seen}" if owner else "another host"
+        why = "the channel is pinned there" if pinned == owner and pinned else "that host holds its lease"
+        result = StopResult(
+            channel, self._ledger.generation(channel), ok=False,
+            error=f"Stopping failed — channel {channel!r} runs on {where}: {why}, and a stop through another "
+                  f"host is not supported yet; send the stop through {owner or 'that host'}",
+        )
+        result.elapsed_ms = (trio.current_time() - started) * 1000
+        log.warning("stop %r refused here: %s", channel, result.error)
+        return result
 
     def _record(self, decisions: list[StopDecision]) -> _StopBatch:
         """Submit the record of every fresh stop as one write, in the step the ledger decided.
@@ -903,6 +1089,10 @@ class Supervisor:
             "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
             "shutting_down": self._closing,
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
+            "fleet": None if self.fleet is None else {
+                "host": self.fleet.host, "lease": self.fleet.lease, "held": self.fleet.held(),
+                "hosts": self.fleet.view,
+            },
         }
 
     # ------------------------------------------------------------ restart and shutdown
@@ -912,14 +1102,7 @@ class Supervisor:
         for channel, state in (await self._store.load_channel_states()).items():
             self._ledger.restore(channel, state.generation, rests=state.rests, stopped=state.stopped)
         rows = await self._store.load_queue()
-        for row in rows:
-            payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from)
-            self._ledger.requeue(
-                row.channel,
-                QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge, payload,
-                              agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:")),
-            )
-            self._ensure_worker(row.channel, row.agent)
+        self._requeue(rows)
         return len(rows)
 
     async def shutdown(self) -> None:
@@ -1036,7 +1219,8 @@ async def open_supervisor(
     if subreaper:
         subreaper = set_child_subreaper(True)
     try:
-        async with open_store(config.store_location) as store, trio.open_nursery() as nursery:
+        host = config.cluster.host if config.store_url else None
+        async with open_store(config.store_location, host=host) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children
@@ -1046,11 +1230,15 @@ async def open_supervisor(
             # Orphans of an abrupt end die before anything is re-queued or served.
             await sup.recover()
             await sup.restore()
+            if sup.fleet is not None:
+                await nursery.start(sup.fleet.run)
             try:
                 yield sup
             finally:
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
+                    if sup.fleet is not None:
+                        await sup.fleet.release()
                 nursery.cancel_scope.cancel()
                 if sup.cgroups is not None:
                     sup.cgroups.close()
