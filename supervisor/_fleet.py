@@ -73,7 +73,7 @@ class Fleet:
         self.renewals = 0
         """Heartbeats that reached the database (for tests and the benchmark)."""
         self.paused = False
-        """(Tests) skip renewals, as a host that stopped answering would."""
+        """(Tests) take and renew nothing, as a host cut off from the database."""
         self.view: list[dict[str, Any]] = []
         """Every host of the fleet as the last heartbeat read it (``status`` shows it)."""
 
@@ -96,6 +96,8 @@ class Fleet:
         """Take the channel's lease (free, expired, or already this host's); its token, or
         None if another host holds it. A new owner's token is the last one plus one, and the
         store's seqs move past every seq stored so far, in the same transaction."""
+        if self.paused:
+            return None
         started = trio.current_time()
         host, lease = self.host, self.lease
 
@@ -187,11 +189,12 @@ class Fleet:
                 " RETURNING channel, token",
                 (lease, host, list(held)),
             )
-            orphans = db.query(
-                "SELECT l.channel FROM leases l WHERE l.owner != ? AND l.expires <= " + db.now
-                + " AND (EXISTS (SELECT 1 FROM queue q WHERE q.channel = l.channel)"
-                " OR EXISTS (SELECT 1 FROM turns t WHERE t.channel = l.channel AND t.state = 'running'))",
-                (host,),
+            orphans = db.query(  # (work under no lease at all: queued through a host that may not run it)
+                "SELECT q.channel FROM queue q LEFT JOIN leases l ON l.channel = q.channel"
+                f" WHERE l.channel IS NULL OR (l.owner != ? AND l.expires <= {db.now})"
+                " UNION SELECT t.channel FROM turns t JOIN leases l ON l.channel = t.channel"
+                f" WHERE t.state = 'running' AND l.owner != ? AND l.expires <= {db.now}",
+                (host, host),
             )
             queued = db.query("SELECT channel, seq FROM queue WHERE channel = ANY(?)", (list(held),))
             return {(c, int(t)) for c, t in kept}, [c for (c,) in orphans], [(c, int(q)) for c, q in queued]

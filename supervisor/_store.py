@@ -39,7 +39,9 @@ Theory of operation
 * **A fleet (PostgreSQL, ``host`` given).** Several daemons write one database. Each
   registers as a host (``hosts``) with a slot ``k`` < :data:`SEQ_STRIDE`, and assigns seqs
   in memory as above but only of the form ``n * SEQ_STRIDE + k``: unique across hosts with no
-  round trip. Seq order within a channel is the order its *owner* decided things: a host
+  round trip. ``n`` is never below the wall clock in milliseconds (and then counts on), so
+  the seqs of different hosts follow real time as closely as their clocks agree (a seq
+  stays below 2^53: JSON readers keep it exact). Seq order within a channel is the order its *owner* decided things: a host
   runs a channel's turns only under its lease (:mod:`._fleet`), and taking a lease moves
   the taker's counter past every seq stored so far, in the lease's transaction. Fencing:
   a write made for a turn carries the fencing token its host held when the turn began, and
@@ -47,8 +49,9 @@ Theory of operation
   (:class:`Fenced`) and stores nothing; a taker's ``UPDATE`` of the row waits for such a
   transaction, so no stale write can commit after the lease moved. What is *not* yet
   ordered across hosts: a message another host accepts for the channel takes that host's
-  seq, which may be below the owner's newest; the planned fix is a commit-order column
-  assigned under a transaction-level advisory lock, read by followers on other hosts.
+  seq, ordered against the owner's by the two hosts' clocks only (exact on one machine);
+  the planned fix is a commit-order column assigned under a transaction-level advisory
+  lock, read by followers on other hosts.
 * **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
   version i to i + 1, each in one transaction at open, recorded as a row of
   ``schema_migrations`` (SQLite stores that kept it in ``PRAGMA user_version`` are carried
@@ -314,7 +317,8 @@ class Pending:
         """Wait for the commit; raise :class:`StoreError` if it failed."""
         await self._done.wait()
         if self._error is not None:
-            raise StoreError(f"could not store: {self._error}") from self._error
+            kind = Fenced if isinstance(self._error, Fenced) else StoreError
+            raise kind(f"could not store: {self._error}") from self._error
         return self.entry
 
 
@@ -409,8 +413,12 @@ class Store:
         return slot
 
     def next_seq(self) -> int:
-        """Allocate the next ``seq`` (in a fleet: the next of this host's slot)."""
-        self._seq = (self._seq // self._stride + 1) * self._stride + self.slot
+        """Allocate the next ``seq`` (in a fleet: the next of this host's slot, and not below
+        the wall clock's milliseconds times the stride, so hosts' seqs follow real time)."""
+        n = self._seq // self._stride + 1
+        if self.host is not None:
+            n = max(n, int(time.time() * 1000))
+        self._seq = n * self._stride + self.slot
         return self._seq
 
     @property
@@ -572,7 +580,7 @@ class Store:
     def _fail(self, batch: list[Pending], exc: BaseException) -> None:
         reason = describe_failure(exc, self.path)
         for pending in batch:
-            pending._error = StoreError(reason)
+            pending._error = Fenced(reason) if isinstance(exc, Fenced) else StoreError(reason)
             pending._done.set()
 
     def _commit(self, batch: list[Pending]) -> None:
