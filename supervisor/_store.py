@@ -42,8 +42,8 @@ Theory of operation
   round trip. ``n`` is never below the wall clock in milliseconds (and then counts on), so
   the seqs of different hosts follow real time as closely as their clocks agree (a seq
   stays below 2^53: JSON readers keep it exact). Seq order within a channel is the order
-  its *owner* decided things: a host runs a channel's turns only under its lease (:mod:`._fleet`), and taking a lease moves
-  the taker's counter past every seq stored so far, in the lease's transaction. Fencing:
+  its *owner* decided things: a host runs a channel's turns only under its lease
+  (:mod:`._fleet`), and taking a lease moves the taker's counter past every seq stored so far, in the lease's transaction. Fencing:
   a write made for a turn carries the fencing token its host held when the turn began, and
   its transaction reads the lease row ``FOR SHARE`` first — a stale token fails the write
   (:class:`Fenced`) and stores nothing; a taker's ``UPDATE`` of the row waits for such a
