@@ -37,21 +37,22 @@ Theory of operation
   ``.stopped``); a human's message lifts the rest and a turn's begin closes the window,
   each in its own write, so both survive a restart.
 * **A fleet (PostgreSQL, ``host`` given).** Several daemons write one database. Each
-  registers as a host (``hosts``) with a slot ``k`` < :data:`SEQ_STRIDE`, and assigns seqs
-  in memory as above but only of the form ``n * SEQ_STRIDE + k``: unique across hosts with no
-  round trip. ``n`` is never below the wall clock in milliseconds (and then counts on), so
-  the seqs of different hosts follow real time as closely as their clocks agree (a seq
-  stays below 2^53: JSON readers keep it exact). Seq order within a channel is the order
+  registers as a host (``hosts``) with a slot ``k`` < :data:`SEQ_STRIDE` and assigns seqs
+  in memory as above, but only of the form ``n * SEQ_STRIDE + k``: unique across hosts with
+  no round trip. ``n`` is never below the wall clock in milliseconds (and then counts on),
+  so the seqs of different hosts follow real time as closely as their clocks agree (a seq
+  stays below 2^53: JSON readers keep it exact). Within a channel, seq order is the order
   its *owner* decided things: a host runs a channel's turns only under its lease
-  (:mod:`._fleet`), and taking a lease moves the taker's counter past every seq stored so far, in the lease's transaction. Fencing:
-  a write made for a turn carries the fencing token its host held when the turn began, and
-  its transaction reads the lease row ``FOR SHARE`` first — a stale token fails the write
-  (:class:`Fenced`) and stores nothing; a taker's ``UPDATE`` of the row waits for such a
-  transaction, so no stale write can commit after the lease moved. What is *not* yet
+  (:mod:`._fleet`), and taking a lease moves the taker's counter past every seq stored so
+  far, in the lease's transaction.
+* **Fencing.** A write made for a turn carries the fencing token its host held when the
+  turn began, and its transaction reads the lease row ``FOR SHARE`` first: a stale token
+  fails the write (:class:`Fenced`) and stores nothing. A taker's ``UPDATE`` of the row
+  waits for such a transaction, so no stale write commits after the lease moved. Not yet
   ordered across hosts: a message another host accepts for the channel takes that host's
-  seq, ordered against the owner's by the two hosts' clocks only (exact on one machine);
-  the planned fix is a commit-order column assigned under a transaction-level advisory
-  lock, read by followers on other hosts.
+  seq, ordered against the owner's by the two clocks only (exact on one machine); the
+  planned fix is a commit-order column assigned under a transaction-level advisory lock,
+  which followers on other hosts read.
 * **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
   version i to i + 1, each in one transaction at open, recorded as a row of
   ``schema_migrations`` (SQLite stores that kept it in ``PRAGMA user_version`` are carried
