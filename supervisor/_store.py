@@ -990,15 +990,17 @@ class Store:
             forgotten = [a for a, sid, cwd in sessions if sid and not here(cwd)]
             db.executemany("UPDATE sessions SET session_id = NULL WHERE channel = ? AND agent = ?",
                            [(channel, a) for a in forgotten])
-            ended = [(t, g) for t, g in db.query(
-                "SELECT id, generation FROM turns WHERE channel = ? AND state != ?", (channel, TURN_ENDED)
+            ended = [(t, g, h) for t, g, h in db.query(
+                "SELECT id, generation, host FROM turns WHERE channel = ? AND state != ?", (channel, TURN_ENDED)
             ) if t not in skip]
+            beats = dict(db.query("SELECT host, heartbeat FROM hosts"))
             return TakeOver(
                 ChannelState(int(state[0][0]), bool(state[0][1]), bool(state[0][2])) if state else None,
                 [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows],
                 {a: json.loads(items) for a, items in todos},
                 {a: (None if a in forgotten else sid, cwd) for a, sid, cwd in sessions},
                 ended,
+                {h: float(b) for h, b in beats.items()},
             )
 
         found = await self.transact(take)
@@ -1006,7 +1008,7 @@ class Store:
             self._todos[(channel, agent)] = items
         for agent, (sid, cwd) in found.sessions.items():
             self._sessions[(channel, agent)] = (sid, cwd)
-        for turn_id, generation in found.ended:
+        for turn_id, generation, _ in found.ended:
             self.submit_turn_notice(channel, notice, turn=turn_id, generation=generation)
         return found
 
@@ -1025,8 +1027,11 @@ class TakeOver:
     todos: dict[str, list[dict[str, str]]]
     sessions: dict[str, tuple[str | None, str]]
     """By agent: the session id (None: it stayed with the last host) and its folder."""
-    ended: list[tuple[str, int]]
-    """The last owner's turns (id, generation) closed here with a notice."""
+    ended: list[tuple[str, int, str | None]]
+    """The last owner's turns (id, generation, host) closed here with a notice: their
+    processes are on that host, out of this one's reach."""
+    heartbeats: dict[str, float]
+    """Every host's last heartbeat at the take-over (the database's clock)."""
 
 
 @asynccontextmanager

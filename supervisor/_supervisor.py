@@ -302,6 +302,9 @@ class Supervisor:
         """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
         self._taking: set[str] = set()
         """Channels a heartbeat is taking up right now."""
+        self._unconfirmed: dict[str, dict[str, float]] = {}
+        """Channels taken over from hosts whose turns there are not confirmed dead: those
+        hosts and their heartbeats then (a host confirms by a later one: it kills first)."""
         self._ports = TurnPorts(
             ledger=self._ledger if self.fleet is None else _LeasedLedger(self._ledger, self.fleet),
             store=_TurnStore(store, self._hand_off, self._fences, self._last_token.get),
@@ -521,6 +524,10 @@ class Supervisor:
         )
         if found.state is not None:
             self._ledger.restore(channel, found.state.generation, rests=found.state.rests, stopped=found.state.stopped)
+        assert self.fleet is not None
+        away = {h for _, _, h in found.ended if h is not None and h != self.fleet.host}
+        if away:
+            self._unconfirmed[channel] = {h: found.heartbeats.get(h, 0.0) for h in away}
         self._requeue([row for row in found.queue if row.seq not in self._known])
 
     def _requeue(self, rows: Sequence[QueuedRow]) -> None:
@@ -750,6 +757,22 @@ class Supervisor:
         )
         return total
 
+    def _silent_hosts(self, channel: str) -> str | None:
+        """(A fleet) why a stop of a channel taken over from a host cannot be called done:
+        that host has not answered since, so its turn's processes may live on."""
+        waiting = self._unconfirmed.get(channel)
+        if waiting is None or self.fleet is None:
+            return None
+        seen = {h["host"]: h["heartbeat"] for h in self.fleet.view}
+        silent = sorted(h for h, then in waiting.items() if seen.get(h, 0.0) <= then)
+        if not silent:
+            del self._unconfirmed[channel]  # each has beaten since: it killed its stale turns first
+            return None
+        last = max(waiting[h] for h in silent)
+        when = time.strftime("%H:%M:%S", time.localtime(last)) if last else "it joined"
+        return (f"host {', '.join(silent)} has not answered since {when}; "
+                "its processes could not be confirmed dead")
+
     async def _stop_elsewhere(self, channel: str, started: float) -> StopResult:
         """(A fleet) the channel is another host's, or pinned to one that is not running:
         nothing is recorded or killed here, and the answer says where the channel runs."""
@@ -909,6 +932,10 @@ class Supervisor:
                 if report.survivors:
                     result.ok = False
                     result.error = f"processes {report.survivors} could not be confirmed dead"
+            silent = self._silent_hosts(channel)
+            if silent is not None:
+                result.ok = False
+                result.error = silent
             # The plan's entries and the notice, last; the notice's commit completes the record.
             writes = self._plan_entries(channel, decision.generation, progress.plans)
             text = (
