@@ -21,7 +21,10 @@ Theory of operation
   its host held when the turn began (``Store.check_fence``).
 * **Taking a dead host's channels.** Each heartbeat also asks for channels that have work
   (a queued message or a running turn) under an expired lease of another host; the
-  supervisor takes those its placement allows (``on_orphans``).
+  supervisor takes those its placement allows (``on_orphans``). The next heartbeat comes
+  no later than the moment the first such lease runs out, so a dead host's channels move
+  within the lease plus one round trip (a live host renews every third of its lease, so
+  this adds no wake-ups while every host answers).
 * **The shared queue (so far).** A message accepted by a host that does not own its
   channel stays in the store's queue; the owner's next heartbeat finds it (the rows of its
   held channels it has never queued) and runs it under its lease. So a message sent
@@ -174,15 +177,18 @@ class Fleet:
             if now >= renew_at:
                 renew_at = now + self.lease / 3
                 if not self.paused:
-                    await self.beat()
+                    soonest = await self.beat()
+                    if soonest is not None:  # (a dead host's lease: look again the moment it runs out)
+                        renew_at = min(renew_at, trio.current_time() + soonest + 0.01)
 
-    async def beat(self) -> None:
+    async def beat(self) -> float | None:
         """One heartbeat: the host's row, every held lease whose token is still this host's,
-        and the channels with work under another host's expired lease."""
+        and the channels with work under another host's expired lease. Returns the seconds
+        until another host's lease on a channel with work runs out (None: no such lease)."""
         started = trio.current_time()
         host, lease, held = self.host, self.lease, dict(self._tokens)
 
-        def renew(db: Engine) -> tuple[set[tuple[str, int]], list[str], list[tuple[str, int]]]:
+        def renew(db: Engine) -> tuple[set[tuple[str, int]], list[str], list[tuple[str, int]], float | None]:
             db.execute(f"UPDATE hosts SET heartbeat = {db.now} WHERE host = ?", (host,))
             kept = db.query(
                 f"UPDATE leases SET expires = {db.now} + ? WHERE owner = ? AND channel = ANY(?)"
@@ -197,13 +203,20 @@ class Fleet:
                 (host, host),
             )
             queued = db.query("SELECT channel, seq FROM queue WHERE channel = ANY(?)", (list(held),))
-            return {(c, int(t)) for c, t in kept}, [c for (c,) in orphans], [(c, int(q)) for c, q in queued]
+            ((soonest,),) = db.query(
+                f"SELECT min(l.expires) - {db.now} FROM leases l WHERE l.owner != ? AND l.expires > {db.now}"
+                " AND (EXISTS (SELECT 1 FROM queue q WHERE q.channel = l.channel)"
+                " OR EXISTS (SELECT 1 FROM turns t WHERE t.channel = l.channel AND t.state = 'running'))",
+                (host,),
+            )
+            return ({(c, int(t)) for c, t in kept}, [c for (c,) in orphans], [(c, int(q)) for c, q in queued],
+                    None if soonest is None else float(soonest))
 
         try:
-            kept, orphans, queued = await self.store.transact(renew)
+            kept, orphans, queued, soonest = await self.store.transact(renew)
         except StoreError as exc:
             log.warning("host %s: heartbeat failed (%s); its leases run out unless the next one succeeds", host, exc)
-            return
+            return None
         self.renewals += 1
         for channel, token in held.items():
             if self._tokens.get(channel) != token:
@@ -218,6 +231,7 @@ class Fleet:
             self.view = await self.hosts()
         except StoreError as exc:
             log.warning("host %s: could not read the fleet's hosts: %s", host, exc)
+        return soonest
 
     async def hosts(self) -> list[dict[str, Any]]:
         """Every host of the fleet: its name, last heartbeat (database clock), age, and channels."""

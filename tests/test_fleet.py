@@ -268,3 +268,18 @@ async def test_status_shows_every_host_its_channels_and_its_last_heartbeat(
         assert set(by_host) == {"h1", "h2"} and all(h["alive"] for h in by_host.values())
         assert "ch" in by_host["h1"]["channels"] and by_host["h1"]["age"] < LEASE
         json.dumps(fleet)  # (as the API prints it)
+
+
+def test_the_readmes_fleet_block_is_a_fleet_config(tmp_path: Path) -> None:
+    import re
+    import tomllib
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Running a fleet"):]
+    (block,) = re.findall(r"```toml\n(.*?)```\n", section[: section.index("\n## ", 3)], re.S)
+    data = tomllib.loads(block)
+    data["agents"] = {"claude": {"adapter": "demo"}}  # (the claude CLI need not be installed here)
+    config = parse_config(data, base=tmp_path)
+    assert (config.cluster.host, config.cluster.lease) == ("h1", 10.0)
+    assert config.channels["webapp"].pinned_elsewhere("h1") and config.members("webapp") == ("claude",)
+    assert config.store_url == "postgresql://corral@db.internal/corral"
