@@ -513,6 +513,10 @@ class PostgresEngine(Engine):
             "or give this one another [store] url (another database) or another [cluster] host"
         )
 
+    def listener(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """A connection of its own for ``LISTEN`` (a fleet's notices), used by one thread."""
+        return self._connect()
+
     def own(self, store_id: str, host: str = "") -> None:
         """Take the session-level advisory lock of this store and host (kept until the connection ends)."""
         self._take(store_id, host)

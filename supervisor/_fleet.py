@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,9 @@ from ._engines import Engine
 from ._store import Store, StoreError
 
 log = logging.getLogger("corral.fleet")
+
+#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts.
+NOTICES = "corral_fleet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,96 @@ class Fleet:
     def held(self) -> dict[str, int]:
         """Every lease this host holds, with its token."""
         return dict(self._tokens)
+
+    async def force(self, channel: str) -> int:
+        """Take the channel's lease whoever holds it (a stop its owner did not answer): a new
+        token, so the last owner's writes fail from now on and it kills its turns when it
+        next looks."""
+        started = trio.current_time()
+        host, lease = self.host, self.lease
+
+        def take(db: Engine) -> tuple[int, int]:
+            ((token,),) = db.query(
+                "INSERT INTO leases (channel, owner, expires, token)"
+                f" VALUES (?, ?, {db.now} + ?, 1) ON CONFLICT (channel) DO UPDATE SET"
+                " owner = excluded.owner, expires = excluded.expires, token = leases.token + 1 RETURNING token",
+                (channel, host, lease),
+            )
+            ((newest,),) = db.query(
+                "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
+                " UNION ALL SELECT max(seq) FROM queue) AS seqs"
+            )
+            return int(token), int(newest)
+
+        token, newest = await self.store.transact(take)
+        self.store.seq_floor(newest)
+        self._tokens[channel] = token
+        self._until[channel] = started + lease
+        log.warning("host %s took channel %r by force (fencing token %d)", host, channel, token)
+        self._changed.set()
+        return token
+
+    async def give_back(self, channel: str) -> None:
+        """Let the channel's lease run out now (a pinned channel taken only for a stop)."""
+        token = self._tokens.pop(channel, None)
+        self._until.pop(channel, None)
+        if token is None:
+            return
+        host = self.host
+
+        def give(db: Engine) -> None:
+            db.execute("UPDATE leases SET expires = 0 WHERE channel = ? AND owner = ? AND token = ?",
+                       (channel, host, token))
+
+        await self.store.transact(give)
+
+    # ------------------------------------------------------------ notices between hosts
+
+    async def notify(self, payload: str) -> None:
+        """Send a notice to every host of the fleet (``NOTIFY``, delivered at the commit)."""
+        def send(db: Engine) -> None:
+            db.query("SELECT pg_notify(?, ?)", (NOTICES, payload))
+
+        await self.store.transact(send)
+
+    async def listen(
+        self, deliver: Callable[[str], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Deliver every notice of the fleet to ``deliver`` (in Trio), until cancelled.
+
+        A connection of its own waits in a worker thread; it wakes once a second to see
+        whether it should end (PostgreSQL only: the fleet has no SQLite mode). A lost
+        connection is replaced; notices sent meanwhile are lost, and every waiter has a
+        deadline (a stop answers ``ok: false`` when its owner's answer does not come)."""
+        token = trio.lowlevel.current_trio_token()
+        closing = False
+
+        def wait() -> None:
+            import psycopg
+
+            conn = None
+            try:
+                while not closing:
+                    try:
+                        if conn is None or conn.closed or conn.broken:
+                            conn = self.store.listener()
+                            conn.execute(f"LISTEN {NOTICES}")
+                        for notice in conn.notifies(timeout=1.0):
+                            trio.from_thread.run_sync(deliver, notice.payload, trio_token=token)
+                    except psycopg.OperationalError as exc:
+                        log.warning("host %s: the fleet's notices were cut off (%s); listening again", self.host, exc)
+                        time.sleep(1.0)
+            except trio.RunFinishedError:
+                pass
+            finally:
+                if conn is not None:
+                    conn.close()
+
+        task_status.started()
+        try:
+            await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+        finally:
+            closing = True
 
     async def acquire(self, channel: str) -> int | None:
         """Take the channel's lease (free, expired, or already this host's); its token, or

@@ -447,6 +447,12 @@ class Store:
 
         return await self._read(run)
 
+    def listener(self) -> Any:
+        """(A fleet) a new PostgreSQL connection for ``LISTEN``, or None on SQLite."""
+        from ._engines import PostgresEngine
+
+        return self._db.listener() if isinstance(self._db, PostgresEngine) else None
+
     @staticmethod
     def check_fence(db: Engine, channel: str, host: str, token: int) -> None:
         """(In a transaction) raise :class:`Fenced` unless ``host`` still holds ``channel``'s

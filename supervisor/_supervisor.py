@@ -25,8 +25,10 @@ both (the routed message is queued under the old generation and dropped by the s
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -302,6 +304,8 @@ class Supervisor:
         """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
         self._taking: set[str] = set()
         """Channels a heartbeat is taking up right now."""
+        self._answers: dict[str, _Answer] = {}
+        """Stops this host asked other hosts to carry out, by request id."""
         self._unconfirmed: dict[str, dict[str, float]] = {}
         """Channels taken over from hosts whose turns there are not confirmed dead: those
         hosts and their heartbeats then (a host confirms by a later one: it kills first)."""
@@ -501,10 +505,10 @@ class Supervisor:
         taken over from the store (its stop state, queue, plans, and what moves of its sessions)."""
         fleet = self.fleet
         assert fleet is not None
+        if self._placed_elsewhere(channel) is not None:
+            return False  # (even if held: a stop may take a pinned channel's lease, never its turns)
         if fleet.holds(channel):
             return True
-        if self._placed_elsewhere(channel) is not None:
-            return False
         try:
             token = await fleet.acquire(channel)
         except StoreError as exc:
@@ -729,7 +733,7 @@ class Supervisor:
         await self.require_channel(channel)
         started, cpu = trio.current_time(), time.process_time()
         if self.fleet is not None and not await self._own(channel):
-            return await self._stop_elsewhere(channel, started)
+            return await self._stop_elsewhere(channel, started, cpu)
         decision = self._ledger.stop(channel)  # first act: the generation moves now
         result = (await self._stop(self._record([decision]), started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
@@ -773,30 +777,120 @@ class Supervisor:
         return (f"host {', '.join(silent)} has not answered since {when}; "
                 "its processes could not be confirmed dead")
 
-    async def _stop_elsewhere(self, channel: str, started: float) -> StopResult:
-        """(A fleet) the channel is another host's, or pinned to one that is not running:
-        nothing is recorded or killed here, and the answer says where the channel runs."""
+    async def _stop_elsewhere(self, channel: str, started: float, cpu: float) -> StopResult:
+        """(A fleet) a stop of a channel another host owns, or that is pinned elsewhere.
+
+        The owner is asked through the fleet's notices and carries out the stop itself (its
+        record, its kill, its notice, last); its result is the answer. If it does not answer
+        within the lease, this host takes the lease by force (a new fencing token: the
+        owner stores nothing more there, and kills its turns the moment it looks), takes
+        the channel over from the store and stops it here: the record is stored, and the
+        answer is ``ok: false`` while the silent host's processes cannot be confirmed dead.
+        A pinned channel's lease is given back afterwards: it runs on its host again."""
+        fleet = self.fleet
+        assert fleet is not None
+        owner = await self._owner(channel)
+        if owner is not None and owner != fleet.host:
+            request = secrets.token_hex(8)
+            answer = self._answers[request] = _Answer()
+            try:
+                await fleet.notify(json.dumps(
+                    {"kind": "stop", "to": owner, "from": fleet.host, "channel": channel, "id": request}
+                ))
+                with trio.move_on_after(fleet.lease):
+                    await answer.heard.wait()  # it acknowledges at once, then tears its turns down
+                grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=0.0)
+                if answer.heard.is_set():
+                    with trio.move_on_after(grace + STOP_SLACK):
+                        await answer.done.wait()
+            except StoreError as exc:
+                log.error("stop %r: could not ask host %s: %s", channel, owner, exc)
+            finally:
+                del self._answers[request]
+            if answer.result is not None:
+                result = _result_from_json(answer.result)
+                result.elapsed_ms = (trio.current_time() - started) * 1000
+                result.cpu_ms = (time.process_time() - cpu) * 1000
+                log.info("stop %r: carried out by host %s in %.1f ms", channel, owner, result.elapsed_ms)
+                return result
+            log.warning("stop %r: host %s did not answer within %g s; taking the channel", channel, owner, fleet.lease)
+        try:
+            self._last_token[channel] = await fleet.force(channel)
+            await self._take_over(channel)
+        except StoreError as exc:
+            result = StopResult(channel, self._ledger.generation(channel), ok=False,
+                                error=f"the stop could not be stored: {exc.__cause__ or exc}; nothing was stopped")
+            result.elapsed_ms = (trio.current_time() - started) * 1000
+            return result
+        decision = self._ledger.stop(channel)
+        result = (await self._stop(self._record([decision]), started))[0]
+        if self._placed_elsewhere(channel) is not None:
+            with trio.CancelScope(shield=True):
+                try:
+                    await fleet.give_back(channel)
+                except StoreError as exc:
+                    log.warning("[%s] could not give the lease back (it runs out on its own): %s", channel, exc)
+        result.cpu_ms = (time.process_time() - cpu) * 1000
+        return result
+
+    async def _acknowledge(self, asker: str, request: str) -> None:
         assert self.fleet is not None
-        owner = pinned = self._placed_elsewhere(channel)
-        seen = ""
+        try:
+            await self.fleet.notify(json.dumps({"kind": "stopping", "to": asker, "from": self.fleet.host,
+                                                "id": request}))
+        except StoreError as exc:
+            log.warning("could not acknowledge host %s's stop: %s", asker, exc)
+
+    async def _owner(self, channel: str) -> str | None:
+        """The host whose lease on the channel has not run out, if any."""
+        assert self.fleet is not None
         try:
             for host in await self.fleet.hosts():
                 if channel in host["channels"] and not host["channels"][channel]["expired"]:
-                    owner = host["host"]
-                if host["host"] == owner:
-                    seen = f" (its last heartbeat {host['age']:.1f} s ago)"
+                    return str(host["host"])
         except StoreError as exc:
-            seen = f" (the store could not be read: {exc})"
-        where = f"host {owner}{seen}" if owner else "another host"
-        why = "the channel is pinned there" if pinned == owner and pinned else "that host holds its lease"
-        result = StopResult(
-            channel, self._ledger.generation(channel), ok=False,
-            error=f"Stopping failed — channel {channel!r} runs on {where}: {why}, and a stop through another "
-                  f"host is not supported yet; send the stop through {owner or 'that host'}",
-        )
-        result.elapsed_ms = (trio.current_time() - started) * 1000
-        log.warning("stop %r refused here: %s", channel, result.error)
-        return result
+            log.warning("[%s] could not read the lease: %s", channel, exc)
+        return None
+
+    def _notice(self, payload: str) -> None:
+        """(From the fleet's listener) a notice for this host: a stop to carry out, or the
+        answer to one this host asked another to carry out."""
+        assert self.fleet is not None
+        try:
+            notice = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(notice, dict) or notice.get("to") != self.fleet.host:
+            return
+        if notice.get("kind") == "stop" and not self._closing:
+            self._nursery.start_soon(self._stop_for, str(notice["channel"]), str(notice["from"]), str(notice["id"]))
+            return
+        answer = self._answers.get(str(notice.get("id")))
+        if answer is None:
+            return
+        answer.heard.set()
+        if notice.get("kind") == "stopped" and isinstance(notice.get("result"), dict):
+            answer.result = notice["result"]
+            answer.done.set()
+
+    async def _stop_for(self, channel: str, asker: str, request: str) -> None:
+        """Carry out a stop another host was asked for, if this host owns the channel (else
+        say nothing: the asker takes the channel when its wait runs out)."""
+        assert self.fleet is not None
+        if not self.fleet.holds(channel):
+            return
+        started, cpu = trio.current_time(), time.process_time()
+        decision = self._ledger.stop(channel)
+        batch = self._record([decision])
+        self._nursery.start_soon(self._acknowledge, asker, request)  # (beside the stop: never before its kill)
+        result = (await self._stop(batch, started))[0]
+        result.cpu_ms = (time.process_time() - cpu) * 1000
+        try:
+            await self.fleet.notify(json.dumps(
+                {"kind": "stopped", "to": asker, "from": self.fleet.host, "id": request, "result": result.to_json()}
+            ))
+        except StoreError as exc:
+            log.error("stop %r for host %s: carried out, but the answer could not be sent: %s", channel, asker, exc)
 
     def _record(self, decisions: list[StopDecision]) -> _StopBatch:
         """Submit the record of every fresh stop as one write, in the step the ledger decided.
@@ -1175,6 +1269,27 @@ class Supervisor:
 
 
 @dataclass(slots=True)
+class _Answer:
+    """Another host's answer to a stop this host asked it to carry out."""
+
+    heard: trio.Event = field(default_factory=trio.Event)
+    """The owner has acknowledged the stop (it is carrying it out)."""
+    done: trio.Event = field(default_factory=trio.Event)
+    result: dict[str, Any] | None = None
+
+
+def _result_from_json(data: Mapping[str, Any]) -> StopResult:
+    """A stop's result as another host sent it (``StopResult.to_json``)."""
+    return StopResult(
+        channel=data.get("channel"), generation=int(data.get("generation", 0)), repeat=bool(data.get("repeat")),
+        stopped_turns=list(data.get("stopped_turns", [])), turns=list(data.get("turns", [])),
+        killed=list(data.get("killed", [])), swept=list(data.get("swept", [])), kill=data.get("kill"),
+        dropped=int(data.get("dropped", 0)), notice_seq=data.get("notice_seq"), ok=bool(data.get("ok")),
+        error=data.get("error"),
+    )
+
+
+@dataclass(slots=True)
 class _StopInProgress:
     """A stop between its decision and its end: repeats and shutdown wait for it."""
 
@@ -1258,6 +1373,7 @@ async def open_supervisor(
             await sup.recover()
             await sup.restore()
             if sup.fleet is not None:
+                await nursery.start(sup.fleet.listen, sup._notice)
                 await nursery.start(sup.fleet.run)
             try:
                 yield sup

@@ -235,21 +235,25 @@ async def test_a_channel_pinned_to_another_host_runs_there(short_tmp: Path, post
         assert (ran_on, message) == ("h2", accepted.seq)
 
 
-async def test_a_stop_through_a_host_that_does_not_own_the_channel_says_where_it_runs(
+async def test_a_stop_through_another_host_is_carried_out_by_the_owner(
     short_tmp: Path, postgres_url: str, gate: Gate
 ) -> None:
     url = postgres_url
     async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
         await two.send("ch", f"gate={gate}")
         await until("h2's turn", lambda: "ready" in texts(url))
+        turn = two._turns[("ch", "bot")]
+        await two.send("ch", "dropped by the stop")
         await one.require_channel("ch")
-        result = await one.stop("ch")
-        assert not result.ok and result.error is not None
-        assert "runs on host h2 (its last heartbeat" in result.error and "send the stop through h2" in result.error
-        assert ("ch", "bot") in two._turns  # nothing was stopped or recorded through h1
-        assert count(url, "SELECT count(*) FROM stops") == 0
-        done = await two.stop("ch")
-        assert done.ok and done.stopped_turns
+        result = await one.stop("ch")  # through h1: h2 records, kills and stores the notice
+        assert result.ok and result.stopped_turns == [turn.turn_id] and result.dropped == 1, result
+        assert turn.done.is_set() and turn.outcome.report.killed
+        notice = "Execution stopped by user. 1 queued message was not run."
+        assert result.notice_seq is not None and texts(url)[-1] == notice
+        with psycopg.connect(url) as conn:
+            ((stopped_by, record),) = conn.execute("SELECT host, result FROM stops").fetchall()
+        assert stopped_by == "h2" and json.loads(record)["notice_seq"] == result.notice_seq
+        assert two.fleet is not None and two.fleet.token("ch") == 1  # nothing moved: the owner stopped it
 
 
 async def test_status_shows_every_host_its_channels_and_its_last_heartbeat(
