@@ -25,6 +25,13 @@ Theory of operation
   no later than the moment the first such lease runs out, so a dead host's channels move
   within the lease plus one round trip (a live host renews every third of its lease, so
   this adds no wake-ups while every host answers).
+* **Notices between hosts.** :meth:`Fleet.listen` keeps a connection of its own on
+  ``LISTEN corral_fleet`` in a worker thread; :meth:`Fleet.notify` sends a JSON notice
+  (delivered at its transaction's commit). A stop through a host that does not own the
+  channel is one: the owner acknowledges at once, carries the stop out and answers with
+  its result. A notice can be lost (a connection replaced): every waiter has a deadline,
+  and a stop whose owner stays silent for the lease takes the lease by force
+  (:meth:`Fleet.force`).
 * **The shared queue (so far).** A message accepted by a host that does not own its
   channel stays in the store's queue; the owner's next heartbeat finds it (the rows of its
   held channels it has never queued) and runs it under its lease. So a message sent
