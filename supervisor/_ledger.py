@@ -488,6 +488,12 @@ class StopLedger:
                 turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))
 
+    def forget_queue(self, channel: str, agent: str) -> None:
+        """(A fleet) the lane's queued messages are another host's to run: not queued here."""
+        state = self._channels.get(channel)
+        if state is not None and agent in state.lanes:
+            state.lanes[agent].queue.clear()
+
     def lose(self, channel: str) -> ShutdownDecision:
         """This host lost the channel's lease (a fleet): its current turns are silenced, as in
         a shutdown but for one channel, and its queue is forgotten here (the store keeps it:

@@ -935,9 +935,14 @@ class Store:
                     (r.channel, r.generation),
                 )
                 db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
+                dropped = list(r.dropped)
+                if self.host is not None:  # (a fleet: and what other hosts queued before it, not yet taken up)
+                    dropped += [int(s) for (s,) in db.query(
+                        "DELETE FROM queue WHERE channel = ? AND seq < ? RETURNING seq", (r.channel, r.seq)
+                    )]
                 db.executemany(
                     f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?",
-                    [(r.seq, s) for s in r.dropped],
+                    [(r.seq, s) for s in dropped],
                 )
                 for agent, items in r.plans.items():
                     db.execute(

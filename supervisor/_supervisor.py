@@ -456,7 +456,11 @@ class Supervisor:
         try:
             while not self._closing:
                 if self.fleet is not None and not await self._own(channel):
-                    break  # another host runs the channel: the message waits in the store's queue
+                    # Another host runs the channel: its messages wait in the store's queue for
+                    # it (one whose write failed was refused), not here.
+                    self._known.difference_update(m.id for m in self._ledger.queued(channel, agent))
+                    self._ledger.forget_queue(channel, agent)
+                    break
                 take = self._ledger.take(channel, agent, new_turn_id())
                 if take.dropped:
                     self._store.dequeue([m.id for m in take.dropped])
@@ -532,15 +536,19 @@ class Supervisor:
         away = {h for _, _, h in found.ended if h is not None and h != self.fleet.host}
         if away:
             self._unconfirmed[channel] = {h: found.heartbeats.get(h, 0.0) for h in away}
-        self._requeue([row for row in found.queue if row.seq not in self._known])
+        self._requeue([row for row in found.queue if row.seq not in self._known], taken_up=True)
 
-    def _requeue(self, rows: Sequence[QueuedRow]) -> None:
+    def _requeue(self, rows: Sequence[QueuedRow], *, taken_up: bool = False) -> None:
+        """Queue stored messages in the ledger. ``taken_up``: another host accepted them, under
+        its own view of the generation; they carry the channel's current one here instead (a
+        stop's record deletes every row queued before it, so a row still stored came after)."""
         for row in rows:
             self._known.add(row.seq)
             payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from)
+            generation = self._ledger.generation(row.channel) if taken_up else row.generation
             self._ledger.requeue(
                 row.channel,
-                QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge, payload,
+                QueuedMessage(row.seq, generation, row.author.startswith("human:"), row.nudge, payload,
                               agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:")),
             )
             self._ensure_worker(row.channel, row.agent)
@@ -584,7 +592,7 @@ class Supervisor:
 
     async def _pick_up(self, channel: str) -> None:
         rows = await self._store.load_queue(channel)
-        self._requeue([row for row in rows if row.seq not in self._known])
+        self._requeue([row for row in rows if row.seq not in self._known], taken_up=True)
 
     async def _prompt(self, channel: str, ticket: TurnTicket, message: _Message) -> str:
         """The message's text, after what the agent missed in the channel since its last turn."""

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from _postgres import PostgresServer
 from conftest import PYTHON, DaemonProcess
 from test_stop_contract import AGENT, Gate
 
@@ -230,3 +231,36 @@ def test_a_stop_of_a_channel_whose_host_is_paused_answers_within_the_lease_and_i
     after = texts(url, "p")
     assert after[: len(before)] == before and not any("flushed" in t for t in after)  # the stale turn stored nothing
     assert rows(url, "SELECT count(*) FROM todos") == [(0,)]
+
+
+def test_the_database_restarted_under_a_running_fleet(
+    fleet: Fleet, postgres_server: PostgresServer, gate: Gate
+) -> None:
+    url = fleet.url
+    a, b = fleet.start("ha"), fleet.start("hb")
+    a.cli("send", "ch", "one", check=True)
+    until("the reply", lambda: "done: one" in texts(url))
+    a.cli("send", "ch", f"gate={gate}", check=True)
+    until("ha's turn", lambda: texts(url).count("ready") == 2)
+    a.cli("send", "ch", "dropped by the stop", check=True)
+    stop = json.loads(b.cli("--json", "stop", "ch", check=True).stdout)  # through hb: ha carries it out
+    assert stop["ok"] and stop["dropped"] == 1, stop
+
+    postgres_server.stop()
+    refused = b.cli("send", "ch", "sent while the database is down")
+    assert refused.returncode != 0 and "store_failed" in refused.stderr, refused.stderr
+    assert a.cli("status").returncode == 0 and b.cli("status").returncode == 0  # both serve on
+    postgres_server.start()
+
+    b.cli("send", "ch", "three", check=True)
+    until("the reply after the restart", lambda: any(t.startswith("done:") and "three" in t for t in texts(url)))
+    got = texts(url)
+    assert {"one", "done: one", f"gate={gate}", "dropped by the stop"} <= set(got)  # nothing accepted is lost
+    assert "sent while the database is down" not in got
+    assert not any(t.startswith("done:") and "dropped by the stop" in t.split("\n")[-1] for t in got)
+    ((generation,),) = rows(url, "SELECT generation FROM generations WHERE channel = 'ch'")
+    assert generation >= stop["generation"]  # the stop is not undone
+    until("the queue to drain", lambda: rows(url, "SELECT count(*) FROM queue") == [(0,)])
+    for daemon in (a, b):
+        status = json.loads(daemon.cli("--json", "status", check=True).stdout)
+        assert status["fleet"]["hosts"], status["fleet"]
