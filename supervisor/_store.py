@@ -24,7 +24,9 @@ Theory of operation
 * **One owner.** The store holds a lock for as long as it is open (SQLite: ``flock`` on
   ``<store>.lock``, which names the owner's pid; PostgreSQL: an advisory lock of its
   connection): a second daemon or embedded supervisor on the same store is refused at
-  start (:class:`StoreInUse`) instead of interleaving its writes.
+  start (:class:`StoreInUse`) instead of interleaving its writes. In a fleet the lock is
+  the host's: another host shares the database, a second daemon with the same host name
+  is refused.
 * **Identity and turns.** Each store has a stable random id (``meta.store_id``); every
   process of a turn carries it in its environment, so after an abrupt death the next
   owner finds exactly its own orphans. A ``turns`` row is written for every turn in the

@@ -1220,8 +1220,17 @@ class Supervisor:
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
             "fleet": None if self.fleet is None else {
                 "host": self.fleet.host, "lease": self.fleet.lease, "held": self.fleet.held(),
-                "hosts": self.fleet.view,
+                "hosts": self.fleet.view, "pinned": self._pinned_status(),
             },
+        }
+
+    def _pinned_status(self) -> dict[str, dict[str, Any]]:
+        """Each pinned channel: its host, and whether it waits for that host (not alive)."""
+        assert self.fleet is not None
+        alive = {h["host"]: h["alive"] for h in self.fleet.view}
+        return {
+            name: {"host": table.host, "waiting": not alive.get(table.host, False)}
+            for name, table in sorted(self.config.channels.items()) if table.host is not None
         }
 
     # ------------------------------------------------------------ restart and shutdown

@@ -128,6 +128,13 @@ def test_a_message_sent_through_a_to_a_channel_pinned_to_b_runs_on_b_and_shows_t
     assert "done: hello" in a.cli("tail", "p", check=True).stdout  # read through A
     status = json.loads(a.cli("--json", "status", check=True).stdout)
     assert {h["host"] for h in status["fleet"]["hosts"]} >= {"ha", "hb"}
+    assert status["fleet"]["pinned"] == {"p": {"host": "hb", "waiting": False}}
+    _b.proc.kill()  # a dead host: its pinned channel waits for it, and status says so
+    _b.proc.wait()
+    until("ha to see hb gone", lambda: json.loads(a.cli("--json", "status", check=True).stdout)
+          ["fleet"]["pinned"]["p"]["waiting"])
+    a.cli("send", "p", "waits for hb", check=True)
+    assert rows(fleet.url, "SELECT count(*) FROM queue WHERE channel = 'p'") == [(1,)]
 
 
 def test_kill_9_of_a_host_moves_its_unpinned_channels_to_a_live_host_after_the_lease(
