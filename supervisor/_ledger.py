@@ -488,6 +488,19 @@ class StopLedger:
                 turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))
 
+    def adopt(self, channel: str, after: int) -> None:
+        """(A fleet host that has just taken the channel, its generation restored) messages
+        it accepted while another host owned the channel were stamped with this host's
+        stale generation: those after ``after`` (the channel's last stop) take the current one."""
+        state = self._channels.get(channel)
+        if state is None:
+            return
+        for lane in state.lanes.values():
+            lane.queue = deque(
+                replace(m, generation=state.generation) if m.id > after and m.generation < state.generation else m
+                for m in lane.queue
+            )
+
     def forget_queue(self, channel: str, agent: str) -> None:
         """(A fleet) the lane's queued messages are another host's to run: not queued here."""
         state = self._channels.get(channel)

@@ -999,6 +999,7 @@ class Store:
                 " WHERE channel = ? ORDER BY seq", (channel,),
             )
             todos = db.query("SELECT agent, items FROM todos WHERE channel = ?", (channel,))
+            seen = db.query("SELECT agent, seq FROM seen WHERE channel = ?", (channel,))
             sessions = db.query("SELECT agent, session_id, cwd FROM sessions WHERE channel = ?", (channel,))
             forgotten = [a for a, sid, cwd in sessions if sid and not here(cwd)]
             db.executemany("UPDATE sessions SET session_id = NULL WHERE channel = ? AND agent = ?",
@@ -1007,6 +1008,7 @@ class Store:
                 "SELECT id, generation, host FROM turns WHERE channel = ? AND state != ?", (channel, TURN_ENDED)
             ) if t not in skip]
             beats = dict(db.query("SELECT host, heartbeat FROM hosts"))
+            ((last_stop,),) = db.query("SELECT coalesce(max(seq), 0) FROM stops WHERE channel = ?", (channel,))
             return TakeOver(
                 ChannelState(int(state[0][0]), bool(state[0][1]), bool(state[0][2])) if state else None,
                 [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows],
@@ -1014,9 +1016,13 @@ class Store:
                 {a: (None if a in forgotten else sid, cwd) for a, sid, cwd in sessions},
                 ended,
                 {h: float(b) for h, b in beats.items()},
+                int(last_stop),
+                {a: int(q) for a, q in seen},
             )
 
         found = await self.transact(take)
+        for agent, seq in found.seen.items():  # (the last host's turns took up messages too)
+            self._seen[(channel, agent)] = max(seq, self._seen.get((channel, agent), 0))
         for agent, items in found.todos.items():
             self._todos[(channel, agent)] = items
         for agent, (sid, cwd) in found.sessions.items():
@@ -1045,6 +1051,10 @@ class TakeOver:
     processes are on that host, out of this one's reach."""
     heartbeats: dict[str, float]
     """Every host's last heartbeat at the take-over (the database's clock)."""
+    last_stop: int
+    """The seq of the channel's latest stop (0: none)."""
+    seen: dict[str, int]
+    """By agent: the last message it took up in the channel (on any host)."""
 
 
 @asynccontextmanager

@@ -532,6 +532,7 @@ class Supervisor:
         )
         if found.state is not None:
             self._ledger.restore(channel, found.state.generation, rests=found.state.rests, stopped=found.state.stopped)
+        self._ledger.adopt(channel, found.last_stop)  # (what this host accepted meanwhile, after that stop)
         assert self.fleet is not None
         away = {h for _, _, h in found.ended if h is not None and h != self.fleet.host}
         if away:

@@ -287,3 +287,19 @@ def test_the_readmes_fleet_block_is_a_fleet_config(tmp_path: Path) -> None:
     assert (config.cluster.host, config.cluster.lease) == ("h1", 10.0)
     assert config.channels["webapp"].pinned_elsewhere("h1") and config.members("webapp") == ("claude",)
     assert config.store_url == "postgresql://corral@db.internal/corral"
+
+
+async def test_a_message_accepted_by_a_host_that_then_takes_the_channel_runs_after_an_earlier_stop(
+    short_tmp: Path, postgres_url: str, gate: Gate
+) -> None:
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        await one.send("ch", f"gate={gate}")
+        await until("h1's turn", lambda: "ready" in texts(url))
+        assert (await one.stop("ch")).ok  # generation 1, on h1 and in the store; h2 never saw it
+        assert one.fleet is not None
+        one.fleet.paused = True
+        expire(url, "ch")  # h1 stops answering: its lease is free
+        await two.send("ch", "after the stop")  # stamped by h2 before it took the channel
+        await until("h2 to run it", lambda: any(t.startswith("done:") and "after the stop" in t for t in texts(url)))
+        assert two.fleet is not None and two.fleet.token("ch") == 2
