@@ -1,6 +1,8 @@
 """A fleet of real `corral run` daemons on one machine and one PostgreSQL database, each its
-own host (its own socket and state folder): placement across hosts, `kill -9` of a host,
-a host paused with SIGSTOP past its lease, a stop of a paused host's channel.
+own host (its own socket and state folder): placement across hosts (and a pinned channel
+waiting for its dead host), a stop through another host, `kill -9` of a host, a host paused
+with SIGSTOP past its lease, a stop of a paused host's channel, the database restarted
+under the fleet.
 
 Leases are 1 s; every wait is a condition polled under a generous deadline.
 """
