@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 import shutil
+import socket
 import stat
 import tomllib
 from collections.abc import Mapping
@@ -125,6 +126,8 @@ class Config:
     """``[defaults] catch_up_bytes``: at most this many bytes of missed messages in one."""
     store_url: str | None = None
     """``[store] url``: the store is this PostgreSQL database (None: the SQLite file ``store_path``)."""
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(socket.gethostname()))
+    """``[cluster]``: this daemon's name in a fleet and its lease (a fleet needs ``[store] url``)."""
 
     @property
     def store_location(self) -> str:
@@ -145,7 +148,7 @@ class Config:
     def members(self, channel: str) -> tuple[str, ...]:
         """The channel's agents, its default agent first."""
         table = self.channels.get(channel)
-        if table is not None:
+        if table is not None and table.agents:
             return table.agents
         rest = tuple(name for name in self.agents if name != self.default_agent)
         return ((self.default_agent,) if self.default_agent in self.agents else ()) + rest
@@ -165,14 +168,36 @@ class ChannelConfig:
     """Its members; the first is its default agent."""
     max_hops: int | None = None
     """None: ``[defaults] max_hops``."""
+    host: str | None = None
+    """``host``: the one fleet host that may run the channel (its agents' checkouts live
+    there); None: any host with the message's agent configured."""
+
+    def pinned_elsewhere(self, host: str) -> bool:
+        """The channel is pinned to another host than ``host``."""
+        return self.host is not None and self.host != host
 
 
-_TOP = {"server", "store", "defaults", "agents", "channels"}
+#: ``[cluster] lease`` unless set: how long a host's channels stay its own without a heartbeat.
+DEFAULT_LEASE = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: several daemons on one PostgreSQL store form a fleet."""
+
+    host: str
+    """``host``: this daemon's name in the fleet (default: the machine's hostname)."""
+    lease: float = DEFAULT_LEASE
+    """``lease``: seconds a host keeps its channels without renewing them (heartbeat every third)."""
+
+
+_TOP = {"server", "store", "defaults", "agents", "channels", "cluster"}
+_CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup"}
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
-_CHANNEL = {"agents", "max_hops"}
+_CHANNEL = {"agents", "max_hops", "host"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended"} | _LIMIT_KEYS
 
 
@@ -442,6 +467,14 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
                   f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
 
     channels = _channels(check, data, set(agents_raw))
+    cluster = _cluster(check, data)
+    if "cluster" in data and store_url is None:
+        check.add("cluster", "a fleet shares one PostgreSQL store, and [store] url is not set",
+                  'set [store] url = "postgresql://..." on every host, or remove [cluster]')
+    for name, table in channels.items():
+        if table.host is not None and store_url is None:
+            check.add(f"channels.{name}.host", "pins the channel to a fleet host, and [store] url is not set",
+                      'set [store] url = "postgresql://..." (a fleet), or remove host')
     max_hops = check.count(defaults, "max_hops", "defaults.", DEFAULT_MAX_HOPS)
     catch_up_entries = check.count(defaults, "catch_up_entries", "defaults.", 20)
     catch_up_bytes = check.count(defaults, "catch_up_bytes", "defaults.", 16 * 1024)
@@ -461,7 +494,24 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         max_hops=max_hops,
         catch_up_entries=catch_up_entries,
         catch_up_bytes=catch_up_bytes,
+        cluster=cluster,
     )
+
+
+def _cluster(check: _Checker, data: Mapping[str, Any]) -> ClusterConfig:
+    """``[cluster]``: a host name (a short printable name) and a lease of at least a second."""
+    table = check.table(data, "cluster")
+    check.unknown(table, _CLUSTER, "cluster.")
+    host = check.string(table, "host", "cluster.") or socket.gethostname()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", host):
+        check.add("cluster.host", f"expected a host name (letters, digits, '.', '_', '-'; 63 at most), got {host!r}",
+                  'write host = "h1"')
+        host = "invalid"
+    lease = check.seconds(table, "lease", "cluster.", DEFAULT_LEASE)
+    if "lease" in table and lease < 1:
+        check.add("cluster.lease", f"expected at least 1 second, got {table['lease']!r}", "write lease = 10")
+        lease = DEFAULT_LEASE
+    return ClusterConfig(host, lease)
 
 
 def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, ChannelConfig]:
@@ -474,7 +524,10 @@ def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -
             continue
         check.unknown(raw, _CHANNEL, prefix)
         members = check.strings(raw, "agents", prefix)
-        if not members:
+        host = check.string(raw, "host", prefix)
+        if not members and host is not None and "agents" not in raw:
+            members = ()  # (a table that only pins the channel: every agent may take it)
+        elif not members:
             example = ", ".join(f'"{a}"' for a in sorted(agent_names)[:2]) or '"demo"'
             check.add(f"{prefix}agents", "missing or empty: a channel needs at least one agent",
                       f"write agents = [{example}] (the first is the channel's default agent)")
@@ -491,7 +544,7 @@ def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -
             check.add(f"{prefix}agents", f"an agent is listed twice in {list(members)!r}", "list each agent once")
         max_hops = check.count(raw, "max_hops", prefix, DEFAULT_MAX_HOPS) if "max_hops" in raw else None
         if ok:
-            channels[name] = ChannelConfig(name, members, max_hops)
+            channels[name] = ChannelConfig(name, members, max_hops, host)
     return channels
 
 

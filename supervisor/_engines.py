@@ -29,8 +29,10 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   connection; a second daemon on the same database is refused with :class:`StoreInUse`
   naming the holder's ``application_name`` (``corral pid N on HOST``), after retrying for
   a second (a closed session's locks are freed only once its server process has exited; the
-  store unlocks before it closes for the same reason). The fleet will replace this
-  one-owner lock with per-channel leases and fencing tokens.
+  store unlocks before it closes for the same reason). In a fleet the lock is per host
+  (keyed from the store id and ``[cluster] host``): two daemons calling themselves the same
+  host are refused; hosts share the channels through leases with fencing tokens
+  (:mod:`._fleet`).
 * **Reconnecting (PostgreSQL).** A connection that broke (the server restarted) is replaced
   at the next transaction or read, and the owner lock is taken again first; if another
   daemon took it meanwhile, the store has lost its ownership and every later write fails
@@ -39,9 +41,9 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   its batch. A connection lost during ``COMMIT`` leaves the outcome unknown to the client:
   the writes are reported failed though the server may have kept them (PostgreSQL cannot
   say; the fleet's fencing will make a retry safe).
-* **seq on PostgreSQL** is assigned in memory from ``max(seq)`` at open, as on SQLite: right
-  for ONE owner. The fleet must change this (a sequence, or ranges per host) before two
-  daemons write one database.
+* **seq on PostgreSQL** is assigned in memory, as on SQLite, but in a stride: each host has
+  a slot (its row in ``hosts``) and takes only seqs ``n * SEQ_STRIDE + slot``, so hosts
+  writing one database never collide (see the store's theory of operation).
 * **Text.** PostgreSQL text cannot hold NUL: agent output's NUL becomes U+FFFD there
   (:meth:`Engine.storable`), the one difference a reader can see. JSON columns are kept as
   text on both engines (the exact JSON written is read back: ``jsonb`` would reorder it,
@@ -54,6 +56,7 @@ from __future__ import annotations
 import abc
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -230,8 +233,9 @@ class Engine(abc.ABC):
         """Roll back if a transaction is open; log (never raise) a rollback that fails."""
 
     @abc.abstractmethod
-    def own(self, store_id: str) -> None:
-        """Hold the owner lock for ``store_id`` (raise :class:`StoreInUse`), if not held yet."""
+    def own(self, store_id: str, host: str = "") -> None:
+        """Hold the owner lock for ``store_id`` (raise :class:`StoreInUse`), if not held yet;
+        ``host``: the lock is this fleet host's (PostgreSQL)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -268,12 +272,16 @@ class Engine(abc.ABC):
     def mark_dropped(self) -> str:
         """SQL for ``meta`` with ``dropped_by_stop`` set to the one parameter."""
 
+    now: str
+    """SQL for the database's clock in seconds since the epoch (one clock for every host)."""
+
 
 class SQLiteEngine(Engine):
     """A SQLite file in WAL mode, owned through ``flock`` on ``<path>.lock``."""
 
     kind = "sqlite"
     json_true = "1"
+    now = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.name = path
@@ -320,7 +328,7 @@ class SQLiteEngine(Engine):
             except sqlite3.Error as rollback:
                 log.error("store rollback failed after a failed commit: %s", rollback)
 
-    def own(self, store_id: str) -> None:
+    def own(self, store_id: str, host: str = "") -> None:
         """The flock was taken before the file was opened: nothing more to hold."""
 
     def _unlock(self) -> None:
@@ -369,13 +377,15 @@ class PostgresEngine(Engine):
 
     kind = "postgresql"
     json_true = "'true'"
+    now = "extract(epoch from clock_timestamp())::double precision"
 
     def __init__(self, url: str) -> None:
         self.name = redact(url)
         self._url = url
         self._store_id: str | None = None
-        self._lost: StoreInUse | None = None
+        self._host = ""
         self._pipeline: psycopg.Pipeline | None = None
+        self._lost: StoreInUse | None = None
         try:
             import psycopg  # noqa: F401 - the optional extra; checked here, used below
         except ImportError:
@@ -406,7 +416,7 @@ class PostgresEngine(Engine):
             self._conn = self._connect()
             if self._store_id is not None:
                 try:
-                    self._take(self._store_id)
+                    self._take(self._store_id, self._host)
                 except StoreInUse as exc:
                     self._lost = StoreInUse(f"lost the store: {exc}")
                     self._conn.close()
@@ -447,6 +457,8 @@ class PostgresEngine(Engine):
             cursor = self._retrying(sql, params)
         else:
             cursor = self._conn.execute(self._sql(sql), params)
+            if self._pipeline is not None:
+                self._pipeline.sync()  # (a read inside a pipelined batch, a fencing check: its rows now)
         return cursor.fetchall() if cursor.description is not None else []
 
     def begin(self, *, schema: bool = False) -> None:
@@ -484,11 +496,14 @@ class PostgresEngine(Engine):
         except psycopg.Error as rollback:
             log.error("store rollback failed after a failed commit: %s", describe_postgres(rollback, self.name))
 
-    def _key(self, store_id: str) -> int:
-        return int(store_id[:8], 16) & 0x7FFFFFFF
+    def _key(self, store_id: str, host: str) -> int:
+        if not host:
+            return int(store_id[:8], 16) & 0x7FFFFFFF
+        # (A stable hash: Python's hash() of a str changes with every process.)
+        return int(hashlib.sha256(f"{store_id}/{host}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
-    def _take(self, store_id: str) -> None:
-        key = self._key(store_id)
+    def _take(self, store_id: str, host: str) -> None:
+        key = self._key(store_id, host)
         # A session that just ended holds its locks until its server process has exited, a
         # moment after its client closed: a restart right after a `kill -9` waits that out.
         deadline = time.monotonic() + _LOCK_PATIENCE
@@ -505,15 +520,20 @@ class PostgresEngine(Engine):
             (_LOCK_SPACE, key),
         ).fetchall()
         holder = (holders[0][0] or f"database session {holders[0][1]}") if holders else "another session"
+        named = f" (as fleet host {host!r})" if host else ""
         raise StoreInUse(
-            f"store {self.name} is in use by {holder}; stop that corral first (`corral shutdown`), "
-            "or give this one another [store] url (another database)"
+            f"store {self.name} is in use by {holder}{named}; stop that corral first (`corral shutdown`), "
+            "or give this one another [store] url (another database) or another [cluster] host"
         )
 
-    def own(self, store_id: str) -> None:
-        """Take the session-level advisory lock of this store (kept until the connection ends)."""
-        self._take(store_id)
-        self._store_id = store_id
+    def listener(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """A connection of its own for ``LISTEN`` (a fleet's notices), used by one thread."""
+        return self._connect()
+
+    def own(self, store_id: str, host: str = "") -> None:
+        """Take the session-level advisory lock of this store and host (kept until the connection ends)."""
+        self._take(store_id, host)
+        self._store_id, self._host = store_id, host
 
     def close(self) -> None:
         """Give up the advisory lock, then close the connection (the server would release the
@@ -522,7 +542,8 @@ class PostgresEngine(Engine):
 
         if self._store_id is not None and not (self._conn.closed or self._conn.broken):
             try:
-                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_SPACE, self._key(self._store_id)))
+                key = self._key(self._store_id, self._host)
+                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_SPACE, key))
             except psycopg.Error as exc:
                 log.warning("store %s: could not release its lock (%s); the server does at disconnect",
                             self.name, describe_postgres(exc, self.name))

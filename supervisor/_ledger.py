@@ -488,6 +488,41 @@ class StopLedger:
                 turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))
 
+    def adopt(self, channel: str, after: int) -> None:
+        """(A fleet host that has just taken the channel, its generation restored) messages
+        it accepted while another host owned the channel were stamped with this host's
+        stale generation: those after ``after`` (the channel's last stop) take the current one."""
+        state = self._channels.get(channel)
+        if state is None:
+            return
+        for lane in state.lanes.values():
+            lane.queue = deque(
+                replace(m, generation=state.generation) if m.id > after and m.generation < state.generation else m
+                for m in lane.queue
+            )
+
+    def forget_queue(self, channel: str, agent: str) -> None:
+        """(A fleet) the lane's queued messages are another host's to run: not queued here."""
+        state = self._channels.get(channel)
+        if state is not None and agent in state.lanes:
+            state.lanes[agent].queue.clear()
+
+    def lose(self, channel: str) -> ShutdownDecision:
+        """This host lost the channel's lease (a fleet): its current turns are silenced, as in
+        a shutdown but for one channel, and its queue is forgotten here (the store keeps it:
+        the channel's new owner runs it). No generation moves: nobody stopped anything."""
+        state = self._channels.get(channel)
+        if state is None:
+            return ShutdownDecision(())
+        silenced = []
+        for lane in state.lanes.values():
+            turn = lane.turn
+            if turn is not None and not turn.silenced:
+                silenced.append((channel, turn.turn_id))
+                turn.silenced = True
+            lane.queue.clear()
+        return ShutdownDecision(tuple(silenced))
+
     def notice_seq(self, channel: str) -> int | None:
         """The seq of the notice stored for the channel's latest stop, once it is stored."""
         state = self._channels.get(channel)

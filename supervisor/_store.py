@@ -24,7 +24,9 @@ Theory of operation
 * **One owner.** The store holds a lock for as long as it is open (SQLite: ``flock`` on
   ``<store>.lock``, which names the owner's pid; PostgreSQL: an advisory lock of its
   connection): a second daemon or embedded supervisor on the same store is refused at
-  start (:class:`StoreInUse`) instead of interleaving its writes.
+  start (:class:`StoreInUse`) instead of interleaving its writes. In a fleet the lock is
+  the host's: another host shares the database, a second daemon with the same host name
+  is refused.
 * **Identity and turns.** Each store has a stable random id (``meta.store_id``); every
   process of a turn carries it in its environment, so after an abrupt death the next
   owner finds exactly its own orphans. A ``turns`` row is written for every turn in the
@@ -36,6 +38,23 @@ Theory of operation
   write puts the channel at rest and opens its repeat window (``generations.rests`` and
   ``.stopped``); a human's message lifts the rest and a turn's begin closes the window,
   each in its own write, so both survive a restart.
+* **A fleet (PostgreSQL, ``host`` given).** Several daemons write one database. Each
+  registers as a host (``hosts``) with a slot ``k`` < :data:`SEQ_STRIDE` and assigns seqs
+  in memory as above, but only of the form ``n * SEQ_STRIDE + k``: unique across hosts with
+  no round trip. ``n`` is never below the wall clock in milliseconds (and then counts on),
+  so the seqs of different hosts follow real time as closely as their clocks agree (a seq
+  stays below 2^53: JSON readers keep it exact). Within a channel, seq order is the order
+  its *owner* decided things: a host runs a channel's turns only under its lease
+  (:mod:`._fleet`), and taking a lease moves the taker's counter past every seq stored so
+  far, in the lease's transaction.
+* **Fencing.** A write made for a turn carries the fencing token its host held when the
+  turn began, and its transaction reads the lease row ``FOR SHARE`` first: a stale token
+  fails the write (:class:`Fenced`) and stores nothing. A taker's ``UPDATE`` of the row
+  waits for such a transaction, so no stale write commits after the lease moved. Not yet
+  ordered across hosts: a message another host accepts for the channel takes that host's
+  seq, ordered against the owner's by the two clocks only (exact on one machine); the
+  planned fix is a commit-order column assigned under a transaction-level advisory lock,
+  which followers on other hosts read.
 * **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
   version i to i + 1, each in one transaction at open, recorded as a row of
   ``schema_migrations`` (SQLite stores that kept it in ``PRAGMA user_version`` are carried
@@ -47,6 +66,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import sqlite3
 import time
@@ -105,7 +125,25 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE IF NOT EXISTS seen (
         channel TEXT NOT NULL, agent TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (channel, agent));
     """,
+    # 2: a fleet. Every host of one database, its seq slot and last heartbeat (database
+    # clock); each channel's lease: its owner, until when, and the fencing token.
+    """
+    CREATE TABLE IF NOT EXISTS hosts (
+        host TEXT PRIMARY KEY, slot INTEGER NOT NULL UNIQUE, heartbeat REAL NOT NULL, pid INTEGER NOT NULL,
+        started REAL NOT NULL);
+    CREATE TABLE IF NOT EXISTS leases (
+        channel TEXT PRIMARY KEY, owner TEXT NOT NULL, expires REAL NOT NULL, token INTEGER NOT NULL);
+    ALTER TABLE turns ADD COLUMN host TEXT;
+    ALTER TABLE stops ADD COLUMN host TEXT;
+    """,
 )
+
+#: How many hosts one database can hold: a host of slot ``k`` takes only the seqs
+#: ``n * SEQ_STRIDE + k`` (seqs stay unique without asking the database for each one).
+SEQ_STRIDE = 64
+
+#: The advisory lock (second key) a host takes to pick its seq slot.
+_SLOT_LOCK = 1
 
 
 _VERSIONS = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied REAL NOT NULL)"
@@ -258,6 +296,10 @@ def _entry(row: tuple[Any, ...]) -> Entry:
     return Entry(seq, channel, author, kind, text, turn, generation, ts, json.loads(meta))
 
 
+class Fenced(StoreError):
+    """A write for a channel whose lease this host no longer holds (its fencing token is stale)."""
+
+
 class Pending:
     """A write accepted but maybe not yet committed."""
 
@@ -283,7 +325,8 @@ class Pending:
         if not self._done.is_set():
             await self._done.wait()
         if self._error is not None:
-            raise StoreError(f"could not store: {self._error}") from self._error
+            kind = Fenced if isinstance(self._error, Fenced) else StoreError
+            raise kind(f"could not store: {self._error}") from self._error
         return self.entry
 
 
@@ -297,7 +340,7 @@ class _Subscription:
 class Store:
     """The store, on SQLite (a file path) or PostgreSQL (a URL). Open it with :func:`open_store`."""
 
-    def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
+    def __init__(self, path: str, *, synchronous: str = "FULL", host: str | None = None) -> None:
         self._writer_scope = trio.CancelScope(shield=True)
         """The writer's own scope: only :func:`open_store` ends it, after the last commit.
         Shielded, so a scope cancelled around the whole block (a ``move_on_after``, a Ctrl-C)
@@ -305,6 +348,11 @@ class Store:
         self._db = open_engine(path, synchronous=synchronous)
         self.path = self._db.name
         """What messages call the store: its file, or its URL without a password."""
+        self.host = host if host is not None and self._db.kind == "postgresql" else None
+        """This daemon's name in a fleet (None: the store's one owner)."""
+        self.slot = 0
+        """The fleet host's seq slot (0 for the one owner)."""
+        self._stride = 1
         try:
             self._open()
         except BaseException:
@@ -317,9 +365,13 @@ class Store:
                          (secrets.token_hex(8),))
         self.store_id: str = self._db.query("SELECT value FROM meta WHERE key = 'store_id'")[0][0]
         """This store's identity: every process of its turns carries it (``CORRAL_STORE``)."""
-        self._db.own(self.store_id)
+        self._db.own(self.store_id, self.host or "")
         self._limiter = trio.CapacityLimiter(1)
-        # (For ONE owner: a fleet on one database needs a sequence or per-host ranges, see _engines.)
+        if self.host is not None:
+            self.slot, self._stride = self._register(self.host), SEQ_STRIDE
+            # Each host's processes carry their own mark: hosts sharing a machine (and the
+            # database) never end each other's turns when recovering from an abrupt end.
+            self.store_id = f"{self.store_id}{self.slot:02x}"
         row = self._db.query(
             "SELECT max(m) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
             " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns) AS seqs"
@@ -345,10 +397,89 @@ class Store:
 
     # ------------------------------------------------------------ writing
 
+    def _register(self, host: str) -> int:
+        """(At open) this host's row and seq slot: its own if it has one, else the lowest free."""
+        db = self._db
+        db.begin()
+        try:
+            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (0x636F7272, _SLOT_LOCK))
+            mine = db.query("SELECT slot FROM hosts WHERE host = ?", (host,))
+            taken = {k for (k,) in db.query("SELECT slot FROM hosts")}
+            slot = int(mine[0][0]) if mine else next((k for k in range(SEQ_STRIDE) if k not in taken), -1)
+            if slot < 0:
+                raise StoreError(f"the store {self.path} already has {SEQ_STRIDE} fleet hosts; remove the rows of "
+                                 "hosts gone for good from its hosts table")
+            db.execute(
+                f"INSERT INTO hosts (host, slot, heartbeat, pid, started) VALUES (?, ?, {db.now}, ?, {db.now})"
+                f" ON CONFLICT (host) DO UPDATE SET heartbeat = {db.now}, pid = excluded.pid, started = {db.now}",
+                (host, slot, os.getpid()),
+            )
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        return slot
+
     def next_seq(self) -> int:
-        """Allocate the next ``seq``."""
-        self._seq += 1
+        """Allocate the next ``seq`` (in a fleet: the next of this host's slot, and not below
+        the wall clock's milliseconds times the stride, so hosts' seqs follow real time)."""
+        n = self._seq // self._stride + 1
+        if self.host is not None:
+            n = max(n, int(time.time() * 1000))
+        self._seq = n * self._stride + self.slot
         return self._seq
+
+    @property
+    def seq_step(self) -> int:
+        """The distance between two seqs this store assigns in a row (1; in a fleet, the stride)."""
+        return self._stride
+
+    def seq_floor(self, seq: int) -> None:
+        """Every seq from now on is above ``seq`` (a lease taken: the last owner's are below)."""
+        self._seq = max(self._seq, seq)
+
+    async def transact(self, work: Callable[[Engine], T]) -> T:
+        """Run ``work`` in a transaction of its own now, in the store's thread (the fleet's
+        lease and heartbeat writes: they must not wait behind a batch of entries)."""
+        def run() -> T:
+            db = self._db
+            db.begin()
+            try:
+                out = work(db)
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
+            return out
+
+        return await self._read(run)
+
+    def listener(self) -> Any:
+        """(A fleet) a new PostgreSQL connection for ``LISTEN``, or None on SQLite."""
+        from ._engines import PostgresEngine
+
+        return self._db.listener() if isinstance(self._db, PostgresEngine) else None
+
+    @staticmethod
+    def check_fence(db: Engine, channel: str, host: str, token: int) -> None:
+        """(In a transaction) raise :class:`Fenced` unless ``host`` still holds ``channel``'s
+        lease with ``token``; the row stays share-locked until the commit, so a taker waits."""
+        rows = db.query("SELECT owner, token FROM leases WHERE channel = ? FOR SHARE", (channel,))
+        if not rows or rows[0][0] != host or int(rows[0][1]) != token:
+            owner = rows[0][0] if rows else "nobody"
+            raise Fenced(f"host {host} no longer holds channel {channel!r} (fencing token {token} is stale;"
+                         f" the lease is {owner}'s)")
+
+    def _fenced(self, apply: Callable[[Engine], None], channel: str, token: int | None) -> Callable[[Engine], None]:
+        if token is None or self.host is None:
+            return apply
+        host = self.host
+
+        def fenced(db: Engine) -> None:
+            Store.check_fence(db, channel, host, token)
+            apply(db)
+
+        return fenced
 
     def _submit(self, apply: Callable[[Engine], None], entry: Entry | None = None) -> Pending:
         if self._closed:
@@ -370,10 +501,12 @@ class Store:
         generation: int = 0,
         meta: Mapping[str, Any] | None = None,
         also: Callable[[Engine, int], None] | None = None,
+        fence: int | None = None,
     ) -> Pending:
         """Accept a transcript entry now (its ``seq`` is final); it commits shortly.
 
         ``also`` runs in the same transaction with the entry's seq (e.g. to queue a message).
+        ``fence``: the fencing token the write is made under (fails with :class:`Fenced` if stale).
         """
         if kind not in KINDS:
             raise ValueError(f"unknown entry kind {kind!r}")
@@ -392,7 +525,7 @@ class Store:
             if also is not None:
                 also(db, entry.seq)
 
-        return self._submit(apply, entry)
+        return self._submit(self._fenced(apply, channel, fence), entry)
 
     async def append(self, channel: str, author: str, kind: str, text: str, **kw: Any) -> Entry:
         """Store an entry and wait until it is committed (and shown)."""
@@ -400,12 +533,14 @@ class Store:
         assert entry is not None
         return entry
 
-    def submit_write(self, sql: str, params: tuple[Any, ...]) -> Pending:
-        """Queue a plain write in the same commit order as entries."""
+    def submit_write(
+        self, sql: str, params: tuple[Any, ...], *, channel: str = "", fence: int | None = None
+    ) -> Pending:
+        """Queue a plain write in the same commit order as entries (``fence``: under ``channel``'s lease)."""
         def apply(db: Engine) -> None:
             db.execute(sql, params)
 
-        return self._submit(apply)
+        return self._submit(self._fenced(apply, channel, fence))
 
     # ------------------------------------------------------------ the writer
 
@@ -459,7 +594,7 @@ class Store:
     def _fail(self, batch: list[Pending], exc: BaseException) -> None:
         reason = describe_failure(exc, self.path)
         for pending in batch:
-            pending._error = StoreError(reason)
+            pending._error = Fenced(reason) if isinstance(exc, Fenced) else StoreError(reason)
             pending._done.set()
 
     def _commit(self, batch: list[Pending]) -> None:
@@ -559,14 +694,16 @@ class Store:
                 out.setdefault(channel, {})[agent] = session_id
         return out
 
-    def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
-        """Remember the session id (None forgets it) and working directory."""
+    def save_session(
+        self, channel: str, agent: str, session_id: str | None, cwd: str, *, fence: int | None = None
+    ) -> Pending:
+        """Remember the session id (None forgets it) and working directory (``fence``: under the lease)."""
         self._sessions[(channel, agent)] = (session_id, cwd)
         return self.submit_write(
             "INSERT INTO sessions (channel, agent, session_id, cwd, updated) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT(channel, agent) DO UPDATE SET session_id=excluded.session_id, cwd=excluded.cwd,"
             " updated=excluded.updated",
-            (channel, agent, session_id, cwd, time.time()),
+            (channel, agent, session_id, cwd, time.time()), channel=channel, fence=fence,
         )
 
     def todos(self, channel: str, agent: str) -> list[dict[str, str]]:
@@ -577,13 +714,13 @@ class Store:
         """Agents that have a todo plan in ``channel``."""
         return [a for (c, a) in self._todos if c == channel]
 
-    def save_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> Pending:
-        """Replace the todo plan."""
+    def save_todos(self, channel: str, agent: str, items: list[dict[str, str]], *, fence: int | None = None) -> Pending:
+        """Replace the todo plan (``fence``: under the channel's lease)."""
         self._todos[(channel, agent)] = [dict(i) for i in items]
         return self.submit_write(
             "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
             " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
-            (channel, agent, json.dumps(items, ensure_ascii=False), time.time()),
+            (channel, agent, json.dumps(items, ensure_ascii=False), time.time()), channel=channel, fence=fence,
         )
 
     def record_stop(self, seq: int, channel: str | None, generation: int, result: Mapping[str, Any]) -> Pending:
@@ -610,7 +747,7 @@ class Store:
         """A message for ``agent`` (and ``to``, its other targets): its entry and its place in
         each target's queue, in one transaction (stored and queued, or neither). Its seq is
         final at once (``pending.entry.seq``); the other targets' queue rows take the seqs
-        right after it (``pending.entry.seq + i``). A human's message lifts the channel's
+        right after it (``pending.entry.seq + i * seq_step``). A human's message lifts the channel's
         routing rest in the same transaction. ``agent`` None: stored, queued nowhere.
         """
         targets = ((agent,) if agent is not None else ()) + tuple(t for t in to if t != agent)
@@ -693,10 +830,12 @@ class Store:
 
         return self._submit(apply)
 
-    async def load_queue(self) -> list[QueuedRow]:
-        """Messages accepted before a restart and not yet run, oldest first."""
+    async def load_queue(self, channel: str | None = None) -> list[QueuedRow]:
+        """Messages accepted before a restart (or by another fleet host) and not yet run, oldest first."""
+        where, params = ("WHERE channel = ?", (channel,)) if channel is not None else ("", ())
         rows = await self.query(
-            "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from FROM queue ORDER BY seq"
+            f"SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from FROM queue {where}"
+            " ORDER BY seq", params,
         )
         return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
 
@@ -735,8 +874,11 @@ class Store:
 
     # ------------------------------------------------------------ turns and stop records
 
-    def begin_turn(self, turn_id: str, channel: str, agent: str, generation: int, message: int) -> Pending:
-        """Dequeue the turn's message and keep a ``running`` row for the turn, in one commit.
+    def begin_turn(
+        self, turn_id: str, channel: str, agent: str, generation: int, message: int, *, fence: int | None = None
+    ) -> Pending:
+        """Dequeue the turn's message and keep a ``running`` row for the turn, in one commit
+        (in a fleet: under the channel's lease, ``fence``; a stale token stores nothing).
 
         The same commit closes the channel's repeat window (a turn has begun since its stop)
         and records the message as the last one the agent has seen (for its next catch-up).
@@ -752,16 +894,19 @@ class Store:
                 (channel, agent, message),
             )
             db.execute(
-                "INSERT INTO turns (id, channel, agent, generation, message, state, began)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (turn_id, channel, agent, generation, message, TURN_RUNNING, time.time()),
+                "INSERT INTO turns (id, channel, agent, generation, message, state, began, host)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (turn_id, channel, agent, generation, message, TURN_RUNNING, time.time(), self.host),
             )
 
-        return self._submit(apply)
+        return self._submit(self._fenced(apply, channel, fence))
 
-    def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
+    def turn_spawned(
+        self, turn_id: str, pid: int, started: int | None, *, channel: str = "", fence: int | None = None
+    ) -> Pending:
         """Note the turn's leader (pid and start ticks: an identity no pid reuse can fake)."""
-        return self.submit_write("UPDATE turns SET pid = ?, pid_started = ? WHERE id = ?", (pid, started, turn_id))
+        return self.submit_write("UPDATE turns SET pid = ?, pid_started = ? WHERE id = ?", (pid, started, turn_id),
+                                 channel=channel, fence=fence)
 
     def end_turn(self, turn_id: str) -> Pending:
         """The turn ended on its own; a stopped turn is ended by its stop's notice instead."""
@@ -787,8 +932,8 @@ class Store:
                     "stopped_turns": list(r.stopped_turns),
                 }
                 db.execute(
-                    "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
-                    (r.seq, r.channel, r.generation, stamp, json.dumps(summary)),
+                    "INSERT INTO stops (seq, channel, generation, ts, result, host) VALUES (?, ?, ?, ?, ?, ?)",
+                    (r.seq, r.channel, r.generation, stamp, json.dumps(summary), self.host),
                 )
                 db.execute(
                     "INSERT INTO generations (channel, generation, rests, stopped) VALUES (?, ?, 1, 1)"
@@ -797,9 +942,14 @@ class Store:
                     (r.channel, r.generation),
                 )
                 db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
+                dropped = list(r.dropped)
+                if self.host is not None:  # (a fleet: and what other hosts queued before it, not yet taken up)
+                    dropped += [int(s) for (s,) in db.query(
+                        "DELETE FROM queue WHERE channel = ? AND seq < ? RETURNING seq", (r.channel, r.seq)
+                    )]
                 db.executemany(
                     f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?",
-                    [(r.seq, s) for s in r.dropped],
+                    [(r.seq, s) for s in dropped],
                 )
                 for agent, items in r.plans.items():
                     db.execute(
@@ -828,12 +978,14 @@ class Store:
     async def unfinished(self) -> tuple[list[tuple[str, str, int, str]], list[tuple[int, str, int, int, str | None]]]:
         """What the last owner left: turns still ``running`` (id, channel, generation, state)
         and stops whose notice was never stored (seq, channel, generation, dropped, turn)."""
+        mine, host = ("", ()) if self.host is None else (" AND host = ?", (self.host,))  # (a fleet: this host's)
         turns = await self.query(
-            "SELECT id, channel, generation, state FROM turns WHERE state = ? ORDER BY began", (TURN_RUNNING,)
+            f"SELECT id, channel, generation, state FROM turns WHERE state = ?{mine} ORDER BY began",
+            (TURN_RUNNING, *host),
         )
         stops = await self.query(
             "SELECT seq, channel, generation, result FROM stops"
-            f" WHERE {self._db.json_get('result', 'pending')} = {self._db.json_true} ORDER BY seq"
+            f" WHERE {self._db.json_get('result', 'pending')} = {self._db.json_true}{mine} ORDER BY seq", host,
         )
         pending = []
         for seq, channel, generation, result in stops:
@@ -841,19 +993,86 @@ class Store:
             pending.append((seq, channel, generation, len(summary.get("dropped", [])), summary.get("stopped_turn")))
         return [(t[0], t[1], t[2], t[3]) for t in turns], pending
 
+    async def take_over(
+        self, channel: str, *, here: Callable[[str], bool], notice: str, skip: set[str]
+    ) -> TakeOver:
+        """(A fleet host that just took ``channel``'s lease) what the channel is in the store:
+        its stop state, its queue, its plans; session ids move only where ``here(cwd)`` (the
+        conversation's folder exists on this host), others are forgotten. Turns still
+        ``running`` that are not this host's (``skip``) were the last owner's: each is ended
+        with ``notice`` (its host's processes cannot be reached from here)."""
+        def take(db: Engine) -> TakeOver:
+            state = db.query("SELECT generation, rests, stopped FROM generations WHERE channel = ?", (channel,))
+            rows = db.query(
+                "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from FROM queue"
+                " WHERE channel = ? ORDER BY seq", (channel,),
+            )
+            todos = db.query("SELECT agent, items FROM todos WHERE channel = ?", (channel,))
+            seen = db.query("SELECT agent, seq FROM seen WHERE channel = ?", (channel,))
+            sessions = db.query("SELECT agent, session_id, cwd FROM sessions WHERE channel = ?", (channel,))
+            forgotten = [a for a, sid, cwd in sessions if sid and not here(cwd)]
+            db.executemany("UPDATE sessions SET session_id = NULL WHERE channel = ? AND agent = ?",
+                           [(channel, a) for a in forgotten])
+            ended = [(t, g, h) for t, g, h in db.query(
+                "SELECT id, generation, host FROM turns WHERE channel = ? AND state != ?", (channel, TURN_ENDED)
+            ) if t not in skip]
+            beats = dict(db.query("SELECT host, heartbeat FROM hosts"))
+            ((last_stop,),) = db.query("SELECT coalesce(max(seq), 0) FROM stops WHERE channel = ?", (channel,))
+            return TakeOver(
+                ChannelState(int(state[0][0]), bool(state[0][1]), bool(state[0][2])) if state else None,
+                [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows],
+                {a: json.loads(items) for a, items in todos},
+                {a: (None if a in forgotten else sid, cwd) for a, sid, cwd in sessions},
+                ended,
+                {h: float(b) for h, b in beats.items()},
+                int(last_stop),
+                {a: int(q) for a, q in seen},
+            )
+
+        found = await self.transact(take)
+        for agent, seq in found.seen.items():  # (the last host's turns took up messages too)
+            self._seen[(channel, agent)] = max(seq, self._seen.get((channel, agent), 0))
+        for agent, items in found.todos.items():
+            self._todos[(channel, agent)] = items
+        for agent, (sid, cwd) in found.sessions.items():
+            self._sessions[(channel, agent)] = (sid, cwd)
+        for turn_id, generation, _ in found.ended:
+            self.submit_turn_notice(channel, notice, turn=turn_id, generation=generation)
+        return found
+
     def close(self) -> None:
         """Close the database (after the writer has stopped) and give up the store's lock."""
         self._closed = True
         self._db.close()
 
 
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    """What a fleet host finds in the store for a channel it has just taken."""
+
+    state: ChannelState | None
+    queue: list[QueuedRow]
+    todos: dict[str, list[dict[str, str]]]
+    sessions: dict[str, tuple[str | None, str]]
+    """By agent: the session id (None: it stayed with the last host) and its folder."""
+    ended: list[tuple[str, int, str | None]]
+    """The last owner's turns (id, generation, host) closed here with a notice: their
+    processes are on that host, out of this one's reach."""
+    heartbeats: dict[str, float]
+    """Every host's last heartbeat at the take-over (the database's clock)."""
+    last_stop: int
+    """The seq of the channel's latest stop (0: none)."""
+    seen: dict[str, int]
+    """By agent: the last message it took up in the channel (on any host)."""
+
+
 @asynccontextmanager
-async def open_store(path: str, *, synchronous: str = "FULL") -> AsyncIterator[Store]:
+async def open_store(path: str, *, synchronous: str = "FULL", host: str | None = None) -> AsyncIterator[Store]:
     """Open the store and run its writer; on exit, commit what is pending and close.
 
     ``path`` is a SQLite file, or a ``postgresql://`` URL (any libpq URL; ``synchronous``
-    is SQLite's alone)."""
-    store = await trio.to_thread.run_sync(lambda: Store(path, synchronous=synchronous))
+    is SQLite's alone; ``host``: this daemon's name in a fleet, PostgreSQL's alone)."""
+    store = await trio.to_thread.run_sync(lambda: Store(path, synchronous=synchronous, host=host))
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run_writer)

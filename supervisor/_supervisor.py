@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -44,12 +46,13 @@ from ._cgroup import CgroupRoot, TurnCgroup, open_root
 from ._config import AgentConfig, Config
 from ._errors import ShuttingDown, UsageError
 from ._files import private_folder
+from ._fleet import Fleet
 from ._hooks import Hooks
-from ._ledger import QueuedMessage, StopDecision, StopLedger, TurnTicket
+from ._ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
 from ._router import AddressError, address, route
-from ._store import Entry, Pending, StopRecord, Store, StoreError, open_store
+from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ._teardown import CollectorPause, TreeBatch
 from ._text import BadText, check_message
 from ._tree import (
@@ -68,6 +71,10 @@ log = logging.getLogger("corral")
 
 STOP_NOTICE = "Execution stopped by user."
 SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
+HOST_LOST_NOTICE = (
+    "Task interrupted — its host stopped answering and another host took the channel over. "
+    "Send another message to continue."
+)
 NUDGE_TEXT = "You have {n} remaining task(s) in your plan. Please continue working on them."
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_CHANNEL_CHARS = 200
@@ -182,11 +189,21 @@ class _Message:
 
 
 class _TurnStore:
-    """The store as a turn sees it: an agent's ``message`` entry is handed off as it is stored."""
+    """The store as a turn sees it: an agent's ``message`` entry is handed off as it is stored.
 
-    def __init__(self, store: Store, hand_off: Callable[[str, str, str, str, int], None]) -> None:
+    In a fleet every write of a turn carries the fencing token its host held when the turn
+    began (``fences``): a host that lost the channel's lease stores nothing more for it."""
+
+    def __init__(
+        self, store: Store, hand_off: Callable[[str, str, str, str, int], None],
+        fences: Mapping[str, tuple[str, int]], fence: Callable[[str], int | None],
+    ) -> None:
         self._store = store
         self._hand_off = hand_off
+        self._fences = fences
+        """Each running turn's channel and token (by turn id)."""
+        self._fence = fence
+        """The token this host last held for a channel (kept after the lease is lost)."""
 
     @property
     def store_id(self) -> str:
@@ -198,22 +215,50 @@ class _TurnStore:
         meta: Mapping[str, object] | None = None,
     ) -> Pending:
         """Store the entry; route it on in the same step if it is an agent's message."""
-        pending = self._store.submit_entry(channel, author, kind, text, turn=turn, generation=generation, meta=meta)
+        fence = self._fences[turn][1] if turn is not None and turn in self._fences else None
+        pending = self._store.submit_entry(
+            channel, author, kind, text, turn=turn, generation=generation, meta=meta, fence=fence
+        )
         if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:"):
             self._hand_off(channel, turn, author, text, pending.entry.seq)
         return pending
 
     def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
         """The agent's session id for the channel."""
-        return self._store.save_session(channel, agent, session_id, cwd)
+        return self._store.save_session(channel, agent, session_id, cwd, fence=self._fence(channel))
 
     def save_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> Pending:
         """The agent's plan for the channel."""
-        return self._store.save_todos(channel, agent, items)
+        return self._store.save_todos(channel, agent, items, fence=self._fence(channel))
 
     def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
         """The turn's process, on its row."""
-        return self._store.turn_spawned(turn_id, pid, started)
+        channel, fence = self._fences.get(turn_id, ("", None))
+        return self._store.turn_spawned(turn_id, pid, started, channel=channel, fence=fence)
+
+
+class _LeasedLedger:
+    """The ledger as a fleet's turn sees it: at the point of no return the channel's lease
+    must be this host's too (its local deadline not passed)."""
+
+    def __init__(self, ledger: StopLedger, fleet: Fleet) -> None:
+        self._ledger = ledger
+        self._fleet = fleet
+
+    def may_start(self, channel: str, turn_id: str) -> bool:
+        """The ledger's answer, and only while this host holds the lease."""
+        if not self._fleet.holds(channel):
+            log.warning("[%s %s] not started: this host does not hold the channel's lease", channel, turn_id)
+            return False
+        return self._ledger.may_start(channel, turn_id)
+
+    def is_stale(self, channel: str, turn_id: str) -> bool:
+        """The ledger's answer."""
+        return self._ledger.is_stale(channel, turn_id)
+
+    def keep_output(self, channel: str, turn_id: str, kind: OutputKind) -> bool:
+        """The ledger's answer."""
+        return self._ledger.keep_output(channel, turn_id, kind)
 
 
 class Supervisor:
@@ -259,8 +304,27 @@ class Supervisor:
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self._places = Places(config.state_dir, store.session)
+        self.fleet: Fleet | None = None
+        """This host's leases, when the store is shared by a fleet (PostgreSQL with a host)."""
+        if store.host is not None:
+            self.fleet = Fleet(store, store.host, config.cluster.lease, on_lost=self._lost, on_orphans=self._orphans)
+        self._fences: dict[str, tuple[str, int]] = {}
+        """Each running turn's channel and the fencing token its lease had when it began."""
+        self._last_token: dict[str, int] = {}
+        """The token this host last held for each channel (kept when the lease is lost)."""
+        self._known: set[int] = set()
+        """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
+        self._taking: set[str] = set()
+        """Channels a heartbeat is taking up right now."""
+        self._answers: dict[str, _Answer] = {}
+        """Stops this host asked other hosts to carry out, by request id."""
+        self._unconfirmed: dict[str, dict[str, float]] = {}
+        """Channels taken over from hosts whose turns there are not confirmed dead: those
+        hosts and their heartbeats then (a host confirms by a later one: it kills first)."""
         self._ports = TurnPorts(
-            ledger=self._ledger, store=_TurnStore(store, self._hand_off), registry=self._registry, scanner=self.scanner,
+            ledger=self._ledger if self.fleet is None else _LeasedLedger(self._ledger, self.fleet),
+            store=_TurnStore(store, self._hand_off, self._fences, self._last_token.get),
+            registry=self._registry, scanner=self.scanner,
             spawn=self._hooks.spawn or spawn, places=self._places, cgroups=cgroups,
             adopt_background=self.adopt_background, preparing=self._hooks.preparing,
         )
@@ -357,10 +421,12 @@ class Supervisor:
         human = author.startswith("human:")
         first = targets[0] if targets else ""
         ahead = len(self._ledger.queued(channel, first)) + (1 if self._ledger.current_turn(channel, first) else 0)
-        for i, target in enumerate(targets):  # the store gave the targets after the first seq + i
+        step = self._store.seq_step
+        for i, target in enumerate(targets):  # the store gave the targets the seqs after the first (+ i steps)
             payload = _Message(target, author, text, pending, hops=hops, routed_from=seq if i else None)
+            self._known.add(seq + i * step)
             self._ledger.accept(
-                channel, target, seq + i, human=human, nudge=nudge, payload=payload, hops=hops,
+                channel, target, seq + i * step, human=human, nudge=nudge, payload=payload, hops=hops,
                 routed=author.startswith("agent:"),
             )
             self._ensure_worker(channel, target)
@@ -381,6 +447,7 @@ class Supervisor:
             )
             for target, seq in zip(decision.targets, seqs, strict=True):
                 payload = _Message(target, author, text, pending, hops=decision.hops, routed_from=source)
+                self._known.add(seq)
                 self._ledger.accept(channel, target, seq, human=False, payload=payload, hops=decision.hops, routed=True)
                 self._ensure_worker(channel, target)
             log.info("[%s %s] %s handed off to %s (hop %d)", channel, turn_id, agent, decision.targets, decision.hops)
@@ -400,6 +467,12 @@ class Supervisor:
         """Run one lane's queued messages one turn at a time; exit when idle."""
         try:
             while not self._closing:
+                if self.fleet is not None and not await self._own(channel):
+                    # Another host runs the channel: its messages wait in the store's queue for
+                    # it (one whose write failed was refused), not here.
+                    self._known.difference_update(m.id for m in self._ledger.queued(channel, agent))
+                    self._ledger.forget_queue(channel, agent)
+                    break
                 take = self._ledger.take(channel, agent, new_turn_id())
                 if take.dropped:
                     self._store.dequeue([m.id for m in take.dropped])
@@ -408,9 +481,14 @@ class Supervisor:
                 message = take.ticket.message.payload
                 assert isinstance(message, _Message), "the supervisor queues only its own payloads"
                 message.seen_before = self._store.seen(channel, agent)
-                # Dequeue and the turn's row in one commit, awaited before the point of no return.
+                token = self._last_token.get(channel) if self.fleet is not None else None
+                if token is not None:
+                    self._fences[take.ticket.turn_id] = (channel, token)
+                # Dequeue and the turn's row in one commit, awaited before the point of no return
+                # (in a fleet: under the lease's token, checked in that commit).
                 message.begun = self._store.begin_turn(
-                    take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id
+                    take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id,
+                    fence=token,
                 )
                 self._hops[take.ticket.turn_id] = message.hops
                 try:
@@ -422,11 +500,112 @@ class Supervisor:
                         await self._contain(channel, take.ticket, exc)
                 finally:
                     self._hops.pop(take.ticket.turn_id, None)
+                    self._fences.pop(take.ticket.turn_id, None)
         finally:
             self._workers.discard((channel, agent))
             event = self._idle.pop(channel, None)
             if event is not None:
                 event.set()
+
+    # ------------------------------------------------------------ the fleet
+
+    def _placed_elsewhere(self, channel: str) -> str | None:
+        """The host the channel is pinned to, if it is not this one."""
+        table = self.config.channels.get(channel)
+        assert self.fleet is not None
+        return table.host if table is not None and table.pinned_elsewhere(self.fleet.host) else None
+
+    async def _own(self, channel: str) -> bool:
+        """(A fleet) hold the channel's lease before a turn: keep it, or take it if placement
+        allows and it is free or expired; a channel new to this host (a new token) is first
+        taken over from the store (its stop state, queue, plans, and what moves of its sessions)."""
+        fleet = self.fleet
+        assert fleet is not None
+        if self._placed_elsewhere(channel) is not None:
+            return False  # (even if held: a stop may take a pinned channel's lease, never its turns)
+        if fleet.holds(channel):
+            return True
+        try:
+            token = await fleet.acquire(channel)
+        except StoreError as exc:
+            log.error("[%s] could not take the channel's lease: %s", channel, exc)
+            return False
+        if token is None:
+            return False
+        if self._last_token.get(channel) != token:
+            self._last_token[channel] = token
+            await self._take_over(channel)
+        return True
+
+    async def _take_over(self, channel: str) -> None:
+        found = await self._store.take_over(
+            channel, here=lambda cwd: os.path.isdir(cwd), skip={t for t, _ in self._fences.items()},
+            notice=HOST_LOST_NOTICE,
+        )
+        if found.state is not None:
+            self._ledger.restore(channel, found.state.generation, rests=found.state.rests, stopped=found.state.stopped)
+        self._ledger.adopt(channel, found.last_stop)  # (what this host accepted meanwhile, after that stop)
+        assert self.fleet is not None
+        away = {h for _, _, h in found.ended if h is not None and h != self.fleet.host}
+        if away:
+            self._unconfirmed[channel] = {h: found.heartbeats.get(h, 0.0) for h in away}
+        self._requeue([row for row in found.queue if row.seq not in self._known], taken_up=True)
+
+    def _requeue(self, rows: Sequence[QueuedRow], *, taken_up: bool = False) -> None:
+        """Queue stored messages in the ledger. ``taken_up``: another host accepted them, under
+        its own view of the generation; they carry the channel's current one here instead (a
+        stop's record deletes every row queued before it, so a row still stored came after)."""
+        for row in rows:
+            self._known.add(row.seq)
+            payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from)
+            generation = self._ledger.generation(row.channel) if taken_up else row.generation
+            self._ledger.requeue(
+                row.channel,
+                QueuedMessage(row.seq, generation, row.author.startswith("human:"), row.nudge, payload,
+                              agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:")),
+            )
+            self._ensure_worker(row.channel, row.agent)
+
+    def _lost(self, channel: str, why: str) -> None:
+        """(Synchronous, from the heartbeat) this host lost the channel's lease: its turns are
+        killed now, in this step; its queue here is forgotten (the store keeps it for the owner)."""
+        self._known.difference_update(m.id for m in self._ledger.queued(channel))  # (queued again if retaken)
+        decision = self._ledger.lose(channel)
+        for lane, turn in list(self._turns.items()):
+            if lane[0] == channel and (channel, turn.turn_id) in decision.turns:
+                turn.stop_reason = "lease lost"
+                turn.scope.cancel()
+                self._registry.interrupt(channel, turn.turn_id, turn.adapter.interrupt_signal)
+        log.warning("[%s] lease lost (%s): killed turns %s", channel, why, [t for _, t in decision.turns])
+
+    def _orphans(self, channels: list[str], queued: list[tuple[str, int]]) -> None:
+        """(From the heartbeat) channels with work under an expired lease of another host, and
+        messages other hosts queued for channels this host holds: take them up."""
+        for channel in channels:
+            if channel not in self._taking and self._placed_elsewhere(channel) is None and not self._closing:
+                self._taking.add(channel)
+                self._nursery.start_soon(self._take_orphan, channel)
+        fresh = [channel for channel, seq in queued if seq not in self._known]
+        for channel in dict.fromkeys(fresh):
+            if channel not in self._taking and not self._closing:
+                self._taking.add(channel)
+                self._nursery.start_soon(self._take_orphan, channel)
+
+    async def _take_orphan(self, channel: str) -> None:
+        try:
+            if await self._own(channel):
+                await self._pick_up(channel)
+                for agent in self._ledger.lanes(channel):  # (restored here before the lease was free)
+                    if self._ledger.queued(channel, agent):
+                        self._ensure_worker(channel, agent)
+        except StoreError as exc:
+            log.error("[%s] could not take the channel up: %s", channel, exc)
+        finally:
+            self._taking.discard(channel)
+
+    async def _pick_up(self, channel: str) -> None:
+        rows = await self._store.load_queue(channel)
+        self._requeue([row for row in rows if row.seq not in self._known], taken_up=True)
 
     async def _prompt(self, channel: str, ticket: TurnTicket, message: _Message) -> str:
         """The message's text, after what the agent missed in the channel since its last turn."""
@@ -578,6 +757,8 @@ class Supervisor:
             return await self.stop_all()
         await self.require_channel(channel)
         started, cpu = trio.current_time(), time.process_time()
+        if self.fleet is not None and not await self._own(channel):
+            return await self._stop_elsewhere(channel, started, cpu)
         decision = self._ledger.stop(channel)  # first act: the generation moves now
         result = (await self._stop(self._record([decision]), started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
@@ -604,6 +785,137 @@ class Supervisor:
             len(results), total.killed, total.swept, total.elapsed_ms,
         )
         return total
+
+    def _silent_hosts(self, channel: str) -> str | None:
+        """(A fleet) why a stop of a channel taken over from a host cannot be called done:
+        that host has not answered since, so its turn's processes may live on."""
+        waiting = self._unconfirmed.get(channel)
+        if waiting is None or self.fleet is None:
+            return None
+        seen = {h["host"]: h["heartbeat"] for h in self.fleet.view}
+        silent = sorted(h for h, then in waiting.items() if seen.get(h, 0.0) <= then)
+        if not silent:
+            del self._unconfirmed[channel]  # each has beaten since: it killed its stale turns first
+            return None
+        last = max(waiting[h] for h in silent)
+        when = time.strftime("%H:%M:%S", time.localtime(last)) if last else "it joined"
+        return (f"host {', '.join(silent)} has not answered since {when}; "
+                "its processes could not be confirmed dead")
+
+    async def _stop_elsewhere(self, channel: str, started: float, cpu: float) -> StopResult:
+        """(A fleet) a stop of a channel another host owns, or that is pinned elsewhere.
+
+        The owner is asked through the fleet's notices and carries out the stop itself (its
+        record, its kill, its notice, last); its result is the answer. If it does not answer
+        within the lease, this host takes the lease by force (a new fencing token: the
+        owner stores nothing more there, and kills its turns the moment it looks), takes
+        the channel over from the store and stops it here: the record is stored, and the
+        answer is ``ok: false`` while the silent host's processes cannot be confirmed dead.
+        A pinned channel's lease is given back afterwards: it runs on its host again."""
+        fleet = self.fleet
+        assert fleet is not None
+        owner = await self._owner(channel)
+        if owner is not None and owner != fleet.host:
+            request = secrets.token_hex(8)
+            answer = self._answers[request] = _Answer()
+            try:
+                await fleet.notify(json.dumps(
+                    {"kind": "stop", "to": owner, "from": fleet.host, "channel": channel, "id": request}
+                ))
+                with trio.move_on_after(fleet.lease):
+                    await answer.heard.wait()  # it acknowledges at once, then tears its turns down
+                grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=0.0)
+                if answer.heard.is_set():
+                    with trio.move_on_after(grace + STOP_SLACK):
+                        await answer.done.wait()
+            except StoreError as exc:
+                log.error("stop %r: could not ask host %s: %s", channel, owner, exc)
+            finally:
+                del self._answers[request]
+            if answer.result is not None:
+                result = _result_from_json(answer.result)
+                result.elapsed_ms = (trio.current_time() - started) * 1000
+                result.cpu_ms = (time.process_time() - cpu) * 1000
+                log.info("stop %r: carried out by host %s in %.1f ms", channel, owner, result.elapsed_ms)
+                return result
+            log.warning("stop %r: host %s did not answer within %g s; taking the channel", channel, owner, fleet.lease)
+        try:
+            self._last_token[channel] = await fleet.force(channel)
+            await self._take_over(channel)
+        except StoreError as exc:
+            result = StopResult(channel, self._ledger.generation(channel), ok=False,
+                                error=f"the stop could not be stored: {exc.__cause__ or exc}; nothing was stopped")
+            result.elapsed_ms = (trio.current_time() - started) * 1000
+            return result
+        decision = self._ledger.stop(channel)
+        result = (await self._stop(self._record([decision]), started))[0]
+        if self._placed_elsewhere(channel) is not None:
+            with trio.CancelScope(shield=True):
+                try:
+                    await fleet.give_back(channel)
+                except StoreError as exc:
+                    log.warning("[%s] could not give the lease back (it runs out on its own): %s", channel, exc)
+        result.cpu_ms = (time.process_time() - cpu) * 1000
+        return result
+
+    async def _acknowledge(self, asker: str, request: str) -> None:
+        assert self.fleet is not None
+        try:
+            await self.fleet.notify(json.dumps({"kind": "stopping", "to": asker, "from": self.fleet.host,
+                                                "id": request}))
+        except StoreError as exc:
+            log.warning("could not acknowledge host %s's stop: %s", asker, exc)
+
+    async def _owner(self, channel: str) -> str | None:
+        """The host whose lease on the channel has not run out, if any."""
+        assert self.fleet is not None
+        try:
+            for host in await self.fleet.hosts():
+                if channel in host["channels"] and not host["channels"][channel]["expired"]:
+                    return str(host["host"])
+        except StoreError as exc:
+            log.warning("[%s] could not read the lease: %s", channel, exc)
+        return None
+
+    def _notice(self, payload: str) -> None:
+        """(From the fleet's listener) a notice for this host: a stop to carry out, or the
+        answer to one this host asked another to carry out."""
+        assert self.fleet is not None
+        try:
+            notice = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(notice, dict) or notice.get("to") != self.fleet.host:
+            return
+        if notice.get("kind") == "stop" and not self._closing:
+            self._nursery.start_soon(self._stop_for, str(notice["channel"]), str(notice["from"]), str(notice["id"]))
+            return
+        answer = self._answers.get(str(notice.get("id")))
+        if answer is None:
+            return
+        answer.heard.set()
+        if notice.get("kind") == "stopped" and isinstance(notice.get("result"), dict):
+            answer.result = notice["result"]
+            answer.done.set()
+
+    async def _stop_for(self, channel: str, asker: str, request: str) -> None:
+        """Carry out a stop another host was asked for, if this host owns the channel (else
+        say nothing: the asker takes the channel when its wait runs out)."""
+        assert self.fleet is not None
+        if not self.fleet.holds(channel):
+            return
+        started, cpu = trio.current_time(), time.process_time()
+        decision = self._ledger.stop(channel)
+        batch = self._record([decision])
+        self._nursery.start_soon(self._acknowledge, asker, request)  # (beside the stop: never before its kill)
+        result = (await self._stop(batch, started))[0]
+        result.cpu_ms = (time.process_time() - cpu) * 1000
+        try:
+            await self.fleet.notify(json.dumps(
+                {"kind": "stopped", "to": asker, "from": self.fleet.host, "id": request, "result": result.to_json()}
+            ))
+        except StoreError as exc:
+            log.error("stop %r for host %s: carried out, but the answer could not be sent: %s", channel, asker, exc)
 
     def _record(self, decisions: list[StopDecision]) -> _StopBatch:
         """Submit the record of every fresh stop as one write, in the step the ledger decided.
@@ -762,6 +1074,10 @@ class Supervisor:
                 if report.survivors:
                     result.ok = False
                     result.error = f"processes {report.survivors} could not be confirmed dead"
+            silent = self._silent_hosts(channel)
+            if silent is not None:
+                result.ok = False
+                result.error = silent
             # The plan's entries and the notice, last; the notice's commit completes the record.
             writes = self._plan_entries(channel, decision.generation, progress.plans)
             text = (
@@ -942,6 +1258,19 @@ class Supervisor:
             "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
             "shutting_down": self._closing,
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
+            "fleet": None if self.fleet is None else {
+                "host": self.fleet.host, "lease": self.fleet.lease, "held": self.fleet.held(),
+                "hosts": self.fleet.view, "pinned": self._pinned_status(),
+            },
+        }
+
+    def _pinned_status(self) -> dict[str, dict[str, Any]]:
+        """Each pinned channel: its host, and whether it waits for that host (not alive)."""
+        assert self.fleet is not None
+        alive = {h["host"]: h["alive"] for h in self.fleet.view}
+        return {
+            name: {"host": table.host, "waiting": not alive.get(table.host, False)}
+            for name, table in sorted(self.config.channels.items()) if table.host is not None
         }
 
     # ------------------------------------------------------------ restart and shutdown
@@ -951,14 +1280,7 @@ class Supervisor:
         for channel, state in (await self._store.load_channel_states()).items():
             self._ledger.restore(channel, state.generation, rests=state.rests, stopped=state.stopped)
         rows = await self._store.load_queue()
-        for row in rows:
-            payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from)
-            self._ledger.requeue(
-                row.channel,
-                QueuedMessage(row.seq, row.generation, row.author.startswith("human:"), row.nudge, payload,
-                              agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:")),
-            )
-            self._ensure_worker(row.channel, row.agent)
+        self._requeue(rows)
         return len(rows)
 
     async def shutdown(self) -> None:
@@ -1002,6 +1324,27 @@ class Supervisor:
             ).committed()
         except StoreError as exc:
             log.error("could not store the shutdown notice in %r: %s", turn.channel, exc)
+
+
+@dataclass(slots=True)
+class _Answer:
+    """Another host's answer to a stop this host asked it to carry out."""
+
+    heard: trio.Event = field(default_factory=trio.Event)
+    """The owner has acknowledged the stop (it is carrying it out)."""
+    done: trio.Event = field(default_factory=trio.Event)
+    result: dict[str, Any] | None = None
+
+
+def _result_from_json(data: Mapping[str, Any]) -> StopResult:
+    """A stop's result as another host sent it (``StopResult.to_json``)."""
+    return StopResult(
+        channel=data.get("channel"), generation=int(data.get("generation", 0)), repeat=bool(data.get("repeat")),
+        stopped_turns=list(data.get("stopped_turns", [])), turns=list(data.get("turns", [])),
+        killed=list(data.get("killed", [])), swept=list(data.get("swept", [])), kill=data.get("kill"),
+        dropped=int(data.get("dropped", 0)), notice_seq=data.get("notice_seq"), ok=bool(data.get("ok")),
+        error=data.get("error"),
+    )
 
 
 @dataclass(slots=True)
@@ -1081,7 +1424,8 @@ async def open_supervisor(
     if subreaper:
         subreaper = set_child_subreaper(True)
     try:
-        async with open_store(config.store_location) as store, trio.open_nursery() as nursery:
+        host = config.cluster.host if config.store_url else None
+        async with open_store(config.store_location, host=host) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children
@@ -1091,11 +1435,16 @@ async def open_supervisor(
             # Orphans of an abrupt end die before anything is re-queued or served.
             await sup.recover()
             await sup.restore()
+            if sup.fleet is not None:
+                await nursery.start(sup.fleet.listen, sup._notice)
+                await nursery.start(sup.fleet.run)
             try:
                 yield sup
             finally:
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
+                    if sup.fleet is not None:
+                        await sup.fleet.release()
                 nursery.cancel_scope.cancel()
                 if sup.cgroups is not None:
                     sup.cgroups.close()

@@ -454,7 +454,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     """
     problems = problems_of(tmp_path, text)
     expected = {
-        "colour": "remove it",
+        "colour": "did you mean 'cluster'?",  # (the nearest known key since [cluster])
         "server.tcp": "127.0.0.1",  # not loopback, and no token: two problems
         "defaults.stop_grace": "write stop_grace = 2",
         "agents.a.adapter": "did you mean 'generic'?",

@@ -129,7 +129,7 @@ async def test_a_second_owner_of_one_database_is_refused_naming_the_holder(postg
     async with open_store(postgres_url) as again:  # released with its connection; the id is stable
         assert again.store_id == store_id
         assert [e.text for e in await again.entries("c")] == ["mine"]
-        assert await again.query("SELECT version FROM schema_migrations ORDER BY version") == [(1,)]
+        assert await again.query("SELECT version FROM schema_migrations ORDER BY version") == [(1,), (2,)]
 
 
 def advisory_locks(url: str) -> int:
@@ -218,11 +218,14 @@ async def test_a_sqlite_store_from_before_the_migrations_table_keeps_its_version
         pass
     db = sqlite3.connect(path)
     db.execute("DROP TABLE schema_migrations")  # as the multi-agent branch left it: user_version 1
+    for undo in ("DROP TABLE hosts", "DROP TABLE leases", "ALTER TABLE turns DROP COLUMN host",
+                 "ALTER TABLE stops DROP COLUMN host"):  # (migration 2, the fleet's, came after)
+        db.execute(undo)
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
-    async with open_store(path) as store:  # migration 1 is not run again (it would fail: columns exist)
-        assert [v for (v,) in await store.query("SELECT version FROM schema_migrations")] == [1]
+    async with open_store(path) as store:  # migration 1 is not run again (it would fail: columns exist); 2 is
+        assert [v for (v,) in await store.query("SELECT version FROM schema_migrations")] == [1, 2]
         assert (await store.append("c", "u", "message", "x")).text == "x"
 
 

@@ -1,0 +1,305 @@
+"""A fleet: several hosts on one PostgreSQL store. The config keys, seqs that never collide,
+leases with fencing tokens (a stale token stores nothing), a host that loses its lease
+killing its turns at once, placement (a pinned channel runs on its host), a stop through a
+host that does not own the channel, and `status` showing every host.
+
+The hosts here are embedded supervisors in one process (each with its own state folder),
+so each race is set up exactly; test_fleet_daemons.py runs real `corral run` daemons.
+Leases are short (1 s) and every wait is a condition under a generous deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from conftest import PYTHON
+from test_stop_contract import AGENT, Gate
+
+from supervisor import ConfigError, parse_config
+from supervisor._config import DEFAULT_LEASE, Config
+from supervisor._fleet import Fleet
+from supervisor._store import SEQ_STRIDE, Fenced, StoreInUse, open_store
+from supervisor._supervisor import Supervisor, open_supervisor
+
+DEADLINE = 30.0
+LEASE = 1.0
+
+
+# ---------------------------------------------------------------- the config keys
+
+
+def agents(folder: Path) -> dict[str, Any]:
+    (folder / "agent.py").write_text(AGENT)
+    return {"bot": {"adapter": "generic", "command": [PYTHON, str(folder / "agent.py")], "stop_grace": 2.0}}
+
+
+def test_cluster_host_defaults_to_the_hostname_and_the_lease_to_ten_seconds(tmp_path: Path) -> None:
+    config = parse_config({"store": {"url": "postgresql:///c"}, "agents": {"d": {"adapter": "demo"}}}, base=tmp_path)
+    assert config.cluster.host == socket.gethostname() and config.cluster.lease == DEFAULT_LEASE == 10.0
+
+
+def test_cluster_keys_and_a_pinned_channel(tmp_path: Path) -> None:
+    config = parse_config({
+        "store": {"url": "postgresql:///c"}, "agents": {"d": {"adapter": "demo"}},
+        "cluster": {"host": "h1", "lease": 2}, "channels": {"p": {"host": "h2"}},
+    }, base=tmp_path)
+    assert (config.cluster.host, config.cluster.lease) == ("h1", 2.0)
+    assert config.channels["p"].host == "h2" and config.channels["p"].pinned_elsewhere("h1")
+    assert config.members("p") == ("d",)  # a table that only pins admits every agent
+
+
+@pytest.mark.parametrize(("data", "key", "fix"), [
+    ({"cluster": {"host": "h 1"}}, "cluster.host", 'host = "h1"'),
+    ({"cluster": {"lease": 0.5}}, "cluster.lease", "lease = 10"),
+    ({"cluster": {"hots": "h1"}}, "cluster.hots", "'host'"),
+])
+def test_bad_cluster_keys_are_config_errors_naming_the_key_and_the_fix(
+    tmp_path: Path, data: dict[str, Any], key: str, fix: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"store": {"url": "postgresql:///c"}, "agents": {"d": {"adapter": "demo"}}, **data},
+                     base=tmp_path)
+    assert key in str(error.value) and fix in str(error.value)
+
+
+def test_a_fleet_without_a_postgresql_store_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"agents": {"d": {"adapter": "demo"}}, "cluster": {"host": "h1"},
+                      "channels": {"p": {"host": "h2"}}}, base=tmp_path)
+    assert "cluster" in str(error.value) and "channels.p.host" in str(error.value)
+    assert "[store] url" in str(error.value)
+
+
+# ---------------------------------------------------------------- seqs and fencing
+
+
+async def test_hosts_of_one_database_take_seqs_that_never_collide(postgres_url: str) -> None:
+    async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
+        assert {one.slot, two.slot} == {0, 1}
+        written = []
+        for i in range(20):
+            written.append((await (one if i % 3 else two).append("c", "u", "message", str(i))).seq)
+        assert len(set(written)) == 20
+        assert {s % SEQ_STRIDE for s in written} == {one.slot, two.slot}
+        with pytest.raises(StoreInUse, match="as fleet host 'h1'"):
+            async with open_store(postgres_url, host="h1"):
+                pass
+    async with open_store(postgres_url, host="h2") as again:  # a host keeps its slot across restarts
+        assert again.slot == 1 and again.next_seq() > max(written)
+
+
+def expire(url: str, channel: str) -> None:
+    """The channel's lease runs out now (as if its host had stopped answering for a lease)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE leases SET expires = 0 WHERE channel = %s", (channel,))
+
+
+def count(url: str, sql: str, params: tuple[Any, ...] = ()) -> int:
+    with psycopg.connect(url) as conn:
+        ((n,),) = conn.execute(sql.replace("?", "%s"), params).fetchall()
+        return int(n)
+
+
+async def test_a_write_with_a_stale_fencing_token_fails_and_stores_nothing(postgres_url: str) -> None:
+    def lost(channel: str, why: str) -> None:
+        raise AssertionError("no heartbeat runs here")
+
+    async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
+        first, second = Fleet(one, "h1", LEASE, on_lost=lost), Fleet(two, "h2", LEASE, on_lost=lost)
+        old = await first.acquire("c")
+        assert old == 1 and await second.acquire("c") is None  # held: another host cannot take it
+        assert await first.acquire("c") == old  # its own host keeps it, and its token
+        kept = await one.append("c", "agent:bot", "message", "under the lease", fence=old)
+        expire(postgres_url, "c")
+        new = await second.acquire("c")
+        assert new == old + 1  # a new owner, a greater token
+        with pytest.raises(Fenced, match=r"host h1 no longer holds channel 'c' \(fencing token 1 is stale"):
+            await one.append("c", "agent:bot", "message", "after the lease moved", fence=old)
+        with pytest.raises(Fenced):
+            await one.begin_turn("t1", "c", "bot", 0, kept.seq, fence=old).committed()
+        with pytest.raises(Fenced):
+            await one.save_todos("c", "bot", [{"content": "x", "status": "pending"}], fence=old).committed()
+        taker = await two.append("c", "agent:bot", "message", "the new owner's", fence=new)
+        assert taker.seq > kept.seq  # the taker's seqs continue past the last owner's
+        assert count(postgres_url, "SELECT count(*) FROM entries WHERE text = 'after the lease moved'") == 0
+        assert count(postgres_url, "SELECT count(*) FROM turns") == 0
+        assert count(postgres_url, "SELECT count(*) FROM todos") == 0
+        # Unfenced writes (a message any host accepts) are not the lease's.
+        assert (await one.append("c", "human:u", "message", "accepted anywhere")).text == "accepted anywhere"
+
+
+async def test_a_fenced_write_in_a_batch_fails_alone(postgres_url: str) -> None:
+    async with open_store(postgres_url, host="h1") as one:
+        fleet = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
+        token = await fleet.acquire("c")
+        assert token is not None
+        stale = one.submit_entry("c", "agent:bot", "message", "stale", fence=token + 5)
+        fine = one.submit_entry("c", "agent:bot", "message", "fine", fence=token)
+        plain = one.submit_entry("d", "human:u", "message", "other channel")
+        assert (await fine.committed()) is not None and (await plain.committed()) is not None
+        with pytest.raises(Fenced):
+            await stale.committed()
+
+
+# ---------------------------------------------------------------- supervisors as hosts
+
+
+def host_config(folder: Path, url: str, host: str, **channels: dict[str, Any]) -> Config:
+    folder.mkdir(exist_ok=True)
+    data: dict[str, Any] = {
+        "server": {"socket": "corral.sock", "cgroup": "off"}, "store": {"url": url},
+        "cluster": {"host": host, "lease": LEASE}, "agents": agents(folder),
+    }
+    if channels:
+        data["channels"] = channels
+    return parse_config(data, file=str(folder / "corral.toml"), base=folder)
+
+
+@asynccontextmanager
+async def host(folder: Path, url: str, name: str, **channels: dict[str, Any]) -> AsyncIterator[Supervisor]:
+    async with open_supervisor(host_config(folder / name, url, name, **channels)) as sup:
+        yield sup
+
+
+def texts(url: str, channel: str = "ch") -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [t for (t,) in conn.execute("SELECT text FROM entries WHERE channel = %s ORDER BY seq",
+                                           (channel,)).fetchall()]
+
+
+async def until(what: str, probe: Any) -> Any:
+    """Wait for a condition, checked on the database or the supervisor, under a deadline."""
+    with trio.fail_after(DEADLINE):
+        while True:
+            found = await trio.to_thread.run_sync(probe)
+            if found:
+                return found
+            await trio.sleep(0.02)  # (polling a condition; not settling)
+
+
+@pytest.fixture
+def gate(short_tmp: Path) -> Any:
+    made = Gate(short_tmp / "gate")
+    yield made
+    made.close()
+
+
+async def test_a_host_that_loses_its_lease_kills_the_channels_turn_at_once_and_stores_nothing_more(
+    short_tmp: Path, postgres_url: str, gate: Gate
+) -> None:
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        assert one.fleet is not None and two.fleet is not None
+        await one.send("ch", f"flush gate={gate}")  # on SIGINT it prints, plans and answers at once
+        await until("h1's turn to be ready", lambda: "ready" in texts(url))
+        turn = one._turns[("ch", "bot")]
+        one.fleet.paused = True  # h1 stops renewing, as a host cut off from the database would
+        lost_at = trio.current_time()
+        with trio.fail_after(LEASE + 2):
+            await turn.done.wait()  # killed when the local deadline passed, not later
+        killed_after = trio.current_time() - lost_at
+        assert killed_after <= LEASE + 1, killed_after
+        assert one.fleet.token("ch") is None and turn.outcome.report.killed
+        before = texts(url)
+        # h2 takes the channel over (the lease ran out) and runs what is sent through it.
+        gate.open()  # (h2's prompt catches up on h1's message, gate included)
+        await two.send("ch", "after the move")
+        await until("h2 to run it", lambda: any(t.startswith("done:") and "after the move" in t for t in texts(url)))
+        assert two.fleet.token("ch") == 2
+        after = texts(url)
+        assert after[: len(before)] == before and not any("flushed" in t for t in after)  # nothing of h1's
+        assert count(url, "SELECT count(*) FROM todos") == 0
+        with psycopg.connect(url) as conn:
+            hosts = dict(conn.execute("SELECT id, host FROM turns").fetchall())
+        assert hosts[turn.turn_id] == "h1" and "h2" in hosts.values()
+
+
+async def test_a_channel_pinned_to_another_host_runs_there(short_tmp: Path, postgres_url: str) -> None:
+    url = postgres_url
+    pinned = {"p": {"host": "h2"}}
+    async with host(short_tmp, url, "h1", **pinned) as one, host(short_tmp, url, "h2", **pinned) as two:
+        assert two.fleet is not None
+        accepted = await one.send("p", "hello")  # accepted by h1, which may not run it
+        await until("h2 to run it", lambda: "done: hello" in texts(url, "p"))
+        assert one.fleet is not None and one.fleet.token("p") is None and two.fleet.token("p") == 1
+        with psycopg.connect(url) as conn:
+            ((ran_on, message),) = conn.execute("SELECT host, message FROM turns WHERE channel = 'p'").fetchall()
+        assert (ran_on, message) == ("h2", accepted.seq)
+
+
+async def test_a_stop_through_another_host_is_carried_out_by_the_owner(
+    short_tmp: Path, postgres_url: str, gate: Gate
+) -> None:
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        await two.send("ch", f"gate={gate}")
+        await until("h2's turn", lambda: "ready" in texts(url))
+        turn = two._turns[("ch", "bot")]
+        await two.send("ch", "dropped by the stop")
+        await one.require_channel("ch")
+        result = await one.stop("ch")  # through h1: h2 records, kills and stores the notice
+        assert result.ok and result.stopped_turns == [turn.turn_id] and result.dropped == 1, result
+        assert turn.done.is_set() and turn.outcome.report.killed
+        notice = "Execution stopped by user. 1 queued message was not run."
+        assert result.notice_seq is not None and texts(url)[-1] == notice
+        with psycopg.connect(url) as conn:
+            ((stopped_by, record),) = conn.execute("SELECT host, result FROM stops").fetchall()
+        assert stopped_by == "h2" and json.loads(record)["notice_seq"] == result.notice_seq
+        assert two.fleet is not None and two.fleet.token("ch") == 1  # nothing moved: the owner stopped it
+
+
+async def test_status_shows_every_host_its_channels_and_its_last_heartbeat(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        await one.send("ch", "hello")
+        await until("the reply", lambda: "done: hello" in texts(url))
+        assert two.fleet is not None
+        renewals = two.fleet.renewals
+        await until("a heartbeat of h2", lambda: two.fleet is not None and two.fleet.renewals > renewals)
+        fleet = two.status()["fleet"]
+        assert fleet["host"] == "h2" and fleet["lease"] == LEASE
+        by_host = {h["host"]: h for h in fleet["hosts"]}
+        assert set(by_host) == {"h1", "h2"} and by_host["h2"]["alive"]
+        assert "ch" in by_host["h1"]["channels"] and by_host["h1"]["age"] >= 0 and by_host["h1"]["heartbeat"] > 0
+        json.dumps(fleet)  # (as the API prints it)
+
+
+def test_the_readmes_fleet_block_is_a_fleet_config(tmp_path: Path) -> None:
+    import re
+    import tomllib
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Running a fleet"):]
+    (block,) = re.findall(r"```toml\n(.*?)```\n", section[: section.index("\n## ", 3)], re.S)
+    data = tomllib.loads(block)
+    data["agents"] = {"claude": {"adapter": "demo"}}  # (the claude CLI need not be installed here)
+    config = parse_config(data, base=tmp_path)
+    assert (config.cluster.host, config.cluster.lease) == ("h1", 10.0)
+    assert config.channels["webapp"].pinned_elsewhere("h1") and config.members("webapp") == ("claude",)
+    assert config.store_url == "postgresql://corral@db.internal/corral"
+
+
+async def test_a_message_accepted_by_a_host_that_then_takes_the_channel_runs_after_an_earlier_stop(
+    short_tmp: Path, postgres_url: str, gate: Gate
+) -> None:
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        await one.send("ch", f"gate={gate}")
+        await until("h1's turn", lambda: "ready" in texts(url))
+        assert (await one.stop("ch")).ok  # generation 1, on h1 and in the store; h2 never saw it
+        assert one.fleet is not None
+        one.fleet.paused = True
+        expire(url, "ch")  # h1 stops answering: its lease is free
+        await two.send("ch", "after the stop")  # stamped by h2 before it took the channel
+        await until("h2 to run it", lambda: any(t.startswith("done:") and "after the stop" in t for t in texts(url)))
+        assert two.fleet is not None and two.fleet.token("ch") == 2
