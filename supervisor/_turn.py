@@ -633,6 +633,10 @@ class Turn:
         reader = self._reader
         if reader is None or reader.eof:
             return
+        for line in reader.read_ready():  # what is there already, and the EOF: no wake-up
+            self._feed(line)
+        if reader.eof:
+            return
         with trio.move_on_after(DRAIN_SECONDS):
             while lines := await reader.read_lines():
                 for line in lines:
