@@ -316,3 +316,36 @@ async def test_batch_that_fails_ends_each_tree_on_its_own(short_tmp: Path, monke
             assert tree.report.swept == [pids[2]]
             assert tree.cgroup is not None and not Path(tree.cgroup.path).exists()
         close_streams([tree for tree, _ in made])
+
+
+@needs_cgroup
+async def test_batch_reads_only_the_cgroups_that_changed_at_each_wake_up(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake-up of the batch reads the ``cgroup.events`` of the trees just killed and of
+    those whose watch fired, not of every tree still waiting (that was O(n²) in a stop-all)."""
+    n = 16
+    reads: list[str] = []
+    real = TurnCgroup.populated
+
+    def counted(self: TurnCgroup) -> bool:
+        reads.append(self.path)
+        return real(self)
+
+    monkeypatch.setattr(TurnCgroup, "populated", counted)
+    async with cgroup_root() as root:
+        made = [await light_tree(root, f"r{i}", LIGHT, short_tmp) for i in range(n)]
+        trees = [tree for tree, _ in made]
+        batch = TreeBatch(root.watcher)  # type: ignore[arg-type]
+        for tree in trees:
+            tree.interrupt(signal.SIGINT)
+            assert batch.add(tree, grace=10.0)
+        with trio.fail_after(SLOW):
+            await batch.run()
+        for tree, pids in made:
+            assert not any(alive(p) for p in pids)
+            assert tree.report.survivors == [] and tree.process.returncode is not None
+        # Once when killed, once when its cgroup says it emptied (at most a spurious one more).
+        assert len(reads) <= 3 * n, len(reads)
+        assert max(reads.count(path) for path in set(reads)) <= 3, sorted(reads)
+        close_streams(trees)
