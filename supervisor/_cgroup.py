@@ -251,7 +251,7 @@ class Changes:
     """What :meth:`Watcher.changes` follows: the watches (``wds``, the waiter adds and
     discards), those that fired since :meth:`take`, and an event set when one fires."""
 
-    __slots__ = ("wds", "fired", "event")
+    __slots__ = ("event", "fired", "wds")
 
     def __init__(self) -> None:
         self.wds: set[int] = set()

@@ -349,3 +349,33 @@ async def test_batch_reads_only_the_cgroups_that_changed_at_each_wake_up(
         assert len(reads) <= 3 * n, len(reads)
         assert max(reads.count(path) for path in set(reads)) <= 3, sorted(reads)
         close_streams(trees)
+
+
+@needs_cgroup
+async def test_a_stop_does_not_read_the_unreaped_leaders_stat_again(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's stat is read once, at the spawn: unreaped, it is the same process, and a
+    session leader keeps its group. A stop reads the others' only; the report is unchanged."""
+    import supervisor._tree as tree_module
+
+    async with cgroup_root() as root:
+        tree, pids = await light_tree(root, "l0", LIGHT, short_tmp)
+        assert tree.leader is not None and tree.leader.pid == pids[0]
+        read: list[int] = []
+        real = tree_module.read_stat
+
+        def counted(pid: int) -> tree_module.ProcStat | None:
+            read.append(pid)
+            return real(pid)
+
+        monkeypatch.setattr(tree_module, "read_stat", counted)
+        tree.interrupt(signal.SIGINT)
+        assert sorted(read) == sorted(pids[1:]), read  # not the leader's
+        with trio.fail_after(SLOW):
+            await tree.terminate(signal.SIGINT, 10.0)
+            await tree.sweep(None)  # type: ignore[arg-type]
+        assert pids[0] not in read
+        assert sorted(tree.report.killed) == sorted(pids[:2]) and tree.report.swept == [pids[2]]
+        assert not any(alive(p) for p in pids) and tree.report.survivors == []
+        close_streams([tree])
