@@ -46,7 +46,7 @@ import os
 import shutil
 import signal
 import struct
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,7 +162,7 @@ class Watcher:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
         self.fd = fd
         self._waiting: dict[int, trio.Event] = {}
-        self._any: list[tuple[frozenset[int], trio.Event]] = []
+        self._many: list[Changes] = []
         """Waits on several files at once (a stop-all's): woken by a change of any of them."""
         self._refs: dict[int, int] = {}
         self._running = False
@@ -188,16 +188,17 @@ class Watcher:
         """An event set at the next change of the watched file."""
         return self._waiting.setdefault(wd, trio.Event())
 
-    def changed_any(self, wds: Collection[int]) -> trio.Event:
-        """An event set at the next change of any of the watched files: one wake-up for a
-        whole batch of cgroups, however many of them change."""
-        event = trio.Event()
-        self._any.append((frozenset(wds), event))
-        return event
+    def changes(self) -> Changes:
+        """Follow changes of a set of watched files (a stop-all's cgroups) until :meth:`forget`:
+        one wake-up for the whole batch, and the watches that fired, so the waiter reads only
+        the files that changed (not every file at every wake-up: that was O(n²) in a stop-all)."""
+        changes = Changes()
+        self._many.append(changes)
+        return changes
 
-    def forget(self, event: trio.Event) -> None:
-        """Drop a wait of :meth:`changed_any` that is over (whether or not it was woken)."""
-        self._any = [(wds, e) for wds, e in self._any if e is not event]
+    def forget(self, changes: Changes) -> None:
+        """Stop following ``changes`` (from :meth:`changes`)."""
+        self._many = [c for c in self._many if c is not changes]
 
     @property
     def running(self) -> bool:
@@ -223,14 +224,11 @@ class Watcher:
                     event = self._waiting.pop(wd, None)
                     if event is not None:
                         event.set()
-                if self._any:
-                    waiting = []
-                    for wds, event in self._any:
-                        if wds.isdisjoint(seen):
-                            waiting.append((wds, event))
-                        else:
-                            event.set()
-                    self._any = waiting
+                for changes in self._many:
+                    fired = changes.wds.intersection(seen)
+                    if fired:
+                        changes.fired |= fired
+                        changes.event.set()
         finally:
             self._running = False
             self.close()
@@ -247,6 +245,26 @@ class Watcher:
 
 
 _EVENT = struct.Struct("iIII")
+
+
+class Changes:
+    """What :meth:`Watcher.changes` follows: the watches (``wds``, the waiter adds and
+    discards), those that fired since :meth:`take`, and an event set when one fires."""
+
+    __slots__ = ("event", "fired", "wds")
+
+    def __init__(self) -> None:
+        self.wds: set[int] = set()
+        self.fired: set[int] = set()
+        self.event = trio.Event()
+
+    def take(self) -> set[int]:
+        """The watches that fired since the last take; the event is renewed first, so a
+        change from now on (after the caller's reads) wakes the next wait."""
+        if self.event.is_set():
+            self.event = trio.Event()
+        fired, self.fired = self.fired, set()
+        return fired
 
 
 async def wait_empty(path: Path | str, deadline: float, watcher: Watcher | None = None) -> bool:

@@ -7,6 +7,7 @@ CLI that prints a megabyte without a newline cannot exhaust the daemon's memory.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import trio
@@ -95,3 +96,27 @@ class LineReader:
             if lines:
                 return lines
         return []
+
+    def read_ready(self, max_reads: int = 16) -> list[Line]:
+        """Every line already in the pipe, without waiting (no checkpoint): read until it is
+        empty, at EOF (then :attr:`eof` is set), or after ``max_reads`` chunks (a writer still
+        alive may refill it forever). Only for a stream over a file descriptor, else nothing.
+
+        A stopped turn's teardown drains its stdout once everything that could write is
+        dead: this reads what is left, and the EOF, without a wake-up of the turn's task.
+        """
+        stream = self._stream
+        if self.eof or not isinstance(stream, trio.lowlevel.FdStream):
+            return []
+        lines: list[Line] = []
+        for _ in range(max_reads):
+            try:
+                data = os.read(stream.fileno(), self._chunk)  # the fd is non-blocking (FdStream)
+            except BlockingIOError:
+                break
+            if not data:
+                self.eof = True
+                lines += self._splitter.flush()
+                break
+            lines += self._splitter.feed(data)
+        return lines

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ._cgroup import Watcher
+from ._cgroup import Changes, Watcher
 from ._tree import ProcessTree
 
 log = logging.getLogger("corral.teardown")
@@ -76,12 +76,16 @@ class TreeBatch:
         self.done = trio.Event()
         """Set once every tree of the batch is ended (or given up on: see its report)."""
         self._members: list[_Member] = []
-        self._killed: list[_Member] = []
-        """Killed, not yet empty."""
+        self._killed: dict[int, _Member] = {}
+        """Killed, not yet empty, by ``id``; in the order killed, so by deadline too."""
+        self._watched: dict[int, _Member] = {}
+        """Killed, not yet empty, by the watch on its ``cgroup.events``."""
+        self._due: list[_Member] = []
+        """To read at the next pass: killed since the last one, or not watched."""
         self._graced = False
         """Every tree is killed (the grace is over for all)."""
-        self._wake: trio.Event | None = None
-        """What the collecting loop waits on: a change of a cgroup, or more trees killed."""
+        self._changes: Changes | None = None
+        """What the collecting loop waits on: a change of a cgroup (which), or more trees killed."""
 
     def add(self, tree: ProcessTree, grace: float) -> bool:
         """Take over ending ``tree`` (already interrupted); False if it ends on its own."""
@@ -100,6 +104,7 @@ class TreeBatch:
         Should the batch itself fail (no epoll set, say, when out of file descriptors), each
         tree it has not finished is ended on its own, as a single stop ends it.
         """
+        self._changes = self.watcher.changes()
         try:
             try:
                 async with trio.open_nursery() as nursery:
@@ -107,15 +112,17 @@ class TreeBatch:
                     await self._collect()
             except Exception:
                 log.exception("the batched teardown failed: each of its trees is ended on its own")
-                for member in self._killed:
+                for member in self._killed.values():
                     if member.watch is not None:
                         self.watcher.remove(member.watch)
                 self._killed.clear()
+                self._watched.clear()
                 async with trio.open_nursery() as nursery:
                     for member in self._members:
                         if not member.done.is_set():
                             nursery.start_soon(self._alone, member)
         finally:
+            self.watcher.forget(self._changes)
             for member in self._members:
                 member.done.set()
             self.done.set()
@@ -182,43 +189,64 @@ class TreeBatch:
             member.watch = self.watcher.add(os.path.join(cgroup.path, "cgroup.events"))
         except OSError:
             pass  # gone already (then it is empty), or no watch: its deadline bounds it
-        self._killed.append(member)
+        else:
+            assert self._changes is not None
+            self._changes.wds.add(member.watch)
+            self._watched[member.watch] = member
+        self._killed[id(member)] = member
+        self._due.append(member)
 
     def _poke(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        if self._changes is not None:
+            self._changes.event.set()
 
     async def _collect(self) -> None:
         """Release each killed tree as soon as its cgroup says ``populated 0`` (or its deadline
-        passes): reap, remove, report, and wake its turn."""
-        watcher = self.watcher
+        passes): reap, remove, report, and wake its turn.
+
+        Each pass reads only the ``cgroup.events`` that may have changed: of the trees killed
+        since the last pass, of those whose watch fired, of those without a watch, and of
+        those whose deadline is up — not every killed tree's at every wake-up.
+        """
+        changes = self._changes
+        assert changes is not None
+        killed = self._killed
         stragglers: list[_Member] = []
         while True:
-            # Registered before the reads below: a change after a read wakes us.
-            wake = self._wake = watcher.changed_any([m.watch for m in self._killed if m.watch is not None])
-            try:
-                now = trio.current_time()
-                for member in list(self._killed):
-                    assert member.tree.cgroup is not None
-                    if not member.tree.cgroup.populated():
-                        member.emptied = True
-                    elif member.deadline > now:
-                        continue
-                    self._killed.remove(member)
-                    if member.watch is not None:
-                        watcher.remove(member.watch)
-                    member.tree.reap_escapees()
-                    if member.tree.process.returncode is None:  # a leader killed before it entered its cgroup
-                        stragglers.append(member)
-                    else:
-                        self._close(member)
-                if self._graced and not self._killed:
+            # Taken before the reads below: a change after a read wakes the next wait.
+            fired = changes.take()
+            now = trio.current_time()
+            due, self._due = self._due, []
+            due.extend(self._watched[wd] for wd in fired if wd in self._watched)
+            for member in killed.values():  # in the order killed: by deadline
+                if member.deadline > now:
                     break
-                with trio.move_on_at(min((m.deadline for m in self._killed), default=math.inf)):
-                    await wake.wait()
-            finally:
-                self._wake = None
-                watcher.forget(wake)
+                due.append(member)
+            for member in due:
+                if id(member) not in killed:
+                    continue  # released already (listed twice)
+                assert member.tree.cgroup is not None
+                if not member.tree.cgroup.populated():
+                    member.emptied = True
+                elif member.deadline > now:
+                    if member.watch is None:
+                        self._due.append(member)  # no watch: read again at the next wake-up
+                    continue
+                del killed[id(member)]
+                if member.watch is not None:
+                    del self._watched[member.watch]
+                    changes.wds.discard(member.watch)
+                    self.watcher.remove(member.watch)
+                member.tree.reap_escapees()
+                if member.tree.process.returncode is None:  # a leader killed before it entered its cgroup
+                    stragglers.append(member)
+                else:
+                    self._close(member)
+            if self._graced and not killed:
+                break
+            first = next(iter(killed.values()), None)
+            with trio.move_on_at(first.deadline if first is not None else math.inf):
+                await changes.event.wait()
         for member in stragglers:
             with trio.move_on_at(member.deadline):
                 await member.tree.process.wait()

@@ -64,7 +64,6 @@ from ._tree import (
     KillReport,
     MarkerScanner,
     ProcessTree,
-    ident,
     scrubbed_environment,
     wait_exited,
 )
@@ -490,7 +489,7 @@ class Turn:
         # landed during the spawn is seen here and the process dies at once.
         self.tree = ProcessTree(process, self.turn_id, cgroup)
         ports.registry.register(self.channel, self.turn_id, self.tree)
-        leader = ident(process.pid)
+        leader = self.tree.leader
         ports.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)
         log.info("[%s %s] started %s (pid %d)", self.channel, self.turn_id, self.agent.name, process.pid)
         if launch.stdin is not None:
@@ -632,6 +631,10 @@ class Turn:
     async def _drain_leftovers(self, tree: ProcessTree) -> None:
         reader = self._reader
         if reader is None or reader.eof:
+            return
+        for line in reader.read_ready():  # what is there already, and the EOF: no wake-up
+            self._feed(line)
+        if reader.eof:
             return
         with trio.move_on_after(DRAIN_SECONDS):
             while lines := await reader.read_lines():

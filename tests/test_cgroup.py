@@ -19,11 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 import trio
+import trio.testing
 from conftest import PYTHON, DaemonProcess, cgroup_missing, make_config
 from test_durable import entries, rows, until
 
 from supervisor import ConfigError, parse_config
-from supervisor._cgroup import ENTER_SCRIPT, CgroupRoot, cgroup2_mount, open_root, own_cgroup
+from supervisor._cgroup import ENTER_SCRIPT, CgroupRoot, Watcher, cgroup2_mount, open_root, own_cgroup
 from supervisor._store import Entry
 from supervisor._supervisor import Supervisor, open_supervisor
 from supervisor._tree import TURN_MARKER, ProcessTree, spawn
@@ -445,3 +446,36 @@ async def test_cgroup_kill_right_after_the_spawn_ends_a_leader_not_yet_in_its_cg
         assert cgroup.remove()
     finally:
         root.close()
+
+
+async def test_watcher_changes_says_which_watched_files_changed(tmp_path: Path) -> None:
+    """A stop-all's batch follows many ``cgroup.events`` at once and is told which changed,
+    so it reads only those (inotify ``IN_MODIFY`` works on any file: plain ones here)."""
+    files = [tmp_path / f"f{i}" for i in range(3)]
+    for f in files:
+        f.write_text("populated 1\n")
+    watcher = Watcher()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.run)
+        changes = watcher.changes()
+        wds = [watcher.add(str(f)) for f in files]
+        changes.wds.update(wds[:2])  # the third is watched, but not followed by this batch
+        files[2].write_text("populated 0\n")
+        files[1].write_text("populated 0\n")
+        with trio.fail_after(10):
+            await changes.event.wait()
+        await trio.testing.wait_all_tasks_blocked()  # every event of those writes read
+        assert changes.take() == {wds[1]}
+        assert not changes.event.is_set()  # renewed by take: the next change wakes the next wait
+        files[0].write_text("populated 0\n")
+        with trio.fail_after(10):
+            await changes.event.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert changes.take() == {wds[0]}
+        watcher.forget(changes)
+        files[0].write_text("populated 1\n")
+        await trio.testing.wait_all_tasks_blocked()
+        assert changes.fired == set() and not changes.event.is_set()
+        for wd in wds:
+            watcher.remove(wd)
+        nursery.cancel_scope.cancel()

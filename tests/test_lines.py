@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import trio
 import trio.testing
 
@@ -144,3 +146,42 @@ async def test_reader_at_eof_with_nothing_pending_returns_empty() -> None:
     assert await reader.read_lines() == [Line(b"x")]
     assert await reader.read_lines() == []
     assert reader.eof
+
+
+async def test_read_ready_takes_what_the_pipe_holds_and_its_eof_without_a_checkpoint() -> None:
+    """A stopped turn drains its stdout once every writer is dead: no wake-up for that."""
+    r, w = os.pipe()
+    os.write(w, b"one\ntwo\npartial")
+    stream = trio.lowlevel.FdStream(r)
+    reader = LineReader(stream)
+    with trio.testing.assert_no_checkpoints():
+        assert datas(reader.read_ready()) == [b"one", b"two"]  # a writer is alive: no EOF yet
+    assert not reader.eof
+    os.write(w, b" line\n")
+    os.close(w)
+    with trio.testing.assert_no_checkpoints():
+        assert datas(reader.read_ready()) == [b"partial line"]
+    assert reader.eof
+    assert await reader.read_lines() == []
+    await stream.aclose()
+
+
+async def test_read_ready_stops_after_its_bound_while_a_writer_keeps_the_pipe_full() -> None:
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    stream = trio.lowlevel.FdStream(r)
+    reader = LineReader(stream, chunk=4)
+    os.write(w, b"a\n" * 8)
+    assert datas(reader.read_ready(max_reads=2)) == [b"a"] * 4  # two chunks of 4 bytes, then it returns
+    assert not reader.eof
+    assert datas(await reader.read_lines()) == [b"a"] * 2
+    os.close(w)
+    await stream.aclose()
+
+
+async def test_read_ready_of_a_stream_without_a_file_descriptor_reads_nothing() -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    await send.send_all(b"x\n")
+    reader = LineReader(receive)
+    assert reader.read_ready() == []
+    assert datas(await reader.read_lines()) == [b"x"]

@@ -316,3 +316,66 @@ async def test_batch_that_fails_ends_each_tree_on_its_own(short_tmp: Path, monke
             assert tree.report.swept == [pids[2]]
             assert tree.cgroup is not None and not Path(tree.cgroup.path).exists()
         close_streams([tree for tree, _ in made])
+
+
+@needs_cgroup
+async def test_batch_reads_only_the_cgroups_that_changed_at_each_wake_up(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake-up of the batch reads the ``cgroup.events`` of the trees just killed and of
+    those whose watch fired, not of every tree still waiting (that was O(n²) in a stop-all)."""
+    n = 16
+    reads: list[str] = []
+    real = TurnCgroup.populated
+
+    def counted(self: TurnCgroup) -> bool:
+        reads.append(self.path)
+        return real(self)
+
+    monkeypatch.setattr(TurnCgroup, "populated", counted)
+    async with cgroup_root() as root:
+        made = [await light_tree(root, f"r{i}", LIGHT, short_tmp) for i in range(n)]
+        trees = [tree for tree, _ in made]
+        batch = TreeBatch(root.watcher)  # type: ignore[arg-type]
+        for tree in trees:
+            tree.interrupt(signal.SIGINT)
+            assert batch.add(tree, grace=10.0)
+        with trio.fail_after(SLOW):
+            await batch.run()
+        for tree, pids in made:
+            assert not any(alive(p) for p in pids)
+            assert tree.report.survivors == [] and tree.process.returncode is not None
+        # Once when killed, once when its cgroup says it emptied (at most a spurious one more).
+        assert len(reads) <= 3 * n, len(reads)
+        assert max(reads.count(path) for path in set(reads)) <= 3, sorted(reads)
+        close_streams(trees)
+
+
+@needs_cgroup
+async def test_a_stop_does_not_read_the_unreaped_leaders_stat_again(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's stat is read once, at the spawn: unreaped, it is the same process, and a
+    session leader keeps its group. A stop reads the others' only; the report is unchanged."""
+    import supervisor._tree as tree_module
+
+    async with cgroup_root() as root:
+        tree, pids = await light_tree(root, "l0", LIGHT, short_tmp)
+        assert tree.leader is not None and tree.leader.pid == pids[0]
+        read: list[int] = []
+        real = tree_module.read_stat
+
+        def counted(pid: int) -> tree_module.ProcStat | None:
+            read.append(pid)
+            return real(pid)
+
+        monkeypatch.setattr(tree_module, "read_stat", counted)
+        tree.interrupt(signal.SIGINT)
+        assert sorted(read) == sorted(pids[1:]), read  # not the leader's
+        with trio.fail_after(SLOW):
+            await tree.terminate(signal.SIGINT, 10.0)
+            await tree.sweep(None)  # type: ignore[arg-type]
+        assert pids[0] not in read
+        assert sorted(tree.report.killed) == sorted(pids[:2]) and tree.report.swept == [pids[2]]
+        assert not any(alive(p) for p in pids) and tree.report.survivors == []
+        close_streams([tree])
