@@ -86,6 +86,9 @@ from ._text import repair
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
 
+#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts (see :mod:`._fleet`).
+FLEET_NOTICES = "corral_fleet"
+
 KINDS = ("message", "status", "tool", "todos", "notice", "error")
 
 _SCHEMA = """
@@ -822,6 +825,9 @@ class Store:
             (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge), row.hops,
              row.routed_from),
         )
+        if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
+            db.execute("SELECT pg_notify(?, ?)", (FLEET_NOTICES, json.dumps(
+                {"kind": "queued", "channel": row.channel, "from": self.host})))
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""

@@ -591,6 +591,17 @@ class Supervisor:
                 self._taking.add(channel)
                 self._nursery.start_soon(self._take_orphan, channel)
 
+    def _queued_elsewhere(self, channel: str) -> None:
+        """(From the fleet's listener) another host queued a message for the channel: take it
+        up now if this host runs the channel (holds its lease, or it is pinned here), not at
+        the next heartbeat. The notice comes at the queue row's commit, so the row is there."""
+        assert self.fleet is not None
+        table = self.config.channels.get(channel)
+        pinned_here = table is not None and table.host == self.fleet.host
+        if (self.fleet.holds(channel) or pinned_here) and channel not in self._taking and not self._closing:
+            self._taking.add(channel)
+            self._nursery.start_soon(self._take_orphan, channel)
+
     async def _take_orphan(self, channel: str) -> None:
         try:
             if await self._own(channel):
@@ -885,7 +896,12 @@ class Supervisor:
             notice = json.loads(payload)
         except ValueError:
             return
-        if not isinstance(notice, dict) or notice.get("to") != self.fleet.host:
+        if not isinstance(notice, dict):
+            return
+        if notice.get("kind") == "queued" and notice.get("from") != self.fleet.host:
+            self._queued_elsewhere(str(notice.get("channel")))
+            return
+        if notice.get("to") != self.fleet.host:
             return
         if notice.get("kind") == "stop" and not self._closing:
             self._nursery.start_soon(self._stop_for, str(notice["channel"]), str(notice["from"]), str(notice["id"]))

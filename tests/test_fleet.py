@@ -152,11 +152,11 @@ async def test_a_fenced_write_in_a_batch_fails_alone(postgres_url: str) -> None:
 # ---------------------------------------------------------------- supervisors as hosts
 
 
-def host_config(folder: Path, url: str, host: str, **channels: dict[str, Any]) -> Config:
+def host_config(folder: Path, url: str, host: str, lease: float = LEASE, **channels: dict[str, Any]) -> Config:
     folder.mkdir(exist_ok=True)
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": "off"}, "store": {"url": url},
-        "cluster": {"host": host, "lease": LEASE}, "agents": agents(folder),
+        "cluster": {"host": host, "lease": lease}, "agents": agents(folder),
     }
     if channels:
         data["channels"] = channels
@@ -303,3 +303,26 @@ async def test_a_message_accepted_by_a_host_that_then_takes_the_channel_runs_aft
         await two.send("ch", "after the stop")  # stamped by h2 before it took the channel
         await until("h2 to run it", lambda: any(t.startswith("done:") and "after the stop" in t for t in texts(url)))
         assert two.fleet is not None and two.fleet.token("ch") == 2
+
+
+async def test_a_message_sent_through_another_host_wakes_the_owner_at_once_not_at_its_next_heartbeat(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    url = postgres_url
+    slow = 60.0  # a heartbeat every 20 s: a message taken up within 10 s was not taken up by one
+    channels: dict[str, dict[str, Any]] = {"p": {"host": "h2"}}
+    configs = [host_config(short_tmp / n, url, n, slow, **channels) for n in ("h1", "h2")]
+    async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
+        fleets = [one.fleet, two.fleet]
+        assert fleets[0] is not None and fleets[1] is not None
+        await until("both first heartbeats", lambda: all(f is not None and f.renewals for f in fleets))
+        beats = fleets[1].renewals
+        for n, (via, channel) in enumerate([(one, "p"), (two, "ch"), (one, "ch")]):
+            # a pinned channel h2 holds no lease for yet; one h2 holds (sent through h1 next)
+            with trio.fail_after(slow / 6):
+                await via.send(channel, f"m{n}")
+                await until(f"m{n} to run", lambda n=n, c=channel: f"done: m{n}" in texts(url, c))
+        assert fleets[1].renewals == beats  # (no heartbeat took them up)
+        with psycopg.connect(url) as conn:
+            ran = conn.execute("SELECT channel, host FROM turns ORDER BY began").fetchall()
+        assert ran == [("p", "h2"), ("ch", "h2"), ("ch", "h2")]
