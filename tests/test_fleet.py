@@ -326,3 +326,82 @@ async def test_a_message_sent_through_another_host_wakes_the_owner_at_once_not_a
         with psycopg.connect(url) as conn:
             ran = conn.execute("SELECT channel, host FROM turns ORDER BY began").fetchall()
         assert ran == [("p", "h2"), ("ch", "h2"), ("ch", "h2")]
+
+
+async def test_follow_through_any_host_streams_every_hosts_entries_live_and_misses_none(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        seen: dict[str, list[Any]] = {"h1": [], "h2": []}
+
+        async def follow(sup: Supervisor, name: str, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            stream = sup.follow("ch")
+            task_status.started()
+            async for entry in stream:
+                seen[name].append(entry)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow, one, "h1")
+            await nursery.start(follow, two, "h2")
+            await two.send("ch", "first")  # h2 takes the channel and runs it: h1's follower sees it live
+            await two.send("ch", "second")
+            await until("h1's follower to show h2's answers", lambda: sum(
+                e.text.startswith("done:") for e in seen["h1"]) == 2)
+            await one.send("ch", "third")  # accepted by h1 (its entry), run by h2 (its entries)
+            for name in seen:
+                await until(f"{name}'s follower to show the third answer", lambda n=name: any(
+                    e.text == "done: third" for e in seen[n]))
+            nursery.cancel_scope.cancel()
+        stored = texts(url)
+        for name, entries in seen.items():
+            assert sorted(e.text for e in entries) == sorted(stored), name  # every row, once
+            assert all(e.text in stored for e in entries)
+        writers = {e.seq % SEQ_STRIDE for e in seen["h1"]}
+        assert len(writers) == 2  # (both hosts wrote the channel's entries)
+        # A follower that resumes after a seq it was shown gets exactly the rest.
+        middle = seen["h1"][len(seen["h1"]) // 2]
+        async with trio.open_nursery() as nursery:
+            resumed: list[Any] = []
+
+            async def rest() -> None:
+                async for entry in one.follow("ch", after=middle.seq):
+                    resumed.append(entry)
+
+            nursery.start_soon(rest)
+            expected = [e for e in seen["h1"] if e.seq > middle.seq]
+            await until("the rest", lambda: len(resumed) >= len(expected))
+            nursery.cancel_scope.cancel()
+        assert sorted(e.seq for e in resumed) == sorted(e.seq for e in expected)
+
+
+async def test_a_follower_shows_another_hosts_row_committed_after_a_greater_seq_of_its_own(
+    postgres_url: str
+) -> None:
+    async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
+        shown: list[int] = []
+        got = trio.Event()
+
+        async def follow(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            stream = one.follow("c")
+            task_status.started()
+            async for entry in stream:
+                shown.append(entry.seq)
+                got.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow)
+            early = await two.append("c", "human:u", "message", "through h2")  # its notice not yet taken up
+            one.seq_floor(early.seq)
+            late = await one.append("c", "agent:bot", "message", "h1's, a greater seq, shown first")
+            with trio.fail_after(DEADLINE):
+                while late.seq not in shown:
+                    got = trio.Event()
+                    await got.wait()
+            await one.show_committed("c", two.slot, early.seq, early.seq)  # h2's notice, late
+            with trio.fail_after(DEADLINE):
+                while early.seq not in shown:
+                    got = trio.Event()
+                    await got.wait()
+            nursery.cancel_scope.cancel()
+        assert shown == [late.seq, early.seq] and late.seq > early.seq
