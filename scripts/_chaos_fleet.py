@@ -174,8 +174,8 @@ def stop_trial(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], dic
     via_send, via_stop, via_after = (rng.choice(HOSTS) for _ in range(3))
     moment = rng.choice(("at-once", "delay", "ready"))
     queued = rng.random() < 0.4
-    drawn = {"channel": channel, "pinned": fleet.pinned.get(channel), "send": via_send, "stop": via_stop,
-             "moment": moment, "queued": queued}
+    drawn: dict[str, Any] = {"channel": channel, "pinned": fleet.pinned.get(channel), "send": via_send,
+                             "stop": via_stop, "moment": moment, "queued": queued}
     names = [f"{channel}a"]
     with fleet.client(via_send) as c:
         c.send(channel, f"wait {names[0]}")
@@ -214,7 +214,7 @@ def fault_trial(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], di
     fault = rng.choice(("sigstop", "sigkill"))
     owner = fleet.pinned.get(channel) or rng.choice(HOSTS)
     via_stop = rng.choice([h for h in HOSTS if h != owner])
-    drawn = {"channel": channel, "fault": fault, "owner": owner, "stop": via_stop}
+    drawn: dict[str, Any] = {"channel": channel, "fault": fault, "owner": owner, "stop": via_stop}
     name = f"{channel}a"
     with fleet.client(owner) as c:
         c.send(channel, f"wait {name}")
