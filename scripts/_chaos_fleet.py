@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -289,6 +290,8 @@ def run(trials: int, seed: int, lease: float, *, faults: bool) -> dict[str, Any]
         if fleet is not None:
             fleet.close()
         server.close()
+    if not failures:
+        shutil.rmtree(root, ignore_errors=True)  # (kept when a trial failed: the daemons' logs are there)
     return {
         "mode": "fleet-faults" if faults else "fleet-stops", "trials": trials, "seed": seed, "lease_s": lease,
         "hosts": len(HOSTS), "violations": sum(by_kind.values()), "by_kind": dict(by_kind),

@@ -31,7 +31,9 @@ Theory of operation
   channel is one: the owner acknowledges at once, carries the stop out and answers with
   its result. A notice can be lost (a connection replaced): every waiter has a deadline,
   and a stop whose owner stays silent for the lease takes the lease by force
-  (:meth:`Fleet.force`).
+  (:meth:`Fleet.force`). Two more kinds go to every host: ``queued`` (a message row,
+  below) and ``entries`` (the range of seqs a host's commit stored in a channel, which
+  every other host reads back for its followers: see the store's theory of operation).
 * **The shared queue.** A message accepted by a host that does not own its channel stays
   in the store's queue; the transaction that inserts the row also sends a ``queued`` notice
   (delivered at its commit, so the row is there when it arrives). The owner — the host
