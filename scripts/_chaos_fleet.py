@@ -31,6 +31,7 @@ import random
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -225,8 +226,21 @@ def fault_trial(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], di
     os.kill(daemon.pid, signal.SIGSTOP if fault == "sigstop" else signal.SIGKILL)
     bad = []
     began = time.monotonic()
-    with fleet.client(via_stop) as c:
-        result = c.stop(channel)
+    answer: dict[str, Any] = {}
+
+    def stop() -> None:
+        with fleet.client(via_stop) as c:
+            answer.update(c.stop(channel))
+
+    caller = threading.Thread(target=stop, daemon=True)
+    caller.start()
+    caller.join(fleet.lease + 10)
+    if caller.is_alive():  # (a stop that waits on the silent host: resume it, so the run goes on)
+        bad.append("stop-hung")
+        if fault == "sigstop":
+            os.kill(daemon.pid, signal.SIGCONT)
+        caller.join(120)
+    result = answer
     took = time.monotonic() - began
     drawn["stop_s"] = round(took, 2)
     if result.get("ok") or owner not in str(result.get("error")):
