@@ -672,7 +672,10 @@ class Supervisor:
                     await message.begun.committed()
                 except StoreError as exc:
                     # Not recorded, not started: a turn nobody could find after a crash
-                    # must not run. The message stays queued in the store.
+                    # must not run. The message stays queued in the store, and no longer
+                    # counts as held here: a fleet's next pick-up (a lease retaken after a
+                    # stale token, a heartbeat) queues it again instead of skipping it.
+                    self._known.discard(ticket.message.id)
                     turn.done.set()
                     self._ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
                     log.error("[%s %s] the turn could not be recorded, so it did not start: %s", channel, turn_id, exc)

@@ -405,3 +405,24 @@ async def test_a_follower_shows_another_hosts_row_committed_after_a_greater_seq_
                     await got.wait()
             nursery.cancel_scope.cancel()
         assert shown == [late.seq, early.seq] and late.seq > early.seq
+
+
+async def test_a_message_whose_turn_a_stale_token_kept_from_starting_runs_once_the_lease_is_retaken(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    # (Found by chaos_stop --fleet: a stop through another host took a pinned channel's lease by
+    # force while its host began the next message under its old token; that message never ran.)
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one:
+        assert one.fleet is not None
+        await one.send("ch", "first")
+        await until("h1 to run it", lambda: "done: first" in texts(url))
+        with psycopg.connect(url, autocommit=True) as conn:  # a third host takes it by force, for a stop
+            conn.execute("UPDATE leases SET owner = 'h3', token = token + 1,"
+                         " expires = extract(epoch from clock_timestamp()) + 60 WHERE channel = 'ch'")
+        await one.send("ch", "second")  # h1 has not noticed: begun under the stale token, fenced, not started
+        await until("h1 to notice", lambda: one.fleet is not None and one.fleet.token("ch") is None)
+        expire(url, "ch")  # h3 gives it back (a pinned channel's lease after such a stop)
+        with trio.fail_after(10 * LEASE):
+            await until("h1 to take the channel back and run it", lambda: "done: second" in texts(url))
+        assert count(url, "SELECT count(*) FROM queue") == 0
