@@ -170,11 +170,16 @@ def check_stop(fleet: Fleet, channel: str, result: dict[str, Any], names: list[s
     return bad
 
 
-def stop_trial(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], dict[str, Any]]:
+MOMENTS = ("at-once", "delay", "ready")
+
+
+def stop_trial(
+    fleet: Fleet, rng: random.Random, i: int, moments: tuple[str, ...] = MOMENTS
+) -> tuple[list[str], dict[str, Any]]:
     """One stop trial; the violations' kinds and what was drawn."""
     channel = f"t{i}"
     via_send, via_stop, via_after = (rng.choice(HOSTS) for _ in range(3))
-    moment = rng.choice(("at-once", "delay", "ready"))
+    moment = rng.choice(moments)
     queued = rng.random() < 0.4
     drawn: dict[str, Any] = {"channel": channel, "pinned": fleet.pinned.get(channel), "send": via_send,
                              "stop": via_stop, "moment": moment, "queued": queued}
@@ -275,7 +280,7 @@ def fault_trial(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], di
     return sorted(set(bad)), drawn
 
 
-def run(trials: int, seed: int, lease: float, *, faults: bool) -> dict[str, Any]:
+def run(trials: int, seed: int, lease: float, *, faults: bool, moments: tuple[str, ...] = MOMENTS) -> dict[str, Any]:
     """Run the trials on a throwaway server; the summary."""
     from tests._postgres import PostgresServer, missing
 
@@ -294,7 +299,7 @@ def run(trials: int, seed: int, lease: float, *, faults: bool) -> dict[str, Any]
     try:
         fleet = Fleet(server.new_database(), root, lease, pinned)
         for i in range(trials):
-            bad, drawn = (fault_trial if faults else stop_trial)(fleet, rng, i)
+            bad, drawn = fault_trial(fleet, rng, i) if faults else stop_trial(fleet, rng, i, moments)
             by_kind.update(bad)
             shape.update(k for k in ("cross_host", "stopped_turn", "queued") if drawn.get(k))
             shape.update(str(drawn[k]) for k in ("fault", "moment") if k in drawn)
