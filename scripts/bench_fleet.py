@@ -5,7 +5,7 @@ Run it as ``.venv/bin/python -m scripts.bench_fleet`` from the repository. It me
 
 * **messages accepted and started per second**: ``--messages`` sends through ha to 30
   channels pinned round-robin to the three hosts (two thirds of them run elsewhere: the
-  owner finds them at its next heartbeat), each awaited; then the time until every one of
+  owner is notified when each is queued), each awaited; then the time until every one of
   them has begun a turn on its host;
 * **stop latency**: a stop of a channel with a running turn on ha, sent through ha (local)
   and through hb (cross-host: hb asks ha through LISTEN/NOTIFY, ha stops it and answers),

@@ -945,6 +945,13 @@ def main() -> int:
         help="comma-separated trial kinds to draw from: single (one agent per channel), multi (the ring agents "
         "handing work on); default both. --moments applies to single trials",
     )
+    parser.add_argument(
+        "--fleet", action="store_true",
+        help="stop trials on a fleet: three daemons on one throwaway PostgreSQL (see scripts/_chaos_fleet.py)",
+    )
+    parser.add_argument("--lease", type=float, default=1.0, help="with --fleet: [cluster] lease, seconds (default 1)")
+    parser.add_argument("--fleet-moments", default="at-once,delay,ready",
+                        help="with --fleet: stop moments to draw from (default at-once,delay,ready)")
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
     parser.add_argument(
         "--moments",
@@ -960,6 +967,14 @@ def main() -> int:
         parser.error(f"--kinds: choose among {', '.join(KINDS)}")
     count = 50 if args.quick else args.trials
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    if args.fleet:
+        from scripts._chaos_fleet import run as run_fleet
+
+        fleet_moments = tuple(m for m in args.fleet_moments.split(",") if m)
+        fleet_summary = run_fleet((50 if args.quick else args.trials), seed, args.lease, faults=False,
+                                  moments=fleet_moments)
+        print(json.dumps(fleet_summary) if args.json else json.dumps(fleet_summary, indent=2))
+        return 1 if fleet_summary["violations"] else 0
     rng = random.Random(seed)
     trials = [
         choose_multi(i, rng) if rng.choice(kinds) == "multi" else choose(i, rng, moments) for i in range(count)

@@ -1090,11 +1090,22 @@ def main() -> int:
     parser.add_argument(
         "--jobs", type=int, default=1, help="worker processes, each with its own daemon and folder (default 1)"
     )
+    parser.add_argument(
+        "--fleet", action="store_true",
+        help="fault trials on a fleet: three daemons on one throwaway PostgreSQL (see scripts/_chaos_fleet.py)",
+    )
+    parser.add_argument("--lease", type=float, default=1.0, help="with --fleet: [cluster] lease, seconds (default 1)")
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
     # Internal: a worker of --jobs runs exactly these kinds and prints its JSON summary.
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    if args.fleet:
+        from scripts._chaos_fleet import run as run_fleet
+
+        fleet_summary = run_fleet((4 if args.quick else args.trials), seed, args.lease, faults=True)
+        print(json.dumps(fleet_summary) if args.json else json.dumps(fleet_summary, indent=2))
+        return 1 if fleet_summary["violations"] else 0
     if args.worker is not None:
         print(json.dumps(run_plan(args.worker.split(","), seed, lambda *a, **k: None)))
         return 0

@@ -31,12 +31,18 @@ Theory of operation
   channel is one: the owner acknowledges at once, carries the stop out and answers with
   its result. A notice can be lost (a connection replaced): every waiter has a deadline,
   and a stop whose owner stays silent for the lease takes the lease by force
-  (:meth:`Fleet.force`).
-* **The shared queue (so far).** A message accepted by a host that does not own its
-  channel stays in the store's queue; the owner's next heartbeat finds it (the rows of its
-  held channels it has never queued) and runs it under its lease. So a message sent
-  through another host starts within a third of the lease; LISTEN/NOTIFY would make that
-  immediate and is not built yet.
+  (:meth:`Fleet.force`). Two more kinds go to every host: ``queued`` (a message row,
+  below) and ``entries`` (the range of seqs a host's commit stored in a channel, which
+  every other host reads back for its followers: see the store's theory of operation).
+* **The shared queue.** A message accepted by a host that does not own its channel stays
+  in the store's queue; the transaction that inserts the row also sends a ``queued`` notice
+  (delivered at its commit, so the row is there when it arrives). The owner — the host
+  holding the lease, or the one the channel is pinned to — takes the channel's unknown rows
+  up at once; a lost notice is made good by the owner's next heartbeat (the rows of its held
+  channels it has never queued). Rows are not taken ``FOR UPDATE SKIP LOCKED``: only the
+  lease holder runs a channel, and it dequeues a row in the commit that begins its turn,
+  checked against its fencing token, so two hosts can never both begin one row; a row
+  lock would add nothing the lease does not already give.
 """
 
 from __future__ import annotations
@@ -51,12 +57,12 @@ from typing import Any
 import trio
 
 from ._engines import Engine
-from ._store import Store, StoreError
+from ._store import FLEET_NOTICES, Store, StoreError
 
 log = logging.getLogger("corral.fleet")
 
 #: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts.
-NOTICES = "corral_fleet"
+NOTICES = FLEET_NOTICES
 
 
 @dataclass(frozen=True, slots=True)

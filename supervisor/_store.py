@@ -55,6 +55,22 @@ Theory of operation
   seq, ordered against the owner's by the two clocks only (exact on one machine); the
   planned fix is a commit-order column assigned under a transaction-level advisory lock,
   which followers on other hosts read.
+* **Followers in a fleet.** Every commit that stores entries also sends, per channel, a
+  notice of the range of the committing host's seqs it stored (``NOTIFY``: delivered at the
+  commit, never for a rolled-back one); each host reads those rows back from the database
+  and shows them to its followers (:meth:`Store.show_committed`), one notice after the
+  other, so saved-before-shown holds for every host's entries. Ordering: one host's seqs
+  are assigned increasing and committed in that order by its one writer (a failed batch is
+  retried write by write, in order), so a follower keeps a position *per writing host* (a
+  seq's slot) and shows a row when it is past that host's position: a live follower misses
+  no committed row even though two hosts' commits interleave out of seq order. A channel's
+  entries are not all the lease holder's: a message is stored by whichever host accepted it
+  (and a stop's notice, when a host took an unanswering owner's lease, by that host), so
+  one seq alone is not a resume point: ``follow(after=S)`` reads every committed row above
+  S, and misses a row of another host with a seq below S that commits after the follower
+  was shown S — possible only within that host's time from accepting a write to its commit,
+  plus the two clocks' skew. A notice lost while a host's listening connection is replaced
+  leaves those rows out of its live followers (``tail`` has them).
 * **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
   version i to i + 1, each in one transaction at open, recorded as a row of
   ``schema_migrations`` (SQLite stores that kept it in ``PRAGMA user_version`` are carried
@@ -85,6 +101,9 @@ from ._text import repair
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
+
+#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts (see :mod:`._fleet`).
+FLEET_NOTICES = "corral_fleet"
 
 KINDS = ("message", "status", "tool", "todos", "notice", "error")
 
@@ -604,10 +623,39 @@ class Store:
             with db.batch():
                 for pending in batch:
                     pending._apply(db)
+                if self.host is not None:
+                    self._announce(db, [p.entry for p in batch if p.entry is not None])
             db.commit()
         except BaseException:
             db.rollback()  # (never raises: it would hide the real error)
             raise
+
+    def _announce(self, db: Engine, entries: list[Entry]) -> None:
+        """(A fleet, in the commit) tell every host which of this host's seqs the commit
+        stores, per channel: their followers read those rows once they are committed."""
+        ranges: dict[str, tuple[int, int]] = {}
+        for entry in entries:
+            first, last = ranges.get(entry.channel, (entry.seq, entry.seq))
+            ranges[entry.channel] = (min(first, entry.seq), max(last, entry.seq))
+        for channel, (first, last) in ranges.items():
+            db.execute("SELECT pg_notify(?, ?)", (FLEET_NOTICES, json.dumps(
+                {"kind": "entries", "from": self.host, "slot": self.slot, "channel": channel,
+                 "first": first, "last": last})))
+
+    async def show_committed(self, channel: str, slot: int, first: int, last: int) -> None:
+        """(A fleet) show this host's followers the entries another host (``slot``) committed
+        in ``channel`` with seqs ``first``..``last``: read back from the database, so only
+        what is committed is shown. Call in the order the notices came (a host's commits
+        come in its seq order, and a follower keeps one position per host)."""
+        def read() -> list[Entry]:
+            return [_entry(row) for row in self._db.query(
+                "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
+                " WHERE channel = ? AND seq >= ? AND seq <= ? AND seq % ? = ? ORDER BY seq",
+                (channel, first, last, self._stride, slot),
+            )]
+
+        for entry in await self._read(read):
+            self._publish(entry)
 
     async def flush(self) -> None:
         """Wait until everything accepted so far is committed (failures are not raised here)."""
@@ -627,24 +675,33 @@ class Store:
                     self._subs[key].discard(sub)
 
     async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
-        """Every committed entry of ``channel`` (all channels if None) after ``after``, then live."""
+        """Every committed entry of ``channel`` (all channels if None) after ``after``, then live.
+
+        The follower keeps a position per writing host (a seq's slot): each host commits its
+        own entries in seq order, but two hosts' commits interleave in any order, so one
+        host's row may be shown after another's with a greater seq (see the theory above)."""
+        stride, floor = self._stride, after
+        shown: dict[int, int] = {}  # slot -> the last seq of that host shown
         while True:
             sub = _Subscription(channel)
             self._subs[channel].add(sub)
             try:
-                for entry in await self.entries(channel, after=after):
-                    yield entry
-                    after = entry.seq
-                async for entry in sub.receive:
-                    if entry.seq > after:
+                for entry in await self.entries(channel, after=floor):
+                    if entry.seq > shown.get(entry.seq % stride, after):
                         yield entry
-                        after = entry.seq
+                        shown[entry.seq % stride] = entry.seq
+                async for entry in sub.receive:
+                    if entry.seq > shown.get(entry.seq % stride, after):
+                        yield entry
+                        shown[entry.seq % stride] = entry.seq
             finally:
                 self._subs[channel].discard(sub)
                 sub.send.close()
             if not sub.overflowed:
                 return
-            # A follower that fell 10,000 entries behind re-reads from the database.
+            # A follower that fell 10,000 entries behind re-reads from the database (from the
+            # least position of any host: what another host's position passes is not repeated).
+            floor = min(shown.values(), default=after)
 
     # ------------------------------------------------------------ reading
 
@@ -822,6 +879,9 @@ class Store:
             (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge), row.hops,
              row.routed_from),
         )
+        if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
+            db.execute("SELECT pg_notify(?, ?)", (FLEET_NOTICES, json.dumps(
+                {"kind": "queued", "channel": row.channel, "from": self.host})))
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""

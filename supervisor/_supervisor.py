@@ -28,6 +28,7 @@ import contextlib
 import difflib
 import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -314,6 +315,8 @@ class Supervisor:
         """The token this host last held for each channel (kept when the lease is lost)."""
         self._known: set[int] = set()
         """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
+        self._committed_elsewhere = trio.open_memory_channel[tuple[str, int, int, int]](math.inf)
+        """(A fleet) other hosts' commits of entries, in the order their notices came."""
         self._taking: set[str] = set()
         """Channels a heartbeat is taking up right now."""
         self._answers: dict[str, _Answer] = {}
@@ -591,6 +594,27 @@ class Supervisor:
                 self._taking.add(channel)
                 self._nursery.start_soon(self._take_orphan, channel)
 
+    async def show_committed_elsewhere(self) -> None:
+        """(A fleet, a task) show this host's followers what other hosts commit, one notice
+        after the other (a host's commits come in its seq order; reading two at once could
+        show them out of it)."""
+        async for channel, slot, first, last in self._committed_elsewhere[1]:
+            try:
+                await self._store.show_committed(channel, slot, first, last)
+            except StoreError as exc:
+                log.warning("[%s] could not read another host's entries for followers: %s", channel, exc)
+
+    def _queued_elsewhere(self, channel: str) -> None:
+        """(From the fleet's listener) another host queued a message for the channel: take it
+        up now if this host runs the channel (holds its lease, or it is pinned here), not at
+        the next heartbeat. The notice comes at the queue row's commit, so the row is there."""
+        assert self.fleet is not None
+        table = self.config.channels.get(channel)
+        pinned_here = table is not None and table.host == self.fleet.host
+        if (self.fleet.holds(channel) or pinned_here) and channel not in self._taking and not self._closing:
+            self._taking.add(channel)
+            self._nursery.start_soon(self._take_orphan, channel)
+
     async def _take_orphan(self, channel: str) -> None:
         try:
             if await self._own(channel):
@@ -648,7 +672,10 @@ class Supervisor:
                     await message.begun.committed()
                 except StoreError as exc:
                     # Not recorded, not started: a turn nobody could find after a crash
-                    # must not run. The message stays queued in the store.
+                    # must not run. The message stays queued in the store, and no longer
+                    # counts as held here: a fleet's next pick-up (a lease retaken after a
+                    # stale token, a heartbeat) queues it again instead of skipping it.
+                    self._known.discard(ticket.message.id)
                     turn.done.set()
                     self._ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
                     log.error("[%s %s] the turn could not be recorded, so it did not start: %s", channel, turn_id, exc)
@@ -885,7 +912,16 @@ class Supervisor:
             notice = json.loads(payload)
         except ValueError:
             return
-        if not isinstance(notice, dict) or notice.get("to") != self.fleet.host:
+        if not isinstance(notice, dict):
+            return
+        if notice.get("kind") == "queued" and notice.get("from") != self.fleet.host:
+            self._queued_elsewhere(str(notice.get("channel")))
+            return
+        if notice.get("kind") == "entries" and notice.get("from") != self.fleet.host:
+            self._committed_elsewhere[0].send_nowait(
+                (str(notice["channel"]), int(notice["slot"]), int(notice["first"]), int(notice["last"])))
+            return
+        if notice.get("to") != self.fleet.host:
             return
         if notice.get("kind") == "stop" and not self._closing:
             self._nursery.start_soon(self._stop_for, str(notice["channel"]), str(notice["from"]), str(notice["id"]))
@@ -1436,6 +1472,7 @@ async def open_supervisor(
             await sup.recover()
             await sup.restore()
             if sup.fleet is not None:
+                nursery.start_soon(sup.show_committed_elsewhere, name="corral-fleet-followers")
                 await nursery.start(sup.fleet.listen, sup._notice)
                 await nursery.start(sup.fleet.run)
             try:

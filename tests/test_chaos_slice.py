@@ -56,3 +56,16 @@ def test_chaos_slice_catches_a_stop_that_forgets_the_routing_rest() -> None:
                        "--kinds", "multi")
     assert summary["seed_bug"] == "rest-forgotten"
     assert summary["by_kind"].get("routed-while-resting", 0) > 0, summary
+
+
+def test_chaos_slice_fleet_stops_through_any_host_break_no_contract_line() -> None:
+    # Three daemons on one throwaway PostgreSQL; most stops go through a host that does not own the channel.
+    from _postgres import missing
+
+    if missing():
+        pytest.skip(f"no PostgreSQL server: {missing()}")
+    # (Not "at-once": a stop right after the send still breaks lines there, see the README.)
+    summary = run_json("chaos_stop.py", "--fleet", "--trials", "10", "--seed", "2", "--fleet-moments", "delay,ready")
+    assert summary["mode"] == "fleet-stops" and summary["trials"] == 10
+    assert summary["violations"] == 0, summary
+    assert summary["drawn"].get("cross_host", 0) > 0 and summary["drawn"].get("stopped_turn", 0) > 0, summary

@@ -49,3 +49,14 @@ def test_faults_slice_poisoned_text_harms_no_one_else() -> None:
 def test_faults_slice_a_full_disk_keeps_every_stop() -> None:
     summary = _faults("enospc")
     assert "enospc" not in summary["skipped"] or summary["skipped"]["enospc"].startswith("needs root"), summary
+
+
+def test_faults_slice_fleet_owner_paused_or_killed_mid_turn_with_the_stop_through_another_host() -> None:
+    from _postgres import missing
+
+    if missing():
+        pytest.skip(f"no PostgreSQL server: {missing()}")
+    summary = run_json("faults.py", "--fleet", "--trials", "4", "--seed", "2")
+    assert summary["mode"] == "fleet-faults" and summary["trials"] == 4
+    assert summary["violations"] == 0, summary
+    assert summary["drawn"].get("sigstop", 0) > 0 and summary["drawn"].get("sigkill", 0) > 0, summary

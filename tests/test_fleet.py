@@ -152,11 +152,11 @@ async def test_a_fenced_write_in_a_batch_fails_alone(postgres_url: str) -> None:
 # ---------------------------------------------------------------- supervisors as hosts
 
 
-def host_config(folder: Path, url: str, host: str, **channels: dict[str, Any]) -> Config:
+def host_config(folder: Path, url: str, host: str, lease: float = LEASE, **channels: dict[str, Any]) -> Config:
     folder.mkdir(exist_ok=True)
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": "off"}, "store": {"url": url},
-        "cluster": {"host": host, "lease": LEASE}, "agents": agents(folder),
+        "cluster": {"host": host, "lease": lease}, "agents": agents(folder),
     }
     if channels:
         data["channels"] = channels
@@ -303,3 +303,126 @@ async def test_a_message_accepted_by_a_host_that_then_takes_the_channel_runs_aft
         await two.send("ch", "after the stop")  # stamped by h2 before it took the channel
         await until("h2 to run it", lambda: any(t.startswith("done:") and "after the stop" in t for t in texts(url)))
         assert two.fleet is not None and two.fleet.token("ch") == 2
+
+
+async def test_a_message_sent_through_another_host_wakes_the_owner_at_once_not_at_its_next_heartbeat(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    url = postgres_url
+    slow = 60.0  # a heartbeat every 20 s: a message taken up within 10 s was not taken up by one
+    channels: dict[str, dict[str, Any]] = {"p": {"host": "h2"}}
+    configs = [host_config(short_tmp / n, url, n, slow, **channels) for n in ("h1", "h2")]
+    async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
+        fleets = [one.fleet, two.fleet]
+        assert fleets[0] is not None and fleets[1] is not None
+        await until("both first heartbeats", lambda: all(f is not None and f.renewals for f in fleets))
+        beats = fleets[1].renewals
+        for n, (via, channel) in enumerate([(one, "p"), (two, "ch"), (one, "ch")]):
+            # a pinned channel h2 holds no lease for yet; one h2 holds (sent through h1 next)
+            with trio.fail_after(slow / 6):
+                await via.send(channel, f"m{n}")
+                await until(f"m{n} to run", lambda n=n, c=channel: f"done: m{n}" in texts(url, c))
+        assert fleets[1].renewals == beats  # (no heartbeat took them up)
+        with psycopg.connect(url) as conn:
+            ran = conn.execute("SELECT channel, host FROM turns ORDER BY began").fetchall()
+        assert ran == [("p", "h2"), ("ch", "h2"), ("ch", "h2")]
+
+
+async def test_follow_through_any_host_streams_every_hosts_entries_live_and_misses_none(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        seen: dict[str, list[Any]] = {"h1": [], "h2": []}
+
+        async def follow(sup: Supervisor, name: str, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            stream = sup.follow("ch")
+            task_status.started()
+            async for entry in stream:
+                seen[name].append(entry)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow, one, "h1")
+            await nursery.start(follow, two, "h2")
+            await two.send("ch", "first")  # h2 takes the channel and runs it: h1's follower sees it live
+            await two.send("ch", "second")
+            await until("h1's follower to show h2's answers", lambda: sum(
+                e.text.startswith("done:") for e in seen["h1"]) == 2)
+            await one.send("ch", "third")  # accepted by h1 (its entry), run by h2 (its entries)
+            for name in seen:
+                await until(f"{name}'s follower to show the third answer", lambda n=name: any(
+                    e.text == "done: third" for e in seen[n]))
+            nursery.cancel_scope.cancel()
+        stored = texts(url)
+        for name, entries in seen.items():
+            assert sorted(e.text for e in entries) == sorted(stored), name  # every row, once
+            assert all(e.text in stored for e in entries)
+        writers = {e.seq % SEQ_STRIDE for e in seen["h1"]}
+        assert len(writers) == 2  # (both hosts wrote the channel's entries)
+        # A follower that resumes after a seq it was shown gets exactly the rest.
+        middle = seen["h1"][len(seen["h1"]) // 2]
+        async with trio.open_nursery() as nursery:
+            resumed: list[Any] = []
+
+            async def rest() -> None:
+                async for entry in one.follow("ch", after=middle.seq):
+                    resumed.append(entry)
+
+            nursery.start_soon(rest)
+            expected = [e for e in seen["h1"] if e.seq > middle.seq]
+            await until("the rest", lambda: len(resumed) >= len(expected))
+            nursery.cancel_scope.cancel()
+        assert sorted(e.seq for e in resumed) == sorted(e.seq for e in expected)
+
+
+async def test_a_follower_shows_another_hosts_row_committed_after_a_greater_seq_of_its_own(
+    postgres_url: str
+) -> None:
+    async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
+        shown: list[int] = []
+        got = trio.Event()
+
+        async def follow(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            stream = one.follow("c")
+            task_status.started()
+            async for entry in stream:
+                shown.append(entry.seq)
+                got.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow)
+            early = await two.append("c", "human:u", "message", "through h2")  # its notice not yet taken up
+            one.seq_floor(early.seq)
+            late = await one.append("c", "agent:bot", "message", "h1's, a greater seq, shown first")
+            with trio.fail_after(DEADLINE):
+                while late.seq not in shown:
+                    got = trio.Event()
+                    await got.wait()
+            await one.show_committed("c", two.slot, early.seq, early.seq)  # h2's notice, late
+            with trio.fail_after(DEADLINE):
+                while early.seq not in shown:
+                    got = trio.Event()
+                    await got.wait()
+            nursery.cancel_scope.cancel()
+        assert shown == [late.seq, early.seq] and late.seq > early.seq
+
+
+async def test_a_message_whose_turn_a_stale_token_kept_from_starting_runs_once_the_lease_is_retaken(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    # (Found by chaos_stop --fleet: a stop through another host took a pinned channel's lease by
+    # force while its host began the next message under its old token; that message never ran.)
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one:
+        assert one.fleet is not None
+        await one.send("ch", "first")
+        await until("h1 to run it", lambda: "done: first" in texts(url))
+        with psycopg.connect(url, autocommit=True) as conn:  # a third host takes it by force, for a stop
+            conn.execute("UPDATE leases SET owner = 'h3', token = token + 1,"
+                         " expires = extract(epoch from clock_timestamp()) + 60 WHERE channel = 'ch'")
+        await one.send("ch", "second")  # h1 has not noticed: begun under the stale token, fenced, not started
+        await until("h1 to notice", lambda: one.fleet is not None and one.fleet.token("ch") is None)
+        expire(url, "ch")  # h3 gives it back (a pinned channel's lease after such a stop)
+        with trio.fail_after(10 * LEASE):
+            await until("h1 to take the channel back and run it", lambda: "done: second" in texts(url))
+        assert count(url, "SELECT count(*) FROM queue") == 0
