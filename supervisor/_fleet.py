@@ -61,6 +61,11 @@ from ._store import FLEET_NOTICES, Store, StoreError
 
 log = logging.getLogger("corral.fleet")
 
+LOCK_NOT_AVAILABLE = "55P03"
+"""PostgreSQL's SQLSTATE for a lock wait that hit ``lock_timeout``."""
+TAKEOVER_ATTEMPTS = 10
+"""A forced takeover waits 1 s per attempt for the lease row before ending stuck sessions."""
+
 #: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts.
 NOTICES = FLEET_NOTICES
 
@@ -119,13 +124,36 @@ class Fleet:
         started = trio.current_time()
         host, lease = self.host, self.lease
 
+        upsert = (
+            "INSERT INTO leases (channel, owner, expires, token)"
+            " VALUES (?, ?, {now} + ?, 1) ON CONFLICT (channel) DO UPDATE SET"
+            " owner = excluded.owner, expires = excluded.expires, token = leases.token + 1 RETURNING token"
+        )
+
         def take(db: Engine) -> tuple[int, int]:
-            ((token,),) = db.query(
-                "INSERT INTO leases (channel, owner, expires, token)"
-                f" VALUES (?, ?, {db.now} + ?, 1) ON CONFLICT (channel) DO UPDATE SET"
-                " owner = excluded.owner, expires = excluded.expires, token = leases.token + 1 RETURNING token",
-                (channel, host, lease),
-            )
+            # The silent owner may be paused (SIGSTOP) inside a transaction that share-locks
+            # the lease row (a fencing check): its session holds the lock for as long as it
+            # lives, and the takeover would wait with it. Wait a moment, then end the sessions
+            # stuck idle in a transaction on the leases table — the host is being fenced out
+            # anyway, and its store reconnects (to find its lease gone) when it resumes.
+            for attempt in range(TAKEOVER_ATTEMPTS):
+                db.execute("SAVEPOINT take_lease")
+                db.execute("SET LOCAL lock_timeout = '1s'")
+                try:
+                    ((token,),) = db.query(upsert.format(now=db.now), (channel, host, lease))
+                    break
+                except Exception as exc:
+                    if getattr(exc, "sqlstate", None) != LOCK_NOT_AVAILABLE or attempt == TAKEOVER_ATTEMPTS - 1:
+                        raise
+                    db.execute("ROLLBACK TO SAVEPOINT take_lease")
+                ended = db.query(
+                    "SELECT a.pid, pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a"
+                    " ON a.pid = l.pid WHERE l.relation = 'leases'::regclass AND l.granted"
+                    " AND a.pid <> pg_backend_pid() AND a.state IN ('idle in transaction',"
+                    " 'idle in transaction (aborted)') AND a.state_change < clock_timestamp() - interval '1 second'"
+                )
+                log.warning("host %s: ended %d database session(s) stuck holding the lease of %r",
+                            host, len(ended), channel)
             ((newest,),) = db.query(
                 "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
                 " UNION ALL SELECT max(seq) FROM queue) AS seqs"

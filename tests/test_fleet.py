@@ -136,6 +136,27 @@ async def test_a_write_with_a_stale_fencing_token_fails_and_stores_nothing(postg
         assert (await one.append("c", "human:u", "message", "accepted anywhere")).text == "accepted anywhere"
 
 
+async def test_a_takeover_is_not_held_up_by_a_paused_owner_inside_a_fencing_check(postgres_url: str) -> None:
+    # A host SIGSTOPped between its fencing check (the lease row share-locked) and its commit
+    # keeps that lock for as long as its session lives; a stop through another host must still
+    # take the lease within its bound (found by `faults --fleet`, and once as a hung CI run).
+    async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
+        first = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
+        second = Fleet(two, "h2", LEASE, on_lost=lambda c, w: None)
+        old = await first.acquire("c")
+        assert old is not None
+        paused = psycopg.connect(postgres_url.replace("postgresql://", "postgresql://", 1), autocommit=False)
+        try:
+            paused.execute("SELECT owner FROM leases WHERE channel = 'c' FOR SHARE").fetchall()  # and then: silence
+            with trio.fail_after(15):
+                new = await second.force("c")
+            assert new == old + 1
+            with pytest.raises(psycopg.OperationalError):
+                paused.execute("SELECT 1").fetchall()  # its session was ended, its lock with it
+        finally:
+            paused.close()
+
+
 async def test_a_fenced_write_in_a_batch_fails_alone(postgres_url: str) -> None:
     async with open_store(postgres_url, host="h1") as one:
         fleet = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
