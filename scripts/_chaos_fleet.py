@@ -62,10 +62,13 @@ time.sleep(3600)
 """
 
 
-def config(folder: Path, url: str, host: str, lease: float, pinned: dict[str, str]) -> str:
-    """A host's config: the fleet, the agent, the pinned channels."""
+def config(
+    folder: Path, url: str, host: str, lease: float, pinned: dict[str, str], *, env: dict[str, str] | None = None
+) -> str:
+    """A fleet host's config: the store, the cluster, the agent (``agent.py`` beside the hosts'
+    folders, with ``env``), the pinned channels. Shared with ``bench_fleet``."""
     tables = "".join(f'[channels.{c}]\nhost = "{h}"\n' for c, h in pinned.items())
-    pids = folder.parent / "pids"
+    variables = ", ".join(f"{name} = {json.dumps(value)}" for name, value in (env or {}).items())
     return f"""
 [server]
 socket = "corral.sock"
@@ -79,7 +82,7 @@ lease = {lease}
 adapter = "generic"
 command = [{json.dumps(sys.executable)}, {json.dumps(str(folder.parent / "agent.py"))}]
 stop_grace = 2
-env = {{ CHAOS_PIDS = {json.dumps(str(pids))} }}
+env = {{ {variables} }}
 {tables}"""
 
 
@@ -119,7 +122,8 @@ class Fleet:
         """(Re)start a host's daemon in its folder."""
         folder = self.root / host
         folder.mkdir(exist_ok=True)
-        self.daemons[host] = Daemon(folder, config(folder, self.url, host, self.lease, self.pinned))
+        pids = {"CHAOS_PIDS": str(folder.parent / "pids")}
+        self.daemons[host] = Daemon(folder, config(folder, self.url, host, self.lease, self.pinned, env=pids))
 
     def client(self, host: str) -> Client:
         """A client of the host's daemon."""

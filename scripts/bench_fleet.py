@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from scripts._bench import Daemon, short_tmp
+from scripts._chaos_fleet import config as fleet_config
 from supervisor._client import Client
 
 T = TypeVar("T")
@@ -52,21 +53,7 @@ CHANNELS = 30
 
 def config(folder: Path, url: str, host: str, lease: float) -> str:
     """A host's config: the fleet, the agent, and the pinned channels."""
-    pinned = "".join(f'[channels.b{i}]\nhost = "{HOSTS[i % 3]}"\n' for i in range(CHANNELS))
-    return f"""
-[server]
-socket = "corral.sock"
-cgroup = "off"
-[store]
-url = {json.dumps(url)}
-[cluster]
-host = "{host}"
-lease = {lease}
-[agents.bot]
-adapter = "generic"
-command = [{json.dumps(sys.executable)}, {json.dumps(str(folder.parent / "agent.py"))}]
-stop_grace = 2
-{pinned}"""
+    return fleet_config(folder, url, host, lease, {f"b{i}": HOSTS[i % 3] for i in range(CHANNELS)})
 
 
 def until(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
