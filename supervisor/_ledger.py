@@ -173,6 +173,8 @@ class _Turn:
     nudge: bool
     silenced: bool = False
     """Ended by a shutdown: stale like a stopped turn, though the generation stays."""
+    closed_window: bool = False
+    """Taking it closed the channel's repeat window (``unbegin`` opens it again)."""
 
 
 @dataclass(slots=True)
@@ -359,7 +361,7 @@ class StopLedger:
             if message.generation < state.generation:
                 dropped.append(message)
                 continue
-            lane.turn = _Turn(turn_id, state.generation, Phase.PREPARING, message.nudge)
+            lane.turn = _Turn(turn_id, state.generation, Phase.PREPARING, message.nudge, closed_window=state.stopped)
             state.stopped = False
             if message.human:
                 lane.nudges_in_row = 0
@@ -408,6 +410,19 @@ class StopLedger:
         elif not turn.nudge:
             lane.nudges_in_row = 0
         return EndDecision(nudge=nudge, stale=stale)
+
+    def unbegin(self, channel: str, turn_id: str) -> None:
+        """(A fleet) the turn never began: the store found its message dropped by a stop this
+        ledger did not see drop it (another host's, or one that came while the row was read).
+        Its lane is free, and the repeat window is as it was (no turn has begun since the stop)."""
+        state = self._channels.get(channel)
+        lane = state.lane_of(turn_id) if state else None
+        if state is None or lane is None or lane.turn is None:
+            raise LedgerError(f"turn {turn_id!r} is not running in channel {channel!r}")
+        if lane.turn.phase is not Phase.PREPARING:
+            raise LedgerError(f"turn {turn_id!r} is past its point of no return: it began")
+        state.stopped = state.stopped or lane.turn.closed_window
+        lane.turn = None
 
     # ------------------------------------------------------------ stops
 
@@ -488,17 +503,18 @@ class StopLedger:
                 turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))
 
-    def adopt(self, channel: str, after: int) -> None:
+    def adopt(self, channel: str) -> None:
         """(A fleet host that has just taken the channel, its generation restored) messages
         it accepted while another host owned the channel were stamped with this host's
-        stale generation: those after ``after`` (the channel's last stop) take the current one."""
+        stale view of the generation: they take the current one. Whether a stop of the other
+        host dropped one is the store's to say (its row is gone: the turn's begin fails),
+        not the seqs' (two hosts' clocks do not order them)."""
         state = self._channels.get(channel)
         if state is None:
             return
         for lane in state.lanes.values():
             lane.queue = deque(
-                replace(m, generation=state.generation) if m.id > after and m.generation < state.generation else m
-                for m in lane.queue
+                replace(m, generation=state.generation) if m.generation < state.generation else m for m in lane.queue
             )
 
     def forget_queue(self, channel: str, agent: str) -> None:

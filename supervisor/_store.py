@@ -319,6 +319,24 @@ class Fenced(StoreError):
     """A write for a channel whose lease this host no longer holds (its fencing token is stale)."""
 
 
+class Dropped(StoreError):
+    """(A fleet) a turn's message is no longer queued in the store: a stop dropped it (stored
+    by this host while the row was being taken up, or by another host), so the turn must not begin."""
+
+
+_KEPT_KINDS: tuple[type[StoreError], ...] = (Fenced, Dropped)
+"""Failures whose kind callers act on: a batch's failure keeps it (else a plain StoreError)."""
+
+
+def _kind(exc: BaseException) -> type[StoreError]:
+    return next((k for k in _KEPT_KINDS if isinstance(exc, k)), StoreError)
+
+
+def _level(exc: BaseException) -> int:
+    """A dropped message's begin is the fleet working as designed; anything else is an error."""
+    return logging.INFO if isinstance(exc, Dropped) else logging.ERROR
+
+
 class Pending:
     """A write accepted but maybe not yet committed."""
 
@@ -344,8 +362,7 @@ class Pending:
         if not self._done.is_set():
             await self._done.wait()
         if self._error is not None:
-            kind = Fenced if isinstance(self._error, Fenced) else StoreError
-            raise kind(f"could not store: {self._error}") from self._error
+            raise _kind(self._error)(f"could not store: {self._error}") from self._error
         return self.entry
 
 
@@ -580,7 +597,7 @@ class Store:
         try:
             await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
         except Exception as exc:  # noqa: BLE001 - a failed batch is retried write by write
-            log.error("store commit of %d writes failed: %s", len(batch), describe_failure(exc, self.path))
+            log.log(_level(exc), "store commit of %d writes failed: %s", len(batch), describe_failure(exc, self.path))
             if len(batch) > 1 and self._db.fatal(exc) is None:
                 await self._commit_one_by_one(batch)
             else:
@@ -595,7 +612,8 @@ class Store:
             try:
                 await trio.to_thread.run_sync(self._commit, [pending], limiter=self._limiter)
             except Exception as exc:  # noqa: BLE001 - this write fails, visibly, and alone
-                log.error("store write %d of a failed batch failed alone: %s", i + 1, describe_failure(exc, self.path))
+                log.log(_level(exc), "store write %d of a failed batch failed alone: %s", i + 1,
+                        describe_failure(exc, self.path))
                 if self._db.fatal(exc) is not None:
                     self._fail(batch[i:], exc)  # the disk or the link, not the write: the rest cannot go either
                     return
@@ -613,7 +631,7 @@ class Store:
     def _fail(self, batch: list[Pending], exc: BaseException) -> None:
         reason = describe_failure(exc, self.path)
         for pending in batch:
-            pending._error = Fenced(reason) if isinstance(exc, Fenced) else StoreError(reason)
+            pending._error = _kind(exc)(reason)
             pending._done.set()
 
     def _commit(self, batch: list[Pending]) -> None:
@@ -942,11 +960,22 @@ class Store:
 
         The same commit closes the channel's repeat window (a turn has begun since its stop)
         and records the message as the last one the agent has seen (for its next catch-up).
+
+        In a fleet the row decides: a message that is no longer queued was dropped by a stop
+        (another host's, or this host's while the row was being read) and fails the write
+        with :class:`Dropped`. One host's ledger alone cannot know: it takes other hosts'
+        rows up under its current generation, and their seqs do not say whether they were
+        accepted before or after a stop (two clocks; two hosts in one millisecond).
         """
         self._seen[(channel, agent)] = max(message, self._seen.get((channel, agent), 0))
+        fleet = self.host is not None
 
         def apply(db: Engine) -> None:
-            db.execute("DELETE FROM queue WHERE seq = ?", (message,))
+            if fleet:
+                if not db.query("DELETE FROM queue WHERE seq = ? RETURNING seq", (message,)):
+                    raise Dropped(f"message {message} of channel {channel!r} was dropped by a stop")
+            else:
+                db.execute("DELETE FROM queue WHERE seq = ?", (message,))
             db.execute("UPDATE generations SET stopped = 0 WHERE channel = ? AND stopped = 1", (channel,))
             db.execute(
                 "INSERT INTO seen (channel, agent, seq) VALUES (?, ?, ?)"
@@ -1003,9 +1032,15 @@ class Store:
                 )
                 db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
                 dropped = list(r.dropped)
-                if self.host is not None:  # (a fleet: and what other hosts queued before it, not yet taken up)
+                if self.host is not None:
+                    # (A fleet) and every row other hosts queued that is committed now, taken
+                    # up here or not: those were accepted before the stop answered, whatever
+                    # their seqs (another host's clock, or the same millisecond, can put one
+                    # above the stop's). This host's own later messages are written after
+                    # this, in submit order; a row taken up before the stop and begun after
+                    # it finds itself gone (``begin_turn``: Dropped).
                     dropped += [int(s) for (s,) in db.query(
-                        "DELETE FROM queue WHERE channel = ? AND seq < ? RETURNING seq", (r.channel, r.seq)
+                        "DELETE FROM queue WHERE channel = ? RETURNING seq", (r.channel,)
                     )]
                 db.executemany(
                     f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?",
@@ -1077,7 +1112,6 @@ class Store:
                 "SELECT id, generation, host FROM turns WHERE channel = ? AND state != ?", (channel, TURN_ENDED)
             ) if t not in skip]
             beats = dict(db.query("SELECT host, heartbeat FROM hosts"))
-            ((last_stop,),) = db.query("SELECT coalesce(max(seq), 0) FROM stops WHERE channel = ?", (channel,))
             return TakeOver(
                 ChannelState(int(state[0][0]), bool(state[0][1]), bool(state[0][2])) if state else None,
                 [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows],
@@ -1085,7 +1119,6 @@ class Store:
                 {a: (None if a in forgotten else sid, cwd) for a, sid, cwd in sessions},
                 ended,
                 {h: float(b) for h, b in beats.items()},
-                int(last_stop),
                 {a: int(q) for a, q in seen},
             )
 
@@ -1120,8 +1153,6 @@ class TakeOver:
     processes are on that host, out of this one's reach."""
     heartbeats: dict[str, float]
     """Every host's last heartbeat at the take-over (the database's clock)."""
-    last_stop: int
-    """The seq of the channel's latest stop (0: none)."""
     seen: dict[str, int]
     """By agent: the last message it took up in the channel (on any host)."""
 

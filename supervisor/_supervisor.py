@@ -53,7 +53,7 @@ from ._ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTi
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
 from ._router import AddressError, address, route
-from ._store import Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from ._store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ._teardown import CollectorPause, TreeBatch
 from ._text import BadText, check_message
 from ._tree import (
@@ -547,7 +547,7 @@ class Supervisor:
         )
         if found.state is not None:
             self._ledger.restore(channel, found.state.generation, rests=found.state.rests, stopped=found.state.stopped)
-        self._ledger.adopt(channel, found.last_stop)  # (what this host accepted meanwhile, after that stop)
+        self._ledger.adopt(channel)  # (what this host accepted meanwhile: its rows still stored decide)
         assert self.fleet is not None
         away = {h for _, _, h in found.ended if h is not None and h != self.fleet.host}
         if away:
@@ -670,6 +670,24 @@ class Supervisor:
             if message.begun is not None:
                 try:
                     await message.begun.committed()
+                except Dropped:
+                    # (A fleet) a stop dropped the row while it was being taken up here, or
+                    # another host's stop did: the message never runs, and nothing is said
+                    # (the stop's record marked it dropped).
+                    self._ledger.unbegin(channel, turn_id)
+                    turn.done.set()
+                    turn.stop_reason = "dropped"  # (no turn row to end)
+                    log.info("[%s %s] not started: a stop dropped its message", channel, turn_id)
+                    return
+                except Fenced as exc:
+                    # (A fleet) the lease moved before the turn began: the message stays
+                    # queued for the new owner, and this host stores nothing for the channel.
+                    self._known.discard(ticket.message.id)
+                    self._ledger.end_turn(channel, turn_id, ok=False, unfinished_todos=0)
+                    turn.done.set()
+                    turn.stop_reason = "lease lost"
+                    log.warning("[%s %s] not started: %s", channel, turn_id, exc)
+                    return
                 except StoreError as exc:
                     # Not recorded, not started: a turn nobody could find after a crash
                     # must not run. The message stays queued in the store, and no longer

@@ -447,3 +447,70 @@ async def test_a_message_whose_turn_a_stale_token_kept_from_starting_runs_once_t
         with trio.fail_after(10 * LEASE):
             await until("h1 to take the channel back and run it", lambda: "done: second" in texts(url))
         assert count(url, "SELECT count(*) FROM queue") == 0
+        assert not any("did not run" in t for t in texts(url))  # (fenced: h1 stored nothing about it)
+
+
+@pytest.mark.parametrize("runs_next", ["the owner", "the accepting host"])
+async def test_a_message_accepted_through_another_host_before_a_stop_never_runs_whatever_its_seq(
+    short_tmp: Path, postgres_url: str, gate: Gate, monkeypatch: pytest.MonkeyPatch, runs_next: str
+) -> None:
+    # (Found by chaos_stop --fleet: a message accepted by host B in the same millisecond as a
+    # stop through the owner A took a seq above the stop's, from B's slot; the stop's record
+    # dropped only the rows below its seq, and the message ran after the stop.)
+    url = postgres_url
+    slow = 60.0  # (no heartbeat takes h2's row up during the test)
+    configs = [host_config(short_tmp / n, url, n, slow) for n in ("h1", "h2")]
+    async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
+        await one.send("ch", f"gate={gate}")
+        await until("h1's turn", lambda: "ready" in texts(url))
+        monkeypatch.setattr(one, "_queued_elsewhere", lambda channel: None)  # h1 has not taken it up
+        two._store.seq_floor(one._store.next_seq() + 1000 * SEQ_STRIDE)  # h2's clock runs ahead of h1's
+        early = await two.send("ch", "accepted before the stop")
+        result = await one.stop("ch")
+        assert result.ok and result.notice_seq is not None and early.seq > result.notice_seq
+        assert count(url, "SELECT count(*) FROM queue") == 0  # dropped by the stop's record
+        if runs_next == "the owner":
+            await one._pick_up("ch")
+            await one.send("ch", "after the stop")
+        else:
+            assert one.fleet is not None
+            one.fleet.paused = True
+            expire(url, "ch")
+            await two.send("ch", "after the stop")  # h2 takes the channel over from the store
+        await until("the follow-up", lambda: "done: after the stop" in texts(url))
+        assert "done: accepted before the stop" not in texts(url)
+
+
+async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_next_stop_is_a_repeat(
+    short_tmp: Path, postgres_url: str, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The owner reads another host's queued row, the stop lands (its record deletes the row),
+    # then the owner queues what it read, under the new generation: the store says no.
+    url = postgres_url
+    configs = [host_config(short_tmp / n, url, n, 60.0) for n in ("h1", "h2")]
+    async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
+        await one.send("ch", f"gate={gate}")
+        await until("h1's turn", lambda: "ready" in texts(url))
+        monkeypatch.setattr(one, "_queued_elsewhere", lambda channel: None)
+        await two.send("ch", "read before the stop")
+        load, read, go_on = one._store.load_queue, trio.Event(), trio.Event()
+
+        async def parked_load(channel: str | None = None) -> Any:
+            rows = await load(channel)
+            read.set()
+            await go_on.wait()
+            return rows
+
+        monkeypatch.setattr(one._store, "load_queue", parked_load)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one._pick_up, "ch")
+            await read.wait()
+            assert (await one.stop("ch")).ok
+            go_on.set()
+        assert one._ledger.queued("ch", "bot")  # queued here under the new generation
+        await until("h1 to try it", lambda: not one._ledger.queued("ch", "bot") and ("ch", "bot") not in one._workers)
+        assert (await one.stop("ch")).repeat  # no turn began since the stop
+        await one.send("ch", "after the stop")
+        await until("the follow-up", lambda: "done: after the stop" in texts(url))
+        assert "done: read before the stop" not in texts(url)
+        assert count(url, "SELECT count(*) FROM entries WHERE kind = 'notice'") == 1

@@ -7,7 +7,6 @@ sequence of driver calls, and the assertions are on the decisions the ledger ret
 
 from __future__ import annotations
 
-
 import pytest
 
 from supervisor._ledger import (
@@ -451,6 +450,22 @@ def test_contract_11_take_that_only_drops_does_not_end_the_repeat_window() -> No
     take = ledger.take("a", "bot", "t1")
     assert take.ticket is None and [m.id for m in take.dropped] == [1]
     assert ledger.stop("a").repeat is True
+
+
+def test_contract_11_a_turn_the_store_refused_to_begin_does_not_end_the_repeat_window() -> None:
+    # (A fleet) a row queued under the new generation, dropped by the stop in the store.
+    ledger = StopLedger()
+    ledger.stop("a")
+    ledger.requeue("a", QueuedMessage(1, 1, True, agent="bot"))
+    take = ledger.take("a", "bot", "t1")
+    assert take.ticket is not None
+    ledger.unbegin("a", "t1")
+    assert ledger.current_turn("a", "bot") is None
+    assert ledger.stop("a").repeat is True
+    ledger.accept("a", "bot", 2, human=True)
+    assert ledger.take("a", "bot", "t2").ticket is not None and ledger.may_start("a", "t2")
+    with pytest.raises(LedgerError):
+        ledger.unbegin("a", "t2")  # past its point of no return: it began
 
 
 def test_contract_11_repeat_via_stop_all_keeps_message_typed_after_first_press() -> None:
