@@ -228,6 +228,12 @@ class Engine(abc.ABC):
     def commit(self) -> None:
         """Commit the transaction."""
 
+    def commit_in_order(self, seqs: Sequence[int], notice: tuple[str, str]) -> int:
+        """(A fleet, in a batch) give the entries ``seqs`` the next commit positions, notify
+        ``notice`` (channel, host) how far positions go, and commit; the position before the
+        first. Only a fleet calls it, and a fleet's store is PostgreSQL."""
+        raise StoreError(f"{self.kind} stores have no fleet commit order")
+
     @abc.abstractmethod
     def rollback(self) -> None:
         """Roll back if a transaction is open; log (never raise) a rollback that fails."""
@@ -365,9 +371,12 @@ class SQLiteEngine(Engine):
 
 
 #: The advisory lock's first key: corral's namespace in the database ("corr").
-_LOCK_SPACE = 0x636F7272
+LOCK_SPACE = 0x636F7272
 #: The second key of the lock that serialises schema migrations between openers.
 _SCHEMA_LOCK = 0
+#: The second key of the lock a fleet commit holds from placing its entries to its end
+#: (``entries.pos``), so positions follow commit order.
+ORDER_LOCK = 2
 #: How long an opener retries a held owner lock before it is refused (seconds).
 _LOCK_PATIENCE = 1.0
 
@@ -465,7 +474,7 @@ class PostgresEngine(Engine):
         """``BEGIN`` (reconnecting first if needed); ``schema`` also waits for the migration lock."""
         self._retrying("BEGIN", ())
         if schema:
-            self.execute("SELECT pg_advisory_xact_lock(?, ?)", (_LOCK_SPACE, _SCHEMA_LOCK))
+            self.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, _SCHEMA_LOCK))
 
     @contextmanager
     def batch(self) -> Iterator[object]:
@@ -481,6 +490,27 @@ class PostgresEngine(Engine):
     def commit(self) -> None:
         """Commit."""
         self._conn.execute("COMMIT")
+
+    def commit_in_order(self, seqs: Sequence[int], notice: tuple[str, str]) -> int:
+        """The lock, the positions, the notice and the ``COMMIT`` go out together in the batch's
+        pipeline and the server runs them without waiting for this process: a host paused
+        (SIGSTOP) or cut off once they are sent never holds the fleet's commits up. Its own
+        answers are read after the commit."""
+        assert self._pipeline is not None, "commit_in_order runs inside batch()"
+        self._conn.execute(self._sql("SELECT pg_advisory_xact_lock(?, ?)"), (LOCK_SPACE, ORDER_LOCK))
+        placed = self._conn.execute(
+            "UPDATE entries SET pos = t.top + o.n FROM (SELECT coalesce(max(pos), 0) AS top FROM entries) AS t,"
+            " unnest(%s::bigint[]) WITH ORDINALITY AS o(seq, n) WHERE entries.seq = o.seq RETURNING t.top",
+            (list(seqs),),
+        )
+        self._conn.execute(
+            "SELECT pg_notify(%s, json_build_object('kind', 'entries', 'from', %s::text,"
+            " 'last', (SELECT max(pos) FROM entries))::text)", notice,
+        )
+        self._conn.execute("COMMIT")
+        self._pipeline.sync()
+        ((top,), *_) = placed.fetchall()  # (one row per entry, each the same: they were inserted in this commit)
+        return int(top)
 
     def rollback(self) -> None:
         """Roll back an open or failed transaction; nothing to do on a broken connection."""
@@ -508,7 +538,7 @@ class PostgresEngine(Engine):
         # moment after its client closed: a restart right after a `kill -9` waits that out.
         deadline = time.monotonic() + _LOCK_PATIENCE
         while True:
-            ((taken,),) = self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_SPACE, key)).fetchall()
+            ((taken,),) = self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_SPACE, key)).fetchall()
             if taken:
                 return
             if time.monotonic() >= deadline:
@@ -517,7 +547,7 @@ class PostgresEngine(Engine):
         holders = self._conn.execute(
             "SELECT a.application_name, a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
             " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
-            (_LOCK_SPACE, key),
+            (LOCK_SPACE, key),
         ).fetchall()
         holder = (holders[0][0] or f"database session {holders[0][1]}") if holders else "another session"
         named = f" (as fleet host {host!r})" if host else ""
@@ -543,7 +573,7 @@ class PostgresEngine(Engine):
         if self._store_id is not None and not (self._conn.closed or self._conn.broken):
             try:
                 key = self._key(self._store_id, self._host)
-                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_SPACE, key))
+                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_SPACE, key))
             except psycopg.Error as exc:
                 log.warning("store %s: could not release its lock (%s); the server does at disconnect",
                             self.name, describe_postgres(exc, self.name))

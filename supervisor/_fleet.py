@@ -33,7 +33,8 @@ Theory of operation
   and a stop whose owner stays silent for the lease takes the lease by force
   (:meth:`Fleet.force`). Two more kinds go to every host: ``queued`` (a message row,
   below) and ``entries`` (the range of seqs a host's commit stored in a channel, which
-  every other host reads back for its followers: see the store's theory of operation).
+  every other host reads back for its followers: see the store's theory of operation; each
+  heartbeat also looks, for a notice lost while a listening connection was replaced).
 * **The shared queue.** A message accepted by a host that does not own its channel stays
   in the store's queue; the transaction that inserts the row also sends a ``queued`` notice
   (delivered at its commit, so the row is there when it arrives). The owner — the host
@@ -353,6 +354,7 @@ class Fleet:
             log.warning("host %s: heartbeat failed (%s); its leases run out unless the next one succeeds", host, exc)
             return None
         self.renewals += 1
+        self.store.others_committed()  # (a notice of other hosts' entries lost in a reconnect: read them now)
         for channel, token in held.items():
             if self._tokens.get(channel) != token:
                 continue  # (lost or taken anew while the heartbeat ran)

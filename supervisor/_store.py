@@ -50,27 +50,28 @@ Theory of operation
 * **Fencing.** A write made for a turn carries the fencing token its host held when the
   turn began, and its transaction reads the lease row ``FOR SHARE`` first: a stale token
   fails the write (:class:`Fenced`) and stores nothing. A taker's ``UPDATE`` of the row
-  waits for such a transaction, so no stale write commits after the lease moved. Not yet
-  ordered across hosts: a message another host accepts for the channel takes that host's
-  seq, ordered against the owner's by the two clocks only (exact on one machine); the
-  planned fix is a commit-order column assigned under a transaction-level advisory lock,
-  which followers on other hosts read.
-* **Followers in a fleet.** Every commit that stores entries also sends, per channel, a
-  notice of the range of the committing host's seqs it stored (``NOTIFY``: delivered at the
-  commit, never for a rolled-back one); each host reads those rows back from the database
-  and shows them to its followers (:meth:`Store.show_committed`), one notice after the
-  other, so saved-before-shown holds for every host's entries. Ordering: one host's seqs
-  are assigned increasing and committed in that order by its one writer (a failed batch is
-  retried write by write, in order), so a follower keeps a position *per writing host* (a
-  seq's slot) and shows a row when it is past that host's position: a live follower misses
-  no committed row even though two hosts' commits interleave out of seq order. A channel's
-  entries are not all the lease holder's: a message is stored by whichever host accepted it
-  (and a stop's notice, when a host took an unanswering owner's lease, by that host), so
-  one seq alone is not a resume point: ``follow(after=S)`` reads every committed row above
-  S, and misses a row of another host with a seq below S that commits after the follower
-  was shown S — possible only within that host's time from accepting a write to its commit,
-  plus the two clocks' skew. A notice lost while a host's listening connection is replaced
-  leaves those rows out of its live followers (``tail`` has them).
+  waits for such a transaction, so no stale write commits after the lease moved.
+* **Acceptance is not seq order across hosts.** A message another host accepts for the
+  channel takes that host's seq, ordered against the owner's by two clocks only (and in one
+  millisecond by the hosts' slots). So nothing decides by comparing two hosts' seqs: a stop's
+  record deletes *every* committed queue row of its channel (this host's later messages
+  are written after it, in submit order), and in a fleet a turn begins only if its row is
+  still there (``begin_turn`` fails with :class:`Dropped` otherwise).
+* **Commit order: positions.** Every fleet commit that stores entries gives them the next
+  positions (``entries.pos``: the greatest so far plus one) under a transaction-level
+  advisory lock held to its end, so positions follow commit order across hosts: a reader
+  that sees position P sees every position below it. Entries a single daemon stored
+  before the store became a fleet's take their seq as position (its seqs were its commit
+  order), once, when the first host opens it.
+* **Followers in a fleet** go by positions. A commit's ``NOTIFY`` (delivered at the commit,
+  never for a rolled-back one) tells every host how far positions go; a host shows its own
+  entries at once when they come right after what its followers were shown, and otherwise
+  reads every entry past that point from the database, in order (:meth:`Store.show_others`),
+  so saved-before-shown holds for every host's entries and a follower sees one order. A
+  notice lost while a listening connection is replaced is made good at the next notice or
+  heartbeat, whichever comes first. A resume point is an entry's seq: ``follow(after=S)``
+  and ``entries(after=S)`` give what was committed after S, other hosts' too, whatever
+  their seqs.
 * **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
   version i to i + 1, each in one transaction at open, recorded as a row of
   ``schema_migrations`` (SQLite stores that kept it in ``PRAGMA user_version`` are carried
@@ -80,6 +81,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -89,12 +91,12 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import trio
 
-from ._engines import Engine, describe_postgres, disk_failure, is_postgres_error, open_engine
+from ._engines import LOCK_SPACE, ORDER_LOCK, Engine, describe_postgres, disk_failure, is_postgres_error, open_engine
 from ._engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
 from ._engines import StoreInUse as StoreInUse
 from ._text import repair
@@ -155,6 +157,12 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE turns ADD COLUMN host TEXT;
     ALTER TABLE stops ADD COLUMN host TEXT;
     """,
+    # 3: a fleet's commit order. An entry's place among every host's commits (assigned in
+    # its commit, under one lock): what followers and resume points go by in a fleet.
+    """
+    ALTER TABLE entries ADD COLUMN pos INTEGER;
+    CREATE INDEX IF NOT EXISTS entries_pos ON entries (pos);
+    """,
 )
 
 #: How many hosts one database can hold: a host of slot ``k`` takes only the seqs
@@ -163,6 +171,8 @@ SEQ_STRIDE = 64
 
 #: The advisory lock (second key) a host takes to pick its seq slot.
 _SLOT_LOCK = 1
+#: How many other hosts' entries a fleet host reads back for its followers at a time.
+_SHOW_BATCH = 1000
 
 
 _VERSIONS = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied REAL NOT NULL)"
@@ -267,6 +277,8 @@ class Entry:
     generation: int
     ts: float
     meta: Mapping[str, Any] = field(default_factory=dict)
+    pos: int | None = None
+    """(A fleet) its place in the commit order of every host's entries, once committed."""
 
     def to_json(self) -> dict[str, Any]:
         """The entry as the control API and ``--json`` print it."""
@@ -310,9 +322,13 @@ class ChannelState:
     stopped: bool
 
 
+_COLUMNS = "seq, channel, author, kind, text, turn, generation, ts, meta, pos"
+"""An entry's columns, in :func:`_entry`'s order."""
+
+
 def _entry(row: tuple[Any, ...]) -> Entry:
-    seq, channel, author, kind, text, turn, generation, ts, meta = row
-    return Entry(seq, channel, author, kind, text, turn, generation, ts, json.loads(meta))
+    seq, channel, author, kind, text, turn, generation, ts, meta, pos = row
+    return Entry(seq, channel, author, kind, text, turn, generation, ts, json.loads(meta), pos)
 
 
 class Fenced(StoreError):
@@ -413,6 +429,12 @@ class Store:
             " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns) AS seqs"
         )[0]
         self._seq = row[0] or 0
+        self._shown = 0
+        """(A fleet) the commit position up to which followers have been shown every entry."""
+        self._behind = trio.Event()
+        """(A fleet) set when another host committed entries (or this host's came out of turn)."""
+        if self.host is not None:
+            self._shown = self._place_unplaced()
         self._pending: list[Pending] = []
         # The newest accepted write: batches commit in order, so when it is done, all are.
         # (``_pending`` alone is not enough: the writer empties it when it takes a batch.)
@@ -433,12 +455,28 @@ class Store:
 
     # ------------------------------------------------------------ writing
 
+    def _place_unplaced(self) -> int:
+        """(A fleet host, at open) entries stored before the store was a fleet's (by a single
+        daemon, in seq order = commit order) take their seq as their position, once; the
+        position every entry committed so far is at or below."""
+        db = self._db
+        db.begin()
+        try:
+            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, ORDER_LOCK))
+            db.execute("UPDATE entries SET pos = seq WHERE pos IS NULL")
+            top = self._top_position()
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        return top
+
     def _register(self, host: str) -> int:
         """(At open) this host's row and seq slot: its own if it has one, else the lowest free."""
         db = self._db
         db.begin()
         try:
-            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (0x636F7272, _SLOT_LOCK))
+            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, _SLOT_LOCK))
             mine = db.query("SELECT slot FROM hosts WHERE host = ?", (host,))
             taken = {k for (k,) in db.query("SELECT slot FROM hosts")}
             slot = int(mine[0][0]) if mine else next((k for k in range(SEQ_STRIDE) if k not in taken), -1)
@@ -625,8 +663,12 @@ class Store:
     def _succeed(self, batch: list[Pending]) -> None:
         for pending in batch:
             pending._done.set()
-            if pending.entry is not None:
-                self._publish(pending.entry)
+        entries = [p.entry for p in batch if p.entry is not None]
+        if self.host is not None:
+            self._show_own(entries)
+            return
+        for entry in entries:
+            self._publish(entry)
 
     def _fail(self, batch: list[Pending], exc: BaseException) -> None:
         reason = describe_failure(exc, self.path)
@@ -638,42 +680,87 @@ class Store:
         db = self._db
         db.begin()
         try:
+            placed = [p for p in batch if p.entry is not None] if self.host is not None else []
             with db.batch():
                 for pending in batch:
                     pending._apply(db)
-                if self.host is not None:
-                    self._announce(db, [p.entry for p in batch if p.entry is not None])
-            db.commit()
+                if placed:
+                    self._commit_placed(db, placed)
+            if not placed:
+                db.commit()
         except BaseException:
             db.rollback()  # (never raises: it would hide the real error)
             raise
 
-    def _announce(self, db: Engine, entries: list[Entry]) -> None:
-        """(A fleet, in the commit) tell every host which of this host's seqs the commit
-        stores, per channel: their followers read those rows once they are committed."""
-        ranges: dict[str, tuple[int, int]] = {}
-        for entry in entries:
-            first, last = ranges.get(entry.channel, (entry.seq, entry.seq))
-            ranges[entry.channel] = (min(first, entry.seq), max(last, entry.seq))
-        for channel, (first, last) in ranges.items():
-            db.execute("SELECT pg_notify(?, ?)", (FLEET_NOTICES, json.dumps(
-                {"kind": "entries", "from": self.host, "slot": self.slot, "channel": channel,
-                 "first": first, "last": last})))
+    def _commit_placed(self, db: Engine, placed: list[Pending]) -> None:
+        """(A fleet, ending a batch) commit, giving the commit's entries the positions after
+        every entry committed so far, under a lock held to the commit's end: a commit that
+        comes later has a greater position, so a reader that sees position P sees every
+        position below it too. Every host is told how far the positions go."""
+        entries = [p.entry for p in placed if p.entry is not None]
+        top = db.commit_in_order([e.seq for e in entries], (FLEET_NOTICES, self.host or ""))
+        for n, pending in enumerate(placed, start=1):
+            assert pending.entry is not None
+            pending.entry = replace(pending.entry, pos=top + n)
 
-    async def show_committed(self, channel: str, slot: int, first: int, last: int) -> None:
-        """(A fleet) show this host's followers the entries another host (``slot``) committed
-        in ``channel`` with seqs ``first``..``last``: read back from the database, so only
-        what is committed is shown. Call in the order the notices came (a host's commits
-        come in its seq order, and a follower keeps one position per host)."""
-        def read() -> list[Entry]:
-            return [_entry(row) for row in self._db.query(
-                "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
-                " WHERE channel = ? AND seq >= ? AND seq <= ? AND seq % ? = ? ORDER BY seq",
-                (channel, first, last, self._stride, slot),
-            )]
+    def others_committed(self, last: int | None = None) -> None:
+        """(A fleet) another host's commit placed entries up to position ``last`` (its notice;
+        None: maybe, a heartbeat's look for notices lost): :meth:`show_others` reads them."""
+        if last is None or last > self._shown:
+            self._behind.set()
 
-        for entry in await self._read(read):
-            self._publish(entry)
+    async def show_others(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """(A fleet, a task) show this host's followers what other hosts commit, in commit
+        order, read back from the database (so only what is committed is shown)."""
+        task_status.started()
+        while True:
+            await self._behind.wait()
+            self._behind = trio.Event()
+            try:
+                await self._show_committed()
+            except StoreError as exc:
+                log.warning("could not read other hosts' entries for followers (the next notice or"
+                            " heartbeat tries again): %s", exc)
+
+    async def _show_committed(self) -> None:
+        if not any(self._subs.values()):
+            # Nobody to show them to: only how far they go (a follower to come reads the database).
+            self._shown = max(self._shown, await self._read(self._top_position))
+            return
+        while True:
+            rows = await self._read(functools.partial(self._placed_after, self._shown, _SHOW_BATCH))
+            for entry in rows:
+                assert entry.pos is not None
+                if entry.pos > self._shown:
+                    self._publish(entry)
+                    self._shown = entry.pos
+            if len(rows) < _SHOW_BATCH:
+                return
+
+    def _top_position(self) -> int:
+        ((top,),) = self._db.query("SELECT coalesce(max(pos), 0) FROM entries")
+        return int(top)
+
+    def _placed_after(self, after: int, limit: int) -> list[Entry]:
+        return [_entry(row) for row in self._db.query(
+            f"SELECT {_COLUMNS} FROM entries WHERE pos > ? ORDER BY pos LIMIT ?", (after, limit)
+        )]
+
+    def _show_own(self, entries: list[Entry]) -> None:
+        """(A fleet) this host's committed entries: shown now if they come right after what
+        followers were shown; else other hosts' commits came between, and the reader shows
+        everything from there in order."""
+        fresh = [e for e in entries if e.pos is not None and e.pos > self._shown]
+        if not fresh:
+            return
+        if not any(self._subs.values()):
+            self._shown = max(self._shown, fresh[-1].pos or 0)  # (a follower to come reads from the database)
+        elif fresh[0].pos == self._shown + 1:
+            for entry in fresh:
+                self._publish(entry)
+            self._shown = fresh[-1].pos or 0
+        else:
+            self._behind.set()
 
     async def flush(self) -> None:
         """Wait until everything accepted so far is committed (failures are not raised here)."""
@@ -693,51 +780,62 @@ class Store:
                     self._subs[key].discard(sub)
 
     async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
-        """Every committed entry of ``channel`` (all channels if None) after ``after``, then live.
+        """Every committed entry of ``channel`` (all channels if None) after the entry ``after``
+        (a seq), then live, each once, in commit order (one store: seq order; a fleet: the
+        entries' positions, see the theory above)."""
+        column = "pos" if self.host is not None else "seq"
+        floor = await self._read(lambda: self._position(after)) if self.host is not None else after
 
-        The follower keeps a position per writing host (a seq's slot): each host commits its
-        own entries in seq order, but two hosts' commits interleave in any order, so one
-        host's row may be shown after another's with a greater seq (see the theory above)."""
-        stride, floor = self._stride, after
-        shown: dict[int, int] = {}  # slot -> the last seq of that host shown
+        def key(entry: Entry) -> int:
+            return (entry.pos or 0) if self.host is not None else entry.seq
+
         while True:
             sub = _Subscription(channel)
             self._subs[channel].add(sub)
             try:
-                for entry in await self.entries(channel, after=floor):
-                    if entry.seq > shown.get(entry.seq % stride, after):
+                for entry in await self._rows(channel, column, floor, 100_000):
+                    if key(entry) > floor:
                         yield entry
-                        shown[entry.seq % stride] = entry.seq
+                        floor = key(entry)
                 async for entry in sub.receive:
-                    if entry.seq > shown.get(entry.seq % stride, after):
+                    if key(entry) > floor:
                         yield entry
-                        shown[entry.seq % stride] = entry.seq
+                        floor = key(entry)
             finally:
                 self._subs[channel].discard(sub)
                 sub.send.close()
             if not sub.overflowed:
                 return
-            # A follower that fell 10,000 entries behind re-reads from the database (from the
-            # least position of any host: what another host's position passes is not repeated).
-            floor = min(shown.values(), default=after)
+            # A follower that fell 10,000 entries behind re-reads from the database.
 
     # ------------------------------------------------------------ reading
 
     async def entries(self, channel: str | None, *, after: int = 0, limit: int = 100_000) -> list[Entry]:
-        """Committed entries after ``after``, oldest first."""
+        """Committed entries after the entry ``after`` (a seq), oldest first (in a fleet: in
+        commit order, so a resume point misses no other host's later commit)."""
+        if self.host is None:
+            return await self._rows(channel, "seq", after, limit)
+        return await self._rows(channel, "pos", await self._read(lambda: self._position(after)), limit)
+
+    def _position(self, after: int) -> int:
+        """(A fleet, in the store's thread) the commit position of entry ``after``; for a seq
+        that names no entry, the last position of an entry with a seq at or below it."""
+        if after <= 0:
+            return 0
+        found = self._db.query("SELECT pos FROM entries WHERE seq = ?", (after,))
+        if found and found[0][0] is not None:
+            return int(found[0][0])
+        ((pos,),) = self._db.query("SELECT coalesce(max(pos), 0) FROM entries WHERE seq <= ?", (after,))
+        return int(pos)
+
+    async def _rows(self, channel: str | None, column: str, after: int, limit: int) -> list[Entry]:
+        where, params = (f"{column} > ?", (after,)) if channel is None else (
+            f"channel = ? AND {column} > ?", (channel, after))
 
         def read() -> list[Entry]:
-            if channel is None:
-                return [_entry(row) for row in self._db.query(
-                    "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
-                    " WHERE seq > ? ORDER BY seq LIMIT ?",
-                    (after, limit),
-                )]
             return [_entry(row) for row in self._db.query(
-                    "SELECT seq, channel, author, kind, text, turn, generation, ts, meta FROM entries"
-                    " WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
-                    (channel, after, limit),
-                )]
+                f"SELECT {_COLUMNS} FROM entries WHERE {where} ORDER BY {column} LIMIT ?", (*params, limit)
+            )]
 
         return await self._read(read)
 

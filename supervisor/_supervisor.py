@@ -28,7 +28,6 @@ import contextlib
 import difflib
 import json
 import logging
-import math
 import os
 import secrets
 import time
@@ -315,8 +314,6 @@ class Supervisor:
         """The token this host last held for each channel (kept when the lease is lost)."""
         self._known: set[int] = set()
         """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
-        self._committed_elsewhere = trio.open_memory_channel[tuple[str, int, int, int]](math.inf)
-        """(A fleet) other hosts' commits of entries, in the order their notices came."""
         self._taking: set[str] = set()
         """Channels a heartbeat is taking up right now."""
         self._answers: dict[str, _Answer] = {}
@@ -593,16 +590,6 @@ class Supervisor:
             if channel not in self._taking and not self._closing:
                 self._taking.add(channel)
                 self._nursery.start_soon(self._take_orphan, channel)
-
-    async def show_committed_elsewhere(self) -> None:
-        """(A fleet, a task) show this host's followers what other hosts commit, one notice
-        after the other (a host's commits come in its seq order; reading two at once could
-        show them out of it)."""
-        async for channel, slot, first, last in self._committed_elsewhere[1]:
-            try:
-                await self._store.show_committed(channel, slot, first, last)
-            except StoreError as exc:
-                log.warning("[%s] could not read another host's entries for followers: %s", channel, exc)
 
     def _queued_elsewhere(self, channel: str) -> None:
         """(From the fleet's listener) another host queued a message for the channel: take it
@@ -936,8 +923,8 @@ class Supervisor:
             self._queued_elsewhere(str(notice.get("channel")))
             return
         if notice.get("kind") == "entries" and notice.get("from") != self.fleet.host:
-            self._committed_elsewhere[0].send_nowait(
-                (str(notice["channel"]), int(notice["slot"]), int(notice["first"]), int(notice["last"])))
+            last = notice.get("last")
+            self._store.others_committed(last if isinstance(last, int) else None)
             return
         if notice.get("to") != self.fleet.host:
             return
@@ -1490,7 +1477,7 @@ async def open_supervisor(
             await sup.recover()
             await sup.restore()
             if sup.fleet is not None:
-                nursery.start_soon(sup.show_committed_elsewhere, name="corral-fleet-followers")
+                await nursery.start(store.show_others)
                 await nursery.start(sup.fleet.listen, sup._notice)
                 await nursery.start(sup.fleet.run)
             try:

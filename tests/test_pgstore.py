@@ -28,8 +28,8 @@ from conftest import CORRAL, PYTHON, DaemonProcess, make_config
 from test_stop_contract import AGENT, Gate
 
 from supervisor import ConfigError, parse_config
-from supervisor._engines import _LOCK_PATIENCE, _LOCK_SPACE, redact
-from supervisor._store import Entry, StoreError, StoreInUse, describe_failure, open_store
+from supervisor._engines import _LOCK_PATIENCE, LOCK_SPACE, redact
+from supervisor._store import _MIGRATIONS, Entry, StoreError, StoreInUse, describe_failure, open_store
 from supervisor._supervisor import open_supervisor
 
 T = TypeVar("T")
@@ -129,7 +129,8 @@ async def test_a_second_owner_of_one_database_is_refused_naming_the_holder(postg
     async with open_store(postgres_url) as again:  # released with its connection; the id is stable
         assert again.store_id == store_id
         assert [e.text for e in await again.entries("c")] == ["mine"]
-        assert await again.query("SELECT version FROM schema_migrations ORDER BY version") == [(1,), (2,)]
+        versions = await again.query("SELECT version FROM schema_migrations ORDER BY version")
+        assert versions == [(n,) for n in range(1, len(_MIGRATIONS) + 1)]
 
 
 def advisory_locks(url: str) -> int:
@@ -137,7 +138,7 @@ def advisory_locks(url: str) -> int:
     with psycopg.connect(url) as conn:
         ((count,),) = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2",
-            (_LOCK_SPACE,),
+            (LOCK_SPACE,),
         ).fetchall()
     return int(count)
 
@@ -154,7 +155,7 @@ async def test_a_closed_store_has_given_its_lock_up_and_a_reopen_waits_out_a_lea
         assert advisory_locks(postgres_url) == 0
     # ... and an opener retries a held lock for a moment (a restart right after a kill -9).
     holder = psycopg.connect(postgres_url, autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(%s, %s)", (_LOCK_SPACE, int(store.store_id[:8], 16) & 0x7FFFFFFF))
+    holder.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_SPACE, int(store.store_id[:8], 16) & 0x7FFFFFFF))
     assert _LOCK_PATIENCE >= 1.0
     leaving = threading.Timer(0.25, holder.close)  # the fault: the holder goes away a moment later
     leaving.start()
@@ -219,13 +220,14 @@ async def test_a_sqlite_store_from_before_the_migrations_table_keeps_its_version
     db = sqlite3.connect(path)
     db.execute("DROP TABLE schema_migrations")  # as the multi-agent branch left it: user_version 1
     for undo in ("DROP TABLE hosts", "DROP TABLE leases", "ALTER TABLE turns DROP COLUMN host",
-                 "ALTER TABLE stops DROP COLUMN host"):  # (migration 2, the fleet's, came after)
+                 "ALTER TABLE stops DROP COLUMN host",  # (migration 2, the fleet's, came after)
+                 "DROP INDEX entries_pos", "ALTER TABLE entries DROP COLUMN pos"):  # (and 3, its commit order)
         db.execute(undo)
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
-    async with open_store(path) as store:  # migration 1 is not run again (it would fail: columns exist); 2 is
-        assert [v for (v,) in await store.query("SELECT version FROM schema_migrations")] == [1, 2]
+    async with open_store(path) as store:  # migration 1 is not run again (it would fail: columns exist); 2, 3 are
+        assert [v for (v,) in await store.query("SELECT version FROM schema_migrations")] == [1, 2, 3]
         assert (await store.append("c", "u", "message", "x")).text == "x"
 
 
