@@ -17,6 +17,9 @@ On the loopback TCP listener (the one with a token) the same application serves 
 dashboard under ``/dashboard/`` (:mod:`._dashboard`); who may call what is decided in one
 place, :meth:`ControlAPI._authorize`, with :mod:`._dashauth`.
 
+``after=N`` names an entry by its seq: what was committed after it (one daemon: the greater
+seqs; a fleet: the fleet's commit order, whatever each host's seqs).
+
 Every error is JSON: ``{"error": {"code": …, "message": …}}`` with a 4xx/5xx status. A bad
 request never disturbs the daemon or anything it has accepted.
 """
@@ -315,8 +318,10 @@ class ControlAPI:
 
     async def _events(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
         after = _query_number(query, "after", 0, maximum=MAX_SEQ, integer=True)
-        # An EventSource that reconnects by itself names the last seq it saw, not a new ?after=.
-        after = max(after, last_event_id(peer.headers))
+        # An EventSource that reconnects by itself names the last seq it saw, not a new ?after=;
+        # that entry came later in the stream (in a fleet the stream's order is the commit
+        # order, which seqs from two hosts' clocks need not follow: not the greater seq).
+        after = last_event_id(peer.headers) or after
         await self.sup.require_channel(channel)  # an unknown channel is a 404, not an empty stream
 
         async def produce(emit: Emit) -> None:

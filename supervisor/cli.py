@@ -331,7 +331,8 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
 
 @main.command()
 @click.argument("channel")
-@click.option("--after", type=int, default=0, metavar="SEQ", help="Only entries after this seq.")
+@click.option("--after", type=int, default=0, metavar="SEQ",
+              help="Only entries after the entry SEQ (in a fleet: committed after it).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new entries as they are stored.")
 @_json_option
 @click.pass_obj

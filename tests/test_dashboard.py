@@ -240,6 +240,16 @@ async def test_the_events_endpoint_resumes_after_last_event_id(short_tmp: Path) 
                     if kind == "message":
                         assert json.loads(data)["seq"] == entries[len(entries) // 2 + 1]["seq"]
                         break
+            # It wins over the page's own ?after=, even a greater seq: it is where the stream was
+            # (in a fleet, entries come in commit order, and a later one can have a lower seq).
+            async with http.stream(
+                "GET", f"/v1/channels/c/events?after={entries[-1]['seq']}",
+                headers={**_bearer(), "last-event-id": str(middle)},
+            ) as stream:
+                async for kind, data in _events(stream):
+                    if kind == "message":
+                        assert json.loads(data)["seq"] == entries[len(entries) // 2 + 1]["seq"]
+                        break
 
 
 async def test_the_status_stream_follows_a_turn_from_running_to_idle(short_tmp: Path) -> None:

@@ -202,13 +202,17 @@
     const channel = body.dataset.channel;
     const path = `/v1/channels/${encodeURIComponent(channel)}`;
     const transcript = document.getElementById("transcript");
-    let last = 0;
+    let last = 0; // the last entry shown: where a reconnect resumes
+    const shown = new Set();
     const stream = follow(
       () => `${path}/events?after=${last}`,
       {
         message: (event) => {
           const entry = JSON.parse(event.data);
-          if (entry.seq <= last) return; // already shown (a reconnect never duplicates)
+          // Already shown: a reconnect never duplicates. (Not "seq <= last": in a fleet the
+          // stream comes in commit order, and another host's seq can be the lower one.)
+          if (shown.has(entry.seq)) return;
+          shown.add(entry.seq);
           last = entry.seq;
           const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
           transcript.append(renderEntry(entry));
