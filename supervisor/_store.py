@@ -1257,7 +1257,8 @@ class TakeOver:
 
 @asynccontextmanager
 async def open_store(path: str, *, synchronous: str = "FULL", host: str | None = None) -> AsyncIterator[Store]:
-    """Open the store and run its writer; on exit, commit what is pending and close.
+    """Open the store and run its writer (in a fleet, and its reader of other hosts'
+    entries for followers); on exit, commit what is pending and close.
 
     ``path`` is a SQLite file, or a ``postgresql://`` URL (any libpq URL; ``synchronous``
     is SQLite's alone; ``host``: this daemon's name in a fleet, PostgreSQL's alone)."""
@@ -1265,6 +1266,8 @@ async def open_store(path: str, *, synchronous: str = "FULL", host: str | None =
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run_writer)
+            if store.host is not None:
+                await nursery.start(store.show_others)
             try:
                 yield store
             finally:

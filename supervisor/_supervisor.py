@@ -1477,7 +1477,6 @@ async def open_supervisor(
             await sup.recover()
             await sup.restore()
             if sup.fleet is not None:
-                await nursery.start(store.show_others)
                 await nursery.start(sup.fleet.listen, sup._notice)
                 await nursery.start(sup.fleet.run)
             try:

@@ -320,8 +320,9 @@ async def test_a_message_accepted_by_a_host_that_then_takes_the_channel_runs_aft
         await until("h1's turn", lambda: "ready" in texts(url))
         assert (await one.stop("ch")).ok  # generation 1, on h1 and in the store; h2 never saw it
         assert one.fleet is not None
-        one.fleet.paused = True
-        expire(url, "ch")  # h1 stops answering: its lease is free
+        one.fleet.paused = True  # h1 stops answering: once its own deadline passes, it lets go
+        await until("h1 to let go", lambda: one.fleet is not None and one.fleet.token("ch") is None)
+        expire(url, "ch")  # (and its lease is free: no need to wait for the database's clock)
         await two.send("ch", "after the stop")  # stamped by h2 before it took the channel
         await until("h2 to run it", lambda: any(t.startswith("done:") and "after the stop" in t for t in texts(url)))
         assert two.fleet is not None and two.fleet.token("ch") == 2
@@ -421,7 +422,6 @@ async def test_followers_and_resume_points_go_by_commit_order_not_by_seq(postgre
                     await got.wait()
 
         async with trio.open_nursery() as nursery:
-            await nursery.start(one.show_others)
             await nursery.start(follow)
             one.seq_floor(two.next_seq() + 1000 * SEQ_STRIDE)
             first = await one.append("c", "agent:bot", "message", "h1's, the greater seq, committed first")
