@@ -394,6 +394,8 @@ class PostgresEngine(Engine):
         self._store_id: str | None = None
         self._host = ""
         self._pipeline: psycopg.Pipeline | None = None
+        self._order_scripts: dict[tuple[str, str], str] = {}
+        """:meth:`commit_in_order`'s script for each (notice channel, host), but its seqs."""
         self._lost: StoreInUse | None = None
         try:
             import psycopg  # noqa: F401 - the optional extra; checked here, used below
@@ -492,24 +494,32 @@ class PostgresEngine(Engine):
         self._conn.execute("COMMIT")
 
     def commit_in_order(self, seqs: Sequence[int], notice: tuple[str, str]) -> int:
-        """The lock, the positions, the notice and the ``COMMIT`` go out together in the batch's
-        pipeline and the server runs them without waiting for this process: a host paused
-        (SIGSTOP) or cut off once they are sent never holds the fleet's commits up. Its own
-        answers are read after the commit."""
-        assert self._pipeline is not None, "commit_in_order runs inside batch()"
-        self._conn.execute(self._sql("SELECT pg_advisory_xact_lock(?, ?)"), (LOCK_SPACE, ORDER_LOCK))
-        placed = self._conn.execute(
-            "UPDATE entries SET pos = t.top + o.n FROM (SELECT coalesce(max(pos), 0) AS top FROM entries) AS t,"
-            " unnest(%s::bigint[]) WITH ORDINALITY AS o(seq, n) WHERE entries.seq = o.seq RETURNING t.top",
-            (list(seqs),),
-        )
-        self._conn.execute(
-            "SELECT pg_notify(%s, json_build_object('kind', 'entries', 'from', %s::text,"
-            " 'last', (SELECT max(pos) FROM entries))::text)", notice,
-        )
-        self._conn.execute("COMMIT")
-        self._pipeline.sync()
-        ((top,), *_) = placed.fetchall()  # (one row per entry, each the same: they were inserted in this commit)
+        """The lock, the positions, the notice and the ``COMMIT`` go to the server as ONE
+        message (a multi-statement simple query, values inlined as literals): the server runs
+        it to the end without waiting for this process, so a host paused (SIGSTOP) or cut
+        off can never hold the fleet's commits up with the lock. Its answers are read after."""
+        assert self._pipeline is None, "commit_in_order runs after the batch's pipeline"
+        script = self._order_scripts.get(notice)
+        if script is None:
+            from psycopg import sql
+
+            # (Literals, quoted by psycopg; braces doubled for the format below.)
+            channel, host = (sql.Literal(v).as_string(self._conn).replace("{", "{{").replace("}", "}}")
+                             for v in notice)
+            script = self._order_scripts[notice] = (
+                f"SELECT pg_advisory_xact_lock({LOCK_SPACE}, {ORDER_LOCK});"
+                " UPDATE entries SET pos = t.top + o.n FROM (SELECT coalesce(max(pos), 0) AS top FROM entries) AS t,"
+                " unnest('{{{seqs}}}'::bigint[]) WITH ORDINALITY AS o(seq, n) WHERE entries.seq = o.seq"
+                " RETURNING t.top;"
+                f" SELECT pg_notify({channel}, json_build_object('kind', 'entries', 'from', {host}::text,"
+                " 'last', (SELECT max(pos) FROM entries))::text);"
+                " COMMIT"
+            )
+        cursor = self._conn.execute(script.format(seqs=",".join(str(int(s)) for s in seqs)).encode())
+        cursor.nextset()  # (past the lock's result: the positions')
+        ((top,), *_) = cursor.fetchall()  # (one row per entry, each the same: they were inserted in this commit)
+        while cursor.nextset():  # (the notice's, the COMMIT's)
+            pass
         return int(top)
 
     def rollback(self) -> None:

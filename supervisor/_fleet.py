@@ -96,6 +96,8 @@ class Fleet:
         self._until: dict[str, float] = {}
         """Each held lease's local deadline (``trio.current_time``)."""
         self._changed = trio.Event()
+        self._taking: dict[str, list[trio.Event]] = {}
+        """Acquisitions in flight, by channel: each event is set when its answer is in."""
         self.renewals = 0
         """Heartbeats that reached the database (for tests and the benchmark)."""
         self.paused = False
@@ -117,6 +119,13 @@ class Fleet:
     def held(self) -> dict[str, int]:
         """Every lease this host holds, with its token."""
         return dict(self._tokens)
+
+    async def settled(self, channel: str) -> None:
+        """Wait for this host's acquisitions of the channel's lease in flight: the database
+        may already name this host the owner (another host just read so, and asks it to
+        stop the channel) while the answer is on its way here."""
+        for taken in list(self._taking.get(channel, ())):
+            await taken.wait()
 
     async def force(self, channel: str) -> int:
         """Take the channel's lease whoever holds it (a stop its owner did not answer): a new
@@ -237,6 +246,18 @@ class Fleet:
         store's seqs move past every seq stored so far, in the same transaction."""
         if self.paused:
             return None
+        taken = trio.Event()
+        self._taking.setdefault(channel, []).append(taken)
+        try:
+            return await self._acquire(channel)
+        finally:
+            taken.set()
+            waiting = self._taking[channel]
+            waiting.remove(taken)
+            if not waiting:
+                del self._taking[channel]
+
+    async def _acquire(self, channel: str) -> int | None:
         started = trio.current_time()
         host, lease = self.host, self.lease
 

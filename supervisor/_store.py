@@ -684,16 +684,16 @@ class Store:
             with db.batch():
                 for pending in batch:
                     pending._apply(db)
-                if placed:
-                    self._commit_placed(db, placed)
-            if not placed:
+            if placed:
+                self._commit_placed(db, placed)
+            else:
                 db.commit()
         except BaseException:
             db.rollback()  # (never raises: it would hide the real error)
             raise
 
     def _commit_placed(self, db: Engine, placed: list[Pending]) -> None:
-        """(A fleet, ending a batch) commit, giving the commit's entries the positions after
+        """(A fleet, after a batch's writes) commit, giving the commit's entries the positions after
         every entry committed so far, under a lock held to the commit's end: a commit that
         comes later has a greater position, so a reader that sees position P sees every
         position below it too. Every host is told how far the positions go."""

@@ -943,7 +943,8 @@ class Supervisor:
         """Carry out a stop another host was asked for, if this host owns the channel (else
         say nothing: the asker takes the channel when its wait runs out)."""
         assert self.fleet is not None
-        if not self.fleet.holds(channel):
+        await self.fleet.settled(channel)  # (the lease taken a moment ago: the asker read it first)
+        if not self.fleet.holds(channel) or self._closing:
             return
         started, cpu = trio.current_time(), time.process_time()
         decision = self._ledger.stop(channel)

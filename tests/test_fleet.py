@@ -550,3 +550,51 @@ async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_n
         await until("the follow-up", lambda: "done: after the stop" in texts(url))
         assert "done: read before the stop" not in texts(url)
         assert count(url, "SELECT count(*) FROM entries WHERE kind = 'notice'") == 1
+
+
+async def test_a_stop_asked_of_a_host_whose_lease_is_still_on_its_way_is_carried_out_not_ignored(
+    short_tmp: Path, postgres_url: str, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (Found by chaos_stop --fleet: h1 read h2 as the owner the moment h2's lease committed; the
+    # stop notice reached h2 before its own answer did, h2 ignored it as not its channel, and
+    # the stop waited out the lease and answered ok: false.)
+    url = postgres_url
+    slow = 60.0  # (an ignored stop would wait the whole lease)
+    configs = [host_config(short_tmp / n, url, n, slow) for n in ("h1", "h2")]
+    async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
+        assert two.fleet is not None
+        fleet = two.fleet
+        committed, release, asked = trio.Event(), trio.Event(), trio.Event()
+        transact, settled = fleet.store.transact, fleet.settled
+
+        async def parked_transact(work: Any) -> Any:
+            out = await transact(work)
+            if not committed.is_set() and work.__name__ == "take":
+                committed.set()  # the lease is h2's in the database; h2 does not know yet
+                await release.wait()
+            return out
+
+        async def noted_settled(channel: str) -> None:
+            asked.set()
+            await settled(channel)
+
+        monkeypatch.setattr(fleet.store, "transact", parked_transact)
+        monkeypatch.setattr(fleet, "settled", noted_settled)
+        await two.send("ch", f"gate={gate}")
+        await committed.wait()
+        async with trio.open_nursery() as nursery:
+            results: list[Any] = []
+
+            async def stop() -> None:
+                results.append(await one.stop("ch"))
+
+            nursery.start_soon(stop)
+            with trio.fail_after(DEADLINE):
+                await asked.wait()  # h2 has the notice, its lease's answer still on the way
+            release.set()
+            with trio.fail_after(slow / 6):
+                while not results:
+                    await trio.sleep(0.01)  # (polling a condition; not settling)
+        (result,) = results
+        assert result.ok and result.dropped == 1, result  # carried out by h2: its message never ran
+        assert "ready" not in texts(url)
