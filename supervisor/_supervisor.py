@@ -314,6 +314,8 @@ class Supervisor:
         """The token this host last held for each channel (kept when the lease is lost)."""
         self._known: set[int] = set()
         """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
+        self._taking_over: dict[str, trio.Event] = {}
+        """(A fleet) channels being taken over from the store right now (set when done)."""
         self._taking: set[str] = set()
         """Channels a heartbeat is taking up right now."""
         self._answers: dict[str, _Answer] = {}
@@ -523,6 +525,7 @@ class Supervisor:
         assert fleet is not None
         if self._placed_elsewhere(channel) is not None:
             return False  # (even if held: a stop may take a pinned channel's lease, never its turns)
+        await self._taken_over(channel)
         if fleet.holds(channel):
             return True
         try:
@@ -537,7 +540,26 @@ class Supervisor:
             await self._take_over(channel)
         return True
 
+    async def _taken_over(self, channel: str) -> None:
+        """(A fleet) wait for this host's acquisition of the channel's lease and its take-over
+        from the store, if either is in flight: then the channel's state here is the store's
+        (a stop decided before would move a generation the store has already passed)."""
+        assert self.fleet is not None
+        await self.fleet.settled(channel)
+        taking = self._taking_over.get(channel)
+        if taking is not None:
+            await taking.wait()
+
     async def _take_over(self, channel: str) -> None:
+        done = self._taking_over[channel] = trio.Event()
+        try:
+            await self._take_over_now(channel)
+        finally:
+            done.set()
+            if self._taking_over.get(channel) is done:
+                del self._taking_over[channel]
+
+    async def _take_over_now(self, channel: str) -> None:
         found = await self._store.take_over(
             channel, here=lambda cwd: os.path.isdir(cwd), skip={t for t, _ in self._fences.items()},
             notice=HOST_LOST_NOTICE,
@@ -943,7 +965,7 @@ class Supervisor:
         """Carry out a stop another host was asked for, if this host owns the channel (else
         say nothing: the asker takes the channel when its wait runs out)."""
         assert self.fleet is not None
-        await self.fleet.settled(channel)  # (the lease taken a moment ago: the asker read it first)
+        await self._taken_over(channel)  # (the lease taken a moment ago: the asker read it first)
         if not self.fleet.holds(channel) or self._closing:
             return
         started, cpu = trio.current_time(), time.process_time()

@@ -598,3 +598,55 @@ async def test_a_stop_asked_of_a_host_whose_lease_is_still_on_its_way_is_carried
         (result,) = results
         assert result.ok and result.dropped == 1, result  # carried out by h2: its message never ran
         assert "ready" not in texts(url)
+
+
+@pytest.mark.parametrize("through", ["another host", "the owner"])
+async def test_a_stop_that_comes_while_the_owner_takes_the_channel_over_moves_the_stored_generation_on(
+    short_tmp: Path, postgres_url: str, gate: Gate, monkeypatch: pytest.MonkeyPatch, through: str
+) -> None:
+    # h2 has just taken the channel's lease and is reading its state from the store (a stop
+    # of h1's made it generation 1) when a stop through h1 reaches it: decided on h2's state
+    # of before the read, it would record generation 1 again, a stop that moves nothing.
+    url = postgres_url
+    configs = [host_config(short_tmp / n, url, n, 60.0) for n in ("h1", "h2")]
+    async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
+        await one.send("ch", f"gate={gate}")
+        await until("h1's turn", lambda: "ready" in texts(url))
+        assert (await one.stop("ch")).generation == 1
+        assert one.fleet is not None and two.fleet is not None
+        one.fleet.paused = True
+        await one.fleet.give_back("ch")  # (h1 lets the channel go; it stays paused, so takes nothing)
+        fleet = two.fleet
+        read, release, asked = trio.Event(), trio.Event(), trio.Event()
+        transact, settled = fleet.store.transact, fleet.settled
+
+        async def parked_transact(work: Any) -> Any:
+            out = await transact(work)
+            if not read.is_set() and work.__qualname__.startswith("Store.take_over"):
+                read.set()  # h2 holds the lease and has read the channel's state, not yet applied it
+                await release.wait()
+            return out
+
+        async def noted_settled(channel: str) -> None:
+            asked.set()
+            await settled(channel)
+
+        monkeypatch.setattr(fleet.store, "transact", parked_transact)
+        await two.send("ch", "taken over")
+        with trio.fail_after(DEADLINE):
+            await read.wait()
+        monkeypatch.setattr(fleet, "settled", noted_settled)
+        async with trio.open_nursery() as nursery:
+            results: list[Any] = []
+
+            async def stop() -> None:
+                results.append(await (one if through == "another host" else two).stop("ch"))
+
+            nursery.start_soon(stop)
+            with trio.fail_after(DEADLINE):
+                await asked.wait()  # h2 has the stop; its take-over is still parked
+            release.set()
+        (result,) = results
+        assert result.ok and result.generation == 2, result
+        assert count(url, "SELECT generation FROM generations WHERE channel = 'ch'") == 2
+        assert "done: taken over" not in texts(url)
