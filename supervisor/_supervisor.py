@@ -20,6 +20,14 @@ entry of the agent's (``_hand_off``) in the same synchronous step that stores it
 checkpoint between "the ledger lets the entry be kept" and "the routed message is
 accepted", so a stop lands either before both (nothing stored, nothing routed) or after
 both (the routed message is queued under the old generation and dropped by the stop).
+
+A fleet (``self.fleet``: several hosts on one PostgreSQL store) runs a channel only on the
+host holding its lease (:mod:`._fleet`). A stop through another host asks the owner
+(``_stop_elsewhere``), which first waits for its own acquisition and take-over of the
+channel in flight (``_taken_over``): a decision on the state of before the store's read
+would move a generation the store has already passed. Messages other hosts queued are taken
+up from the store under the current generation; whether a stop dropped one is the store's
+to say, not the seqs' (``begin_turn`` fails with ``Dropped``, and the lane is given back).
 """
 
 from __future__ import annotations
