@@ -49,6 +49,11 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
   running under the restored generation. A retried stop is then a real stop, not a
   repeat. If another stop has moved the generation since (it superseded this one, and
   dropped whatever this one would have), nothing is undone.
+* In a fleet the ledger sees only this host's decisions. ``lose`` silences a channel's turns
+  when its lease moves; ``adopt`` re-stamps what this host accepted while another host
+  owned the channel; and a message taken up from the store may turn out, at its turn's
+  begin, to have been dropped by a stop the ledger never saw drop it: ``unbegin`` gives
+  the lane back and leaves the repeat window as it was (no turn began).
 
 Violations of the driver's side of the protocol (ending a turn that is not running,
 starting a second turn in a busy lane, routing while the channel rests) raise :class:`LedgerError`: they are bugs.
