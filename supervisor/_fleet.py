@@ -99,7 +99,8 @@ class Fleet:
         self._taking: dict[str, list[trio.Event]] = {}
         """Acquisitions in flight, by channel: each event is set when its answer is in."""
         self.renewals = 0
-        """Heartbeats that reached the database (for tests and the benchmark)."""
+        """Heartbeats that reached the database, each counted once its view of the fleet
+        (``view``) is read (for tests and the benchmark)."""
         self.paused = False
         """(Tests) take and renew nothing, as a host cut off from the database."""
         self.view: list[dict[str, Any]] = []
@@ -374,7 +375,6 @@ class Fleet:
         except StoreError as exc:
             log.warning("host %s: heartbeat failed (%s); its leases run out unless the next one succeeds", host, exc)
             return None
-        self.renewals += 1
         self.store.others_committed()  # (a notice of other hosts' entries lost in a reconnect: read them now)
         for channel, token in held.items():
             if self._tokens.get(channel) != token:
@@ -389,6 +389,7 @@ class Fleet:
             self.view = await self.hosts()
         except StoreError as exc:
             log.warning("host %s: could not read the fleet's hosts: %s", host, exc)
+        self.renewals += 1  # (counted once its view of the fleet is in: status shows this beat's)
         return soonest
 
     async def hosts(self) -> list[dict[str, Any]]:
