@@ -114,6 +114,18 @@ def format_entry(entry: dict[str, Any]) -> str:
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}"
 
 
+def format_stop(result: dict[str, Any]) -> str:
+    """One channel's stop result as a readable line (an ACP turn's prompt: how it ended)."""
+    what = "repeat (already stopped)" if result["repeat"] else f"generation {result['generation']}"
+    ended = f", ACP prompt {result['ended']}" if result.get("ended") else ""
+    failed = "" if result["ok"] else f" — FAILED: {result['error']}"
+    turns = len(result["stopped_turns"])
+    return (
+        f"{result['channel']}: stopped — {what}; turns {turns}{ended}, killed {result['killed']}, "
+        f"swept {result['swept']}, dropped {result['dropped']} message(s), {result['elapsed_ms']:.1f} ms{failed}"
+    )
+
+
 def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
         import supervisor
@@ -301,12 +313,7 @@ def stop(obj: _Context, channel: str | None, stop_all: bool, as_json: bool) -> N
         _print_json(result)
     else:
         for r in result["channels"] if result.get("channels") is not None else [result]:
-            what = "repeat (already stopped)" if r["repeat"] else f"generation {r['generation']}"
-            click.echo(
-                f"{r['channel']}: stopped — {what}; turns {len(r['stopped_turns'])}, killed {r['killed']}, "
-                f"swept {r['swept']}, dropped {r['dropped']} message(s), {r['elapsed_ms']:.1f} ms"
-                + ("" if r["ok"] else f" — FAILED: {r['error']}")
-            )
+            click.echo(format_stop(r))
         if stop_all and not result.get("channels"):
             click.echo("nothing was running")
     if not result.get("ok", True):

@@ -312,6 +312,19 @@ def test_tail_marks_a_message_a_stop_dropped() -> None:
     assert format_entry({**entry, "meta": {}}).endswith(" later")
 
 
+def test_stop_prints_what_each_turn_came_to() -> None:
+    from supervisor.cli import format_stop
+
+    result = {"channel": "ch", "repeat": False, "generation": 2, "stopped_turns": ["t1"], "killed": [41],
+              "swept": [], "dropped": 1, "elapsed_ms": 6.25, "ok": True, "error": None, "ended": None}
+    assert format_stop(result) == (
+        "ch: stopped — generation 2; turns 1, killed [41], swept [], dropped 1 message(s), 6.2 ms")
+    assert "turns 1, ACP prompt cancelled, killed" in format_stop({**result, "ended": "cancelled"})
+    failed = format_stop({**result, "ok": False, "error": "host h2 has not answered since 14:02:11"})
+    assert failed.endswith("ms — FAILED: host h2 has not answered since 14:02:11")
+    assert "repeat (already stopped)" in format_stop({**result, "repeat": True})
+
+
 # ---------------------------------------------------------------- a real full disk
 
 
