@@ -96,7 +96,7 @@ class Fleet:
         self._until: dict[str, float] = {}
         """Each held lease's local deadline (``trio.current_time``)."""
         self._changed = trio.Event()
-        self._taking: dict[str, list[trio.Event]] = {}
+        self._acquiring: dict[str, list[trio.Event]] = {}
         """Acquisitions in flight, by channel: each event is set when its answer is in."""
         self.renewals = 0
         """Heartbeats that reached the database, each counted once its view of the fleet
@@ -125,7 +125,7 @@ class Fleet:
         """Wait for this host's acquisitions of the channel's lease in flight: the database
         may already name this host the owner (another host just read so, and asks it to
         stop the channel) while the answer is on its way here."""
-        for taken in list(self._taking.get(channel, ())):
+        for taken in list(self._acquiring.get(channel, ())):
             await taken.wait()
 
     async def force(self, channel: str) -> int:
@@ -248,15 +248,15 @@ class Fleet:
         if self.paused:
             return None
         taken = trio.Event()
-        self._taking.setdefault(channel, []).append(taken)
+        self._acquiring.setdefault(channel, []).append(taken)
         try:
             return await self._acquire(channel)
         finally:
             taken.set()
-            waiting = self._taking[channel]
+            waiting = self._acquiring[channel]
             waiting.remove(taken)
             if not waiting:
-                del self._taking[channel]
+                del self._acquiring[channel]
 
     async def _acquire(self, channel: str) -> int | None:
         started = trio.current_time()

@@ -552,6 +552,39 @@ async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_n
         assert count(url, "SELECT count(*) FROM entries WHERE kind = 'notice'") == 1
 
 
+class Parked:
+    """A fleet host held at an exact point: right after the first of its store transactions
+    that ``which`` names has committed (``parked`` is set; ``release`` lets it go on). From
+    ``note_asks`` on, ``asked`` is set when anything (a stop, a turn) waits for the host's
+    lease or take-over to settle."""
+
+    def __init__(self, fleet: Fleet, monkeypatch: pytest.MonkeyPatch, which: Any) -> None:
+        self.parked, self.asked, self._go_on = trio.Event(), trio.Event(), trio.Event()
+        self._fleet, self._monkeypatch = fleet, monkeypatch
+        transact = fleet.store.transact
+
+        async def parked_transact(work: Any) -> Any:
+            out = await transact(work)
+            if not self.parked.is_set() and which(work):
+                self.parked.set()
+                await self._go_on.wait()
+            return out
+
+        monkeypatch.setattr(fleet.store, "transact", parked_transact)
+
+    def note_asks(self) -> None:
+        settled = self._fleet.settled
+
+        async def noted_settled(channel: str) -> None:
+            self.asked.set()
+            await settled(channel)
+
+        self._monkeypatch.setattr(self._fleet, "settled", noted_settled)
+
+    def release(self) -> None:
+        self._go_on.set()
+
+
 async def test_a_stop_asked_of_a_host_whose_lease_is_still_on_its_way_is_carried_out_not_ignored(
     short_tmp: Path, postgres_url: str, gate: Gate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -563,25 +596,12 @@ async def test_a_stop_asked_of_a_host_whose_lease_is_still_on_its_way_is_carried
     configs = [host_config(short_tmp / n, url, n, slow) for n in ("h1", "h2")]
     async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
         assert two.fleet is not None
-        fleet = two.fleet
-        committed, release, asked = trio.Event(), trio.Event(), trio.Event()
-        transact, settled = fleet.store.transact, fleet.settled
-
-        async def parked_transact(work: Any) -> Any:
-            out = await transact(work)
-            if not committed.is_set() and work.__name__ == "take":
-                committed.set()  # the lease is h2's in the database; h2 does not know yet
-                await release.wait()
-            return out
-
-        async def noted_settled(channel: str) -> None:
-            asked.set()
-            await settled(channel)
-
-        monkeypatch.setattr(fleet.store, "transact", parked_transact)
-        monkeypatch.setattr(fleet, "settled", noted_settled)
+        # Parked once the lease is h2's in the database: h2 does not know yet.
+        h2 = Parked(two.fleet, monkeypatch, lambda work: work.__qualname__.startswith("Fleet._acquire"))
         await two.send("ch", f"gate={gate}")
-        await committed.wait()
+        with trio.fail_after(DEADLINE):
+            await h2.parked.wait()
+        h2.note_asks()  # (h2's worker asked before its acquisition; from here only the stop asks)
         async with trio.open_nursery() as nursery:
             results: list[Any] = []
 
@@ -590,8 +610,8 @@ async def test_a_stop_asked_of_a_host_whose_lease_is_still_on_its_way_is_carried
 
             nursery.start_soon(stop)
             with trio.fail_after(DEADLINE):
-                await asked.wait()  # h2 has the notice, its lease's answer still on the way
-            release.set()
+                await h2.asked.wait()  # h2 has the notice, its lease's answer still on the way
+            h2.release()
             with trio.fail_after(slow / 6):
                 while not results:
                     await trio.sleep(0.01)  # (polling a condition; not settling)
@@ -619,26 +639,12 @@ async def test_a_stop_that_comes_while_the_owner_takes_the_channel_over_moves_th
         assert one.fleet is not None and two.fleet is not None
         one.fleet.paused = True
         await one.fleet.give_back("ch")  # (h1 lets the channel go; it stays paused, so takes nothing)
-        fleet = two.fleet
-        read, release, asked = trio.Event(), trio.Event(), trio.Event()
-        transact, settled = fleet.store.transact, fleet.settled
-
-        async def parked_transact(work: Any) -> Any:
-            out = await transact(work)
-            if not read.is_set() and work.__qualname__.startswith("Store.take_over"):
-                read.set()  # h2 holds the lease and has read the channel's state, not yet applied it
-                await release.wait()
-            return out
-
-        async def noted_settled(channel: str) -> None:
-            asked.set()
-            await settled(channel)
-
-        monkeypatch.setattr(fleet.store, "transact", parked_transact)
+        # Parked once h2 holds the lease and has read the channel's state, not yet applied it.
+        h2 = Parked(two.fleet, monkeypatch, lambda work: work.__qualname__.startswith("Store.take_over"))
         await two.send("ch", "taken over")
         with trio.fail_after(DEADLINE):
-            await read.wait()
-        monkeypatch.setattr(fleet, "settled", noted_settled)
+            await h2.parked.wait()
+        h2.note_asks()
         async with trio.open_nursery() as nursery:
             results: list[Any] = []
 
@@ -647,8 +653,8 @@ async def test_a_stop_that_comes_while_the_owner_takes_the_channel_over_moves_th
 
             nursery.start_soon(stop)
             with trio.fail_after(DEADLINE):
-                await asked.wait()  # h2 has the stop; its take-over is still parked
-            release.set()
+                await h2.asked.wait()  # h2 has the stop; its take-over is still parked
+            h2.release()
         (result,) = results
         assert result.ok and result.generation == 2, result
         assert count(url, "SELECT generation FROM generations WHERE channel = 'ch'") == 2
