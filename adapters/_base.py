@@ -139,7 +139,7 @@ class TurnRequest:
     cwd: str = "."
     """The fixed working directory of this channel and agent."""
     home: str = "."
-    """A private HOME (and TMPDIR parent) for this agent; the CLI writes its state there."""
+    """A private HOME (and TMPDIR parent) for this agent in this channel; the CLI writes its state there."""
     options: Mapping[str, object] = field(default_factory=dict)
     """Adapter-specific keys from the agent's config (e.g. ``resume_args``, ``prompt``)."""
     unattended: bool = True

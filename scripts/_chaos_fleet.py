@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 from scripts._bench import Daemon, short_tmp
 from supervisor._client import Client
+from supervisor.testing import read_pid
 
 T = TypeVar("T")
 HOSTS = ("ha", "hb", "hc")
@@ -53,7 +54,7 @@ def flush(*_):
 signal.signal(signal.SIGINT, flush)
 folder = os.environ["CHAOS_PIDS"]
 with open(os.path.join(folder, text.split()[-1]), "w") as fh:
-    fh.write(str(os.getpid()))
+    fh.write(f"{os.getpid()} {os.stat('/proc/self/ns/pid').st_ino}")  # the sandbox's pid and namespace
 if text.startswith("quick"):
     print("done " + text, flush=True)
     sys.exit(0)
@@ -83,6 +84,7 @@ adapter = "generic"
 command = [{json.dumps(sys.executable)}, {json.dumps(str(folder.parent / "agent.py"))}]
 stop_grace = 2
 env = {{ {variables} }}
+sandbox_write = [{", ".join(json.dumps(v) for k, v in (env or {}).items() if k == "CHAOS_PIDS")}]
 {tables}"""
 
 
@@ -137,10 +139,11 @@ class Fleet:
             return conn.execute(sql, params).fetchall()
 
     def pid(self, name: str) -> int | None:
-        """The pid the agent of message ``name`` wrote, if it started."""
+        """The pid the agent of message ``name`` wrote (as this process sees it), if it
+        started and is alive: a pid its sandbox no longer has is a process that is gone."""
         try:
-            return int((self.root / "pids" / name).read_text())
-        except (OSError, ValueError):
+            return read_pid(self.root / "pids" / name)
+        except (OSError, ValueError, LookupError):
             return None
 
     def owner(self, channel: str) -> str | None:

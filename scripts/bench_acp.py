@@ -42,6 +42,7 @@ from adapters.acp import PromptEnded
 from scripts._bench import SERVER_TOML, Daemon, short_tmp
 from supervisor._acp import AcpAgent, PromptStream, open_acp_agent
 from supervisor._client import Client
+from supervisor.testing import read_pid
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec, daemon_table
 from tests.fakemodel.rig import toml_value, write_tool_script
@@ -177,7 +178,7 @@ def bench_daemon(spec: AcpAgentSpec, runs: int) -> dict[str, list[float]]:
                         if time.monotonic() > deadline:
                             raise RuntimeError(f"{spec.name}: the tool did not start in {channel}")
                         time.sleep(0.02)
-                    pids = [int(pid.read_text()), int(Path(f"{pid}.setsid").read_text())]
+                    pids = [read_pid(pid), read_pid(Path(f"{pid}.setsid"))]
                     start = time.perf_counter()
                     result = client.stop(channel)
                     figures["stop"].append(time.perf_counter() - start)

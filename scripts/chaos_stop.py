@@ -112,7 +112,10 @@ def chaos_config(folder: Path, cgroup: str = "auto") -> str:
     """The daemon's config: the three setups of the chaos agent; ``cgroup`` picks the kill
     mechanism (``"auto"``: a cgroup per turn where cgroup v2 is writable, ``"off"``: the sweep)."""
     python, agent = json.dumps(sys.executable), json.dumps(str(REPO / "scripts" / "_chaos_agent.py"))
+    # The chaos agent logs its starts into the folder: every agent is granted it (the sandbox
+    # keeps the daemon's own state inside it hidden all the same).
     env = f"CHAOS_DIR = {json.dumps(str(folder))}"
+    grant = f"sandbox_write = [{json.dumps(str(folder))}]\n"
     return (
         f'[server]\nsocket = "corral.sock"\ncgroup = {json.dumps(cgroup)}\n[store]\npath = "corral.db"\n'
         f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
@@ -130,7 +133,9 @@ def chaos_config(folder: Path, cgroup: str = "auto") -> str:
                 ("mc", '"env", "--ignore-signal=INT", ', "", ""),
             )
         )
-    ).replace("[defaults]\n", f"[defaults]\nmax_hops = {MAX_HOPS}\n")
+    ).replace("[defaults]\n", f"[defaults]\nmax_hops = {MAX_HOPS}\n").replace(
+        'adapter = "generic"\n', 'adapter = "generic"\n' + grant
+    )
 
 
 # ---------------------------------------------------------------- the API, async

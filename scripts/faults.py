@@ -129,7 +129,7 @@ def config_text(folder: Path, store: str = "corral.db", port: int | None = None)
         f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {json.dumps(str(AGENT))}]\nenv = {{ {env} }}\n'
         f'[agents.stubborn]\nadapter = "generic"\ncommand = ["env", "--ignore-signal=INT", {python}, '
         f'{agent}]\nenv = {{ {env} }}\n'
-    )
+    ).replace('adapter = "generic"\n', f'adapter = "generic"\nsandbox_write = [{json.dumps(str(folder))}]\n')
 
 
 def free_port() -> int:

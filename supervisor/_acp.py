@@ -38,7 +38,7 @@ import math
 import os
 import signal
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,8 +172,11 @@ class AcpAgent:
         tap: Callable[[str, bytes], None] | None = None,
         restart_after_cancel: bool = False,
         start_timeout: float = START_TIMEOUT,
+        sandbox: Sequence[str] = (),
     ) -> None:
         self.launch = launch
+        self.sandbox = tuple(sandbox)
+        """The argv the agent starts behind (:meth:`supervisor._sandbox.Sandbox.prefix`), or ()."""
         self.restart_after_cancel = restart_after_cancel
         """Kill and restart (with session/load) even after an acknowledged cancel: for agents
         whose session is out of step after one (claude-agent-acp 0.23 answers the next prompt
@@ -323,8 +326,11 @@ class AcpAgent:
         self._exited = trio.Event()
         self._prompt_done = trio.Event()
         self.dead = False
-        process = await spawn(self.launch.argv, env=self.env, cwd=self.launch.cwd, stdin_pipe=True)
-        self.tree = ProcessTree(process, self.marker)  # registered before the next checkpoint
+        process = await spawn(
+            self.launch.argv, env=self.env, cwd=self.launch.cwd, stdin_pipe=True, sandbox=self.sandbox
+        )
+        # Registered before the next checkpoint.
+        self.tree = ProcessTree(process, self.marker, sandboxed=bool(self.sandbox))
         nursery.start_soon(self._read_stdout, self._generation, process)
         nursery.start_soon(self._read_stderr, process)
         self.conn.initialize()
@@ -576,13 +582,15 @@ async def open_acp_agent(
     start_timeout: float = START_TIMEOUT,
     tap: Callable[[str, bytes], None] | None = None,
     restart_after_cancel: bool = False,
+    sandbox: Sequence[str] = (),
 ) -> AsyncIterator[AcpAgent]:
     """Start an ACP agent and open a session; on exit, close it and sweep its tree.
 
     ``marker`` is the ``CORRAL_TURN`` value every process of the agent inherits (one per
     agent process, e.g. ``acp-<channel>-<agent>-<n>``). ``launch.files`` are written under
     ``home`` first. ``session_cwd`` (default: the launch's cwd, made absolute) is the
-    session's working directory.
+    session's working directory. ``sandbox`` is the argv the agent starts behind (its MCP
+    servers and tools are inside with it).
     """
     if home is not None:
         await trio.to_thread.run_sync(_write_files, Path(home), dict(launch.files))
@@ -596,6 +604,7 @@ async def open_acp_agent(
         tap=tap,
         restart_after_cancel=restart_after_cancel,
         start_timeout=start_timeout,
+        sandbox=sandbox,
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -637,6 +646,8 @@ class AcpSpec:
     start_timeout: float = START_TIMEOUT
     idle_timeout: float = math.inf
     """Close the agent process after this long without a prompt (the next one starts it again)."""
+    sandbox: tuple[str, ...] = ()
+    """The argv the agent starts behind (:meth:`supervisor._sandbox.Sandbox.prefix`), or ()."""
 
 
 class AcpAgentPool:
@@ -689,6 +700,7 @@ class AcpAgentPool:
                 unattended=spec.unattended,
                 start_timeout=spec.start_timeout,
                 restart_after_cancel=spec.restart_after_cancel,
+                sandbox=spec.sandbox,
             ) as agent:
                 agent.idle_timeout = spec.idle_timeout
                 self._agents[key], self._closers[key], self._gone[key] = agent, close, gone

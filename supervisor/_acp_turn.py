@@ -42,6 +42,7 @@ from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, Promp
 from ._acp import STOP_EXITED, AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, CancelReport, PromptStream
 from ._config import AgentConfig
 from ._ledger import OutputKind, TurnTicket
+from ._sandbox import SandboxRefused
 from ._store import Pending, StoreError
 from ._tree import STORE_MARKER, KillReport, ProcessTree
 from ._turn import Effect, Post, SavePlan, SaveSession, TurnAccount, TurnLimit, TurnOutcome, TurnPorts
@@ -176,6 +177,8 @@ class AcpTurn:
             self.outcome.error = f"could not store the turn's output: {exc}"
         except AcpAgentError as exc:
             self.outcome.error = f"{self.agent.name}: {exc}"
+        except SandboxRefused as exc:
+            self.outcome.error = f"could not start {self.agent.name}: {exc}"
         except OSError as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc.strerror or exc}"
         finally:
@@ -185,7 +188,7 @@ class AcpTurn:
 
     def _spec(self, session_id: str | None) -> AcpSpec:
         places = self.ports.places
-        home = places.agent_home(self.agent.name)
+        home = places.agent_home(self.agent.name, self.channel)
         self.cwd = str(places.channel_cwd(self.channel, self.agent))
         request = TurnRequest(
             prompt="",
@@ -202,8 +205,13 @@ class AcpTurn:
             unattended=self.agent.unattended,
         )
         extra: Mapping[str, str] = {**self.agent.env, STORE_MARKER: self.ports.store.store_id}
+        launch = self.adapter.build_launch(request)
+        sandbox = self.ports.sandbox.prefix(
+            self.agent.name, cwd=launch.cwd, home=str(home), writable=self.agent.sandbox_write,
+            hidden=self.agent.sandbox_hide, network=self.agent.network,
+        )
         return AcpSpec(
-            self.adapter.build_launch(request),
+            launch,
             # Every process of the agent carries it: the cancel finds the turn's escapees by it
             # (and, like a turn id, it names the supervisor that started it).
             marker=f"t{os.getpid():x}-acp-{secrets.token_hex(4)}",
@@ -214,6 +222,7 @@ class AcpTurn:
             unattended=self.agent.unattended,
             restart_after_cancel=self.settings.restart_after_cancel,
             idle_timeout=self.settings.idle_timeout or float("inf"),
+            sandbox=sandbox,
         )
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:

@@ -37,6 +37,7 @@ from urllib.parse import parse_qs, unquote
 
 from ._dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
 from ._errors import ShuttingDown, UsageError
+from ._http import PEER_TURN
 from ._store import StoreError
 from ._supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 
@@ -235,7 +236,12 @@ class ControlAPI:
             await peer.respond(status, {"error": {"code": code, "message": message}})
 
     def _authorize(self, scope: Scope, method: str, parts: list[str]) -> None:
-        """The one auth site: the bearer token, or a dashboard session (see ``_dashauth``)."""
+        """The one auth site: never a turn's process; the bearer token, or a dashboard
+        session (see ``_dashauth``)."""
+        turn = scope.get("state", {}).get(PEER_TURN)
+        if turn is not None:
+            raise HTTPError(403, "turn_process",
+                            f"the control API refuses the processes of turns (this one is of turn {turn})")
         if self.token is None:
             return
         headers = dict(scope.get("headers", []))

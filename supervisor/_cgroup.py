@@ -504,17 +504,23 @@ def check_path(base: Path) -> str | None:
     return None
 
 
+def resolve_program(program: str, path_env: str | None, cwd: str) -> str:
+    """``program`` as the spawn will run it: found on ``PATH`` here, in the parent, so a
+    missing one fails the spawn itself (``FileNotFoundError``), not a shell or a sandbox."""
+    if os.sep not in program:
+        found = shutil.which(program, path=path_env if path_env is not None else os.defpath)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        return found
+    if not os.path.exists(os.path.join(cwd, program)):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    return program
+
+
 def entering_argv(cgroup: TurnCgroup, argv: tuple[str, ...], path_env: str | None, cwd: str) -> list[str]:
     """The argv that starts ``argv`` inside ``cgroup``: the shell step, then the program.
 
     The program is resolved here, in the parent, so a missing one fails the spawn itself.
     """
-    program = argv[0]
-    if os.sep not in program:
-        found = shutil.which(program, path=path_env if path_env is not None else os.defpath)
-        if found is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-        program = found
-    elif not os.path.exists(os.path.join(cwd, program)):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    program = resolve_program(argv[0], path_env, cwd)
     return [SHELL, "-c", ENTER_SCRIPT, "sh", cgroup.path, program, *argv[1:]]

@@ -17,9 +17,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ._errors import CorralError
+from ._sandbox import MODES, NETWORKS, Network, SandboxMode
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 DEFAULT_MAX_HOPS = 6
@@ -62,6 +63,9 @@ class ServerConfig:
     """Group the Unix socket corral creates belongs to (None: this user's group)."""
     cgroup: str = "auto"
     """``"auto"``, ``"off"`` or an absolute cgroup2 folder: where each turn's cgroup goes."""
+    sandbox: SandboxMode = "auto"
+    """``"auto"`` (a sandbox around every turn where the machine allows, else said loudly),
+    ``"required"`` (no turn starts without one) or ``"off"``: see :mod:`supervisor._sandbox`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,12 @@ class AgentConfig:
     limits: Limits = Limits()
     unattended: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    sandbox_write: tuple[Path, ...] = ()
+    """``sandbox_write``: more folders its turns may write (besides their own folder, HOME, TMPDIR)."""
+    sandbox_hide: tuple[Path, ...] = ()
+    """``sandbox_hide``: more paths its turns may not see (besides corral's private state)."""
+    network: Network = "host"
+    """``network``: ``"host"`` (loopback and the model APIs) or ``"none"`` (no network at all)."""
 
     @property
     def cgroup_limits(self) -> dict[str, str | int | None]:
@@ -193,12 +203,13 @@ class ClusterConfig:
 
 _TOP = {"server", "store", "defaults", "agents", "channels", "cluster"}
 _CLUSTER = {"host", "lease"}
-_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup"}
+_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox"}
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops", "host"}
-_AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended"} | _LIMIT_KEYS
+_AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
+          "network"} | _LIMIT_KEYS
 
 
 class _Checker:
@@ -266,6 +277,17 @@ class _Checker:
             self.add(f"{prefix}{key}", f"expected a list of strings, got {value!r}", f'write {key} = ["...", "..."]')
             return None
         return tuple(value)
+
+    def folders(self, data: Mapping[str, Any], key: str, prefix: str, *, must_exist: bool) -> tuple[Path, ...]:
+        """A list of paths (relative ones to the config's folder); with ``must_exist``, folders."""
+        values = self.strings(data, key, prefix) or ()
+        paths = tuple(self.path(v) for v in values)
+        if must_exist:
+            for path in paths:
+                if not path.is_dir():
+                    self.add(f"{prefix}{key}", f"{path} is not a folder",
+                             f"mkdir -p {path}, or remove it from {key}")
+        return paths
 
     def path(self, value: str) -> Path:
         expanded = Path(os.path.expanduser(value))
@@ -450,6 +472,9 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             limits=check.limits(raw, prefix, limits),
             unattended=check.boolean(raw, "unattended", prefix, True),
             options=options,
+            sandbox_write=check.folders(raw, "sandbox_write", prefix, must_exist=True),
+            sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
+            network=_network(check, raw, prefix),
         )
 
     default_agent = check.string(defaults, "agent", "defaults.")
@@ -592,10 +617,30 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
                 'name a folder of the cgroup2 mount this user may write (see "grep cgroup2 /proc/self/mountinfo"; '
                 'under systemd: Delegate=yes), or write cgroup = "auto" (or "off" for the sweep)',
             )
+    sandbox = check.string(server, "sandbox", "server.", "auto") or "auto"
+    if sandbox not in MODES:
+        check.add("server.sandbox", f"expected \"auto\", \"required\" or \"off\", got {sandbox!r}",
+                  'write sandbox = "auto" (a sandbox where the machine allows), "required" or "off"')
+        sandbox = "auto"
     return ServerConfig(
         socket=socket_path, tcp=tcp, token_file=token_file,
         socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
+        sandbox=cast(SandboxMode, sandbox),
     )
+
+
+def _network(check: _Checker, raw: Mapping[str, Any], prefix: str) -> Network:
+    """An agent's ``network``: "host" or "none" (per-address rules are not built: said so)."""
+    value = raw.get("network", "host")
+    if isinstance(value, list):
+        check.add(f"{prefix}network", "a list of addresses is not supported: the sandbox cannot filter by address",
+                  'write network = "host" (loopback and the model APIs) or "none"')
+        return "host"
+    if value not in NETWORKS:
+        check.add(f"{prefix}network", f"expected \"host\" or \"none\", got {value!r}",
+                  'write network = "host" or network = "none"')
+        return "host"
+    return cast(Network, value)
 
 
 def _socket_mode(check: _Checker, server: Mapping[str, Any]) -> int:

@@ -193,11 +193,15 @@ async def run_daemon(
                 # The listeners close once the supervisor is down: a stop in progress at
                 # shutdown still answers its caller.
                 closed = trio.Event()
-                for sock, app in ((unix_sock, ControlAPI(sup, shutdown=stopping.set)),
-                                  (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token))):
+                # Only the Unix socket knows its peer: the TCP listener's wall is its token.
+                for sock, app, peer_turn in (
+                    (unix_sock, ControlAPI(sup, shutdown=stopping.set), sup.turn_of_peer),
+                    (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token), None),
+                ):
                     if sock is not None:
                         await nursery.start(
-                            partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS)
+                            partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS,
+                                    peer_turn=peer_turn)
                         )
                 log.info(
                     "corral %d ready on %s%s%s; %d agent(s); %d channel(s) with queued messages restored",

@@ -6,7 +6,7 @@ Production code passes no hooks, and then no extra checkpoint exists. Tests impo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,6 +30,7 @@ class Spawner(Protocol):
         cwd: str,
         stdin_pipe: bool,
         cgroup: TurnCgroup | None = None,
+        sandbox: Sequence[str] = (),
     ) -> Awaitable[trio.Process]:
         """Start ``argv``; the caller registers the process before its next checkpoint."""
         ...

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -37,6 +38,17 @@ RETRY_SECONDS = 0.5
 _serve_listeners = trio.serve_listeners
 
 
+#: The request scope's ``state`` key that names the turn a Unix-socket peer is a process of.
+PEER_TURN = "corral.peer_turn"
+
+
+def peer_pid(sock: trio.socket.SocketType) -> int:
+    """The pid of a Unix socket's peer, as the kernel recorded it at ``connect`` (0 if unknown)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, _, _ = struct.unpack("3i", creds)
+    return int(pid)
+
+
 def _hypercorn_config() -> HypercornConfig:
     hc = HypercornConfig()
     hc.accesslog = None
@@ -51,10 +63,14 @@ async def serve_socket(
     *,
     stopping: trio.Event,
     graceful: float,
+    peer_turn: Callable[[int], str | None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (ASGI) on the bound ``sock`` until ``stopping`` is set.
 
+    ``peer_turn`` (a Unix socket's): given the peer's pid (``SO_PEERCRED``), the turn it is a
+    process of, or None. The app finds the answer in the request scope's ``state`` under
+    ``PEER_TURN`` and refuses such a peer (the decision stays at the app's one error site).
     Returns once every connection has ended (or was cancelled after ``graceful`` seconds).
     The socket stays open: its owner closes it.
     """
@@ -66,9 +82,14 @@ async def serve_socket(
 
     async def connection(stream: trio.SocketStream) -> None:
         try:
+            state: dict[str, str] = {}
+            if peer_turn is not None:
+                turn = peer_turn(peer_pid(stream.socket))
+                if turn is not None:
+                    state[PEER_TURN] = turn
             # hypercorn types the stream as an SSLStream, yet handles a plain SocketStream (no TLS:
             # the missing do_handshake tells it so) and its own serve_listeners passes one.
-            await TCPServer(wrapped, hc, context, ConnectionState({}), stream)  # type: ignore[arg-type]
+            await TCPServer(wrapped, hc, context, ConnectionState(state), stream)  # type: ignore[arg-type]
         except Exception:
             log.exception("a connection failed; only it was closed, the daemon serves on")
         finally:

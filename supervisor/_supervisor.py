@@ -50,7 +50,7 @@ import trio
 from ._acp import AcpAgentPool
 from ._acp_turn import AcpTurn
 from ._catchup import Missed, catch_up_prompt
-from ._cgroup import CgroupRoot, TurnCgroup, open_root
+from ._cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, open_root
 from ._config import AgentConfig, Config
 from ._errors import ShuttingDown, UsageError
 from ._files import private_folder
@@ -60,6 +60,7 @@ from ._ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTi
 from ._recovery import Recovery, recover, stop_notice_text
 from ._registry import ProcessRegistry
 from ._router import AddressError, address, route
+from ._sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
 from ._store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ._teardown import CollectorPause, TreeBatch
 from ._text import BadText, check_message
@@ -280,10 +281,16 @@ class Supervisor:
         hooks: Hooks | None = None,
         *,
         cgroups: CgroupRoot | None = None,
+        sandbox: Sandbox,
         subreaper: bool = False,
         owns_children: bool = False,
     ) -> None:
         self._hooks = hooks or Hooks()
+        self.sandbox = sandbox
+        """What every turn starts behind (:mod:`supervisor._sandbox`)."""
+        self._own_pid_ns = own_pid_namespace()
+        self._refused_turns: set[str] = set()
+        """Turns whose processes the control socket has refused (logged once per turn)."""
         self._collector = CollectorPause() if owns_children else contextlib.nullcontext()
         """Pauses the garbage collector during stops, where the process is corral's (see ``_teardown``)."""
         self.reap_adopted = subreaper and owns_children
@@ -335,7 +342,7 @@ class Supervisor:
             ledger=self._ledger if self.fleet is None else _LeasedLedger(self._ledger, self.fleet),
             store=_TurnStore(store, self._hand_off, self._fences, self._last_token.get),
             registry=self._registry, scanner=self.scanner,
-            spawn=self._hooks.spawn or spawn, places=self._places, cgroups=cgroups,
+            spawn=self._hooks.spawn or spawn, places=self._places, cgroups=cgroups, sandbox=sandbox,
             adopt_background=self.adopt_background, preparing=self._hooks.preparing,
         )
         self.recovered: Recovery | None = None
@@ -351,9 +358,24 @@ class Supervisor:
 
     # ------------------------------------------------------------ places
 
-    def agent_home(self, agent: str) -> Path:
-        """The private HOME of an agent (its CLI writes its state there)."""
-        return self._places.agent_home(agent)
+    def agent_home(self, agent: str, channel: str) -> Path:
+        """The private HOME of an agent in a channel (its CLI writes its state there)."""
+        return self._places.agent_home(agent, channel)
+
+    def turn_of_peer(self, pid: int) -> str | None:
+        """Is ``pid`` (a control-socket peer, by ``SO_PEERCRED``) a process of a turn? Which
+        one (see :func:`supervisor._sandbox.turn_of_peer`), logged once per turn; else None."""
+        subtree = None
+        if self.cgroups is not None:
+            mount = cgroup2_mount()
+            if mount is not None and self.cgroups.path.is_relative_to(mount):
+                subtree = "/" + str(self.cgroups.path.relative_to(mount))
+        turn = turn_of_peer(peer_facts(pid), subtree=subtree, store_id=self._store.store_id,
+                            own_pid_ns=self._own_pid_ns)
+        if turn is not None and turn not in self._refused_turns:
+            self._refused_turns.add(turn)
+            log.warning("refused the control socket to a process of turn %s (pid %d)", turn, pid)
+        return turn
 
     def channel_cwd(self, channel: str, agent: AgentConfig) -> Path:
         """The fixed working directory of this channel and agent (created on first use)."""
@@ -1330,6 +1352,7 @@ class Supervisor:
             "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
             "shutting_down": self._closing,
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
+            "sandbox": self.sandbox.describe(),
             "fleet": None if self.fleet is None else {
                 "host": self.fleet.host, "lease": self.fleet.lease, "held": self.fleet.held(),
                 "hosts": self.fleet.view, "pinned": self._pinned_status(),
@@ -1499,8 +1522,17 @@ async def open_supervisor(
         host = config.cluster.host if config.store_url else None
         async with open_store(config.store_location, host=host) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
+            private = private_paths(
+                state_dir=config.state_dir, store_path=config.store_path, store_url=config.store_url,
+                config_path=config.path, token_file=config.server.token_file, socket=config.server.socket,
+                cgroup_subtree=cgroups.path if cgroups is not None else None,
+                agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
+                home=os.environ.get("HOME"),
+            )
+            sandbox = await trio.to_thread.run_sync(open_sandbox, config.server.sandbox, private)
             sup = Supervisor(
-                config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children
+                config, store, nursery, hooks, cgroups=cgroups, sandbox=sandbox, subreaper=subreaper,
+                owns_children=owns_children,
             )
             if cgroups is not None and cgroups.watcher is not None:
                 nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")

@@ -24,6 +24,7 @@ Only pids corral can prove are its own children are ever waited for; never ``wai
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -31,13 +32,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psutil
 import trio
 
-from ._cgroup import TurnCgroup, entering_argv, read_small
+from ._cgroup import TurnCgroup, entering_argv, read_small, resolve_program
 
 log = logging.getLogger("corral.tree")
 
@@ -371,13 +372,17 @@ async def spawn(
     cwd: str,
     stdin_pipe: bool,
     cgroup: TurnCgroup | None = None,
+    sandbox: Sequence[str] = (),
 ) -> trio.Process:
     """Start ``argv`` in a new session with piped stdout/stderr (inside ``cgroup`` if given,
-    before the program runs: see :mod:`supervisor._cgroup`).
+    before the program runs: see :mod:`supervisor._cgroup`; behind ``sandbox``, the argv
+    of :meth:`supervisor._sandbox.Sandbox.prefix`, if given: then inside the cgroup too).
 
     The caller must register the result before its next checkpoint and kill it in a
     ``finally``: the spawn itself cannot be cancelled half-way.
     """
+    if sandbox:
+        argv = (*sandbox, resolve_program(argv[0], env.get("PATH"), cwd), *argv[1:])
     command = list(argv) if cgroup is None else entering_argv(cgroup, argv, env.get("PATH"), cwd)
     return await trio.lowlevel.open_process(
         command,
@@ -407,8 +412,12 @@ class ProcessTree:
     no checkpoint in between; ``terminate`` and ``sweep`` do the waiting.
     """
 
-    def __init__(self, process: trio.Process, marker: str, cgroup: TurnCgroup | None = None) -> None:
+    def __init__(
+        self, process: trio.Process, marker: str, cgroup: TurnCgroup | None = None, *, sandboxed: bool = False
+    ) -> None:
         self.process = process
+        self.sandboxed = sandboxed
+        """Started behind the sandbox: the leader is bwrap's monitor, the program runs inside."""
         self.pgid = process.pid
         self.marker = marker
         self.cgroup = cgroup
@@ -454,10 +463,14 @@ class ProcessTree:
         # signal at once is still reported as killed.
         others = []
         unreaped = self.process.returncode is None
-        for pid in self.cgroup.procs():
+        procs = self.cgroup.procs()
+        inside = group and sig != signal.SIGKILL and self._inside_started(procs)
+        if inside:
+            group = False  # the interrupt goes to the processes inside, not to bwrap's monitor
+        for pid in procs:
             if pid not in self._members:
                 self._members[pid] = self._stat(pid, unreaped)
-            if not (group and self._in_group(pid)):
+            if not (group and self._in_group(pid)) and not (inside and pid == self.pid):
                 others.append(pid)
         if group and unreaped:
             signal_group(self.pgid, sig)
@@ -490,6 +503,8 @@ class ProcessTree:
         """Snapshot the descendants, then send the interrupt signal to the group.
 
         With a cgroup: no snapshot, the signal goes to the group and to every process of the cgroup.
+        Sandboxed (once its program runs): to every process inside instead, never to the
+        leader, bwrap's monitor — it would die of it at once and end the CLI's grace.
         """
         if self.cgroup is not None:
             self._interrupted = True
@@ -497,9 +512,24 @@ class ProcessTree:
             return
         self._remember()
         self._interrupted = True
+        inside = [p for p in self.known if p.pid != self.pid]
+        if sig != signal.SIGKILL and self._inside_started([p.pid for p in inside]):
+            for ident in inside:
+                if ident.matches():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(ident.pid, sig)
+            self.report.killed = sorted(set(self.report.killed) | {p.pid for p in inside if _in_group(p, self.pgid)})
+            return
         living = [p.pid for p in self.known if _in_group(p, self.pgid)]
         if signal_group(self.pgid, sig):
             self.report.killed = sorted(set(self.report.killed) | set(living))
+
+    def _inside_started(self, pids: Iterable[int]) -> bool:
+        """A sandboxed tree whose program runs: besides the leader (bwrap's monitor, which an
+        interrupt would kill at once, and the CLI's grace with it), at least bwrap's init and
+        the program. Until then the group is signalled as usual: there is nothing to save.
+        (Never asked of SIGKILL: with no grace to keep, the group gets it, monitor included.)"""
+        return self.sandboxed and sum(1 for pid in pids if pid != self.pid) >= 2
 
     def kill_group(self) -> None:
         """Snapshot again, then SIGKILL the whole group — while that is still safe.

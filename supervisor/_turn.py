@@ -56,6 +56,7 @@ from ._hooks import Spawner, TurnHook
 from ._ledger import OutputKind, TurnTicket
 from ._lines import Line, LineReader
 from ._registry import ProcessRegistry
+from ._sandbox import Sandbox, SandboxRefused
 from ._store import Pending, StoreError
 from ._text import repair_text
 from ._tree import (
@@ -307,15 +308,19 @@ class TurnStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Places:
-    """Where agents run: a private HOME per agent, a fixed working folder per channel and agent."""
+    """Where agents run: a private HOME and a fixed working folder per channel and agent.
+
+    One HOME per (agent, channel), not per agent: the real CLIs keep every session's
+    transcript under HOME, and a turn in one channel must not read another channel's.
+    """
 
     state_dir: Path
     sessions: Callable[[str, str], tuple[str | None, str | None]]
     """``(channel, agent) -> (session id, cwd)`` as stored."""
 
-    def agent_home(self, agent: str) -> Path:
-        """The private HOME of an agent (its CLI writes its state there)."""
-        return self.state_dir / "home" / agent
+    def agent_home(self, agent: str, channel: str) -> Path:
+        """The private HOME of an agent in a channel (its CLI writes its state there)."""
+        return self.state_dir / "home" / agent / channel_slug(channel)
 
     def channel_cwd(self, channel: str, agent: AgentConfig) -> Path:
         """The fixed working directory of this channel and agent (created on first use).
@@ -344,6 +349,8 @@ class TurnPorts:
     places: Places
     cgroups: CgroupRoot | None
     """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
+    sandbox: Sandbox
+    """What every turn's program starts behind (:mod:`supervisor._sandbox`)."""
     adopt_background: Callable[[ProcessTree], None]
     """Keep a normal turn's background processes (``keep_background``), reaping them later."""
     preparing: TurnHook | None = None
@@ -446,6 +453,8 @@ class Turn:
             self.outcome.error = f"could not store the turn's output: {exc}"
         except OSError as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc.strerror or exc}"
+        except SandboxRefused as exc:
+            self.outcome.error = f"could not start {self.agent.name}: {exc}"
         finally:
             with trio.CancelScope(shield=True):
                 await self._teardown()
@@ -458,6 +467,10 @@ class Turn:
         launch = self.adapter.build_launch(request)
         env = self._environment(launch)
         await trio.to_thread.run_sync(_write_files, Path(request.home), launch.files)
+        sandbox = ports.sandbox.prefix(
+            self.agent.name, cwd=launch.cwd, home=request.home, writable=self.agent.sandbox_write,
+            hidden=self.agent.sandbox_hide, network=self.agent.network,
+        )
         if ports.preparing is not None:
             await ports.preparing(self.channel, self.turn_id)
         # The point of no return: the ledger is asked, then the spawn follows at once.
@@ -475,11 +488,11 @@ class Turn:
         stdin_pipe = launch.stdin is not None
         with ports.registry.spawn_in_flight():
             try:
-                if cgroup is None:  # (a test's spawner need not know cgroups)
+                if cgroup is None and not sandbox:  # (a test's spawner need not know either)
                     process = await ports.spawn(launch.argv, env=env, cwd=launch.cwd, stdin_pipe=stdin_pipe)
                 else:
                     process = await ports.spawn(
-                        launch.argv, env=env, cwd=launch.cwd, stdin_pipe=stdin_pipe, cgroup=cgroup
+                        launch.argv, env=env, cwd=launch.cwd, stdin_pipe=stdin_pipe, cgroup=cgroup, sandbox=sandbox
                     )
             except BaseException:
                 if cgroup is not None:
@@ -487,7 +500,7 @@ class Turn:
                 raise
         # No checkpoint between the spawn returning and the registration: a stop that
         # landed during the spawn is seen here and the process dies at once.
-        self.tree = ProcessTree(process, self.turn_id, cgroup)
+        self.tree = ProcessTree(process, self.turn_id, cgroup, sandboxed=bool(sandbox))
         ports.registry.register(self.channel, self.turn_id, self.tree)
         leader = self.tree.leader
         ports.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)
@@ -657,7 +670,7 @@ class Turn:
 
     def _request(self, session_id: str | None) -> TurnRequest:
         places = self.ports.places
-        home = places.agent_home(self.agent.name)
+        home = places.agent_home(self.agent.name, self.channel)
         self.cwd = str(places.channel_cwd(self.channel, self.agent))
         return TurnRequest(
             prompt=self.prompt,
@@ -675,7 +688,7 @@ class Turn:
         )
 
     def _environment(self, launch: Launch) -> dict[str, str]:
-        home = self.ports.places.agent_home(self.agent.name)
+        home = self.ports.places.agent_home(self.agent.name, self.channel)
         env = scrubbed_environment(os.environ)
         env.setdefault("PATH", os.defpath)
         env["HOME"] = str(home)
@@ -688,7 +701,7 @@ class Turn:
 
 
 def _write_files(home: Path, files: Mapping[str, str]) -> None:
-    private_folder(home / "tmp", within=home.parent.parent)
+    private_folder(home / "tmp", within=home.parent.parent.parent)
     for rel, content in dict(files).items():
         path = Path(rel) if os.path.isabs(rel) else home / rel
         private_folder(path.parent, within=home if not os.path.isabs(rel) else None)

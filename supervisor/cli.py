@@ -251,13 +251,24 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """
     import dataclasses
 
-    from ._config import ConfigError, load_config
+    from ._config import ConfigError, Problem, load_config
     from ._preflight import preflight
+    from ._sandbox import probe
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    sandbox: dict[str, Any] = {}
     try:
         config = load_config(file)
         problems = preflight(config)
+        mode = config.server.sandbox
+        support = probe() if mode != "off" else None
+        sandbox = {"mode": mode, "active": bool(support and support.available),
+                   "mechanism": support.version if support and support.available else None,
+                   "missing": list(support.missing) if support else [], "fix": support.fix if support else None}
+        if mode == "required" and support is not None and not support.available:
+            problems.append(Problem(file, "server.sandbox",
+                                    f"is \"required\", and this machine cannot sandbox: {'; '.join(support.missing)}",
+                                    support.fix or 'write sandbox = "auto"'))
     except ConfigError as exc:
         problems = exc.problems
     if problems:
@@ -272,10 +283,21 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     connected = " (connected)" if config.store_url else ""
     if obj.json or as_json:
         _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
-                     "store": config.store_name})
+                     "store": config.store_name, "sandbox": sandbox})
     else:
         click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
+        click.echo(sandbox_line(sandbox))
+
+
+def sandbox_line(sandbox: dict[str, Any]) -> str:
+    """How ``status`` and ``check`` say whether turns are sandboxed (and if not, why and the fix)."""
+    if sandbox.get("active"):
+        return f"sandbox: on ({sandbox.get('mechanism') or 'bubblewrap'})"
+    if sandbox.get("mode") == "off":
+        return 'sandbox: off (sandbox = "off"): agents can reach corral\'s state and other channels'
+    return (f"sandbox: turns run WITHOUT a sandbox (sandbox = {sandbox.get('mode')!r}): missing "
+            f"{'; '.join(sandbox.get('missing') or [])}. Fix: {sandbox.get('fix')}")
 
 
 @main.command()
@@ -371,6 +393,8 @@ def status(obj: _Context, as_json: bool) -> None:
         _print_json(result)
         return
     click.echo(f"corral pid {result['pid']}, up {result['uptime']:.0f} s, {result['running']} turn(s) running")
+    if result.get("sandbox"):
+        click.echo(f"  {sandbox_line(result['sandbox'])}")
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
     for name, ch in result["channels"].items():

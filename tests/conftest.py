@@ -61,11 +61,18 @@ def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def make_config(folder: Path, agents: dict[str, dict[str, Any]] | None = None, **defaults: Any) -> Config:
-    """A valid config rooted in ``folder``; the demo agent unless ``agents`` says otherwise."""
+    """A valid config rooted in ``folder``; the demo agent unless ``agents`` says otherwise.
+
+    Turns run sandboxed, as by default; every agent is granted ``folder`` for writing (the
+    pid files and marks tests' agents leave there), as a user grants a shared folder. corral's
+    own state inside it stays hidden: the deeper rule wins.
+    """
+    agents = {name: {"sandbox_write": [str(folder)], **table}
+              for name, table in (agents or {"demo": {"adapter": "demo", "delay": 0.01}}).items()}
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
         "store": {"path": "corral.db"},
-        "agents": agents or {"demo": {"adapter": "demo", "delay": 0.01}},
+        "agents": agents,
     }
     if defaults:
         data["defaults"] = defaults

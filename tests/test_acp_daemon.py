@@ -22,6 +22,7 @@ import psutil
 import pytest
 from conftest import DaemonProcess, turn_processes
 
+from supervisor.testing import read_pid
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.acp_agents import ACP_AGENTS, daemon_table
 from tests.fakemodel.rig import toml_value, write_tool_script
@@ -127,7 +128,7 @@ def test_text_then_stop_mid_tool_then_the_agent_resumes(rig: Rig) -> None:
     started = rig.folder / "tool.pid"
     seq = rig.json("send", "work", f"[[shell:sh {script} {started}]] [[say:never said]] Run the tool.")["seq"]
     rig.wait_for(lambda: started.exists() and started.read_text().strip() != "", "the tool to start")
-    tool, setsid = int(started.read_text()), int(Path(f"{started}.setsid").read_text())
+    tool, setsid = read_pid(started), read_pid(Path(f"{started}.setsid"))
     agent = rig.json("status")["channels"]["work"]["turn"]["pid"]
     assert _alive(tool) and _alive(setsid) and _alive(agent)
     begun = time.monotonic()

@@ -21,6 +21,7 @@ from adapters._base import Text, ToolUse
 from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
 from supervisor._acp import AcpAgent, PromptStream, open_acp_agent
 from supervisor._tree import read_stat
+from supervisor.testing import read_pid
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
 from tests.fakemodel.rig import write_tool_script
@@ -124,8 +125,8 @@ async def test_cancel_mid_tool_kills_the_tool_tree_and_the_agent_serves_on(rig: 
 
             nursery.start_soon(consume)
             await wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
-            child = int(pid_file.read_text())
-            grandchild = int(Path(f"{pid_file}.setsid").read_text())
+            child = read_pid(pid_file)
+            grandchild = read_pid(Path(f"{pid_file}.setsid"))
             assert alive(child) and alive(grandchild)
             with trio.fail_after(CANCEL_GRACE + 10):
                 report = await agent.cancel(grace=CANCEL_GRACE)

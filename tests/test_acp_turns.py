@@ -23,8 +23,8 @@ from supervisor._acp_turn import turn_event
 from supervisor._config import ConfigError, parse_config
 from supervisor._supervisor import Supervisor
 from supervisor._tree import descendants, read_stat
-from supervisor.testing import Hooks
-from tests.fakemodel.rig import toml_value, write_tool_script
+from supervisor.testing import Hooks, read_pid
+from tests.fakemodel.rig import PID_OF_LAST, toml_value, write_tool_script
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 #: Real processes get real time.
@@ -36,6 +36,9 @@ def fake(folder: Path, **extra: Any) -> dict[str, Any]:
     state.mkdir(exist_ok=True)
     return {
         "adapter": "acp", "command": [sys.executable, FAKE], "env": {"FAKE_ACP_STATE": str(state)},
+        # The fake keeps its sessions there, and its tools write pid files beside it: granted,
+        # as a user grants a shared folder (for the daemon configs built from this table too).
+        "sandbox_write": [str(folder)],
         "acp_cancel_grace": 1.0, **extra,
     }
 
@@ -52,6 +55,15 @@ async def turn(sup: Supervisor, channel: str, text: str, agent: str | None = Non
     return [(e.kind, e.text) for e in await sup.entries(channel, after=accepted.seq)]
 
 
+def alive_by_file(pid_file: Path) -> bool:
+    """Is the process a pid file names (``PID NAMESPACE``) alive? No process of that pid in
+    that namespace (or no namespace any more) means it is dead."""
+    try:
+        return alive(read_pid(pid_file))
+    except LookupError:
+        return False
+
+
 def agent_pid(sup: Supervisor, channel: str, agent: str = "acp") -> int:
     running = sup._acp.get((channel, agent))
     assert running is not None
@@ -62,7 +74,7 @@ async def wait_file(path: Path) -> int:
     with trio.fail_after(BOUND):
         while not path.exists() or not path.read_text().strip():
             await trio.sleep(0.02)  # a file another process writes: polled, within a bound
-    return int(path.read_text())
+    return read_pid(path)
 
 
 def test_prompt_ended_maps_to_the_turns_verdict() -> None:
@@ -101,7 +113,7 @@ async def test_stop_mid_tool_cancels_kills_the_tool_and_the_agent_serves_on(shor
     async with open_supervisor(config) as sup:
         accepted = await sup.send("c", f"[[tool:sh {tool} {pid_file}]] [[say:never said]]")
         child = await wait_file(pid_file)
-        grandchild = int(Path(f"{pid_file}.setsid").read_text())
+        grandchild = read_pid(Path(f"{pid_file}.setsid"))
         pid = agent_pid(sup, "c")
         with trio.fail_after(BOUND):
             result = await sup.stop("c")
@@ -178,7 +190,7 @@ async def test_an_idle_agent_process_is_closed_and_the_next_message_loads_its_se
 async def test_a_normal_turns_background_process_is_swept_and_the_agents_own_stay(short_tmp: Path) -> None:
     pid_file = short_tmp / "bg.pid"
     script = short_tmp / "bg.sh"
-    script.write_text(f"#!/bin/sh\nsetsid sleep 3003 </dev/null >/dev/null 2>&1 &\necho $! > {pid_file}\n")
+    script.write_text(f"#!/bin/sh\nsetsid sleep 3003 </dev/null >/dev/null 2>&1 &\necho {PID_OF_LAST} > {pid_file}\n")
     agent = fake(short_tmp)
     agent["env"] = {**agent["env"], "FAKE_ACP_HELPER": "1"}
     config = make_config(short_tmp, {"acp": agent})
@@ -188,9 +200,8 @@ async def test_a_normal_turns_background_process_is_swept_and_the_agents_own_sta
         assert running is not None
         helpers = descendants(running.pid)
         entries = await turn(sup, "c", f"[[tool:sh {script}]] [[say:started]]")
-        background = int(pid_file.read_text())
         assert ("message", "started (earlier: 1)") in entries, entries
-        assert not alive(background), "the background process outlived its turn"
+        assert not alive_by_file(pid_file), "the background process outlived its turn"
         assert all(alive(p.pid) for p in helpers), "what the agent started before the turn stays"
 
 
@@ -295,7 +306,7 @@ def test_after_kill_9_the_restart_kills_the_orphaned_agent_and_loads_its_session
             time.sleep(0.02)  # a file another process writes: polled, within a bound
         status = json.loads(daemon.cli("--json", "status").stdout)
         agent = status["channels"]["c"]["turn"]["pid"]
-        child = int(pid_file.read_text())
+        child = read_pid(pid_file)
         daemon.proc.kill()
         daemon.proc.wait()
         assert alive(agent) and alive(child)  # orphaned

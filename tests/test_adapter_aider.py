@@ -41,6 +41,7 @@ from adapters.aider import (
     new_parser,
 )
 from supervisor._turn import _write_files
+from supervisor.testing import read_pid
 
 CAPTURES = Path(__file__).parent / "data" / "captures" / "aider"
 FAKE_AIDER = Path(__file__).parent / "fakes" / "fake_aider.py"
@@ -452,7 +453,7 @@ def test_fake_exits_130_on_sigint_and_leaves_its_command_running(tmp_path: Path)
         for line in proc.stdout:  # wait until the command has started
             if line.startswith("Running "):
                 break
-        tool_pid = int(pid_file.read_text())
+        tool_pid = read_pid(pid_file)
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=10) == 130
         # The command was in its own session: the group's SIGINT did not reach it.

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import psutil
 import trio
-
 from conftest import make_config
+
 from supervisor import open_supervisor
+from supervisor.testing import read_pid
 
 FAKE_AIDER = Path(__file__).parent / "fakes" / "fake_aider.py"
 
@@ -42,7 +43,7 @@ async def test_aider_resumes_its_chat_history_and_stops_its_shell(short_tmp: Pat
         with trio.fail_after(60):
             while not pid_file.exists() or not pid_file.read_text().strip():
                 await trio.sleep(0.02)  # waiting for the fake's shell to exist, an outside event
-        shell_pid = int(pid_file.read_text().split()[-1])
+        shell_pid = read_pid(pid_file)
         with trio.fail_after(60):
             while not (tree := _shell_tree(shell_pid)):
                 await trio.sleep(0.02)  # waiting for sh to run its command, an outside event

@@ -21,12 +21,13 @@ from typing import Any
 
 import psutil
 import pytest
-
 from conftest import DaemonProcess, turn_processes
+
+from supervisor.testing import read_pid
 from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.clis import cli_path
-from tests.fakemodel.rig import toml_value, write_tool_script
+from tests.fakemodel.rig import PID_OF_LAST, toml_value, write_tool_script
 
 pytestmark = pytest.mark.realcli
 
@@ -147,8 +148,8 @@ def test_stop_mid_tool_kills_everything_and_the_notice_is_last(rig: Rig) -> None
     script, started = _tool_script(rig.folder)
     seq = rig.json("send", "work", f"[[shell:sh {script} {started}]] [[say:tool done]] run the tool")["seq"]
     rig.wait_for(lambda: started.exists() and started.read_text().strip() != "" and Path(f"{started}.setsid").exists(), "the tool to start")
-    tool_pid = int(started.read_text())
-    setsid_pid = int(Path(f"{started}.setsid").read_text())
+    tool_pid = read_pid(started)
+    setsid_pid = read_pid(Path(f"{started}.setsid"))
     assert _alive(tool_pid) and _alive(setsid_pid)
     result = rig.json("stop", "work")
     assert result["ok"] and result["stopped_turns"], result
@@ -192,9 +193,9 @@ def test_stop_while_the_model_stream_is_silent_lands_within_the_budget(rig: Rig)
 def test_background_process_of_a_normal_turn_is_swept(rig: Rig) -> None:
     pidfile = rig.folder / "bg.pid"
     script = rig.folder / "bg.sh"
-    script.write_text(f"#!/bin/sh\nsetsid nohup sleep 3002 </dev/null >/dev/null 2>&1 &\necho $! > {pidfile}\necho started\n")
+    script.write_text(f"#!/bin/sh\nsetsid nohup sleep 3002 </dev/null >/dev/null 2>&1 &\necho {PID_OF_LAST} > {pidfile}\necho started\n")
     entries = rig.send_and_wait("bg", f"[[shell:sh {script}]] [[say:background started]] start it")
     assert any("background started" in t for t in _agent_messages(entries)), entries
-    pid = int(pidfile.read_text())
+    pid = read_pid(pidfile)
     assert not _alive(pid), "the background process outlived its turn"
     assert not turn_processes()

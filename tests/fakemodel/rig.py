@@ -14,6 +14,12 @@ from typing import Any
 TOOL_SLEEP, SETSID_SLEEP = "sleep 3000", "sleep 3001"
 
 
+#: What a shell tool writes for the pid of its last background job: the pid and its pid
+#: namespace, which :func:`supervisor.testing.read_pid` turns into a pid of this process's
+#: (a sandboxed turn has a pid namespace of its own).
+PID_OF_LAST = '"$! $(stat -L -c %i /proc/self/ns/pid)"'
+
+
 def write_tool_script(folder: Path) -> Path:
     """A shell tool ``tool.sh PIDFILE``: a setsid grandchild and a long same-session child.
 
@@ -24,9 +30,9 @@ def write_tool_script(folder: Path) -> Path:
     script.write_text(
         "#!/bin/sh\n"
         f"setsid {SETSID_SLEEP} </dev/null >/dev/null 2>&1 &\n"
-        'echo $! > "$1.setsid"\n'
+        f'echo {PID_OF_LAST} > "$1.setsid"\n'
         f"{TOOL_SLEEP} &\n"
-        'echo $! > "$1"\n'
+        f'echo {PID_OF_LAST} > "$1"\n'
         "wait\n"
     )
     return script

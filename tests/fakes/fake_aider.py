@@ -164,7 +164,8 @@ def run_shell(command: str, history: History) -> None:
     )
     pid_file = os.environ.get("FAKE_AIDER_PID_FILE")
     if pid_file:
-        Path(pid_file).write_text(f"{proc.pid}\n")
+        # With its pid namespace: inside a sandbox the pid is the namespace's (tests' read_pid).
+        Path(pid_file).write_text(f"{proc.pid} {os.stat('/proc/self/ns/pid').st_ino}\n")
     # Printed once the command exists (aider prints it just before): a test that waits for
     # this line finds the pid file written.
     say(f"Running {command}")

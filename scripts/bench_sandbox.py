@@ -1,0 +1,155 @@
+#!/usr/bin/env python
+"""What the sandbox costs: spawn to first output, and a stop, with the sandbox and without.
+
+Run it from the repository root as ``.venv/bin/python -m scripts.bench_sandbox`` (``--rounds N``,
+default 200; ``--stops N``, default 40). Both rows alternate, round by round, so a drift of
+the machine's speed falls on both alike; every figure is printed as a ratio to the unsandboxed
+floor measured in the same run.
+
+* **spawn to first output**: a program that prints one line and exits (``/bin/echo``),
+  started the way a turn is — :func:`supervisor._tree.spawn`, into a cgroup of its own where
+  one is writable — with and without the sandbox prefix a turn gets
+  (:meth:`supervisor._sandbox.Sandbox.prefix`: the state folder, store, config and socket
+  hidden, the turn's folder and HOME writable); time from the call to the first byte read.
+  Target: the sandbox adds at most 5 ms to the median.
+* **stop-one**: an embedded supervisor running a ``sh`` agent with a ``sleep`` in its group
+  and a ``setsid sleep`` (the lightest tree, so what is measured is corral), stopped mid-turn;
+  time of ``Supervisor.stop``. Target: unchanged within noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from scripts._bench import pct, short_tmp, spread
+from supervisor import open_supervisor
+from supervisor._cgroup import open_root
+from supervisor._config import parse_config
+from supervisor._sandbox import open_sandbox, private_paths
+from supervisor._tree import spawn
+
+LIGHT = "sleep 300 & setsid sleep 300 & echo ready; wait"
+
+
+async def first_output(prefix: tuple[str, ...], folder: Path, cgroup: Any) -> float:
+    t0 = time.perf_counter()
+    proc = await spawn(("/bin/echo", "hi"), env={"PATH": os.defpath}, cwd=str(folder), stdin_pipe=False,
+                       sandbox=prefix, **cgroup)
+    assert proc.stdout is not None
+    await proc.stdout.receive_some(1)
+    took = (time.perf_counter() - t0) * 1000
+    await proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            await stream.aclose()
+    return took
+
+
+def bench_spawn(folder: Path, rounds: int) -> tuple[list[float], list[float]]:
+    state = folder / "corral.d"
+    (state / "work").mkdir(parents=True)
+    home = state / "home" / "a" / "c"
+    (home / "tmp").mkdir(parents=True)
+    (folder / "corral.db").write_text("")
+    private = private_paths(state_dir=state, store_path=folder / "corral.db", store_url=None,
+                            config_path=folder / "corral.toml", token_file=None, socket=folder / "corral.sock",
+                            cgroup_subtree=None, agent_dirs={})
+    sandbox = open_sandbox("required", private)
+    prefix = sandbox.prefix("a", cwd=str(folder), home=str(home))
+    root = open_root("auto", f"bench-sandbox-{os.getpid()}")
+    plain: list[float] = []
+    boxed: list[float] = []
+
+    async def run() -> None:
+        for i in range(rounds + 5):  # 5 warm-up rounds, not counted
+            for sample, words in ((plain, ()), (boxed, prefix)):
+                cg = root.create(f"s{i}-{len(words)}") if root is not None else None
+                took = await first_output(words, folder, {"cgroup": cg} if cg is not None else {})
+                if cg is not None:
+                    await cg.wait_empty(trio.current_time() + 5)
+                    cg.remove()
+                if i >= 5:
+                    sample.append(took)
+
+    try:
+        trio.run(run)
+    finally:
+        if root is not None:
+            root.close()
+    return plain, boxed
+
+
+def bench_stop(folder: Path, stops: int) -> tuple[list[float], list[float]]:
+    results: dict[str, list[float]] = {"off": [], "auto": []}
+
+    async def one(mode: str, i: int) -> float:
+        sub = folder / f"stop-{mode}-{i}"
+        sub.mkdir()
+        config = parse_config(
+            {"server": {"sandbox": mode}, "store": {"path": "corral.db"},
+             "agents": {"light": {"adapter": "generic", "command": ["sh", "-c", LIGHT], "stop_grace": 2}}},
+            file=str(sub / "corral.toml"), base=sub,
+        )
+        async with open_supervisor(config) as sup:
+            await sup.send("c", "go")
+            with trio.fail_after(30):
+                while not any(e.text == "ready" for e in await sup.entries("c")):
+                    await trio.sleep(0.01)  # polling the transcript until the tree is up
+            t0 = time.perf_counter()
+            result = await sup.stop("c")
+            took = (time.perf_counter() - t0) * 1000
+            assert result.ok, result
+        return took
+
+    async def run() -> None:
+        for i in range(stops):
+            for mode in ("off", "auto"):
+                results[mode].append(await one(mode, i))
+
+    trio.run(run)
+    return results["off"], results["auto"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=200, help="spawns of each kind (default 200)")
+    parser.add_argument("--stops", type=int, default=40, help="stops of each kind (default 40)")
+    args = parser.parse_args()
+    folder = short_tmp("corral-bsbx-")
+    try:
+        return report(folder, args.rounds, args.stops)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report(folder: Path, rounds: int, stops: int) -> int:
+    """Run both benchmarks in ``folder`` and print their figures; 1 if the spawn target is missed."""
+    plain, boxed = bench_spawn(folder, rounds)
+    load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    added = statistics.median(boxed) - statistics.median(plain)
+    print(f"spawn to first output, {rounds} rounds each, alternating, load {load}:")
+    print(f"  without the sandbox (floor)  {spread(plain)}")
+    print(f"  with the sandbox             {spread(boxed)}")
+    print(f"  ratio to the floor: median {statistics.median(boxed) / statistics.median(plain):.2f} x, "
+          f"p95 {pct(boxed, 0.95) / pct(plain, 0.95):.2f} x; the sandbox adds {added:.2f} ms to the median "
+          f"(target <= 5 ms: {'met' if added <= 5 else 'MISSED'})")
+    off, on = bench_stop(folder, stops)
+    print(f"stop-one of a light tree (sh + sleep + setsid sleep), {stops} stops each, alternating:")
+    print(f"  without the sandbox (floor)  {spread(off)}")
+    print(f"  with the sandbox             {spread(on)}")
+    print(f"  ratio to the floor: median {statistics.median(on) / statistics.median(off):.2f} x, "
+          f"p95 {pct(on, 0.95) / pct(off, 0.95):.2f} x")
+    return 0 if added <= 5 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""An agent reaches nothing beyond its own channel: the escape suite, against real daemons.
+
+A hostile agent (``tests/fakes/escape_probe.py``) in channel A tries every way out of its
+turn while channel B's agent — another agent, with a secret in its folder, its HOME and its
+environment — is mid-turn. Each attempt must fail with the refusal the sandbox gives (the
+errno says which wall stopped it), beside positive controls that must work. The same suite
+runs from a persistent ACP agent's tool. With the sandbox off, the control socket still
+refuses a turn's processes by who they are (``SO_PEERCRED``). And the fallbacks: no
+bubblewrap, or a kernel that refuses its namespaces, is said loudly (``auto``) or refuses
+the turn with the fix (``required``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import PYTHON, DaemonProcess, cgroup_missing, turn_processes
+
+from supervisor._config import ConfigError, parse_config
+from supervisor._sandbox import Reach, bwrap_args, probe
+from supervisor._turn import channel_slug
+
+PROBE = str(Path(__file__).parent / "fakes" / "escape_probe.py")
+FAKE_ACP = str(Path(__file__).parent / "fakes" / "fake_acp.py")
+VICTIM = """# VICTIM-AGENT
+import os, pathlib, sys, time
+pathlib.Path("secret.txt").write_text("victim-secret-in-cwd")
+(pathlib.Path(os.environ["HOME"]) / "session.json").write_text("victim-secret-in-home")
+print("victim ready", flush=True)
+time.sleep(600)
+"""
+SECRET_ENV = "victim-api-key-123"
+
+
+def sandbox_missing() -> str | None:
+    support = probe()
+    return None if support.available else "; ".join(support.missing)
+
+
+def _needs_sandbox() -> None:
+    missing = sandbox_missing()
+    if missing:
+        if os.environ.get("CORRAL_REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"the sandbox is required here (CORRAL_REQUIRE_SANDBOX=1) and cannot run: {missing}")
+        pytest.skip(f"no sandbox on this machine: {missing}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def toml_str(value: str) -> str:
+    return json.dumps(value)
+
+
+def daemon_config(folder: Path, *, sandbox: str = "auto", cgroup: str = "auto", hostile: str = "") -> str:
+    token = folder / "corral.token"
+    token.write_text("s3cret-token\n")
+    token.chmod(0o600)
+    return f"""
+[server]
+socket = "corral.sock"
+tcp = "127.0.0.1:{free_port()}"
+token_file = "corral.token"
+cgroup = "{cgroup}"
+sandbox = "{sandbox}"
+[store]
+path = "corral.db"
+[defaults]
+agent = "hostile"
+stop_grace = 2
+[agents.hostile]
+adapter = "generic"
+command = [{toml_str(PYTHON)}, {toml_str(PROBE)}]
+env = {{ ESCAPE_PROBE_AS = "generic" }}
+{hostile}
+[agents.victim]
+adapter = "generic"
+command = [{toml_str(PYTHON)}, "-c", {toml_str(VICTIM)}]
+env = {{ VICTIM_API_KEY = "{SECRET_ENV}" }}
+"""
+
+
+class Rig:
+    """A daemon with a victim mid-turn in channel B; the hostile agent answers in channel A."""
+
+    def __init__(self, folder: Path, config: str) -> None:
+        self.folder = folder
+        self.daemon = DaemonProcess(folder, config)
+        self.state = folder / "corral.d"
+
+    def json(self, *args: str) -> Any:
+        out = self.daemon.cli(*args, "--json")
+        assert out.returncode == 0, f"corral {' '.join(args)}: {out.stderr}"
+        return json.loads(out.stdout)
+
+    def entries(self, channel: str) -> list[dict[str, Any]]:
+        out = self.daemon.cli("tail", channel, "--json")
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    def wait_entry(self, channel: str, words: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for entry in self.entries(channel):
+                if words in entry["text"]:
+                    return entry
+            time.sleep(0.1)  # polling a real daemon's transcript, not letting a race settle
+        raise AssertionError(f"no entry with {words!r} in {channel}: {self.entries(channel)}")
+
+    def start_victim(self) -> psutil.Process:
+        self.json("send", "B", "work on the secret", "--agent", "victim")
+        self.wait_entry("B", "victim ready")
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if cmd[:1] == [PYTHON] and any("VICTIM-AGENT" in word for word in cmd):
+                return proc
+        raise AssertionError("the victim's process was not found")
+
+    def folders(self, agent: str, channel: str) -> tuple[Path, Path]:
+        """(working folder, HOME) of an agent in a channel."""
+        slug = channel_slug(channel)
+        return self.state / "work" / agent / slug, self.state / "home" / agent / slug
+
+    def close(self) -> None:
+        assert self.daemon.stop() == 0, "".join(self.daemon.log[-30:])
+
+
+@pytest.fixture
+def loopback() -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that greets each connection: loopback must stay reachable."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"hello")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join()
+        server.close()
+
+
+def attempts(
+    rig: Rig, victim: psutil.Process, loopback: str, channel: str = "A"
+) -> tuple[list[list[Any]], dict[str, Any]]:
+    """Every attempt, and the outcome expected of each (a refusal's errno, or a check)."""
+    b_cwd, b_home = rig.folders("victim", "B")
+    a_cwd, a_home = rig.folders("hostile", channel)
+    daemon = rig.daemon.proc.pid
+    victim_cgroup = Path(f"/proc/{victim.pid}/cgroup").read_text().strip().split("::")[-1]
+    mount = next(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                 if " - cgroup2 " in line)
+    tries: list[tuple[str, str, Any, Any]] = [
+        # other channels' data
+        ("list B's folder", "list", str(b_cwd), "ENOENT"),
+        ("read B's file", "read", str(b_cwd / "secret.txt"), "ENOENT"),
+        ("read B's HOME", "read", str(b_home / "session.json"), "ENOENT"),
+        ("write B's folder", "write", str(b_cwd / "evil"), "ENOENT"),
+        # corral's private state
+        ("read the store", "read", str(rig.folder / "corral.db"), "EACCES"),
+        ("read the store's wal", "read", str(rig.folder / "corral.db-wal"), "EACCES"),
+        ("read the store's lock", "read", str(rig.folder / "corral.db.lock"), "EACCES"),
+        ("read the config", "read", str(rig.folder / "corral.toml"), "EACCES"),
+        ("read the token", "read", str(rig.folder / "corral.token"), "EACCES"),
+        ("list the homes", "list", str(rig.state / "home"), "ok:hostile"),
+        ("list the working folders", "list", str(rig.state / "work"), "ok:hostile"),
+        ("write the state folder", "write", str(rig.state / "evil"), "EROFS"),
+        ("mkdir in the state folder", "mkdir", str(rig.state / "home" / "victim"), "EROFS"),
+        ("symlink to the store", "symlink-read", [str(a_cwd / "link"), str(rig.folder / "corral.db")], "EACCES"),
+        # the control socket
+        ("the control socket", "http-unix", str(rig.folder / "corral.sock"), "ECONNREFUSED"),
+        # processes
+        ("signal the daemon", "kill0", daemon, "ESRCH"),
+        ("signal B's agent", "kill0", victim.pid, "ESRCH"),
+        ("signal everyone", "kill-everyone0", None, "ESRCH"),
+        ("ptrace B's agent", "ptrace", victim.pid, "ESRCH"),
+        ("B's environ", "read", f"/proc/{victim.pid}/environ", "ENOENT"),
+        ("the daemon's environ", "read", f"/proc/{daemon}/environ", "ENOENT"),
+        ("the daemon's root", "list", f"/proc/{daemon}/root", "ENOENT"),
+        ("B's cgroup.kill", "write", f"{mount}{victim_cgroup}/cgroup.kill", ("ENOENT", "EROFS")),
+        # positive controls
+        ("own folder", "write", str(a_cwd / "mine.txt"), "ok"),
+        ("own HOME", "write", str(a_home / "mine.txt"), "ok"),
+        ("own TMPDIR", "write", str(a_home / "tmp" / "mine.txt"), "ok"),
+        ("system files", "read", "/etc/passwd", "ok:root"),
+        ("its installation", "read", os.__file__, "ok:"),
+        ("loopback TCP", "tcp", loopback, "ok:hello"),
+        ("its own tree", "own-child", None, "ok:-15"),
+        ("B's secret in its env", "env", "VICTIM_API_KEY", "ok:"),
+    ]
+    return [[name, kind, arg] for name, kind, arg, _ in tries], {name: want for name, *_, want in tries}
+
+
+def check_outcomes(got: dict[str, str], want: dict[str, Any]) -> None:
+    wrong = {}
+    for name, expected in want.items():
+        outcome = got.get(name, "missing")
+        if isinstance(expected, tuple):
+            ok = outcome in expected
+        elif expected.startswith("ok:") and expected != "ok:":
+            ok = outcome.startswith(expected)
+        elif expected == "ok:":
+            ok = outcome.startswith("ok:") and (name != "B's secret in its env" or outcome == "ok:")
+        else:
+            ok = outcome == expected
+        if not ok:
+            wrong[name] = (outcome, expected)
+    assert not wrong, f"escapes (outcome, expected): {json.dumps(wrong, indent=1)}"
+
+
+def victim_unharmed(rig: Rig, victim: psutil.Process) -> None:
+    assert victim.is_running() and victim.status() != psutil.STATUS_ZOMBIE
+    b_cwd, b_home = rig.folders("victim", "B")
+    assert (b_cwd / "secret.txt").read_text() == "victim-secret-in-cwd"
+    assert (b_home / "session.json").read_text() == "victim-secret-in-home"
+    assert not (b_cwd / "evil").exists() and not (rig.state / "evil").exists()
+    assert rig.json("status")["channels"]["B"]["agents"]["victim"]["state"] == "running"
+
+
+def test_an_agent_reaches_nothing_beyond_its_own_channel(short_tmp: Path, loopback: str) -> None:
+    _needs_sandbox()
+    if cgroup_missing():
+        pytest.skip(f"no writable cgroup v2: {cgroup_missing()}")
+    rig = Rig(short_tmp, daemon_config(short_tmp))
+    try:
+        victim = rig.start_victim()
+        tries, want = attempts(rig, victim, loopback)
+        seq = rig.json("send", "A", json.dumps(tries))["seq"]
+        assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
+        answer = next(e for e in rig.entries("A") if e["seq"] > seq and e["text"].startswith("{"))
+        check_outcomes(json.loads(answer["text"]), want)
+        victim_unharmed(rig, victim)
+        assert rig.json("stop", "B")["ok"]
+    finally:
+        rig.close()
+    assert not turn_processes()
+
+
+def test_an_acp_agent_and_its_tools_reach_nothing_beyond_their_channel(short_tmp: Path, loopback: str) -> None:
+    _needs_sandbox()
+    if cgroup_missing():
+        pytest.skip(f"no writable cgroup v2: {cgroup_missing()}")
+    fake_state = short_tmp / "fake-state"
+    fake_state.mkdir()
+    acp = f"""
+[agents.acp]
+adapter = "acp"
+command = [{toml_str(PYTHON)}, {toml_str(FAKE_ACP)}]
+env = {{ FAKE_ACP_STATE = {toml_str(str(fake_state))} }}
+sandbox_write = [{toml_str(str(fake_state))}]
+acp_cancel_grace = 1.0
+"""
+    rig = Rig(short_tmp, daemon_config(short_tmp) + acp)
+    try:
+        victim = rig.start_victim()
+        tries, want = attempts(rig, victim, loopback)
+        # The ACP agent's cwd and HOME are its own (agent "acp"), not the generic hostile's.
+        a_cwd, a_home = rig.folders("acp", "A")
+        for entry in tries:
+            if entry[0] in ("own folder", "own HOME", "own TMPDIR", "symlink to the store"):
+                entry[2] = json.loads(json.dumps(entry[2]).replace("/hostile/", "/acp/"))
+        want["list the homes"] = want["list the working folders"] = "ok:acp"
+        want["signal everyone"] = "ok"  # the tool may signal its own agent: the same turn's sandbox
+        plan = short_tmp / "attempts.json"
+        plan.write_text(json.dumps(tries))
+        seq = rig.json("send", "A", f"[[tool:{PYTHON} {PROBE} @{plan}]]", "--agent", "acp")["seq"]
+        assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
+        tool = [e for e in rig.entries("A")
+                if e["seq"] > seq and e["kind"] == "tool" and "list B's folder" in e["text"]]
+        assert tool, rig.entries("A")
+        check_outcomes(json.loads((a_cwd / "escape-results.json").read_text()), want)
+        victim_unharmed(rig, victim)
+        # The agent process itself is inside too: its pid namespace is not the daemon's.
+        agent = next(p for p in psutil.process_iter(["cmdline"])
+                     if (p.info["cmdline"] or [])[:2] == [PYTHON, FAKE_ACP])
+        assert os.stat(f"/proc/{agent.pid}/ns/pid").st_ino != os.stat(f"/proc/{rig.daemon.proc.pid}/ns/pid").st_ino
+    finally:
+        rig.close()
+    assert not turn_processes()
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup", "marker"])
+def test_the_control_socket_refuses_a_turns_processes_even_without_the_sandbox(short_tmp: Path, mechanism: str) -> None:
+    """The second wall: with the sandbox off the socket is in reach, and still refuses the
+    turn's processes — by their cgroup (even with the marker cleared: ``env -i``), or, with no
+    cgroups, by the marker. The operator's own client is served (the positive control)."""
+    if mechanism == "cgroup" and cgroup_missing():
+        pytest.skip(f"no writable cgroup v2: {cgroup_missing()}")
+    rig = Rig(short_tmp, daemon_config(short_tmp, sandbox="off", cgroup="auto" if mechanism == "cgroup" else "off"))
+    try:
+        sock = str(short_tmp / "corral.sock")
+        tries = [["socket", "http-unix", sock], ["again", "http-unix", sock]]
+        if mechanism == "cgroup":
+            tries.append(["socket without the marker", "http-unix-bare", sock])
+        seq = rig.json("send", "A", json.dumps(tries))["seq"]
+        assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
+        answer = next(e for e in rig.entries("A") if e["seq"] > seq and e["text"].startswith("{"))
+        got = json.loads(answer["text"])
+        for name, _, _ in tries:
+            assert got[name].startswith("http:403:"), got
+            assert json.loads(got[name].split(":", 2)[2])["error"]["code"] == "turn_process"
+        assert rig.json("status")["pid"] == rig.daemon.proc.pid  # the operator is served
+    finally:
+        rig.close()
+    refusals = [line for line in rig.daemon.log if "refused the control socket" in line]
+    assert len(refusals) == 1, refusals  # once per turn
+
+
+def test_without_bubblewrap_auto_runs_turns_and_says_so_everywhere(short_tmp: Path) -> None:
+    empty = short_tmp / "bin"
+    empty.mkdir()
+    rig = _daemon_with_path(short_tmp, "auto", str(empty))
+    try:
+        status = rig.json("status")["sandbox"]
+        assert status["active"] is False and status["mode"] == "auto"
+        assert any("bubblewrap" in m for m in status["missing"]) and "apt-get install bubblewrap" in status["fix"]
+        rig.json("send", "A", json.dumps([["env", "env", "HOME"]]))
+        rig.wait_entry("A", '"env": "ok:')
+        human = rig.daemon.cli("status").stdout
+        assert "WITHOUT a sandbox" in human and "bubblewrap" in human
+    finally:
+        rig.close()
+    warnings = [line for line in rig.daemon.log if "WITHOUT a sandbox" in line]
+    assert len(warnings) == 1 and "bubblewrap (bwrap) is not installed" in warnings[0]
+
+
+def test_required_refuses_a_turn_with_the_missing_feature_and_the_fix(short_tmp: Path) -> None:
+    """``required`` where the kernel refuses the namespaces (a bwrap that fails as it would)."""
+    fake_bin = short_tmp / "bin"
+    fake_bin.mkdir()
+    bwrap = fake_bin / "bwrap"
+    bwrap.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "bubblewrap 0.8.0"; exit 0; }\n'
+                     'echo "bwrap: No permissions to creating new namespace" >&2; exit 1\n')
+    bwrap.chmod(0o755)
+    rig = _daemon_with_path(short_tmp, "required", f"{fake_bin}:/usr/bin:/bin")
+    try:
+        status = rig.json("status")["sandbox"]
+        assert status["active"] is False and "user and PID namespaces" in status["missing"][0]
+        rig.json("send", "A", json.dumps([["env", "env", "HOME"]]))
+        error = rig.wait_entry("A", "could not start hostile")
+        assert error["kind"] == "error"
+        assert 'sandbox = "required"' in error["text"] and "No permissions to creating new namespace" in error["text"]
+        assert "unprivileged_userns_clone" in error["text"]  # the fix
+        check = rig.daemon.cli("check", "-c", "corral.toml")
+        assert "sandbox" in check.stdout + check.stderr
+    finally:
+        rig.close()
+
+
+def _daemon_with_path(folder: Path, mode: str, path: str) -> Rig:
+    """A daemon whose PATH is ``path`` (the daemon and its agents run by absolute paths)."""
+    old = os.environ["PATH"]
+    os.environ["PATH"] = path
+    try:
+        return Rig(folder, daemon_config(folder, sandbox=mode))
+    finally:
+        os.environ["PATH"] = old
+
+
+# ------------------------------------------------------------------ the pure plan
+
+
+def test_bwrap_args_put_deeper_rules_on_top_and_hide_read_only() -> None:
+    reach = Reach(
+        cwd="/srv/work",
+        writable=("/srv/work", "/state/home/a/c"),
+        hidden_dirs=("/state", "/srv/work/corral.d"),
+        hidden_files=("/srv/work/corral.db",),
+        network="none",
+    )
+    args = bwrap_args(reach)
+    order = [(args[i], args[i + 1]) for i in range(len(args) - 1) if args[i] in ("--bind", "--tmpfs", "--ro-bind")]
+    assert order == [
+        ("--ro-bind", "/"), ("--tmpfs", "/state"), ("--bind", "/srv/work"),
+        ("--tmpfs", "/srv/work/corral.d"), ("--ro-bind", "/dev/null"), ("--bind", "/state/home/a/c"),
+    ]
+    assert args[args.index("--ro-bind", 3) + 2] == "/srv/work/corral.db"
+    assert "--unshare-net" in args and "--unshare-pid" in args and args[-2:] == ["--chdir", "/srv/work"]
+    remounts = [args[i + 1] for i, word in enumerate(args) if word == "--remount-ro"]
+    assert remounts == ["/srv/work/corral.d", "/state"]
+    assert args.index("--remount-ro") > max(i for i, w in enumerate(args) if w == "--bind")
+
+
+def test_the_sandbox_keys_are_checked_with_the_fix(tmp_path: Path) -> None:
+    base = {"agents": {"a": {"adapter": "demo"}}}
+    with pytest.raises(ConfigError) as bad:
+        parse_config({**base, "server": {"sandbox": "maybe"}}, file="c.toml", base=tmp_path)
+    assert "server.sandbox" in str(bad.value) and '"required"' in str(bad.value)
+    with pytest.raises(ConfigError) as bad:
+        parse_config({"agents": {"a": {"adapter": "demo", "network": ["api.example:443"]}}},
+                     file="c.toml", base=tmp_path)
+    assert "agents.a.network" in str(bad.value) and "not supported" in str(bad.value)
+    with pytest.raises(ConfigError) as bad:
+        parse_config({"agents": {"a": {"adapter": "demo", "sandbox_write": ["nope"]}}}, file="c.toml", base=tmp_path)
+    assert "agents.a.sandbox_write" in str(bad.value) and "mkdir -p" in str(bad.value)
+    (tmp_path / "shared").mkdir()
+    config = parse_config(
+        {"agents": {"a": {"adapter": "demo", "sandbox_write": ["shared"], "sandbox_hide": ["~/.ssh"],
+                          "network": "none"}}},
+        file="c.toml", base=tmp_path,
+    )
+    agent = config.agents["a"]
+    assert agent.sandbox_write == (tmp_path / "shared",) and agent.network == "none"
+    assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")),)
+    assert config.server.sandbox == "auto"
+
+
+def test_state_files_stay_private_on_disk(short_tmp: Path) -> None:
+    """Positive control for the modes: the per-(agent, channel) HOME is 0700 on disk."""
+    _needs_sandbox()
+    rig = Rig(short_tmp, daemon_config(short_tmp))
+    try:
+        rig.json("send", "A", json.dumps([["own HOME", "env", "HOME"]]))
+        answer = rig.wait_entry("A", '"own HOME": "ok:')
+        home = Path(json.loads(answer["text"])["own HOME"][3:])
+        assert home == rig.folders("hostile", "A")[1]
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    finally:
+        rig.close()
+
+
+
+def test_the_readme_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## What an agent can reach"):]
+    block = section[section.index("```toml\n") + 8: section.index("```\n", section.index("```toml\n"))]
+    shared = short_tmp / "notes"
+    shared.mkdir()
+    bin_dir = short_tmp / "bin"  # the CLI, as an install would put it on PATH
+    bin_dir.mkdir()
+    (bin_dir / "claude").write_text("#!/bin/sh\n")
+    (bin_dir / "claude").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    config = parse_config(tomllib.loads(block.replace("/srv/shared/notes", str(shared))), base=short_tmp)
+    agent = config.agents["claude"]
+    assert agent.sandbox_write == (shared,) and agent.network == "none"
+    assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")), Path(os.path.expanduser("~/.aws")))
