@@ -60,7 +60,10 @@ signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # dies of ^C at once, as
 seconds = float(sys.argv[1])
 helper = subprocess.Popen([sys.executable, "-c", "import time,sys; time.sleep(float(sys.argv[1]))", str(seconds)],
                           start_new_session=True)
-print(json.dumps({"type": "status", "text": f"tool running (pid {os.getpid()}, setsid helper pid {helper.pid})"}),
+# In a sandbox the pids are its pid namespace's own: it names the namespace too.
+ns = os.stat("/proc/self/ns/pid").st_ino
+print(json.dumps({"type": "status",
+                  "text": f"tool running (pid {os.getpid()}, setsid helper pid {helper.pid}, pid namespace {ns})"}),
       flush=True)
 time.sleep(seconds)
 """

@@ -108,16 +108,18 @@ ENTRY_KINDS = {
 }
 
 
-def chaos_config(folder: Path, cgroup: str = "auto") -> str:
+def chaos_config(folder: Path, cgroup: str = "auto", sandbox: str = "auto") -> str:
     """The daemon's config: the three setups of the chaos agent; ``cgroup`` picks the kill
-    mechanism (``"auto"``: a cgroup per turn where cgroup v2 is writable, ``"off"``: the sweep)."""
+    mechanism (``"auto"``: a cgroup per turn where cgroup v2 is writable, ``"off"``: the sweep),
+    ``sandbox`` the sandbox (a sandboxed turn's escapees die with its pid namespace)."""
     python, agent = json.dumps(sys.executable), json.dumps(str(REPO / "scripts" / "_chaos_agent.py"))
     # The chaos agent logs its starts into the folder: every agent is granted it (the sandbox
     # keeps the daemon's own state inside it hidden all the same).
     env = f"CHAOS_DIR = {json.dumps(str(folder))}"
     grant = f"sandbox_write = [{json.dumps(str(folder))}]\n"
     return (
-        f'[server]\nsocket = "corral.sock"\ncgroup = {json.dumps(cgroup)}\n[store]\npath = "corral.db"\n'
+        f'[server]\nsocket = "corral.sock"\ncgroup = {json.dumps(cgroup)}\nsandbox = {json.dumps(sandbox)}\n'
+        '[store]\npath = "corral.db"\n'
         f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
         f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {agent}]\nenv = {{ {env} }}\n'
         f'[agents.stdin]\nadapter = "generic"\ncommand = [{python}, {agent}]\nprompt = "stdin"\n'
@@ -387,9 +389,9 @@ def _hand_off_of(ident: str) -> Any:
 class Runner:
     """Runs the trials against one daemon, restarting it only if it dies."""
 
-    def __init__(self, folder: Path, seed_bug: str | None = None, cgroup: str = "auto") -> None:
+    def __init__(self, folder: Path, seed_bug: str | None = None, cgroup: str = "auto", sandbox: str = "auto") -> None:
         self.folder = folder
-        self.config = chaos_config(folder, cgroup)
+        self.config = chaos_config(folder, cgroup, sandbox)
         self.command = [
             sys.executable,
             str(REPO / "scripts" / "_chaos_daemon.py"),
@@ -942,7 +944,8 @@ def main() -> int:
         choices=("auto", "off"),
         default="auto",
         help="the kill mechanism: a cgroup per turn where writable (auto, the default) or the sweep "
-        "(off); the seeded bug no-marker-scan implies off (the marker scan is the sweep's)",
+        "(off); the seeded bug no-marker-scan implies off, and sandbox off (the marker scan is the sweep's, for "
+        "turns outside a sandbox)",
     )
     parser.add_argument(
         "--kinds",
@@ -995,7 +998,10 @@ def main() -> int:
     runner: Runner | None = None
     left: list[Found] = []
     try:
-        runner = Runner(root, args.seed_bug, "off" if args.seed_bug == "no-marker-scan" else args.cgroup)
+        # The marker scan is the sweep's, and what it finds only an unsandboxed turn leaves:
+        # a sandboxed turn's escapees die with its pid namespace, whatever the sweep misses.
+        marker_bug = args.seed_bug == "no-marker-scan"
+        runner = Runner(root, args.seed_bug, "off" if marker_bug else args.cgroup, "off" if marker_bug else "auto")
         trio.run(run_all, runner, trials, args.concurrency, args.json)
     finally:
         if runner is not None:

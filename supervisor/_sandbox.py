@@ -16,6 +16,8 @@ nothing of the agent runs outside either. What it builds, per turn:
   keeps its uid for files, but holds no privilege, so it cannot undo a mount below.
 * **The machine read-only** (``--ro-bind / /``), as its user would see it: the system, its
   command's installation wherever it lives (a venv, ``~/.cache``, ``/opt``, ``node_modules``).
+  ``/tmp`` is a tmpfs of the turn's own, writable (systemd's ``PrivateTmp``): what the host
+  keeps there is out of sight unless granted.
 * **corral's private state hidden**: the state folder (every channel's working folder and
   HOME, the turns' TMPDIRs) under an empty, read-only tmpfs; the store and its ``-wal``/``-shm``/lock,
   the config file, the token file and the control socket each under an unreadable node;
@@ -83,6 +85,10 @@ BASE_ARGS = (
 #: An unreadable node bound over a private file: bwrap's device nodes are mounted ``nodev``,
 #: so opening it fails with EACCES (not an empty read a program might mistake for the file).
 HIDDEN_FILE_SOURCE = "/dev/null"
+#: Folders every turn gets a tmpfs of its own in (``/tmp`` as systemd's ``PrivateTmp``): the
+#: tools that write there whatever TMPDIR says (Claude Code's shell does) work, and no turn
+#: meets another's — or the host's — files there.
+PRIVATE_DIRS = ("/tmp",)
 #: Suffixes of the SQLite store's companions, next to the store itself.
 STORE_COMPANIONS = ("", "-wal", "-shm", "-journal", ".lock")
 
@@ -120,6 +126,8 @@ class Reach:
     """Folders replaced by an empty tmpfs."""
     hidden_files: tuple[str, ...] = ()
     """Files (or sockets) replaced by an unreadable node."""
+    private_dirs: tuple[str, ...] = PRIVATE_DIRS
+    """Folders replaced by an empty, *writable* tmpfs of the turn's own (``/tmp``)."""
     network: Network = "host"
 
 
@@ -133,6 +141,8 @@ def bwrap_args(reach: Reach) -> list[str]:
     if reach.network == "none":
         args.append("--unshare-net")
     ops: list[tuple[int, int, str, list[str]]] = []
+    for path in reach.private_dirs:
+        ops.append((_depth(path), 0, path, ["--perms", "1777", "--tmpfs", path]))
     for path in reach.writable:
         ops.append((_depth(path), 0, path, ["--bind", path, path]))
     for path in reach.hidden_dirs:

@@ -433,6 +433,8 @@ class ProcessTree:
         keeps its group: a stop need not read it again (one read of 3 per light tree)."""
         self._ending = False
         """Its own teardown (``terminate`` or ``sweep``) has begun."""
+        self._interrupt_swept: set[int] = set()
+        """Sweep path, sandboxed: processes of other sessions the interrupt reached (reported swept)."""
         self._ended_by: trio.Event | None = None
         """Set once a batch that took over its ending (:meth:`hand_over`) is done with it."""
 
@@ -514,11 +516,17 @@ class ProcessTree:
         self._interrupted = True
         inside = [p for p in self.known if p.pid != self.pid]
         if sig != signal.SIGKILL and self._inside_started([p.pid for p in inside]):
-            for ident in inside:
-                if ident.matches():
+            # Reported as the group signal would be: the group (the leader with it: it ends
+            # when the program does, or by the SIGKILL that follows) as killed, the processes
+            # of other sessions inside — which the interrupt reaches too — as swept.
+            running = [p for p in self.known if p.matches()]
+            in_group = {p.pid for p in running if _in_group(p, self.pgid)} | {self.pid}  # read before any dies
+            for ident in running:
+                if ident.pid != self.pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(ident.pid, sig)
-            self.report.killed = sorted(set(self.report.killed) | {p.pid for p in inside if _in_group(p, self.pgid)})
+            self.report.killed = sorted(set(self.report.killed) | in_group)
+            self._interrupt_swept |= {p.pid for p in running} - in_group
             return
         living = [p.pid for p in self.known if _in_group(p, self.pgid)]
         if signal_group(self.pgid, sig):
@@ -601,7 +609,7 @@ class ProcessTree:
             await self._end_cgroup(deadline)
             return
         killed: set[int] = set(self.report.killed)
-        swept: set[int] = set()
+        swept: set[int] = set(self._interrupt_swept)
         for _ in range(20):
             self.kill_group()
             started = time.monotonic()

@@ -22,8 +22,8 @@ from ._store import Store
 from ._supervisor import Supervisor
 
 __all__ = [
-    "Hooks", "Spawner", "StopDecision", "StopLedger", "TurnHook", "host_pid", "ledger", "read_pid", "registry",
-    "store",
+    "Hooks", "Spawner", "StopDecision", "StopLedger", "TurnHook", "host_pid", "ledger", "pid_file_alive", "read_pid",
+    "registry", "store",
 ]
 
 
@@ -67,3 +67,18 @@ def store(sup: Supervisor) -> Store:
 def registry(sup: Supervisor) -> ProcessRegistry:
     """The supervisor's process registry."""
     return sup._registry
+
+
+
+def pid_file_alive(path: str | Path) -> bool:
+    """Is the process a pid file names alive (not a zombie)? A pid its namespace no longer
+    has — or a namespace no process is in any more — is a process that is gone."""
+    try:
+        pid = read_pid(path)
+    except LookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False

@@ -4,6 +4,11 @@ Real processes throughout. The escapee is what no marker or tree walk can find: 
 the turn through ``env -i`` (no ``CORRAL_*`` variable), ``setsid`` (a session of its own) and
 a double fork (re-parented away from the turn), its pid written to a file the test reads.
 Tests that need a writable cgroup v2 skip, naming what is missing, where there is none.
+
+Sandboxed (the default), a turn has a pid namespace of its own: pids are written with their
+namespace (``PID NS``) and translated here, and an orphan re-parents to bwrap's init inside
+it, never out of the turn's tree. The tests whose premise is an escapee out of the tree run
+unsandboxed (``sandbox = "off"``), each beside a sandboxed counterpart.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -23,25 +29,30 @@ import trio.testing
 from conftest import PYTHON, DaemonProcess, cgroup_missing, make_config
 from test_durable import entries, rows, until
 
-from supervisor import ConfigError, parse_config
+from supervisor import Config, ConfigError, parse_config
 from supervisor._cgroup import ENTER_SCRIPT, CgroupRoot, Watcher, cgroup2_mount, open_root, own_cgroup
 from supervisor._store import Entry
 from supervisor._supervisor import Supervisor, open_supervisor
 from supervisor._tree import TURN_MARKER, ProcessTree, spawn
+from supervisor.testing import host_pid, read_pid
 
 SLOW = 30.0
 MISSING = cgroup_missing()
 needs_cgroup = pytest.mark.skipif(MISSING is not None, reason=f"no writable cgroup v2: {MISSING}")
 
 # The agent (generic protocol: plain lines are messages). Its prompt is a pid file. First
-# thing, it says which cgroup it runs in; then it starts the escapee and says "ready".
+# thing, it says which cgroup it runs in as it sees it (in the sandbox's cgroup namespace,
+# whose root is the cgroup it started in), and its pid with its pid namespace; then it
+# starts the escapee ("PID NS" in the pid file) and says "ready".
 ESCAPING_AGENT = r"""
 import os, subprocess, sys, time
 pidfile = sys.argv[-1]
-print("cgroup " + open("/proc/self/cgroup").read().strip().splitlines()[-1], flush=True)
+print("cgroup " + open("/proc/self/cgroup").read().strip().splitlines()[-1], os.getpid(),
+      os.stat("/proc/self/ns/pid").st_ino, flush=True)
 subprocess.run(
     ["env", "-i", "/usr/bin/setsid", "/bin/sh", "-c",
-     'sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > "$1.tmp" && mv "$1.tmp" "$1"', "sh", pidfile],
+     'sleep 1000 </dev/null >/dev/null 2>&1 & echo "$! $(stat -L -c %i /proc/self/ns/pid)" > "$1.tmp"'
+     ' && mv "$1.tmp" "$1"', "sh", pidfile],
     check=True,
 )
 while not os.path.exists(pidfile):
@@ -55,6 +66,15 @@ def agent_config(folder: Path) -> dict[str, object]:
     script = folder / "escaping_agent.py"
     script.write_text(ESCAPING_AGENT)
     return {"adapter": "generic", "command": [PYTHON, str(script)], "stop_grace": 1.0}
+
+
+def unsandboxed(config: Config) -> Config:
+    """``config`` with ``[server] sandbox = "off"``."""
+    return replace(config, server=replace(config.server, sandbox="off"))
+
+
+def own_pid_ns() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
 
 
 def alive(pid: int) -> bool:
@@ -76,14 +96,24 @@ def escapees() -> Iterator[list[int]]:
             pass
 
 
-def read_escapee(pidfile: Path, escapees: list[int], leader: int) -> int:
-    pid = int(pidfile.read_text())
+def read_escapee(pidfile: Path, escapees: list[int], leader: int, *, sandboxed: bool) -> int:
+    words = pidfile.read_text().split()
+    pid, ns = int(words[0]), int(words[1])
+    assert (ns != own_pid_ns()) == sandboxed
+    pid = host_pid(pid, ns)
     escapees.append(pid)
     proc = psutil.Process(pid)
-    # It really escaped: no marker, a session of its own, re-parented away from the turn.
+    # It really escaped: no marker, a session of its own, re-parented away from the turn...
     assert TURN_MARKER not in proc.environ() and "CORRAL_STORE" not in proc.environ()
     assert os.getsid(pid) not in (leader, os.getsid(leader))
-    assert proc.ppid() != leader and pid not in {c.pid for c in psutil.Process(leader).children(recursive=True)}
+    below = {c.pid for c in psutil.Process(leader).children(recursive=True)}
+    if sandboxed:
+        # ...as far as a pid namespace lets it: to bwrap's init (pid 1 there), which is the
+        # leader's (bwrap's monitor's) child; away from the agent it started from.
+        init = host_pid(1, ns)
+        assert proc.ppid() == init and [c.pid for c in psutil.Process(leader).children()] == [init]
+    else:
+        assert proc.ppid() != leader and pid not in below
     return pid
 
 
@@ -110,23 +140,33 @@ async def test_cgroup_the_cli_runs_in_its_turns_cgroup_from_its_first_instructio
         turn = said.turn
         assert turn is not None
         expected = "/" + str((sup.cgroups.path / turn).relative_to(cgroup2_mount() or "/"))
-        assert said.text.split("\n")[0] == f"cgroup 0::{expected}"
+        # Its first instruction found it at the root of its cgroup namespace, which bwrap made
+        # where it started (after the cgroup was joined); this process sees which cgroup that is.
+        _, seen, pid, ns = said.text.split("\n")[0].split()
+        assert seen == "0::/"
+        agent = host_pid(int(pid), int(ns))
+        assert Path(f"/proc/{agent}/cgroup").read_text().strip().splitlines()[-1] == f"0::{expected}"
         await wait_text(sup, "ch", "ready")
-        os.kill(int((short_tmp / "pid").read_text()), signal.SIGKILL)
+        os.kill(read_pid(short_tmp / "pid"), signal.SIGKILL)
         result = await sup.stop("ch")
         assert result.ok and result.kill == "cgroup"
         assert not (sup.cgroups.path / turn).exists()  # removed once empty
 
 
 @needs_cgroup
+@pytest.mark.parametrize("sandbox", ["off", "auto"])
 async def test_cgroup_escapee_with_cleared_env_setsid_and_double_fork_is_dead_when_the_stop_returns(
-    short_tmp: Path, escapees: list[int]
+    short_tmp: Path, escapees: list[int], sandbox: str
 ) -> None:
+    # "off": the escapee leaves the turn's tree, as only an unsandboxed one can (in the
+    # sandbox's pid namespace it re-parents to bwrap's init); "auto": the sandboxed one.
     config = make_config(short_tmp, {"bot": agent_config(short_tmp)})
+    config = unsandboxed(config) if sandbox == "off" else config
     async with open_supervisor(config) as sup:
         await sup.send("ch", str(short_tmp / "pid"))
         ready = await wait_text(sup, "ch", "ready")
-        escapee = read_escapee(short_tmp / "pid", escapees, sup.status()["channels"]["ch"]["turn"]["pid"])
+        escapee = read_escapee(short_tmp / "pid", escapees, sup.status()["channels"]["ch"]["turn"]["pid"],
+                               sandboxed=sandbox != "off")
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
         assert not alive(escapee)
@@ -138,19 +178,41 @@ async def test_cgroup_escapee_with_cleared_env_setsid_and_double_fork_is_dead_wh
 @needs_cgroup
 async def test_cgroup_sweep_fallback_says_so_in_the_stop_result(short_tmp: Path, escapees: list[int]) -> None:
     # The same turn with cgroup = "off": the sweep cannot see the escapee (which is why the
-    # cgroup exists); the result names the mechanism used.
+    # cgroup exists); the result names the mechanism used. Unsandboxed: only there can the
+    # escapee leave the turn's tree (the sandboxed counterpart is next).
     config = parse_config(
-        {"server": {"cgroup": "off"}, "agents": {"bot": agent_config(short_tmp)}}, base=short_tmp
+        {"server": {"cgroup": "off", "sandbox": "off"}, "agents": {"bot": agent_config(short_tmp)}}, base=short_tmp
     )
     async with open_supervisor(config) as sup:
         assert sup.cgroups is None
         await sup.send("ch", str(short_tmp / "pid"))
         await wait_text(sup, "ch", "ready")
-        escapee = read_escapee(short_tmp / "pid", escapees, sup.status()["channels"]["ch"]["turn"]["pid"])
+        escapee = read_escapee(short_tmp / "pid", escapees, sup.status()["channels"]["ch"]["turn"]["pid"],
+                               sandboxed=False)
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
         assert result.kill == "sweep"
         assert alive(escapee)  # the fallback's known limit
+
+
+@needs_cgroup
+async def test_cgroup_sweep_fallback_in_the_sandbox_still_kills_the_escapee(
+    short_tmp: Path, escapees: list[int]
+) -> None:
+    # Sandboxed, the same escapee stays in the turn's pid namespace, under bwrap's init: the
+    # sweep fallback (it says so) leaves nothing alive, the escapee included.
+    agent = {**agent_config(short_tmp), "sandbox_write": [str(short_tmp)]}  # for its pid file
+    config = parse_config({"server": {"cgroup": "off"}, "agents": {"bot": agent}}, base=short_tmp)
+    async with open_supervisor(config) as sup:
+        assert sup.cgroups is None
+        await sup.send("ch", str(short_tmp / "pid"))
+        await wait_text(sup, "ch", "ready")
+        leader = sup.status()["channels"]["ch"]["turn"]["pid"]
+        escapee = read_escapee(short_tmp / "pid", escapees, leader, sandboxed=True)
+        with trio.fail_after(SLOW):
+            result = await sup.stop("ch")
+        assert result.ok and result.kill == "sweep"
+        assert not alive(escapee) and not alive(leader)
 
 
 @needs_cgroup
@@ -311,6 +373,7 @@ path = "corral.db"
 adapter = "generic"
 command = [{json.dumps(PYTHON)}, {json.dumps(str(script))}]
 stop_grace = 1.0
+sandbox_write = [{json.dumps(str(folder))}]
 """
 
 
@@ -324,7 +387,7 @@ def start_turn(folder: Path, daemon: DaemonProcess, escapees: list[int]) -> tupl
     daemon.cli("send", "ch", str(folder / "pid"), check=True)
     ready = until("ready", lambda: next((e for e in entries(folder) if e["text"].endswith("ready")), None))
     (leader,) = until("the leader's pid", lambda: rows(folder, "SELECT pid FROM turns WHERE pid IS NOT NULL"))
-    return ready["turn"], leader[0], read_escapee(folder / "pid", escapees, leader[0])
+    return ready["turn"], leader[0], read_escapee(folder / "pid", escapees, leader[0], sandboxed=True)
 
 
 @needs_cgroup
@@ -420,7 +483,7 @@ async def test_cgroup_a_turn_whose_cgroup_cannot_be_made_runs_and_stops_with_the
         sup.cgroups.create = refuse  # type: ignore[method-assign,assignment]
         await sup.send("ch", str(short_tmp / "pid"))
         await wait_text(sup, "ch", "ready")
-        os.kill(int((short_tmp / "pid").read_text()), signal.SIGKILL)
+        os.kill(read_pid(short_tmp / "pid"), signal.SIGKILL)
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
         assert result.ok and result.kill == "sweep"

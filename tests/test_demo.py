@@ -21,9 +21,24 @@ from supervisor import open_supervisor
 from supervisor._catchup import Missed, catch_up_prompt
 from supervisor._supervisor import NUDGE_TEXT
 from supervisor._tree import TURN_MARKER
+from supervisor.testing import host_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = 60
+
+
+#: The demo agent's status line while its tool runs: the pids are its pid namespace's (a
+#: sandboxed turn has its own), so it names the namespace too.
+TOOL_RUNNING = re.compile(r"tool running \(pid (\d+), setsid helper pid (\d+), pid namespace (\d+)\)")
+
+
+def tool_pids(text: str) -> list[int]:
+    """This process's pids for the tool and its setsid helper a ``tool running`` line names:
+    read while they live (a dead process's pid no longer exists in its namespace)."""
+    found = TOOL_RUNNING.search(text)
+    assert found, text
+    tool, helper, namespace = (int(n) for n in found.groups())
+    return [host_pid(tool, namespace), host_pid(helper, namespace)]
 
 
 def corral_env() -> dict[str, str]:
@@ -88,12 +103,16 @@ async def test_an_interrupted_demo_removes_its_folder_and_its_processes(signum: 
     try:
         with trio.fail_after(SLOW):
             # Interrupt it mid-tool, the worst moment: a turn's tree is running.
-            while b"tool running" not in out:
+            while not TOOL_RUNNING.search(out.decode(errors="replace")):
                 chunk = await process.stdout.receive_some()
                 assert chunk, out.decode()
                 out += chunk
             folder = Path(out.decode().split(" in ", 1)[1].split("\n", 1)[0])
             assert folder.is_dir()
+            try:
+                pids = tool_pids(out.decode())
+            except LookupError:
+                pids = []  # gone already: the demo's own stop of step 2 came first
             process.send_signal(signum)
             while chunk := await process.stdout.receive_some():
                 out += chunk
@@ -107,8 +126,7 @@ async def test_an_interrupted_demo_removes_its_folder_and_its_processes(signum: 
     assert f"demo interrupted by {signum.name}; its temporary folder was removed" in text
     assert not folder.exists()
     assert "Traceback" not in text
-    tool, helper = (int(n) for n in re.search(r"tool running \(pid (\d+), setsid helper pid (\d+)\)", text).groups())
-    for pid in (tool, helper):
+    for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
 
 
@@ -204,11 +222,11 @@ async def test_one_stop_in_the_middle_of_a_demo_hand_off_stops_both_agents(short
         accepted = await sup.send(
             "c", "@alice do a long task and ask bob to run a long task too", author="human:you"
         )
-        running: dict[str, str] = {}
+        running: dict[str, list[int]] = {}
         with trio.fail_after(SLOW):
             async for entry in sup.follow("c", after=accepted.seq):
                 if entry.kind == "status" and "tool running" in entry.text:
-                    running[entry.author] = entry.text
+                    running[entry.author] = tool_pids(entry.text)
                     if len(running) == 2:
                         break
         result = await sup.stop("c")
@@ -219,7 +237,7 @@ async def test_one_stop_in_the_middle_of_a_demo_hand_off_stops_both_agents(short
     assert entries[-1].kind == "notice" and entries[-1].seq == result.notice_seq
     assert [e.kind for e in entries].count("notice") == 1
     assert rests, "hand-offs rest until a human speaks"
-    tools = [int(n) for text in running.values() for n in re.findall(r"pid (\d+)", text)]
-    assert len(tools) == 4  # each agent's tool and its setsid helper
+    tools = [pid for pids in running.values() for pid in pids]
+    assert len(set(tools)) == 4  # each agent's tool and its setsid helper
     for pid in [*tools, *result.killed, *result.swept]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid

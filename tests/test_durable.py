@@ -31,6 +31,7 @@ from supervisor._engines import is_postgres
 from supervisor._recovery import RESTART_NOTICE
 from supervisor._store import StoreInUse
 from supervisor._supervisor import open_supervisor
+from supervisor.testing import host_pid
 
 T = TypeVar("T")
 DEADLINE = 30.0
@@ -101,12 +102,16 @@ def gate(short_tmp: Path) -> Iterator[Gate]:
 
 def running_turn(folder: Path, daemon: DaemonProcess, prompt: str) -> tuple[str, int, int]:
     """Send ``prompt`` (which must include ``setsid``) and wait until it is ready:
-    returns (turn id, leader pid, setsid grandchild pid)."""
+    returns (turn id, leader pid, setsid grandchild pid).
+
+    The agent reports the grandchild as ``setsid PID NAMESPACE``, its sandbox's pid; it is
+    turned into this process's pid here, while the grandchild lives (it sleeps)."""
     daemon.cli("send", "ch", prompt, check=True)
     tool = entry(folder, lambda e: e["kind"] == "status" and e["text"].startswith("setsid "))
     entry(folder, lambda e: e["kind"] == "message" and e["text"] == "ready")
     (leader,) = until("the turn's leader pid", lambda: rows(folder, "SELECT pid FROM turns WHERE pid IS NOT NULL"))
-    return tool["turn"], leader[0], int(tool["text"].split()[1])
+    _, pid, namespace = tool["text"].split()
+    return tool["turn"], leader[0], host_pid(int(pid), int(namespace))
 
 
 # ---------------------------------------------------------------- one owner per store

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import make_config, script_agent, turn_processes
-from test_stop_contract import SLOW, Gate, Park, SpawnRecorder, wait_entry
+from test_stop_contract import SLOW, Gate, Park, SpawnRecorder, tree_pids, wait_entry
 
 from supervisor._config import parse_config
 from supervisor._errors import UsageError
@@ -172,7 +172,9 @@ async def test_two_agents_work_at_once_and_one_stop_kills_both_with_one_notice_l
         await ready(sup, "ch", "agent:bob", first.seq)
         status = sup.status()["channels"]["ch"]["agents"]
         assert status["ann"]["state"] == status["bob"]["state"] == "running"
-        assert len(turn_processes()) == 2
+        # Two turns run, each its whole tree (the sandbox's monitor and init, the agent), and nothing else.
+        assert len(spawned.calls) == 2
+        assert {p.pid for p in turn_processes()} == tree_pids(s.process.pid for s in spawned.calls)
 
         result = await sup.stop("ch")
 
@@ -201,11 +203,13 @@ async def test_a_stop_in_one_channel_never_rests_or_stops_another_with_the_same_
         for channel, accepted in (("x", x), ("y", y)):
             await ready(sup, channel, "agent:ann", accepted.seq)
             await ready(sup, channel, "agent:bob", accepted.seq)
+        trees = {s.turn_id: tree_pids([s.process.pid]) for s in spawned.calls}
 
         result = await sup.stop("x")
 
         y_turns = {s.turn_id for s in spawned.calls} - set(result.stopped_turns)
-        assert len(y_turns) == 2 and len(turn_processes(sorted(y_turns))) == 2
+        assert len(y_turns) == 2
+        assert {p.pid for p in turn_processes(sorted(y_turns))} == set().union(*(trees[t] for t in y_turns))
         assert sup.status()["channels"]["y"]["rests"] is False
         assert sup.status()["channels"]["x"]["rests"] is True
         gate.open(2)

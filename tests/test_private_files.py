@@ -24,7 +24,7 @@ import pytest
 from conftest import CORRAL, PYTHON, SUPERVISOR_PIDS, make_config, script_agent
 from supervisor import open_supervisor
 from supervisor._files import private_folder
-from supervisor._turn import _write_files
+from supervisor._turn import _write_files, channel_slug
 
 SLOW = 30
 NOBODY = 65534
@@ -56,9 +56,12 @@ async def test_embedded_state_homes_and_work_folders_are_0700_and_the_umask_is_l
         await sup.send("c", "hello")
         assert await sup.wait_idle("c", timeout=SLOW)
     assert os.umask(0o022) == 0o022, "an embedded supervisor must not change the host's umask"
-    home = state / "home" / "bot"
+    # A HOME per (agent, channel), under the agent's folder of homes.
+    home = state / "home" / "bot" / channel_slug("c")
+    assert [p.name for p in (state / "home" / "bot").iterdir()] == [home.name]
     work = next((state / "work" / "bot").iterdir())
-    for folder in (state, state / "home", home, home / "tmp", state / "work", state / "work" / "bot", work):
+    for folder in (state, state / "home", home.parent, home, home / "tmp", state / "work", state / "work" / "bot",
+                   work):
         assert mode(folder) == 0o700, folder
     for file in short_tmp.glob("corral.db*"):
         assert mode(file) == 0o600, file

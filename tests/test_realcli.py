@@ -23,7 +23,7 @@ import psutil
 import pytest
 from conftest import DaemonProcess, turn_processes
 
-from supervisor.testing import read_pid
+from supervisor.testing import pid_file_alive, read_pid
 from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.clis import cli_path
@@ -76,7 +76,9 @@ class Rig:
         self.folder = folder
         self.server = cli.server().start()
         try:
-            self.daemon = DaemonProcess(folder, config_text(cli.agent(self.server.url, cli_path(cli.name))))
+            # The tools the fake model asks for write pid files in the folder: granted, as a user would.
+            agent = {**cli.agent(self.server.url, cli_path(cli.name)), "sandbox_write": [str(folder)]}
+            self.daemon = DaemonProcess(folder, config_text(agent))
         except BaseException:
             self.server.stop()
             raise
@@ -196,6 +198,5 @@ def test_background_process_of_a_normal_turn_is_swept(rig: Rig) -> None:
     script.write_text(f"#!/bin/sh\nsetsid nohup sleep 3002 </dev/null >/dev/null 2>&1 &\necho {PID_OF_LAST} > {pidfile}\necho started\n")
     entries = rig.send_and_wait("bg", f"[[shell:sh {script}]] [[say:background started]] start it")
     assert any("background started" in t for t in _agent_messages(entries)), entries
-    pid = read_pid(pidfile)
-    assert not _alive(pid), "the background process outlived its turn"
+    assert not pid_file_alive(pidfile), "the background process outlived its turn"
     assert not turn_processes()

@@ -67,6 +67,10 @@ def toml_str(value: str) -> str:
 
 
 def daemon_config(folder: Path, *, sandbox: str = "auto", cgroup: str = "auto", hostile: str = "") -> str:
+    """The daemon of the escape suite. The hostile agent is granted the very folder that holds
+    corral's store, config, token and socket — the worst an operator can configure — and must
+    still not read, replace or delete any of them."""
+    grant = f"sandbox_write = [{toml_str(str(folder))}]"
     token = folder / "corral.token"
     token.write_text("s3cret-token\n")
     token.chmod(0o600)
@@ -86,7 +90,7 @@ stop_grace = 2
 adapter = "generic"
 command = [{toml_str(PYTHON)}, {toml_str(PROBE)}]
 env = {{ ESCAPE_PROBE_AS = "generic" }}
-{hostile}
+{hostile or grant}
 [agents.victim]
 adapter = "generic"
 command = [{toml_str(PYTHON)}, "-c", {toml_str(VICTIM)}]
@@ -98,6 +102,7 @@ class Rig:
     """A daemon with a victim mid-turn in channel B; the hostile agent answers in channel A."""
 
     def __init__(self, folder: Path, config: str) -> None:
+        Path("/tmp/corral-escape-probe.txt").unlink(missing_ok=True)  # what an escape would leave
         self.folder = folder
         self.daemon = DaemonProcess(folder, config)
         self.state = folder / "corral.d"
@@ -189,6 +194,15 @@ def attempts(
         ("list the homes", "list", str(rig.state / "home"), "ok:hostile"),
         ("list the working folders", "list", str(rig.state / "work"), "ok:hostile"),
         ("write the state folder", "write", str(rig.state / "evil"), "EROFS"),
+        ("write a folder not granted", "write", "/etc/corral-escape-probe", "EROFS"),
+        ("replace the config", "replace", [str(rig.folder / "new.toml"), str(rig.folder / "corral.toml")], "EBUSY"),
+        ("delete the store", "unlink", str(rig.folder / "corral.db"), "EBUSY"),
+        ("delete the store's wal", "unlink", str(rig.folder / "corral.db-wal"), "EBUSY"),
+        ("delete the socket", "unlink", str(rig.folder / "corral.sock"), "EBUSY"),
+        ("replace the token", "replace", [str(rig.folder / "new.token"), str(rig.folder / "corral.token")], "EBUSY"),
+        # Only the mount point of the granted folder: nothing else of the host's /tmp.
+        ("the host's /tmp", "list", "/tmp", (f"ok:{rig.folder.name}",)),
+        ("write its private /tmp", "write", "/tmp/corral-escape-probe.txt", "ok"),
         ("mkdir in the state folder", "mkdir", str(rig.state / "home" / "victim"), "EROFS"),
         ("symlink to the store", "symlink-read", [str(a_cwd / "link"), str(rig.folder / "corral.db")], "EACCES"),
         # the control socket
@@ -210,21 +224,21 @@ def attempts(
         ("its installation", "read", os.__file__, "ok:"),
         ("loopback TCP", "tcp", loopback, "ok:hello"),
         ("its own tree", "own-child", None, "ok:-15"),
-        ("B's secret in its env", "env", "VICTIM_API_KEY", "ok:"),
+        ("B's secret in its env", "env", "VICTIM_API_KEY", ("ok:",)),
     ]
     return [[name, kind, arg] for name, kind, arg, _ in tries], {name: want for name, *_, want in tries}
 
 
 def check_outcomes(got: dict[str, str], want: dict[str, Any]) -> None:
+    """Each outcome as expected: a tuple lists the exact outcomes allowed, ``"ok:TEXT"`` asks
+    for a success whose detail starts with TEXT, anything else for exactly that."""
     wrong = {}
     for name, expected in want.items():
         outcome = got.get(name, "missing")
         if isinstance(expected, tuple):
             ok = outcome in expected
-        elif expected.startswith("ok:") and expected != "ok:":
+        elif expected.startswith("ok:"):
             ok = outcome.startswith(expected)
-        elif expected == "ok:":
-            ok = outcome.startswith("ok:") and (name != "B's secret in its env" or outcome == "ok:")
         else:
             ok = outcome == expected
         if not ok:
@@ -233,6 +247,8 @@ def check_outcomes(got: dict[str, str], want: dict[str, Any]) -> None:
 
 
 def victim_unharmed(rig: Rig, victim: psutil.Process) -> None:
+    assert not Path("/tmp/corral-escape-probe.txt").exists(), "a turn's /tmp is its own"
+    assert rig.daemon.cli("status").returncode == 0  # the socket, store and config still serve
     assert victim.is_running() and victim.status() != psutil.STATUS_ZOMBIE
     b_cwd, b_home = rig.folders("victim", "B")
     assert (b_cwd / "secret.txt").read_text() == "victim-secret-in-cwd"
@@ -271,7 +287,7 @@ def test_an_acp_agent_and_its_tools_reach_nothing_beyond_their_channel(short_tmp
 adapter = "acp"
 command = [{toml_str(PYTHON)}, {toml_str(FAKE_ACP)}]
 env = {{ FAKE_ACP_STATE = {toml_str(str(fake_state))} }}
-sandbox_write = [{toml_str(str(fake_state))}]
+sandbox_write = [{toml_str(str(short_tmp))}]
 acp_cancel_grace = 1.0
 """
     rig = Rig(short_tmp, daemon_config(short_tmp) + acp)
@@ -395,13 +411,14 @@ def test_bwrap_args_put_deeper_rules_on_top_and_hide_read_only() -> None:
     args = bwrap_args(reach)
     order = [(args[i], args[i + 1]) for i in range(len(args) - 1) if args[i] in ("--bind", "--tmpfs", "--ro-bind")]
     assert order == [
-        ("--ro-bind", "/"), ("--tmpfs", "/state"), ("--bind", "/srv/work"),
+        ("--ro-bind", "/"), ("--tmpfs", "/tmp"), ("--tmpfs", "/state"), ("--bind", "/srv/work"),
         ("--tmpfs", "/srv/work/corral.d"), ("--ro-bind", "/dev/null"), ("--bind", "/state/home/a/c"),
     ]
     assert args[args.index("--ro-bind", 3) + 2] == "/srv/work/corral.db"
     assert "--unshare-net" in args and "--unshare-pid" in args and args[-2:] == ["--chdir", "/srv/work"]
     remounts = [args[i + 1] for i, word in enumerate(args) if word == "--remount-ro"]
-    assert remounts == ["/srv/work/corral.d", "/state"]
+    assert remounts == ["/srv/work/corral.d", "/state"]  # hidden folders; the private /tmp stays writable
+    assert args[args.index("/tmp") - 3: args.index("/tmp")] == ["--perms", "1777", "--tmpfs"]
     assert args.index("--remount-ro") > max(i for i, w in enumerate(args) if w == "--bind")
 
 
@@ -459,3 +476,33 @@ def test_the_readme_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypat
     agent = config.agents["claude"]
     assert agent.sandbox_write == (shared,) and agent.network == "none"
     assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")), Path(os.path.expanduser("~/.aws")))
+
+
+def test_network_none_and_sandbox_hide_close_what_they_say(short_tmp: Path, loopback: str) -> None:
+    """``network = "none"``: not even loopback; ``sandbox_hide``: a folder the user names is
+    empty and its files gone — beside the same agent's positive controls."""
+    _needs_sandbox()
+    private = short_tmp / "private"
+    private.mkdir()
+    (private / "key").write_text("user-secret")
+    hostile = f'network = "none"\nsandbox_hide = [{toml_str(str(private))}]'
+    rig = Rig(short_tmp, daemon_config(short_tmp, hostile=hostile))
+    try:
+        a_cwd, _ = rig.folders("hostile", "A")
+        tries = [
+            ["loopback TCP", "tcp", loopback],
+            ["the hidden folder", "list", str(private)],
+            ["the hidden file", "read", str(private / "key")],
+            ["own folder", "write", str(a_cwd / "mine.txt")],
+            ["system files", "read", "/etc/passwd"],
+        ]
+        seq = rig.json("send", "A", json.dumps(tries))["seq"]
+        assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
+        answer = next(e for e in rig.entries("A") if e["seq"] > seq and e["text"].startswith("{"))
+        got = json.loads(answer["text"])
+        assert got["loopback TCP"] in ("ECONNREFUSED", "ENETUNREACH"), got
+        assert got["the hidden folder"] == "ok:" and got["the hidden file"] == "ENOENT", got
+        assert got["own folder"] == "ok" and got["system files"].startswith("ok:root"), got
+        assert (private / "key").read_text() == "user-secret"
+    finally:
+        rig.close()

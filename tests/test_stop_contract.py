@@ -19,7 +19,8 @@ import logging
 import os
 import signal
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,8 @@ from supervisor._ledger import StopLedger
 from supervisor._registry import ProcessRegistry
 from supervisor._store import Entry, StoreError
 from supervisor._supervisor import NUDGE_TEXT, STOP_NOTICE, Supervisor, open_supervisor
-from supervisor.testing import Hooks
-from supervisor._tree import TURN_MARKER, ProcessTree
+from supervisor.testing import Hooks, host_pid
+from supervisor._tree import TURN_MARKER, ProcessTree, descendants
 from supervisor._tree import spawn as real_spawn
 
 #: Generous limit for anything that involves a real process.
@@ -50,8 +51,9 @@ pytestmark = pytest.mark.usefixtures("kill_mechanism")
 #   flush             on SIGINT print text, a status, todos, a session id and a result, then exit
 #   windup=FIFO       on SIGINT wait for the FIFO gate before exiting (a slow wind-down)
 #   session=ID        print a session id first
-#   child             start a child in the same process group (it sleeps)
-#   setsid            start a child in a session of its own (it sleeps)
+#   whoami            report its own pid ("pid PID NAMESPACE")
+#   child             start a child in the same process group (it sleeps; "child PID NAMESPACE")
+#   setsid            start a child in a session of its own (it sleeps; "setsid PID NAMESPACE")
 #   todos             report a plan with one item done, one in progress, one pending
 #   silent            print nothing more and sleep (a stalled stream)
 #   tick              print a line every 50 ms forever
@@ -59,6 +61,8 @@ pytestmark = pytest.mark.usefixtures("kill_mechanism")
 #   hang              after the result, sleep instead of exiting
 # A plain "ready" line (a message entry) tells the test the agent is where it should be.
 # Resume arguments (``--resume ID``) come before the prompt; the agent reports them.
+# A pid it reports is its pid namespace's (a sandboxed turn has its own), so it names the
+# namespace too: :func:`reported_pid` turns both into this process's pid.
 AGENT = r"""
 import json, os, signal, subprocess, sys, time
 prompt = sys.argv[-1]
@@ -70,6 +74,8 @@ def emit(kind, **fields):
 
 def wait_gate(path):
     os.read(os.open(path, os.O_RDONLY), 1)
+
+NS = os.stat("/proc/self/ns/pid").st_ino
 
 if "ignore" in words:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -95,13 +101,15 @@ if len(sys.argv) > 3:  # ["-c", *args, "--", prompt]
     emit("status", text="args " + " ".join(sys.argv[1:-2]))
 if "session" in opts:
     emit("session", id=opts["session"])
+if "whoami" in words:
+    emit("status", text=f"pid {os.getpid()} {NS}")
 if "child" in words:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-    emit("status", text=f"child {child.pid}")
+    emit("status", text=f"child {child.pid} {NS}")
 if "setsid" in words:
     tool = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True,
                             stdout=subprocess.DEVNULL)
-    emit("status", text=f"setsid {tool.pid}")
+    emit("status", text=f"setsid {tool.pid} {NS}")
 if "todos" in words:
     emit("todos", todos=[{"content": "one", "status": "completed"},
                          {"content": "two", "status": "in_progress"},
@@ -252,6 +260,25 @@ def notices(entries: list[Entry]) -> list[Entry]:
     return [e for e in entries if e.kind == "notice"]
 
 
+def reported_pid(entry: Entry) -> int:
+    """This process's pid for the one a status line of the agent names (``WORD PID NAMESPACE``):
+    read while that process lives (a dead one's pid no longer exists in its namespace)."""
+    _, pid, namespace = entry.text.split()
+    return host_pid(int(pid), int(namespace))
+
+
+async def wait_reported(sup: Supervisor, channel: str, word: str) -> int:
+    """The (translated) pid of the agent's first ``WORD PID NAMESPACE`` status line."""
+    entry = await wait_entry(sup, channel, lambda e: e.kind == "status" and e.text.startswith(word + " "))
+    return reported_pid(entry)
+
+
+def tree_pids(leaders: Iterable[int]) -> set[int]:
+    """The pids of these turns' whole trees now (bubblewrap's monitor, its init, the program
+    and what it started): what a stop of them kills, read right before it."""
+    return {p.pid for leader in leaders for p in descendants(leader)}
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -324,6 +351,8 @@ async def test_contract_01_stop_all_stops_every_busy_channel(short_tmp: Path, ga
             await send_and_wait_ready(sup, channel, f"gate={gate}")
         await existing_idle(sup, "quiet")
         await sup.stop("quiet")  # a channel the ledger knows, with nothing to stop
+        busy_calls = spawned.calls[:3]  # the fourth made "quiet" and has ended
+        busy_trees = tree_pids(s.process.pid for s in busy_calls)
 
         with trio.fail_after(SLOW):
             result = await sup.stop(None)
@@ -331,8 +360,7 @@ async def test_contract_01_stop_all_stops_every_busy_channel(short_tmp: Path, ga
         assert result.ok and result.channels is not None
         assert sorted(r.channel for r in result.channels) == ["c1", "c2", "c3"]
         assert len(result.stopped_turns) == 3
-        busy_calls = spawned.calls[:3]  # the fourth made "quiet" and has ended
-        assert sorted(result.killed) == sorted(s.process.pid for s in busy_calls)
+        assert sorted(result.killed) == sorted(busy_trees)
         assert all(s.process.returncode is not None for s in spawned.calls)
         for channel in ("c1", "c2", "c3"):
             assert [e.text for e in notices(await sup.entries(channel))] == [STOP_NOTICE]
@@ -668,9 +696,9 @@ async def test_contract_06_release_is_by_identity(short_tmp: Path) -> None:
 async def test_contract_07_stop_kills_the_group_and_reports_it(short_tmp: Path, gates: Any) -> None:
     gate = gates()
     async with running(short_tmp) as (sup, spawned):
-        await sup.send("ch", f"child gate={gate}")
-        child = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("child "))
-        child_pid = int(child.text.split()[1])
+        await sup.send("ch", f"whoami child gate={gate}")
+        agent_pid = await wait_reported(sup, "ch", "pid")
+        child_pid = await wait_reported(sup, "ch", "child")
         await wait_entry(sup, "ch", is_ready)
         leader = spawned.calls[0]
 
@@ -678,8 +706,8 @@ async def test_contract_07_stop_kills_the_group_and_reports_it(short_tmp: Path, 
             result = await sup.stop("ch")
 
         assert result.ok
-        assert {leader.process.pid, child_pid} <= set(result.killed)
-        assert not alive(child_pid) and leader.process.returncode is not None
+        assert {agent_pid, child_pid} <= set(result.killed)
+        assert not alive(agent_pid) and not alive(child_pid) and leader.process.returncode is not None
         assert not turn_processes([leader.turn_id])
 
 
@@ -689,6 +717,7 @@ async def test_contract_07_sigkill_after_the_grace_when_sigint_is_ignored(short_
     async with running(short_tmp, stop_grace=grace) as (sup, spawned):
         await send_and_wait_ready(sup, "ch", f"ignore child gate={gate}")
         leader = spawned.calls[0]
+        tree = tree_pids([leader.process.pid])
 
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
@@ -696,7 +725,7 @@ async def test_contract_07_sigkill_after_the_grace_when_sigint_is_ignored(short_
         assert result.ok and result.error is None
         assert result.elapsed_ms >= grace * 1000
         assert leader.process.returncode == -signal.SIGKILL
-        assert leader.process.pid in result.killed and len(result.killed) == 2
+        assert sorted(result.killed) == sorted(tree)
         assert not turn_processes([leader.turn_id])
         assert (await sup.entries("ch"))[-1].text == STOP_NOTICE
 
@@ -879,11 +908,14 @@ async def test_contract_13_the_result_says_what_the_stop_did_and_it_is_logged(
     caplog.set_level(logging.INFO, logger="corral")
     gate = gates()
     async with running(short_tmp) as (sup, spawned):
-        await sup.send("ch", f"child gate={gate}")
-        child = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("child "))
+        await sup.send("ch", f"whoami child gate={gate}")
+        agent_pid = await wait_reported(sup, "ch", "pid")
+        child_pid = await wait_reported(sup, "ch", "child")
         await wait_entry(sup, "ch", is_ready)
         await sup.send("ch", "queued one")
         await sup.send("ch", "queued two")
+        tree = tree_pids([spawned.calls[0].process.pid])
+        assert {agent_pid, child_pid} <= tree
 
         with trio.fail_after(SLOW):
             result = await sup.stop("ch")
@@ -891,7 +923,7 @@ async def test_contract_13_the_result_says_what_the_stop_did_and_it_is_logged(
         assert result.ok and result.error is None and not result.repeat
         assert result.generation == 1 and result.dropped == 2
         assert result.stopped_turns == [spawned.calls[0].turn_id]
-        assert set(result.killed) == {spawned.calls[0].process.pid, int(child.text.split()[1])}
+        assert set(result.killed) == tree
         assert result.swept == []
         assert 0 < result.elapsed_ms < 10_000
         as_json = result.to_json()
@@ -940,13 +972,27 @@ async def test_contract_13_a_process_that_survives_the_sweep_fails_the_stop_loud
     real_sweep = ProcessTree.sweep
     monkeypatch.setattr(ProcessTree, "sweep", lambda self, scanner, budget=1.0: real_sweep(self, scanner, budget=budget))
     async with running(short_tmp) as (sup, _):
-        # "ignore": the tool inherits SIG_IGN for SIGINT too (the cgroup path interrupts it).
-        await sup.send("ch", f"ignore setsid gate={gate}")
-        tool = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("setsid "))
-        pid = int(tool.text.split()[1])
-        immortal.add(pid)
-        await wait_entry(sup, "ch", is_ready)
+        await send_and_wait_ready(sup, "ch", f"gate={gate}")
+        turn_id = sup._turns["ch", "bot"].turn_id
+        tree = sup._registry.get("ch", turn_id)
+        assert tree is not None
+        # The stuck process is one of the turn's that is not inside its sandbox: every process
+        # inside dies with the pid namespace's init, whoever kills it, so no simulation there
+        # could outlive the stop (a process really stuck in the kernel would). It is the turn's
+        # as corral knows a turn's processes: it carries the turn's marker (what the sweep
+        # scans for) and sits in the turn's cgroup (what cgroup.kill ends). It ignores SIGINT
+        # (the cgroup path interrupts it) before it says so.
+        stuck = subprocess.Popen(
+            ["sh", "-c", "trap '' INT TERM; echo ready; exec sleep 3600"],
+            env={**os.environ, TURN_MARKER: turn_id, "CORRAL_STORE": sup._store.store_id},
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True,
+        )
+        pid = stuck.pid
         try:
+            assert stuck.stdout is not None and stuck.stdout.readline() == b"ready\n"
+            immortal.add(pid)
+            if tree.cgroup is not None:
+                Path(tree.cgroup.path, "cgroup.procs").write_text(str(pid))
             with trio.fail_after(SLOW):
                 result = await sup.stop("ch")
             assert not result.ok and result.error == f"processes [{pid}] could not be confirmed dead"
@@ -954,14 +1000,10 @@ async def test_contract_13_a_process_that_survives_the_sweep_fails_the_stop_loud
             assert notice.kind == "notice" and notice.text.startswith("Stopping failed") and str(pid) in notice.text
             assert notice.meta["ok"] is False
         finally:
-            fd = os.pidfd_open(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-                with trio.fail_after(SLOW):
-                    await trio.lowlevel.wait_readable(fd)  # it has exited
-            finally:
-                trio.lowlevel.notify_closing(fd)
-                os.close(fd)
+            stuck.kill()
+            stuck.wait(timeout=SLOW)
+            assert stuck.stdout is not None
+            stuck.stdout.close()
 
 
 # ---------------------------------------------------------------- 14. a stalled stream still stops
@@ -1175,8 +1217,7 @@ async def test_contract_15_every_turn_process_carries_its_store(short_tmp: Path,
     gate = gates()
     async with running(short_tmp) as (sup, spawned):
         await sup.send("ch", f"setsid gate={gate}")
-        tool = await wait_entry(sup, "ch", lambda e: e.kind == "status" and e.text.startswith("setsid "))
-        environ = psutil.Process(int(tool.text.split()[1])).environ()
+        environ = psutil.Process(await wait_reported(sup, "ch", "setsid")).environ()
         assert environ["CORRAL_STORE"] == sup._store.store_id
         assert environ[TURN_MARKER] == spawned.calls[0].turn_id
         (pid, started, state), = await sup._store.query(
@@ -1197,10 +1238,12 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
     faults = FailCommits()
     async with running(short_tmp) as (sup, spawned):
         faults.install(sup)
-        await sup.send("ch", f"todos gate={gate}")
+        await sup.send("ch", f"whoami todos gate={gate}")
+        agent_pid = await wait_reported(sup, "ch", "pid")
         await wait_entry(sup, "ch", is_ready)
         await sup.send("ch", "queued behind")
         turn_id = spawned.calls[0].turn_id
+        tree = tree_pids([spawned.calls[0].process.pid])
         faults.arm(1)
         with trio.fail_after(SLOW):
             failed = await sup.stop("ch")
@@ -1210,7 +1253,7 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
         assert failed.error.endswith("nothing was stopped")
         assert failed.notice_seq is None and failed.killed == [] and failed.stopped_turns == []
         # Nothing was killed or dropped; the ledger is as it was.
-        assert alive(spawned.calls[0].process.pid)
+        assert agent_pid in tree and all(alive(pid) for pid in tree)
         assert sup._ledger.generation("ch") == 0 and not sup._ledger.is_stale("ch", turn_id)
         stored = [r[0] for r in await sup._store.query("SELECT seq FROM queue")]
         assert [m.id for m in sup._ledger.queued("ch")] == stored
@@ -1222,7 +1265,7 @@ async def test_contract_17_a_stop_whose_record_cannot_be_stored_kills_nothing(sh
             retry = await sup.stop("ch")
         await idle(sup, "ch")
         assert retry.ok and not retry.repeat and retry.notice_seq is not None and retry.dropped == 1
-        assert retry.stopped_turns == [turn_id] and spawned.calls[0].process.pid in retry.killed
+        assert retry.stopped_turns == [turn_id] and agent_pid in retry.killed
         assert len(spawned.calls) == 1
 
 

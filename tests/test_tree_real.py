@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,10 @@ import trio.testing
 from conftest import PYTHON, make_config, turn_processes
 
 from supervisor._supervisor import STOP_NOTICE, Supervisor, open_supervisor
-from supervisor.testing import Hooks
 from supervisor._tree import TURN_MARKER, set_child_subreaper
 from supervisor._tree import spawn as real_spawn
 from supervisor._turn import DRAIN_SECONDS, Turn
+from supervisor.testing import Hooks, host_pid
 
 SLOW = 20.0
 
@@ -36,21 +36,30 @@ SLOW = 20.0
 pytestmark = pytest.mark.usefixtures("kill_mechanism")
 
 # The agent is a file so its tool processes can be more copies of it, in other roles:
-#   --sleep LABEL [FD]   print "LABEL PID" (or write the pid to FD), then sleep
+#   --sleep LABEL [FD]   print "LABEL PID NS" (or write "PID NS" to FD), then sleep
 #   --child ROLE         start "--sleep grandchild" in the same group (ROLE=group) or in a
-#                        new session with the turn's stdout (ROLE=setsid); print "child PID"
+#                        new session with the turn's stdout (ROLE=setsid); print "child PID NS"
 #   --daemon             double fork + setsid (stdio on /dev/null), wait until re-parented,
-#                        print "daemon PID" through the first process, which exits
+#                        print "daemon PID NS" through the first process, which exits
 #   --escapee            the same, but keep the turn's stdout and exec with an environment
 #                        that no longer carries the turn marker
+# As the agent it prints "agent PID NS" first.
+# A pid is reported with its pid namespace (NS, the inode of /proc/self/ns/pid): a sandboxed
+# turn has a namespace of its own, where pids are not this process's (see ``reported``).
 # As the agent (the prompt is its only argument), words steer it: ignore (SIGINT and
 # SIGTERM ignored, inherited by its tools), child, setsid, daemon, escapee, bg (a setsid
-# background process sharing stdout), exit (finish normally instead of sleeping).
+# background process sharing stdout), exit (finish normally instead of sleeping), hold
+# (before exiting, wait until the file "go" beside this script exists).
 TREE_AGENT = r'''
 import json, os, signal, subprocess, sys, time
 
+NS = os.stat("/proc/self/ns/pid").st_ino
+
 def say(*parts):
     print(*parts, flush=True)
+
+def me_ident():
+    return f"{os.getpid()} {NS}"
 
 def me(*args, **kw):
     return subprocess.Popen([sys.executable, __file__, *args], **kw)
@@ -59,7 +68,7 @@ def escape(keep_stdout):
     r, w = os.pipe()
     if os.fork():
         os.close(w)
-        say("escapee" if keep_stdout else "daemon", int(os.read(r, 32)))
+        say("escapee" if keep_stdout else "daemon", os.read(r, 64).decode())
         os._exit(0)
     os.setsid()
     middle = os.getpid()
@@ -70,7 +79,7 @@ def escape(keep_stdout):
     null = os.open(os.devnull, os.O_RDWR)
     for fd in ((0, 2) if keep_stdout else (0, 1, 2)):
         os.dup2(null, fd)
-    os.write(w, str(os.getpid()).encode())
+    os.write(w, me_ident().encode())
     os.close(w)
     if keep_stdout:
         os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)"], {})
@@ -81,17 +90,18 @@ if sys.argv[1] == "--":  # the generic adapter's end of options, before the prom
 role = sys.argv[1]
 if role == "--sleep":
     if len(sys.argv) > 3:
-        os.write(int(sys.argv[3]), str(os.getpid()).encode())
+        os.write(int(sys.argv[3]), me_ident().encode())
     else:
-        say(sys.argv[2], os.getpid())
+        say(sys.argv[2], me_ident())
     time.sleep(3600)
 elif role == "--child":
     me("--sleep", "grandchild", start_new_session=sys.argv[2] == "setsid")
-    say("child", os.getpid())
+    say("child", me_ident())
     time.sleep(3600)
 elif role in ("--daemon", "--escapee"):
     escape(role == "--escapee")
 else:
+    say("agent", me_ident())
     words = role.split()
     if "ignore" in words:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -110,9 +120,12 @@ else:
         r, w = os.pipe()
         me("--sleep", "bg", str(w), pass_fds=[w], start_new_session=True)
         os.close(w)
-        say("bg", int(os.read(r, 32)))
+        say("bg", os.read(r, 64).decode())
     say("ready")
     if "exit" in words:
+        go = os.path.join(os.path.dirname(os.path.abspath(__file__)), "go")
+        while "hold" in words and not os.path.exists(go):
+            time.sleep(0.01)
         print(json.dumps({"type": "result", "text": "done"}), flush=True)
         sys.exit(0)
     time.sleep(3600)
@@ -154,10 +167,13 @@ class Recorder:
 
 
 @asynccontextmanager
-async def running(folder: Path, *, subreaper: bool = False, **agent: Any) -> AsyncIterator[tuple[Supervisor, Recorder]]:
+async def running(
+    folder: Path, *, subreaper: bool = False, sandbox: str = "auto", **agent: Any
+) -> AsyncIterator[tuple[Supervisor, Recorder]]:
     script = folder / "tree_agent.py"
     script.write_text(TREE_AGENT)
     config = make_config(folder, {"bot": {"adapter": "generic", "command": [PYTHON, str(script)], **agent}})
+    config = replace(config, server=replace(config.server, sandbox=sandbox))
     recorder = Recorder()
     async with open_supervisor(config, subreaper=subreaper, hooks=Hooks(spawn=recorder)) as sup:
         recorder.sup = sup
@@ -165,8 +181,15 @@ async def running(folder: Path, *, subreaper: bool = False, **agent: Any) -> Asy
 
 
 async def pids_of(sup: Supervisor, channel: str, *labels: str) -> dict[str, int]:
-    """Wait for a "LABEL PID" line of each label; return the pids."""
+    """Wait for a "LABEL PID NS" line of each label; return the pids, as this process's."""
+    return (await reported(sup, channel, *labels))[0]
+
+
+async def reported(sup: Supervisor, channel: str, *labels: str) -> tuple[dict[str, int], int]:
+    """Wait for a "LABEL PID NS" line of each label; return the pids, translated to this
+    process's as each line arrives (the process is alive then), and the pid namespace."""
     found: dict[str, int] = {}
+    namespaces: set[int] = set()
     ready = False
     with trio.fail_after(SLOW):
         async with aclosing(sup.follow(channel)) as entries:
@@ -174,11 +197,13 @@ async def pids_of(sup: Supervisor, channel: str, *labels: str) -> dict[str, int]
                 # The agent's plain lines arrive joined, one message per run of them.
                 for line in entry.text.split("\n") if entry.kind == "message" else ():
                     parts = line.split()
-                    if len(parts) == 2 and parts[0] in labels and parts[1].isdigit():
-                        found[parts[0]] = int(parts[1])
+                    if len(parts) == 3 and parts[0] in labels and parts[1].isdigit() and parts[2].isdigit():
+                        found[parts[0]] = host_pid(int(parts[1]), int(parts[2]))
+                        namespaces.add(int(parts[2]))
                     ready = ready or line == "ready"
                 if ready and set(found) == set(labels):
-                    return found
+                    assert len(namespaces) == 1, namespaces  # one turn, one namespace
+                    return found, namespaces.pop()
                 if entry.kind in ("error", "notice"):
                     raise AssertionError(f"the turn ended early: {entry.text}")
     raise AssertionError("the follow ended")
@@ -204,6 +229,26 @@ async def stop(sup: Supervisor, channel: str) -> Any:
     return result
 
 
+async def wait_exit(pid: int) -> None:
+    """Wait until a process that is not our child has exited on its own (pidfd)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with trio.fail_after(SLOW):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+    assert not alive(pid)
+
+
+def sandbox_init(ns: int) -> int:
+    """bwrap's init in the turn's pid namespace ``ns`` (pid 1 there), as this process's pid."""
+    return host_pid(1, ns)
+
+
 async def kill_and_wait(pid: int) -> None:
     """SIGKILL a process that is not our child and wait until it has exited (pidfd)."""
     try:
@@ -221,21 +266,27 @@ async def kill_and_wait(pid: int) -> None:
 
 
 # ---------------------------------------------------------------- trees
+#
+# Sandboxed (the default), the leader corral spawns is bwrap's monitor; inside the turn's pid
+# namespace bwrap's init runs the agent. The tree a test expects killed is what it reads under
+# the leader before the stop (monitor, init, agent and what the agent started), never a
+# hard-coded layout.
 
 
 async def test_tree_same_group_grandchild_dies_with_the_group(short_tmp: Path) -> None:
     async with running(short_tmp, stop_grace=2.0) as (sup, rec):
         await sup.send("ch", "child")
-        pids = await pids_of(sup, "ch", "child", "grandchild")
+        pids = await pids_of(sup, "ch", "agent", "child", "grandchild")
         leader = rec.pids[0]
-        assert {pids["child"], pids["grandchild"]} <= descendants_of(leader)
-        assert {os.getpgid(p) for p in pids.values()} == {leader}
+        tree = {leader} | descendants_of(leader)
+        assert set(pids.values()) < tree
+        assert {os.getpgid(p) for p in tree} == {leader}
 
         result = await stop(sup, "ch")
 
-        assert {leader, pids["child"], pids["grandchild"]} <= set(result.killed)
+        assert tree <= set(result.killed)
         assert result.swept == []
-        assert not any(alive(p) for p in (leader, *pids.values()))
+        assert not any(alive(p) for p in tree)
         assert not turn_processes([rec.turns[0].turn_id])
 
 
@@ -243,18 +294,21 @@ async def test_tree_setsid_grandchild_holding_stdout_is_swept_promptly(short_tmp
     grace = 2.0
     async with running(short_tmp, stop_grace=grace) as (sup, rec):
         await sup.send("ch", "setsid")
-        pids = await pids_of(sup, "ch", "child", "grandchild")
+        pids = await pids_of(sup, "ch", "agent", "child", "grandchild")
         leader = rec.pids[0]
         assert os.getsid(pids["grandchild"]) == pids["grandchild"] != leader  # its own session
+        tree = {leader} | descendants_of(leader)
+        group = {p for p in tree if os.getpgid(p) == leader}
+        assert group == tree - {pids["grandchild"]}
 
         result = await stop(sup, "ch")
 
         # The leader and the child leave on SIGINT; the grandchild holding stdout is
         # found and killed without waiting for it to close the pipe.
         assert result.elapsed_ms < (grace + 1.0) * 1000
-        assert {leader, pids["child"]} <= set(result.killed)
+        assert group <= set(result.killed)
         assert pids["grandchild"] in result.swept
-        assert not any(alive(p) for p in (leader, *pids.values()))
+        assert not any(alive(p) for p in tree)
         assert not turn_processes([rec.turns[0].turn_id])
 
 
@@ -262,8 +316,10 @@ async def test_tree_stop_respects_the_drain_deadline_when_stdout_stays_open(shor
     # A process that escaped before the stop *and* dropped the turn marker cannot be found
     # (no ancestry, no marker); it still holds the turn's stdout. The stop must not wait
     # for that pipe to close: it drains only until its deadline.
+    # Unsandboxed: inside the sandbox's pid namespace an orphan re-parents to bwrap's init,
+    # so nothing can leave the turn's ancestry (the sandboxed counterpart is below).
     grace = 1.0
-    async with running(short_tmp, stop_grace=grace) as (sup, rec):
+    async with running(short_tmp, sandbox="off", stop_grace=grace) as (sup, rec):
         await sup.send("ch", "escapee")
         pids = await pids_of(sup, "ch", "escapee")
         holder = pids["escapee"]
@@ -278,11 +334,36 @@ async def test_tree_stop_respects_the_drain_deadline_when_stdout_stays_open(shor
             await kill_and_wait(holder)
 
 
+async def test_tree_sandboxed_escapee_holding_stdout_stays_in_the_tree_and_dies_promptly(short_tmp: Path) -> None:
+    # The same escape in the sandbox: double fork, setsid, marker dropped, stdout kept. Its
+    # orphan re-parents to bwrap's init, inside the leader's tree, so the stop kills it and
+    # returns within the same bound; nothing of the turn, the escapee included, is left.
+    grace = 1.0
+    async with running(short_tmp, stop_grace=grace) as (sup, rec):
+        await sup.send("ch", "escapee")
+        pids, ns = await reported(sup, "ch", "escapee")
+        holder = pids["escapee"]
+        try:
+            assert psutil.Process(holder).ppid() == sandbox_init(ns)
+            assert holder in descendants_of(rec.pids[0])
+            with trio.fail_after(SLOW):
+                result = await sup.stop("ch")
+            assert result.ok
+            assert result.elapsed_ms < (grace + 3 * DRAIN_SECONDS + 1.0) * 1000
+            assert holder in set(result.killed) | set(result.swept)
+            assert not alive(holder)
+            assert not turn_processes([rec.turns[0].turn_id])
+        finally:
+            await kill_and_wait(holder)
+
+
 @pytest.mark.parametrize("subreaper", [False, True], ids=["plain", "subreaper"])
 async def test_tree_double_forked_daemon_is_found_by_its_marker(
     short_tmp: Path, subreaper: bool, subreaper_restored: bool
 ) -> None:
-    async with running(short_tmp, subreaper=subreaper, stop_grace=2.0) as (sup, rec):
+    # Unsandboxed: the premise is an orphan leaving the turn's ancestry (to the subreaper, or
+    # to init). In the sandbox it re-parents to bwrap's init instead (the counterpart below).
+    async with running(short_tmp, subreaper=subreaper, sandbox="off", stop_grace=2.0) as (sup, rec):
         await sup.send("ch", "daemon")
         daemon = (await pids_of(sup, "ch", "daemon"))["daemon"]
         leader = rec.pids[0]
@@ -304,21 +385,49 @@ async def test_tree_double_forked_daemon_is_found_by_its_marker(
     assert is_subreaper() == subreaper_restored
 
 
+@pytest.mark.parametrize("subreaper", [False, True], ids=["plain", "subreaper"])
+async def test_tree_sandboxed_double_forked_daemon_is_adopted_by_bwraps_init_and_dies(
+    short_tmp: Path, subreaper: bool, subreaper_restored: bool
+) -> None:
+    # The same double fork in the sandbox: the daemon re-parents to bwrap's init (pid 1 of the
+    # turn's namespace), never to this process, subreaper or not; the stop kills it (by the
+    # tree or its marker), its init reaps it, and nothing of the turn is left.
+    async with running(short_tmp, subreaper=subreaper, stop_grace=2.0) as (sup, rec):
+        await sup.send("ch", "daemon")
+        pids, ns = await reported(sup, "ch", "daemon")
+        daemon, leader = pids["daemon"], rec.pids[0]
+        init = sandbox_init(ns)
+        assert psutil.Process(daemon).ppid() == init != os.getpid()
+        assert {init, daemon} <= descendants_of(leader)
+        assert os.getsid(daemon) != leader
+
+        result = await stop(sup, "ch")
+
+        assert daemon in result.swept
+        assert init in result.killed
+        assert not any(alive(p) for p in (leader, init, daemon))
+        assert not psutil.pid_exists(daemon) or psutil.Process(daemon).ppid() != os.getpid()
+        assert not turn_processes([rec.turns[0].turn_id])
+    assert is_subreaper() == subreaper_restored
+
+
 async def test_tree_ignoring_sigint_and_sigterm_still_dies(short_tmp: Path) -> None:
     grace = 0.5
     async with running(short_tmp, stop_grace=grace) as (sup, rec):
         await sup.send("ch", "ignore child")
-        pids = await pids_of(sup, "ch", "child", "grandchild")
+        pids = await pids_of(sup, "ch", "agent", "child", "grandchild")
         leader = rec.pids[0]
         status = psutil.Process(pids["grandchild"]).as_dict(["status"])
         assert status["status"] != psutil.STATUS_ZOMBIE
+        tree = {leader} | descendants_of(leader)
+        assert set(pids.values()) < tree
 
         result = await stop(sup, "ch")
 
         assert result.elapsed_ms >= grace * 1000
         assert rec.turns[0].tree is not None and rec.turns[0].tree.process.returncode == -signal.SIGKILL
-        assert {leader, pids["child"], pids["grandchild"]} <= set(result.killed)
-        assert not any(alive(p) for p in (leader, *pids.values()))
+        assert tree <= set(result.killed)
+        assert not any(alive(p) for p in tree)
         assert not turn_processes([rec.turns[0].turn_id])
 
 
@@ -327,8 +436,11 @@ async def test_tree_ignoring_sigint_and_sigterm_still_dies(short_tmp: Path) -> N
 
 async def test_tree_normal_turn_background_process_is_swept(short_tmp: Path) -> None:
     async with running(short_tmp) as (sup, rec):
-        await sup.send("ch", "bg exit")
+        # "hold": the agent finishes only once its pids are read (a pid it reports is its
+        # namespace's, translated while the process lives; the sweep would end it).
+        await sup.send("ch", "bg exit hold")
         bg = (await pids_of(sup, "ch", "bg"))["bg"]
+        (short_tmp / "go").touch()
         assert await sup.wait_idle("ch", timeout=SLOW)
 
         turn = rec.turns[0]
@@ -342,19 +454,22 @@ async def test_tree_normal_turn_background_process_is_swept(short_tmp: Path) -> 
 async def test_tree_keep_background_leaves_it_alive(short_tmp: Path) -> None:
     async with running(short_tmp, keep_background=True) as (sup, rec):
         await sup.send("ch", "bg exit")
-        bg = (await pids_of(sup, "ch", "bg"))["bg"]
+        pids, ns = await reported(sup, "ch", "bg")
+        bg = pids["bg"]
+        init = sandbox_init(ns)  # it stays while anything of its namespace runs
         try:
             # The background process holds stdout open: the turn still ends, after the
-            # drain deadline, and leaves it running.
+            # drain deadline, and leaves it running (with bwrap's init, its parent now).
             with trio.fail_after(SLOW):
                 assert await sup.wait_idle("ch")
             turn = rec.turns[0]
             assert turn.outcome.ok and turn.outcome.report.swept == []
             assert alive(bg)
-            assert [p.pid for p in turn_processes([turn.turn_id])] == [bg]
+            assert sorted(p.pid for p in turn_processes([turn.turn_id])) == sorted([init, bg])
             assert (await sup.entries("ch"))[-1].text == "done"
         finally:
             await kill_and_wait(bg)
+            await wait_exit(init)  # its last process gone, bwrap's init exits by itself
         assert not turn_processes([rec.turns[0].turn_id])
 
 
@@ -377,7 +492,9 @@ async def test_tree_stop_while_a_kept_background_turn_finishes_still_kills_its_t
     monkeypatch.setattr(Turn, "_drain_leftovers", parking)
     async with running(short_tmp, keep_background=True) as (sup, rec):
         await sup.send("ch", "bg exit")
-        bg = (await pids_of(sup, "ch", "bg"))["bg"]
+        pids, ns = await reported(sup, "ch", "bg")
+        bg = pids["bg"]
+        init = sandbox_init(ns)
         try:
             with trio.fail_after(SLOW):
                 await parked.wait()
@@ -394,7 +511,7 @@ async def test_tree_stop_while_a_kept_background_turn_finishes_still_kills_its_t
             result = results[0]
             assert result.ok and result.stopped_turns == [rec.turns[0].turn_id]
             assert bg in result.swept
-            assert not alive(bg)
+            assert not alive(bg) and not alive(init)
             assert not turn_processes([rec.turns[0].turn_id])
             entries = await sup.entries("ch")
             assert entries[-1].kind == "notice" and not [e for e in entries if e.text == "done"]

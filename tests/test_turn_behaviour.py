@@ -154,9 +154,13 @@ print(json.dumps({"type": "result", "text": str(pid)}))
 
 async def test_the_daemon_reaps_adopted_processes_that_died_on_their_own(short_tmp: Path) -> None:
     import os
+    from dataclasses import replace
 
     agent = script_agent(ORPHAN_THAT_DIES, args=["--", str(os.getpid())])
     config = make_config(short_tmp, {"orphans": agent})
+    # Unsandboxed: the premise is the subreaper adopting a turn's orphan. In the sandbox an
+    # orphan re-parents to bwrap's init inside the turn's pid namespace (the next test).
+    config = replace(config, server=replace(config.server, sandbox="off"))
     async with open_supervisor(config, subreaper=True, owns_children=True) as sup:
         accepted = await sup.send("c", "go")
         with trio.fail_after(60):
@@ -165,6 +169,60 @@ async def test_the_daemon_reaps_adopted_processes_that_died_on_their_own(short_t
         zombie = int(entries[-1].text)
         await trio.testing.wait_all_tasks_blocked()  # the reaping pass after the turn has run
         assert not Path(f"/proc/{zombie}").exists(), "a dead adoptee was left as a zombie"
+
+
+# In the sandbox: the orphan re-parents to bwrap's init (pid 1 of the turn's namespace), says
+# "PID NS" in a file, and dies once the file "go" beside it exists; the agent waits until it
+# is gone from its namespace (reaped there), then answers.
+ORPHAN_IN_THE_SANDBOX = r"""
+import json, os, sys, time
+pidfile = sys.argv[-1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        while os.getppid() != 1:  # until re-parented to the namespace's init
+            time.sleep(0.005)
+        with open(pidfile + ".tmp", "w") as fh:
+            fh.write(f"{os.getpid()} {os.stat('/proc/self/ns/pid').st_ino}")
+        os.rename(pidfile + ".tmp", pidfile)
+        while not os.path.exists(pidfile + ".go"):
+            time.sleep(0.005)
+        os._exit(0)  # dies on its own, an orphan
+    os._exit(0)
+os.wait()
+while not os.path.exists(pidfile):
+    time.sleep(0.005)
+pid = int(open(pidfile).read().split()[0])
+while os.path.exists(f"/proc/{pid}"):  # until reaped, zombie and all
+    time.sleep(0.005)
+print(json.dumps({"type": "result", "text": "reaped"}))
+"""
+
+
+async def test_in_the_sandbox_an_orphan_that_dies_is_reaped_by_bwraps_init(short_tmp: Path) -> None:
+    import os
+
+    import psutil
+
+    from supervisor.testing import host_pid, read_pid
+
+    pidfile = short_tmp / "orphan.pid"
+    config = make_config(short_tmp, {"orphans": script_agent(ORPHAN_IN_THE_SANDBOX)})
+    async with open_supervisor(config, subreaper=True, owns_children=True) as sup:
+        accepted = await sup.send("c", str(pidfile))
+        with trio.fail_after(60):
+            while not pidfile.exists():
+                await trio.sleep(0.01)  # a file another process writes: polled, within a bound
+        orphan = read_pid(pidfile)
+        ns = int(pidfile.read_text().split()[1])
+        assert ns != os.stat("/proc/self/ns/pid").st_ino  # sandboxed: a namespace of its own
+        assert psutil.Process(orphan).ppid() == host_pid(1, ns) != os.getpid()  # bwrap's init, not us
+        (short_tmp / "orphan.pid.go").touch()
+        with trio.fail_after(60):
+            await sup.wait_idle("c")
+        entries = await sup.entries("c", after=accepted.seq)
+        assert entries[-1].text == "reaped"  # by the init, before the turn ended
+        assert not Path(f"/proc/{orphan}").exists(), "a dead orphan was left as a zombie"
 
 
 async def test_stderr_goes_to_the_log_with_channel_and_turn(short_tmp: Path, caplog) -> None:

@@ -136,7 +136,11 @@ def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
     """The ``[agents.NAME]`` table of a daemon's ``adapter = "acp"`` agent: the preset, the
     installed binary, the environment that points it at the fake server at ``url``. What the
     preset cannot know (a fake provider) goes in files under ``folder``, named by ``env``."""
-    table: dict[str, object] = {"adapter": "acp", "preset": name, "command": [str(acp_binary(name))]}
+    # ``folder`` holds what the agent writes outside its HOME (a CODEX_HOME, the tools' pid
+    # files): granted, as a user grants a folder it points an agent at.
+    table: dict[str, object] = {
+        "adapter": "acp", "preset": name, "command": [str(acp_binary(name))], "sandbox_write": [str(folder)],
+    }
     if name == "gemini":
         table["env"] = gemini_api.agent_env(url)
     elif name == "qwen":

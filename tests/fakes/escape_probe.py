@@ -35,6 +35,15 @@ def attempt(kind: str, arg: Any) -> str:
             with open(arg, "w") as fh:
                 fh.write("pwned")
             return "ok"
+        if kind == "unlink":
+            os.unlink(arg)
+            return "ok"
+        if kind == "replace":  # write a file of its own, then rename it over the target
+            src, dst = arg
+            with open(src, "w") as fh:
+                fh.write("[server]\n")
+            os.rename(src, dst)
+            return "ok"
         if kind == "mkdir":
             os.mkdir(arg)
             return "ok"
