@@ -209,6 +209,7 @@ class AcpTurn:
         sandbox = self.ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=str(home), writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
+            installation=(*self.agent.command, *self.agent.args),
         )
         return AcpSpec(
             launch,

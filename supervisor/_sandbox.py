@@ -122,6 +122,8 @@ class Reach:
     cwd: str
     """Where the program starts (its working folder, writable)."""
     writable: tuple[str, ...] = ()
+    readable: tuple[str, ...] = ()
+    """Folders put back read-only inside a private folder (an agent installed under ``/tmp``)."""
     hidden_dirs: tuple[str, ...] = ()
     """Folders replaced by an empty tmpfs."""
     hidden_files: tuple[str, ...] = ()
@@ -143,6 +145,8 @@ def bwrap_args(reach: Reach) -> list[str]:
     ops: list[tuple[int, int, str, list[str]]] = []
     for path in reach.private_dirs:
         ops.append((_depth(path), 0, path, ["--perms", "1777", "--tmpfs", path]))
+    for path in reach.readable:
+        ops.append((_depth(path), 0, path, ["--ro-bind", path, path]))
     for path in reach.writable:
         ops.append((_depth(path), 0, path, ["--bind", path, path]))
     for path in reach.hidden_dirs:
@@ -291,8 +295,14 @@ class Sandbox:
         writable: Iterable[Path] = (),
         hidden: Iterable[Path] = (),
         network: Network = "host",
+        installation: Iterable[str] = (),
     ) -> tuple[str, ...]:
         """The argv to start one turn's program behind (``bwrap ... --``); () when inactive.
+
+        ``installation`` is the agent's configured ``command`` and ``args`` (never the prompt:
+        a stranger writes that): the folder of every file they name under a private folder
+        (``/tmp``) stays in sight, read-only — the agent's own installation, wherever it lives —
+        unless it lies in corral's private state.
 
         Raises :class:`SandboxRefused` when the mode is ``required`` and there is no sandbox.
         """
@@ -315,11 +325,28 @@ class Sandbox:
         reach = Reach(
             cwd=cwd,
             writable=(cwd, home, *(str(p) for p in writable if p.exists())),
+            readable=tuple(self._installed(installation)),
             hidden_dirs=tuple(str(p) for p in dirs if _is_dir(p)),
             hidden_files=tuple(str(p) for p in files if _is_other(p)),
             network=network,
         )
         return (self.support.bwrap, *bwrap_args(reach), "--")
+
+
+    def _installed(self, words: Iterable[str]) -> list[str]:
+        """The folders under a private folder that the agent's command names (see ``prefix``)."""
+        found: list[str] = []
+        for word in words:
+            path = Path(word)
+            if not path.is_absolute() or not any(_within(path, Path(d)) for d in PRIVATE_DIRS):
+                continue
+            folder = path if _is_dir(path) else path.parent
+            # Inside corral's private state: never (a private folder *inside* it stays hidden
+            # anyway: the deeper rule wins).
+            if not folder.is_dir() or any(_within(folder, Path(d)) for d in self.private.dirs):
+                continue
+            found.append(str(folder))
+        return found
 
 
 def _is_dir(path: Path) -> bool:

@@ -470,6 +470,7 @@ class Turn:
         sandbox = ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=request.home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
+            installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
         )
         if ports.preparing is not None:
             await ports.preparing(self.channel, self.turn_id)

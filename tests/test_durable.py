@@ -369,7 +369,8 @@ async def test_contract_17_a_stop_on_a_full_disk_kills_nothing_and_says_so(tiny_
     from conftest import script_agent
 
     gate = Gate(short_tmp / "gate")
-    config = make_config(tiny_disk, {"bot": script_agent(AGENT)})
+    # The gate is outside the store's folder: the agent is granted both (its /tmp is its own).
+    config = make_config(tiny_disk, {"bot": script_agent(AGENT, sandbox_write=[str(tiny_disk), str(short_tmp)])})
     try:
         async with open_supervisor(config) as sup:
             await sup.send("ch", f"gate={gate}")

@@ -39,7 +39,9 @@ LEASE = 1.0
 
 def agents(folder: Path) -> dict[str, Any]:
     (folder / "agent.py").write_text(AGENT)
-    return {"bot": {"adapter": "generic", "command": [PYTHON, str(folder / "agent.py")], "stop_grace": 2.0}}
+    # The test's folder (its gates, beside every host's folder) is granted: a turn's /tmp is its own.
+    return {"bot": {"adapter": "generic", "command": [PYTHON, str(folder / "agent.py")], "stop_grace": 2.0,
+                    "sandbox_write": [str(folder.parent)]}}
 
 
 def test_cluster_host_defaults_to_the_hostname_and_the_lease_to_ten_seconds(tmp_path: Path) -> None:

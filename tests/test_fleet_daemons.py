@@ -29,6 +29,8 @@ LEASE = 1.0
 
 
 def fleet_config(folder: Path, url: str, host: str, pinned: dict[str, str] | None = None) -> str:
+    """A fleet host's config; its agent is granted the test's folder (its gates, beside every
+    host's folder): a turn's /tmp is its own."""
     (folder / "agent.py").write_text(AGENT)
     channels = "".join(f'[channels.{c}]\nhost = "{h}"\n' for c, h in (pinned or {}).items())
     return f"""
@@ -44,6 +46,7 @@ lease = {LEASE}
 adapter = "generic"
 command = [{json.dumps(PYTHON)}, {json.dumps(str(folder / "agent.py"))}]
 stop_grace = 2.0
+sandbox_write = [{json.dumps(str(folder.parent))}]
 {channels}"""
 
 
