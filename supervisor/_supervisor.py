@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -483,6 +484,8 @@ class Supervisor:
                     self._known.difference_update(m.id for m in self._ledger.queued(channel, agent))
                     self._ledger.forget_queue(channel, agent)
                     break
+                if self.fleet is not None:
+                    await self.fleet.wait_ready(channel)  # (taken by force: the old owner's lease runs out first)
                 take = self._ledger.take(channel, agent, new_turn_id())
                 if take.dropped:
                     self._store.dequeue([m.id for m in take.dropped])
@@ -597,15 +600,17 @@ class Supervisor:
             self._ensure_worker(row.channel, row.agent)
 
     def _lost(self, channel: str, why: str) -> None:
-        """(Synchronous, from the heartbeat) this host lost the channel's lease: its turns are
-        killed now, in this step; its queue here is forgotten (the store keeps it for the owner)."""
+        """(Synchronous, from the fleet's watchdog or heartbeat) this host lost the channel's
+        lease: its turns are killed now, in this step, with SIGKILL and no grace (another
+        host may begin the channel once the lease runs out in the database: nothing of this
+        host's may be alive by then); its queue here is forgotten (the store keeps it)."""
         self._known.difference_update(m.id for m in self._ledger.queued(channel))  # (queued again if retaken)
         decision = self._ledger.lose(channel)
         for lane, turn in list(self._turns.items()):
             if lane[0] == channel and (channel, turn.turn_id) in decision.turns:
                 turn.stop_reason = "lease lost"
                 turn.scope.cancel()
-                self._registry.interrupt(channel, turn.turn_id, turn.adapter.interrupt_signal)
+                self._registry.interrupt(channel, turn.turn_id, signal.SIGKILL)
         log.warning("[%s] lease lost (%s): killed turns %s", channel, why, [t for _, t in decision.turns])
 
     def _orphans(self, channels: list[str], queued: list[tuple[str, int]]) -> None:
@@ -1497,7 +1502,8 @@ async def open_supervisor(
         subreaper = set_child_subreaper(True)
     try:
         host = config.cluster.host if config.store_url else None
-        async with open_store(config.store_location, host=host) as store, trio.open_nursery() as nursery:
+        lease = config.cluster.lease
+        async with open_store(config.store_location, host=host, lease=lease) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, subreaper=subreaper, owns_children=owns_children
