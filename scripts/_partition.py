@@ -24,6 +24,9 @@ running; one fault each:
   lease plus :data:`STOP_BOUND`, ``ok`` or ``ok: false`` naming the owner, the owner's agent
   dead by then; healed, nothing of the owner's turn stored after the stop's notice, and a
   follow-up through the owner runs;
+* ``stop-via-cut-owner``: the same cut, and the stop through the cut-off owner itself:
+  answered within the lease plus the bound (``ok: false``: its record cannot be stored),
+  its agent dead by then (its lease could not be renewed); healed, a follow-up runs;
 * ``heal-early``: the cut heals after a quarter of the lease: nothing moves (same owner and
   token, the agent alive), then a stop through the owner ends it;
 * ``notices-cut``: only the hosts' notices cut (their LISTEN connections blackholed), the
@@ -67,7 +70,7 @@ T = TypeVar("T")
 #: What a stop through a survivor may take beyond the lease (the forced takeover, the take-over
 #: read, the stop itself) while the owner is cut off.
 STOP_BOUND = 3.0
-FAULTS = ("owner-cut", "stop-while-cut", "heal-early", "notices-cut", "db-cut", "reset", "slow")
+FAULTS = ("owner-cut", "stop-while-cut", "stop-via-cut-owner", "heal-early", "notices-cut", "db-cut", "reset", "slow")
 
 AGENT = r"""
 import os, signal, sys, time
@@ -298,7 +301,8 @@ def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tupl
     drawn: dict[str, Any] = {"channel": channel, "fault": fault, "owner": owner, "via": other}
     first = f"{channel}a"
     with fleet.client(owner) as c:
-        c.send(channel, f"{'stubborn' if fault in ('owner-cut', 'stop-while-cut', 'db-cut') else 'wait'} {first}")
+        stubborn = fault in ("owner-cut", "stop-while-cut", "stop-via-cut-owner", "db-cut")
+        c.send(channel, f"{'stubborn' if stubborn else 'wait'} {first}")
     until("ready", lambda: fleet.ready(channel), 30)
     life = fleet.life(first)
     names = [first]
@@ -344,6 +348,26 @@ def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tupl
         except TimeoutError:
             bad.append("host-never-rejoined")
         bad += _follow_up(fleet, channel, owner, f"{channel}z", wait)
+    elif fault == "stop-via-cut-owner":
+        proxy.blackhole()
+        cut = time.monotonic()
+        with fleet.client(owner) as c:
+            result = c.stop(channel)
+        took = time.monotonic() - cut
+        drawn["stop_s"] = round(took, 3)
+        if took > lease + STOP_BOUND:
+            bad.append("stop-answered-late")
+        if result.get("ok"):
+            bad.append("stop-ok-though-unrecorded")
+        if not life.wait_dead(1.0):
+            bad.append("alive-when-stop-returned")
+        proxy.heal()
+        try:
+            fleet.rejoined(owner, wait)
+        except TimeoutError:
+            bad.append("host-never-rejoined")
+        bad += check_after_notice(fleet, channel, result)
+        bad += _follow_up(fleet, channel, other, f"{channel}z", wait)
     elif fault == "heal-early":
         proxy.blackhole()
         time.sleep(lease / 4)  # (the fault's length)

@@ -423,6 +423,8 @@ class PostgresEngine(Engine):
         self._url = url
         self.lease = lease
         """(A fleet host) its lease: the connections' timeouts follow it (:func:`fleet_settings`)."""
+        self._abandoned_at: float | None = None
+        """(Monotonic) when :meth:`interrupt` last shut a silent connection down."""
         self._store_id: str | None = None
         self._host = ""
         self._pipeline: psycopg.Pipeline | None = None
@@ -466,6 +468,10 @@ class PostgresEngine(Engine):
         conn = self._conn
         return not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
 
+    def reachable(self) -> None:
+        """The database answered another connection (a fleet's heartbeat): reconnect at the next call."""
+        self._abandoned_at = None
+
     def sibling(self) -> PostgresEngine:
         """A new engine on the same database and settings, without the owner lock (a fleet's
         lease work: its own connection, so it never waits behind the store's)."""
@@ -476,6 +482,7 @@ class PostgresEngine(Engine):
         on it wakes with an error at once, and the connection counts as broken (a silent
         connection is abandoned, never waited on). Nothing to do if it is closed."""
         conn = self._conn
+        self._abandoned_at = time.monotonic()
         try:
             fd = conn.pgconn.socket
         except Exception:  # noqa: BLE001 - closed or never connected: nothing blocks on it
@@ -500,10 +507,19 @@ class PostgresEngine(Engine):
         return sql.replace("%", "%%").replace("?", "%s")
 
     def _alive(self) -> None:
-        """A new connection (and the owner lock again) if the last one broke."""
+        """A new connection (and the owner lock again) if the last one broke; not for half a
+        lease after a silent one was abandoned (a connection attempt through a cut cable
+        waits out its ``connect_timeout``: the calls meanwhile fail at once instead)."""
         if self._lost is not None:
             raise self._lost
         if self._conn.broken or self._conn.closed:
+            if self._abandoned_at is not None and self.lease is not None:
+                if time.monotonic() - self._abandoned_at < self.lease / 2:
+                    import psycopg
+
+                    raise psycopg.OperationalError("the database did not answer; its connection was abandoned"
+                                                   " a moment ago")
+                self._abandoned_at = None
             log.warning("store %s: the database connection was lost; reconnecting", self.name)
             self._conn.close()
             self._conn = self._connect()

@@ -629,6 +629,7 @@ class Fleet:
         queued = [(c, int(q)) for c, q in answers[5]]
         ((soonest,),) = answers[6]
         ((now,),) = answers[7]
+        self.store.reachable()  # (the database answers again: the store reconnects at once if it must)
         self.store.others_committed()  # (a notice of other hosts' entries lost in a reconnect: read them now)
         for channel, token in held.items():
             if self._tokens.get(channel) != token:

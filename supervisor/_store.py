@@ -567,6 +567,12 @@ class Store:
         self._db.interrupt()
         return True
 
+    def reachable(self) -> None:
+        """(A fleet's heartbeat got through) a connection abandoned as silent is replaced at
+        the next call, not after the pause (see :meth:`PostgresEngine._alive`)."""
+        if isinstance(self._db, PostgresEngine):
+            self._db.reachable()
+
     def _timed(self, call: Callable[[], T]) -> T:
         """(In the store's thread) ``call``, with its start kept for :meth:`unstick`."""
         self._busy_since = time.monotonic()

@@ -881,7 +881,13 @@ class Supervisor:
         A pinned channel's lease is given back afterwards: it runs on its host again."""
         fleet = self.fleet
         assert fleet is not None
-        owner = await self._owner(channel)
+        try:
+            owner = await self._owner(channel)
+        except StoreError as exc:  # (this host is cut off: a takeover would only wait out its deadline too)
+            result = StopResult(channel, self._ledger.generation(channel), ok=False,
+                                error=f"the stop could not be stored: {exc.__cause__ or exc}; nothing was stopped")
+            result.elapsed_ms = (trio.current_time() - started) * 1000
+            return result
         if owner is not None and owner != fleet.host:
             request = secrets.token_hex(8)
             answer = self._answers[request] = _Answer()
@@ -934,14 +940,12 @@ class Supervisor:
             log.warning("could not acknowledge host %s's stop: %s", asker, exc)
 
     async def _owner(self, channel: str) -> str | None:
-        """The host whose lease on the channel has not run out, if any."""
+        """The host whose lease on the channel has not run out, if any (StoreError: the
+        database did not answer)."""
         assert self.fleet is not None
-        try:
-            for host in await self.fleet.hosts():
-                if channel in host["channels"] and not host["channels"][channel]["expired"]:
-                    return str(host["host"])
-        except StoreError as exc:
-            log.warning("[%s] could not read the lease: %s", channel, exc)
+        for host in await self.fleet.hosts():
+            if channel in host["channels"] and not host["channels"][channel]["expired"]:
+                return str(host["host"])
         return None
 
     def _notice(self, payload: str) -> None:

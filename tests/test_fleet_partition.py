@@ -270,3 +270,10 @@ def test_a_stop_while_only_the_hosts_notices_are_cut_is_answered_and_carried_out
     started = time.monotonic()
     drawn = faulted(partitioned, 4, "notices-cut")
     assert drawn["stop_s"] <= LEASE + STOP_BOUND and time.monotonic() - started < DEADLINE, drawn
+
+
+def test_a_stop_through_the_cut_off_owner_itself_is_answered_within_the_lease_plus_a_bound(
+    partitioned: PartitionFleet
+) -> None:
+    drawn = faulted(partitioned, 5, "stop-via-cut-owner")  # (ok: false: its record cannot be stored)
+    assert drawn["stop_s"] <= LEASE + STOP_BOUND, drawn
