@@ -476,9 +476,10 @@ def run(trials: int, seed: int, lease: float, *, only: tuple[str, ...] = FAULTS)
             bad, drawn = trial(fleet, rng, i, fault)
             per_fault[fault] += 1
             by_kind.update(bad)
-            for key, values in figures.items():
-                if drawn.get(key) is not None:
-                    values.append(float(drawn[key]))
+            for key in list(figures):
+                if drawn.get(key) is not None and "/" not in key:
+                    figures[key].append(float(drawn[key]))
+                    figures.setdefault(f"{key}/{fault}", []).append(float(drawn[key]))
             if bad:
                 failures.append({**drawn, "violations": bad})
     finally:

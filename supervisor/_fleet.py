@@ -60,6 +60,15 @@ Theory of operation
   below) and ``entries`` (the range of seqs a host's commit stored in a channel, which
   every other host reads back for its followers: see the store's theory of operation; each
   heartbeat also looks, for a notice lost while a listening connection was replaced).
+* **At most once, across a host's loss.** A message begins at most one turn in the whole
+  fleet, ever: the commit that begins a turn deletes the message's queue row, checked
+  against the lease's fencing token, and a turn begins only if the row was still there. A
+  turn cut short by its host's loss (killed at a lost lease, or on a host that died) is not
+  run again: the next owner closes it with a notice ("Task interrupted — its host stopped
+  answering …") and the user sends it again; so is a turn whose beginning commit reached
+  the server while its host was cut off before hearing the answer. Every other accepted
+  message runs, unless a stop dropped it. ``faults.py --fleet --partition`` checks both on
+  every trial (at most one turn row per message; none only if a stop dropped it).
 * **The shared queue.** A message accepted by a host that does not own its channel stays
   in the store's queue; the transaction that inserts the row also sends a ``queued`` notice
   (delivered at its commit, so the row is there when it arrives). The owner — the host
