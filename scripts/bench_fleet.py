@@ -13,7 +13,15 @@ Run it as ``.venv/bin/python -m scripts.bench_fleet`` from the repository. It me
   cross-host ≤ local + 10 ms, median);
 * **a dead host's channels moving**: hc runs a turn and has a message queued; it is killed
   with SIGKILL; the time until a live host begins that channel's queued message (target:
-  the lease + 2 s).
+  the lease + 2 s);
+* **a partition** (``--partitions`` trials of each, on a second fleet whose hosts reach the
+  database through a loopback fault proxy each, ``scripts/_partition.py``): the owner's
+  database blackholed mid-turn (a cut cable), then the time from the cut to the channel's
+  next turn on another host, and when the owner's agent died (its local deadline minus the
+  margin: before the next turn); the largest overlap of two hosts' agents of one channel
+  over every trial, measured from each agent's start and its pidfd's exit (target 0); and
+  the latency of a stop through a survivor while the owner is cut off (target: the lease
+  plus 3 s; ``ok: false`` naming the owner).
 
 PostgreSQL runs on ``--url`` if given, else on a throwaway server started the way the tests
 start theirs (``tests/_postgres.py``). The lease is ``--lease`` seconds (2 by default).
@@ -132,6 +140,48 @@ def measure(url: str, root: Path, lease: float, messages: int, stops: int) -> di
     return out
 
 
+def measure_partitions(server: Any, lease: float, trials: int) -> dict[str, Any]:
+    """The partition figures: ``trials`` owner cuts and ``trials`` stops through a survivor
+    while the owner is cut off, on a fleet of three hosts behind fault proxies."""
+    import random
+
+    from scripts._partition import PartitionFleet, trial
+
+    moved: list[float] = []
+    killed: list[float] = []
+    stops: list[float] = []
+    overlaps: list[float] = []
+    violations: list[str] = []
+    fleet = PartitionFleet(server, short_tmp("corral-fleet-p-"), lease, HOSTS)
+    try:
+        rng = random.Random(1)
+        for i in range(trials * 2):
+            bad, drawn = trial(fleet, rng, i, "owner-cut" if i % 2 == 0 else "stop-while-cut")
+            violations += bad
+            overlaps.append(drawn["overlap_s"])
+            if drawn.get("moved_s") is not None:
+                moved.append(drawn["moved_s"])
+            if drawn.get("owner_killed_s") is not None:
+                killed.append(drawn["owner_killed_s"])
+            if drawn.get("stop_s") is not None:
+                stops.append(drawn["stop_s"])
+    finally:
+        fleet.close()
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
+
+    return {
+        "partition_trials": trials * 2,
+        "partition_to_next_turn_median_s": median(moved), "partition_to_next_turn_max_s": max(moved, default=None),
+        "cut_owner_killed_median_s": median(killed), "cut_owner_killed_max_s": max(killed, default=None),
+        "largest_overlap_s": max(overlaps, default=0.0),
+        "stop_via_survivor_median_s": median(stops), "stop_via_survivor_max_s": max(stops, default=None),
+        "stop_via_survivor_target_s": lease + 3.0,
+        "partition_violations": sorted(set(violations)),
+    }
+
+
 def main() -> int:
     """Measure; print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -139,6 +189,8 @@ def main() -> int:
     parser.add_argument("--lease", type=float, default=2.0, help="[cluster] lease, seconds (default 2)")
     parser.add_argument("--messages", type=int, default=300, help="messages to send (default 300)")
     parser.add_argument("--stops", type=int, default=20, help="stops to time (default 20)")
+    parser.add_argument("--partitions", type=int, default=5,
+                        help="partition trials of each kind (default 5; 0: none; needs the throwaway server)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     server = None
@@ -155,6 +207,8 @@ def main() -> int:
     root = short_tmp("corral-fleet-")
     try:
         out = measure(url, root, args.lease, args.messages, args.stops)
+        if server is not None and args.partitions > 0:
+            out.update(measure_partitions(server, args.lease, args.partitions))
     finally:
         if server is not None:
             server.close()

@@ -1094,16 +1094,34 @@ def main() -> int:
         "--fleet", action="store_true",
         help="fault trials on a fleet: three daemons on one throwaway PostgreSQL (see scripts/_chaos_fleet.py)",
     )
-    parser.add_argument("--lease", type=float, default=1.0, help="with --fleet: [cluster] lease, seconds (default 1)")
+    parser.add_argument(
+        "--partition", action="store_true",
+        help="with --fleet: network faults between each host and PostgreSQL, through a loopback fault proxy"
+        " (see scripts/_partition.py); --only names the faults (default: all of them)",
+    )
+    parser.add_argument("--lease", type=float, default=None,
+                        help="with --fleet: [cluster] lease, seconds (default 1; with --partition 2)")
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
     # Internal: a worker of --jobs runs exactly these kinds and prints its JSON summary.
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    if args.fleet and args.partition:
+        from scripts._partition import FAULTS
+        from scripts._partition import run as run_partition
+
+        only = tuple(args.only.split(",")) if args.only else FAULTS
+        unknown = set(only) - set(FAULTS)
+        if unknown:
+            parser.error(f"unknown partition faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        trials = len(only) if args.quick else args.trials
+        summary_p = run_partition(trials, seed, args.lease or 2.0, only=only)
+        print(json.dumps(summary_p) if args.json else json.dumps(summary_p, indent=2))
+        return 1 if summary_p["violations"] else 0
     if args.fleet:
         from scripts._chaos_fleet import run as run_fleet
 
-        fleet_summary = run_fleet((4 if args.quick else args.trials), seed, args.lease, faults=True)
+        fleet_summary = run_fleet((4 if args.quick else args.trials), seed, args.lease or 1.0, faults=True)
         print(json.dumps(fleet_summary) if args.json else json.dumps(fleet_summary, indent=2))
         return 1 if fleet_summary["violations"] else 0
     if args.worker is not None:

@@ -41,6 +41,16 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   its batch. A connection lost during ``COMMIT`` leaves the outcome unknown to the client:
   the writes are reported failed though the server may have kept them (PostgreSQL cannot
   say; the fleet's fencing will make a retry safe).
+* **A fleet's connections (PostgreSQL with a lease).** A cut cable keeps a TCP connection
+  open and silent: a read on it waits forever. So a fleet host's connections carry TCP
+  keepalives and ``tcp_user_timeout`` (unless the URL sets them), a short ``connect_timeout``,
+  and ``idle_in_transaction_session_timeout`` of half the lease: the server ends a cut-off
+  host's session stuck in a transaction (and frees its row locks) before the host's leases
+  run out (:func:`fleet_settings`). Those protect a real network; they cannot see a silence
+  the far kernel still acknowledges, so every fleet call also has a deadline of its own: a
+  connection still busy at its deadline is shut down from the Trio thread
+  (:meth:`PostgresEngine.interrupt`: ``shutdown(2)`` wakes the worker thread blocked on it),
+  abandoned, and replaced by a new one at the next call (:class:`~supervisor._fleet.Link`).
 * **seq on PostgreSQL** is assigned in memory, as on SQLite, but in a stride: each host has
   a slot (its row in ``hosts``) and takes only seqs ``n * SEQ_STRIDE + slot``, so hosts
   writing one database never collide (see the store's theory of operation).
@@ -58,6 +68,7 @@ import errno
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import re
 import socket
@@ -381,6 +392,25 @@ ORDER_LOCK = 2
 _LOCK_PATIENCE = 1.0
 
 
+def fleet_settings(lease: float) -> tuple[dict[str, str], int]:
+    """(A fleet host, lease seconds) the libpq options its connections take unless the URL
+    sets them, and the ``idle_in_transaction_session_timeout`` (ms) each session sets.
+
+    Keepalives probe an idle connection every second after a third of the lease (three
+    unanswered probes end it); ``tcp_user_timeout`` ends one whose sent data goes
+    unacknowledged for half the lease; a connection attempt gives up after about half the
+    lease (libpq's floor is 2 s). The server ends a session idle inside a transaction for half
+    the lease: a cut-off host's half-done transaction frees its locks before its leases run
+    out in the database, so a taker is never held up by them."""
+    half_ms = max(500, int(lease * 500))
+    options = {
+        "keepalives": "1", "keepalives_idle": str(max(1, int(lease / 3))), "keepalives_interval": "1",
+        "keepalives_count": "3", "tcp_user_timeout": str(half_ms),
+        "connect_timeout": str(max(2, math.ceil(lease / 2))),
+    }
+    return options, half_ms
+
+
 class PostgresEngine(Engine):
     """A PostgreSQL database over psycopg 3 (its sync API, in the store's worker thread)."""
 
@@ -388,9 +418,13 @@ class PostgresEngine(Engine):
     json_true = "'true'"
     now = "extract(epoch from clock_timestamp())::double precision"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, lease: float | None = None) -> None:
         self.name = redact(url)
         self._url = url
+        self.lease = lease
+        """(A fleet host) its lease: the connections' timeouts follow it (:func:`fleet_settings`)."""
+        self._abandoned_at: float | None = None
+        """(Monotonic) when :meth:`interrupt` last shut a silent connection down."""
         self._store_id: str | None = None
         self._host = ""
         self._pipeline: psycopg.Pipeline | None = None
@@ -407,21 +441,85 @@ class PostgresEngine(Engine):
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
 
-        return psycopg.connect(
-            self._url, autocommit=True, connect_timeout=10,
+        options: dict[str, Any] = {"connect_timeout": 10}
+        idle_ms = 0
+        if self.lease is not None:
+            given = conninfo_to_dict(self._url)
+            fleet, idle_ms = fleet_settings(self.lease)
+            options = {k: v for k, v in fleet.items() if k not in given}
+        conn = psycopg.connect(
+            self._url, autocommit=True, **options,
             application_name=f"corral pid {os.getpid()} on {socket.gethostname()}"[:63],
         )
+        if idle_ms:
+            try:
+                conn.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def usable(self) -> bool:
+        """The connection can take the next call (not closed, not broken, no transaction left open)."""
+        from psycopg.pq import TransactionStatus
+
+        conn = self._conn
+        return not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
+
+    def reachable(self) -> None:
+        """The database answered another connection (a fleet's heartbeat): reconnect at the next call."""
+        self._abandoned_at = None
+
+    def sibling(self) -> PostgresEngine:
+        """A new engine on the same database and settings, without the owner lock (a fleet's
+        lease work: its own connection, so it never waits behind the store's)."""
+        return PostgresEngine(self._url, lease=self.lease)
+
+    def interrupt(self) -> None:
+        """(From another thread) shut the connection's socket down: a worker thread blocked
+        on it wakes with an error at once, and the connection counts as broken (a silent
+        connection is abandoned, never waited on). Nothing to do if it is closed."""
+        conn = self._conn
+        self._abandoned_at = time.monotonic()
+        try:
+            fd = conn.pgconn.socket
+        except Exception:  # noqa: BLE001 - closed or never connected: nothing blocks on it
+            return
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:  # (a duplicate: the shutdown is the socket's)
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def pipelined(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """Run ``statements`` (this engine's dialect) in ONE round trip: every statement
+        goes out before any answer is read (psycopg's pipeline), then each one's rows. A
+        renewal over a slow link costs one delay, not one per statement."""
+        self._alive()
+        with self._conn.pipeline():
+            cursors = [self._conn.execute(self._sql(sql), params) for sql, params in statements]
+        return [c.fetchall() if c.description is not None else [] for c in cursors]
 
     @staticmethod
     def _sql(sql: str) -> str:
         return sql.replace("%", "%%").replace("?", "%s")
 
     def _alive(self) -> None:
-        """A new connection (and the owner lock again) if the last one broke."""
+        """A new connection (and the owner lock again) if the last one broke; not for half a
+        lease after a silent one was abandoned (a connection attempt through a cut cable
+        waits out its ``connect_timeout``: the calls meanwhile fail at once instead)."""
         if self._lost is not None:
             raise self._lost
         if self._conn.broken or self._conn.closed:
+            if self._abandoned_at is not None and self.lease is not None:
+                if time.monotonic() - self._abandoned_at < self.lease / 2:
+                    import psycopg
+
+                    raise psycopg.OperationalError("the database did not answer; its connection was abandoned"
+                                                   " a moment ago")
+                self._abandoned_at = None
             log.warning("store %s: the database connection was lost; reconnecting", self.name)
             self._conn.close()
             self._conn = self._connect()
@@ -623,8 +721,9 @@ class PostgresEngine(Engine):
                 " || '\"dropped_by_stop\": ' || CAST(? AS BIGINT) || '}'")
 
 
-def open_engine(where: str, *, synchronous: str = "FULL") -> Engine:
-    """The engine for a store: a PostgreSQL URL, or else a SQLite file path."""
+def open_engine(where: str, *, synchronous: str = "FULL", lease: float | None = None) -> Engine:
+    """The engine for a store: a PostgreSQL URL, or else a SQLite file path (``lease``: a
+    fleet host's, for its connections' timeouts)."""
     if is_postgres(where):
-        return PostgresEngine(where)
+        return PostgresEngine(where, lease=lease)
     return SQLiteEngine(where, synchronous=synchronous)

@@ -8,17 +8,40 @@ Theory of operation
   token that grows with every new owner. :meth:`Fleet.acquire` takes a free or expired
   lease (or keeps its own) in one statement; placement is the caller's (a pinned channel
   is taken only by its host, see ``[channels.NAME] host``).
-* **Heartbeat, one task, a deadline.** :meth:`Fleet.run` sleeps until the next renewal
-  (every third of the lease) or the first local expiry, whichever is sooner: no busy loop,
-  and it runs only on PostgreSQL (the SQLite default has no fleet and no wake-ups). A
-  renewal is one transaction: the host's heartbeat, and each held lease's expiry, only
-  where the token is still this host's.
-* **Two ways to lose a lease, both acted on at once.** The local deadline (the monotonic
-  clock at the renewal's start plus the lease: it keeps counting through a SIGSTOP) passes
-  before a renewal succeeded; or a renewal finds the row taken. Either way ``on_lost`` is
-  called synchronously, and the supervisor kills the channel's turns in the same step.
-  Fencing makes a late write harmless anyway: every write of a turn carries the token
-  its host held when the turn began (``Store.check_fence``).
+* **Heartbeat and watchdog, two tasks.** :meth:`Fleet.run` renews every third of the lease
+  (it runs only on PostgreSQL: the SQLite default has no fleet and no wake-ups); a renewal
+  is one transaction sent as ONE round trip (pipelined): the host's heartbeat, each held
+  lease's expiry where the token is still this host's, the orphans, the fleet's view, and
+  a ``beat`` notice (the listeners' proof of life). Beside it a watchdog sleeps until the
+  first local deadline and does nothing else, so a renewal that waits on a silent
+  connection can never keep a deadline from being acted on (the bug of a cut cable: the
+  heartbeat waited, and the turns ran on).
+* **Every database call of the fleet has a deadline** (:class:`Link`): renewals, the
+  fleet's view, acquisitions, forced takeovers, give-backs and notices run on connections
+  of their own (never behind the store's thread and its commits), one call per connection
+  at a time; a call with no answer by its deadline has its connection shut down and
+  abandoned (:meth:`PostgresEngine.interrupt`), and the next call opens a new one. The
+  store's own connection gets the same treatment from the heartbeat when one call has
+  been waiting for a lease (:meth:`Store.unstick`). Lease statements wait at most a
+  quarter of the lease for a row lock (``lock_timeout``), and the server ends a session
+  idle in a transaction for half the lease (see the engines' theory), so a cut-off host's
+  half-done transaction never holds a taker up past its leases' expiry.
+* **Two ways to lose a lease, both acted on at once.** The local deadline — the monotonic
+  clock at the last successful renewal's start plus the lease, *minus a margin*
+  (:func:`kill_margin`) — passes; or a renewal finds the row taken. Either way ``on_lost``
+  is called synchronously, and the supervisor kills the channel's turns in the same step
+  with SIGKILL and no grace: the channel is no longer this host's to stop politely, and the
+  lease's expiry in the database comes later than the local deadline (the database's clock
+  started counting when the renewal arrived, after the local start), so the host's turn is
+  dead before another host can take the lease, let alone begin a turn (zero overlap; the
+  margin absorbs the event loop's latency and clock rate differences). The point of no
+  return asks the same deadline (:meth:`Fleet.holds`). Fencing makes a late write harmless
+  anyway: every write of a turn carries the token its host held when the turn began
+  (``Store.check_fence``).
+* **A slow database.** A renewal costs one round trip; renewals are sequential, so a lease
+  survives answers as slow as ``(lease - margin) / 2`` each (two renewals must fit in what
+  is left of the lease). Slower, and the host steps down: its leases run out locally, its
+  turns are killed as above, and it takes channels again once renewals get through.
 * **Taking a dead host's channels.** Each heartbeat also asks for channels that have work
   (a queued message or a running turn) under an expired lease of another host; the
   supervisor takes those its placement allows (``on_orphans``). The next heartbeat comes
@@ -29,12 +52,23 @@ Theory of operation
   ``LISTEN corral_fleet`` in a worker thread; :meth:`Fleet.notify` sends a JSON notice
   (delivered at its transaction's commit). A stop through a host that does not own the
   channel is one: the owner acknowledges at once, carries the stop out and answers with
-  its result. A notice can be lost (a connection replaced): every waiter has a deadline,
+  its result. A notice can be lost (a connection replaced, or cut while the database is
+  reachable: the listener, hearing not even a heartbeat's ``beat`` for a lease, replaces its
+  connection): every waiter has a deadline,
   and a stop whose owner stays silent for the lease takes the lease by force
   (:meth:`Fleet.force`). Two more kinds go to every host: ``queued`` (a message row,
   below) and ``entries`` (the range of seqs a host's commit stored in a channel, which
   every other host reads back for its followers: see the store's theory of operation; each
   heartbeat also looks, for a notice lost while a listening connection was replaced).
+* **At most once, across a host's loss.** A message begins at most one turn in the whole
+  fleet, ever: the commit that begins a turn deletes the message's queue row, checked
+  against the lease's fencing token, and a turn begins only if the row was still there. A
+  turn cut short by its host's loss (killed at a lost lease, or on a host that died) is not
+  run again: the next owner closes it with a notice ("Task interrupted — its host stopped
+  answering …") and the user sends it again; so is a turn whose beginning commit reached
+  the server while its host was cut off before hearing the answer. Every other accepted
+  message runs, unless a stop dropped it. ``faults.py --fleet --partition`` checks both on
+  every trial (at most one turn row per message; none only if a stop dropped it).
 * **The shared queue.** A message accepted by a host that does not own its channel stays
   in the store's queue; the transaction that inserts the row also sends a ``queued`` notice
   (delivered at its commit, so the row is there when it arrives). The owner — the host
@@ -48,17 +82,21 @@ Theory of operation
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
-from ._engines import Engine
+from ._engines import Engine, PostgresEngine, describe_postgres, is_postgres_error
 from ._store import FLEET_NOTICES, Store, StoreError
+
+T = TypeVar("T")
 
 log = logging.getLogger("corral.fleet")
 
@@ -69,6 +107,141 @@ TAKEOVER_ATTEMPTS = 10
 
 #: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts.
 NOTICES = FLEET_NOTICES
+#: Connections a host's fleet calls may use at once (abandoned ones count until their thread ends).
+LINK_THREADS = 8
+
+
+def kill_margin(lease: float) -> float:
+    """How long before a lease's local deadline its host gives it up and kills its turns: a
+    fifth of the lease, at least 0.2 s (the event loop's latency, the clocks' drift)."""
+    return max(0.2, lease / 5)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseCheck:
+    """The watchdog's decision: the leases to give up now, and when to look again."""
+
+    lost: tuple[str, ...]
+    wake_at: float
+
+
+def check_leases(until: Mapping[str, float], now: float, margin: float) -> LeaseCheck:
+    """(Pure) the held leases whose local deadline minus ``margin`` has passed at ``now``,
+    and the moment the next one's does (``inf``: none held)."""
+    lost = tuple(channel for channel, deadline in until.items() if deadline - margin <= now)
+    wake = min((deadline - margin for channel, deadline in until.items() if channel not in lost), default=math.inf)
+    return LeaseCheck(lost, wake)
+
+
+def end_stuck(db: Engine, host: str, channel: str, idle: float) -> None:
+    """(In a lease transaction) end the database sessions idle in a transaction for ``idle``
+    seconds while holding a lock on the leases table: a paused or cut-off host's, which would
+    hold a taker up for as long as it lives (its store reconnects, to find its lease gone)."""
+    ended = db.query(
+        "SELECT a.pid, pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a"
+        " ON a.pid = l.pid WHERE l.relation = 'leases'::regclass AND l.granted"
+        " AND a.pid <> pg_backend_pid() AND a.state IN ('idle in transaction',"
+        " 'idle in transaction (aborted)') AND a.state_change < clock_timestamp() - ? * interval '1 second'",
+        (idle,),
+    )
+    log.warning("host %s: ended %d database session(s) stuck holding the lease of %r", host, len(ended), channel)
+
+
+class LinkTimeout(StoreError):
+    """A fleet call had no answer by its deadline: its connection was shut down and abandoned."""
+
+
+class _Call:
+    """One call's connection, shared with its worker thread under a lock (an abandoned
+    call's thread closes the connection it ends up with)."""
+
+    def __init__(self, engine: PostgresEngine | None) -> None:
+        self.lock = threading.Lock()
+        self.engine = engine
+        self.abandoned = False
+        self.reusable = False
+
+
+class Link:
+    """The connections of a host's fleet calls, every call under a deadline.
+
+    A call takes an idle connection (or opens one, in its thread), runs, and gives it back;
+    calls in flight at once each have their own, so a renewal never waits behind an
+    acquisition, or behind the store's thread. At its deadline (or a cancel) a call's
+    connection is shut down from the Trio thread, which wakes the worker thread blocked on
+    it; the call raises :class:`LinkTimeout` and the connection is never used again."""
+
+    def __init__(self, connect: Callable[[], PostgresEngine], name: str) -> None:
+        self._connect = connect
+        self.name = name
+        self._idle: list[PostgresEngine] = []
+        self._limiter = trio.CapacityLimiter(LINK_THREADS)
+        self.abandoned = 0
+        """Calls abandoned at their deadline (for tests and the fault runs)."""
+
+    async def transact(self, work: Callable[[Engine], T], deadline: float, *, own: bool = False) -> T:
+        """Run ``work`` in a transaction of its own (``own``: it begins and commits it itself,
+        as one pipelined round trip may) within ``deadline`` seconds, else :class:`LinkTimeout`."""
+        call = _Call(self._idle.pop() if self._idle else None)
+
+        def run() -> T:
+            engine = call.engine
+            if engine is None:
+                engine = self._connect()
+                with call.lock:
+                    call.engine, abandoned = engine, call.abandoned
+                if abandoned:
+                    engine.close()
+                    raise LinkTimeout("abandoned while connecting")
+            try:
+                if own:
+                    out = work(engine)
+                else:
+                    engine.begin()
+                    out = work(engine)
+                    engine.commit()
+            except BaseException:
+                engine.rollback()
+                raise
+            finally:
+                with call.lock:
+                    call.reusable = not call.abandoned and engine.usable()
+                if not call.reusable:
+                    engine.close()
+            return out
+
+        try:
+            with trio.fail_after(deadline):
+                out = await trio.to_thread.run_sync(run, abandon_on_cancel=True, limiter=self._limiter)
+        except (trio.Cancelled, trio.TooSlowError) as exc:
+            self._abandon(call)
+            if isinstance(exc, trio.TooSlowError):
+                raise LinkTimeout(f"the database did not answer within {deadline:.2g} s (store {self.name});"
+                                  " its connection was abandoned") from None
+            raise
+        except Exception as exc:
+            if call.reusable and call.engine is not None:
+                self._idle.append(call.engine)
+            if is_postgres_error(exc):
+                raise StoreError(describe_postgres(exc, self.name)) from exc
+            raise
+        if call.reusable and call.engine is not None:
+            self._idle.append(call.engine)
+        return out
+
+    def _abandon(self, call: _Call) -> None:
+        with call.lock:
+            call.abandoned = True
+            engine = call.engine
+        self.abandoned += 1
+        if engine is not None:
+            engine.interrupt()  # (the thread wakes with an error, and closes it)
+
+    def close(self) -> None:
+        """Close the idle connections (those in flight close when their call ends)."""
+        idle, self._idle = self._idle, []
+        for engine in idle:
+            engine.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +262,10 @@ class Fleet:
         self.store = store
         self.host = host
         self.lease = lease
+        self.margin = kill_margin(lease)
+        """How long before a lease's local deadline this host gives it up (:func:`kill_margin`)."""
+        self.link = Link(store.link_engine, store.path)
+        """The connections of this host's fleet calls, each call under a deadline."""
         self._on_lost = on_lost
         self._on_orphans = on_orphans
         self._tokens: dict[str, int] = {}
@@ -96,6 +273,8 @@ class Fleet:
         self._until: dict[str, float] = {}
         """Each held lease's local deadline (``trio.current_time``)."""
         self._changed = trio.Event()
+        self._not_before: dict[str, float] = {}
+        """(``trio.current_time``) channels taken by force: no turn before the old lease ran out."""
         self._acquiring: dict[str, list[trio.Event]] = {}
         """Acquisitions in flight, by channel: each event is set when its answer is in."""
         self.renewals = 0
@@ -113,9 +292,30 @@ class Fleet:
         return self._tokens.get(channel)
 
     def holds(self, channel: str) -> bool:
-        """The lease is this host's and its local deadline has not passed (the point of no return asks)."""
+        """The lease is this host's and its local deadline minus the margin has not passed
+        (the point of no return asks; the watchdog kills at the same moment)."""
         until = self._until.get(channel)
-        return until is not None and trio.current_time() < until
+        now = trio.current_time()
+        return until is not None and self._not_before.get(channel, now) <= now < until - self.margin
+
+    async def wait_ready(self, channel: str) -> None:
+        """Before a turn: wait until the lease of the owner this host took the channel from
+        by force has run out (its turns are dead by then, whatever it heard)."""
+        not_before = self._not_before.get(channel)
+        if not_before is not None:
+            await trio.sleep_until(not_before)
+            if self._not_before.get(channel) == not_before:
+                del self._not_before[channel]
+
+    @property
+    def call_deadline(self) -> float:
+        """The deadline of one fleet call (half the lease): a host that cannot get an answer in
+        that time cannot keep its leases anyway."""
+        return max(0.5, self.lease / 2)
+
+    def _lock_wait(self, db: Engine) -> None:
+        """(In a lease transaction) wait at most a quarter of the lease for a row lock."""
+        db.execute(f"SET LOCAL lock_timeout = {max(100, int(self.lease * 250))}")
 
     def held(self) -> dict[str, int]:
         """Every lease this host holds, with its token."""
@@ -131,7 +331,9 @@ class Fleet:
     async def force(self, channel: str) -> int:
         """Take the channel's lease whoever holds it (a stop its owner did not answer): a new
         token, so the last owner's writes fail from now on and it kills its turns when it
-        next looks."""
+        next looks — at the latest by its local deadline, which comes before the old lease's
+        expiry in the database. So this host begins no turn of the channel until that expiry
+        (:meth:`wait_ready`): the old owner may still be running one, cut off from the news."""
         started = trio.current_time()
         host, lease = self.host, self.lease
 
@@ -141,7 +343,7 @@ class Fleet:
             " owner = excluded.owner, expires = excluded.expires, token = leases.token + 1 RETURNING token"
         )
 
-        def take(db: Engine) -> tuple[int, int]:
+        def take(db: Engine) -> tuple[int, int, float]:
             # The silent owner may be paused (SIGSTOP) inside a transaction that share-locks
             # the lease row (a fencing check): its session holds the lock for as long as it
             # lives, and the takeover would wait with it. Wait a moment, then end the sessions
@@ -151,30 +353,28 @@ class Fleet:
                 db.execute("SAVEPOINT take_lease")
                 db.execute("SET LOCAL lock_timeout = '1s'")
                 try:
+                    old = db.query(f"SELECT owner, expires - {db.now} FROM leases WHERE channel = ? FOR UPDATE",
+                                   (channel,))
                     ((token,),) = db.query(upsert.format(now=db.now), (channel, host, lease))
                     break
                 except Exception as exc:
                     if getattr(exc, "sqlstate", None) != LOCK_NOT_AVAILABLE or attempt == TAKEOVER_ATTEMPTS - 1:
                         raise
                     db.execute("ROLLBACK TO SAVEPOINT take_lease")
-                ended = db.query(
-                    "SELECT a.pid, pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a"
-                    " ON a.pid = l.pid WHERE l.relation = 'leases'::regclass AND l.granted"
-                    " AND a.pid <> pg_backend_pid() AND a.state IN ('idle in transaction',"
-                    " 'idle in transaction (aborted)') AND a.state_change < clock_timestamp() - interval '1 second'"
-                )
-                log.warning("host %s: ended %d database session(s) stuck holding the lease of %r",
-                            host, len(ended), channel)
+                end_stuck(db, host, channel, 1.0)
             ((newest,),) = db.query(
                 "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
                 " UNION ALL SELECT max(seq) FROM queue) AS seqs"
             )
-            return int(token), int(newest)
+            left = float(old[0][1]) if old and old[0][0] != host else 0.0
+            return int(token), int(newest), left
 
-        token, newest = await self.store.transact(take)
+        token, newest, left = await self.link.transact(take, max(2.0, lease))
         self.store.seq_floor(newest)
         self._tokens[channel] = token
         self._until[channel] = started + lease
+        if left > 0:
+            self._not_before[channel] = trio.current_time() + left
         log.warning("host %s took channel %r by force (fencing token %d)", host, channel, token)
         self._changed.set()
         return token
@@ -188,10 +388,11 @@ class Fleet:
         host = self.host
 
         def give(db: Engine) -> None:
+            self._lock_wait(db)
             db.execute("UPDATE leases SET expires = 0 WHERE channel = ? AND owner = ? AND token = ?",
                        (channel, host, token))
 
-        await self.store.transact(give)
+        await self.link.transact(give, self.call_deadline)
 
     # ------------------------------------------------------------ notices between hosts
 
@@ -200,7 +401,7 @@ class Fleet:
         def send(db: Engine) -> None:
             db.query("SELECT pg_notify(?, ?)", (NOTICES, payload))
 
-        await self.store.transact(send)
+        await self.link.transact(send, self.call_deadline)
 
     async def listen(
         self, deliver: Callable[[str], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -210,21 +411,33 @@ class Fleet:
         A connection of its own waits in a worker thread; it wakes once a second to see
         whether it should end (PostgreSQL only: the fleet has no SQLite mode). A lost
         connection is replaced; notices sent meanwhile are lost, and every waiter has a
-        deadline (a stop answers ``ok: false`` when its owner's answer does not come)."""
+        deadline (a stop answers ``ok: false`` when its owner's answer does not come). A
+        connection that hears nothing for a lease — not even the ``beat`` every renewal of
+        every host sends, its own included — is silent (cut while the database answers the
+        rest): it is replaced too."""
         token = trio.lowlevel.current_trio_token()
         closing = False
+        lease = self.lease
 
         def wait() -> None:
             import psycopg
 
             conn = None
+            heard = time.monotonic()
             try:
                 while not closing:
                     try:
+                        if conn is not None and time.monotonic() - heard > lease:
+                            log.warning("host %s: the fleet's notices went silent for %g s; listening again",
+                                        self.host, lease)
+                            conn.close()
+                            conn = None
                         if conn is None or conn.closed or conn.broken:
                             conn = self.store.listener()
                             conn.execute(f"LISTEN {NOTICES}")
-                        for notice in conn.notifies(timeout=1.0):
+                            heard = time.monotonic()
+                        for notice in conn.notifies(timeout=min(1.0, lease / 3)):
+                            heard = time.monotonic()
                             trio.from_thread.run_sync(deliver, notice.payload, trio_token=token)
                     except psycopg.OperationalError as exc:
                         log.warning("host %s: the fleet's notices were cut off (%s); listening again", self.host, exc)
@@ -262,24 +475,43 @@ class Fleet:
         started = trio.current_time()
         host, lease = self.host, self.lease
 
+        upsert = (
+            "INSERT INTO leases (channel, owner, expires, token)"
+            " VALUES (?, ?, {now} + ?, 1) ON CONFLICT (channel) DO UPDATE SET"
+            " owner = excluded.owner, expires = excluded.expires, token = CASE"
+            " WHEN leases.owner = excluded.owner AND leases.expires > {now} THEN leases.token"
+            " ELSE leases.token + 1 END"
+            " WHERE leases.owner = excluded.owner OR leases.expires <= {now}"
+            " RETURNING token"
+        )
+
         def take(db: Engine) -> tuple[int | None, int]:
-            rows = db.query(
-                "INSERT INTO leases (channel, owner, expires, token)"
-                f" VALUES (?, ?, {db.now} + ?, 1) ON CONFLICT (channel) DO UPDATE SET"
-                " owner = excluded.owner, expires = excluded.expires, token = CASE"
-                f" WHEN leases.owner = excluded.owner AND leases.expires > {db.now} THEN leases.token"
-                " ELSE leases.token + 1 END"
-                f" WHERE leases.owner = excluded.owner OR leases.expires <= {db.now}"
-                " RETURNING token",
-                (channel, host, lease),
-            )
+            # A row lock held past a quarter of the lease is a cut-off host's half-done
+            # transaction (a fencing read): the server ends a session idle in a transaction for
+            # half the lease, but not one left so after a pipelined batch (PostgreSQL arms that
+            # timeout only after a Sync that no Flush followed). If the lease has run out, the
+            # holder is fenced out anyway: end its stuck sessions and try once more.
+            for attempt in range(2):
+                db.execute("SAVEPOINT take_lease")
+                self._lock_wait(db)
+                try:
+                    rows = db.query(upsert.format(now=db.now), (channel, host, lease))
+                    break
+                except Exception as exc:
+                    if getattr(exc, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                        raise
+                    db.execute("ROLLBACK TO SAVEPOINT take_lease")
+                expired = db.query(f"SELECT 1 FROM leases WHERE channel = ? AND expires <= {db.now}", (channel,))
+                if attempt or not expired:
+                    return None, 0  # (held: not this host's now; the next heartbeat looks again)
+                end_stuck(db, host, channel, lease / 2)
             ((newest,),) = db.query(
                 "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
                 " UNION ALL SELECT max(seq) FROM queue) AS seqs"
             )
             return (int(rows[0][0]) if rows else None), int(newest)
 
-        token, newest = await self.store.transact(take)
+        token, newest = await self.link.transact(take, self.call_deadline)
         if token is None:
             return None
         self.store.seq_floor(newest)
@@ -294,6 +526,7 @@ class Fleet:
     def _lose(self, channel: str, why: str) -> None:
         token = self._tokens.pop(channel, None)
         self._until.pop(channel, None)
+        self._not_before.pop(channel, None)
         if token is not None:
             log.warning("host %s lost channel %r (token %d): %s", self.host, channel, token, why)
             self._on_lost(channel, why)
@@ -312,69 +545,100 @@ class Fleet:
             )
 
         try:
-            await self.store.transact(give)
+            await self.link.transact(give, self.call_deadline)
         except StoreError as exc:
             log.warning("host %s could not give its leases back (they expire on their own): %s", host, exc)
 
     # ------------------------------------------------------------ the heartbeat
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew this host's heartbeat and leases every third of the lease; act on a lost lease."""
-        task_status.started()
+        """Renew this host's heartbeat and leases every third of the lease, and (a task of
+        its own) give each lease up the moment its local deadline minus the margin passes."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch)
+                task_status.started()
+                await self._renew()
+        finally:
+            self.link.close()
+
+    async def _watch(self) -> None:
+        """The watchdog: nothing but the local deadlines, so nothing can hold it up."""
+        while True:
+            check = check_leases(self._until, trio.current_time(), self.margin)
+            for channel in check.lost:
+                self._lose(channel, f"its lease ({self.lease:g} s) could not be renewed in time")
+            # (No checkpoint since the check: a lease taken after it sets this new event.)
+            self._changed = trio.Event()
+            with trio.move_on_at(check.wake_at):
+                await self._changed.wait()
+
+    async def _renew(self) -> None:
         renew_at = trio.current_time()
         while True:
-            first_expiry = min(self._until.values(), default=math.inf)
-            self._changed = trio.Event()
-            with trio.move_on_at(min(renew_at, first_expiry)):
-                await self._changed.wait()
-                continue  # a lease was taken: its deadline may be the first now
-            now = trio.current_time()
-            for channel, until in list(self._until.items()):
-                if until <= now:
-                    self._lose(channel, f"its lease ran out ({self.lease:g} s) before it could be renewed")
-            if now >= renew_at:
-                renew_at = now + self.lease / 3
-                if not self.paused:
-                    soonest = await self.beat()
-                    if soonest is not None:  # (a dead host's lease: look again the moment it runs out)
-                        renew_at = min(renew_at, trio.current_time() + soonest + 0.01)
+            await trio.sleep_until(renew_at)
+            renew_at = trio.current_time() + self.lease / 3
+            self.store.unstick(self.lease)  # (the store's thread waiting on a silent connection: abandon it)
+            if not self.paused:
+                soonest = await self.beat()
+                if soonest is not None:  # (a dead host's lease: look again the moment it runs out)
+                    renew_at = min(renew_at, trio.current_time() + soonest + 0.01)
 
     async def beat(self) -> float | None:
-        """One heartbeat: the host's row, every held lease whose token is still this host's,
-        and the channels with work under another host's expired lease. Returns the seconds
-        until another host's lease on a channel with work runs out (None: no such lease)."""
+        """One heartbeat, ONE round trip: the host's row, every held lease whose token is
+        still this host's, the channels with work under an expired lease not held here, the
+        fleet's view, and a ``beat`` notice. Returns the seconds until another host's lease on
+        a channel with work runs out (None: no such lease). Its deadline is half the lease, or
+        the first lease's local deadline minus the margin if that comes sooner (the
+        watchdog gives that lease up then anyway)."""
         started = trio.current_time()
         host, lease, held = self.host, self.lease, dict(self._tokens)
+        first = min(self._until.values(), default=math.inf) - self.margin
+        deadline = max(0.05, min(self.call_deadline, first - started))
+        beat = json.dumps({"kind": "beat", "from": host})
+        lock_ms = max(100, int(lease * 250))
 
-        def renew(db: Engine) -> tuple[set[tuple[str, int]], list[str], list[tuple[str, int]], float | None]:
-            db.execute(f"UPDATE hosts SET heartbeat = {db.now} WHERE host = ?", (host,))
-            kept = db.query(
-                f"UPDATE leases SET expires = {db.now} + ? WHERE owner = ? AND channel = ANY(?)"
-                " RETURNING channel, token",
-                (lease, host, list(held)),
-            )
-            orphans = db.query(  # (work under no lease at all: queued through a host that may not run it)
-                "SELECT q.channel FROM queue q LEFT JOIN leases l ON l.channel = q.channel"
-                f" WHERE l.channel IS NULL OR (l.owner != ? AND l.expires <= {db.now})"
-                " UNION SELECT t.channel FROM turns t JOIN leases l ON l.channel = t.channel"
-                f" WHERE t.state = 'running' AND l.owner != ? AND l.expires <= {db.now}",
-                (host, host),
-            )
-            queued = db.query("SELECT channel, seq FROM queue WHERE channel = ANY(?)", (list(held),))
-            ((soonest,),) = db.query(
-                f"SELECT min(l.expires) - {db.now} FROM leases l WHERE l.owner != ? AND l.expires > {db.now}"
-                " AND (EXISTS (SELECT 1 FROM queue q WHERE q.channel = l.channel)"
-                " OR EXISTS (SELECT 1 FROM turns t WHERE t.channel = l.channel AND t.state = 'running'))",
-                (host,),
-            )
-            return ({(c, int(t)) for c, t in kept}, [c for (c,) in orphans], [(c, int(q)) for c, q in queued],
-                    None if soonest is None else float(soonest))
+        def renew(db: Engine) -> tuple[list[list[tuple[Any, ...]]], float]:
+            assert isinstance(db, PostgresEngine)
+            now, channels = db.now, list(held)
+            answers = db.pipelined([
+                ("BEGIN", ()),
+                (f"SET LOCAL lock_timeout = {lock_ms}", ()),
+                (f"UPDATE hosts SET heartbeat = {now} WHERE host = ?", (host,)),
+                (f"UPDATE leases SET expires = {now} + ? WHERE owner = ? AND channel = ANY(?) RETURNING channel, token",
+                 (lease, host, channels)),
+                (  # (work under no lease at all: queued through a host that may not run it; or under
+                   # an expired lease this host does not hold, its own included: a host that gave a
+                   # channel up while cut off takes it again when nobody else did)
+                    "SELECT q.channel FROM queue q LEFT JOIN leases l ON l.channel = q.channel"
+                    f" WHERE l.channel IS NULL OR (l.expires <= {now} AND l.channel <> ALL(?))"
+                    " UNION SELECT t.channel FROM turns t JOIN leases l ON l.channel = t.channel"
+                    f" WHERE t.state = 'running' AND l.expires <= {now} AND l.channel <> ALL(?)",
+                    (channels, channels),
+                ),
+                ("SELECT channel, seq FROM queue WHERE channel = ANY(?)", (channels,)),
+                (f"SELECT min(l.expires) - {now} FROM leases l WHERE l.owner != ? AND l.expires > {now}"
+                 " AND (EXISTS (SELECT 1 FROM queue q WHERE q.channel = l.channel)"
+                 " OR EXISTS (SELECT 1 FROM turns t WHERE t.channel = l.channel AND t.state = 'running'))", (host,)),
+                (f"SELECT {now}", ()),
+                ("SELECT host, heartbeat, pid, started FROM hosts ORDER BY host", ()),
+                ("SELECT channel, owner, expires, token FROM leases ORDER BY channel", ()),
+                ("SELECT pg_notify(?, ?)", (NOTICES, beat)),
+                ("COMMIT", ()),
+            ])
+            return answers, 0.0
 
         try:
-            kept, orphans, queued, soonest = await self.store.transact(renew)
+            answers, _ = await self.link.transact(renew, deadline, own=True)
         except StoreError as exc:
             log.warning("host %s: heartbeat failed (%s); its leases run out unless the next one succeeds", host, exc)
             return None
+        kept = {(c, int(t)) for c, t in answers[3]}
+        orphans = [c for (c,) in answers[4]]
+        queued = [(c, int(q)) for c, q in answers[5]]
+        ((soonest,),) = answers[6]
+        ((now,),) = answers[7]
+        self.store.reachable()  # (the database answers again: the store reconnects at once if it must)
         self.store.others_committed()  # (a notice of other hosts' entries lost in a reconnect: read them now)
         for channel, token in held.items():
             if self._tokens.get(channel) != token:
@@ -385,12 +649,19 @@ class Fleet:
                 self._lose(channel, "another host holds its lease now")
         if (orphans or queued) and self._on_orphans is not None:
             self._on_orphans(orphans, queued)
-        try:
-            self.view = await self.hosts()
-        except StoreError as exc:
-            log.warning("host %s: could not read the fleet's hosts: %s", host, exc)
+        self.view = self._view(float(now), answers[8], answers[9])
         self.renewals += 1  # (counted once its view of the fleet is in: status shows this beat's)
-        return soonest
+        return None if soonest is None else float(soonest)
+
+    def _view(self, now: float, hosts: list[tuple[Any, ...]], leases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        out = []
+        for host, heartbeat, pid, started in hosts:
+            out.append({
+                "host": host, "heartbeat": heartbeat, "age": round(now - heartbeat, 3), "pid": pid, "started": started,
+                "alive": now - heartbeat < self.lease,
+                "channels": {c: {"token": t, "expired": e <= now} for c, o, e, t in leases if o == host},
+            })
+        return out
 
     async def hosts(self) -> list[dict[str, Any]]:
         """Every host of the fleet: its name, last heartbeat (database clock), age, and channels."""
@@ -400,12 +671,5 @@ class Fleet:
             leases = db.query("SELECT channel, owner, expires, token FROM leases ORDER BY channel")
             return float(now), hosts, leases
 
-        now, hosts, leases = await self.store.transact(read)
-        out = []
-        for host, heartbeat, pid, started in hosts:
-            out.append({
-                "host": host, "heartbeat": heartbeat, "age": round(now - heartbeat, 3), "pid": pid, "started": started,
-                "alive": now - heartbeat < self.lease,
-                "channels": {c: {"token": t, "expired": e <= now} for c, o, e, t in leases if o == host},
-            })
-        return out
+        now, hosts, leases = await self.link.transact(read, self.call_deadline)
+        return self._view(now, hosts, leases)

@@ -96,7 +96,16 @@ from typing import Any, TypeVar
 
 import trio
 
-from ._engines import LOCK_SPACE, ORDER_LOCK, Engine, describe_postgres, disk_failure, is_postgres_error, open_engine
+from ._engines import (
+    LOCK_SPACE,
+    ORDER_LOCK,
+    Engine,
+    PostgresEngine,
+    describe_postgres,
+    disk_failure,
+    is_postgres_error,
+    open_engine,
+)
 from ._engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
 from ._engines import StoreInUse as StoreInUse
 from ._text import repair
@@ -392,12 +401,14 @@ class _Subscription:
 class Store:
     """The store, on SQLite (a file path) or PostgreSQL (a URL). Open it with :func:`open_store`."""
 
-    def __init__(self, path: str, *, synchronous: str = "FULL", host: str | None = None) -> None:
+    def __init__(
+        self, path: str, *, synchronous: str = "FULL", host: str | None = None, lease: float | None = None
+    ) -> None:
         self._writer_scope = trio.CancelScope(shield=True)
         """The writer's own scope: only :func:`open_store` ends it, after the last commit.
         Shielded, so a scope cancelled around the whole block (a ``move_on_after``, a Ctrl-C)
         cannot take the writer away from a shutdown that still awaits its commits."""
-        self._db = open_engine(path, synchronous=synchronous)
+        self._db = open_engine(path, synchronous=synchronous, lease=lease if host is not None else None)
         self.path = self._db.name
         """What messages call the store: its file, or its URL without a password."""
         self.host = host if host is not None and self._db.kind == "postgresql" else None
@@ -452,6 +463,8 @@ class Store:
         }
         self.commits = 0
         self._closed = False
+        self._busy_since: float | None = None
+        """(Monotonic) when the store's thread began the call it is in, if it is in one."""
 
     # ------------------------------------------------------------ writing
 
@@ -533,6 +546,40 @@ class Store:
         from ._engines import PostgresEngine
 
         return self._db.listener() if isinstance(self._db, PostgresEngine) else None
+
+    def link_engine(self) -> PostgresEngine:
+        """(A fleet, in a worker thread) a new connection of the store's database for lease
+        work, without the owner lock: the heartbeat never waits behind the store's thread."""
+        if not isinstance(self._db, PostgresEngine):
+            raise StoreError(f"{self._db.kind} stores have no fleet")
+        return self._db.sibling()
+
+    def unstick(self, stall: float) -> bool:
+        """(A fleet's heartbeat) if the store's thread has been in one call for ``stall``
+        seconds (its connection silent: a cut cable), shut that connection down: the call
+        fails as a lost connection (its writes fail visibly) and the next one reconnects.
+        True if it did."""
+        since = self._busy_since
+        if since is None or time.monotonic() - since < stall or not isinstance(self._db, PostgresEngine):
+            return False
+        log.warning("store %s: a database call has had no answer for %.1f s; abandoning its connection",
+                    self.path, time.monotonic() - since)
+        self._db.interrupt()
+        return True
+
+    def reachable(self) -> None:
+        """(A fleet's heartbeat got through) a connection abandoned as silent is replaced at
+        the next call, not after the pause (see :meth:`PostgresEngine._alive`)."""
+        if isinstance(self._db, PostgresEngine):
+            self._db.reachable()
+
+    def _timed(self, call: Callable[[], T]) -> T:
+        """(In the store's thread) ``call``, with its start kept for :meth:`unstick`."""
+        self._busy_since = time.monotonic()
+        try:
+            return call()
+        finally:
+            self._busy_since = None
 
     @staticmethod
     def check_fence(db: Engine, channel: str, host: str, token: int) -> None:
@@ -633,7 +680,7 @@ class Store:
         if not batch:
             return
         try:
-            await trio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+            await trio.to_thread.run_sync(self._timed, functools.partial(self._commit, batch), limiter=self._limiter)
         except Exception as exc:  # noqa: BLE001 - a failed batch is retried write by write
             log.log(_level(exc), "store commit of %d writes failed: %s", len(batch), describe_failure(exc, self.path))
             if len(batch) > 1 and self._db.fatal(exc) is None:
@@ -648,7 +695,8 @@ class Store:
         """Commit each write of a failed batch alone, in order, so only the bad ones fail."""
         for i, pending in enumerate(batch):
             try:
-                await trio.to_thread.run_sync(self._commit, [pending], limiter=self._limiter)
+                await trio.to_thread.run_sync(self._timed, functools.partial(self._commit, [pending]),
+                                              limiter=self._limiter)
             except Exception as exc:  # noqa: BLE001 - this write fails, visibly, and alone
                 log.log(_level(exc), "store write %d of a failed batch failed alone: %s", i + 1,
                         describe_failure(exc, self.path))
@@ -847,7 +895,7 @@ class Store:
         """Run ``read`` in the store's thread; a PostgreSQL failure (the server gone, say) is a
         :class:`StoreError` naming the store, like a failed write's."""
         try:
-            return await trio.to_thread.run_sync(read, limiter=self._limiter)
+            return await trio.to_thread.run_sync(self._timed, read, limiter=self._limiter)
         except Exception as exc:
             if not is_postgres_error(exc):
                 raise
@@ -1256,13 +1304,16 @@ class TakeOver:
 
 
 @asynccontextmanager
-async def open_store(path: str, *, synchronous: str = "FULL", host: str | None = None) -> AsyncIterator[Store]:
+async def open_store(
+    path: str, *, synchronous: str = "FULL", host: str | None = None, lease: float | None = None
+) -> AsyncIterator[Store]:
     """Open the store and run its writer (in a fleet, and its reader of other hosts'
     entries for followers); on exit, commit what is pending and close.
 
     ``path`` is a SQLite file, or a ``postgresql://`` URL (any libpq URL; ``synchronous``
-    is SQLite's alone; ``host``: this daemon's name in a fleet, PostgreSQL's alone)."""
-    store = await trio.to_thread.run_sync(lambda: Store(path, synchronous=synchronous, host=host))
+    is SQLite's alone; ``host``: this daemon's name in a fleet, PostgreSQL's alone;
+    ``lease``: the fleet's, which its connections' timeouts follow)."""
+    store = await trio.to_thread.run_sync(lambda: Store(path, synchronous=synchronous, host=host, lease=lease))
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run_writer)

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -505,6 +506,8 @@ class Supervisor:
                     self._known.difference_update(m.id for m in self._ledger.queued(channel, agent))
                     self._ledger.forget_queue(channel, agent)
                     break
+                if self.fleet is not None:
+                    await self.fleet.wait_ready(channel)  # (taken by force: the old owner's lease runs out first)
                 take = self._ledger.take(channel, agent, new_turn_id())
                 if take.dropped:
                     self._store.dequeue([m.id for m in take.dropped])
@@ -619,15 +622,17 @@ class Supervisor:
             self._ensure_worker(row.channel, row.agent)
 
     def _lost(self, channel: str, why: str) -> None:
-        """(Synchronous, from the heartbeat) this host lost the channel's lease: its turns are
-        killed now, in this step; its queue here is forgotten (the store keeps it for the owner)."""
+        """(Synchronous, from the fleet's watchdog or heartbeat) this host lost the channel's
+        lease: its turns are killed now, in this step, with SIGKILL and no grace (another
+        host may begin the channel once the lease runs out in the database: nothing of this
+        host's may be alive by then); its queue here is forgotten (the store keeps it)."""
         self._known.difference_update(m.id for m in self._ledger.queued(channel))  # (queued again if retaken)
         decision = self._ledger.lose(channel)
         for lane, turn in list(self._turns.items()):
             if lane[0] == channel and (channel, turn.turn_id) in decision.turns:
                 turn.stop_reason = "lease lost"
                 turn.scope.cancel()
-                self._registry.interrupt(channel, turn.turn_id, turn.adapter.interrupt_signal)
+                self._registry.interrupt(channel, turn.turn_id, signal.SIGKILL)
         log.warning("[%s] lease lost (%s): killed turns %s", channel, why, [t for _, t in decision.turns])
 
     def _orphans(self, channels: list[str], queued: list[tuple[str, int]]) -> None:
@@ -898,7 +903,13 @@ class Supervisor:
         A pinned channel's lease is given back afterwards: it runs on its host again."""
         fleet = self.fleet
         assert fleet is not None
-        owner = await self._owner(channel)
+        try:
+            owner = await self._owner(channel)
+        except StoreError as exc:  # (this host is cut off: a takeover would only wait out its deadline too)
+            result = StopResult(channel, self._ledger.generation(channel), ok=False,
+                                error=f"the stop could not be stored: {exc.__cause__ or exc}; nothing was stopped")
+            result.elapsed_ms = (trio.current_time() - started) * 1000
+            return result
         if owner is not None and owner != fleet.host:
             request = secrets.token_hex(8)
             answer = self._answers[request] = _Answer()
@@ -951,14 +962,12 @@ class Supervisor:
             log.warning("could not acknowledge host %s's stop: %s", asker, exc)
 
     async def _owner(self, channel: str) -> str | None:
-        """The host whose lease on the channel has not run out, if any."""
+        """The host whose lease on the channel has not run out, if any (StoreError: the
+        database did not answer)."""
         assert self.fleet is not None
-        try:
-            for host in await self.fleet.hosts():
-                if channel in host["channels"] and not host["channels"][channel]["expired"]:
-                    return str(host["host"])
-        except StoreError as exc:
-            log.warning("[%s] could not read the lease: %s", channel, exc)
+        for host in await self.fleet.hosts():
+            if channel in host["channels"] and not host["channels"][channel]["expired"]:
+                return str(host["host"])
         return None
 
     def _notice(self, payload: str) -> None:
@@ -1520,7 +1529,8 @@ async def open_supervisor(
         subreaper = set_child_subreaper(True)
     try:
         host = config.cluster.host if config.store_url else None
-        async with open_store(config.store_location, host=host) as store, trio.open_nursery() as nursery:
+        lease = config.cluster.lease
+        async with open_store(config.store_location, host=host, lease=lease) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
             private = private_paths(
                 state_dir=config.state_dir, store_path=config.store_path, store_url=config.store_url,

@@ -60,3 +60,16 @@ def test_faults_slice_fleet_owner_paused_or_killed_mid_turn_with_the_stop_throug
     assert summary["mode"] == "fleet-faults" and summary["trials"] == 4
     assert summary["violations"] == 0, summary
     assert summary["drawn"].get("sigstop", 0) > 0 and summary["drawn"].get("sigkill", 0) > 0, summary
+
+
+def test_faults_slice_fleet_partitions_the_whole_database_a_reset_and_a_slow_database() -> None:
+    # (The owner cut mid-turn, a stop while it is cut, a cut healed in time and the notices
+    # cut are tests of their own: tests/test_fleet_partition.py.)
+    from _postgres import missing
+
+    if missing():
+        pytest.skip(f"no PostgreSQL server: {missing()}")
+    summary = run_json("faults.py", "--fleet", "--partition", "--quick", "--only", "db-cut,reset,slow", "--seed", "3")
+    assert summary["mode"] == "fleet-partition" and summary["faults"] == {"db-cut": 1, "reset": 1, "slow": 1}
+    assert summary["violations"] == 0, summary
+    assert summary["figures"]["overlap_s"]["max"] == 0.0, summary

@@ -555,8 +555,9 @@ async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_n
 
 
 class Parked:
-    """A fleet host held at an exact point: right after the first of its store transactions
-    that ``which`` names has committed (``parked`` is set; ``release`` lets it go on). From
+    """A fleet host held at an exact point: right after the first of its transactions (the
+    store's, or its fleet calls') that ``which`` names has committed (``parked`` is set;
+    ``release`` lets it go on). From
     ``note_asks`` on, ``asked`` is set when anything (a stop, a turn) waits for the host's
     lease or take-over to settle."""
 
@@ -573,6 +574,16 @@ class Parked:
             return out
 
         monkeypatch.setattr(fleet.store, "transact", parked_transact)
+        call = fleet.link.transact
+
+        async def parked_call(work: Any, deadline: float, **kw: Any) -> Any:
+            out = await call(work, deadline, **kw)
+            if not self.parked.is_set() and which(work):
+                self.parked.set()
+                await self._go_on.wait()
+            return out
+
+        monkeypatch.setattr(fleet.link, "transact", parked_call)
 
     def note_asks(self) -> None:
         settled = self._fleet.settled
