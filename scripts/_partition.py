@@ -64,6 +64,7 @@ from scripts._bench import Daemon, short_tmp
 from scripts._chaos_fleet import config as fleet_config
 from scripts._faultproxy import FaultProxy
 from supervisor._client import Client
+from supervisor.testing import host_pid
 
 T = TypeVar("T")
 
@@ -81,7 +82,8 @@ def flush(*_):
     sys.exit(130)
 signal.signal(signal.SIGINT, signal.SIG_IGN if text.startswith("stubborn") else flush)
 with open(os.path.join(os.environ["CHAOS_PIDS"], text.split()[-1]), "w") as fh:
-    fh.write(f"{os.getpid()} {os.environ['CHAOS_HOST']} {start}")
+    # Its pid in its sandbox's pid namespace, and the namespace: the harness reads the host's pid.
+    fh.write(f"{os.getpid()} {os.stat('/proc/self/ns/pid').st_ino} {os.environ['CHAOS_HOST']} {start}")
 if text.startswith("quick"):
     print("done " + text, flush=True)
     sys.exit(0)
@@ -125,6 +127,8 @@ class Life:
 
     def _wait(self) -> None:
         try:
+            if self.pid <= 0:  # (gone before its pid could be read: see Partition.life)
+                raise ProcessLookupError
             fd = os.pidfd_open(self.pid)
         except ProcessLookupError:
             self.end = time.monotonic()  # (already gone: an upper bound)
@@ -206,10 +210,13 @@ class PartitionFleet:
 
             def read() -> tuple[int, str, float] | None:
                 try:
-                    pid, host, start = path.read_text().split()
+                    pid, ns, host, start = path.read_text().split()
+                    # Read while the agent runs: it has written the file and not yet exited.
+                    return host_pid(int(pid), int(ns)), host, float(start)
                 except (OSError, ValueError):
                     return None
-                return int(pid), host, float(start)
+                except LookupError:  # (already gone: a quick message's agent)
+                    return -1, host, float(start)
 
             pid, host, start = until(f"the agent of {name}", read, timeout)
             self.lives[name] = Life(pid, host, start)
