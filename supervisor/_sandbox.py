@@ -137,7 +137,7 @@ def bwrap_args(reach: Reach) -> list[str]:
     """The bwrap arguments that build ``reach`` (without the program and ``--``).
 
     Mounts are ordered by depth, shallow first, so the deeper of two nested rules wins; at
-    one path, hiding wins over writing.
+    one path, hiding wins over writing, and writing over reading.
     """
     args = list(BASE_ARGS)
     if reach.network == "none":
@@ -146,7 +146,8 @@ def bwrap_args(reach: Reach) -> list[str]:
     for path in reach.private_dirs:
         ops.append((_depth(path), 0, path, ["--perms", "1777", "--tmpfs", path]))
     for path in reach.readable:
-        ops.append((_depth(path), 0, path, ["--ro-bind", path, path]))
+        if not any(_within(Path(path), Path(w)) for w in reach.writable):  # (a grant covers it)
+            ops.append((_depth(path), -1, path, ["--ro-bind", path, path]))
     for path in reach.writable:
         ops.append((_depth(path), 0, path, ["--bind", path, path]))
     for path in reach.hidden_dirs:

@@ -26,6 +26,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -466,7 +467,9 @@ class Turn:
         self._parser = self.adapter.new_parser(request)
         launch = self.adapter.build_launch(request)
         env = self._environment(launch)
-        await trio.to_thread.run_sync(_write_files, Path(request.home), launch.files)
+        await trio.to_thread.run_sync(
+            partial(_write_files, Path(request.home), launch.files, state_dir=ports.places.state_dir)
+        )
         sandbox = ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=request.home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
@@ -701,8 +704,14 @@ class Turn:
         return env
 
 
-def _write_files(home: Path, files: Mapping[str, str]) -> None:
-    private_folder(home / "tmp", within=home.parent.parent.parent)
+def _write_files(home: Path, files: Mapping[str, str], *, state_dir: Path | None = None) -> None:
+    """Write a launch's files under ``home`` (0600 in 0700 folders), and make its TMPDIR.
+
+    The folders from ``state_dir`` (corral's, which holds every HOME) down to ``home`` are
+    tightened too; without it only ``home`` and below are — never a folder above that is
+    not corral's to change (counting parents up from a HOME once reached ``/``).
+    """
+    private_folder(home / "tmp", within=state_dir if state_dir is not None and state_dir in home.parents else home)
     for rel, content in dict(files).items():
         path = Path(rel) if os.path.isabs(rel) else home / rel
         private_folder(path.parent, within=home if not os.path.isabs(rel) else None)

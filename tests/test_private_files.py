@@ -184,3 +184,18 @@ def test_an_agent_cannot_read_the_daemons_environment(short_tmp: Path, unprivile
 
 if sys.platform != "linux":  # pragma: no cover - /proc and prctl are Linux's
     pytestmark = pytest.mark.skip("Linux only")
+
+
+def test_writing_an_agents_files_never_tightens_a_folder_that_is_not_corrals(short_tmp: Path) -> None:
+    """A HOME's folders are tightened from corral's state folder down, never above it: the
+    parent-counting this replaced made ``/`` itself 0700 for a HOME of ``/srv/home/claude``."""
+    users = [short_tmp / "x", short_tmp / "x" / "y", short_tmp / "x" / "y" / "z"]
+    home = users[-1] / "home"
+    home.mkdir(parents=True)
+    for folder in users:
+        folder.chmod(0o755)
+    _write_files(home, {".codex/config.toml": "key = 1\n"})
+    assert [stat.S_IMODE(f.stat().st_mode) for f in users] == [0o755, 0o755, 0o755]
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE((home / "tmp").stat().st_mode) == 0o700
+    _write_files(home, {}, state_dir=users[1])  # corral's state folder: from there down
+    assert [stat.S_IMODE(f.stat().st_mode) for f in users] == [0o755, 0o700, 0o700]

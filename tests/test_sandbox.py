@@ -12,6 +12,7 @@ the turn with the fix (``required``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -419,6 +420,11 @@ def test_bwrap_args_put_deeper_rules_on_top_and_hide_read_only() -> None:
     remounts = [args[i + 1] for i, word in enumerate(args) if word == "--remount-ro"]
     assert remounts == ["/srv/work/corral.d", "/state"]  # hidden folders; the private /tmp stays writable
     assert args[args.index("/tmp") - 3: args.index("/tmp")] == ["--perms", "1777", "--tmpfs"]
+    # An installation folder is put back read-only, unless a grant already makes it writable.
+    both = bwrap_args(Reach(cwd="/tmp/t", writable=("/tmp/t",), readable=("/tmp/t", "/tmp/agent")))
+    pairs = list(itertools.pairwise(both))
+    assert ("--ro-bind", "/tmp/agent") in pairs and ("--bind", "/tmp/t") in pairs
+    assert ("--ro-bind", "/tmp/t") not in pairs
     assert args.index("--remount-ro") > max(i for i, w in enumerate(args) if w == "--bind")
 
 
