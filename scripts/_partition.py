@@ -56,17 +56,17 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from scripts._bench import Daemon, short_tmp
 from scripts._chaos_fleet import config as fleet_config
+from scripts._chaos_fleet import until
 from scripts._faultproxy import FaultProxy
 from supervisor._client import Client
 from supervisor.testing import host_pid
 
-T = TypeVar("T")
 
 #: What a stop through a survivor may take beyond the lease (the forced takeover, the take-over
 #: read, the stop itself) while the owner is cut off.
@@ -90,18 +90,6 @@ if text.startswith("quick"):
 print("ready", flush=True)
 time.sleep(3600)
 """
-
-
-def until(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    """Poll a condition under a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def largest_overlap(lives: Iterable[tuple[str, float, float]]) -> float:
