@@ -67,7 +67,6 @@ from scripts._faultproxy import FaultProxy
 from supervisor._client import Client
 from supervisor.testing import host_pid
 
-
 #: What a stop through a survivor may take beyond the lease (the forced takeover, the take-over
 #: read, the stop itself) while the owner is cut off.
 STOP_BOUND = 3.0
