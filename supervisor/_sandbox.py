@@ -342,6 +342,8 @@ class Sandbox:
             if not path.is_absolute() or not any(_within(path, Path(d)) for d in PRIVATE_DIRS):
                 continue
             folder = path if _is_dir(path) else path.parent
+            if folder.name in ("bin", ".bin"):  # a prefix's: a venv (pyvenv.cfg, lib/), node_modules
+                folder = folder.parent
             # Inside corral's private state: never (a private folder *inside* it stays hidden
             # anyway: the deeper rule wins).
             if not folder.is_dir() or any(_within(folder, Path(d)) for d in self.private.dirs):

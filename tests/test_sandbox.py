@@ -201,8 +201,9 @@ def attempts(
         ("delete the store's wal", "unlink", str(rig.folder / "corral.db-wal"), "EBUSY"),
         ("delete the socket", "unlink", str(rig.folder / "corral.sock"), "EBUSY"),
         ("replace the token", "replace", [str(rig.folder / "new.token"), str(rig.folder / "corral.token")], "EBUSY"),
-        # Only the mount point of the granted folder: nothing else of the host's /tmp.
-        ("the host's /tmp", "list", "/tmp", (f"ok:{rig.folder.name}",)),
+        # Only the granted folder, and its installation's where that is under /tmp (a checkout
+        # there: the probe script and the venv's python): nothing else of the host's /tmp.
+        ("the host's /tmp", "list", "/tmp", (tmp_listing(rig.folder, PROBE, PYTHON),)),
         ("write its private /tmp", "write", "/tmp/corral-escape-probe.txt", "ok"),
         ("mkdir in the state folder", "mkdir", str(rig.state / "home" / "victim"), "EROFS"),
         ("symlink to the store", "symlink-read", [str(a_cwd / "link"), str(rig.folder / "corral.db")], "EACCES"),
@@ -228,6 +229,13 @@ def attempts(
         ("B's secret in its env", "env", "VICTIM_API_KEY", ("ok:",)),
     ]
     return [[name, kind, arg] for name, kind, arg, _ in tries], {name: want for name, *_, want in tries}
+
+
+def tmp_listing(*paths: str | Path) -> str:
+    """What a turn lists in its private /tmp: the first folder under /tmp of each of ``paths``
+    (those put back in it: its grant, its installation)."""
+    names = {Path(p).relative_to("/tmp").parts[0] for p in paths if Path(p).is_relative_to("/tmp")}
+    return "ok:" + ",".join(sorted(names))
 
 
 def check_outcomes(got: dict[str, str], want: dict[str, Any]) -> None:
@@ -510,5 +518,33 @@ def test_network_none_and_sandbox_hide_close_what_they_say(short_tmp: Path, loop
         assert got["the hidden folder"] == "ok:" and got["the hidden file"] == "ENOENT", got
         assert got["own folder"] == "ok" and got["system files"].startswith("ok:root"), got
         assert (private / "key").read_text() == "user-secret"
+    finally:
+        rig.close()
+
+
+def test_an_agent_installed_under_tmp_runs_from_its_venv(short_tmp: Path, loopback: str) -> None:
+    """An installation under /tmp (a venv there) stays in sight read-only — its prefix, not only
+    its ``bin`` — while the rest of the host's /tmp does not."""
+    _needs_sandbox()
+    import venv
+
+    env_dir = short_tmp / "agent-venv"
+    venv.EnvBuilder(symlinks=True).create(env_dir)
+    source = short_tmp / "agent-src"  # apart from the venv: only the bin rule can show the venv's root
+    source.mkdir()
+    (source / "agent.py").write_text(
+        "import json, sys\n"
+        "print(json.dumps({'type': 'result', 'text': json.dumps({'prefix': sys.prefix, 'base': sys.base_prefix})}))\n"
+    )
+    # Its own command, and no grant of the folder: only the installation rule can show the venv.
+    hostile = (f'command = [{toml_str(str(env_dir / "bin" / "python"))}, {toml_str(str(source / "agent.py"))}]\n'
+               'network = "host"')
+    rig = Rig(short_tmp, daemon_config(short_tmp, hostile=hostile).replace(
+        f"command = [{toml_str(PYTHON)}, {toml_str(PROBE)}]\nenv = {{ ESCAPE_PROBE_AS = \"generic\" }}\n", ""))
+    try:
+        rig.json("send", "A", "which python?")
+        answer = rig.wait_entry("A", '"prefix"')
+        got = json.loads(answer["text"])
+        assert got["prefix"] == str(env_dir), got  # it found its pyvenv.cfg: the venv is whole
     finally:
         rig.close()
