@@ -300,6 +300,20 @@ def _follow_up(fleet: PartitionFleet, channel: str, via: str, name: str, timeout
     return []
 
 
+def _timed_stop(
+    fleet: PartitionFleet, via: str, channel: str, since: float, lease: float, drawn: dict[str, Any], bad: list[str]
+) -> dict[str, Any]:
+    """A stop of ``channel`` through host ``via``: its answer, its time from ``since`` into
+    ``drawn["stop_s"]``, and ``stop-answered-late`` into ``bad`` past the lease plus the bound."""
+    with fleet.client(via) as c:
+        result: dict[str, Any] = c.stop(channel)
+    took = time.monotonic() - since
+    drawn["stop_s"] = round(took, 3)
+    if took > lease + STOP_BOUND:
+        bad.append("stop-answered-late")
+    return result
+
+
 def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tuple[list[str], dict[str, Any]]:
     """One trial of ``fault`` on channel ``p{i}``; the violated kinds and what was measured."""
     lease = fleet.lease
@@ -339,12 +353,7 @@ def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tupl
                 result = c.stop(channel)
             bad += check_after_notice(fleet, channel, result)
         else:
-            with fleet.client(other) as c:
-                result = c.stop(channel)
-            took = time.monotonic() - cut
-            drawn["stop_s"] = round(took, 3)
-            if took > lease + STOP_BOUND:
-                bad.append("stop-answered-late")
+            result = _timed_stop(fleet, other, channel, cut, lease, drawn, bad)
             if not result.get("ok") and owner not in str(result.get("error")):
                 bad.append("stop-not-honest")
             if life.alive():
@@ -359,12 +368,7 @@ def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tupl
     elif fault == "stop-via-cut-owner":
         proxy.blackhole()
         cut = time.monotonic()
-        with fleet.client(owner) as c:
-            result = c.stop(channel)
-        took = time.monotonic() - cut
-        drawn["stop_s"] = round(took, 3)
-        if took > lease + STOP_BOUND:
-            bad.append("stop-answered-late")
+        result = _timed_stop(fleet, owner, channel, cut, lease, drawn, bad)
         if result.get("ok"):
             bad.append("stop-ok-though-unrecorded")
         if not life.wait_dead(1.0):
@@ -394,13 +398,7 @@ def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tupl
     elif fault == "notices-cut":
         for p in fleet.proxies.values():
             p.blackhole(notices_only=True)
-        asked = time.monotonic()
-        with fleet.client(other) as c:
-            result = c.stop(channel)
-        took = time.monotonic() - asked
-        drawn["stop_s"] = round(took, 3)
-        if took > lease + STOP_BOUND:
-            bad.append("stop-answered-late")
+        result = _timed_stop(fleet, other, channel, time.monotonic(), lease, drawn, bad)
         if not result.get("ok") and owner not in str(result.get("error")):
             bad.append("stop-not-honest")
         # At once: the next owner's turn may not begin while the owner's may still live.
