@@ -319,6 +319,12 @@ class Supervisor:
         self._stops: dict[str, _StopInProgress] = {}
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
+        mount = cgroup2_mount() if cgroups is not None else None
+        self._cgroup_subtree = (
+            "/" + str(cgroups.path.relative_to(mount))
+            if cgroups is not None and mount is not None and cgroups.path.is_relative_to(mount) else None
+        )
+        """That subtree as ``/proc/PID/cgroup`` names it (what a control-socket peer is checked against)."""
         self._places = Places(config.state_dir, store.session)
         self.fleet: Fleet | None = None
         """This host's leases, when the store is shared by a fleet (PostgreSQL with a host)."""
@@ -366,12 +372,7 @@ class Supervisor:
     def turn_of_peer(self, pid: int) -> str | None:
         """Is ``pid`` (a control-socket peer, by ``SO_PEERCRED``) a process of a turn? Which
         one (see :func:`supervisor._sandbox.turn_of_peer`), logged once per turn; else None."""
-        subtree = None
-        if self.cgroups is not None:
-            mount = cgroup2_mount()
-            if mount is not None and self.cgroups.path.is_relative_to(mount):
-                subtree = "/" + str(self.cgroups.path.relative_to(mount))
-        turn = turn_of_peer(peer_facts(pid), subtree=subtree, store_id=self._store.store_id,
+        turn = turn_of_peer(peer_facts(pid), subtree=self._cgroup_subtree, store_id=self._store.store_id,
                             own_pid_ns=self._own_pid_ns)
         if turn is not None and turn not in self._refused_turns:
             self._refused_turns.add(turn)
