@@ -116,14 +116,34 @@ def test_the_readmes_stop_result_has_the_shape_a_stop_returns() -> None:
     assert set(shown["turns"][0]) == {"agent", "turn", "killed", "swept"}
 
 
-def test_the_readmes_layout_names_the_packages_of_supervisor() -> None:
+def layout_rows() -> dict[str, str]:
+    """The README layout's rows for supervisor/'s packages: ``{"core": "pure, no Trio: ledger …"}``."""
     block = README.read_text().split("<!-- layout -->\n```\n", 1)[1].split("```", 1)[0]
-    named = set(re.findall(r"^  (\w+)/ ", block, re.M))
+    rows: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if m := re.match(r"  (\w+)/ +(.*)", line):
+            current = m.group(1)
+            rows[current] = m.group(2)
+        elif current and line.startswith("      "):
+            rows[current] += " " + line.strip()
+        else:
+            current = None
+    return rows
+
+
+def test_the_readmes_layout_names_the_packages_of_supervisor_and_their_modules() -> None:
+    rows = layout_rows()
+    assert {"core", "procs", "turns", "store", "fleet", "serve", "config", "host"} <= set(rows)
     present = {p.name for p in (ROOT / "supervisor").iterdir() if (p / "__init__.py").is_file()}
     if not present:
         pytest.skip("supervisor/ has no sub-packages yet: the layout describes the one being moved to")
-    assert named == present, f"the README's layout names {sorted(named)}; supervisor/ has {sorted(present)}"
-
+    assert set(rows) == present, f"the README's layout names {sorted(rows)}; supervisor/ has {sorted(present)}"
+    for package, row in rows.items():
+        words = set(re.findall(r"\w+", row))
+        files = (ROOT / "supervisor" / package).glob("*.py")
+        modules = {m.stem.lstrip("_") for m in files if not m.name.startswith("__")}
+        assert modules <= words, f"supervisor/{package}/ has modules the layout does not name: {modules - words}"
 
 def readme_table(after: str) -> list[str]:
     """The first cells of the first table after the heading ``after`` in the README."""
