@@ -185,3 +185,13 @@ def test_the_readmes_embedding_table_names_calls_both_hosts_have() -> None:
             params = inspect.signature(getattr(host, name)).parameters
             missing = [n for n in names if n not in params]
             assert not missing, f"{host.__name__}.{name} takes no {missing}"
+
+
+def test_the_quick_start_is_two_commands_and_ci_runs_its_test_command() -> None:
+    quick = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", quick, re.S)
+    assert block, "the quick start shows its commands"
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    assert commands == ["make demo", "make test"], commands
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "make test" in ci, ".ci/run runs the README's test command"
