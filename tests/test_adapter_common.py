@@ -59,7 +59,7 @@ def test_by_type_calls_the_handler_of_the_line_type_and_none_for_an_unknown_one(
 
 
 #: Adapters whose agents are not read line by line (``acp``: a JSON-RPC connection, driven by
-#: supervisor._acp_turn), so they have no parser.
+#: supervisor.turns.acp), so they have no parser.
 NO_LINE_PARSER = {"acp"}
 
 
