@@ -115,7 +115,7 @@ def finish_plan(plan_file: Path, delay: float) -> list[str]:
     return done
 
 
-#: corral's catch-up block (supervisor/_catchup.py): its first line, and the line before the answered message.
+#: corral's catch-up block (supervisor/core/catchup.py): its first line, and the line before the answered message.
 CATCH_UP_HEADER = "[Catch-up: messages in this channel since your last turn"
 CATCH_UP_END = re.compile(r"^\[End of catch-up\. The message you are answering, from (?P<author>[^\]]*):\]$", re.M)
 #: A hand-off's signature: the agent that wrote it.

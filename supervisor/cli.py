@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from ._client import Client
-    from ._config import Config, Problem
+    from .config.settings import Config, Problem
+    from .serve.client import Client
 
-#: ``_config.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast (a test keeps them equal).
+#: ``config.settings.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast
+#: (a test keeps them equal).
 DEFAULT_CONFIG_NAME = "corral.toml"
 
 EXIT_ERROR = 1
@@ -44,7 +45,7 @@ def _problems(problems: list[Problem], file: str) -> NoReturn:
 
 
 def _load(path: str | None) -> Config:
-    from ._config import ConfigError, load_config
+    from .config.settings import ConfigError, load_config
 
     file = path or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
@@ -60,7 +61,7 @@ class _Context:
         self.json = as_json
 
     def client(self) -> Client:
-        from ._client import Client
+        from .serve.client import Client
 
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
@@ -71,7 +72,7 @@ class _Context:
                     "(start one with `corral run -c FILE`)",
                     EXIT_NO_DAEMON,
                 )
-            from ._config import ConfigError, load_server_config
+            from .config.settings import ConfigError, load_server_config
 
             file = config_file or DEFAULT_CONFIG_NAME
             try:
@@ -86,7 +87,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None) -> T:
-    from ._client import APIError, DaemonGone, DaemonUnavailable
+    from .serve.client import APIError, DaemonGone, DaemonUnavailable
 
     client = client or ctx.client()
     try:
@@ -171,9 +172,9 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     """
     import logging
 
-    from ._logformat import JSONLogFormatter
-    from ._preflight import preflight
-    from ._systemd import JournalFormatter, stderr_is_journal
+    from .config.preflight import preflight
+    from .serve.logformat import JSONLogFormatter
+    from .serve.systemd import JournalFormatter, stderr_is_journal
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     config = _load(file)
@@ -192,7 +193,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
     import trio
 
-    from ._daemon import harden_process, run_daemon
+    from .serve.daemon import harden_process, run_daemon
 
     harden_process()
     try:
@@ -209,9 +210,9 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
     """A start-up failure as one line with the path and the fix; None if it is a bug."""
     import sqlite3
 
-    from ._daemon import DaemonError
-    from ._engines import is_postgres_error
-    from ._store import StoreError, StoreInUse
+    from .serve.daemon import DaemonError
+    from .store.engines import is_postgres_error
+    from .store.store import StoreError, StoreInUse
 
     if isinstance(exc, BaseExceptionGroup):
         for leaf in exc.exceptions:
@@ -251,9 +252,9 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """
     import dataclasses
 
-    from ._config import ConfigError, Problem, load_config
-    from ._preflight import preflight
-    from ._sandbox import probe
+    from .config.preflight import preflight
+    from .config.settings import ConfigError, Problem, load_config
+    from .procs.sandbox import probe
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     sandbox: dict[str, Any] = {}
@@ -447,8 +448,8 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_jso
     cookie and opens the dashboard, so the token never reaches the browser. Needs
     ``tcp`` and ``token_file`` in the config's [server] table.
     """
-    from ._client import Client
-    from ._config import ConfigError, load_server_config
+    from .config.settings import ConfigError, load_server_config
+    from .serve.client import Client
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:

@@ -1,4 +1,4 @@
-"""The Trio driver of one persistent ACP agent (supervisor/_acp.py), against the fake ACP agent
+"""The Trio driver of one persistent ACP agent (supervisor/turns/agents.py), against the fake ACP agent
 of tests/fakes/fake_acp.py: a turn, the typed cancel and the kill that always follows it, an
 agent that ignores the cancel, one that answers it late, one that dies mid-prompt, malformed
 JSON-RPC, permissions, session/load and its fallback, close and idle."""
@@ -17,8 +17,8 @@ import trio
 
 from adapters._base import Error, Launch, SessionId, Text, Todos, ToolUse, Unparsed
 from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
-from supervisor._acp import AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, PromptStream, open_acp_agent
-from supervisor._tree import ident, read_stat
+from supervisor.procs.tree import ident, read_stat
+from supervisor.turns.agents import AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, PromptStream, open_acp_agent
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 #: Real processes get real time: generous bounds.
@@ -58,7 +58,7 @@ async def wait_file(path: Path) -> int:
 
 def helper_pid(agent: AcpAgent) -> int:
     """The fake's start-up helper (an MCP server stand-in): its ``sleep 3002`` child."""
-    from supervisor._tree import child_pids
+    from supervisor.procs.tree import child_pids
 
     for pid in child_pids(agent.pid):
         with open(f"/proc/{pid}/cmdline", "rb") as fh:

@@ -10,7 +10,6 @@ script's full mix catches every one as well, only over more trials (see docs/rob
 from __future__ import annotations
 
 import pytest
-
 from _scripts import run_json
 
 pytestmark = pytest.mark.chaos

@@ -1,4 +1,4 @@
-"""Tests for ``supervisor._config``: every problem is found, reported together, with a fix."""
+"""Tests for ``supervisor.config.settings``: every problem is found, reported together, with a fix."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor._config import ConfigError, Limits, Problem, load_config, load_server_config, parse_config
+from supervisor.config.settings import ConfigError, Limits, Problem, load_config, load_server_config, parse_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import REPO, DaemonProcess
 
 CHROMIUM = "/usr/bin/chromium"

@@ -25,10 +25,10 @@ from conftest import PYTHON
 from test_stop_contract import AGENT, Gate
 
 from supervisor import ConfigError, parse_config
-from supervisor._config import DEFAULT_LEASE, Config
-from supervisor._fleet import Fleet
-from supervisor._store import SEQ_STRIDE, Fenced, StoreInUse, open_store
-from supervisor._supervisor import Supervisor, open_supervisor
+from supervisor.config.settings import DEFAULT_LEASE, Config
+from supervisor.fleet.fleet import Fleet
+from supervisor.host.supervisor import Supervisor, open_supervisor
+from supervisor.store.store import SEQ_STRIDE, Fenced, StoreInUse, open_store
 
 DEADLINE = 30.0
 LEASE = 1.0

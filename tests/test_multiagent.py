@@ -19,10 +19,10 @@ import trio.testing
 from conftest import make_config, script_agent, turn_processes
 from test_stop_contract import SLOW, Gate, Park, SpawnRecorder, tree_pids, wait_entry
 
-from supervisor._config import parse_config
-from supervisor._errors import UsageError
-from supervisor._store import Entry
-from supervisor._supervisor import STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.config.settings import parse_config
+from supervisor.core.errors import UsageError
+from supervisor.host.supervisor import STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.store.store import Entry
 from supervisor.testing import Hooks
 
 pytestmark = pytest.mark.usefixtures("kill_mechanism")
@@ -391,7 +391,7 @@ def _http(folder: Path) -> Any:
 
 
 async def test_api_to_field_and_agent_authors(short_tmp: Path) -> None:
-    from supervisor._daemon import run_daemon
+    from supervisor.serve.daemon import run_daemon
 
     config = two_agents(short_tmp)
     async with trio.open_nursery() as nursery:
@@ -494,7 +494,7 @@ def test_the_channel_config_shown_is_valid_as_shown(tmp_path: Path) -> None:
 
 
 def test_the_catch_up_example_shown_is_what_corral_builds() -> None:
-    from supervisor._catchup import Missed, catch_up_prompt
+    from supervisor.core.catchup import Missed, catch_up_prompt
 
     (block,) = _blocks("text")
     built = catch_up_prompt(
@@ -506,7 +506,7 @@ def test_the_catch_up_example_shown_is_what_corral_builds() -> None:
 
 
 def test_the_stop_and_status_examples_shown_have_the_shapes_corral_returns() -> None:
-    from supervisor._supervisor import StopResult
+    from supervisor.host.supervisor import StopResult
 
     stop, status = (json.loads(b) for b in _blocks("json"))
     assert set(stop) == set(StopResult(channel="x", generation=1).to_json())
@@ -519,7 +519,7 @@ def test_the_stop_and_status_examples_shown_have_the_shapes_corral_returns() -> 
 async def test_a_bug_in_one_agents_turn_frees_its_own_lane_while_another_agent_runs(
     short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from supervisor import _turn
+    from supervisor.turns import process as _turn
 
     original = _turn.Turn._request
     broken: list[str] = []

@@ -28,9 +28,9 @@ from conftest import CORRAL, PYTHON, DaemonProcess, make_config
 from test_stop_contract import AGENT, Gate
 
 from supervisor import ConfigError, parse_config
-from supervisor._engines import _LOCK_PATIENCE, LOCK_SPACE, redact
-from supervisor._store import _MIGRATIONS, Entry, StoreError, StoreInUse, describe_failure, open_store
-from supervisor._supervisor import open_supervisor
+from supervisor.host.supervisor import open_supervisor
+from supervisor.store.engines import _LOCK_PATIENCE, LOCK_SPACE, redact
+from supervisor.store.store import _MIGRATIONS, Entry, StoreError, StoreInUse, describe_failure, open_store
 
 T = TypeVar("T")
 DEADLINE = 30.0

@@ -28,9 +28,9 @@ import psutil
 import pytest
 from conftest import PYTHON, DaemonProcess, cgroup_missing, turn_processes
 
-from supervisor._config import ConfigError, parse_config
-from supervisor._sandbox import Reach, bwrap_args, probe
-from supervisor._turn import channel_slug
+from supervisor.config.settings import ConfigError, parse_config
+from supervisor.procs.sandbox import Reach, bwrap_args, probe
+from supervisor.turns.process import channel_slug
 
 PROBE = str(Path(__file__).parent / "fakes" / "escape_probe.py")
 FAKE_ACP = str(Path(__file__).parent / "fakes" / "fake_acp.py")

@@ -35,10 +35,10 @@ from typing import Any
 
 import trio
 
-from ._cgroup import CgroupRoot, TurnCgroup
-from ._engines import Engine
-from ._store import Pending, Store
-from ._tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wait_gone
+from ..store.engines import Engine
+from ..store.store import Pending, Store
+from .cgroup import CgroupRoot, TurnCgroup
+from .tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wait_gone
 
 log = logging.getLogger("corral.recovery")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from ._errors import CorralError
+from ..core.errors import CorralError
 
 #: The daemon closes idle keep-alive connections after 5 s; reconnect before that.
 _REUSE_SECONDS = 4.0

@@ -12,7 +12,7 @@ Theory of operation
 * **Saved before shown**: an entry reaches followers only after its transaction commits. A
   failed write fails its caller with :class:`StoreError`, and nothing of it is ever published.
 * **One bad write fails only itself.** Entries are made storable when accepted (lone
-  surrogates repaired, see ``_text``), and if a batch still fails, its writes are retried one
+  surrogates repaired, see :mod:`supervisor.core.text`), and if a batch still fails, its writes are retried one
   transaction each, so only the bad one fails. A failure of the disk itself (full, I/O
   error) is not retried: every write of the batch fails with it. The error a caller sees
   is described by :func:`describe_failure`: it names the store and the cause, never the
@@ -20,7 +20,7 @@ Theory of operation
 * Reads and writes share one connection serialised by a capacity limiter of one thread.
 * **Two engines, one store.** A SQLite file (``[store] path``, the default) or a PostgreSQL
   database (``[store] url``): everything above and below holds on both; the connection, the
-  owner lock and the few SQL fragments that differ are the engine's (:mod:`._engines`).
+  owner lock and the few SQL fragments that differ are the engine's (:mod:`.engines`).
 * **One owner.** The store holds a lock for as long as it is open (SQLite: ``flock`` on
   ``<store>.lock``, which names the owner's pid; PostgreSQL: an advisory lock of its
   connection): a second daemon or embedded supervisor on the same store is refused at
@@ -45,7 +45,7 @@ Theory of operation
   so the seqs of different hosts follow real time as closely as their clocks agree (a seq
   stays below 2^53: JSON readers keep it exact). Within a channel, seq order is the order
   its *owner* decided things: a host runs a channel's turns only under its lease
-  (:mod:`._fleet`), and taking a lease moves the taker's counter past every seq stored so
+  (:mod:`supervisor.fleet.fleet`), and taking a lease moves the taker's counter past every seq stored so
   far, in the lease's transaction.
 * **Fencing.** A write made for a turn carries the fencing token its host held when the
   turn began, and its transaction reads the lease row ``FOR SHARE`` first: a stale token
@@ -96,7 +96,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from ._engines import (
+from ..core.text import repair
+from .engines import (
     LOCK_SPACE,
     ORDER_LOCK,
     Engine,
@@ -106,14 +107,13 @@ from ._engines import (
     is_postgres_error,
     open_engine,
 )
-from ._engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
-from ._engines import StoreInUse as StoreInUse
-from ._text import repair
+from .engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
+from .engines import StoreInUse as StoreInUse
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
 
-#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts (see :mod:`._fleet`).
+#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts (see :mod:`supervisor.fleet.fleet`).
 FLEET_NOTICES = "corral_fleet"
 
 KINDS = ("message", "status", "tool", "todos", "notice", "error")
@@ -253,7 +253,7 @@ def describe_failure(exc: BaseException, path: str) -> str:
     A text encoding error quotes the offending character, which may be someone else's
     text; an unknown exception may quote anything. Only SQLite's own messages (which name
     tables and constraints, not values), PostgreSQL's of the classes that name no value
-    (see :func:`._engines.describe_postgres`) and OS error strings are passed on.
+    (see :func:`.engines.describe_postgres`) and OS error strings are passed on.
     """
     if isinstance(exc, StoreError):
         return str(exc)
@@ -543,7 +543,7 @@ class Store:
 
     def listener(self) -> Any:
         """(A fleet) a new PostgreSQL connection for ``LISTEN``, or None on SQLite."""
-        from ._engines import PostgresEngine
+        from .engines import PostgresEngine
 
         return self._db.listener() if isinstance(self._db, PostgresEngine) else None
 

@@ -5,7 +5,7 @@ Theory of operation
 
 An agent is not trusted: it runs unattended, its permission prompts bypassed, and its prompt
 comes from chat members, web pages, files and other agents. The cgroup contains its
-processes (:mod:`._cgroup`); the sandbox contains its *reach*. Every process of a turn — the
+processes (:mod:`.cgroup`); the sandbox contains its *reach*. Every process of a turn — the
 CLI's whole tree, a persistent ACP agent and the MCP servers it starts, background processes
 a turn keeps — starts inside `bubblewrap <https://github.com/containers/bubblewrap>`_
 (``bwrap``, Flatpak's sandbox: a small C program, no setuid bit needed where unprivileged
@@ -36,7 +36,7 @@ nothing of the agent runs outside either. What it builds, per turn:
 bwrap's own process stays outside as the turn's leader: it waits for the program and exits
 with its status, while bwrap's init inside the namespace reaps everything else — a kept
 background process included — until the last is gone. That leader dies of SIGINT at once,
-which would cut the CLI's grace short; so :class:`~._tree.ProcessTree` sends a sandboxed
+which would cut the CLI's grace short; so :class:`~.tree.ProcessTree` sends a sandboxed
 tree's interrupt to the processes inside it, not to the leader (see ``interrupt`` there).
 
 The control socket is not in the sandbox's view, and as a second wall it refuses any peer

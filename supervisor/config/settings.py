@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from ._errors import CorralError
-from ._sandbox import MODES, NETWORKS, Network, SandboxMode
+from ..core.errors import CorralError
+from ..procs.sandbox import MODES, NETWORKS, Network, SandboxMode
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 DEFAULT_MAX_HOPS = 6
@@ -65,7 +65,7 @@ class ServerConfig:
     """``"auto"``, ``"off"`` or an absolute cgroup2 folder: where each turn's cgroup goes."""
     sandbox: SandboxMode = "auto"
     """``"auto"`` (a sandbox around every turn where the machine allows, else said loudly),
-    ``"required"`` (no turn starts without one) or ``"off"``: see :mod:`supervisor._sandbox`."""
+    ``"required"`` (no turn starts without one) or ``"off"``: see :mod:`supervisor.procs.sandbox`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +147,7 @@ class Config:
     @property
     def store_name(self) -> str:
         """The store as messages and ``status`` name it (a URL without its password)."""
-        from ._engines import redact
+        from ..store.engines import redact
 
         return redact(self.store_url) if self.store_url else str(self.store_path)
 
@@ -363,7 +363,7 @@ def _acp_options(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | 
 
 def _store_url(check: _Checker, store: Mapping[str, Any]) -> str | None:
     """``[store] url``: a PostgreSQL URL, and not together with ``path``."""
-    from ._engines import POSTGRES_SCHEMES, is_postgres
+    from ..store.engines import POSTGRES_SCHEMES, is_postgres
 
     url = check.string(store, "url", "store.")
     if url is None:
@@ -608,7 +608,7 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         socket_group = None
     cgroup = check.string(server, "cgroup", "server.", "auto") or "auto"
     if cgroup not in ("auto", "off"):
-        from ._cgroup import check_path as check_cgroup_path  # here: client commands never load trio
+        from ..procs.cgroup import check_path as check_cgroup_path  # here: client commands never load trio
 
         problem = check_cgroup_path(Path(cgroup))
         if problem:

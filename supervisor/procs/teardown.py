@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ._cgroup import Changes, Watcher
-from ._tree import ProcessTree
+from .cgroup import Changes, Watcher
+from .tree import ProcessTree
 
 log = logging.getLogger("corral.teardown")
 

@@ -21,8 +21,8 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ._ledger import StopLedger
-from ._tree import ProcessTree, signal_group
+from ..core.ledger import StopLedger
+from .tree import ProcessTree, signal_group
 
 log = logging.getLogger("corral.registry")
 

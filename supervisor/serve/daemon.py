@@ -3,8 +3,8 @@
 The Unix socket is bound by corral, given ``[server] socket_mode`` (0600 unless set) and
 ``socket_group``, and only then listened on (nobody can connect to a socket that is not
 listening, so there is no window with looser rights), or passed by systemd (socket
-activation, :mod:`._systemd`: then corral neither makes nor removes it), and served by
-:mod:`._http`, where no connection's error can end the daemon. An optional TCP
+activation, :mod:`.systemd`: then corral neither makes nor removes it), and served by
+:mod:`.http`, where no connection's error can end the daemon. An optional TCP
 listener binds loopback only and requires a bearer token. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXCPU or SIGPWR (or
 ``POST /v1/shutdown``) ends it in order: running turns end as "Task interrupted — corral was
 shut down", their trees are killed and swept, stops in progress finish and answer their
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import trio
 
-from . import _systemd
-from ._api import ControlAPI
-from ._config import DEFAULT_SOCKET_MODE, Config
-from ._errors import CorralError
-from ._http import serve_socket
-from ._supervisor import Supervisor, open_supervisor
+from ..config.settings import DEFAULT_SOCKET_MODE, Config
+from ..core.errors import CorralError
+from ..host.supervisor import Supervisor, open_supervisor
+from . import systemd
+from .api import ControlAPI
+from .http import serve_socket
 
 log = logging.getLogger("corral.daemon")
 
@@ -154,11 +154,11 @@ async def run_daemon(
         if not token:
             raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
     try:
-        watchdog = _systemd.watchdog_interval(environ, os.getpid())
-    except _systemd.SystemdError as exc:
+        watchdog = systemd.watchdog_interval(environ, os.getpid())
+    except systemd.SystemdError as exc:
         raise DaemonError(str(exc)) from None
-    notifying = _systemd.notify_address(environ) is not None
-    send = partial(_systemd.notify, environ=dict(environ))
+    notifying = systemd.notify_address(environ) is not None
+    send = partial(systemd.notify, environ=dict(environ))
     passed = _take_sockets(config, environ, token)
     unix_sock = passed.control
     tcp_sock = passed.tcp
@@ -189,7 +189,7 @@ async def run_daemon(
                 if watchdog is not None and notifying:
                     # From this loop, so a stuck loop stops the pings; from before the
                     # listeners serve, so a long start-up is not mistaken for a hang.
-                    nursery.start_soon(_systemd.ping_watchdog, watchdog, send, name=WATCHDOG_TASK)
+                    nursery.start_soon(systemd.ping_watchdog, watchdog, send, name=WATCHDOG_TASK)
                 # The listeners close once the supervisor is down: a stop in progress at
                 # shutdown still answers its caller.
                 closed = trio.Event()
@@ -212,7 +212,7 @@ async def run_daemon(
                 )
                 status_scope = trio.CancelScope()
                 if notifying:
-                    send(f"READY=1\nSTATUS={_systemd.status_line(sup.status())}")
+                    send(f"READY=1\nSTATUS={systemd.status_line(sup.status())}")
                     nursery.start_soon(_report_status, sup, send, status_scope, name=STATUS_TASK)
                 task_status.started()
                 await stopping.wait()
@@ -241,11 +241,11 @@ WATCHDOG_TASK = "corral.systemd.watchdog"
 STATUS_TASK = "corral.systemd.status"
 
 
-def _take_sockets(config: Config, environ: MutableMapping[str, str], token: str | None) -> _systemd.Activation:
+def _take_sockets(config: Config, environ: MutableMapping[str, str], token: str | None) -> systemd.Activation:
     """The listening sockets systemd passed, checked against the config (none: not activated)."""
     try:
-        passed = _systemd.take_sockets(environ, os.getpid())
-    except _systemd.SystemdError as exc:
+        passed = systemd.take_sockets(environ, os.getpid())
+    except systemd.SystemdError as exc:
         raise DaemonError(str(exc)) from None
     try:
         if passed.control is not None:
@@ -289,8 +289,8 @@ async def _report_status(sup: Supervisor, send: Callable[[str], object], scope: 
     with scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
-            await _systemd.report_status(
-                lambda: _systemd.status_line(sup.status()), lambda: sup.status()["running"] > 0, changes, send,
+            await systemd.report_status(
+                lambda: systemd.status_line(sup.status()), lambda: sup.status()["running"] > 0, changes, send,
             )
 
 

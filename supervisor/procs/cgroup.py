@@ -14,7 +14,7 @@ v2 cgroup (``0::/PATH`` in ``/proc/self/cgroup``: under systemd with ``Delegate=
 service's delegated subtree) and creates ``corral-<store id>`` in it; ``"off"`` never uses
 cgroups; an absolute path names the parent of ``corral-<store id>`` explicitly. The store id
 in the name is what keeps two corral instances on one machine out of each other's cgroups,
-and what lets the next owner of a store find a dead owner's turn cgroups (``_recovery``).
+and what lets the next owner of a store find a dead owner's turn cgroups (:mod:`.recovery`).
 
 **Spawning into it.** ``preexec_fn`` is unsafe with threads (corral has the store's), and
 Python offers no ``CLONE_INTO_CGROUP``. So the turn starts as a tiny pre-exec step::

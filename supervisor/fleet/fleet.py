@@ -93,8 +93,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from ._engines import Engine, PostgresEngine, describe_postgres, is_postgres_error
-from ._store import FLEET_NOTICES, Store, StoreError
+from ..store.engines import Engine, PostgresEngine, describe_postgres, is_postgres_error
+from ..store.store import FLEET_NOTICES, Store, StoreError
 
 T = TypeVar("T")
 

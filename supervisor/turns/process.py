@@ -12,8 +12,8 @@ the session id if the turn was stopped, then report.
 
 A turn sees the supervisor only through its :class:`TurnPorts`: the ledger's questions,
 the store's few writes, the registry, the spawner and the places it runs in. What a turn
-stores is decided by :class:`TurnAccount`, pure code from parser events to
-:data:`Effect` values; :class:`Turn` carries the effects out.
+stores is decided by :class:`~supervisor.core.account.TurnAccount`, pure code from parser events to
+:data:`~supervisor.core.account.Effect` values; :class:`Turn` carries the effects out.
 """
 
 from __future__ import annotations
@@ -34,33 +34,22 @@ import trio
 
 from adapters import Adapter, get_adapter
 from adapters._base import (
-    Error,
     Event,
     Launch,
     Parser,
-    Result,
-    SessionId,
-    StaleSession,
-    Status,
-    Text,
-    Todos,
-    ToolResult,
-    ToolUse,
     TurnRequest,
-    Unparsed,
 )
 
-from ._cgroup import CgroupRoot
-from ._config import AgentConfig
-from ._files import private_file, private_folder
-from ._hooks import Spawner, TurnHook
-from ._ledger import OutputKind, TurnTicket
-from ._lines import Line, LineReader
-from ._registry import ProcessRegistry
-from ._sandbox import Sandbox, SandboxRefused
-from ._store import Pending, StoreError
-from ._text import repair_text
-from ._tree import (
+from ..config.settings import AgentConfig
+from ..core.account import Effect, Post, SavePlan, SaveSession, TurnAccount
+from ..core.ledger import OutputKind, TurnTicket
+from ..procs.cgroup import CgroupRoot
+from ..procs.files import private_file, private_folder
+from ..procs.hooks import Spawner, TurnHook
+from ..procs.lines import Line, LineReader
+from ..procs.registry import ProcessRegistry
+from ..procs.sandbox import Sandbox, SandboxRefused
+from ..procs.tree import (
     STORE_MARKER,
     TURN_MARKER,
     KillReport,
@@ -69,6 +58,7 @@ from ._tree import (
     scrubbed_environment,
     wait_exited,
 )
+from ..store.store import Pending, StoreError
 
 log = logging.getLogger("corral.turn")
 
@@ -109,141 +99,6 @@ class TurnOutcome:
     error: str | None = None
     report: KillReport = field(default_factory=KillReport)
     stale_session: bool = False
-
-
-# ------------------------------------------------------------ decisions: events to effects
-
-
-@dataclass(frozen=True, slots=True)
-class Post:
-    """Store a transcript entry of the turn."""
-
-    kind: str
-    text: str
-    meta: Mapping[str, object] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SaveSession:
-    """Remember the agent's session id for the channel (even a stopped turn's)."""
-
-    session_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class SavePlan:
-    """Replace the agent's plan (its todos) for the channel."""
-
-    items: list[dict[str, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Warn:
-    """A line the parser could not read: logged, never stored."""
-
-    reason: str
-    line: str
-
-
-Effect = Post | SaveSession | SavePlan | Warn
-"""What the turn's I/O side carries out, in order."""
-
-
-@dataclass(frozen=True, slots=True)
-class LastWords:
-    """How the turn's account ends: the entries it still owes and its verdict."""
-
-    effects: list[Effect]
-    ok: bool
-    error: str | None
-
-
-@dataclass(slots=True)
-class TurnAccount:
-    """What a turn has said so far, and what each new event adds. Pure: no I/O, no Trio.
-
-    ``silenced`` (a stop or a shutdown made the turn stale: the ledger's answer, asked by the
-    caller in the same synchronous step) drops every entry but still tracks the text, so
-    the final answer is compared with what was streamed.
-    """
-
-    agent: str
-    text: list[str] = field(default_factory=list)
-    """An open run of text deltas: one message once closed."""
-    streamed: str = ""
-    last_message: str = ""
-    result: Result | None = None
-    error: str | None = None
-    stale_session: bool = False
-
-    def on_event(self, event: Event, *, silenced: bool) -> list[Effect]:
-        """Map one parser event to the transcript, the session or the plan."""
-        if isinstance(event, SessionId):
-            return [SaveSession(event.id)]
-        if isinstance(event, Text) and event.delta:
-            self.text.append(event.text)
-            return []
-        effects = self.close_text(silenced=silenced)
-        post: Post | None = None
-        if isinstance(event, Text):
-            self.streamed += event.text
-            self.last_message = event.text
-            post = Post("message", event.text)
-        elif isinstance(event, Status):
-            post = Post("status", event.text)
-        elif isinstance(event, ToolUse):
-            post = Post("tool", f"{event.name}: {event.preview}", {"tool": event.name, "input": event.preview})
-        elif isinstance(event, ToolResult):
-            post = Post("tool", f"→ {event.preview}", {"result": event.preview, "is_error": event.is_error})
-        elif isinstance(event, Todos):
-            if not silenced:
-                # Repaired here, not only in the entry: the plan is saved as a write of its own.
-                items = [{"content": repair_text(i.content), "status": i.status} for i in event.items]
-                effects.append(SavePlan(items))
-                post = Post("todos", _todo_summary(items), {"todos": items, "agent": self.agent})
-        elif isinstance(event, Result):
-            self.result = event
-        elif isinstance(event, Error):
-            self.error = event.text
-            post = Post("error", event.text)
-        elif isinstance(event, StaleSession):
-            self.stale_session = True
-        elif isinstance(event, Unparsed):
-            effects.append(Warn(event.reason, event.line))
-        if post is not None and not silenced:
-            effects.append(post)
-        return effects
-
-    def close_text(self, *, silenced: bool) -> list[Effect]:
-        """Close the open run of text deltas, if any: one message."""
-        if not self.text:
-            return []
-        text = "".join(self.text)
-        self.text.clear()
-        self.streamed += text
-        self.last_message = text
-        return [] if silenced else [Post("message", text)]
-
-    def last_words(self, error: str | None) -> LastWords:
-        """The turn's final answer or the reason it failed (``error``: the turn's own failure)."""
-        if self.stale_session and error is None:
-            return LastWords([], False, None)  # the supervisor retries without the session
-        if error:
-            return LastWords([Post("error", error)], False, error)
-        result = self.result
-        if result is not None and result.ok and self.error is None:
-            # The final answer is often what was just streamed (or all of it): post it
-            # only if the transcript does not already end with it.
-            already = {self.last_message.strip(), self.streamed.strip()}
-            fresh = bool(result.text) and result.text.strip() not in already
-            return LastWords([Post("message", result.text)] if fresh else [], True, None)
-        if result is not None and not result.ok:
-            return LastWords(
-                [Post("error", result.text)] if result.text else [],
-                False,
-                result.text or "the agent reported a failure",
-            )
-        return LastWords([], False, self.error or "the agent ended without a result")
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +206,7 @@ class TurnPorts:
     cgroups: CgroupRoot | None
     """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
     sandbox: Sandbox
-    """What every turn's program starts behind (:mod:`supervisor._sandbox`)."""
+    """What every turn's program starts behind (:mod:`supervisor.procs.sandbox`)."""
     adopt_background: Callable[[ProcessTree], None]
     """Keep a normal turn's background processes (``keep_background``), reaping them later."""
     preparing: TurnHook | None = None
@@ -716,13 +571,3 @@ def _write_files(home: Path, files: Mapping[str, str], *, state_dir: Path | None
         path = Path(rel) if os.path.isabs(rel) else home / rel
         private_folder(path.parent, within=home if not os.path.isabs(rel) else None)
         private_file(path, content)
-
-
-def _todo_summary(items: list[dict[str, str]]) -> str:
-    marks = {"completed": "[x]", "in_progress": "[~]", "pending": "[ ]", "cancelled": "[-]"}
-    return "; ".join(f"{marks.get(i['status'], '[?]')} {i['content']}" for i in items)
-
-
-def unfinished(items: list[dict[str, str]]) -> int:
-    """How many todos are pending or in progress."""
-    return sum(1 for i in items if i.get("status") in ("pending", "in_progress"))

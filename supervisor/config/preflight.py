@@ -1,6 +1,6 @@
 """The places a daemon will use, checked before it starts: ``corral check`` and ``corral run``.
 
-The config's own rules (:mod:`._config`) say whether it is well formed; these say whether
+The config's own rules (:mod:`.settings`) say whether it is well formed; these say whether
 the socket, the store and the state folder can be used on this machine, now: a socket
 path too long for ``AF_UNIX``, a folder under a regular file, on ``/proc`` or not writable,
 a store path that is a folder, a damaged file or another program's database, a PostgreSQL
@@ -16,7 +16,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from ._config import Config, Problem
+from .settings import Config, Problem
 
 #: ``sun_path`` is 108 bytes on Linux, one of them the terminating NUL.
 MAX_SOCKET_BYTES = 107
@@ -54,7 +54,7 @@ CONNECT_TIMEOUT = 5
 
 def _postgres(file: str, url: str) -> list[Problem]:
     """The driver is installed, and the database answers (a connection, nothing read or written)."""
-    from ._engines import redact
+    from ..store.engines import redact
 
     try:
         import psycopg

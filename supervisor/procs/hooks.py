@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import trio
 
-    from ._cgroup import TurnCgroup
+    from .cgroup import TurnCgroup
 
 TurnHook = Callable[[str, str], Awaitable[None]]
 """``async (channel, turn_id) -> None``, awaited at a point of a turn's life."""
 
 
 class Spawner(Protocol):
-    """Starts a turn's process: :func:`supervisor._tree.spawn`, or a test's wrapper of it."""
+    """Starts a turn's process: :func:`supervisor.procs.tree.spawn`, or a test's wrapper of it."""
 
     def __call__(
         self,
@@ -48,4 +48,4 @@ class Hooks:
     preparing: TurnHook | None = None
     """Inside the turn, after the launch is built, right before the point of no return."""
     spawn: Spawner | None = None
-    """Replaces :func:`supervisor._tree.spawn` (same signature)."""
+    """Replaces :func:`supervisor.procs.tree.spawn` (same signature)."""

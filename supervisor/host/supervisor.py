@@ -22,7 +22,7 @@ accepted", so a stop lands either before both (nothing stored, nothing routed) o
 both (the routed message is queued under the old generation and dropped by the stop).
 
 A fleet (``self.fleet``: several hosts on one PostgreSQL store) runs a channel only on the
-host holding its lease (:mod:`._fleet`). A stop through another host asks the owner
+host holding its lease (:mod:`supervisor.fleet.fleet`). A stop through another host asks the owner
 (``_stop_elsewhere``), which first waits for its own acquisition and take-over of the
 channel in flight (``_taken_over``): a decision on the state of before the store's read
 would move a generation the store has already passed. Messages other hosts queued are taken
@@ -48,24 +48,22 @@ from typing import Any
 
 import trio
 
-from ._acp import AcpAgentPool
-from ._acp_turn import AcpTurn
-from ._catchup import Missed, catch_up_prompt
-from ._cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, open_root
-from ._config import AgentConfig, Config
-from ._errors import ShuttingDown, UsageError
-from ._files import private_folder
-from ._fleet import Fleet
-from ._hooks import Hooks
-from ._ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
-from ._recovery import Recovery, recover, stop_notice_text
-from ._registry import ProcessRegistry
-from ._router import AddressError, address, route
-from ._sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
-from ._store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
-from ._teardown import CollectorPause, TreeBatch
-from ._text import BadText, check_message
-from ._tree import (
+from ..config.settings import AgentConfig, Config
+from ..core.account import unfinished
+from ..core.catchup import Missed, catch_up_prompt
+from ..core.errors import ShuttingDown, UsageError
+from ..core.ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
+from ..core.router import AddressError, address, route
+from ..core.text import BadText, check_message
+from ..fleet.fleet import Fleet
+from ..procs.cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, open_root
+from ..procs.files import private_folder
+from ..procs.hooks import Hooks
+from ..procs.recovery import Recovery, recover, stop_notice_text
+from ..procs.registry import ProcessRegistry
+from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
+from ..procs.teardown import CollectorPause, TreeBatch
+from ..procs.tree import (
     MarkerScanner,
     ProcessTree,
     is_child_subreaper,
@@ -75,7 +73,10 @@ from ._tree import (
     spawn,
     wait_pid_exit,
 )
-from ._turn import Places, Turn, TurnPorts, new_turn_id, retry_without_session, unfinished
+from ..store.store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from ..turns.acp import AcpTurn
+from ..turns.agents import AcpAgentPool
+from ..turns.process import Places, Turn, TurnPorts, new_turn_id, retry_without_session
 
 log = logging.getLogger("corral")
 
@@ -288,12 +289,12 @@ class Supervisor:
     ) -> None:
         self._hooks = hooks or Hooks()
         self.sandbox = sandbox
-        """What every turn starts behind (:mod:`supervisor._sandbox`)."""
+        """What every turn starts behind (:mod:`supervisor.procs.sandbox`)."""
         self._own_pid_ns = own_pid_namespace()
         self._refused_turns: set[str] = set()
         """Turns whose processes the control socket has refused (logged once per turn)."""
         self._collector = CollectorPause() if owns_children else contextlib.nullcontext()
-        """Pauses the garbage collector during stops, where the process is corral's (see ``_teardown``)."""
+        """Pauses the garbage collector during stops, where the process is corral's (see ``procs.teardown``)."""
         self.reap_adopted = subreaper and owns_children
         """Every child of this process is corral's: reap dead adoptees after each turn."""
         self._reap_scheduled = False
@@ -371,7 +372,7 @@ class Supervisor:
 
     def turn_of_peer(self, pid: int) -> str | None:
         """Is ``pid`` (a control-socket peer, by ``SO_PEERCRED``) a process of a turn? Which
-        one (see :func:`supervisor._sandbox.turn_of_peer`), logged once per turn; else None."""
+        one (see :func:`supervisor.procs.sandbox.turn_of_peer`), logged once per turn; else None."""
         turn = turn_of_peer(peer_facts(pid), subtree=self._cgroup_subtree, store_id=self._store.store_id,
                             own_pid_ns=self._own_pid_ns)
         if turn is not None and turn not in self._refused_turns:
@@ -1092,7 +1093,7 @@ class Supervisor:
         return done
 
     def _end_together(self, turns: Iterable[Turn | AcpTurn]) -> TreeBatch | None:
-        """One batch ends the cgroup trees of the stopped turns, all at once (see ``_teardown``).
+        """One batch ends the cgroup trees of the stopped turns, all at once (see ``procs.teardown``).
 
         An ACP turn's tree is its agent's, which outlives the turn: its stop is the agent's
         own cancel sequence, never this batch.

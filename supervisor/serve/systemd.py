@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import trio
 
-from ._errors import CorralError
+from ..core.errors import CorralError
 
 log = logging.getLogger("corral.systemd")
 

@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 import outcome
 import trio
 
-from ._config import Config
-from ._store import Entry
-from ._supervisor import Accepted, StopResult, Supervisor, open_supervisor
+from ..config.settings import Config
+from ..host.supervisor import Accepted, StopResult, Supervisor, open_supervisor
+from ..store.store import Entry
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The web dashboard: server-rendered pages, one small script, and a live status stream.
 
 Served by the control API on the loopback TCP listener only (the one with a token); who
-may use it is decided in :mod:`._dashauth`. Routes, under ``/dashboard``:
+may use it is decided in :mod:`.dashauth`. Routes, under ``/dashboard``:
 
 ==========================================  ============================================
 ``GET  /dashboard/``                        the channel list (session)
@@ -36,8 +36,8 @@ from urllib.parse import quote
 
 import trio
 
-from . import _dashauth
-from ._supervisor import Supervisor
+from ..host.supervisor import Supervisor
+from . import dashauth
 
 #: Seconds between keep-alive comments on an idle event stream. Proxies and tunnels commonly
 #: cut a response that is silent for 60 s (nginx's ``proxy_read_timeout``, cloud load
@@ -265,17 +265,17 @@ class Dashboard:
 
     def __init__(self, sup: Supervisor, token: str, *, clock: Callable[[], float] = time.time) -> None:
         self.sup = sup
-        self.key = _dashauth.session_key(token)
-        self.codes = _dashauth.LoginCodes()
+        self.key = dashauth.session_key(token)
+        self.codes = dashauth.LoginCodes()
         self.clock = clock
         self.static = {name: _static(name) for name in STATIC_TYPES}
 
     def refusal(
         self, method: str, parts: list[str], scope: Mapping[str, Any], *, bearer: bool
-    ) -> _dashauth.Refusal | None:
-        """Why this request may not go on (None: it may); see :func:`._dashauth.decide`."""
+    ) -> dashauth.Refusal | None:
+        """Why this request may not go on (None: it may); see :func:`.dashauth.decide`."""
         server = scope.get("server") or ("", 0)
-        return _dashauth.decide(
+        return dashauth.decide(
             method, parts, scope.get("headers", []), port=int(server[1] or 0), key=self.key, now=self.clock(),
             bearer=bearer,
         )
@@ -299,7 +299,7 @@ class Dashboard:
             code = self.codes.mint(self.clock())
             await peer.respond(
                 201, {"code": code, "path": f"/dashboard/login?code={quote(code)}",
-                      "expires_in": _dashauth.CODE_SECONDS},
+                      "expires_in": dashauth.CODE_SECONDS},
             )
         elif method == "GET" and len(rest) == 2 and rest[0] == "static" and rest[1] in self.static:
             headers = [(b"content-type", STATIC_TYPES[rest[1]]), (b"x-content-type-options", b"nosniff"),
@@ -316,14 +316,14 @@ class Dashboard:
             await peer.respond(
                 403, {"error": {"code": "bad_login_code", "message": (
                     "this login URL was used already or has expired (each works once, for "
-                    f"{_dashauth.CODE_SECONDS:g} s); run `corral dashboard` for a new one")}},
+                    f"{dashauth.CODE_SECONDS:g} s); run `corral dashboard` for a new one")}},
                 [(b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer")],
             )
             return
         port = int((scope.get("server") or ("", 0))[1] or 0)
         headers = [
             (b"location", b"/dashboard/"),
-            (b"set-cookie", _dashauth.set_cookie(port, _dashauth.new_session(self.key, now))),
+            (b"set-cookie", dashauth.set_cookie(port, dashauth.new_session(self.key, now))),
             (b"cache-control", b"no-store"),
             (b"referrer-policy", b"no-referrer"),
             (b"content-type", b"text/plain; charset=utf-8"),

@@ -1,15 +1,15 @@
 """One turn of an ``adapter = "acp"`` agent: one ``session/prompt`` to a persistent agent process.
 
-It plugs in where :class:`~supervisor._turn.Turn` does: the supervisor builds it, runs it in
+It plugs in where :class:`~supervisor.turns.process.Turn` does: the supervisor builds it, runs it in
 its worker, cancels its :attr:`AcpTurn.scope` for a stop or a shutdown, waits for
 :attr:`AcpTurn.done` and reads :attr:`AcpTurn.outcome`. It asks the ledger the same
-questions through the same :class:`~supervisor._turn.TurnPorts` (``may_start`` at the point
+questions through the same :class:`~supervisor.turns.process.TurnPorts` (``may_start`` at the point
 of no return, ``is_stale``/``keep_output`` before every write) and stores what it says with
-the same pure :class:`~supervisor._turn.TurnAccount`, so entries, sessions, plans, nudges and
+the same pure :class:`~supervisor.turns.process.TurnAccount`, so entries, sessions, plans, nudges and
 the final answer follow the rules of every other turn.
 
 Phases: *prepare* (the channel's folder, the agent's launch; the agent process is taken from
-the :class:`~supervisor._acp.AcpAgentPool` — started, or restarted with ``session/load`` of
+the :class:`~supervisor.turns.agents.AcpAgentPool` — started, or restarted with ``session/load`` of
 the stored session id, before the point of no return: starting an agent calls no model);
 *start* (the ledger is asked, then ``session/prompt`` is queued with no checkpoint between);
 *stream* (``session/update`` events through the account: message chunks joined per run,
@@ -39,13 +39,14 @@ from adapters import Adapter, get_adapter
 from adapters._base import Event, Result, Status, TurnRequest
 from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, PromptEnded, acp_settings
 
-from ._acp import STOP_EXITED, AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, CancelReport, PromptStream
-from ._config import AgentConfig
-from ._ledger import OutputKind, TurnTicket
-from ._sandbox import SandboxRefused
-from ._store import Pending, StoreError
-from ._tree import STORE_MARKER, KillReport, ProcessTree
-from ._turn import Effect, Post, SavePlan, SaveSession, TurnAccount, TurnLimit, TurnOutcome, TurnPorts
+from ..config.settings import AgentConfig
+from ..core.account import Effect, Post, SavePlan, SaveSession, TurnAccount
+from ..core.ledger import OutputKind, TurnTicket
+from ..procs.sandbox import SandboxRefused
+from ..procs.tree import STORE_MARKER, KillReport, ProcessTree
+from ..store.store import Pending, StoreError
+from .agents import STOP_EXITED, AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, CancelReport, PromptStream
+from .process import TurnLimit, TurnOutcome, TurnPorts
 
 log = logging.getLogger("corral.turn")
 

@@ -14,8 +14,8 @@ Routes (a channel is one percent-encoded path segment, so it may contain ``/``):
 ===============================================  =============================================
 
 On the loopback TCP listener (the one with a token) the same application serves the web
-dashboard under ``/dashboard/`` (:mod:`._dashboard`); who may call what is decided in one
-place, :meth:`ControlAPI._authorize`, with :mod:`._dashauth`.
+dashboard under ``/dashboard/`` (:mod:`.dashboard`); who may call what is decided in one
+place, :meth:`ControlAPI._authorize`, with :mod:`.dashauth`.
 
 ``after=N`` names an entry by its seq: what was committed after it (one daemon: the greater
 seqs; a fleet: the fleet's commit order, whatever each host's seqs).
@@ -35,11 +35,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from ._dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
-from ._errors import ShuttingDown, UsageError
-from ._http import PEER_TURN
-from ._store import StoreError
-from ._supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
+from ..core.errors import ShuttingDown, UsageError
+from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
+from ..store.store import StoreError
+from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
+from .http import PEER_TURN
 
 log = logging.getLogger("corral.api")
 
@@ -237,7 +237,7 @@ class ControlAPI:
 
     def _authorize(self, scope: Scope, method: str, parts: list[str]) -> None:
         """The one auth site: never a turn's process; the bearer token, or a dashboard
-        session (see ``_dashauth``)."""
+        session (see :mod:`.dashauth`)."""
         turn = scope.get("state", {}).get(PEER_TURN)
         if turn is not None:
             raise HTTPError(403, "turn_process",

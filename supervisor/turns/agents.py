@@ -57,8 +57,8 @@ from adapters.acp import (
     SessionReady,
 )
 
-from ._lines import LineReader
-from ._tree import (
+from ..procs.lines import LineReader
+from ..procs.tree import (
     TURN_MARKER,
     MarkerScanner,
     ProcessTree,
@@ -176,7 +176,7 @@ class AcpAgent:
     ) -> None:
         self.launch = launch
         self.sandbox = tuple(sandbox)
-        """The argv the agent starts behind (:meth:`supervisor._sandbox.Sandbox.prefix`), or ()."""
+        """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
         self.restart_after_cancel = restart_after_cancel
         """Kill and restart (with session/load) even after an acknowledged cancel: for agents
         whose session is out of step after one (claude-agent-acp 0.23 answers the next prompt
@@ -647,7 +647,7 @@ class AcpSpec:
     idle_timeout: float = math.inf
     """Close the agent process after this long without a prompt (the next one starts it again)."""
     sandbox: tuple[str, ...] = ()
-    """The argv the agent starts behind (:meth:`supervisor._sandbox.Sandbox.prefix`), or ()."""
+    """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
 
 
 class AcpAgentPool:

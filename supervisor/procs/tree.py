@@ -15,7 +15,7 @@ some:
   init, so they stay reachable and are reaped by corral.
 
 That sweep is the fallback. Where a cgroup v2 is writable, a turn runs in a cgroup of its
-own (:mod:`supervisor._cgroup`) and its tree is ended through it: the interrupt signal to the
+own (:mod:`supervisor.procs.cgroup`) and its tree is ended through it: the interrupt signal to the
 group and to every pid in ``cgroup.procs``, the grace while the cgroup empties, then
 ``cgroup.kill`` and a watch for ``populated 0`` — nothing to find, so nothing escapes.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import psutil
 import trio
 
-from ._cgroup import TurnCgroup, entering_argv, read_small, resolve_program
+from .cgroup import TurnCgroup, entering_argv, read_small, resolve_program
 
 log = logging.getLogger("corral.tree")
 
@@ -375,8 +375,8 @@ async def spawn(
     sandbox: Sequence[str] = (),
 ) -> trio.Process:
     """Start ``argv`` in a new session with piped stdout/stderr (inside ``cgroup`` if given,
-    before the program runs: see :mod:`supervisor._cgroup`; behind ``sandbox``, the argv
-    of :meth:`supervisor._sandbox.Sandbox.prefix`, if given: then inside the cgroup too).
+    before the program runs: see :mod:`supervisor.procs.cgroup`; behind ``sandbox``, the argv
+    of :meth:`supervisor.procs.sandbox.Sandbox.prefix`, if given: then inside the cgroup too).
 
     The caller must register the result before its next checkpoint and kill it in a
     ``finally``: the spawn itself cannot be cancelled half-way.
@@ -489,7 +489,7 @@ class ProcessTree:
         return read_stat(pid)
 
     def hand_over(self, done: trio.Event) -> bool:
-        """Let a batch end this tree (:mod:`supervisor._teardown`): ``terminate`` and ``sweep``
+        """Let a batch end this tree (:mod:`supervisor.procs.teardown`): ``terminate`` and ``sweep``
         then wait for ``done`` instead. Only a cgroup tree whose own teardown has not begun."""
         if self.cgroup is None or self._ending or self._ended_by is not None:
             return False

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 
-One :class:`~supervisor._store.Store` holds everything that makes the store mean what it
+One :class:`~supervisor.store.store.Store` holds everything that makes the store mean what it
 means — the in-memory ``seq``, the one writer task and its group commit, saved before
 shown, the per-write retry, and every SQL statement, written once. An engine is the
 connection under it: what differs between SQLite and PostgreSQL and nothing more.
@@ -32,7 +32,7 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   store unlocks before it closes for the same reason). In a fleet the lock is per host
   (keyed from the store id and ``[cluster] host``): two daemons calling themselves the same
   host are refused; hosts share the channels through leases with fencing tokens
-  (:mod:`._fleet`).
+  (:mod:`supervisor.fleet.fleet`).
 * **Reconnecting (PostgreSQL).** A connection that broke (the server restarted) is replaced
   at the next transaction or read, and the owner lock is taken again first; if another
   daemon took it meanwhile, the store has lost its ownership and every later write fails
@@ -50,7 +50,7 @@ connection under it: what differs between SQLite and PostgreSQL and nothing more
   the far kernel still acknowledges, so every fleet call also has a deadline of its own: a
   connection still busy at its deadline is shut down from the Trio thread
   (:meth:`PostgresEngine.interrupt`: ``shutdown(2)`` wakes the worker thread blocked on it),
-  abandoned, and replaced by a new one at the next call (:class:`~supervisor._fleet.Link`).
+  abandoned, and replaced by a new one at the next call (:class:`~supervisor.fleet.fleet.Link`).
 * **seq on PostgreSQL** is assigned in memory, as on SQLite, but in a stride: each host has
   a slot (its row in ``hosts``) and takes only seqs ``n * SEQ_STRIDE + slot``, so hosts
   writing one database never collide (see the store's theory of operation).
@@ -78,8 +78,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from ._errors import CorralError
-from ._text import REPLACEMENT, repair_text
+from ..core.errors import CorralError
+from ..core.text import REPLACEMENT, repair_text
 
 if TYPE_CHECKING:
     import psycopg
