@@ -39,7 +39,9 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.key}: {self.message} — fix: {self.fix}"
+        # key "-": the problem is the file as a whole (missing, unreadable, not TOML): no key to name.
+        where = self.file if self.key == "-" else f"{self.file}: {self.key}"
+        return f"{where}: {self.message} — fix: {self.fix}"
 
 
 class ConfigError(CorralError):
@@ -685,7 +687,8 @@ def _read_toml(file: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([Problem(str(file), "-", f"not valid TOML: {exc}", "fix the syntax at that line")]) from None
+        raise ConfigError([Problem(str(file), "-", f"not valid TOML: {exc}",
+                                   f"fix the syntax of {file} at that line")]) from None
 
 
 def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
