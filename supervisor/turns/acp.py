@@ -46,7 +46,7 @@ from ..procs.sandbox import SandboxRefused
 from ..procs.tree import STORE_MARKER, KillReport, ProcessTree
 from ..store.store import Pending, StoreError
 from .agents import STOP_EXITED, AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, CancelReport, PromptStream
-from .process import TurnLimit, TurnOutcome, TurnPorts
+from .process import TurnLimit, TurnOutcome, TurnPorts, start_failure
 
 log = logging.getLogger("corral.turn")
 
@@ -181,7 +181,7 @@ class AcpTurn:
         except SandboxRefused as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc}"
         except OSError as exc:
-            self.outcome.error = f"could not start {self.agent.name}: {exc.strerror or exc}"
+            self.outcome.error = start_failure(self.agent, exc)
         finally:
             with trio.CancelScope(shield=True):
                 await self._teardown()

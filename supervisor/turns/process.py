@@ -71,6 +71,18 @@ TEXT_QUIET_SECONDS = 0.5
 STDERR_LOG_CHARS = 2000
 
 
+def start_failure(agent: AgentConfig, exc: OSError) -> str:
+    """Why a turn's CLI could not start, naming the path that failed and the fix.
+
+    An ``OSError`` from the spawn (the program gone since the config was checked, a folder
+    missing) carries the path it was about; without one, the agent's program is the suspect.
+    """
+    path = exc.filename or (agent.command[0] if agent.command else None)
+    what = f"{path}: {exc.strerror or exc}" if path else f"{exc.strerror or exc}"
+    return (f"could not start {agent.name}: {what} — fix: install it there, or set command = [\"/path/to/it\"]"
+            f" in [agents.{agent.name}]")
+
+
 class TurnLimit(Exception):
     """A stall or turn timeout ended the turn."""
 
@@ -308,7 +320,7 @@ class Turn:
         except StoreError as exc:
             self.outcome.error = f"could not store the turn's output: {exc}"
         except OSError as exc:
-            self.outcome.error = f"could not start {self.agent.name}: {exc.strerror or exc}"
+            self.outcome.error = start_failure(self.agent, exc)
         except SandboxRefused as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc}"
         finally:
