@@ -38,10 +38,10 @@ def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     sys.exit(code)
 
 
-def _problems(problems: list[Problem], file: str) -> NoReturn:
+def _problems(problems: list[Problem], file: str, consequence: str = "nothing was started") -> NoReturn:
     for problem in problems:
         click.echo(str(problem), err=True)
-    _fail(f"{len(problems)} problem(s) in {file}; nothing was started")
+    _fail(f"{len(problems)} problem(s) in {file}; {consequence}")
 
 
 def _load(path: str | None) -> Config:
@@ -60,6 +60,14 @@ class _Context:
         self.config = config
         self.json = as_json
 
+    def config_file(self) -> str:
+        """The config file this command reads (-c, else CORRAL_CONFIG, else ./corral.toml)."""
+        return self.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+
+    def start_hint(self) -> str:
+        """How to start the daemon this command looked for: with the config it was given."""
+        return f"start one with `corral run -c {self.config_file()}`"
+
     def client(self) -> Client:
         from .serve.client import Client
 
@@ -68,8 +76,8 @@ class _Context:
             config_file = self.config or os.environ.get("CORRAL_CONFIG")
             if config_file is None and not Path(DEFAULT_CONFIG_NAME).exists():
                 _fail(
-                    "no daemon to talk to: pass --socket PATH, set CORRAL_SOCKET, or -c FILE "
-                    "(start one with `corral run -c FILE`)",
+                    f"no daemon to talk to: there is no ./{DEFAULT_CONFIG_NAME}; pass -c FILE, --socket PATH "
+                    "or set CORRAL_SOCKET (start one with `corral run -c FILE`)",
                     EXIT_NO_DAEMON,
                 )
             from .config.settings import ConfigError, load_server_config
@@ -78,7 +86,7 @@ class _Context:
             try:
                 path = str(load_server_config(file).socket)  # only [server]: agents never block a client
             except ConfigError as exc:
-                _problems(exc.problems, file)
+                _problems(exc.problems, file, "no daemon was asked")
         return Client(path)
 
 
@@ -95,7 +103,7 @@ def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None
     except DaemonGone as exc:
         _fail(f"{exc}; nothing more will come", EXIT_NO_DAEMON)
     except DaemonUnavailable:
-        _fail(f"no daemon is running on {client.where}; start one with `corral run -c corral.toml`", EXIT_NO_DAEMON)
+        _fail(f"no daemon is running on {client.where}; {ctx.start_hint()}", EXIT_NO_DAEMON)
     except APIError as exc:
         _fail(f"{exc.message} ({exc.status} {exc.code})")
     finally:
@@ -135,7 +143,25 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
         ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+class _Command(click.Command):
+    """A command whose unknown-option error says how to pass a CHANNEL or TEXT starting with '-'."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if any(isinstance(p, click.Argument) for p in self.params):
+                names = " ".join(p.human_readable_name for p in self.params if isinstance(p, click.Argument))
+                raise click.UsageError(f"{exc.format_message()} (a {names} starting with '-' goes after --: "
+                                       f"corral {self.name} [OPTIONS] -- {names})", ctx=exc.ctx) from None
+            raise
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Print the version and exit.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's control socket (or CORRAL_SOCKET).")
@@ -150,6 +176,13 @@ def main(ctx: click.Context, socket_path: str | None, config_path: str | None, a
 
 def _json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
+
+
+def _client_options(f: F) -> F:
+    """``--json`` and ``-c FILE`` after a client command's name, as before it."""
+    f = click.option("-c", "--config", "config_path", metavar="FILE",
+                     help="Config file whose [server] names the daemon (or CORRAL_CONFIG; default ./corral.toml).")(f)
+    return _json_option(f)
 
 
 def _merge(ctx: _Context, as_json: bool, config: str | None = None) -> _Context:
@@ -301,36 +334,57 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
             f"{'; '.join(sandbox.get('missing') or [])}. Fix: {sandbox.get('fix')}")
 
 
-@main.command()
+@main.command(short_help="Send TEXT to CHANNEL (\"-\": from stdin); prints the accepted seq.")
 @click.argument("channel")
 @click.argument("text")
 @click.option("--agent", metavar="NAME", help="Which agent (default: @mentions, else the channel's default).")
 @click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
 @click.option("--as", "author", metavar="NAME", help="Who is speaking (default: user).")
-@_json_option
+@_client_options
 @click.pass_obj
 def send(
-    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str | None, as_json: bool
+    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str | None,
+    config_path: str | None, as_json: bool,
 ) -> None:
-    """Send TEXT to CHANNEL; prints the accepted seq."""
-    ctx = _merge(obj, as_json)
+    """Send TEXT to CHANNEL; prints the accepted seq (and says on stderr who it went to).
+
+    TEXT "-" reads the text from standard input (for a long text, or one a shell would mangle).
+    """
+    ctx = _merge(obj, as_json, config_path)
+    if text == "-":
+        text = sys.stdin.read()
     result = _call(ctx, lambda c: c.send(channel, text, agent=agent, author=author, to=list(to) or None))
     if ctx.json:
         _print_json(result)
-    else:
-        click.echo(result["seq"])
+        return
+    click.echo(result["seq"])  # stdout stays the seq alone: scripts read it
+    for hint in result.get("hints") or ():
+        click.echo(f"corral: note: {hint}", err=True)
+    click.echo(f"corral: {sent_line(result)}", err=True)
+
+
+def sent_line(result: dict[str, Any]) -> str:
+    """Who an accepted message went to, as ``corral send`` says it."""
+    to = result.get("to") or []
+    if not to:
+        return f"stored as seq {result['seq']}, for no agent (the channel rests until a human speaks)"
+    ahead = result.get("queued") or 0
+    behind = f", behind {ahead} turn(s) of {to[0]}" if ahead else ""
+    return f"seq {result['seq']} sent to {', '.join(to)}{behind}"
 
 
 @main.command()
 @click.argument("channel", required=False)
 @click.option("--all", "stop_all", is_flag=True, help="Stop every channel.")
-@_json_option
+@_client_options
 @click.pass_obj
-def stop(obj: _Context, channel: str | None, stop_all: bool, as_json: bool) -> None:
+def stop(obj: _Context, channel: str | None, stop_all: bool, config_path: str | None, as_json: bool) -> None:
     """Stop CHANNEL (or --all); returns when the stop is complete."""
-    if bool(channel) == stop_all:
-        raise click.UsageError("name a CHANNEL or pass --all (not both)")
-    ctx = _merge(obj, as_json)
+    if channel and stop_all:
+        raise click.UsageError("name a CHANNEL or pass --all, not both")
+    if not channel and not stop_all:
+        raise click.UsageError("name the CHANNEL to stop, or pass --all to stop every channel")
+    ctx = _merge(obj, as_json, config_path)
     result = _call(ctx, lambda c: c.stop(None if stop_all else channel))
     if ctx.json:
         _print_json(result)
@@ -346,11 +400,11 @@ def stop(obj: _Context, channel: str | None, stop_all: bool, as_json: bool) -> N
 @main.command()
 @click.argument("channel")
 @click.option("--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 4).")
-@_json_option
+@_client_options
 @click.pass_obj
-def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> None:
+def wait(obj: _Context, channel: str, timeout: float | None, config_path: str | None, as_json: bool) -> None:
     """Wait until CHANNEL runs no turn and has nothing queued."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     idle = _call(ctx, lambda c: c.wait(channel, timeout))
     if ctx.json:
         _print_json({"channel": channel, "idle": idle})
@@ -364,11 +418,11 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new entries as they are stored.")
-@_json_option
+@_client_options
 @click.pass_obj
-def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -> None:
+def tail(obj: _Context, channel: str, after: int, follow: bool, config_path: str | None, as_json: bool) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     show = _print_json if ctx.json else (lambda e: click.echo(format_entry(e)))
 
     def run(client: Client) -> None:
@@ -384,11 +438,11 @@ def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -
 
 
 @main.command()
-@_json_option
+@_client_options
 @click.pass_obj
-def status(obj: _Context, as_json: bool) -> None:
+def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """The daemon, its agents, channels and running turns."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     result = _call(ctx, lambda c: c.status())
     if ctx.json:
         _print_json(result)
@@ -424,11 +478,11 @@ def _lane_state(lane: dict[str, Any]) -> str:
 
 
 @main.command()
-@_json_option
+@_client_options
 @click.pass_obj
-def shutdown(obj: _Context, as_json: bool) -> None:
+def shutdown(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """Ask the daemon to shut down in order."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     _call(ctx, lambda c: c.shutdown())
     if ctx.json:
         _print_json({"shutting_down": True})

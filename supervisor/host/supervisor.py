@@ -42,7 +42,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
-from ..core.router import AddressError, address, route
+from ..core.router import AddressError, address, near_misses, route
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
 from ..procs.cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, open_root
@@ -120,12 +120,14 @@ class Accepted:
     """Messages ahead of it in the first agent's lane (including a running turn)."""
     to: tuple[str, ...] = ()
     """Every agent it went to (empty: stored only)."""
+    hints: tuple[str, ...] = ()
+    """What the sender may not have meant: a mention of no agent close to one (``@revewer``)."""
 
     def to_json(self) -> dict[str, Any]:
         """As the API and ``corral send --json`` print it."""
         return {
             "seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation,
-            "queued": self.queued, "to": list(self.to),
+            "queued": self.queued, "to": list(self.to), "hints": list(self.hints),
         }
 
 
@@ -428,7 +430,13 @@ class Supervisor:
             if not self._ledger.may_route(channel, from_human=False):
                 targets = ()
             hops = 1
-        return await self._accept(channel, targets, author, text, nudge=False, hops=hops).accepted_now()
+        accepted = await self._accept(channel, targets, author, text, nudge=False, hops=hops).accepted_now()
+        if explicit:
+            return accepted
+        went = ", ".join(targets) or "no agent"
+        hints = tuple(f"@{word} names no agent of this channel (did you mean @{close}?); it went to {went}"
+                      for word, close in near_misses(text, members or self.config.agents))
+        return replace(accepted, hints=hints) if hints else accepted
 
     def _check_author(self, author: str) -> None:
         if author == "system" or (author.startswith("human:") and len(author) > 6):
