@@ -4,9 +4,10 @@
 # Never installs globally. Exit status is non-zero if any CLI fails to install.
 #
 # Needs Node.js >= 20 (Gemini CLI and Qwen Code require it; Claude Code needs >= 18, Codex
-# >= 16) and npm. About 800 MB lands in the cache: the CLIs ship native binaries (Codex
-# 424 MB, Claude Code 235 MB). npm's download cache goes to a temporary folder that is
-# removed afterwards (set npm_config_cache to keep one), so nothing else is left behind.
+# >= 16) and npm. About 1.5 GB lands in the cache, seven packages: the CLIs ship native
+# binaries (Codex 424 MB, opencode 354 MB, Claude Code 235 MB, codex-acp 223 MB). npm's
+# download cache goes to a temporary folder that is removed afterwards (set npm_config_cache
+# to keep one), so nothing else is left behind.
 set -euo pipefail
 NODE_MAJOR_NEEDED=20
 cache="${CORRAL_CLI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corral/clis}"

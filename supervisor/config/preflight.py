@@ -60,7 +60,7 @@ def _postgres(file: str, url: str) -> list[Problem]:
         import psycopg
     except ImportError:
         return [Problem(file, "store.url", "the store is on PostgreSQL, but its driver psycopg is not installed",
-                        "pip install 'corral[postgres]' in corral's environment")]
+                        "pip install 'psycopg[binary]>=3.2' into corral's environment (the postgres extra of corral)")]
     try:
         psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT).close()
     except psycopg.Error as exc:

@@ -435,7 +435,7 @@ class PostgresEngine(Engine):
             import psycopg  # noqa: F401 - the optional extra; checked here, used below
         except ImportError:
             raise StoreError(
-                f"the store {self.name} is on PostgreSQL, which needs the driver: pip install 'corral[postgres]'"
+                f"the store {self.name} is on PostgreSQL, which needs the driver: pip install 'psycopg[binary]>=3.2'"
             ) from None
         self._conn = self._connect()
 
