@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-import supervisor._acp
+import supervisor.turns.agents
 from adapters._base import Error, Launch, SessionId, Text, Todos, ToolUse, Unparsed
 from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
 from supervisor.procs.tree import ident, read_stat
@@ -187,7 +187,7 @@ async def test_a_restart_after_a_cancel_is_not_failed_by_the_exit_of_the_process
                 await release.wait()
         return await original_wait(process)
 
-    original_spawn = supervisor._acp.spawn
+    original_spawn = supervisor.turns.agents.spawn
 
     async def spawn(*args: Any, **kwargs: Any) -> trio.Process:
         if parked.is_set() and not release.is_set():
@@ -197,7 +197,7 @@ async def test_a_restart_after_a_cancel_is_not_failed_by_the_exit_of_the_process
         return await original_spawn(*args, **kwargs)
 
     monkeypatch.setattr(trio.Process, "wait", wait)
-    monkeypatch.setattr(supervisor._acp, "spawn", spawn)
+    monkeypatch.setattr(supervisor.turns.agents, "spawn", spawn)
     launch = Launch(argv=(sys.executable, FAKE), cwd=str(tmp_path), env={"FAKE_ACP_STATE": str(tmp_path)})
     async with open_acp_agent(launch, marker="acp-test-restart-reap", restart_after_cancel=True) as agent:
         session = agent.session_id
