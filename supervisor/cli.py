@@ -493,14 +493,19 @@ def shutdown(obj: _Context, config_path: str | None, as_json: bool) -> None:
 @main.command(short_help="Print a one-time login URL for the web dashboard.")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file (its [server] tcp and token_file).")
 @click.option("--open", "open_browser", is_flag=True, help="Also open the URL in a web browser.")
+@click.option("--port", "tunnel_port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="The URL for another machine: the local port of its ssh tunnel (ssh -L PORT:127.0.0.1:TCP_PORT).")
 @_json_option
 @click.pass_obj
-def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_json: bool) -> None:
+def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel_port: int | None,
+              as_json: bool) -> None:
     """Print a login URL for the dashboard, served on the daemon's loopback TCP listener.
 
     The URL holds a code that works once, for two minutes: visiting it sets a session
     cookie and opens the dashboard, so the token never reaches the browser. Needs
-    ``tcp`` and ``token_file`` in the config's [server] table.
+    ``tcp`` and ``token_file`` in the config's [server] table. From another machine, forward
+    a port to the listener (``ssh -L 9000:127.0.0.1:8765 HOST``) and pass ``--port 9000``:
+    the URL then names ``localhost:9000``, as that machine's browser reaches it.
     """
     from .config.settings import ConfigError, load_server_config
     from .serve.client import Client
@@ -521,7 +526,7 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_jso
         _fail(f"{server.token_file}: cannot read the token: {exc.strerror or exc}")
     url = f"http://{server.tcp}"
     minted = _call(obj, lambda c: c.login_code(), client=Client(url=url, token=token))
-    login = f"{url}{minted['path']}"
+    login = f"{url if tunnel_port is None else f'http://localhost:{tunnel_port}'}{minted['path']}"
     if obj.json or as_json:
         _print_json({"url": login, "expires_in": minted["expires_in"]})
     else:
