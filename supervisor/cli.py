@@ -119,7 +119,13 @@ def format_entry(entry: dict[str, Any]) -> str:
     import time
 
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
-    dropped = " (not run: dropped by a stop)" if entry.get("meta", {}).get("dropped_by_stop") else ""
+    meta = entry.get("meta", {})
+    dropped = ""
+    if meta.get("dropped_by_stop"):
+        again = (f"; sent again as {meta['resent_as']}" if meta.get("resent_as") is not None
+                 else f"; `corral resend {entry['channel']} {entry['seq']}` sends it again"
+                 if str(entry.get("author", "")).startswith("human:") else "")
+        dropped = f" (not run: dropped by a stop{again})"
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}"
 
 
@@ -395,6 +401,42 @@ def stop(obj: _Context, channel: str | None, stop_all: bool, config_path: str | 
             click.echo("nothing was running")
     if not result.get("ok", True):
         sys.exit(EXIT_ERROR)
+
+
+@main.command(short_help="Start CHANNEL's conversation over: forget its sessions and plans.")
+@click.argument("channel")
+@click.option("--agent", metavar="NAME", help="Only this agent's conversation (default: every agent's).")
+@click.option("--stop", "stop_first", is_flag=True, help="Stop a running turn first (else a running turn refuses it).")
+@_client_options
+@click.pass_obj
+def reset(obj: _Context, channel: str, agent: str | None, stop_first: bool, config_path: str | None,
+          as_json: bool) -> None:
+    """Start CHANNEL over, as /new or /clear do in a chat: the agents forget its session ids
+    (the next message starts a new conversation, in the same folder) and plans, recorded as
+    an entry. The transcript stays. While a turn runs there it refuses (exit 1) unless --stop."""
+    ctx = _merge(obj, as_json, config_path)
+    entry = _call(ctx, lambda c: c.reset(channel, agent=agent, stop=stop_first))
+    if ctx.json:
+        _print_json(entry)
+    else:
+        click.echo(format_entry(entry))
+
+
+@main.command(short_help="Send again, once, a message a stop dropped (by its seq).")
+@click.argument("channel")
+@click.argument("seq", type=click.IntRange(min=1))
+@_client_options
+@click.pass_obj
+def resend(obj: _Context, channel: str, seq: int, config_path: str | None, as_json: bool) -> None:
+    """Send again the message SEQ of CHANNEL that a stop dropped (`corral tail` shows it as
+    "not run"): same text, same agents. Once: a second resend is refused."""
+    ctx = _merge(obj, as_json, config_path)
+    result = _call(ctx, lambda c: c.resend(channel, seq))
+    if ctx.json:
+        _print_json(result)
+        return
+    click.echo(result["seq"])
+    click.echo(f"corral: message {seq} sent again: {sent_line(result)}", err=True)
 
 
 @main.command()

@@ -98,3 +98,46 @@ def test_stop_with_neither_a_channel_nor_all_says_what_to_give(short_tmp: Path) 
     assert neither.returncode == 2 and "not both" not in neither.stderr and "--all" in neither.stderr, neither.stderr
     both = run(short_tmp, "stop", "general", "--all")
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def _tail(folder: Path) -> list[dict[str, object]]:
+    out = run(folder, "-c", "mine.toml", "--json", "tail", "general").stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def _running(folder: Path) -> None:
+    """Until the long task's tool runs (the follow ends once it is in the transcript)."""
+    follow = subprocess.Popen([*CORRAL, "-c", "mine.toml", "--json", "tail", "general", "--follow"], cwd=folder,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert follow.stdout is not None
+        for line in follow.stdout:
+            if "tool running" in json.loads(line)["text"]:
+                return
+        raise AssertionError("the follow ended before the tool ran")
+    finally:
+        follow.kill()
+        follow.wait()
+
+
+def test_reset_and_resend_from_the_cli(daemon: DaemonProcess) -> None:
+    folder = daemon.folder
+    long = json.loads(run(folder, "-c", "mine.toml", "--json", "send", "general", "please do a long task").stdout)
+    _running(folder)
+    busy = run(folder, "reset", "general", "-c", "mine.toml")
+    assert busy.returncode == 1 and "409 busy" in busy.stderr and "corral stop general" in busy.stderr, busy.stderr
+    queued = json.loads(run(folder, "-c", "mine.toml", "--json", "send", "general", "queued").stdout)
+    assert run(folder, "-c", "mine.toml", "stop", "general").returncode == 0
+    shown = run(folder, "-c", "mine.toml", "tail", "general").stdout
+    assert f"`corral resend general {queued['seq']}` sends it again" in shown, shown
+    again = run(folder, "-c", "mine.toml", "resend", "general", str(queued["seq"]))
+    assert again.returncode == 0 and f"message {queued['seq']} sent again" in again.stderr, again.stderr
+    twice = run(folder, "-c", "mine.toml", "resend", "general", str(queued["seq"]))
+    assert twice.returncode == 1 and "sent again already" in twice.stderr, twice.stderr
+    assert run(folder, "-c", "mine.toml", "wait", "general", "--timeout", "60").returncode == 0
+    done = run(folder, "-c", "mine.toml", "reset", "general")
+    assert done.returncode == 0 and "Conversation reset: demo starts a new conversation" in done.stdout, done
+    entries = _tail(folder)
+    assert entries[-1]["meta"] == {"reset": ["demo"]} and long["seq"] < entries[-1]["seq"]  # type: ignore[operator]
+    unknown = run(folder, "-c", "mine.toml", "reset", "general", "--agent", "revewer")
+    assert unknown.returncode == 1 and "did you mean 'reviewer'?" in unknown.stderr, unknown.stderr

@@ -53,3 +53,115 @@ async def test_the_interrupted_turn_entry_says_a_kept_plan_will_be_nudged(tmp_pa
     assert with_plan.text.startswith(RESTART_NOTICE)
     assert "2 unfinished task(s) are kept" in with_plan.text and "reminds" in with_plan.text, with_plan.text
     assert without.text == RESTART_NOTICE, "no plan, nothing more to say"
+
+
+async def _until(sup: object, channel: str, after: int, text: str) -> None:
+    """Follow ``channel`` until an entry holds ``text`` (no sleeps: the entries say when)."""
+    with trio.fail_after(60):
+        async for entry in sup.follow(channel, after=after):  # type: ignore[attr-defined]
+            if text in entry.text:
+                return
+
+
+async def test_reset_starts_a_new_conversation_and_clears_the_plan_with_an_entry(short_tmp: Path) -> None:
+    async with open_supervisor(make_config(short_tmp)) as sup:
+        await sup.send("c", "hello, make a plan")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        before = sup.session("c", "demo")
+        assert before is not None and sup.todos("c", "demo"), "the demo agent left a session and a plan"
+        entry = await sup.reset("c")
+        assert (entry.kind, entry.author, entry.meta) == ("status", "system", {"reset": ["demo"]})
+        assert "demo starts a new conversation" in entry.text
+        assert sup.session("c", "demo") is None and sup.todos("c", "demo") == []
+        accepted = await sup.send("c", "who are you now?")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        replies = [e.text for e in await sup.entries("c", after=accepted.seq) if e.author == "agent:demo"]
+        assert any("This is the start of conversation" in r for r in replies), replies
+        assert sup.session("c", "demo") not in (None, before)
+    async with open_supervisor(make_config(short_tmp)) as sup:  # what a restart finds: still forgotten
+        assert sup.session("c", "demo") != before
+
+
+async def test_reset_refuses_a_running_turn_and_with_stop_stops_it_first(short_tmp: Path) -> None:
+    from supervisor.core.restart import ChannelBusy
+
+    async with open_supervisor(make_config(short_tmp)) as sup:
+        accepted = await sup.send("c", "please do a long task")
+        await _until(sup, "c", accepted.seq, "tool running")
+        session = sup.session("c", "demo")
+        try:
+            await sup.reset("c")
+        except ChannelBusy as exc:
+            assert "corral stop c" in str(exc) and "--stop" in str(exc) and "demo's turn" in str(exc), exc
+        else:
+            raise AssertionError("a reset acted on a running turn")
+        assert sup.session("c", "demo") == session, "a refused reset changed nothing"
+        entry = await sup.reset("c", stop=True)
+        assert entry.text.startswith("Stopped, then conversation reset")
+        kinds = [(e.kind, e.text) for e in await sup.entries("c", after=accepted.seq)]
+        notice = kinds.index(("notice", "Execution stopped by user."))
+        assert kinds[-1] == ("status", entry.text) and notice < len(kinds) - 1, kinds
+        assert sup.session("c", "demo") is None
+
+
+async def test_resend_sends_a_dropped_message_again_once(short_tmp: Path) -> None:
+    from supervisor import UsageError
+
+    async with open_supervisor(make_config(short_tmp)) as sup:
+        first = await sup.send("c", "please do a long task")
+        await _until(sup, "c", first.seq, "tool running")
+        queued = await sup.send("c", "the message a stop drops")
+        await sup.stop("c")
+        try:
+            await sup.resend("c", first.seq)
+        except UsageError as exc:
+            assert "not dropped by a stop" in str(exc), exc
+        else:
+            raise AssertionError("a message that ran was sent again")
+        again = await sup.resend("c", queued.seq)
+        assert again.seq > queued.seq and again.to == ("demo",)
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        entries = await sup.entries("c", after=queued.seq - 1)
+        [original] = [e for e in entries if e.seq == queued.seq]
+        assert original.meta.get("resent_as") == again.seq and original.meta.get("dropped_by_stop")
+        assert any(e.author == "agent:demo" and "the message a stop drops" in e.text for e in entries), entries
+        try:
+            await sup.resend("c", queued.seq)
+        except UsageError as exc:
+            assert f"sent again already, as entry {again.seq}" in str(exc), exc
+        else:
+            raise AssertionError("a dropped message was sent twice")
+    async with open_supervisor(make_config(short_tmp)) as sup:  # once, across a restart too
+        try:
+            await sup.resend("c", queued.seq)
+        except UsageError as exc:
+            assert "sent again already" in str(exc)
+        else:
+            raise AssertionError("a restart forgot the message was sent again")
+
+
+async def test_two_resends_at_once_send_it_once(short_tmp: Path) -> None:
+    from supervisor import UsageError
+
+    async with open_supervisor(make_config(short_tmp)) as sup:
+        first = await sup.send("c", "please do a long task")
+        await _until(sup, "c", first.seq, "tool running")
+        queued = await sup.send("c", "dropped")
+        await sup.stop("c")
+        outcomes: list[object] = []
+
+        async def one() -> None:
+            try:
+                outcomes.append(await sup.resend("c", queued.seq))
+            except UsageError as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            nursery.start_soon(one)
+        assert sum(not isinstance(o, UsageError) for o in outcomes) == 1, outcomes
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")

@@ -53,6 +53,7 @@ from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
+from ..core.restart import check_resend, resend_targets, reset_refusal, reset_text
 from ..core.router import AddressError, address, near_misses, route
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
@@ -361,6 +362,8 @@ class Supervisor:
         self._closing = False
         self._stored_channels: set[str] = set()
         """Channels found in the store that the ledger has not seen in this run."""
+        self._resending: set[int] = set()
+        """Seqs of dropped messages being sent again right now (a second resend is refused)."""
 
     def _recording(self, channel: str) -> bool:
         progress = self._stops.get(channel)
@@ -400,6 +403,20 @@ class Supervisor:
         is stored but goes to no one) or ``system``. Raises :class:`UsageError` for bad
         input and :class:`StoreError` if it could not be stored (then it will not run either).
         """
+        accepted = await self._send_message(channel, text, agent=agent, to=to, author=author)
+        if agent is not None or to:
+            return accepted
+        went = ", ".join(accepted.to) or "no agent"
+        members = self.config.members(channel)
+        hints = tuple(f"@{word} names no agent of this channel (did you mean @{close}?); it went to {went}"
+                      for word, close in near_misses(text, members or self.config.agents))
+        return replace(accepted, hints=hints) if hints else accepted
+
+    async def _send_message(
+        self, channel: str, text: str, *, agent: str | None, to: Sequence[str] | None, author: str,
+        also: Callable[[Any, int], None] | None = None,
+    ) -> Accepted:
+        """:meth:`send`'s checks and acceptance (``also``: more, in the message's transaction)."""
         if self._closing:
             raise ShuttingDown("corral is shutting down")
         check_channel(channel)
@@ -430,13 +447,7 @@ class Supervisor:
             if not self._ledger.may_route(channel, from_human=False):
                 targets = ()
             hops = 1
-        accepted = await self._accept(channel, targets, author, text, nudge=False, hops=hops).accepted_now()
-        if explicit:
-            return accepted
-        went = ", ".join(targets) or "no agent"
-        hints = tuple(f"@{word} names no agent of this channel (did you mean @{close}?); it went to {went}"
-                      for word, close in near_misses(text, members or self.config.agents))
-        return replace(accepted, hints=hints) if hints else accepted
+        return await self._accept(channel, targets, author, text, nudge=False, hops=hops, also=also).accepted_now()
 
     def _check_author(self, author: str) -> None:
         if author == "system" or (author.startswith("human:") and len(author) > 6):
@@ -451,13 +462,14 @@ class Supervisor:
         raise UsageError(f"author must be 'human:NAME', 'agent:NAME' or 'system', got {author!r}")
 
     def _accept(
-        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0
+        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0,
+        also: Callable[[Any, int], None] | None = None,
     ) -> _Acceptance:
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
         generation = self._ledger.generation(channel)
         pending = self._store.accept_message(
             channel, targets[0] if targets else None, author, text, generation=generation, nudge=nudge, to=targets,
-            hops=hops,
+            hops=hops, also=also,
         )
         assert pending.entry is not None
         seq = pending.entry.seq
@@ -1250,6 +1262,68 @@ class Supervisor:
         ]
 
     # ------------------------------------------------------------ observing
+
+    async def reset(self, channel: str, *, agent: str | None = None, stop: bool = False) -> Entry:
+        """Start ``channel`` over for ``agent`` (None: every agent with a conversation there):
+        forget their session ids and plans, recorded as an entry (returned once committed).
+
+        Never while one of them runs a turn there: :class:`ChannelBusy` says which, unless
+        ``stop``, which stops the channel first (see :mod:`..core.restart`).
+        """
+        if self._closing:
+            raise ShuttingDown("corral is shutting down")
+        await self.require_channel(channel)
+        if agent is not None and agent not in self.config.agents:
+            close = difflib.get_close_matches(agent, sorted(self.config.agents), n=1)
+            raise UsageError(f"unknown agent {agent!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        stopped = False
+        if stop and self._reset_refusal(channel, agent) is not None:
+            result = await self.stop(channel)
+            if not result.ok:
+                raise UsageError(f"the stop before the reset failed: {result.error}; nothing was reset")
+            stopped = True
+        refusal = self._reset_refusal(channel, agent)  # (again: a turn may have begun during the stop)
+        if refusal is not None:
+            raise refusal
+        agents = [agent] if agent is not None else self._conversations(channel)
+        pending = self._store.reset_conversation(
+            channel, agents, reset_text(agents, stopped=stopped),
+            generation=self._ledger.generation(channel),
+        )
+        entry = await pending.committed()
+        assert entry is not None
+        log.info("[%s] reset for %s%s", channel, ", ".join(agents) or "no agent", " after a stop" if stopped else "")
+        return entry
+
+    def _reset_refusal(self, channel: str, agent: str | None) -> Exception | None:
+        running = self._ledger.current_turns(channel)
+        return reset_refusal(channel, {a: t for a, t in running.items() if agent is None or a == agent})
+
+    def _conversations(self, channel: str) -> list[str]:
+        """The agents that have a session id or a plan in ``channel``, or have worked there."""
+        named = set(self._store.sessions_by_channel().get(channel, {}))
+        return sorted(named | set(self._store.todo_agents(channel)) | set(self._ledger.lanes(channel)))
+
+    async def resend(self, channel: str, seq: int) -> Accepted:
+        """Send again, once, the person's message ``seq`` that a stop dropped: same text, author
+        and agents. Raises :class:`UsageError` when it was not dropped, or was sent again already."""
+        await self.require_channel(channel)
+        rows = await self._store.entries(channel, after=max(seq - 1, 0), limit=1)
+        entry = rows[0] if rows and rows[0].seq == seq else None
+        found = None if entry is None else {"kind": entry.kind, "author": entry.author, "meta": entry.meta}
+        check_resend(channel, seq, found, in_flight=seq in self._resending)  # (no await since: one wins)
+        assert entry is not None
+        self._resending.add(seq)
+        meta = dict(entry.meta)
+        try:
+            accepted = await self._send_message(
+                channel, entry.text, agent=None, to=resend_targets(meta) or None, author=entry.author,
+                also=lambda db, new_seq: Store.mark_resent(db, seq, meta, new_seq),
+            )
+        finally:
+            self._resending.discard(seq)
+        log.info("[%s] message %d sent again as %d", channel, seq, accepted.seq)
+        return accepted
 
     async def wait_idle(self, channel: str, timeout: float | None = None) -> bool:
         """Wait until the channel runs no turn and has nothing queued; False on timeout."""

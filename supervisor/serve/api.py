@@ -9,6 +9,8 @@ Routes (a channel is one percent-encoded path segment, so it may contain ``/``):
 ``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N
 ``GET  /v1/channels/{channel}/events?after=N``   the same, then live, as Server-Sent Events
 ``POST /v1/channels/{channel}/wait?timeout=S``   200 when idle, 408 on timeout
+``POST /v1/channels/{channel}/reset``            ``{"agent"?, "stop"?}`` → 200 its entry; 409 while a turn runs
+``POST /v1/channels/{channel}/resend``           ``{"seq"}``: a message a stop dropped, once → 202 as ``messages``
 ``GET  /v1/status``                              daemon, agents, channels, running turns
 ``POST /v1/shutdown``                            202, then an orderly shutdown
 ===============================================  =============================================
@@ -36,6 +38,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from ..core.errors import ShuttingDown, UsageError
+from ..core.restart import ChannelBusy
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import StoreError
 from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
@@ -224,6 +227,8 @@ class ControlAPI:
             status, code, message = 400, "bad_request", str(exc)
         except ShuttingDown as exc:
             status, code, message = 503, "shutting_down", str(exc)
+        except ChannelBusy as exc:
+            status, code, message = 409, "busy", str(exc)
         except StoreError as exc:
             status, code, message = 500, "store_failed", str(exc)
         except _Gone:
@@ -281,10 +286,12 @@ class ControlAPI:
                 ("entries", "GET"): self._entries,
                 ("events", "GET"): self._events,
                 ("wait", "POST"): self._wait,
+                ("reset", "POST"): self._reset,
+                ("resend", "POST"): self._resend,
             }.get((action, method))
             if handler is not None:
                 return await handler(channel, query, body, peer)
-            if action in ("messages", "stop", "entries", "events", "wait"):
+            if action in ("messages", "stop", "entries", "events", "wait", "reset", "resend"):
                 raise HTTPError(405, "method_not_allowed", f"{method} is not allowed on {path}")
         raise HTTPError(404, "not_found", f"no route {method} {path}")
 
@@ -305,6 +312,24 @@ class ControlAPI:
         if not author.startswith(("human:", "agent:")):  # another bot posts as "agent:NAME"
             author = f"human:{author}"
         accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author)
+        await peer.respond(202, accepted.to_json())
+
+    async def _reset(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
+        fields = _json_object(body)
+        agent = fields.get("agent")
+        if agent is not None and not isinstance(agent, str):
+            raise HTTPError(400, "bad_field", "'agent' must be a string")
+        stop = fields.get("stop", False)
+        if not isinstance(stop, bool):
+            raise HTTPError(400, "bad_field", "'stop' must be true or false")
+        entry = await self.sup.reset(channel, agent=agent, stop=stop)
+        await peer.respond(200, entry.to_json())
+
+    async def _resend(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
+        seq = _json_object(body).get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq <= MAX_SEQ:
+            raise HTTPError(400, "missing_field", "'seq' (the dropped message's seq, a positive integer) is required")
+        accepted = await self.sup.resend(channel, seq)
         await peer.respond(202, accepted.to_json())
 
     async def _stop(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:

@@ -89,7 +89,7 @@ import secrets
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -963,7 +963,7 @@ class Store:
 
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
-        to: tuple[str, ...] = (), hops: int = 0,
+        to: tuple[str, ...] = (), hops: int = 0, also: Callable[[Engine, int], None] | None = None,
     ) -> Pending:
         """A message for ``agent`` (and ``to``, its other targets): its entry and its place in
         each target's queue, in one transaction (stored and queued, or neither). Its seq is
@@ -982,6 +982,8 @@ class Store:
                 self.queue_insert(db, row)
             if author.startswith("human:"):
                 db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
+            if also is not None:
+                also(db, seq)
 
         meta: dict[str, Any] = {"agent": agent, **({"nudge": True} if nudge else {})}
         if len(targets) > 1:
@@ -993,6 +995,33 @@ class Store:
         )
         extra.extend(self.next_seq() for _ in targets[1:])  # (keep_queued runs at commit, later)
         return pending
+
+    def reset_conversation(self, channel: str, agents: Sequence[str], text: str, *, generation: int) -> Pending:
+        """Forget ``agents``' session ids (keeping each one's working folder) and todo plans in
+        ``channel``, with the ``status`` entry ``text`` that records it: one transaction."""
+        for agent in agents:
+            known = self._sessions.get((channel, agent))
+            if known is not None:
+                self._sessions[(channel, agent)] = (None, known[1])
+            if (channel, agent) in self._todos:
+                self._todos[(channel, agent)] = []
+        stamp = time.time()
+
+        def forget(db: Engine, seq: int) -> None:
+            for agent in agents:
+                db.execute("UPDATE sessions SET session_id = NULL, updated = ? WHERE channel = ? AND agent = ?",
+                           (stamp, channel, agent))
+                db.execute("UPDATE todos SET items = '[]', updated = ? WHERE channel = ? AND agent = ?",
+                           (stamp, channel, agent))
+
+        return self.submit_entry(channel, "system", "status", text, generation=generation,
+                                 meta={"reset": list(agents)}, also=forget)
+
+    @staticmethod
+    def mark_resent(db: Engine, seq: int, meta: Mapping[str, Any], resent_as: int) -> None:
+        """(In the new message's transaction) entry ``seq`` was sent again as ``resent_as``."""
+        db.execute("UPDATE entries SET meta = ? WHERE seq = ?",
+                   (json.dumps({**meta, "resent_as": resent_as}, ensure_ascii=False), seq))
 
     def accept_routed(
         self, channel: str, agents: tuple[str, ...], author: str, text: str, *, generation: int, hops: int,
