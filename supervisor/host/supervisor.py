@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import trio
 
@@ -73,7 +73,7 @@ from ..procs.tree import (
     spawn,
     wait_pid_exit,
 )
-from ..store.store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from ..store.store import Draft, Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool
 from ..turns.process import Places, Turn, TurnPorts, new_turn_id, retry_without_session
@@ -246,6 +246,10 @@ class _TurnStore:
         """The turn's process, on its row."""
         channel, fence = self._fences.get(turn_id, ("", None))
         return self._store.turn_spawned(turn_id, pid, started, channel=channel, fence=fence)
+
+    def show_draft(self, draft: Draft) -> None:
+        """Show a draft to this host's followers (never stored, so never fenced)."""
+        self._store.show_draft(draft)
 
 
 class _LeasedLedger:
@@ -1270,13 +1274,22 @@ class Supervisor:
         if channel not in known:  # (it may have been created while the store was asked)
             raise UnknownChannel(channel, known)
 
-    def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False) -> AsyncIterator[Entry]:
+        ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool = False) -> AsyncIterator[Entry | Draft]:
         """Committed entries of a channel after ``after``, then live ones as they commit.
 
+        With ``drafts``, also the text agents are writing now, as :class:`Draft` values,
+        before it is saved (never stored; the saved entry names the draft it replaces).
         A channel need not exist yet (subscribe, then send); call :meth:`require_channel`
         first to refuse a mistyped one, as the control API does.
         """
-        return self._store.follow(channel, after)
+        return self._store.follow(channel, after, drafts=drafts)
 
     async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
         """Committed entries of a channel after ``after``."""

@@ -92,7 +92,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import trio
 
@@ -305,6 +305,35 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class Draft:
+    """Text an agent is writing now, shown to followers before it is saved: never stored.
+
+    ``text`` is the whole unsaved run so far. The ``message`` entry that saves the run names
+    this ``draft`` in its ``meta`` (``{"draft": ID}``, with ``"cut_off": "stop"`` when a stop
+    saved it) and replaces it; a later draft of the same id replaces an earlier one."""
+
+    channel: str
+    author: str
+    turn: str
+    draft: str
+    text: str
+    ts: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The draft as the control API's ``draft`` event and ``--json`` print it (no ``seq``:
+        it has no place in the transcript)."""
+        return {
+            "kind": "draft",
+            "draft": self.draft,
+            "channel": self.channel,
+            "author": self.author,
+            "turn": self.turn,
+            "text": self.text,
+            "ts": self.ts,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedRow:
     """An accepted message not yet run, as the store keeps it across restarts."""
 
@@ -392,9 +421,10 @@ class Pending:
 
 
 class _Subscription:
-    def __init__(self, channel: str | None) -> None:
+    def __init__(self, channel: str | None, *, drafts: bool = False) -> None:
         self.channel = channel
-        self.send, self.receive = trio.open_memory_channel[Entry](10_000)
+        self.drafts = drafts
+        self.send, self.receive = trio.open_memory_channel[Entry | Draft](10_000)
         self.overflowed = False
 
 
@@ -827,10 +857,36 @@ class Store:
                     sub.send.close()
                     self._subs[key].discard(sub)
 
-    async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+    def show_draft(self, draft: Draft) -> None:
+        """Hand ``draft`` to the live followers that asked for drafts; nothing is written.
+
+        A follower too far behind to take it skips it (the next draft of the run carries
+        everything before it, and the entry that saves the run follows in any case): a draft
+        never makes a follower re-read the database the way a full queue of entries does."""
+        for key in (draft.channel, None):
+            for sub in list(self._subs.get(key, ())):
+                if sub.drafts:
+                    try:
+                        sub.send.send_nowait(draft)
+                    except trio.WouldBlock:
+                        pass
+
+    @overload
+    def follow(
+        self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False
+    ) -> AsyncIterator[Entry]: ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    async def follow(
+        self, channel: str | None, after: int = 0, *, drafts: bool = False
+    ) -> AsyncIterator[Entry | Draft]:
         """Every committed entry of ``channel`` (all channels if None) after the entry ``after``
         (a seq), then live, each once, in commit order (one store: seq order; a fleet: the
-        entries' positions, see the theory above)."""
+        entries' positions, see the theory above). With ``drafts``, the live part also carries
+        the drafts this host's turns show (:meth:`show_draft`), in the order they were shown
+        relative to the commits."""
         column = "pos" if self.host is not None else "seq"
         floor = await self._read(lambda: self._position(after)) if self.host is not None else after
 
@@ -838,17 +894,19 @@ class Store:
             return (entry.pos or 0) if self.host is not None else entry.seq
 
         while True:
-            sub = _Subscription(channel)
+            sub = _Subscription(channel, drafts=drafts)
             self._subs[channel].add(sub)
             try:
                 for entry in await self._rows(channel, column, floor, 100_000):
                     if key(entry) > floor:
                         yield entry
                         floor = key(entry)
-                async for entry in sub.receive:
-                    if key(entry) > floor:
-                        yield entry
-                        floor = key(entry)
+                async for item in sub.receive:
+                    if isinstance(item, Draft):
+                        yield item
+                    elif key(item) > floor:
+                        yield item
+                        floor = key(item)
             finally:
                 self._subs[channel].discard(sub)
                 sub.send.close()
