@@ -7,6 +7,7 @@ supervisor and a real generic agent that prints a line every few hundredths of a
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -201,3 +202,74 @@ async def test_a_follower_without_drafts_sees_only_entries(short_tmp: Path) -> N
                 if entry.text == "done":
                     break
     assert seen and all(isinstance(e, Entry) for e in seen)
+
+
+async def test_an_acp_agents_chunks_are_drafts_before_the_saved_message(short_tmp: Path) -> None:
+    from test_acp_turns import fake
+
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "[[say:abcdefghi]] go")
+        drafts: list[Draft] = []
+        with trio.fail_after(60):
+            async for item in sup.follow("c", accepted.seq, drafts=True):
+                if isinstance(item, Draft):
+                    drafts.append(item)
+                elif item.kind == "message" and item.author == "agent:acp":
+                    saved = item
+                    break
+    # A draft per chunk, each the whole run so far; the entry replaces the last.
+    texts = [d.text for d in drafts]
+    assert len(texts) >= 3 and all(b.startswith(a) and b != a for a, b in zip(texts, texts[1:], strict=False)), texts
+    assert saved.text == texts[-1] and saved.text.startswith("abcdefghi")
+    assert saved.meta["draft"] == drafts[-1].draft
+
+
+async def test_the_sse_stream_carries_drafts_only_when_asked_and_never_with_an_id(short_tmp: Path) -> None:
+    from test_api import _client
+
+    from supervisor.serve.daemon import run_daemon
+
+    config = make_config(short_tmp, {"streamer": script_agent(STREAMER)})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, subreaper=False,
+                                                            task_status=task_status))
+        async with _client(short_tmp) as http:
+            first = (await http.post("/v1/channels/c/messages", json={"text": "stream 0"})).json()["seq"]
+            await http.post("/v1/channels/c/wait", params={"timeout": 30})
+            bad = await http.get("/v1/channels/c/events", params={"drafts": "maybe"})
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_query"
+            last = (await http.get("/v1/channels/c/entries", params={"after": first})).json()["entries"][-1]["seq"]
+            with trio.fail_after(60):
+                frames: list[list[str]] = []
+                async with http.stream("GET", "/v1/channels/c/events",
+                                       params={"after": last, "drafts": 1}) as stream:
+                    await http.post("/v1/channels/c/messages", json={"text": "stream 1"})
+                    frame: list[str] = []
+                    async for line in stream.aiter_lines():
+                        if line:
+                            frame.append(line)
+                            continue
+                        frames.append(frame)
+                        frame = []
+                        data = [json.loads(f[6:]) for f in frames[-1] if f.startswith("data: ")]
+                        if data and data[0].get("text") == "done" and data[0]["kind"] == "message":
+                            break
+                # The same after the fact without drafts=1: entries only.
+                plain: list[dict[str, object]] = []
+                async with http.stream("GET", "/v1/channels/c/events", params={"after": last}) as stream:
+                    async for line in stream.aiter_lines():
+                        if line.startswith("event: draft"):
+                            plain.append({"draft": line})
+                        if line.startswith("data: "):
+                            plain.append(json.loads(line[6:]))
+                            if plain[-1].get("text") == "done":
+                                break
+            await http.post("/v1/shutdown")
+    drafts = [f for f in frames if "event: draft" in f]
+    assert drafts, frames
+    for frame in drafts:
+        assert not any(f.startswith("id:") for f in frame), "a draft must not move a reconnect's resume point"
+        (data,) = [json.loads(f[6:]) for f in frame if f.startswith("data: ")]
+        assert data["kind"] == "draft" and data["author"] == "agent:streamer" and "seq" not in data
+    assert all("seq" in item for item in plain), plain
