@@ -242,10 +242,10 @@ def main(argv: list[str]) -> int:
     streaming = re.search(r"\bstream\s+(\d+(?:\.\d+)?)", words)
     if streaming:
         end = time.monotonic() + float(streaming.group(1))
-        line = 0
+        count = 0
         while time.monotonic() < end:
-            emit("text", text=f"Streaming line {line}, printed at {time.time():.3f}.")
-            line += 1
+            emit("text", text=f"Streaming line {count}, printed at {time.time():.3f}.")
+            count += 1
             time.sleep(0.1)
     planned = "plan" in words or "long" in words
     if planned:
