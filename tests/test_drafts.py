@@ -7,6 +7,7 @@ supervisor and a real generic agent that prints a line every few hundredths of a
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import time
@@ -169,7 +170,7 @@ async def test_a_streaming_turn_shows_its_text_within_a_second_and_saves_it_with
     # second of the agent printing its last line (the target, 100 ms, is the benchmark's).
     assert max(lags) < 1.0, max(lags)
     times = [d.ts for d in drafts]
-    assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 1.0
+    assert max(b - a for a, b in itertools.pairwise(times)) < 1.0
     assert len(drafts) >= seconds * 5
     messages = [e for e in entries if e.kind == "message" and e.author == "agent:streamer"]
     # The run older than PIECE_SECONDS was saved in pieces; each entry names the draft it replaces,
@@ -220,7 +221,7 @@ async def test_an_acp_agents_chunks_are_drafts_before_the_saved_message(short_tm
                     break
     # A draft per chunk, each the whole run so far; the entry replaces the last.
     texts = [d.text for d in drafts]
-    assert len(texts) >= 3 and all(b.startswith(a) and b != a for a, b in zip(texts, texts[1:], strict=False)), texts
+    assert len(texts) >= 3 and all(b.startswith(a) and b != a for a, b in itertools.pairwise(texts)), texts
     assert saved.text == texts[-1] and saved.text.startswith("abcdefghi")
     assert saved.meta["draft"] == drafts[-1].draft
 
@@ -273,3 +274,69 @@ async def test_the_sse_stream_carries_drafts_only_when_asked_and_never_with_an_i
         (data,) = [json.loads(f[6:]) for f in frame if f.startswith("data: ")]
         assert data["kind"] == "draft" and data["author"] == "agent:streamer" and "seq" not in data
     assert all("seq" in item for item in plain), plain
+
+
+# ---------------------------------------------------------------- what a stop does to a draft
+
+
+async def test_contract_18_a_stop_saves_the_draft_as_it_stood_before_its_notice_and_shows_nothing_after(
+    short_tmp: Path,
+) -> None:
+    from supervisor import STOP_NOTICE
+
+    config = make_config(short_tmp, {"streamer": script_agent(STREAMER)})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "stream 60")
+        items: list[Entry | Draft] = []
+        streaming = trio.Event()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    async for item in sup.follow("c", accepted.seq, drafts=True):
+                        items.append(item)
+                        if isinstance(item, Draft) and item.text.count("\n") >= 3:
+                            streaming.set()
+                        if isinstance(item, Entry) and item.kind == "notice":
+                            # Anything more of the turn would come right behind the notice.
+                            await sup.flush()
+                            nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                await streaming.wait()  # mid-run: a draft of several lines is showing
+                result = await sup.stop("c")
+        assert result.ok and result.stopped_turns
+        after = await sup.entries("c", after=accepted.seq)
+    cut = [e for e in after if e.meta.get("cut_off")]
+    assert len(cut) == 1 and cut[0].meta == {"draft": cut[0].meta["draft"], "cut_off": "stop"}
+    # Saved as it stood: exactly the last draft the follower was shown, before the notice.
+    shown = [i for i in items if isinstance(i, Draft) and i.draft == cut[0].meta["draft"]]
+    assert shown and shown[-1].text == cut[0].text
+    kinds = [e.kind for e in after]
+    assert kinds[-1] == "notice" and after[-1].text == STOP_NOTICE
+    assert after.index(cut[0]) < len(after) - 1
+    # Nothing of the turn after the stop: no entry, and no draft once the cut-off entry came.
+    position = items.index(next(i for i in items if isinstance(i, Entry) and i.meta.get("cut_off")))
+    assert not [i for i in items[position:] if isinstance(i, Draft)]
+    assert not [e for e in after[after.index(cut[0]) + 1:] if e.author == "agent:streamer"]
+
+
+async def test_contract_18_a_shutdown_saves_the_draft_marked_as_cut_off_by_the_shutdown(short_tmp: Path) -> None:
+    from supervisor import SHUTDOWN_NOTICE
+
+    config = make_config(short_tmp, {"streamer": script_agent(STREAMER)})
+    seen: list[Draft] = []
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "stream 60")
+        with trio.fail_after(60):
+            async for item in sup.follow("c", accepted.seq, drafts=True):
+                if isinstance(item, Draft) and item.text.count("\n") >= 2:
+                    seen.append(item)
+                    break
+        # Leaving the block shuts down: the running turn is interrupted by the shutdown.
+    async with open_supervisor(config) as sup:
+        after = await sup.entries("c", after=accepted.seq)
+    cut = [e for e in after if e.meta.get("cut_off")]
+    assert len(cut) == 1 and cut[0].meta["cut_off"] == "shutdown"
+    assert cut[0].text.startswith(seen[0].text)
+    assert after[-1].kind == "notice" and after[-1].text == SHUTDOWN_NOTICE

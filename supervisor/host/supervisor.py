@@ -230,7 +230,10 @@ class _TurnStore:
         pending = self._store.submit_entry(
             channel, author, kind, text, turn=turn, generation=generation, meta=meta, fence=fence
         )
-        if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:"):
+        # A run cut off by a stop is saved, never routed on: the stop ends the hand-offs too (line 12).
+        cut_off = meta is not None and "cut_off" in meta
+        if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:") \
+                and not cut_off:
             self._hand_off(channel, turn, author, text, pending.entry.seq)
         return pending
 
@@ -1037,6 +1040,10 @@ class Supervisor:
         for decision in decisions:
             if decision.repeat:
                 continue
+            # What the stopped turns were still writing is saved as it stood, before the stop's
+            # seq and so before its notice: the boundary is this decision (contract line 18).
+            for turn in self._decided(decision.channel, decision.stopped_turns):
+                turn.cut_off("stop")
             seq = self._store.next_seq()
             plans = self._cancelled_plans(decision.channel)
             batch.seqs[decision.channel] = seq
@@ -1132,6 +1139,16 @@ class Supervisor:
         result.elapsed_ms = (trio.current_time() - started) * 1000
         log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
         return result
+
+    def _decided(self, channel: str, stopped: Iterable[tuple[str, str]]) -> list[Turn | AcpTurn]:
+        """The built turns among a decision's ``(agent, turn id)`` pairs (one parked after its
+        take is not built yet: it never starts)."""
+        turns = []
+        for agent, turn_id in stopped:
+            turn = self._turns.get((channel, agent))
+            if turn is not None and turn.turn_id == turn_id:
+                turns.append(turn)
+        return turns
 
     def _apply(self, decision: StopDecision, *, reason: str) -> list[Turn | AcpTurn]:
         """Carry out the kill decision at once, for every stopped turn of the channel in one
@@ -1416,6 +1433,7 @@ class Supervisor:
             turn = built.get((channel, turn_id))
             if turn is None:
                 continue  # not built yet (parked after the take): it never starts, as after a stop
+            turn.cut_off("shutdown")  # (its text so far, saved as it stood: contract line 18)
             turn.stop_reason = "shutdown"
             turn.scope.cancel()
             self._registry.interrupt(channel, turn_id, turn.adapter.interrupt_signal)

@@ -309,6 +309,19 @@ class Turn:
     def _flush_text(self) -> None:
         self._carry_out(self._account.close_text(silenced=self._silenced()))
 
+    def cut_off(self, reason: str) -> None:
+        """Save the open run of text as the stop (or shutdown) decision found it, marked as cut
+        off by ``reason``: called in the step that decides, before the notice. Not asked of the
+        ledger, which has just silenced the turn: this entry is the decision's own."""
+        post = self._account.cut_off(reason)
+        if post is None:
+            return
+        self._draft = None
+        self._last = self.ports.store.submit_entry(
+            self.channel, self.author, post.kind, post.text, turn=self.turn_id, generation=self.generation,
+            meta=dict(post.meta) if post.meta is not None else None,
+        )
+
     def _handle(self, event: Event) -> None:
         """Decide what the event adds (pure), then carry it out."""
         self._carry_out(self._account.on_event(event, silenced=self._silenced(), now=trio.current_time()))
