@@ -340,3 +340,67 @@ async def test_contract_18_a_shutdown_saves_the_draft_marked_as_cut_off_by_the_s
     assert len(cut) == 1 and cut[0].meta["cut_off"] == "shutdown"
     assert cut[0].text.startswith(seen[0].text)
     assert after[-1].kind == "notice" and after[-1].text == SHUTDOWN_NOTICE
+
+
+DEMO_DAEMON = """
+[server]
+socket = "corral.sock"
+[store]
+path = "corral.db"
+[defaults]
+stop_grace = 2
+[agents.demo]
+adapter = "demo"
+delay = 0.01
+"""
+
+
+def test_a_daemon_killed_mid_draft_keeps_what_was_saved_and_nothing_claims_more(short_tmp: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    from conftest import CORRAL, DaemonProcess
+
+    daemon = DaemonProcess(short_tmp, DEMO_DAEMON)
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
+    seq = json.loads(daemon.cli("send", "c", "hello", "--json", check=True).stdout)["seq"]
+    daemon.cli("wait", "c", "--timeout", "60", check=True)
+    tail = subprocess.Popen([*CORRAL, "tail", "c", "-f", "--json", "--after", str(seq)], cwd=short_tmp, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(60, tail.kill)
+    watchdog.start()
+    saved: list[dict[str, object]] = []
+    last_draft: dict[str, object] | None = None
+    try:
+        daemon.cli("send", "c", f"stream {PIECE_SECONDS * 3:g}", check=True)
+        assert tail.stdout is not None
+        for line in tail.stdout:
+            item = json.loads(line)
+            if item["kind"] == "draft":
+                last_draft = item
+                # A piece is saved and the next one is being written: the moment to die.
+                if saved:
+                    daemon.proc.send_signal(signal.SIGKILL)
+                    daemon.proc.wait()
+                    break
+            elif item["kind"] == "message" and item["author"] == "agent:demo":
+                saved.append(item)
+    finally:
+        watchdog.cancel()
+        tail.kill()
+        tail.wait()
+    assert saved and last_draft is not None, "a piece was saved and a draft was showing when the daemon died"
+    again = DaemonProcess(short_tmp, DEMO_DAEMON)
+    try:
+        after = [json.loads(line) for line in again.cli("tail", "c", "--json", "--after", str(seq),
+                                                         check=True).stdout.splitlines()]
+    finally:
+        again.stop()
+    messages = [e for e in after if e["author"] == "agent:demo" and e["kind"] == "message"]
+    # The transcript holds the pieces saved before the kill, and no more: the draft that was
+    # showing is not there, and nothing is marked as saved by a stop that never happened.
+    assert [m["seq"] for m in messages if m["kind"] == "message"][: len(saved)] == [s["seq"] for s in saved]
+    assert all(last_draft["text"] != m["text"] and not m["meta"].get("cut_off") for m in messages)
+    assert not any(str(last_draft["text"]) in str(m["text"]) for m in messages)
