@@ -280,6 +280,28 @@ async def test_a_stop_through_another_host_is_carried_out_by_the_owner(
         assert two.fleet is not None and two.fleet.token("ch") == 1  # nothing moved: the owner stopped it
 
 
+async def test_a_malformed_notice_on_the_wire_is_dropped_and_the_owner_still_answers_stops(
+    short_tmp: Path, postgres_url: str, gate: Gate
+) -> None:
+    # (Before the notices were typed, a ``stop`` addressed to a host without its channel or id
+    # raised in the listener, and the host's supervisor ended with it.)
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        await two.send("ch", f"gate={gate}")
+        await until("h2's turn", lambda: "ready" in texts(url))
+        turn = two._turns[("ch", "bot")]
+        with psycopg.connect(url, autocommit=True) as conn:
+            for payload in ('{"kind": "stop", "to": "h2", "from": "h1"}', "[1", '{"kind": "stopped", "to": "h2"}',
+                            '{"kind": "queued", "from": "h1", "channel": 7}'):
+                conn.execute("SELECT pg_notify('corral_fleet', %s)", (payload,))
+        assert two.fleet is not None
+        await until("h2 to drop them", lambda: two.fleet is not None and two.fleet.malformed == 4)
+        result = await one.stop("ch")  # through h1: h2, still listening, carries it out
+        assert result.ok and result.stopped_turns == [turn.turn_id], result
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT host FROM stops").fetchall() == [("h2",)]
+
+
 async def test_status_shows_every_host_its_channels_and_its_last_heartbeat(
     short_tmp: Path, postgres_url: str
 ) -> None:

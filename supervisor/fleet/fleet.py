@@ -49,8 +49,9 @@ Theory of operation
   within the lease plus one round trip (a live host renews every third of its lease, so
   this adds no wake-ups while every host answers).
 * **Notices between hosts.** :meth:`Fleet.listen` keeps a connection of its own on
-  ``LISTEN corral_fleet`` in a worker thread; :meth:`Fleet.notify` sends a JSON notice
-  (delivered at its transaction's commit). A stop through a host that does not own the
+  ``LISTEN corral_fleet`` in a worker thread; :meth:`Fleet.notify` sends a notice (a typed
+  value of :mod:`.notices`, which holds the one decoder; delivered at its transaction's
+  commit). A stop through a host that does not own the
   channel is one: the owner acknowledges at once, carries the stop out and answers with
   its result. A notice can be lost (a connection replaced, or cut while the database is
   reachable: the listener, hearing not even a heartbeat's ``beat`` for a lease, replaces its
@@ -82,7 +83,6 @@ Theory of operation
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -94,7 +94,8 @@ from typing import Any, TypeVar
 import trio
 
 from ..store.engines import Engine, PostgresEngine, describe_postgres, is_postgres_error
-from ..store.store import FLEET_NOTICES, Store, StoreError
+from ..store.store import Store, StoreError
+from .notices import CHANNEL, Beat, Notice, NoticeError, decode
 
 T = TypeVar("T")
 
@@ -105,8 +106,6 @@ LOCK_NOT_AVAILABLE = "55P03"
 TAKEOVER_ATTEMPTS = 10
 """A forced takeover waits 1 s per attempt for the lease row before ending stuck sessions."""
 
-#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts.
-NOTICES = FLEET_NOTICES
 #: Connections a host's fleet calls may use at once (abandoned ones count until their thread ends).
 LINK_THREADS = 8
 
@@ -284,6 +283,8 @@ class Fleet:
         """(Tests) take and renew nothing, as a host cut off from the database."""
         self.view: list[dict[str, Any]] = []
         """Every host of the fleet as the last heartbeat read it (``status`` shows it)."""
+        self.malformed = 0
+        """Payloads on the notices' channel that were no notice (dropped, see :meth:`_malformed`)."""
 
     # ------------------------------------------------------------ leases
 
@@ -396,17 +397,21 @@ class Fleet:
 
     # ------------------------------------------------------------ notices between hosts
 
-    async def notify(self, payload: str) -> None:
+    async def notify(self, notice: Notice) -> None:
         """Send a notice to every host of the fleet (``NOTIFY``, delivered at the commit)."""
+        payload = notice.encode()
+
         def send(db: Engine) -> None:
-            db.query("SELECT pg_notify(?, ?)", (NOTICES, payload))
+            db.query("SELECT pg_notify(?, ?)", (CHANNEL, payload))
 
         await self.link.transact(send, self.call_deadline)
 
     async def listen(
-        self, deliver: Callable[[str], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, deliver: Callable[[Notice], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Deliver every notice of the fleet to ``deliver`` (in Trio), until cancelled.
+        """Deliver every notice of the fleet to ``deliver`` (in Trio), until cancelled; a
+        ``beat`` only keeps the connection's silence from being taken for a cut, and a
+        malformed payload is dropped (:meth:`_malformed`): nothing from the wire can end it.
 
         A connection of its own waits in a worker thread; it wakes once a second to see
         whether it should end (PostgreSQL only: the fleet has no SQLite mode). A lost
@@ -434,11 +439,17 @@ class Fleet:
                             conn = None
                         if conn is None or conn.closed or conn.broken:
                             conn = self.store.listener()
-                            conn.execute(f"LISTEN {NOTICES}")
+                            conn.execute(f"LISTEN {CHANNEL}")
                             heard = time.monotonic()
-                        for notice in conn.notifies(timeout=min(1.0, lease / 3)):
+                        for notify in conn.notifies(timeout=min(1.0, lease / 3)):
                             heard = time.monotonic()
-                            trio.from_thread.run_sync(deliver, notice.payload, trio_token=token)
+                            try:
+                                notice = decode(notify.payload)
+                            except NoticeError as exc:
+                                self._malformed(notify.payload, exc)
+                                continue
+                            if not isinstance(notice, Beat):
+                                trio.from_thread.run_sync(deliver, notice, trio_token=token)
                     except psycopg.OperationalError as exc:
                         log.warning("host %s: the fleet's notices were cut off (%s); listening again", self.host, exc)
                         time.sleep(1.0)
@@ -453,6 +464,14 @@ class Fleet:
             await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
         finally:
             closing = True
+
+    def _malformed(self, payload: str, error: NoticeError) -> None:
+        """(The listener's thread) a payload that is no notice: dropped; the first is logged as
+        a warning, the rest (a stream of them must not flood the log) at debug level."""
+        self.malformed += 1
+        level = logging.WARNING if self.malformed == 1 else logging.DEBUG
+        log.log(level, "host %s: dropped a malformed fleet notice of %d characters: %s%s", self.host, len(payload),
+                error, "; more are logged at debug level" if self.malformed == 1 else "")
 
     async def acquire(self, channel: str) -> int | None:
         """Take the channel's lease (free, expired, or already this host's); its token, or
@@ -595,7 +614,7 @@ class Fleet:
         host, lease, held = self.host, self.lease, dict(self._tokens)
         first = min(self._until.values(), default=math.inf) - self.margin
         deadline = max(0.05, min(self.call_deadline, first - started))
-        beat = json.dumps({"kind": "beat", "from": host})
+        beat = Beat(host).encode()
         lock_ms = max(100, int(lease * 250))
 
         def renew(db: Engine) -> tuple[list[list[tuple[Any, ...]]], float]:
@@ -623,7 +642,7 @@ class Fleet:
                 (f"SELECT {now}", ()),
                 ("SELECT host, heartbeat, pid, started FROM hosts ORDER BY host", ()),
                 ("SELECT channel, owner, expires, token FROM leases ORDER BY channel", ()),
-                ("SELECT pg_notify(?, ?)", (NOTICES, beat)),
+                ("SELECT pg_notify(?, ?)", (CHANNEL, beat)),
                 ("COMMIT", ()),
             ])
             return answers, 0.0

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import logging
 import os
 import secrets
@@ -56,6 +55,7 @@ from ..core.ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, T
 from ..core.router import AddressError, address, route
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
+from ..fleet.notices import Entries, Notice, Queued, Stop, Stopped, Stopping
 from ..procs.cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, open_root
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
@@ -916,9 +916,7 @@ class Supervisor:
             request = secrets.token_hex(8)
             answer = self._answers[request] = _Answer()
             try:
-                await fleet.notify(json.dumps(
-                    {"kind": "stop", "to": owner, "from": fleet.host, "channel": channel, "id": request}
-                ))
+                await fleet.notify(Stop(fleet.host, to=owner, channel=channel, id=request))
                 with trio.move_on_after(fleet.lease):
                     await answer.heard.wait()  # it acknowledges at once, then tears its turns down
                 grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=0.0)
@@ -958,8 +956,7 @@ class Supervisor:
     async def _acknowledge(self, asker: str, request: str) -> None:
         assert self.fleet is not None
         try:
-            await self.fleet.notify(json.dumps({"kind": "stopping", "to": asker, "from": self.fleet.host,
-                                                "id": request}))
+            await self.fleet.notify(Stopping(self.fleet.host, to=asker, id=request))
         except StoreError as exc:
             log.warning("could not acknowledge host %s's stop: %s", asker, exc)
 
@@ -972,35 +969,24 @@ class Supervisor:
                 return str(host["host"])
         return None
 
-    def _notice(self, payload: str) -> None:
-        """(From the fleet's listener) a notice for this host: a stop to carry out, or the
-        answer to one this host asked another to carry out."""
+    def _notice(self, notice: Notice) -> None:
+        """(From the fleet's listener) another host's message row or commit, a stop for this
+        host to carry out, or the answer to one this host asked another to carry out."""
         assert self.fleet is not None
-        try:
-            notice = json.loads(payload)
-        except ValueError:
-            return
-        if not isinstance(notice, dict):
-            return
-        if notice.get("kind") == "queued" and notice.get("from") != self.fleet.host:
-            self._queued_elsewhere(str(notice.get("channel")))
-            return
-        if notice.get("kind") == "entries" and notice.get("from") != self.fleet.host:
-            last = notice.get("last")
-            self._store.others_committed(last if isinstance(last, int) else None)
-            return
-        if notice.get("to") != self.fleet.host:
-            return
-        if notice.get("kind") == "stop" and not self._closing:
-            self._nursery.start_soon(self._stop_for, str(notice["channel"]), str(notice["from"]), str(notice["id"]))
-            return
-        answer = self._answers.get(str(notice.get("id")))
-        if answer is None:
-            return
-        answer.heard.set()
-        if notice.get("kind") == "stopped" and isinstance(notice.get("result"), dict):
-            answer.result = notice["result"]
-            answer.done.set()
+        me = self.fleet.host
+        match notice:
+            case Queued() if notice.sender != me:
+                self._queued_elsewhere(notice.channel)
+            case Entries() if notice.sender != me:
+                self._store.others_committed(notice.last)
+            case Stop() if notice.to == me and not self._closing:
+                self._nursery.start_soon(self._stop_for, notice.channel, notice.sender, notice.id)
+            case Stopping() | Stopped() if notice.to == me and notice.id in self._answers:
+                answer = self._answers[notice.id]
+                answer.heard.set()
+                if isinstance(notice, Stopped):
+                    answer.result = notice.result
+                    answer.done.set()
 
     async def _stop_for(self, channel: str, asker: str, request: str) -> None:
         """Carry out a stop another host was asked for, if this host owns the channel (else
@@ -1016,9 +1002,7 @@ class Supervisor:
         result = (await self._stop(batch, started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
         try:
-            await self.fleet.notify(json.dumps(
-                {"kind": "stopped", "to": asker, "from": self.fleet.host, "id": request, "result": result.to_json()}
-            ))
+            await self.fleet.notify(Stopped(self.fleet.host, to=asker, id=request, result=result.to_json()))
         except StoreError as exc:
             log.error("stop %r for host %s: carried out, but the answer could not be sent: %s", channel, asker, exc)
 

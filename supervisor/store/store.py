@@ -97,6 +97,8 @@ from typing import Any, TypeVar
 import trio
 
 from ..core.text import repair
+from ..fleet.notices import CHANNEL as FLEET_NOTICES
+from ..fleet.notices import Queued
 from .engines import (
     LOCK_SPACE,
     ORDER_LOCK,
@@ -112,9 +114,6 @@ from .engines import StoreInUse as StoreInUse
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
-
-#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts (see :mod:`supervisor.fleet.fleet`).
-FLEET_NOTICES = "corral_fleet"
 
 KINDS = ("message", "status", "tool", "todos", "notice", "error")
 
@@ -1044,8 +1043,7 @@ class Store:
              row.routed_from),
         )
         if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
-            db.execute("SELECT pg_notify(?, ?)", (FLEET_NOTICES, json.dumps(
-                {"kind": "queued", "channel": row.channel, "from": self.host})))
+            db.execute("SELECT pg_notify(?, ?)", (FLEET_NOTICES, Queued(self.host, row.channel).encode()))
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""
