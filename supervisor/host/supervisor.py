@@ -1246,11 +1246,10 @@ class Supervisor:
         check_channel(channel)
         if channel in self._ledger.channels() or channel in self._stored_channels:
             return
-        if await self._store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
+        if await self._store.has_entries(channel):
             self._stored_channels.add(channel)
             return
-        stored = {name for (name,) in await self._store.query("SELECT DISTINCT channel FROM entries")}
-        known = stored | set(self._ledger.channels())
+        known = await self._store.channels() | set(self._ledger.channels())
         if channel not in known:  # (it may have been created while the store was asked)
             raise UnknownChannel(channel, known)
 
@@ -1281,8 +1280,7 @@ class Supervisor:
 
     async def last_seq(self) -> int:
         """The seq of the newest committed entry (0: none)."""
-        ((newest,),) = await self._store.query("SELECT coalesce(max(seq), 0) FROM entries")
-        return int(newest)
+        return await self._store.last_seq()
 
     async def flush(self) -> None:
         """Wait until every write accepted so far is committed (a failure is not raised here)."""
