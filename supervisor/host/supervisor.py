@@ -51,6 +51,7 @@ from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.errors import ShuttingDown, UsageError
+from ..core.fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
 from ..core.ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ..core.router import AddressError, address, route
 from ..core.text import BadText, check_message
@@ -122,11 +123,8 @@ class Accepted:
     """Every agent it went to (empty: stored only)."""
 
     def to_json(self) -> dict[str, Any]:
-        """As the API and ``corral send --json`` print it."""
-        return {
-            "seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation,
-            "queued": self.queued, "to": list(self.to),
-        }
+        """As the API and ``corral send --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
 
 
 @dataclass(slots=True)
@@ -146,37 +144,23 @@ class StopResult:
     ended: str | None = None
     """An ACP turn's prompt: ``"cancelled"`` (the agent acknowledged the typed cancel) or
     ``"killed"`` (it did not in time, or died: its whole tree was killed). None otherwise."""
-    cpu_ms: float = 0.0
+    cpu_ms: float = field(default=0.0, metadata=ROUNDED)
     """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
     dropped: int = 0
     notice_seq: int | None = None
-    elapsed_ms: float = 0.0
+    elapsed_ms: float = field(default=0.0, metadata=ROUNDED)
     ok: bool = True
     error: str | None = None
-    channels: list[StopResult] | None = None
+    channels: list[StopResult] | None = field(default=None, metadata=OMITTED_IF_NONE)
 
     def to_json(self) -> dict[str, Any]:
-        """As the API and ``corral stop --json`` print it."""
-        out: dict[str, Any] = {
-            "channel": self.channel,
-            "generation": self.generation,
-            "repeat": self.repeat,
-            "stopped_turns": self.stopped_turns,
-            "turns": self.turns,
-            "killed": self.killed,
-            "swept": self.swept,
-            "kill": self.kill,
-            "ended": self.ended,
-            "cpu_ms": round(self.cpu_ms, 3),
-            "dropped": self.dropped,
-            "notice_seq": self.notice_seq,
-            "elapsed_ms": round(self.elapsed_ms, 3),
-            "ok": self.ok,
-            "error": self.error,
-        }
-        if self.channels is not None:
-            out["channels"] = [c.to_json() for c in self.channels]
-        return out
+        """As the API and ``corral stop --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StopResult:
+        """A result as :meth:`to_json` gave it (another fleet host's answer); ValueError if it is none."""
+        return from_json(cls, data)
 
 
 @dataclass(slots=True)
@@ -928,7 +912,7 @@ class Supervisor:
             finally:
                 del self._answers[request]
             if answer.result is not None:
-                result = _result_from_json(answer.result)
+                result = answer.result
                 result.elapsed_ms = (trio.current_time() - started) * 1000
                 result.cpu_ms = (time.process_time() - cpu) * 1000
                 log.info("stop %r: carried out by host %s in %.1f ms", channel, owner, result.elapsed_ms)
@@ -985,7 +969,12 @@ class Supervisor:
                 answer = self._answers[notice.id]
                 answer.heard.set()
                 if isinstance(notice, Stopped):
-                    answer.result = notice.result
+                    try:
+                        answer.result = StopResult.from_json(notice.result)
+                    except ValueError as exc:  # (the asker waits out its deadline, then takes the channel)
+                        log.warning("host %s's answer to a stop is not a stop's result (%s); dropped", notice.sender,
+                                    exc)
+                        return
                     answer.done.set()
 
     async def _stop_for(self, channel: str, asker: str, request: str) -> None:
@@ -1421,18 +1410,7 @@ class _Answer:
     heard: trio.Event = field(default_factory=trio.Event)
     """The owner has acknowledged the stop (it is carrying it out)."""
     done: trio.Event = field(default_factory=trio.Event)
-    result: dict[str, Any] | None = None
-
-
-def _result_from_json(data: Mapping[str, Any]) -> StopResult:
-    """A stop's result as another host sent it (``StopResult.to_json``)."""
-    return StopResult(
-        channel=data.get("channel"), generation=int(data.get("generation", 0)), repeat=bool(data.get("repeat")),
-        stopped_turns=list(data.get("stopped_turns", [])), turns=list(data.get("turns", [])),
-        killed=list(data.get("killed", [])), swept=list(data.get("swept", [])), kill=data.get("kill"),
-        dropped=int(data.get("dropped", 0)), notice_seq=data.get("notice_seq"), ok=bool(data.get("ok")),
-        error=data.get("error"),
-    )
+    result: StopResult | None = None
 
 
 @dataclass(slots=True)
