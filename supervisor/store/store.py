@@ -979,23 +979,6 @@ class Store:
             (channel, agent, json.dumps(items, ensure_ascii=False), time.time()), channel=channel, fence=fence,
         )
 
-    def record_stop(self, seq: int, channel: str | None, generation: int, result: Mapping[str, Any]) -> Pending:
-        """Keep a stop (with its own seq) and the channel's generation for restarts."""
-
-        def apply(db: Engine) -> None:
-            db.execute(
-                "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
-                (seq, channel, generation, time.time(), json.dumps(result, ensure_ascii=False)),
-            )
-            if channel is not None:
-                db.execute(
-                    "INSERT INTO generations (channel, generation) VALUES (?, ?) ON CONFLICT(channel) DO UPDATE"
-                    f" SET generation={db.greatest('generations.generation', 'excluded.generation')}",
-                    (channel, generation),
-                )
-
-        return self._submit(apply)
-
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
         to: tuple[str, ...] = (), hops: int = 0,
@@ -1096,10 +1079,6 @@ class Store:
             " ORDER BY seq", params,
         )
         return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
-
-    async def load_generations(self) -> dict[str, int]:
-        """Every channel's stop generation as of the last run."""
-        return dict(await self.query("SELECT channel, generation FROM generations"))
 
     async def load_channel_states(self) -> dict[str, ChannelState]:
         """Every stopped channel's generation, routing rest and repeat window as of the last run."""
