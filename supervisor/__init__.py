@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .serve.asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
     from .serve.client import APIError, DaemonUnavailable
     from .serve.daemon import DaemonError
-    from .store.store import Entry, StoreError, StoreInUse
+    from .store.store import Draft, Entry, StoreError, StoreInUse
 
 #: Where each public name lives: ``from supervisor import X`` imports only X's module.
 _LAZY = {
@@ -69,6 +69,7 @@ _LAZY = {
     "UsageError": ".core.errors",
     "LedgerError": ".core.ledger",
     "ChannelBusy": ".core.restart",
+    "Draft": ".store.store",
     "Entry": ".store.store",
     "StoreError": ".store.store",
     "StoreInUse": ".store.store",
@@ -94,6 +95,7 @@ __all__ = [
     "CorralError",
     "DaemonError",
     "DaemonUnavailable",
+    "Draft",
     "Entry",
     "LedgerError",
     "Limits",
