@@ -61,7 +61,8 @@ def test_send_dash_reads_the_text_from_stdin_even_a_long_one(daemon: DaemonProce
     sent = run(daemon.folder, "-c", "mine.toml", "send", "general", "-", "--json", stdin=text)
     assert sent.returncode == 0, sent.stderr
     seq = json.loads(sent.stdout)["seq"]
-    entries = [json.loads(line) for line in run(daemon.folder, "-c", "mine.toml", "--json", "tail", "general").stdout.splitlines()]
+    shown = run(daemon.folder, "-c", "mine.toml", "--json", "tail", "general").stdout
+    entries = [json.loads(line) for line in shown.splitlines()]
     [entry] = [e for e in entries if e["seq"] == seq]
     assert entry["text"] == text
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import trio
-from conftest import make_config
+from conftest import make_config, script_agent
 
 from supervisor import open_supervisor
 
@@ -165,3 +165,105 @@ async def test_two_resends_at_once_send_it_once(short_tmp: Path) -> None:
         assert sum(not isinstance(o, UsageError) for o in outcomes) == 1, outcomes
         with trio.fail_after(60):
             assert await sup.wait_idle("c")
+
+
+# ---------------------------------------------------------------- credentials
+
+READ_LOGIN = r"""
+import os, sys
+path = os.path.join(os.environ["HOME"], ".fake", "login.json")
+print("read:", open(path).read().strip())
+try:
+    with open(path, "w") as out:
+        out.write("overwritten")
+    print("write: allowed")
+except OSError as exc:
+    print("write: refused", exc.errno)
+print("home is private:", os.environ["HOME"] != os.environ["CORRAL_TEST_REAL_HOME"])
+"""
+
+
+def _login_home(short_tmp: Path, monkeypatch: object) -> Path:
+    """A user's HOME with a login file (and something else that must stay out of reach)."""
+    home = short_tmp / "user-home"
+    (home / ".fake").mkdir(parents=True)
+    (home / ".fake" / "login.json").write_text('{"token": "t-1"}\n')
+    (home / "secret-notes.txt").write_text("not for agents\n")
+    monkeypatch.setenv("HOME", str(home))  # type: ignore[attr-defined]
+    return home
+
+
+def test_credentials_must_be_files_of_the_users_home(short_tmp: Path, monkeypatch) -> None:
+    from supervisor import ConfigError, parse_config
+
+    home = _login_home(short_tmp, monkeypatch)
+
+    def problems(value: list[str]) -> list[str]:
+        data = {"agents": {"a": {"adapter": "demo", "credentials": value}}}
+        try:
+            config = parse_config(data, file="c.toml", base=short_tmp)
+        except ConfigError as exc:
+            return [str(p) for p in exc.problems]
+        assert config.agents["a"].credentials == ((home / ".fake" / "login.json", ".fake/login.json"),)
+        return []
+
+    assert problems(["~/.fake/login.json"]) == []
+    [folder] = problems(["~/.fake"])
+    assert "agents.a.credentials" in folder and "is a folder" in folder and "only the files named" in folder
+    [missing] = problems(["~/.fake/gone.json"])
+    assert "does not exist" in missing and "log in with the CLI once" in missing
+    [absolute] = problems(["/etc/hostname"])
+    assert "~/PATH" in absolute
+    [outside] = problems(["~/../etc/hostname"])
+    assert "leaves your HOME" in outside
+    [whole] = problems(["~/"])
+    assert "leaves your HOME" in whole or "is a folder" in whole
+
+
+async def test_an_agent_reads_its_credentials_and_cannot_change_them(
+    short_tmp: Path, monkeypatch
+) -> None:
+    from supervisor.procs.sandbox import probe
+
+    home = _login_home(short_tmp, monkeypatch)
+    agent = script_agent(READ_LOGIN, credentials=["~/.fake/login.json"], env={"CORRAL_TEST_REAL_HOME": str(home)})
+    agent["sandbox_write"] = []  # (make_config grants the test folder, which holds this HOME)
+    config = make_config(short_tmp, {"reader": agent})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "go")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        said = "\n".join(e.text for e in await sup.entries("c", after=accepted.seq) if e.author == "agent:reader")
+        placed = sup.agent_home("reader", "c") / ".fake" / "login.json"
+    assert 'read: {"token": "t-1"}' in said and "home is private: True" in said, said
+    assert (home / ".fake" / "login.json").read_text() == '{"token": "t-1"}\n', "the user's file is never changed"
+    assert oct(placed.stat().st_mode & 0o777) == "0o400"
+    if probe().available:
+        assert "write: refused 30" in said, said  # EROFS: bound read-only over itself
+    else:
+        assert "write: refused" in said or os.geteuid() == 0, said
+
+
+STALLS = r"""
+import signal, sys, time
+def interrupted(*_):
+    print("Request interrupted by user", flush=True)
+    sys.exit(130)
+signal.signal(signal.SIGINT, interrupted)
+signal.signal(signal.SIGTERM, interrupted)
+print("working on it", flush=True)
+time.sleep(120)
+"""
+
+
+async def test_a_stalled_turn_says_once_as_corral_what_ended_it(short_tmp: Path) -> None:
+    config = make_config(short_tmp, {"slow": {**script_agent(STALLS), "stall_timeout": 0.5}})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "go")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        entries = [(e.kind, e.text) for e in await sup.entries("c", after=accepted.seq)]
+    texts = " | ".join(t for _, t in entries)
+    assert "working on it" in texts, entries
+    assert "Request interrupted by user" not in texts, entries
+    assert [k for k, t in entries if "stall_timeout" in t] == ["error"], entries

@@ -110,6 +110,10 @@ class AgentConfig:
     """``sandbox_hide``: more paths its turns may not see (besides corral's private state)."""
     network: Network = "host"
     """``network``: ``"host"`` (loopback and the model APIs) or ``"none"`` (no network at all)."""
+    credentials: tuple[tuple[Path, str], ...] = ()
+    """``credentials``: login files of the user's own HOME (``~/.claude/.credentials.json``), each
+    as (the file, its path relative to a HOME): each turn finds a fresh, read-only copy at that
+    path of its private HOME. Only the files named; never a folder, never the HOME itself."""
 
     @property
     def cgroup_limits(self) -> dict[str, str | int | None]:
@@ -211,7 +215,7 @@ _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background",
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops", "host"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
-          "network"} | _LIMIT_KEYS
+          "network", "credentials"} | _LIMIT_KEYS
 
 
 class _Checker:
@@ -290,6 +294,33 @@ class _Checker:
                     self.add(f"{prefix}{key}", f"{path} is not a folder",
                              f"mkdir -p {path}, or remove it from {key}")
         return paths
+
+    def credentials(self, data: Mapping[str, Any], prefix: str) -> tuple[tuple[Path, str], ...]:
+        """``credentials``: files of the user's HOME, named ``~/REL`` (see :class:`AgentConfig`)."""
+        key = f"{prefix}credentials"
+        home = Path(os.path.expanduser("~"))
+        found: list[tuple[Path, str]] = []
+        for value in self.strings(data, "credentials", prefix) or ():
+            if not value.startswith("~/"):
+                self.add(key, f"{value!r} is not a path in your HOME written as ~/PATH",
+                         'name the login file as it sits in your HOME, e.g. "~/.claude/.credentials.json"')
+                continue
+            path = home / value[2:]
+            rel = os.path.normpath(value[2:])
+            if rel.startswith("..") or os.path.isabs(rel) or rel in (".", ""):
+                self.add(key, f"{value!r} leaves your HOME", 'name a file below it, e.g. "~/.codex/auth.json"')
+            elif path.is_dir():
+                self.add(key, f"{path} is a folder; only the files named are handed over",
+                         f"name the login file in it instead (e.g. \"{value.rstrip('/')}/auth.json\")")
+            elif not path.is_file():
+                self.add(key, f"{path} does not exist (or is not a regular file)",
+                         "log in with the CLI once in your own session (it writes that file), or fix the path")
+            elif not os.access(path, os.R_OK):
+                self.add(key, f"{path} is not readable by the user corral runs as",
+                         "run corral as the user who logged in, or fix the file's owner")
+            else:
+                found.append((path, rel))
+        return tuple(found)
 
     def path(self, value: str) -> Path:
         expanded = Path(os.path.expanduser(value))
@@ -477,6 +508,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             sandbox_write=check.folders(raw, "sandbox_write", prefix, must_exist=True),
             sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
             network=_network(check, raw, prefix),
+            credentials=check.credentials(raw, prefix),
         )
 
     default_agent = check.string(defaults, "agent", "defaults.")

@@ -42,6 +42,7 @@ from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, Promp
 from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
+from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import SandboxRefused
 from ..procs.tree import STORE_MARKER, KillReport, ProcessTree
 from ..store.store import Draft, Pending, StoreError
@@ -195,7 +196,7 @@ class AcpTurn:
             self.outcome.error = f"could not store the turn's output: {exc}"
         except AcpAgentError as exc:
             self.outcome.error = f"{self.agent.name}: {exc}"
-        except SandboxRefused as exc:
+        except (SandboxRefused, CredentialsUnreadable) as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc}"
         except OSError as exc:
             self.outcome.error = start_failure(self.agent, exc)
@@ -228,6 +229,7 @@ class AcpTurn:
             self.agent.name, cwd=launch.cwd, home=str(home), writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
             installation=(*self.agent.command, *self.agent.args),
+            read_only=[home / rel for _, rel in self.agent.credentials],
         )
         return AcpSpec(
             launch,
@@ -242,6 +244,7 @@ class AcpTurn:
             restart_after_cancel=self.settings.restart_after_cancel,
             idle_timeout=self.settings.idle_timeout or float("inf"),
             sandbox=sandbox,
+            credentials=self.agent.credentials,
         )
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:

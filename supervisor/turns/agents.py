@@ -57,6 +57,7 @@ from adapters.acp import (
     SessionReady,
 )
 
+from ..procs.files import place_credentials
 from ..procs.lines import LineReader
 from ..procs.tree import (
     TURN_MARKER,
@@ -653,6 +654,8 @@ class AcpSpec:
     """Close the agent process after this long without a prompt (the next one starts it again)."""
     sandbox: tuple[str, ...] = ()
     """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
+    credentials: tuple[tuple[Path, str], ...] = ()
+    """Login files copied, read-only, into ``home`` before each start (the agent's ``credentials``)."""
 
 
 class AcpAgentPool:
@@ -694,6 +697,8 @@ class AcpAgentPool:
 
     async def _host(self, key: tuple[str, str], spec: AcpSpec, task_status: trio.TaskStatus[AcpAgent]) -> None:
         close, gone = trio.Event(), trio.Event()
+        if spec.home is not None and spec.credentials:
+            await trio.to_thread.run_sync(place_credentials, Path(spec.home), spec.credentials)
         try:
             async with open_acp_agent(
                 spec.launch,

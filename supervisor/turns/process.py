@@ -44,7 +44,7 @@ from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
 from ..procs.cgroup import CgroupRoot
-from ..procs.files import private_file, private_folder
+from ..procs.files import CredentialsUnreadable, place_credentials, private_file, private_folder
 from ..procs.hooks import Spawner, TurnHook
 from ..procs.lines import Line, LineReader
 from ..procs.registry import ProcessRegistry
@@ -257,6 +257,8 @@ class Turn:
         self.cwd: str | None = None
         """The working folder, once prepared (it is created then)."""
         self._account = TurnAccount(self.author, self.turn_id)
+        self._limited = False
+        """A stall or turn timeout ended the turn: from then on only corral's line is stored."""
         self._last: Pending | None = None
         self._draft: ShowDraft | None = None
         """The open run's latest draft, not yet shown (shown once per read: see :meth:`_show`)."""
@@ -319,7 +321,7 @@ class Turn:
         )
 
     def _flush_text(self) -> None:
-        self._carry_out(self._account.close_text(silenced=self._silenced()))
+        self._carry_out(self._account.close_text(silenced=self._silenced() or self._limited))
 
     def cut_off(self, reason: str) -> None:
         """Save the open run of text as the stop (or shutdown) decision found it, marked as cut
@@ -336,7 +338,9 @@ class Turn:
 
     def _handle(self, event: Event) -> None:
         """Decide what the event adds (pure), then carry it out."""
-        self._carry_out(self._account.on_event(event, silenced=self._silenced(), now=trio.current_time()))
+        self._carry_out(
+            self._account.on_event(event, silenced=self._silenced() or self._limited, now=trio.current_time())
+        )
 
     def _cwd(self) -> str:
         assert self.cwd is not None, "a turn's output comes only once it is prepared"
@@ -350,12 +354,17 @@ class Turn:
             with self.scope:
                 await self._prepare_and_stream(session_id)
         except TurnLimit as exc:
+            # corral ended it: what the CLI says on its way out ("Request interrupted by user")
+            # would tell the wrong story, so only corral's own line is stored (the session id
+            # is still kept, as after a stop).
+            self._flush_text()  # what it said before the limit stands
+            self._limited = True
             self.outcome.error = str(exc)
         except StoreError as exc:
             self.outcome.error = f"could not store the turn's output: {exc}"
         except OSError as exc:
             self.outcome.error = start_failure(self.agent, exc)
-        except SandboxRefused as exc:
+        except (SandboxRefused, CredentialsUnreadable) as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc}"
         finally:
             with trio.CancelScope(shield=True):
@@ -371,10 +380,12 @@ class Turn:
         await trio.to_thread.run_sync(
             partial(_write_files, Path(request.home), launch.files, state_dir=ports.places.state_dir)
         )
+        logins = await trio.to_thread.run_sync(place_credentials, Path(request.home), self.agent.credentials)
         sandbox = ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=request.home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
             installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
+            read_only=logins,
         )
         if ports.preparing is not None:
             await ports.preparing(self.channel, self.turn_id)
