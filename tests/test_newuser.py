@@ -267,3 +267,53 @@ async def test_a_stalled_turn_says_once_as_corral_what_ended_it(short_tmp: Path)
     assert "working on it" in texts, entries
     assert "Request interrupted by user" not in texts, entries
     assert [k for k, t in entries if "stall_timeout" in t] == ["error"], entries
+
+
+# ---------------------------------------------------------------- not logged in
+
+NOT_LOGGED_IN = r"""
+import json, sys
+sid = "84bc2d3b-bd03-401d-b604-1e791aec90c1"
+for obj in (
+    {"type": "system", "subtype": "init", "cwd": ".", "session_id": sid, "tools": []},
+    {"type": "assistant", "message": {"id": "m", "model": "<synthetic>", "role": "assistant", "type": "message",
+     "content": [{"type": "text", "text": "Not logged in · Please run /login"}]},
+     "parent_tool_use_id": None, "session_id": sid, "uuid": "u", "error": "authentication_failed"},
+    {"type": "result", "subtype": "success", "is_error": True, "num_turns": 1,
+     "result": "Not logged in · Please run /login", "session_id": sid},
+):
+    print(json.dumps(obj), flush=True)
+"""
+
+
+async def test_a_cli_that_is_not_logged_in_is_said_once_as_corrals_error_with_the_fix(short_tmp: Path) -> None:
+    """What Claude Code 2.1 prints in an empty HOME (captured), through the claude adapter."""
+    import sys
+
+    fake = short_tmp / "claude"
+    fake.write_text(NOT_LOGGED_IN)
+    config = make_config(short_tmp, {"claude": {"adapter": "claude", "command": [sys.executable, str(fake)]}})
+    async with open_supervisor(config) as sup:
+        accepted = await sup.send("c", "hello")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        entries = [e for e in await sup.entries("c", after=accepted.seq) if e.author == "agent:claude"]
+    assert [e.kind for e in entries] == ["error"], [(e.kind, e.text) for e in entries]
+    [error] = entries
+    assert error.text.startswith("claude is not logged in: corral runs it with a private HOME"), error.text
+    assert 'credentials = ["~/.claude/.credentials.json"] in [agents.claude]' in error.text
+    assert "ANTHROPIC_API_KEY" in error.text and "Not logged in" not in error.text
+    assert error.meta["not_logged_in"] == "Not logged in · Please run /login", "the CLI's words are kept in meta"
+
+
+def test_only_a_short_message_that_is_a_login_refusal_is_replaced() -> None:
+    from adapters._base import Text
+
+    from supervisor.core.account import TurnAccount
+    from supervisor.core.login import login_help
+
+    account = TurnAccount("agent:claude", "t", login_help=login_help("claude", "claude"))
+    talk = "Here is how 401 Unauthorized works: " + "the server refuses a request without valid credentials. " * 5
+    [post] = account.on_event(Text(talk), silenced=False)
+    assert post.text == talk, "an agent talking about logins is not a login failure"  # type: ignore[union-attr]
+    assert login_help("demo", "demo") is None and login_help("bot", "generic") is None

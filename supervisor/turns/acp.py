@@ -42,6 +42,7 @@ from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, Promp
 from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
+from ..core.login import login_help
 from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import SandboxRefused
 from ..procs.tree import STORE_MARKER, KillReport, ProcessTree
@@ -108,7 +109,7 @@ class AcpTurn:
         self.cancel_report: CancelReport | None = None
         self._agent: AcpAgent | None = None
         self._stream: PromptStream | None = None
-        self._account = TurnAccount(self.author, self.turn_id)
+        self._account = TurnAccount(self.author, self.turn_id, login_help=login_help(agent.name, agent.adapter))
         self._last: Pending | None = None
 
     # ------------------------------------------------------------ what the supervisor reads

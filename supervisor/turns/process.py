@@ -43,6 +43,7 @@ from adapters._base import (
 from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
+from ..core.login import login_help
 from ..procs.cgroup import CgroupRoot
 from ..procs.files import CredentialsUnreadable, place_credentials, private_file, private_folder
 from ..procs.hooks import Spawner, TurnHook
@@ -256,7 +257,7 @@ class Turn:
         """'user' or 'shutdown' once the supervisor has stopped this turn."""
         self.cwd: str | None = None
         """The working folder, once prepared (it is created then)."""
-        self._account = TurnAccount(self.author, self.turn_id)
+        self._account = TurnAccount(self.author, self.turn_id, login_help=login_help(agent.name, agent.adapter))
         self._limited = False
         """A stall or turn timeout ended the turn: from then on only corral's line is stored."""
         self._last: Pending | None = None
