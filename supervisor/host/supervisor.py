@@ -1207,6 +1207,7 @@ class Supervisor:
             notice = self._store.submit_stop_notice(
                 channel, text, stop_seq=stop_seq, turn=decision.stopped_turn, generation=decision.generation,
                 result=final, turns=tuple(turn_id for _, turn_id in decision.stopped_turns),
+                dropped_entries=_dropped_entries(decision.dropped),
             )
             assert notice.entry is not None
             result.notice_seq = notice.entry.seq
@@ -1567,6 +1568,12 @@ class _Acceptance:
 def _grace(turn: Turn | AcpTurn) -> float:
     """How long a stopped turn may take to end before its stop calls itself failed."""
     return turn.stop_grace if isinstance(turn, AcpTurn) else turn.agent.limits.stop_grace
+
+
+def _dropped_entries(dropped: Iterable[QueuedMessage]) -> tuple[int, ...]:
+    """The transcript entries of a stop's dropped messages (a second target's row names its entry)."""
+    seqs = {m.payload.routed_from or m.id if isinstance(m.payload, _Message) else m.id for m in dropped}
+    return tuple(sorted(seqs))
 
 
 def check_channel(channel: object) -> None:

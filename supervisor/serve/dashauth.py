@@ -11,7 +11,8 @@ its history, its cache or a screenshot of its address bar:
   restart (the open page reconnects by itself), and every session ends when the token
   changes. It is ``HttpOnly`` (no script reads it) and ``SameSite=Strict``.
 * With a cookie the page may do only what it needs: read the status and channels, send,
-  stop one channel or all. Never shut down, never mint codes: those need the token.
+  stop one channel or all, start a channel over, send a dropped message again. Never shut
+  down, never mint codes: those need the token.
 * A browser sends a cookie to **every port** of a host, and another port of ``127.0.0.1`` is
   the same *site*, so ``SameSite`` alone does not keep out a page that some other local
   program serves. A request that changes state must therefore carry an ``Origin`` equal to
@@ -146,6 +147,8 @@ SESSION_ROUTES = frozenset(
         ("GET", ("v1", "channels", "*", "events")),
         ("POST", ("v1", "channels", "*", "messages")),
         ("POST", ("v1", "channels", "*", "stop")),
+        ("POST", ("v1", "channels", "*", "reset")),
+        ("POST", ("v1", "channels", "*", "resend")),
         ("POST", ("v1", "stop")),
     }
 )

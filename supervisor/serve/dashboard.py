@@ -156,7 +156,7 @@ def last_event_id(headers: list[tuple[bytes, bytes]]) -> int:
 
 
 def agent_states(channel: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each agent's state in a channel of ``status()``: idle, queued N, running turn T since S, stopping.
+    """Each agent's state in a channel of ``status()``: idle, queued N, running since S (turn T), stopping.
 
     Reads a per-agent list (``"agents"``: a list, or an object keyed by agent) where status
     has one, else today's one-turn-per-channel shape.
@@ -244,6 +244,8 @@ def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
         f"data-view=\"channel\" data-channel=\"{html.escape(channel)}\"",
         f"<h1>{html.escape(channel)}</h1>"
         "<div class=\"toolbar\"><button id=\"stop\" type=\"button\" class=\"stop\">Stop</button>"
+        "<button id=\"reset\" type=\"button\" title=\"Forget this channel's sessions and plans: the next message "
+        "starts a new conversation\">Start over</button>"
         "<p id=\"ack\" class=\"ack\" role=\"status\"></p></div>"
         "<ol id=\"transcript\" class=\"transcript\" aria-label=\"Transcript\"></ol>"
         "<form id=\"send\" class=\"send\">"

@@ -1115,12 +1115,15 @@ class Store:
 
     def submit_stop_notice(
         self, channel: str, text: str, *, stop_seq: int, turn: str | None, generation: int, result: Mapping[str, Any],
-        turns: tuple[str, ...] = (),
+        turns: tuple[str, ...] = (), dropped_entries: tuple[int, ...] = (),
     ) -> Pending:
         """A stop's notice, last: it completes the stop's record (its final ``result``, with
         ``notice_seq``) and ends its turns' rows (``turn`` and ``turns``), in the notice's
-        own transaction."""
+        own transaction. ``dropped_entries``: the entries of the messages it dropped (a page
+        that showed them before the stop marks them "not run" by it)."""
         meta: dict[str, Any] = {"stop_seq": stop_seq, "ok": result.get("ok"), "dropped": result.get("dropped")}
+        if dropped_entries:
+            meta["dropped_entries"] = list(dropped_entries)
         if len(turns) > 1:
             meta["turns"] = list(turns)
 
