@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from .serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
+
 if TYPE_CHECKING:
     from .config.settings import Config, Problem
     from .serve.client import Client
@@ -306,11 +308,12 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
 @click.argument("text")
 @click.option("--agent", metavar="NAME", help="Which agent (default: @mentions, else the channel's default).")
 @click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
-@click.option("--as", "author", metavar="NAME", help="Who is speaking (default: user).")
+@click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True,
+              help="Who is speaking: NAME (a human) or agent:NAME (another bot posting for an agent).")
 @_json_option
 @click.pass_obj
 def send(
-    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str | None, as_json: bool
+    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str, as_json: bool
 ) -> None:
     """Send TEXT to CHANNEL; prints the accepted seq."""
     ctx = _merge(obj, as_json)
@@ -363,16 +366,18 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
+@click.option("--limit", type=click.IntRange(0), default=DEFAULT_LIMIT, show_default=True, metavar="N",
+              help="At most N entries (without --follow).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new entries as they are stored.")
 @_json_option
 @click.pass_obj
-def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -> None:
+def tail(obj: _Context, channel: str, after: int, limit: int, follow: bool, as_json: bool) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
     ctx = _merge(obj, as_json)
     show = _print_json if ctx.json else (lambda e: click.echo(format_entry(e)))
 
     def run(client: Client) -> None:
-        entries = client.follow(channel, after) if follow else client.entries(channel, after)
+        entries = client.follow(channel, after) if follow else client.entries(channel, after, limit)
         for entry in entries:
             show(entry)
             sys.stdout.flush()
