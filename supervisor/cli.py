@@ -46,10 +46,9 @@ def _problems(problems: list[Problem], file: str) -> NoReturn:
     _fail(f"{len(problems)} problem(s) in {file}; nothing was started")
 
 
-def _load(path: str | None) -> Config:
+def _load(file: str) -> Config:
     from .config.settings import ConfigError, load_config
 
-    file = path or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
         return load_config(file)
     except ConfigError as exc:
@@ -62,13 +61,20 @@ class _Context:
         self.config = config
         self.json = as_json
 
+    def named_config(self, given: str | None = None) -> str | None:
+        """The config file named: the command's ``-c``, else ``corral -c``, else $CORRAL_CONFIG."""
+        return given or self.config or os.environ.get("CORRAL_CONFIG")
+
+    def config_file(self, given: str | None = None) -> str:
+        """The config file to read: the one named, else ./corral.toml."""
+        return self.named_config(given) or DEFAULT_CONFIG_NAME
+
     def client(self) -> Client:
         from .serve.client import Client
 
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
-            config_file = self.config or os.environ.get("CORRAL_CONFIG")
-            if config_file is None and not Path(DEFAULT_CONFIG_NAME).exists():
+            if self.named_config() is None and not Path(DEFAULT_CONFIG_NAME).exists():
                 _fail(
                     "no daemon to talk to: pass --socket PATH, set CORRAL_SOCKET, or -c FILE "
                     "(start one with `corral run -c FILE`)",
@@ -76,7 +82,7 @@ class _Context:
                 )
             from .config.settings import ConfigError, load_server_config
 
-            file = config_file or DEFAULT_CONFIG_NAME
+            file = self.config_file()
             try:
                 path = str(load_server_config(file).socket)  # only [server]: agents never block a client
             except ConfigError as exc:
@@ -178,7 +184,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     from .serve.logformat import JSONLogFormatter
     from .serve.systemd import JournalFormatter, stderr_is_journal
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     config = _load(file)
     problems = preflight(config)
     if problems:
@@ -258,7 +264,7 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     from .config.settings import ConfigError, Problem, load_config
     from .procs.sandbox import probe
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     sandbox: dict[str, Any] = {}
     try:
         config = load_config(file)
@@ -456,7 +462,7 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_jso
     from .config.settings import ConfigError, load_server_config
     from .serve.client import Client
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     try:
         server = load_server_config(file)
     except ConfigError as exc:

@@ -220,9 +220,9 @@ class ControlAPI:
             # The whole request is read before anything is answered (a 401 included), so
             # the answer never races hypercorn's own reply to a half-sent body.
             body = await peer.body()
-            method, path, parts, query = _target(scope)
-            self._authorize(scope, method, parts)
-            await self._route(scope, body, peer)
+            request = _target(scope)
+            self._authorize(scope, request.method, request.parts)
+            await self._route(request, scope, body, peer)
             return
         except HTTPError as exc:
             status, code, message = exc.status, exc.code, exc.message
@@ -263,8 +263,8 @@ class ControlAPI:
         if refusal is not None:
             raise HTTPError(refusal.status, refusal.code, refusal.message)
 
-    async def _route(self, scope: Scope, body: bytes, peer: _Exchange) -> None:
-        method, path, parts, query = _target(scope)
+    async def _route(self, request: Request, scope: Scope, body: bytes, peer: _Exchange) -> None:
+        method, path, parts, query = request
         if parts[:1] == ["dashboard"] and self.dashboard is not None:
             if await self.dashboard.answer(method, parts, query, scope, peer):
                 return
