@@ -177,14 +177,17 @@ class Client:
         body = self._call("wait", path={"channel": channel}, params=params)
         return bool(body["idle"])
 
-    def follow(self, channel: str, after: int = 0) -> Iterator[dict[str, Any]]:
-        """Entries after ``after``, then live ones; :class:`DaemonGone` when the daemon goes away."""
+    def follow(self, channel: str, after: int = 0, *, drafts: bool = False) -> Iterator[dict[str, Any]]:
+        """Entries after ``after``, then live ones; :class:`DaemonGone` when the daemon goes away.
+
+        With ``drafts``, also the text agents are writing now (``{"kind": "draft", "draft", …}``,
+        never stored; the entry that saves it has ``meta.draft``)."""
         op = OPERATIONS["follow"]
         conn = self._connect()  # a connection of its own, held for as long as it follows
         try:
             try:
-                conn.request(op.method, f"{op.target(channel=channel)}?{urlencode({'after': after})}",
-                             headers=self._headers)
+                query = {"after": after, **({"drafts": 1} if drafts else {})}
+                conn.request(op.method, f"{op.target(channel=channel)}?{urlencode(query)}", headers=self._headers)
                 response = conn.getresponse()
             except _UNAVAILABLE as exc:
                 raise DaemonUnavailable(str(exc) or type(exc).__name__) from None

@@ -45,7 +45,8 @@ class Param(NamedTuple):
     """One parameter of an operation.
 
     ``where`` is ``path`` (a ``{name}`` segment), ``query`` or ``body`` (a field of the JSON
-    object). ``kind`` is its JSON type: ``str``, ``int``, ``float`` or ``list`` (of strings).
+    object). ``kind`` is its type: ``str``, ``int``, ``float``, ``bool`` (a query's ``1``/``0``)
+    or ``list`` (of strings).
     ``maximum`` bounds a number (its minimum is 0).
     """
 
@@ -123,8 +124,10 @@ OPERATIONS: Final[dict[str, Operation]] = {
         Operation("entries", "GET", "/v1/channels/{channel}/entries",
                   (_CHANNEL, _AFTER, Param("limit", int, "query", DEFAULT_LIMIT, MAX_LIMIT)), (200,),
                   "{channel, entries}: committed entries after seq `after`, at most `limit`"),
-        Operation("follow", "GET", "/v1/channels/{channel}/events", (_CHANNEL, _AFTER), (200,),
-                  "the entries after `after`, then live ones, as Server-Sent Events"),
+        Operation("follow", "GET", "/v1/channels/{channel}/events",
+                  (_CHANNEL, _AFTER, Param("drafts", bool, "query", False)), (200,),
+                  "the entries after `after`, then live ones, as Server-Sent Events (`drafts`: also the "
+                  "text agents are writing now, as `draft` events)"),
         Operation("status", "GET", "/v1/status", (), (200,), "the daemon, its agents, channels and running turns"),
         Operation("shutdown", "POST", "/v1/shutdown", (), (202,), "{shutting_down: true}, then an orderly shutdown"),
     )
