@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from .serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
+
 if TYPE_CHECKING:
     from .config.settings import Config, Problem
     from .serve.client import Client
@@ -44,10 +46,9 @@ def _problems(problems: list[Problem], file: str, consequence: str = "nothing wa
     _fail(f"{len(problems)} problem(s) in {file}; {consequence}")
 
 
-def _load(path: str | None) -> Config:
+def _load(file: str) -> Config:
     from .config.settings import ConfigError, load_config
 
-    file = path or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
         return load_config(file)
     except ConfigError as exc:
@@ -60,9 +61,13 @@ class _Context:
         self.config = config
         self.json = as_json
 
-    def config_file(self) -> str:
-        """The config file this command reads (-c, else CORRAL_CONFIG, else ./corral.toml)."""
-        return self.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    def named_config(self, given: str | None = None) -> str | None:
+        """The config file named: the command's ``-c``, else ``corral -c``, else $CORRAL_CONFIG."""
+        return given or self.config or os.environ.get("CORRAL_CONFIG")
+
+    def config_file(self, given: str | None = None) -> str:
+        """The config file to read: the one named, else ./corral.toml."""
+        return self.named_config(given) or DEFAULT_CONFIG_NAME
 
     def start_hint(self) -> str:
         """How to start the daemon this command looked for: with the config it was given."""
@@ -73,8 +78,7 @@ class _Context:
 
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
-            config_file = self.config or os.environ.get("CORRAL_CONFIG")
-            if config_file is None and not Path(DEFAULT_CONFIG_NAME).exists():
+            if self.named_config() is None and not Path(DEFAULT_CONFIG_NAME).exists():
                 _fail(
                     f"no daemon to talk to: there is no ./{DEFAULT_CONFIG_NAME}; pass -c FILE, --socket PATH "
                     "or set CORRAL_SOCKET (start one with `corral run -c FILE`)",
@@ -82,7 +86,7 @@ class _Context:
                 )
             from .config.settings import ConfigError, load_server_config
 
-            file = config_file or DEFAULT_CONFIG_NAME
+            file = self.config_file()
             try:
                 path = str(load_server_config(file).socket)  # only [server]: agents never block a client
             except ConfigError as exc:
@@ -254,7 +258,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     from .serve.logformat import JSONLogFormatter
     from .serve.systemd import JournalFormatter, stderr_is_journal
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     config = _load(file)
     problems = preflight(config)
     if problems:
@@ -334,7 +338,7 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     from .config.settings import ConfigError, Problem, load_config
     from .procs.sandbox import probe
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     sandbox: dict[str, Any] = {}
     try:
         config = load_config(file)
@@ -384,11 +388,12 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
 @click.argument("text")
 @click.option("--agent", metavar="NAME", help="Which agent (default: @mentions, else the channel's default).")
 @click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
-@click.option("--as", "author", metavar="NAME", help="Who is speaking (default: user).")
+@click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True,
+              help="Who is speaking: NAME (a human) or agent:NAME (another bot posting for an agent).")
 @_client_options
 @click.pass_obj
 def send(
-    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str | None,
+    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str,
     config_path: str | None, as_json: bool,
 ) -> None:
     """Send TEXT to CHANNEL; prints the accepted seq (and says on stderr who it went to).
@@ -445,16 +450,16 @@ def stop(obj: _Context, channel: str | None, stop_all: bool, config_path: str | 
 @main.command(short_help="Start CHANNEL's conversation over: forget its sessions and plans.")
 @click.argument("channel")
 @click.option("--agent", metavar="NAME", help="Only this agent's conversation (default: every agent's).")
-@click.option("--stop", "stop_first", is_flag=True, help="Stop a running turn first (else a running turn refuses it).")
+@click.option("--stop", "stop", is_flag=True, help="Stop a running turn first (else a running turn refuses it).")
 @_client_options
 @click.pass_obj
-def reset(obj: _Context, channel: str, agent: str | None, stop_first: bool, config_path: str | None,
+def reset(obj: _Context, channel: str, agent: str | None, stop: bool, config_path: str | None,
           as_json: bool) -> None:
     """Start CHANNEL over, as /new or /clear do in a chat: the agents forget its session ids
     (the next message starts a new conversation, in the same folder) and plans, recorded as
     an entry. The transcript stays. While a turn runs there it refuses (exit 1) unless --stop."""
     ctx = _merge(obj, as_json, config_path)
-    entry = _call(ctx, lambda c: c.reset(channel, agent=agent, stop=stop_first))
+    entry = _call(ctx, lambda c: c.reset(channel, agent=agent, stop=stop))
     if ctx.json:
         _print_json(entry)
     else:
@@ -498,11 +503,15 @@ def wait(obj: _Context, channel: str, timeout: float | None, config_path: str | 
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
+@click.option("--limit", type=click.IntRange(0), default=DEFAULT_LIMIT, show_default=True, metavar="N",
+              help="At most N entries (without --follow).")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
 @_client_options
 @click.pass_obj
-def tail(obj: _Context, channel: str, after: int, follow: bool, config_path: str | None, as_json: bool) -> None:
+def tail(
+    obj: _Context, channel: str, after: int, limit: int, follow: bool, config_path: str | None, as_json: bool
+) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
     ctx = _merge(obj, as_json, config_path)
     import shutil
@@ -516,7 +525,7 @@ def tail(obj: _Context, channel: str, after: int, follow: bool, config_path: str
             sys.stdout.write(view.draft(item) if item.get("kind") == "draft" else view.entry(item))
 
     def run(client: Client) -> None:
-        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after)
+        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after, limit)
         for entry in entries:
             show(entry)
             sys.stdout.flush()
@@ -600,7 +609,7 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel
     from .config.settings import ConfigError, load_server_config
     from .serve.client import Client
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     try:
         server = load_server_config(file)
     except ConfigError as exc:
