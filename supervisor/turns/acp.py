@@ -225,6 +225,7 @@ class AcpTurn:
             restart_after_cancel=self.settings.restart_after_cancel,
             idle_timeout=self.settings.idle_timeout or float("inf"),
             sandbox=sandbox,
+            state_dir=places.state_dir,
         )
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:

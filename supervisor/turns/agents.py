@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -57,6 +58,7 @@ from adapters.acp import (
     SessionReady,
 )
 
+from ..procs.files import write_home_files
 from ..procs.lines import LineReader
 from ..procs.tree import (
     TURN_MARKER,
@@ -120,17 +122,6 @@ def _cmdline(pid: int) -> str:
             return fh.read().replace(b"\0", b" ").decode(errors="replace")[:200]
     except OSError:
         return "?"
-
-
-def _write_files(home: Path, files: Mapping[str, str]) -> None:
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (home / "tmp").mkdir(mode=0o700, exist_ok=True)
-    for rel, content in files.items():
-        path = Path(rel) if os.path.isabs(rel) else home / rel
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
 
 
 @dataclass(slots=True)
@@ -583,6 +574,7 @@ async def open_acp_agent(
     tap: Callable[[str, bytes], None] | None = None,
     restart_after_cancel: bool = False,
     sandbox: Sequence[str] = (),
+    state_dir: Path | None = None,
 ) -> AsyncIterator[AcpAgent]:
     """Start an ACP agent and open a session; on exit, close it and sweep its tree.
 
@@ -590,10 +582,14 @@ async def open_acp_agent(
     agent process, e.g. ``acp-<channel>-<agent>-<n>``). ``launch.files`` are written under
     ``home`` first. ``session_cwd`` (default: the launch's cwd, made absolute) is the
     session's working directory. ``sandbox`` is the argv the agent starts behind (its MCP
-    servers and tools are inside with it).
+    servers and tools are inside with it). ``state_dir`` is corral's state folder, when
+    ``home`` is inside it: its folders down to ``home`` are tightened too
+    (:func:`~supervisor.procs.files.write_home_files`).
     """
     if home is not None:
-        await trio.to_thread.run_sync(_write_files, Path(home), dict(launch.files))
+        await trio.to_thread.run_sync(
+            partial(write_home_files, Path(home), dict(launch.files), state_dir=state_dir)
+        )
     env = agent_environment(launch, home=home, marker=marker, extra=extra_env)
     agent = AcpAgent(
         launch,
@@ -648,6 +644,8 @@ class AcpSpec:
     """Close the agent process after this long without a prompt (the next one starts it again)."""
     sandbox: tuple[str, ...] = ()
     """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
+    state_dir: Path | None = None
+    """corral's state folder, which holds ``home`` (its folders down to it are tightened)."""
 
 
 class AcpAgentPool:
@@ -701,6 +699,7 @@ class AcpAgentPool:
                 start_timeout=spec.start_timeout,
                 restart_after_cancel=spec.restart_after_cancel,
                 sandbox=spec.sandbox,
+                state_dir=spec.state_dir,
             ) as agent:
                 agent.idle_timeout = spec.idle_timeout
                 self._agents[key], self._closers[key], self._gone[key] = agent, close, gone

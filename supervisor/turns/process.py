@@ -44,7 +44,7 @@ from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
 from ..procs.cgroup import CgroupRoot
-from ..procs.files import private_file, private_folder
+from ..procs.files import private_folder, write_home_files
 from ..procs.hooks import Spawner, TurnHook
 from ..procs.lines import Line, LineReader
 from ..procs.registry import ProcessRegistry
@@ -323,7 +323,7 @@ class Turn:
         launch = self.adapter.build_launch(request)
         env = self._environment(launch)
         await trio.to_thread.run_sync(
-            partial(_write_files, Path(request.home), launch.files, state_dir=ports.places.state_dir)
+            partial(write_home_files, Path(request.home), launch.files, state_dir=ports.places.state_dir)
         )
         sandbox = ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=request.home, writable=self.agent.sandbox_write,
@@ -558,16 +558,3 @@ class Turn:
         env[STORE_MARKER] = self.ports.store.store_id
         return env
 
-
-def _write_files(home: Path, files: Mapping[str, str], *, state_dir: Path | None = None) -> None:
-    """Write a launch's files under ``home`` (0600 in 0700 folders), and make its TMPDIR.
-
-    The folders from ``state_dir`` (corral's, which holds every HOME) down to ``home`` are
-    tightened too; without it only ``home`` and below are — never a folder above that is
-    not corral's to change (counting parents up from a HOME once reached ``/``).
-    """
-    private_folder(home / "tmp", within=state_dir if state_dir is not None and state_dir in home.parents else home)
-    for rel, content in dict(files).items():
-        path = Path(rel) if os.path.isabs(rel) else home / rel
-        private_folder(path.parent, within=home if not os.path.isabs(rel) else None)
-        private_file(path, content)
