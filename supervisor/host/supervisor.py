@@ -48,6 +48,8 @@ from typing import Any
 
 import trio
 
+from adapters import get_adapter
+
 from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
@@ -701,7 +703,7 @@ class Supervisor:
         lane = (channel, agent.name)
         turn: Turn | AcpTurn = (
             AcpTurn(self._ports, self._acp, channel, ticket, agent, message.text)
-            if agent.adapter == "acp"
+            if get_adapter(agent.adapter).runs == "persistent"
             else Turn(self._ports, channel, ticket, agent, message.text)
         )
         self._turns[lane] = turn
