@@ -349,3 +349,33 @@ async def test_a_stop_while_the_agent_restarts_kills_the_half_started_process(sh
         hold.unlink()
         after = await turn(sup, "c", "[[say:back]]")
     assert after[-1] == ("message", "back (earlier: 2)"), after
+
+
+async def test_a_stale_session_is_retried_as_an_acp_turn_without_it(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stale-session retry builds the turn the agent's adapter runs (a persistent agent's
+    prompt), not a per-turn CLI's process turn, which has no parser for an ACP agent."""
+    from supervisor.turns.acp import AcpTurn
+
+    runs: list[str | None] = []
+    real_run = AcpTurn.run
+
+    async def run(self: AcpTurn, session_id: str | None) -> Any:
+        runs.append(session_id)
+        outcome = await real_run(self, session_id)
+        if len(runs) == 2:  # the second message's first try: the agent says its session is gone
+            outcome.stale_session = True
+        return outcome
+
+    monkeypatch.setattr(AcpTurn, "run", run)
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        await turn(sup, "c", "[[say:one]]")
+        session = sup.session("c", "acp")
+        assert session is not None
+        again = await turn(sup, "c", "[[say:two]]")
+    assert runs == [None, session, None], runs
+    assert ("status", f"Session {session} is gone; starting a new conversation.") in again, again
+    assert not [t for k, t in again if k == "error"], again
+    assert again[-1][0] == "message" and again[-1][1].startswith("two"), again

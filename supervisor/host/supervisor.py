@@ -693,6 +693,12 @@ class Supervisor:
             max_entries=config.catch_up_entries, max_bytes=config.catch_up_bytes,
         )
 
+    def _new_turn(self, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> Turn | AcpTurn:
+        """The turn the agent's adapter runs: a prompt to its persistent agent, or a process of its own."""
+        if get_adapter(agent.adapter).runs == "persistent":
+            return AcpTurn(self._ports, self._acp, channel, ticket, agent, prompt)
+        return Turn(self._ports, channel, ticket, agent, prompt)
+
     async def _run_turn(self, channel: str, ticket: TurnTicket, message: _Message) -> None:
         agent = self.config.agents.get(message.agent)
         turn_id = ticket.turn_id
@@ -701,11 +707,7 @@ class Supervisor:
             await self._end_turn_early(channel, turn_id, ticket.generation, why)
             return
         lane = (channel, agent.name)
-        turn: Turn | AcpTurn = (
-            AcpTurn(self._ports, self._acp, channel, ticket, agent, message.text)
-            if get_adapter(agent.adapter).runs == "persistent"
-            else Turn(self._ports, channel, ticket, agent, message.text)
-        )
+        turn = self._new_turn(channel, ticket, agent, message.text)
         self._turns[lane] = turn
         try:
             if message.committed is not None:
@@ -765,7 +767,7 @@ class Supervisor:
                 self._store.submit_entry(
                     channel, "system", "status", retry_decision.status, turn=turn_id, generation=ticket.generation
                 )
-                retry = Turn(self._ports, channel, ticket, agent, turn.prompt)
+                retry = self._new_turn(channel, ticket, agent, turn.prompt)
                 self._turns[lane] = retry
                 turn.done.set()
                 turn = retry
