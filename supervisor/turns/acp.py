@@ -73,10 +73,6 @@ def turn_event(event: AcpEvent) -> Event | None:
     return None  # setup answers (Initialized, SessionReady, RequestFailed) are not turn output
 
 
-def pool_key(channel: str, agent: str) -> tuple[str, str]:
-    """The pool's key of a channel's agent: one persistent process per (channel, agent)."""
-    return (channel, agent)
-
 
 class AcpTurn:
     """One ACP agent handling one message. Created and driven by the supervisor."""

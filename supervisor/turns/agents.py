@@ -652,10 +652,11 @@ class AcpAgentPool:
     """Persistent ACP agents keyed by (channel, agent), each hosted by a task of one nursery.
 
     What a supervisor's turn needs: :meth:`agent` before a prompt (starts the process, or
-    restarts a gone one with ``session/load``), :meth:`cancel` for a stop (scoped to its key:
-    other channels' agents are never touched), and :meth:`close_all` on shutdown. An agent
-    idle for its spec's ``idle_timeout`` is closed by its own host task (a Trio deadline, no
-    polling). Start it with ``pool = AcpAgentPool(nursery)``.
+    restarts a gone one with ``session/load``) and :meth:`close_all` on shutdown. A stop
+    cancels the prompt on the turn's own agent (:meth:`AcpAgent.cancel`, from the turn's
+    teardown), so other channels' agents are never touched. An agent idle for its spec's
+    ``idle_timeout`` is closed by its own host task (a Trio deadline, no polling). Start it
+    with ``pool = AcpAgentPool(nursery)``.
     """
 
     def __init__(self, nursery: trio.Nursery) -> None:
@@ -664,10 +665,6 @@ class AcpAgentPool:
         self._closers: dict[tuple[str, str], trio.Event] = {}
         self._gone: dict[tuple[str, str], trio.Event] = {}
         self._starting: dict[tuple[str, str], trio.Event] = {}
-
-    def get(self, key: tuple[str, str]) -> AcpAgent | None:
-        """The agent of ``key`` if one is running (no start)."""
-        return self._agents.get(key)
 
     async def agent(self, key: tuple[str, str], spec: AcpSpec) -> AcpAgent:
         """The running agent of ``key``, started (or restarted with session/load) if needed."""
@@ -713,13 +710,6 @@ class AcpAgentPool:
                 del self._agents[key], self._closers[key], self._gone[key]
             gone.set()
 
-    async def cancel(self, key: tuple[str, str], grace: float = CANCEL_GRACE) -> CancelReport:
-        """Stop the turn of ``key`` (see :meth:`AcpAgent.cancel`); ``idle`` if none runs."""
-        agent = self._agents.get(key)
-        if agent is None:
-            return CancelReport("idle")
-        return await agent.cancel(grace)
-
     async def close(self, key: tuple[str, str]) -> bool:
         """End the agent of ``key`` and its tree; was there one?"""
         close, gone = self._closers.get(key), self._gone.get(key)
@@ -728,13 +718,6 @@ class AcpAgentPool:
         close.set()
         await gone.wait()
         return True
-
-    async def close_idle(self, timeout: float) -> list[tuple[str, str]]:
-        """End every agent with no prompt for ``timeout`` seconds; the keys closed."""
-        idle = [key for key, agent in self._agents.items() if not agent.busy and agent.idle_for() >= timeout]
-        for key in idle:
-            await self.close(key)
-        return idle
 
     def pids(self) -> set[int]:
         """The agent processes' pids (Trio waits for them: no reaper may take them)."""
