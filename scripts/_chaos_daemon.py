@@ -210,7 +210,7 @@ def _account_ignores_silence() -> None:
 
 def _output_before_notice() -> None:
     _account_ignores_silence()
-    _turn.Turn._post = _keep_everything  # type: ignore[method-assign]
+    _turn.Turn._post = _keep_everything  # type: ignore[method-assign,assignment]
 
 
 def _output_after_notice() -> None:
@@ -232,7 +232,7 @@ def _output_after_notice() -> None:
 
         SUPERVISORS[-1]._nursery.start_soon(store_it)
 
-    _turn.Turn._post = later  # type: ignore[method-assign]
+    _turn.Turn._post = later  # type: ignore[method-assign,assignment]
 
 
 def _no_marker_scan() -> None:

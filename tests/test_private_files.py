@@ -25,7 +25,7 @@ from conftest import CORRAL, PYTHON, SUPERVISOR_PIDS, make_config, script_agent
 from supervisor import open_supervisor
 from supervisor.procs.files import private_folder
 from supervisor.procs.files import write_home_files as _write_files
-from supervisor.turns.process import channel_slug
+from supervisor.turns.ports import channel_slug
 
 SLOW = 30
 NOBODY = 65534

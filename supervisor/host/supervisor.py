@@ -78,7 +78,8 @@ from ..procs.tree import (
 from ..store.store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool
-from ..turns.process import Places, Turn, TurnPorts, new_turn_id, retry_without_session
+from ..turns.ports import Places, RunningTurn, TurnPorts, new_turn_id, retry_without_session
+from ..turns.process import Turn
 
 log = logging.getLogger("corral")
 
@@ -313,7 +314,7 @@ class Supervisor:
         self._nursery = nursery
         self._workers: set[tuple[str, str]] = set()
         """``(channel, agent)`` lanes with a worker."""
-        self._turns: dict[tuple[str, str], Turn | AcpTurn] = {}
+        self._turns: dict[tuple[str, str], RunningTurn] = {}
         """The built turn of each ``(channel, agent)`` lane."""
         self._hops: dict[str, int] = {}
         """Each current turn's message's hop count (its hand-offs go one further)."""
@@ -693,7 +694,7 @@ class Supervisor:
             max_entries=config.catch_up_entries, max_bytes=config.catch_up_bytes,
         )
 
-    def _new_turn(self, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> Turn | AcpTurn:
+    def _new_turn(self, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> RunningTurn:
         """The turn the agent's adapter runs: a prompt to its persistent agent, or a process of its own."""
         if get_adapter(agent.adapter).runs == "persistent":
             return AcpTurn(self._ports, self._acp, channel, ticket, agent, prompt)
@@ -1096,7 +1097,7 @@ class Supervisor:
         assert len(done) == len(results), "every decision has its result"
         return done
 
-    def _end_together(self, turns: Iterable[Turn | AcpTurn]) -> TreeBatch | None:
+    def _end_together(self, turns: Iterable[RunningTurn]) -> TreeBatch | None:
         """One batch ends the cgroup trees of the stopped turns, all at once (see ``procs.teardown``).
 
         An ACP turn's tree is its agent's, which outlives the turn: its stop is the agent's
@@ -1107,8 +1108,8 @@ class Supervisor:
             return None
         together = TreeBatch(watcher)
         for turn in turns:
-            if isinstance(turn, Turn) and turn.tree is not None:
-                together.add(turn.tree, turn.agent.limits.stop_grace)
+            if turn.own_tree is not None:
+                together.add(turn.own_tree, turn.stop_grace)
         return together if len(together) else None
 
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
@@ -1133,10 +1134,10 @@ class Supervisor:
         log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
         return result
 
-    def _apply(self, decision: StopDecision, *, reason: str) -> list[Turn | AcpTurn]:
+    def _apply(self, decision: StopDecision, *, reason: str) -> list[RunningTurn]:
         """Carry out the kill decision at once, for every stopped turn of the channel in one
         pass (no checkpoint): cancel each turn's scope, signal its group."""
-        turns: list[Turn | AcpTurn] = []
+        turns: list[RunningTurn] = []
         for agent, turn_id in decision.stopped_turns:
             turn = self._turns.get((decision.channel, agent))
             if turn is None or turn.turn_id != turn_id:
@@ -1148,7 +1149,7 @@ class Supervisor:
         return turns
 
     async def _complete(
-        self, decision: StopDecision, turns: list[Turn | AcpTurn], started: float, stop_seq: int,
+        self, decision: StopDecision, turns: list[RunningTurn], started: float, stop_seq: int,
         progress: _StopInProgress,
     ) -> StopResult:
         channel = decision.channel
@@ -1157,7 +1158,7 @@ class Supervisor:
         try:
             # Every turn was signalled at once; their teardowns run in their own tasks, so
             # waiting on each in turn under one deadline waits for all of them together.
-            budget = max((_grace(turn) for turn in turns), default=0.0) + STOP_SLACK
+            budget = max((turn.stop_grace for turn in turns), default=0.0) + STOP_SLACK
             with trio.move_on_after(budget):
                 for turn in turns:
                     await turn.done.wait()
@@ -1176,7 +1177,7 @@ class Supervisor:
                 result.killed += report.killed
                 result.swept += report.swept
                 result.kill = result.kill or report.mechanism
-                if isinstance(stopped, AcpTurn):
+                if stopped.adapter.runs == "persistent":
                     account["ended"] = stopped.ended
                     # With several ACP turns, one killed outright makes the stop "killed".
                     result.ended = "killed" if "killed" in (result.ended, stopped.ended) else stopped.ended
@@ -1425,8 +1426,8 @@ class Supervisor:
         self.recovered = await recover(self._store, grace, STOP_NOTICE, self.cgroups)
         return self.recovered
 
-    async def _finish_shutdown_turn(self, turn: Turn | AcpTurn) -> None:
-        with trio.move_on_after(_grace(turn) + STOP_SLACK):
+    async def _finish_shutdown_turn(self, turn: RunningTurn) -> None:
+        with trio.move_on_after(turn.stop_grace + STOP_SLACK):
             await turn.done.wait()
         try:
             await self._store.submit_turn_notice(
@@ -1493,11 +1494,6 @@ class _Acceptance:
     async def accepted_now(self) -> Accepted:
         await self.pending.committed()
         return self.accepted
-
-
-def _grace(turn: Turn | AcpTurn) -> float:
-    """How long a stopped turn may take to end before its stop calls itself failed."""
-    return turn.stop_grace if isinstance(turn, AcpTurn) else turn.agent.limits.stop_grace
 
 
 def check_channel(channel: object) -> None:

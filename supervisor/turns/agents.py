@@ -61,15 +61,14 @@ from adapters.acp import (
 from ..procs.files import write_home_files
 from ..procs.lines import LineReader
 from ..procs.tree import (
-    TURN_MARKER,
     MarkerScanner,
     ProcessTree,
     ProcId,
+    agent_environment,
     descendants,
     kill_exact,
     read_stat,
     scan_markers,
-    scrubbed_environment,
     signal_group,
     spawn,
     wait_gone,
@@ -100,20 +99,6 @@ def boot_ticks() -> int:
     with open("/proc/uptime", "rb") as fh:
         return int(float(fh.read().split()[0]) * _CLK_TCK)
 
-
-def agent_environment(
-    launch: Launch, *, home: str | None, marker: str, extra: Mapping[str, str] = {}
-) -> dict[str, str]:
-    """The agent's environment: scrubbed, HOME/TMPDIR if given, the launch's, ``extra``, the marker."""
-    env = scrubbed_environment(os.environ)
-    env.setdefault("PATH", os.defpath)
-    if home is not None:
-        env["HOME"] = home
-        env["TMPDIR"] = str(Path(home) / "tmp")
-    env.update(launch.env)
-    env.update(extra)
-    env[TURN_MARKER] = marker  # last, so no configuration can remove it
-    return env
 
 
 def _cmdline(pid: int) -> str:
@@ -590,7 +575,7 @@ async def open_acp_agent(
         await trio.to_thread.run_sync(
             partial(write_home_files, Path(home), dict(launch.files), state_dir=state_dir)
         )
-    env = agent_environment(launch, home=home, marker=marker, extra=extra_env)
+    env = agent_environment(launch.env, home=home, marker=marker, extra=extra_env)
     agent = AcpAgent(
         launch,
         env=env,
