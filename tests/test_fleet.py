@@ -224,7 +224,7 @@ async def test_a_host_that_loses_its_lease_kills_the_channels_turn_at_once_and_s
         assert one.fleet is not None and two.fleet is not None
         await one.send("ch", f"flush gate={gate}")  # on SIGINT it prints, plans and answers at once
         await until("h1's turn to be ready", lambda: "ready" in texts(url))
-        turn = one._turns[("ch", "bot")]
+        turn = one._lanes.turns[("ch", "bot")]
         one.fleet.paused = True  # h1 stops renewing, as a host cut off from the database would
         lost_at = trio.current_time()
         with trio.fail_after(LEASE + 2):
@@ -266,7 +266,7 @@ async def test_a_stop_through_another_host_is_carried_out_by_the_owner(
     async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
         await two.send("ch", f"gate={gate}")
         await until("h2's turn", lambda: "ready" in texts(url))
-        turn = two._turns[("ch", "bot")]
+        turn = two._lanes.turns[("ch", "bot")]
         await two.send("ch", "dropped by the stop")
         await one.require_channel("ch")
         result = await one.stop("ch")  # through h1: h2 records, kills and stores the notice
@@ -499,14 +499,14 @@ async def test_a_message_accepted_through_another_host_before_a_stop_never_runs_
     async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
         await one.send("ch", f"gate={gate}")
         await until("h1's turn", lambda: "ready" in texts(url))
-        monkeypatch.setattr(one, "_queued_elsewhere", lambda channel: None)  # h1 has not taken it up
+        monkeypatch.setattr(one._ownership, "_queued_elsewhere", lambda channel: None)  # h1 has not taken it up
         two._store.seq_floor(one._store.next_seq() + 1000 * SEQ_STRIDE)  # h2's clock runs ahead of h1's
         early = await two.send("ch", "accepted before the stop")
         result = await one.stop("ch")
         assert result.ok and result.notice_seq is not None and early.seq > result.notice_seq
         assert count(url, "SELECT count(*) FROM queue") == 0  # dropped by the stop's record
         if runs_next == "the owner":
-            await one._pick_up("ch")
+            await one._ownership.pick_up("ch")
             await one.send("ch", "after the stop")
         else:
             assert one.fleet is not None
@@ -528,7 +528,7 @@ async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_n
     async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
         await one.send("ch", f"gate={gate}")
         await until("h1's turn", lambda: "ready" in texts(url))
-        monkeypatch.setattr(one, "_queued_elsewhere", lambda channel: None)
+        monkeypatch.setattr(one._ownership, "_queued_elsewhere", lambda channel: None)
         await two.send("ch", "read before the stop")
         load, read, go_on = one._store.load_queue, trio.Event(), trio.Event()
 
@@ -540,13 +540,13 @@ async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_n
 
         monkeypatch.setattr(one._store, "load_queue", parked_load)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(one._pick_up, "ch")
+            nursery.start_soon(one._ownership.pick_up, "ch")
             await read.wait()
             assert (await one.stop("ch")).ok
             go_on.set()
         # Queued here under the new generation; its begin finds the row gone.
         await until("h1 to try it", lambda: "a stop dropped its message" in caplog.text)
-        await until("h1's lane to be idle", lambda: ("ch", "bot") not in one._workers)
+        await until("h1's lane to be idle", lambda: ("ch", "bot") not in one._lanes.workers)
         assert (await one.stop("ch")).repeat  # no turn began since the stop
         await one.send("ch", "after the stop")
         await until("the follow-up", lambda: "done: after the stop" in texts(url))
