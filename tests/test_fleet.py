@@ -10,6 +10,8 @@ Leases are short (1 s) and every wait is a condition under a generous deadline.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import socket
@@ -112,11 +114,8 @@ def count(url: str, sql: str, params: tuple[Any, ...] = ()) -> int:
 
 
 async def test_a_write_with_a_stale_fencing_token_fails_and_stores_nothing(postgres_url: str) -> None:
-    def lost(channel: str, why: str) -> None:
-        raise AssertionError("no heartbeat runs here")
-
     async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
-        first, second = Fleet(one, "h1", LEASE, on_lost=lost), Fleet(two, "h2", LEASE, on_lost=lost)
+        first, second = Fleet(one, "h1", LEASE), Fleet(two, "h2", LEASE)
         old = await first.acquire("c")
         assert old == 1 and await second.acquire("c") is None  # held: another host cannot take it
         assert await first.acquire("c") == old  # its own host keeps it, and its token
@@ -139,13 +138,36 @@ async def test_a_write_with_a_stale_fencing_token_fails_and_stores_nothing(postg
         assert (await one.append("c", "human:u", "message", "accepted anywhere")).text == "accepted anywhere"
 
 
+async def test_a_heartbeat_returns_what_it_found_and_acts_on_none_of_it(postgres_url: str) -> None:
+    """Decide, then act: a beat drops a lease it finds taken and reports it, with the orphans
+    and the queued work, as one frozen value; nothing is called back from inside the I/O."""
+    async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
+        first, second = Fleet(one, "h1", LEASE), Fleet(two, "h2", LEASE)
+        assert await first.acquire("taken") == 1 and await first.acquire("held") == 1
+        queued = one.accept_message("held", "bot", "human:u", "for h1", generation=0, nudge=False)
+        await queued.committed()
+        assert queued.entry is not None
+        await two.accept_message("orphan", "bot", "human:u", "nobody's", generation=0, nudge=False).committed()
+        expire(postgres_url, "taken")
+        assert await second.acquire("taken") == 2
+        found = await first.beat()
+        assert found is not None
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            found.lost = ()  # type: ignore[misc]
+        assert found.lost == (("taken", "another host holds its lease now"),)
+        assert first.token("taken") is None and first.holds("held")  # (dropped here already; the owner kills)
+        assert "orphan" in found.orphans and "held" not in found.orphans
+        assert ("held", queued.entry.seq) in found.queued
+        assert found.soonest is None or found.soonest > 0
+
+
 async def test_a_takeover_is_not_held_up_by_a_paused_owner_inside_a_fencing_check(postgres_url: str) -> None:
     # A host SIGSTOPped between its fencing check (the lease row share-locked) and its commit
     # keeps that lock for as long as its session lives; a stop through another host must still
     # take the lease within its bound (found by `faults --fleet`, and once as a hung CI run).
     async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
-        first = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
-        second = Fleet(two, "h2", LEASE, on_lost=lambda c, w: None)
+        first = Fleet(one, "h1", LEASE)
+        second = Fleet(two, "h2", LEASE)
         old = await first.acquire("c")
         assert old is not None
         paused = psycopg.connect(postgres_url.replace("postgresql://", "postgresql://", 1), autocommit=False)
@@ -162,7 +184,7 @@ async def test_a_takeover_is_not_held_up_by_a_paused_owner_inside_a_fencing_chec
 
 async def test_a_fenced_write_in_a_batch_fails_alone(postgres_url: str) -> None:
     async with open_store(postgres_url, host="h1") as one:
-        fleet = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
+        fleet = Fleet(one, "h1", LEASE)
         token = await fleet.acquire("c")
         assert token is not None
         stale = one.submit_entry("c", "agent:bot", "message", "stale", fence=token + 5)

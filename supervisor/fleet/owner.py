@@ -44,7 +44,7 @@ from ..core.ledger import OutputKind, StopLedger
 from ..host.results import HOST_LOST_NOTICE, STOP_SLACK, StopResult
 from ..store.store import Store, StoreError
 from ..turns.ports import TurnLedger
-from .fleet import Fleet
+from .fleet import Fleet, Found
 
 if TYPE_CHECKING:
     from ..host.lanes import Lanes
@@ -62,7 +62,7 @@ class FleetOwnership:
         self._store = store
         self._ledger = ledger
         self._nursery = nursery
-        self.fleet = Fleet(store, store.host, config.cluster.lease, on_lost=self._lost, on_orphans=self._orphans)
+        self.fleet = Fleet(store, store.host, config.cluster.lease)
         """This host's leases."""
         self._last_token: dict[str, int] = {}
         """The token this host last held for each channel (kept when the lease is lost)."""
@@ -114,13 +114,22 @@ class FleetOwnership:
     async def serve(self, nursery: trio.Nursery) -> None:
         """The notices' listener, then the heartbeat and its watchdog."""
         await nursery.start(self.fleet.listen, self._notice)
-        await nursery.start(self.fleet.run)
+        await nursery.start(self.fleet.run, self._apply)
 
     async def close(self) -> None:
         """Give every lease back."""
         await self.fleet.release()
 
     # ------------------------------------------------------------ owning
+
+    def _apply(self, found: Found) -> None:
+        """(Synchronous, in the step the heartbeat or the watchdog returned it) act on what the
+        fleet found: kill the turns of every lost lease first, then take up the orphans and
+        the work queued elsewhere."""
+        for channel, why in found.lost:
+            self._lost(channel, why)
+        if found.orphans or found.queued:
+            self._orphans(list(found.orphans), list(found.queued))
 
     def _placed_elsewhere(self, channel: str) -> str | None:
         """The host the channel is pinned to, if it is not this one."""
@@ -181,7 +190,7 @@ class FleetOwnership:
         self._lanes.requeue([row for row in found.queue if row.seq not in self._lanes.known], taken_up=True)
 
     def _lost(self, channel: str, why: str) -> None:
-        """(Synchronous, from the fleet's watchdog or heartbeat) this host lost the channel's
+        """(Synchronous, from what the fleet's watchdog or heartbeat found) this host lost the channel's
         lease: its turns are killed now, in this step, with SIGKILL and no grace (another
         host may begin the channel once the lease runs out in the database: nothing of this
         host's may be alive by then); its queue here is forgotten (the store keeps it)."""
