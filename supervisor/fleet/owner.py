@@ -27,13 +27,11 @@ lease (:mod:`supervisor.fleet.fleet`). This is the supervisor's side of it, behi
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import signal
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +43,7 @@ from ..host.results import HOST_LOST_NOTICE, STOP_SLACK, StopResult
 from ..store.store import Store, StoreError
 from ..turns.ports import TurnLedger
 from .fleet import Fleet, Found
+from .notices import Entries, Notice, Queued, Stop, Stopped, Stopping
 
 if TYPE_CHECKING:
     from ..host.lanes import Lanes
@@ -277,9 +276,7 @@ class FleetOwnership:
             request = secrets.token_hex(8)
             answer = self._answers[request] = _Answer()
             try:
-                await fleet.notify(json.dumps(
-                    {"kind": "stop", "to": owner, "from": fleet.host, "channel": channel, "id": request}
-                ))
+                await fleet.notify(Stop(fleet.host, to=owner, channel=channel, id=request))
                 with trio.move_on_after(fleet.lease):
                     await answer.heard.wait()  # it acknowledges at once, then tears its turns down
                 grace = max((a.limits.stop_grace for a in self._config.agents.values()), default=0.0)
@@ -291,7 +288,7 @@ class FleetOwnership:
             finally:
                 del self._answers[request]
             if answer.result is not None:
-                result = _result_from_json(answer.result)
+                result = answer.result
                 result.elapsed_ms = (trio.current_time() - started) * 1000
                 result.cpu_ms = (time.process_time() - cpu) * 1000
                 log.info("stop %r: carried out by host %s in %.1f ms", channel, owner, result.elapsed_ms)
@@ -318,8 +315,7 @@ class FleetOwnership:
 
     async def _acknowledge(self, asker: str, request: str) -> None:
         try:
-            await self.fleet.notify(json.dumps({"kind": "stopping", "to": asker, "from": self.fleet.host,
-                                                "id": request}))
+            await self.fleet.notify(Stopping(self.fleet.host, to=asker, id=request))
         except StoreError as exc:
             log.warning("could not acknowledge host %s's stop: %s", asker, exc)
 
@@ -331,34 +327,28 @@ class FleetOwnership:
                 return str(host["host"])
         return None
 
-    def _notice(self, payload: str) -> None:
-        """(From the fleet's listener) a notice for this host: a stop to carry out, or the
-        answer to one this host asked another to carry out."""
-        try:
-            notice = json.loads(payload)
-        except ValueError:
-            return
-        if not isinstance(notice, dict):
-            return
-        if notice.get("kind") == "queued" and notice.get("from") != self.fleet.host:
-            self._queued_elsewhere(str(notice.get("channel")))
-            return
-        if notice.get("kind") == "entries" and notice.get("from") != self.fleet.host:
-            last = notice.get("last")
-            self._store.others_committed(last if isinstance(last, int) else None)
-            return
-        if notice.get("to") != self.fleet.host:
-            return
-        if notice.get("kind") == "stop" and not self._lanes.closing:
-            self._nursery.start_soon(self._stop_for, str(notice["channel"]), str(notice["from"]), str(notice["id"]))
-            return
-        answer = self._answers.get(str(notice.get("id")))
-        if answer is None:
-            return
-        answer.heard.set()
-        if notice.get("kind") == "stopped" and isinstance(notice.get("result"), dict):
-            answer.result = notice["result"]
-            answer.done.set()
+    def _notice(self, notice: Notice) -> None:
+        """(From the fleet's listener) another host's message row or commit, a stop for this
+        host to carry out, or the answer to one this host asked another to carry out."""
+        me = self.fleet.host
+        match notice:
+            case Queued() if notice.sender != me:
+                self._queued_elsewhere(notice.channel)
+            case Entries() if notice.sender != me:
+                self._store.others_committed(notice.last)
+            case Stop() if notice.to == me and not self._lanes.closing:
+                self._nursery.start_soon(self._stop_for, notice.channel, notice.sender, notice.id)
+            case Stopping() | Stopped() if notice.to == me and notice.id in self._answers:
+                answer = self._answers[notice.id]
+                answer.heard.set()
+                if isinstance(notice, Stopped):
+                    try:
+                        answer.result = StopResult.from_json(notice.result)
+                    except ValueError as exc:  # (the asker waits out its deadline, then takes the channel)
+                        log.warning("host %s's answer to a stop is not a stop's result (%s); dropped", notice.sender,
+                                    exc)
+                        return
+                    answer.done.set()
 
     async def _stop_for(self, channel: str, asker: str, request: str) -> None:
         """Carry out a stop another host was asked for, if this host owns the channel (else
@@ -373,9 +363,7 @@ class FleetOwnership:
         result = (await self._stopper.carry_out(batch, started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
         try:
-            await self.fleet.notify(json.dumps(
-                {"kind": "stopped", "to": asker, "from": self.fleet.host, "id": request, "result": result.to_json()}
-            ))
+            await self.fleet.notify(Stopped(self.fleet.host, to=asker, id=request, result=result.to_json()))
         except StoreError as exc:
             log.error("stop %r for host %s: carried out, but the answer could not be sent: %s", channel, asker, exc)
 
@@ -419,15 +407,4 @@ class _Answer:
     heard: trio.Event = field(default_factory=trio.Event)
     """The owner has acknowledged the stop (it is carrying it out)."""
     done: trio.Event = field(default_factory=trio.Event)
-    result: dict[str, Any] | None = None
-
-
-def _result_from_json(data: Mapping[str, Any]) -> StopResult:
-    """A stop's result as another host sent it (``StopResult.to_json``)."""
-    return StopResult(
-        channel=data.get("channel"), generation=int(data.get("generation", 0)), repeat=bool(data.get("repeat")),
-        stopped_turns=list(data.get("stopped_turns", [])), turns=list(data.get("turns", [])),
-        killed=list(data.get("killed", [])), swept=list(data.get("swept", [])), kill=data.get("kill"),
-        dropped=int(data.get("dropped", 0)), notice_seq=data.get("notice_seq"), ok=bool(data.get("ok")),
-        error=data.get("error"),
-    )
+    result: StopResult | None = None

@@ -44,7 +44,7 @@ from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
 from ..procs.registry import ProcessRegistry
 from ..procs.tree import ProcessTree, reap_if_child, reap_orphans, wait_pid_exit
-from ..store.store import Dropped, Fenced, Pending, QueuedRow, Store, StoreError
+from ..store.store import Draft, Dropped, Fenced, Pending, QueuedRow, Store, StoreError
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool
 from ..turns.ports import RunningTurn, TurnPorts, new_turn_id, retry_without_session
@@ -106,9 +106,16 @@ class _TurnStore:
         pending = self._store.submit_entry(
             channel, author, kind, text, turn=turn, generation=generation, meta=meta, fence=fence
         )
-        if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:"):
+        # A run cut off by a stop is saved, never routed on: the stop ends the hand-offs too (line 12).
+        cut_off = meta is not None and "cut_off" in meta
+        if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:") \
+                and not cut_off:
             self._hand_off(channel, turn, author, text, pending.entry.seq)
         return pending
+
+    def show_draft(self, draft: Draft) -> None:
+        """Show a draft to this host's followers (never stored, so never fenced)."""
+        self._store.show_draft(draft)
 
     def save_session(self, channel: str, agent: str, session_id: str | None, cwd: str) -> Pending:
         """The agent's session id for the channel."""

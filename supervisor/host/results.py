@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import UsageError
+from ..core.fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
 
 STOP_NOTICE = "Execution stopped by user."
 SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
@@ -50,11 +52,8 @@ class Accepted:
     """Every agent it went to (empty: stored only)."""
 
     def to_json(self) -> dict[str, Any]:
-        """As the API and ``corral send --json`` print it."""
-        return {
-            "seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation,
-            "queued": self.queued, "to": list(self.to),
-        }
+        """As the API and ``corral send --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
 
 
 @dataclass(slots=True)
@@ -74,34 +73,20 @@ class StopResult:
     ended: str | None = None
     """An ACP turn's prompt: ``"cancelled"`` (the agent acknowledged the typed cancel) or
     ``"killed"`` (it did not in time, or died: its whole tree was killed). None otherwise."""
-    cpu_ms: float = 0.0
+    cpu_ms: float = field(default=0.0, metadata=ROUNDED)
     """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
     dropped: int = 0
     notice_seq: int | None = None
-    elapsed_ms: float = 0.0
+    elapsed_ms: float = field(default=0.0, metadata=ROUNDED)
     ok: bool = True
     error: str | None = None
-    channels: list[StopResult] | None = None
+    channels: list[StopResult] | None = field(default=None, metadata=OMITTED_IF_NONE)
 
     def to_json(self) -> dict[str, Any]:
-        """As the API and ``corral stop --json`` print it."""
-        out: dict[str, Any] = {
-            "channel": self.channel,
-            "generation": self.generation,
-            "repeat": self.repeat,
-            "stopped_turns": self.stopped_turns,
-            "turns": self.turns,
-            "killed": self.killed,
-            "swept": self.swept,
-            "kill": self.kill,
-            "ended": self.ended,
-            "cpu_ms": round(self.cpu_ms, 3),
-            "dropped": self.dropped,
-            "notice_seq": self.notice_seq,
-            "elapsed_ms": round(self.elapsed_ms, 3),
-            "ok": self.ok,
-            "error": self.error,
-        }
-        if self.channels is not None:
-            out["channels"] = [c.to_json() for c in self.channels]
-        return out
+        """As the API and ``corral stop --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StopResult:
+        """A result as :meth:`to_json` gave it (another fleet host's answer); ValueError if it is none."""
+        return from_json(cls, data)

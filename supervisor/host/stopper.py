@@ -118,6 +118,11 @@ class Stopper:
         for decision in decisions:
             if decision.repeat:
                 continue
+            # What the stopped turns were still writing is saved as it stood, before the stop's
+            # seq and so before its notice: the boundary is this decision (contract line 18).
+            for _, turn_id in decision.stopped_turns:
+                if (turn := self._lanes.built(decision.channel, turn_id)) is not None:
+                    turn.cut_off("stop")
             seq = self._store.next_seq()
             plans = self._cancelled_plans(decision.channel)
             batch.seqs[decision.channel] = seq
@@ -217,18 +222,23 @@ class Stopper:
         return result
 
     def kill(
-        self, turns: Iterable[tuple[str, str]], reason: str, sig: signal.Signals | None = None
+        self, turns: Iterable[tuple[str, str]], reason: str, sig: signal.Signals | None = None, *,
+        cut_off: bool = False,
     ) -> list[RunningTurn]:
         """The one kill step, for a stop, a lost lease and a shutdown alike: every named
         ``(channel, turn id)`` that is built is told why it ends, its scope cancelled and its
         group signalled (``sig``, else its adapter's interrupt signal), all in one pass with
         no checkpoint from the decision to the last signal. A turn not built yet (parked
-        after its take) is skipped: the ledger already says it is stale, so it never starts."""
+        after its take) is skipped: the ledger already says it is stale, so it never starts.
+        ``cut_off``: first save what the turn was still writing, as it stood (a shutdown; a
+        stop did so when it was recorded)."""
         killed: list[RunningTurn] = []
         for channel, turn_id in turns:
             turn = self._lanes.built(channel, turn_id)
             if turn is None:
                 continue  # not built yet (parked after the take): it never starts
+            if cut_off:
+                turn.cut_off(reason)  # (its text so far, saved as it stood: contract line 18)
             turn.stop_reason = reason
             turn.scope.cancel()
             self._registry.interrupt(channel, turn_id, turn.adapter.interrupt_signal if sig is None else sig)
@@ -342,7 +352,7 @@ class Stopper:
         self._lanes.closing = True
         decision = self._ledger.shut_down()  # every running turn is silenced now
         # No checkpoint from the decision to the last signal.
-        turns = self.kill(decision.turns, "shutdown")
+        turns = self.kill(decision.turns, "shutdown", cut_off=True)
         async with trio.open_nursery() as nursery:
             for turn in turns:
                 nursery.start_soon(self._finish_shutdown_turn, turn)

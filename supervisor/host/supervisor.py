@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import trio
 
@@ -58,7 +58,7 @@ from ..procs.tree import (
     set_child_subreaper,
     spawn,
 )
-from ..store.store import Entry, Store, open_store
+from ..store.store import Draft, Entry, Store, open_store
 from ..turns.ports import Places, TurnPorts
 from .lanes import Lanes, _TurnStore
 from .ownership import Ownership, SingleHost
@@ -281,21 +281,29 @@ class Supervisor:
         check_channel(channel)
         if channel in self._ledger.channels() or channel in self._stored_channels:
             return
-        if await self._store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
+        if await self._store.has_entries(channel):
             self._stored_channels.add(channel)
             return
-        stored = {name for (name,) in await self._store.query("SELECT DISTINCT channel FROM entries")}
-        known = stored | set(self._ledger.channels())
+        known = await self._store.channels() | set(self._ledger.channels())
         if channel not in known:  # (it may have been created while the store was asked)
             raise UnknownChannel(channel, known)
 
-    def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False) -> AsyncIterator[Entry]:
+        ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool = False) -> AsyncIterator[Entry | Draft]:
         """Committed entries of a channel after ``after``, then live ones as they commit.
 
+        With ``drafts``, also the text agents are writing now, as :class:`Draft` values,
+        before it is saved (never stored; the saved entry names the draft it replaces).
         A channel need not exist yet (subscribe, then send); call :meth:`require_channel`
         first to refuse a mistyped one, as the control API does.
         """
-        return self._store.follow(channel, after)
+        return self._store.follow(channel, after, drafts=drafts)
 
     async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
         """Committed entries of a channel after ``after``."""
@@ -316,8 +324,7 @@ class Supervisor:
 
     async def last_seq(self) -> int:
         """The seq of the newest committed entry (0: none)."""
-        ((newest,),) = await self._store.query("SELECT coalesce(max(seq), 0) FROM entries")
-        return int(newest)
+        return await self._store.last_seq()
 
     async def flush(self) -> None:
         """Wait until every write accepted so far is committed (a failure is not raised here)."""

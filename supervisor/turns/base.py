@@ -37,11 +37,11 @@ from adapters import Adapter, get_adapter
 from adapters._base import Event, Launch, TurnRequest
 
 from ..config.settings import AgentConfig
-from ..core.account import Effect, Post, SavePlan, SaveSession, TurnAccount
+from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
 from ..procs.sandbox import SandboxRefused
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
-from ..store.store import Pending, StoreError
+from ..store.store import Draft, Pending, StoreError
 from .ports import TurnLimit, TurnOutcome, TurnPorts
 
 log = logging.getLogger("corral.turn")
@@ -70,8 +70,10 @@ class BaseTurn:
         self.cwd: str | None = None
         """The working folder, once prepared (it is created then)."""
         self.ended: str | None = None
-        self._account = TurnAccount(self.author)
+        self._account = TurnAccount(self.author, self.turn_id)
         self._last: Pending | None = None
+        self._draft: ShowDraft | None = None
+        """The open run's latest draft, not yet shown (a kind that shows each as it comes keeps none)."""
 
     # ------------------------------------------------------------ what the supervisor reads
 
@@ -112,11 +114,14 @@ class BaseTurn:
         for effect in effects:
             if isinstance(effect, Post):
                 self._post(effect.kind, effect.text, dict(effect.meta) if effect.meta is not None else None)
+                self._posted(effect)
             elif isinstance(effect, SaveSession):
                 if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.SESSION):
                     store.save_session(self.channel, self.agent.name, effect.session_id, self._cwd())
             elif isinstance(effect, SavePlan):
                 store.save_todos(self.channel, self.agent.name, effect.items)
+            elif isinstance(effect, ShowDraft):
+                self._drafted(effect)
             else:
                 log.warning(
                     "[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line
@@ -130,9 +135,36 @@ class BaseTurn:
             self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
         )
 
+    def _posted(self, post: Post) -> None:
+        """A kind's step after an entry is submitted (none by default)."""
+
+    def _drafted(self, draft: ShowDraft) -> None:
+        """A draft of the open run: shown as it comes (a kind may hold it, see :meth:`_show_draft`)."""
+        self._show_draft(draft)
+
+    def _show_draft(self, draft: ShowDraft) -> None:
+        """Show a draft to the channel's followers unless the turn is stale (nothing is stored)."""
+        if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+            self.ports.store.show_draft(
+                Draft(self.channel, self.author, self.turn_id, draft.draft, draft.text, time.time())
+            )
+
+    def cut_off(self, reason: str) -> None:
+        """Save the open run of text as the stop (or shutdown) decision found it, marked as cut
+        off by ``reason``: called in the step that decides, before the notice. Not asked of the
+        ledger, which has just silenced the turn: this entry is the decision's own."""
+        post = self._account.cut_off(reason)
+        if post is None:
+            return
+        self._draft = None
+        self._last = self.ports.store.submit_entry(
+            self.channel, self.author, post.kind, post.text, turn=self.turn_id, generation=self.generation,
+            meta=dict(post.meta) if post.meta is not None else None,
+        )
+
     def _handle(self, event: Event) -> None:
         """Decide what the event adds (pure), then carry it out."""
-        self._carry_out(self._account.on_event(event, silenced=self._silenced()))
+        self._carry_out(self._account.on_event(event, silenced=self._silenced(), now=trio.current_time()))
 
     def _flush_text(self) -> None:
         self._carry_out(self._account.close_text(silenced=self._silenced()))

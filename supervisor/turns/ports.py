@@ -33,7 +33,7 @@ from ..procs.hooks import Spawner, TurnHook
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox
 from ..procs.tree import KillReport, MarkerScanner, ProcessTree
-from ..store.store import Pending
+from ..store.store import Draft, Pending
 
 
 class TurnLimit(Exception):
@@ -124,6 +124,10 @@ class TurnStore(Protocol):
 
     def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
         """The turn's process, on its row (recovery finds it by it after a crash)."""
+        ...
+
+    def show_draft(self, draft: Draft) -> None:
+        """Show text being written to the channel's followers; nothing is stored."""
         ...
 
 
@@ -221,6 +225,10 @@ class RunningTurn(Protocol):
         """The tree a stop may end together with others' (``procs.teardown.TreeBatch``): the
         turn's own, once spawned. None for a persistent agent's turn: its tree outlives it,
         and its stop is the agent's own cancel sequence."""
+        ...
+
+    def cut_off(self, reason: str) -> None:
+        """Save the open run of text as a stop (or shutdown) decision found it, in that step."""
         ...
 
     def run(self, session_id: str | None) -> Awaitable[TurnOutcome]:

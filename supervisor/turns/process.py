@@ -28,6 +28,7 @@ import trio
 from adapters._base import Parser
 
 from ..config.settings import AgentConfig
+from ..core.account import Post, ShowDraft
 from ..core.ledger import TurnTicket
 from ..procs.files import write_home_files
 from ..procs.lines import Line, LineReader
@@ -62,6 +63,21 @@ class Turn(BaseTurn):
         self._tree: ProcessTree | None = None
         self._parser: Parser | None = None
         self._reader: LineReader | None = None
+
+    def _posted(self, post: Post) -> None:
+        if post.meta and "draft" in post.meta and isinstance(self._parser, _LineTextRuns):
+            self._parser.end_text_run()  # (a long run saved in pieces: the next piece is a new run)
+
+    def _drafted(self, draft: ShowDraft) -> None:
+        self._draft = draft  # (shown once per read: see _show)
+
+    def _show(self) -> None:
+        """Show the open run's latest draft, if a read added to it: once per read, since each
+        draft carries the whole run (a burst of deltas is one draft, not one per delta)."""
+        draft, self._draft = self._draft, None
+        if draft is None or draft.draft != self._account.draft or not self._account.text:
+            return  # (its run was saved meanwhile: the entry replaces it)
+        self._show_draft(draft)
 
     @property
     def tree(self) -> ProcessTree | None:
@@ -175,6 +191,7 @@ class Turn(BaseTurn):
                 if line.truncated:
                     log.warning("[%s %s] line over %d bytes truncated", self.channel, self.turn_id, len(line.data))
                 self._feed(line)
+            self._show()
             # Deltas stay buffered across reads: one contiguous run of them is one message,
             # stored when the next event (or the end of the turn) closes it.
             if self._last is not None and self._last.failed:
@@ -211,6 +228,7 @@ class Turn(BaseTurn):
                 log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
                 for event in parser.feed_stderr(text):
                     self._handle(event)
+            self._show()
 
     async def _end(self) -> None:
         """End the tree (interrupt, grace, SIGKILL, sweep; or keep a normal turn's background),
