@@ -128,7 +128,7 @@ def format_entry(entry: dict[str, Any]) -> str:
     if meta.get("dropped_by_stop"):
         again = (f"; sent again as {meta['resent_as']}" if meta.get("resent_as") is not None
                  else f"; `corral resend {entry['channel']} {entry['seq']}` sends it again"
-                 if str(entry.get("author", "")).startswith("human:") else "")
+                 if str(entry.get("author", "")).startswith("human:") and entry.get("channel") else "")
         dropped = f" (not run: dropped by a stop{again})"
     cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"

@@ -1,4 +1,4 @@
-"""The fleet's notices (supervisor/fleet/notices.py): every kind comes back from its payload as
+"""The fleet's notices (supervisor/core/notices.py): every kind comes back from its payload as
 it was sent, whatever its text (lone surrogates included); a payload that is no notice is
 refused with NoticeError and nothing else; a value that could not be sent is refused when it is
 made. On a real database: the store's and the engine's own notices decode, and a malformed
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.fleet.fleet import Fleet
-from supervisor.fleet.notices import (
+from supervisor.core.notices import (
     CHANNEL,
     Beat,
     Entries,
@@ -161,7 +161,7 @@ async def test_the_stores_notices_decode_and_a_malformed_one_is_dropped_while_th
 
     caplog.set_level(logging.DEBUG, logger="corral.fleet")
     async with open_store(postgres_url, host="h1", lease=2.0) as store, trio.open_nursery() as nursery:
-        fleet = Fleet(store, "h1", 2.0, on_lost=lambda c, w: None)
+        fleet = Fleet(store, "h1", 2.0)
         await nursery.start(fleet.listen, deliver)
         with trio.fail_after(DEADLINE):
             while not got["ready"].is_set():  # (the listener's connection LISTENs once its thread is in)

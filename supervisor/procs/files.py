@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 
@@ -94,3 +94,19 @@ def _read_regular(path: Path) -> bytes:
         if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
             raise OSError(0, "not a regular file", str(path))
         return source.read()
+
+
+def write_home_files(home: Path, files: Mapping[str, str], *, state_dir: Path | None = None) -> None:
+    """Write a launch's files under ``home`` (0600 in 0700 folders), and make its TMPDIR.
+
+    The one path every agent's files take, a per-turn CLI's and a persistent ACP agent's
+    alike. The folders from ``state_dir`` (corral's, which holds every HOME) down to ``home``
+    are tightened too; without it only ``home`` and below are — never a folder above that is
+    not corral's to change (counting parents up from a HOME once reached ``/``). A file is
+    opened with ``O_NOFOLLOW``: a symlink an agent planted in its HOME is never written through.
+    """
+    private_folder(home / "tmp", within=state_dir if state_dir is not None and state_dir in home.parents else home)
+    for rel, content in dict(files).items():
+        path = Path(rel) if os.path.isabs(rel) else home / rel
+        private_folder(path.parent, within=home if not os.path.isabs(rel) else None)
+        private_file(path, content)
