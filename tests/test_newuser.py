@@ -317,3 +317,27 @@ def test_only_a_short_message_that_is_a_login_refusal_is_replaced() -> None:
     [post] = account.on_event(Text(talk), silenced=False)
     assert post.text == talk, "an agent talking about logins is not a login failure"  # type: ignore[union-attr]
     assert login_help("demo", "demo") is None and login_help("bot", "generic") is None
+
+
+async def test_reset_ends_a_live_acp_agent_so_its_next_prompt_starts_a_new_session(short_tmp: Path) -> None:
+    """An ACP agent keeps its process (and the session it loaded) between turns: a reset that
+    only forgot the stored id would change nothing there, so it ends that process too."""
+    import sys
+
+    fake = str(Path(__file__).parent / "fakes" / "fake_acp.py")
+    state = short_tmp / "fake-state"
+    state.mkdir()
+    table = {"adapter": "acp", "command": [sys.executable, fake], "env": {"FAKE_ACP_STATE": str(state)},
+             "sandbox_write": [str(short_tmp)]}
+    async with open_supervisor(make_config(short_tmp, {"acp": table})) as sup:
+        await sup.send("c", "hello")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        first = sup.session("c", "acp")
+        assert first is not None and sup._lanes.acp._agents.get(("c", "acp")) is not None
+        await sup.reset("c")
+        assert sup._lanes.acp._agents.get(("c", "acp")) is None, "the live agent (and its session) is gone"
+        await sup.send("c", "who are you now?")
+        with trio.fail_after(60):
+            assert await sup.wait_idle("c")
+        assert sup.session("c", "acp") not in (None, first)
