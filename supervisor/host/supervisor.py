@@ -388,7 +388,7 @@ class Supervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = "human:user",
+        author: str = "human:user", origin: str | None = None,
     ) -> Accepted:
         """Store and queue a message; returns once it is committed.
 
@@ -397,6 +397,9 @@ class Supervisor:
         configured agent: another bot posting for it; while the channel rests its message
         is stored but goes to no one) or ``system``. Raises :class:`UsageError` for bad
         input and :class:`StoreError` if it could not be stored (then it will not run either).
+        ``origin`` names the outside event it comes from (a chat bridge's event id): stored
+        with the message in its transaction, so one event is accepted at most once
+        (:meth:`origin_seq` tells whether it was).
         """
         if self._closing:
             raise ShuttingDown("corral is shutting down")
@@ -428,7 +431,25 @@ class Supervisor:
             if not self._ledger.may_route(channel, from_human=False):
                 targets = ()
             hops = 1
-        return await self._accept(channel, targets, author, text, nudge=False, hops=hops).accepted_now()
+        return await self._accept(channel, targets, author, text, nudge=False, hops=hops, origin=origin).accepted_now()
+
+    # ------------------------------------------------------------ bridges' bookkeeping
+
+    async def origin_seq(self, origin: str) -> int | None:
+        """The seq of the message accepted from ``origin`` (0: marked handled); None: never seen."""
+        return await self._store.origin_seq(origin)
+
+    async def mark_origin(self, origin: str) -> None:
+        """Record that ``origin`` was handled without a message (a chat command); once committed."""
+        await self._store.mark_origin(origin).committed()
+
+    async def cursor(self, key: str) -> str | None:
+        """A value a bridge keeps across restarts (a sync token, the last entry it posted)."""
+        return await self._store.cursor(key)
+
+    async def save_cursor(self, key: str, value: str) -> None:
+        """Store a bridge's value; returns once it is committed."""
+        await self._store.save_cursor(key, value).committed()
 
     def _check_author(self, author: str) -> None:
         if author == "system" or (author.startswith("human:") and len(author) > 6):
@@ -443,13 +464,14 @@ class Supervisor:
         raise UsageError(f"author must be 'human:NAME', 'agent:NAME' or 'system', got {author!r}")
 
     def _accept(
-        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0
+        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0,
+        origin: str | None = None,
     ) -> _Acceptance:
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
         generation = self._ledger.generation(channel)
         pending = self._store.accept_message(
             channel, targets[0] if targets else None, author, text, generation=generation, nudge=nudge, to=targets,
-            hops=hops,
+            hops=hops, origin=origin,
         )
         assert pending.entry is not None
         seq = pending.entry.seq

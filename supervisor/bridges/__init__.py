@@ -1,0 +1,19 @@
+"""Chat bridges: rooms of a chat platform joined to corral channels, run under the daemon.
+
+A platform-independent core (:mod:`.core`, pure) decides; a platform module (:mod:`.matrix`,
+:mod:`.irc`) speaks the wire through the interface of :mod:`.platform`; the Trio layer
+(:mod:`.runner`) drives both against a :class:`~supervisor.Supervisor` through its public
+methods. ``[bridges.NAME]`` tables in ``corral.toml`` configure them; embedded::
+
+    async with open_supervisor(config) as sup, trio.open_nursery() as nursery:
+        await nursery.start(run_bridges, sup, list(config.bridges.values()))
+"""
+
+from .core import BridgeCore, Policy
+from .platform import Batch, Platform, PlatformError, Refused, Transient
+from .runner import Bridge, run_bridge, run_bridges
+
+__all__ = [
+    "Batch", "Bridge", "BridgeCore", "Platform", "PlatformError", "Policy", "Refused", "Transient", "run_bridge",
+    "run_bridges",
+]
