@@ -402,6 +402,8 @@ class BridgeCore:
     """Agent name → its platform user id (an agent without one posts through the bridge's)."""
     verbosity: Verbosity = "normal"
     invites: bool = False
+    can_edit: bool = True
+    """Whether the platform edits posts (else no drafts, and status lines are posts of their own)."""
     server_of: Any = None
     """A function from a sender id to its server (None: no servers)."""
     _known: dict[str, _Known] = field(default_factory=dict)
@@ -590,6 +592,8 @@ class BridgeCore:
             return [Post(room, key, clip(plan_text(str(meta.get("agent", "")), items, head)), notice=True,
                          turn=turn, channel=channel, seq=seq)]
         if kind in ("tool", "status"):
+            if not self.can_edit and self.verbosity == "normal" and kind == "tool":
+                return []  # (a platform without edits gets the status lines, one post each; tools: verbose)
             return self._status(room, key, text, turn, channel, seq)
         return []
 
@@ -599,7 +603,7 @@ class BridgeCore:
         line = text.splitlines()[0] if text else ""
         if len(line) > 160:
             line = line[:159] + "…"
-        if self.verbosity == "verbose" or turn is None:
+        if self.verbosity == "verbose" or turn is None or not self.can_edit:
             return [Post(room, key, clip(line), notice=True, turn=turn, channel=channel, seq=seq)]
         lines = self._status_lines.setdefault(turn, [])
         lines.append(line)
@@ -612,7 +616,7 @@ class BridgeCore:
 
     def draft(self, event: Draft, room: str) -> list[Op]:
         """Live output: the first draft of an id is posted, later ones edit it (throttled by the outbox)."""
-        if event.turn in self._ended:
+        if event.turn in self._ended or not self.can_edit:
             return []
         key = self._drafts.get(event.draft)
         text = clip(self._prefixed(event.agent, event.text))

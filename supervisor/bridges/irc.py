@@ -121,19 +121,30 @@ class IrcPlatform:
 
     async def rooms(self, configured: Mapping[str, str]) -> dict[str, str]:
         self.channels = {room.lower(): channel for room, channel in configured.items()}
-        for room in self.channels:
+        for room in list(self.channels):
             await self.join(room)
         return dict(self.channels)
 
     async def join(self, room: str) -> bool:
+        """Join and wait for the server's answer (a line said after it is then seen)."""
         await self._write(f"JOIN {room}")
-        return True
+        while True:
+            prefix, command, params = await self._read()
+            if command == "PING":
+                await self._write(f"PONG :{params[-1] if params else ''}")
+            elif command == "JOIN" and prefix.split("!")[0] == self.nick and params and params[0].lower() == room:
+                return True
+            elif command in ("403", "405", "471", "473", "474", "475", "476"):
+                log.error("irc: cannot join %s: %s; it is not bridged", room, params[-1] if params else command)
+                self.channels.pop(room, None)
+                return False
 
     async def events(self, cursor: str | None) -> AsyncIterator[Batch]:
         if self.stream is None:  # a reconnect after a failure
             await self.connect()
-            for room in self.channels:
+            for room in list(self.channels):
                 await self.join(room)
+        yield Batch((), None)  # (listening: IRC has no backlog to read first)
         while True:
             prefix, command, params = await self._read()
             if command == "PING":

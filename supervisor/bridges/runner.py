@@ -147,6 +147,7 @@ class Bridge:
             agent_users=agent_users,
             verbosity=_verbosity(config.verbosity),
             invites=config.invites,
+            can_edit=self.platform.can_edit,
             server_of=self.platform.server_of,
         )
         self.rooms: dict[str, _Room] = {}
