@@ -9,11 +9,31 @@ methods. ``[bridges.NAME]`` tables in ``corral.toml`` configure them; embedded::
         await nursery.start(run_bridges, sup, list(config.bridges.values()))
 """
 
-from .core import BridgeCore, Policy
-from .platform import Batch, Platform, PlatformError, Refused, Transient
-from .runner import Bridge, run_bridge, run_bridges
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .core import BridgeCore, Policy
+    from .platform import Batch, Platform, PlatformError, Refused, Transient
+    from .runner import Bridge, run_bridge, run_bridges
+
+#: Imported when first used, so the pure core loads without Trio (a test checks it).
+_LAZY = {
+    "BridgeCore": ".core", "Policy": ".core",
+    "Batch": ".platform", "Platform": ".platform", "PlatformError": ".platform", "Refused": ".platform",
+    "Transient": ".platform",
+    "Bridge": ".runner", "run_bridge": ".runner", "run_bridges": ".runner",
+}
 
 __all__ = [
     "Batch", "Bridge", "BridgeCore", "Platform", "PlatformError", "Policy", "Refused", "Transient", "run_bridge",
     "run_bridges",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

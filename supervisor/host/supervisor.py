@@ -1562,6 +1562,9 @@ async def open_supervisor(
                 cgroup_subtree=cgroups.path if cgroups is not None else None,
                 agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
                 home=os.environ.get("HOME"),
+                secrets=[path for bridge in config.bridges.values() for path in (
+                    bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
+                    if path is not None],
             )
             sandbox = await trio.to_thread.run_sync(open_sandbox, config.server.sandbox, private)
             sup = Supervisor(
