@@ -203,3 +203,41 @@ async def test_irc_server_restarted_runs_nothing_twice_and_a_stop_from_outside_s
         humans = [e.text for e in await sup.entries("general") if e.author.startswith("human:")]
         assert humans == ["hello before", "start a long task after"]
         await alice.close()
+
+
+async def test_a_failing_bridge_takes_neither_the_daemon_nor_another_bridge_down(
+    short_tmp: Path, ngircd: Ngircd, people: dict[str, Person], caplog: pytest.LogCaptureFixture
+) -> None:
+    import httpx
+
+    from _synapse import free_port
+    from supervisor.serve.daemon import run_daemon
+
+    caplog.set_level(logging.INFO, "corral.bridges")
+    token = short_tmp / "nobody.token"
+    token.write_text("not-a-token\n")
+    down = f"http://127.0.0.1:{free_port()}"  # (nothing listens there: a homeserver that is down)
+    data: dict[str, Any] = {
+        "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
+        "store": {"path": "corral.db"},
+        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(short_tmp)]}},
+        "bridges": {
+            "down": {"type": "matrix", "homeserver": down, "user": "@bot:x", "token_file": str(token),
+                     "admins": ["@a:x"], "rooms": {"!r:x": "elsewhere"}, "retry_max": 0.5},
+            "irc": {"type": "irc", "server": f"127.0.0.1:{ngircd.port}", "nick": "corral",
+                    "admins": ["alice!*@127.0.0.1"], "rooms": {ROOM: "general"}},
+        },
+    }
+    config = parse_config(data, file=str(short_tmp / "corral.toml"), base=short_tmp)
+    alice = people["alice"]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_daemon(config, handle_signals=False, subreaper=False,
+                                                           task_status=task_status))
+        transport = httpx.AsyncHTTPTransport(uds=str(short_tmp / "corral.sock"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://corral") as http:
+            assert (await http.get("/v1/status")).status_code == 200  # served while a bridge cannot connect
+            await alice.until(lambda line: line[1] == "JOIN" and line[0] == "corral")
+            await alice.say("hello through the daemon")
+            await alice.until(alice.room_says("corral", "hello through the daemon"))
+            assert "bridge down: connecting:" in caplog.text and "trying again" in caplog.text
+            await http.post("/v1/shutdown")
