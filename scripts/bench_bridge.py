@@ -11,7 +11,9 @@ floor measured in the same run, rounds alternating:
 * **message → turn started**: from the human's send to the turn's first entry, against the
   same message given to ``Supervisor.send`` directly.
 * **!stop → acknowledgement / → notice in the room** (as the human's sync sees them), against
-  the daemon's own stop (``Supervisor.stop`` of the same kind of turn, its ``elapsed_ms``).
+  the daemon's own stop (``Supervisor.stop`` of the same kind of turn, its ``elapsed_ms``), and
+  the acknowledgement against two hops of the homeserver (one hop: a message from a second
+  client seen by the human; the acknowledgement is two: the command in, "Stopping…" out).
 * **messages per second**: a burst of messages sent by the human, until the bridge has
   accepted the last, against ``Supervisor.send`` of as many messages.
 """
@@ -85,11 +87,14 @@ async def bench(rounds: int, burst: int) -> None:
         bot = await trio.to_thread.run_sync(synapse.register, "bot")
         demo = await trio.to_thread.run_sync(synapse.register, "demo")
         alice = await trio.to_thread.run_sync(synapse.register, "alice")
+        carol = await trio.to_thread.run_sync(synapse.register, "carol")
         for name, (_, token) in (("bot", bot), ("demo", demo)):
             (folder / f"{name}.token").write_text(token)
         async with httpx.AsyncClient() as http:
             human = Human(synapse.url, alice[1], http)
-            room = (await human.call("POST", "/createRoom", {"invite": [bot[0], demo[0]]}))["room_id"]
+            room = (await human.call("POST", "/createRoom", {"invite": [bot[0], demo[0], carol[0]]}))["room_id"]
+            other = Human(synapse.url, carol[1], http)
+            await other.call("POST", f"/join/{quote(room, safe='')}", {})
             await human.sync()
             data = {
                 "server": {"socket": "corral.sock"}, "store": {"path": "corral.db"},
@@ -127,7 +132,12 @@ async def bench(rounds: int, burst: int) -> None:
                 ack: list[float] = []
                 notice: list[float] = []
                 floor_stop: list[float] = []
+                hop: list[float] = []
                 for n in range(rounds):
+                    # one hop: a message from one Matrix client seen by another (the homeserver's floor)
+                    t0 = trio.current_time()
+                    await other.say(room, f"hop {n}")
+                    hop.append((await human.until(lambda e, n=n: _body(e) == f"hop {n}") - t0) * 1000)
                     # message → turn started, through the room and directly
                     after = await sup.last_seq()
                     t0 = trio.current_time()
@@ -186,6 +196,8 @@ async def bench(rounds: int, burst: int) -> None:
 
     print(f"bench_bridge: {rounds} rounds, burst of {burst}, Synapse on loopback, demo agent")
     row("chat message -> turn started", started["bridge"], started["floor"])
+    row("one hop: a client's message seen by another", hop, hop)
+    row("!stop -> 'Stopping…' in the room (vs 2 hops)", ack, [2 * h for h in hop])
     row("!stop -> 'Stopping…' in the room", ack, floor_stop)
     row("!stop -> notice in the room", notice, floor_stop)
     own = [(b - a) * 1000 for a, b in zip(received, posted, strict=False)]

@@ -325,3 +325,18 @@ async def test_a_turn_cannot_read_a_bridges_tokens(tmp_path: Path) -> None:
         assert await sup.wait_idle("general", 60)
         said = [e.text for e in await sup.entries("general", after=accepted.seq) if e.kind == "message"]
         assert said and "secret-token" not in " ".join(said) and "refused" in " ".join(said), said
+
+
+def test_the_readmes_bridge_configuration_works_as_written(tmp_path: Path) -> None:
+    import tomllib
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("<!-- bridge-config -->", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    data = tomllib.loads(block)
+    with pytest.raises(ConfigError) as caught:  # (the token files it names are the user's to make)
+        parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)
+    assert all("does not exist" in p.message for p in caught.value.problems), caught.value.problems
+    for name in ("matrix-corral.token", "matrix-demo.token"):
+        (tmp_path / name).write_text("token\n")
+    config = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)
+    assert set(config.bridges) == {"team", "irc"} and config.bridges["team"].rooms == {"#dev:example.org": "dev"}

@@ -309,7 +309,7 @@ def quote(text: str, limit: int = 300) -> str:
 
 def plan_text(agent: str, items: list[Mapping[str, Any]], head: str | None = None) -> str:
     marks = {"completed": "☑", "in_progress": "▶", "pending": "☐", "cancelled": "✗"}
-    lines = [head or f"Plan ({agent}):"]
+    lines = [head or f"Plan ({agent.removeprefix('agent:')}):"]
     lines += [f"{marks.get(str(i.get('status')), '•')} {i.get('content', i.get('text', ''))}" for i in items]
     return "\n".join(lines)
 
