@@ -222,9 +222,9 @@ def test_corral_check_names_each_bad_acp_key_with_its_fix(short_tmp: Path) -> No
     assert any(key == "agents.bare.command" and "preset" in fix for key, fix in problems), problems
 
 
-def test_the_readme_acp_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Any agent that speaks ACP"):]
+def test_the_docs_acp_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "agents.md").read_text()
+    section = page[page.index("## Any agent that speaks ACP"):]
     block = section[section.index("```toml\n") + 8 : section.index("```\n", section.index("```toml\n"))]
     bin_dir = short_tmp / "bin"  # the agents' binaries, as an install would put them on PATH
     bin_dir.mkdir()

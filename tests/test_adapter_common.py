@@ -89,5 +89,5 @@ def test_a_repeated_stale_session_message_on_stderr_is_one_stale_session(name: s
 
 def test_an_adapter_without_a_line_parser_says_what_drives_it() -> None:
     for name in NO_LINE_PARSER:
-        with pytest.raises(TypeError, match="_acp_turn"):
+        with pytest.raises(TypeError, match="supervisor.turns.acp"):
             get_adapter(name).new_parser(_request(name))

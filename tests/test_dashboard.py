@@ -339,7 +339,7 @@ def test_corral_dashboard_without_a_daemon_exits_3(short_tmp: Path) -> None:
     assert done.returncode == 3 and "no daemon" in done.stderr
 
 
-def test_the_readme_dashboard_example_prints_a_login_url(short_tmp: Path) -> None:
+def test_the_docs_dashboard_example_prints_a_login_url(short_tmp: Path) -> None:
     import os
     import sys
 

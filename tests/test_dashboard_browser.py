@@ -5,7 +5,7 @@ TCP listener) shared by the tests that need no restart, each in a channel of its
 reconnect test starts its own. The page talks to the daemon over loopback TCP exactly as a
 person's browser does: logged in through the URL `corral dashboard` prints.
 
-``CORRAL_DASHBOARD_SCREENSHOTS=1`` also saves the screenshots the README shows (docs/).
+``CORRAL_DASHBOARD_SCREENSHOTS=1`` also saves the screenshots docs/dashboard.md shows (docs/).
 """
 
 from __future__ import annotations

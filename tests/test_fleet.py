@@ -298,13 +298,13 @@ async def test_status_shows_every_host_its_channels_and_its_last_heartbeat(
         json.dumps(fleet)  # (as the API prints it)
 
 
-def test_the_readmes_fleet_block_is_a_fleet_config(tmp_path: Path) -> None:
+def test_the_docs_fleet_block_is_a_fleet_config(tmp_path: Path) -> None:
     import re
     import tomllib
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Running a fleet"):]
-    (block,) = re.findall(r"```toml\n(.*?)```\n", section[: section.index("\n## ", 3)], re.S)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    section = page[page.index("## Running a fleet"):]
+    (block,) = re.findall(r"```toml\n(.*?)```\n", section.split("\n## ", 1)[0], re.S)
     data = tomllib.loads(block)
     data["agents"] = {"claude": {"adapter": "demo"}}  # (the claude CLI need not be installed here)
     config = parse_config(data, base=tmp_path)

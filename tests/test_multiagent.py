@@ -470,22 +470,20 @@ delay = 0.01
         daemon.stop()
 
 
-# ---------------------------------------------------------------- the README's section
+# ---------------------------------------------------------------- docs/channels.md, the page of this file
 
 
-def _readme_section() -> str:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    start = text.index("## Channels and agents")
-    return text[start : text.index("\n## ", start + 1)]
+def _page() -> str:
+    return (Path(__file__).resolve().parent.parent / "docs" / "channels.md").read_text()
 
 
 def _blocks(lang: str) -> list[str]:
     import re
 
-    return re.findall(rf"```{lang}\n(.*?)```", _readme_section(), re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", _page(), re.S)
 
 
-def test_readme_channel_config_is_valid_as_shown(tmp_path: Path) -> None:
+def test_the_channel_config_shown_is_valid_as_shown(tmp_path: Path) -> None:
     import tomllib
 
     (block,) = _blocks("toml")
@@ -495,7 +493,7 @@ def test_readme_channel_config_is_valid_as_shown(tmp_path: Path) -> None:
     assert (config.catch_up_entries, config.catch_up_bytes) == (20, 16384)
 
 
-def test_readme_catch_up_example_is_what_corral_builds() -> None:
+def test_the_catch_up_example_shown_is_what_corral_builds() -> None:
     from supervisor.core.catchup import Missed, catch_up_prompt
 
     (block,) = _blocks("text")
@@ -507,7 +505,7 @@ def test_readme_catch_up_example_is_what_corral_builds() -> None:
     assert block == built + "\n"
 
 
-def test_readme_stop_and_status_examples_have_the_shapes_corral_returns() -> None:
+def test_the_stop_and_status_examples_shown_have_the_shapes_corral_returns() -> None:
     from supervisor.host.supervisor import StopResult
 
     stop, status = (json.loads(b) for b in _blocks("json"))

@@ -475,9 +475,9 @@ def test_state_files_stay_private_on_disk(short_tmp: Path) -> None:
 
 
 
-def test_the_readme_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## What an agent can reach"):]
+def test_the_docs_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "security.md").read_text()
+    section = page[page.index("## What an agent can reach"):]
     block = section[section.index("```toml\n") + 8: section.index("```\n", section.index("```toml\n"))]
     shared = short_tmp / "notes"
     shared.mkdir()

@@ -2,7 +2,7 @@
 
 Pure: given the entries (already chosen by the caller: the channel's ``message`` entries
 after the agent's last turn, not its own, oldest first) and the answered message, build
-the prompt. Format (documented in the README, section "Channels and agents")::
+the prompt. Format (documented in docs/channels.md)::
 
     [Catch-up: messages in this channel since your last turn, oldest first]
     [3 earlier messages left out]
