@@ -14,8 +14,9 @@ floor measured in the same run, rounds alternating:
   the daemon's own stop (``Supervisor.stop`` of the same kind of turn, its ``elapsed_ms``), and
   the acknowledgement against two hops of the homeserver (one hop: a message from a second
   client seen by the human; the acknowledgement is two: the command in, "Stopping…" out).
-* **messages per second**: a burst of messages sent by the human, until the bridge has
-  accepted the last, against ``Supervisor.send`` of as many messages.
+* **messages per second**: a burst of messages sent by the human (20 at a time), until the
+  bridge has accepted the last, against ``Supervisor.send`` of as many messages, and against
+  the homeserver's own rate (the same burst from one client seen by another, no bridge).
 """
 
 from __future__ import annotations
@@ -180,6 +181,23 @@ async def bench(rounds: int, burst: int) -> None:
                         await trio.sleep(0.05)  # (polling the store: the bench's own loop, not the bridge's)
                 bridge_rate = burst / (time.perf_counter() - t0)
                 await sup.stop("chat")
+                # The homeserver's own floor: as many messages, as sent, seen by a second client
+                # in a room without the bridge.
+                quiet = (await other.call("POST", "/createRoom", {"invite": [alice[0]]}))["room_id"]
+                await human.call("POST", f"/join/{quote(quiet, safe='')}", {})
+                seen = 0
+                t0 = time.perf_counter()
+                async with trio.open_nursery() as senders:
+                    limit = trio.Semaphore(20)
+                    for n in range(burst):
+                        async def hop_one(n: int = n) -> None:
+                            async with limit:
+                                await other.say(quiet, f"hop burst {n}")
+                        senders.start_soon(hop_one)
+                with trio.fail_after(120):
+                    while seen < burst:
+                        seen += sum(1 for e in await human.sync() if _body(e).startswith("hop burst "))
+                hop_rate = burst / (time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 for n in range(burst):
                     await sup.send("direct2", f"burst {n}")
@@ -204,6 +222,8 @@ async def bench(rounds: int, burst: int) -> None:
     row("  of which the bridge: read -> 'Stopping…' posted", own, floor_stop)
     print(f"{'messages per second one bridge takes in':<44} {bridge_rate:8.1f} /s   floor (Supervisor.send) "
           f"{floor_rate:8.1f} /s   ratio {bridge_rate / floor_rate:5.2f} x")
+    print(f"{'  against the homeserver (client to client)':<44} {bridge_rate:8.1f} /s   floor "
+          f"{hop_rate:8.1f} /s   ratio {bridge_rate / hop_rate:5.2f} x")
 
 
 def main(argv: list[str] | None = None) -> int:
