@@ -182,8 +182,10 @@ class MatrixPlatform:
 
     async def events(self, cursor: str | None) -> AsyncIterator[Batch]:
         since = cursor
+        first = True  # (answered at once: the runner says it listens after the first batch)
         while True:
-            params = {"filter": self.filter, "timeout": str(SYNC_TIMEOUT_MS if since else 0)}
+            params = {"filter": self.filter, "timeout": str(0 if first else SYNC_TIMEOUT_MS)}
+            first = False
             if since:
                 params["since"] = since
             data = await self.bot.call("GET", "/sync", params=params, timeout=SYNC_TIMEOUT_MS / 1000 + 30)

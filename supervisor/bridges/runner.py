@@ -45,6 +45,7 @@ from .core import (
     Answer,
     BridgeCore,
     Decision,
+    Draft,
     Edit,
     FindDropped,
     Halt,
@@ -296,6 +297,16 @@ class Bridge:
         await self.sup.save_cursor(self.key("invited"), f"{joined}{join.room}\t{join.channel}\n")
         await self._open_room(join.room, join.channel)
         log.info("bridge %s: joined %s as channel %s", self.config.name, join.room, join.channel)
+
+    def show_draft(self, draft: Draft) -> None:
+        """Live output of a turn, before it is saved: posted once in each room of its channel,
+        then edited (at most one edit per ``edit_interval``); the saved entry that names the
+        draft (``meta["draft"]``) is its final edit. (For corral's drafts: what feeds them
+        calls this; the follower does the rest.)"""
+        for room in self.core.channel_rooms(draft.channel):
+            state = self.rooms.get(room)
+            if state is not None:
+                state.put(self.core.draft(draft, room))
 
     def _room_put(self, room: str, ops: list[Op]) -> None:
         state = self.rooms.get(room)
