@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from .serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
+
 if TYPE_CHECKING:
     from .config.settings import Config, Problem
     from .serve.client import Client
@@ -44,10 +46,9 @@ def _problems(problems: list[Problem], file: str) -> NoReturn:
     _fail(f"{len(problems)} problem(s) in {file}; nothing was started")
 
 
-def _load(path: str | None) -> Config:
+def _load(file: str) -> Config:
     from .config.settings import ConfigError, load_config
 
-    file = path or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
         return load_config(file)
     except ConfigError as exc:
@@ -60,13 +61,20 @@ class _Context:
         self.config = config
         self.json = as_json
 
+    def named_config(self, given: str | None = None) -> str | None:
+        """The config file named: the command's ``-c``, else ``corral -c``, else $CORRAL_CONFIG."""
+        return given or self.config or os.environ.get("CORRAL_CONFIG")
+
+    def config_file(self, given: str | None = None) -> str:
+        """The config file to read: the one named, else ./corral.toml."""
+        return self.named_config(given) or DEFAULT_CONFIG_NAME
+
     def client(self) -> Client:
         from .serve.client import Client
 
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
-            config_file = self.config or os.environ.get("CORRAL_CONFIG")
-            if config_file is None and not Path(DEFAULT_CONFIG_NAME).exists():
+            if self.named_config() is None and not Path(DEFAULT_CONFIG_NAME).exists():
                 _fail(
                     "no daemon to talk to: pass --socket PATH, set CORRAL_SOCKET, or -c FILE "
                     "(start one with `corral run -c FILE`)",
@@ -74,7 +82,7 @@ class _Context:
                 )
             from .config.settings import ConfigError, load_server_config
 
-            file = config_file or DEFAULT_CONFIG_NAME
+            file = self.config_file()
             try:
                 path = str(load_server_config(file).socket)  # only [server]: agents never block a client
             except ConfigError as exc:
@@ -111,8 +119,48 @@ def format_entry(entry: dict[str, Any]) -> str:
     import time
 
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
-    dropped = " (not run: dropped by a stop)" if entry.get("meta", {}).get("dropped_by_stop") else ""
-    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}"
+    meta = entry.get("meta", {})
+    dropped = " (not run: dropped by a stop)" if meta.get("dropped_by_stop") else ""
+    cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
+    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
+
+
+class DraftView:
+    """``tail -f``'s drafts in the human form. On a terminal, the text being written is one line
+    rewritten in place (its end, as much as fits), cleared when the saved entry comes; elsewhere
+    each draft's new text is printed on a line of its own, marked as not saved yet."""
+
+    def __init__(self, terminal: bool, width: int = 100) -> None:
+        self.terminal = terminal
+        self.width = max(width, 40)
+        self.shown: dict[str, int] = {}
+        """How much of each open draft's text has been printed."""
+        self.line = False
+        """A draft line is on the terminal (the next output first clears it)."""
+
+    def draft(self, draft: dict[str, Any]) -> str:
+        """What to write for one draft event."""
+        import time
+
+        stamp = time.strftime("%H:%M:%S", time.localtime(draft["ts"]))
+        head = f"[draft] {stamp} {draft['author']:<16} writing…"
+        text = str(draft["text"])
+        if self.terminal:
+            flat = text.replace("\n", " ⏎ ")
+            room = self.width - len(head) - 2
+            self.line = True
+            return f"\r\x1b[2K{head} {flat[-room:] if room > 0 else ''}"
+        done = self.shown.get(draft["draft"], 0)
+        self.shown[draft["draft"]] = len(text)
+        fresh = text[done:] if len(text) >= done else text
+        return f"{head} (not saved yet) {fresh}\n" if fresh else ""
+
+    def entry(self, entry: dict[str, Any]) -> str:
+        """What to write for one saved entry."""
+        self.shown.pop(str(entry.get("meta", {}).get("draft")), None)
+        clear = "\r\x1b[2K" if self.line else ""
+        self.line = False
+        return f"{clear}{format_entry(entry)}\n"
 
 
 def format_stop(result: dict[str, Any]) -> str:
@@ -176,7 +224,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     from .serve.logformat import JSONLogFormatter
     from .serve.systemd import JournalFormatter, stderr_is_journal
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     config = _load(file)
     problems = preflight(config)
     if problems:
@@ -256,7 +304,7 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     from .config.settings import ConfigError, Problem, load_config
     from .procs.sandbox import probe
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     sandbox: dict[str, Any] = {}
     try:
         config = load_config(file)
@@ -306,11 +354,12 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
 @click.argument("text")
 @click.option("--agent", metavar="NAME", help="Which agent (default: @mentions, else the channel's default).")
 @click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
-@click.option("--as", "author", metavar="NAME", help="Who is speaking (default: user).")
+@click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True,
+              help="Who is speaking: NAME (a human) or agent:NAME (another bot posting for an agent).")
 @_json_option
 @click.pass_obj
 def send(
-    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str | None, as_json: bool
+    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str, as_json: bool
 ) -> None:
     """Send TEXT to CHANNEL; prints the accepted seq."""
     ctx = _merge(obj, as_json)
@@ -363,16 +412,27 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries as they are stored.")
+@click.option("--limit", type=click.IntRange(0), default=DEFAULT_LIMIT, show_default=True, metavar="N",
+              help="At most N entries (without --follow).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
 @_json_option
 @click.pass_obj
-def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -> None:
+def tail(obj: _Context, channel: str, after: int, limit: int, follow: bool, as_json: bool) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
     ctx = _merge(obj, as_json)
-    show = _print_json if ctx.json else (lambda e: click.echo(format_entry(e)))
+    import shutil
+
+    view = DraftView(sys.stdout.isatty(), shutil.get_terminal_size().columns)
+
+    def show(item: dict[str, Any]) -> None:
+        if ctx.json:
+            _print_json(item)
+        else:
+            sys.stdout.write(view.draft(item) if item.get("kind") == "draft" else view.entry(item))
 
     def run(client: Client) -> None:
-        entries = client.follow(channel, after) if follow else client.entries(channel, after)
+        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after, limit)
         for entry in entries:
             show(entry)
             sys.stdout.flush()
@@ -451,7 +511,7 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_jso
     from .config.settings import ConfigError, load_server_config
     from .serve.client import Client
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     try:
         server = load_server_config(file)
     except ConfigError as exc:

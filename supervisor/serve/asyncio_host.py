@@ -20,14 +20,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import outcome
 import trio
 
 from ..config.settings import Config
 from ..host.supervisor import Accepted, StopResult, Supervisor, open_supervisor
-from ..store.store import Entry
+from ..store.store import Draft, Entry
+from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
 
 T = TypeVar("T")
 
@@ -63,7 +64,7 @@ class AsyncioSupervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = "human:user",
+        author: str = DEFAULT_AUTHOR,
     ) -> Accepted:
         """See :meth:`Supervisor.send`."""
         return await self._call(lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author))
@@ -72,13 +73,17 @@ class AsyncioSupervisor:
         """See :meth:`Supervisor.stop`."""
         return await self._call(lambda: self.supervisor.stop(channel))
 
+    async def stop_all(self) -> StopResult:
+        """See :meth:`Supervisor.stop_all`."""
+        return await self._call(self.supervisor.stop_all)
+
     async def wait_idle(self, channel: str, timeout: float | None = None) -> bool:
         """See :meth:`Supervisor.wait_idle`."""
         return await self._call(lambda: self.supervisor.wait_idle(channel, timeout))
 
-    async def entries(self, channel: str, after: int = 0) -> list[Entry]:
+    async def entries(self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT) -> list[Entry]:
         """See :meth:`Supervisor.entries`."""
-        return await self._call(lambda: self.supervisor.entries(channel, after))
+        return await self._call(lambda: self.supervisor.entries(channel, after, limit))
 
     async def status(self) -> dict[str, Any]:
         """See :meth:`Supervisor.status`."""
@@ -88,14 +93,24 @@ class AsyncioSupervisor:
 
         return await self._call(status)
 
-    async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
-        """See :meth:`Supervisor.follow`; stops when the caller stops iterating."""
-        queue: asyncio.Queue[Entry] = asyncio.Queue()
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False) -> AsyncIterator[Entry]:
+        ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    async def follow(
+        self, channel: str | None, after: int = 0, *, drafts: bool = False
+    ) -> AsyncIterator[Entry | Draft]:
+        """See :meth:`Supervisor.follow` (``drafts``: also the text agents are writing now);
+        stops when the caller stops iterating."""
+        queue: asyncio.Queue[Entry | Draft] = asyncio.Queue()
         scope = trio.CancelScope()
 
         async def pump() -> None:
             with scope:
-                async for entry in self.supervisor.follow(channel, after):
+                async for entry in self.supervisor.follow(channel, after, drafts=drafts):
                     self._loop.call_soon(queue.put_nowait, entry)
 
         self._token.run_sync_soon(self._nursery.start_soon, pump)
