@@ -9,6 +9,7 @@ starts it again on the same port and database, as a homeserver restarted under a
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -41,13 +42,20 @@ def ensure_installed() -> Path:
     """The virtualenv's bin folder, installing Synapse into it first if needed."""
     venv = venv_dir()
     stamp = venv / ".installed"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-        subprocess.run(
-            [str(venv / "bin" / "pip"), "install", "--quiet", "-c", str(CONSTRAINTS), f"matrix-synapse=={VERSION}"],
-            check=True, timeout=1200,
-        )
-        stamp.write_text(VERSION)
+    if stamp.exists():
+        return venv / "bin"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    # Two test runs at once (two worktrees) must not build it over each other: one builds, the other waits.
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+            subprocess.run(
+                [str(venv / "bin" / "pip"), "install", "--quiet", "-c", str(CONSTRAINTS),
+                 f"matrix-synapse=={VERSION}"],
+                check=True, timeout=1200,
+            )
+            stamp.write_text(VERSION)
     return venv / "bin"
 
 

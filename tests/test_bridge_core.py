@@ -149,7 +149,7 @@ def test_nothing_of_a_stopped_turn_is_posted_after_its_notice() -> None:
     assert notice == [Post("!r", "c6", "Execution stopped by user.", notice=True, channel="general", seq=6)]
     assert c.outbound(E(7, "message", "late"), "!r") == []
     assert c.outbound(E(8, "tool", "late tool"), "!r") == []
-    assert c.draft(Draft("general", "t1", "d1", "demo", "late draft"), "!r") == []
+    assert c.draft(Draft("general", "agent:demo", "t1", "d1", "late draft"), "!r") == []
     assert c.outbound(E(9, "message", "next turn", turn="t2"), "!r")
 
 
@@ -204,14 +204,14 @@ def test_status_lines_are_one_notice_edited_in_place_and_quiet_shows_none() -> N
 
 def test_drafts_are_posted_once_edited_after_and_the_saved_entry_is_the_final_edit() -> None:
     c = core()
-    [post] = c.draft(Draft("general", "t1", "d1", "demo", "Hel"), "!r")
-    [edit1] = c.draft(Draft("general", "t1", "d1", "demo", "Hello"), "!r")
-    [edit2] = c.draft(Draft("general", "t1", "d1", "demo", "Hello wor"), "!r")
+    [post] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hel"), "!r")
+    [edit1] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hello"), "!r")
+    [edit2] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hello wor"), "!r")
     assert isinstance(post, Post) and isinstance(edit1, Edit) and edit1.target == post.key
     assert edit1.key != edit2.key  # (each edit its own transaction id)
     [final] = c.outbound(E(3, "message", "Hello world", meta={"draft": "d1"}), "!r")
     assert isinstance(final, Edit) and final.final and final.target == post.key and final.text == "Hello world"
-    assert core(can_edit=False).draft(Draft("general", "t1", "d1", "demo", "x"), "!r") == []
+    assert core(can_edit=False).draft(Draft("general", "agent:demo", "t1", "d1", "x"), "!r") == []
 
 
 def test_the_outbox_posts_in_order_throttles_edits_and_merges_them() -> None:
@@ -222,16 +222,19 @@ def test_the_outbox_posts_in_order_throttles_edits_and_merges_them() -> None:
     box.put(Post("!r", "b", "two"))
     assert len(box) == 3  # the two edits of "a" are one
     assert box.next(0.0)[0] == Post("!r", "a", "one")
-    op, _ = box.next(0.0)
+    assert box.next(0.5)[0] == Post("!r", "b", "two")  # the post's first edit waits the interval
+    op, _ = box.next(1.0)
     assert isinstance(op, Edit) and op.text == "one.."
     box.put(Edit("!r", "e3", "a", "one..."))
-    assert box.next(0.1)[0] == Post("!r", "b", "two")  # a post is not held behind a throttled edit
-    assert box.next(0.2) == (None, 1.0)
-    assert box.next(1.0)[0] is not None
-    box.put(Edit("!r", "e4", "a", "final", final=True, turn="t"))
-    assert box.next(1.1)[0] is not None  # the saved text is due at once
-    box.put(Post("!r", "c", "late", turn="t"))
-    assert box.drop_turn("t") == 1 and len(box) == 0
+    box.put(Post("!r", "c", "three"))
+    assert box.next(1.1)[0] == Post("!r", "c", "three")  # a post is not held behind a throttled edit
+    assert box.next(1.2) == (None, 2.0)
+    assert box.next(2.0)[0] is not None
+    box.put(Edit("!r", "e4", "a", "final", final=True, turn="t", seq=9))
+    assert box.next(2.1)[0] is not None  # the saved text is due at once
+    box.put(Post("!r", "d", "late draft", turn="t"))
+    box.put(Post("!r", "e", "saved before the notice", turn="t", seq=10))
+    assert box.drop_turn("t") == 1 and len(box) == 1
 
 
 def test_long_text_is_split_at_line_ends_and_edits_are_clipped() -> None:

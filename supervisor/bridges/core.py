@@ -228,13 +228,13 @@ Op = Post | Edit | React | FindDropped
 
 @dataclass(frozen=True, slots=True)
 class Draft:
-    """Live output of a turn before it is saved (corral's drafts): ``draft`` names it; the saved
-    entry that replaces it carries ``meta["draft"]``."""
+    """Live output of a turn before it is saved, as the store's ``Draft`` (the core reads either,
+    duck-typed): ``draft`` names it; the saved entry that replaces it carries ``meta["draft"]``."""
 
     channel: str
+    author: str
     turn: str
     draft: str
-    agent: str
     text: str
 
 
@@ -346,9 +346,14 @@ class Outbox:
         self._ops.append(op)
 
     def drop_turn(self, turn: str) -> int:
-        """Forget the queued operations of a stopped turn (nothing of it after the notice)."""
+        """Forget the queued drafts of a stopped turn (nothing of it after the notice). What it
+        saved before the notice stays: its entries, and a draft's final edit (the text a stop
+        saved as it stood)."""
         before = len(self._ops)
-        self._ops = deque(op for op in self._ops if getattr(op, "turn", None) != turn)
+        self._ops = deque(
+            op for op in self._ops
+            if getattr(op, "turn", None) != turn or getattr(op, "seq", None) is not None
+        )
         return before - len(self._ops)
 
     def next(self, now: float) -> tuple[Op | None, float | None]:
@@ -363,6 +368,8 @@ class Outbox:
             del self._ops[i]
             if isinstance(op, Edit):
                 self._last_edit[op.target] = now
+            elif isinstance(op, Post):
+                self._last_edit[op.key] = now  # (its first edit waits the interval too)
             return op, None
         return None, wake
 
@@ -614,18 +621,20 @@ class BridgeCore:
             return [Post(room, key, shown, notice=True, turn=turn, channel=channel, seq=seq)]
         return [Edit(room, f"{key}e", post, clip(shown), notice=True, turn=turn, seq=seq)]
 
-    def draft(self, event: Draft, room: str) -> list[Op]:
-        """Live output: the first draft of an id is posted, later ones edit it (throttled by the outbox)."""
-        if event.turn in self._ended or not self.can_edit:
+    def draft(self, event: Any, room: str) -> list[Op]:
+        """Live output (a :class:`Draft`, or the store's): the first draft of an id is posted, later
+        ones edit it (merged and throttled by the outbox)."""
+        if event.turn in self._ended or not self.can_edit or not event.author.startswith("agent:"):
             return []
+        agent = event.author.removeprefix("agent:")
         key = self._drafts.get(event.draft)
-        text = clip(self._prefixed(event.agent, event.text))
+        text = clip(self._prefixed(agent, repair_text(event.text)))
         if key is None:
             key = f"d{event.draft}"
             self._drafts[event.draft] = key
-            return [Post(room, key, text, agent=self._as(event.agent), turn=event.turn, channel=event.channel)]
+            return [Post(room, key, text, agent=self._as(agent), turn=event.turn, channel=event.channel)]
         self._draft_edits[event.draft] = n = self._draft_edits.get(event.draft, 0) + 1
-        return [Edit(room, f"{key}e{n}", key, text, agent=self._as(event.agent), turn=event.turn)]
+        return [Edit(room, f"{key}e{n}", key, text, agent=self._as(agent), turn=event.turn)]
 
     def dropped(self, room: str, stop_seq: int, entries: Iterable[Any]) -> list[Op]:
         """The answers that name a stop's dropped messages back to their senders (from this bridge)."""

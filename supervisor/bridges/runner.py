@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from ..core.errors import UsageError
+from ..store.store import Draft as StoreDraft
 from ..store.store import StoreError
 from .core import (
     STOPPING,
@@ -264,8 +265,8 @@ class Bridge:
 
     async def _run(self, run: Run) -> None:
         try:
-            accepted = await self.sup.send(run.channel, run.text, author=run.author, to=run.to or None,
-                                           origin=run.origin)
+            accepted = await self.sup.send_from(run.origin, run.channel, run.text, author=run.author,
+                                                to=run.to or None)
         except UsageError as exc:
             await self.sup.mark_origin(run.origin)
             log.info("bridge %s: not run: %s (%s in %s)", self.config.name, exc, run.author, run.room)
@@ -298,11 +299,11 @@ class Bridge:
         await self._open_room(join.room, join.channel)
         log.info("bridge %s: joined %s as channel %s", self.config.name, join.room, join.channel)
 
-    def show_draft(self, draft: Draft) -> None:
+    def show_draft(self, draft: Draft | StoreDraft) -> None:
         """Live output of a turn, before it is saved: posted once in each room of its channel,
         then edited (at most one edit per ``edit_interval``); the saved entry that names the
-        draft (``meta["draft"]``) is its final edit. (For corral's drafts: what feeds them
-        calls this; the follower does the rest.)"""
+        draft (``meta["draft"]``) is its final edit. The follower calls it with the drafts
+        ``follow(drafts=True)`` gives; a program may show drafts of its own."""
         for room in self.core.channel_rooms(draft.channel):
             state = self.rooms.get(room)
             if state is not None:
@@ -316,9 +317,13 @@ class Bridge:
     # ---------------------------------------------------------- following and sending
 
     async def _follow(self, room: _Room, after: int) -> None:
-        async for entry in self.sup.follow(room.channel, after=after):
+        # Drafts (live output, never stored) only where a post can be edited.
+        async for entry in self.sup.follow(room.channel, after=after, drafts=self.platform.can_edit):
             if room.room not in self.core.rooms:
                 return
+            if isinstance(entry, StoreDraft):
+                room.put(self.core.draft(entry, room.room))
+                continue
             ops = self.core.outbound(entry, room.room)
             if entry.kind == "notice" and "stop_seq" in entry.meta and entry.turn:
                 room.outbox.drop_turn(entry.turn)

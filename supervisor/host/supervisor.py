@@ -379,7 +379,7 @@ class Supervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = "human:user", origin: str | None = None,
+        author: str = "human:user",
     ) -> Accepted:
         """Store and queue a message; returns once it is committed.
 
@@ -388,10 +388,22 @@ class Supervisor:
         configured agent: another bot posting for it; while the channel rests its message
         is stored but goes to no one) or ``system``. Raises :class:`UsageError` for bad
         input and :class:`StoreError` if it could not be stored (then it will not run either).
-        ``origin`` names the outside event it comes from (a chat bridge's event id): stored
-        with the message in its transaction, so one event is accepted at most once
-        (:meth:`origin_seq` tells whether it was).
         """
+        return await self._send(channel, text, agent=agent, to=to, author=author, origin=None)
+
+    async def send_from(
+        self, origin: str, channel: str, text: str, *, to: Sequence[str] | None = None, author: str = "human:user",
+    ) -> Accepted:
+        """:meth:`send` for a message from an outside event (a chat bridge's): ``origin`` names the
+        event and is stored with the message, in its transaction, so one event is accepted at
+        most once (a second fails to commit: :class:`StoreError`); :meth:`origin_seq` tells
+        whether it was."""
+        return await self._send(channel, text, agent=None, to=to, author=author, origin=origin)
+
+    async def _send(
+        self, channel: str, text: str, *, agent: str | None, to: Sequence[str] | None, author: str,
+        origin: str | None,
+    ) -> Accepted:
         if self._closing:
             raise ShuttingDown("corral is shutting down")
         check_channel(channel)
