@@ -9,15 +9,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from _ngircd import Ngircd, missing
+from _synapse import free_port
 from conftest import KILL, turn_processes
 
 from supervisor import Supervisor, open_supervisor, parse_config
 from supervisor.bridges.irc import parse_line
 from supervisor.bridges.runner import Bridge, run_bridge
 from supervisor.host.supervisor import STOP_NOTICE
+from supervisor.serve.daemon import run_daemon
 
 pytestmark = pytest.mark.bridges
 ROOM = "#general"
@@ -208,11 +211,6 @@ async def test_irc_server_restarted_runs_nothing_twice_and_a_stop_from_outside_s
 async def test_a_failing_bridge_takes_neither_the_daemon_nor_another_bridge_down(
     short_tmp: Path, ngircd: Ngircd, people: dict[str, Person], caplog: pytest.LogCaptureFixture
 ) -> None:
-    import httpx
-
-    from _synapse import free_port
-    from supervisor.serve.daemon import run_daemon
-
     caplog.set_level(logging.INFO, "corral.bridges")
     token = short_tmp / "nobody.token"
     token.write_text("not-a-token\n")
