@@ -96,6 +96,11 @@ def is_text(event: dict[str, Any], sender: str | None = None, contains: str = ""
             and contains in body(event))
 
 
+def messages(events: list[dict[str, Any]], sender: str) -> list[dict[str, Any]]:
+    """``sender``'s messages, not counting edits (a draft's message is edited into the saved text)."""
+    return [e for e in events if is_text(e, sender) and "m.new_content" not in e.get("content", {})]
+
+
 @dataclass
 class Accounts:
     """The session's users: registered once with ``register_new_matrix_user``."""

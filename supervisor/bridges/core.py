@@ -546,6 +546,22 @@ class BridgeCore:
         if known is not None:
             self._known[event] = known
 
+    def knows_draft(self, draft: str) -> bool:
+        return draft in self._drafts
+
+    def draft_of(self, key: str) -> str | None:
+        """The draft a post key shows, if it is a draft's first post."""
+        for draft, posted in self._drafts.items():
+            if posted == key:
+                return draft
+        return None
+
+    def adopt_draft(self, draft: str, event: str) -> None:
+        """A draft shown before a restart, as the platform event ``event``: its saved entry edits it."""
+        key = f"d{draft}"
+        self._drafts[draft] = key
+        self._posted[key] = event
+
     def event_of(self, key: str) -> str | None:
         return self._posted.get(key)
 

@@ -324,6 +324,12 @@ class Bridge:
             if isinstance(entry, StoreDraft):
                 room.put(self.core.draft(entry, room.room))
                 continue
+            draft = entry.meta.get("draft")
+            if isinstance(draft, str) and not self.core.knows_draft(draft):
+                # Shown by this bridge before a restart? Its message is edited into the saved text.
+                shown = await self.sup.cursor(self.key(f"draft:{room.room}"))
+                if shown is not None and shown.partition("\t")[0] == draft:
+                    self.core.adopt_draft(draft, shown.partition("\t")[2])
             ops = self.core.outbound(entry, room.room)
             if entry.kind == "notice" and "stop_seq" in entry.meta and entry.turn:
                 room.outbox.drop_turn(entry.turn)
@@ -349,14 +355,22 @@ class Bridge:
                     await self.sup.save_cursor(self.key(f"posted:{room.room}"), str(op.seq))
                 event = await retrying(lambda: self.platform.post(op), f"bridge {name}: posting", self.backoff)
                 self.core.posted(op, event)
-                if op.seq is not None and self.platform.idempotent_posts:
-                    await self.sup.save_cursor(self.key(f"posted:{room.room}"), str(op.seq))
+                # What was posted is recorded even if the bridge is being cancelled (a store write).
+                with trio.CancelScope(shield=True):
+                    draft = self.core.draft_of(op.key)
+                    if draft is not None:  # (the room's latest draft: a restart edits it into its saved text)
+                        await self.sup.save_cursor(self.key(f"draft:{room.room}"), f"{draft}\t{event}")
+                    if op.seq is not None and self.platform.idempotent_posts:
+                        await self.sup.save_cursor(self.key(f"posted:{room.room}"), str(op.seq))
             elif isinstance(op, Edit):
                 target = self.core.event_of(op.target)
                 if target is not None:
                     event = await retrying(lambda: self.platform.edit(op, target), f"bridge {name}: editing",
                                            self.backoff)
                     self.core.edited(op, event)
+                    if op.final and op.seq is not None:  # (a draft's saved text: its entry is shown now)
+                        with trio.CancelScope(shield=True):
+                            await self.sup.save_cursor(self.key(f"posted:{room.room}"), str(op.seq))
             elif isinstance(op, React):
                 await retrying(lambda: self.platform.react(op), f"bridge {name}: reacting", self.backoff)
             elif isinstance(op, FindDropped):
