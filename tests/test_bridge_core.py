@@ -343,3 +343,26 @@ def test_the_readmes_bridge_configuration_works_as_written(tmp_path: Path) -> No
         (tmp_path / name).write_text("token\n")
     config = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)
     assert set(config.bridges) == {"team", "irc"} and config.bridges["team"].rooms == {"#dev:example.org": "dev"}
+
+
+async def test_an_origin_is_accepted_once_in_the_messages_transaction_on_both_engines(store_at: str) -> None:
+    from supervisor.store.store import StoreError, open_store
+
+    async with open_store(store_at) as store:
+        first = store.accept_message("c", "demo", "human:@a:x", "hi", generation=0, nudge=False, origin="mx:$1")
+        entry = await first.committed()
+        assert entry is not None and entry.meta["origin"] == "mx:$1"
+        assert await store.origin_seq("mx:$1") == entry.seq
+        again = store.accept_message("c", "demo", "human:@a:x", "hi", generation=0, nudge=False, origin="mx:$1")
+        with pytest.raises(StoreError):
+            await again.committed()
+        # Neither the entry nor its queue row of the refused one was stored: its transaction is one.
+        assert [e.seq for e in await store.entries("c")] == [entry.seq]
+        assert [r.seq for r in await store.load_queue("c")] == [entry.seq]
+        assert await store.origin_seq("mx:$2") is None
+        await store.mark_origin("mx:$2").committed()
+        await store.mark_origin("mx:$2").committed()  # (marking twice is no error)
+        assert await store.origin_seq("mx:$2") == 0
+        await store.save_cursor("bridge:mx:since", "s1").committed()
+        await store.save_cursor("bridge:mx:since", "s2").committed()
+        assert await store.cursor("bridge:mx:since") == "s2" and await store.cursor("bridge:mx:other") is None
