@@ -30,6 +30,7 @@ from supervisor.bridges.core import (
     Policy,
     Post,
     Reacted,
+    Restart,
     Run,
     Said,
     Unreadable,
@@ -250,7 +251,14 @@ def test_long_text_is_split_at_line_ends_and_edits_are_clipped() -> None:
 def test_commands_and_invitations() -> None:
     assert parse_command("!stop") == "stop" and parse_command("!Stop ALL") == "stop all"
     assert parse_command("!stop now please") is None and parse_command("stop") is None
+    assert parse_command("!new") == "new" and parse_command("!New  STOP") == "new stop"
+    assert parse_command("!new conversation please") is None
     assert STOPPING == "Stopping…"
+    # !new starts the room's conversation over: for who may stop there, never anyone else.
+    restart = core().inbound(Said("!r", "$e1", ALICE, "!new"))
+    assert isinstance(restart, Restart) and (restart.channel, restart.stop, restart.sender) == ("general", False, ALICE)
+    assert isinstance(core().inbound(Said("!r", "$e2", ALICE, "!new stop")), Restart)
+    assert isinstance(core().inbound(Said("!r", "$e3", MALLORY, "!new")), Ignore)
     c = core(invites=True, policy=Policy(admins=frozenset({ALICE})))
     assert c.inbound(Invited("!new", ALICE)) == Join("!new", "mx/!new")
     assert isinstance(c.inbound(Invited("!evil", MALLORY)), Ignore)

@@ -239,3 +239,26 @@ async def test_a_failing_bridge_takes_neither_the_daemon_nor_another_bridge_down
             await alice.until(alice.room_says("corral", "hello through the daemon"))
             assert "bridge down: connecting:" in caplog.text and "trying again" in caplog.text
             await http.post("/v1/shutdown")
+
+
+async def test_irc_new_starts_the_conversation_over_and_never_acts_on_a_running_turn_unasked(
+    short_tmp: Path, ngircd: Ngircd, people: dict[str, Person]
+) -> None:
+    alice = people["alice"]
+    async with bridged(short_tmp, ngircd) as (sup, _):
+        await alice.say("hello")
+        await alice.until(alice.room_says("corral", "start of conversation"))
+        assert sup.session("general", "demo") is not None
+        # A turn runs: !new says so and leaves it alone; !new stop stops it, then starts over.
+        await alice.say("start a long task")
+        await alice.until(alice.room_says("corral", "tool running"))
+        await alice.say("!new")
+        await alice.until(alice.room_says("corral", "Not started over"))
+        assert sup.session("general", "demo") is not None and turn_processes() != []
+        await alice.say("!new stop")
+        await alice.until(alice.room_says("corral", STOP_NOTICE))
+        await alice.until(alice.room_says("corral", "Stopped, then conversation reset"))
+        assert sup.session("general", "demo") is None and turn_processes() == []
+        # The next message is a new conversation.
+        await alice.say("hello again")
+        await alice.until(alice.room_says("corral", "This is the start of conversation"))

@@ -146,6 +146,19 @@ class Halt:
 
 
 @dataclass(frozen=True, slots=True)
+class Restart:
+    """Start ``channel``'s conversation over (``corral reset``): its agents forget their
+    sessions and plans. Refused while a turn runs, unless ``stop`` (``!new stop``) stops it first."""
+
+    room: str
+    channel: str
+    stop: bool
+    origin: str
+    event: str
+    sender: str
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
     """Tell the room something about one event (a refusal with its reason)."""
 
@@ -163,7 +176,7 @@ class Join:
     channel: str
 
 
-Decision = Ignore | Run | Halt | Answer | Join
+Decision = Ignore | Run | Halt | Restart | Answer | Join
 
 
 # ------------------------------------------------------------------ outbound operations
@@ -315,12 +328,17 @@ def plan_text(agent: str, items: list[Mapping[str, Any]], head: str | None = Non
 
 
 def parse_command(text: str) -> str | None:
-    """``"stop"`` or ``"stop all"`` for the stop commands (case and spacing forgiven); else None."""
+    """``"stop"`` or ``"stop all"`` for the stop commands, ``"new"`` or ``"new stop"`` for
+    starting the room's conversation over (case and spacing forgiven); else None."""
     words = text.strip().lower().split()
     if words == ["!stop"]:
         return "stop"
     if words == ["!stop", "all"]:
         return "stop all"
+    if words == ["!new"]:
+        return "new"
+    if words == ["!new", "stop"]:
+        return "new stop"
     return None
 
 
@@ -467,6 +485,9 @@ class BridgeCore:
                 return Halt(event.room, None, origin, event.event, event.sender)
             if not self.policy.may_stop(event.sender, server):
                 return Ignore(f"{event.sender} may not stop work in {event.room}; ignored", origin)
+            if command in ("new", "new stop"):
+                # Who may stop a room's work may start it over: both end what its agents hold.
+                return Restart(event.room, channel, command == "new stop", origin, event.event, event.sender)
             return Halt(event.room, channel, origin, event.event, event.sender)
         if not self.policy.may_talk(event.sender, server):
             return Ignore(f"{event.sender} may not talk to agents in {event.room}; ignored", origin)

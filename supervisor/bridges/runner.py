@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from ..core.errors import UsageError
+from ..core.restart import ChannelBusy
 from ..store.store import Draft as StoreDraft
 from ..store.store import StoreError
 from .core import (
@@ -58,6 +59,7 @@ from .core import (
     Policy,
     Post,
     React,
+    Restart,
     Run,
     Verbosity,
 )
@@ -253,6 +255,8 @@ class Bridge:
             await self._run(decision)
         elif isinstance(decision, Halt):
             await self._halt(decision)
+        elif isinstance(decision, Restart):
+            await self._restart(decision)
         elif isinstance(decision, Answer):
             if decision.origin is not None:
                 await self.sup.mark_origin(decision.origin)
@@ -288,6 +292,18 @@ class Bridge:
         if not result.ok:
             self._room_put(halt.room, [Post(halt.room, f"s{halt.event}f", f"Stopping failed — {result.error}",
                                             notice=True)])
+
+    async def _restart(self, restart: Restart) -> None:
+        """``!new``: the channel's reset (its entry, which the room then shows, says what it did);
+        a refusal (a turn runs: say ``!new stop``) is answered in the room, never silent."""
+        await self.sup.mark_origin(restart.origin)
+        log.info("bridge %s: %s asked to start %s over", self.config.name, restart.sender, restart.channel)
+        try:
+            await self.sup.reset(restart.channel, stop=restart.stop)
+        except (ChannelBusy, UsageError) as exc:  # (a turn runs; UnknownChannel: nothing to start over)
+            hint = " Say !new stop to stop it first." if isinstance(exc, ChannelBusy) else ""
+            self._room_put(restart.room, [Post(restart.room, f"r{restart.event}", f"Not started over: {exc}.{hint}",
+                                               notice=True, reply_to=restart.event)])
 
     async def _join(self, join: Join) -> None:
         if join.room in self.rooms:
