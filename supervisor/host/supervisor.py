@@ -59,6 +59,7 @@ from ..fleet.fleet import Fleet
 from ..procs.cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, open_root
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
+from ..procs.memory import read_memory
 from ..procs.recovery import Recovery, recover, stop_notice_text
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
@@ -77,6 +78,7 @@ from ..store.store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool
 from ..turns.process import Places, Turn, TurnPorts, new_turn_id, retry_without_session
+from .capacity import Capacity
 
 log = logging.getLogger("corral")
 
@@ -315,8 +317,12 @@ class Supervisor:
         """The built turn of each ``(channel, agent)`` lane."""
         self._hops: dict[str, int] = {}
         """Each current turn's message's hop count (its hand-offs go one further)."""
-        self._acp = AcpAgentPool(nursery)
+        self._acp = AcpAgentPool(nursery, on_gone=lambda key: self._capacity.gone(key))
         """The persistent ACP agent processes, one per (channel, agent); closed on shutdown."""
+        self._capacity = Capacity(
+            config, nursery, read=self._hooks.memory or read_memory, close_resident=self._acp.close
+        )
+        """Admission: how many turns (and resident ACP agents) at once, fairly, within memory."""
         self._stops: dict[str, _StopInProgress] = {}
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
@@ -495,6 +501,7 @@ class Supervisor:
         if lane not in self._workers and not self._closing:
             self._workers.add(lane)
             self._nursery.start_soon(self._worker, channel, agent, name=f"corral-worker:{channel}:{agent}")
+            self._capacity.offer(channel, agent)  # (now: lanes wait in the order their messages came)
 
     # ------------------------------------------------------------ workers and turns
 
@@ -510,39 +517,57 @@ class Supervisor:
                     break
                 if self.fleet is not None:
                     await self.fleet.wait_ready(channel)  # (taken by force: the old owner's lease runs out first)
-                take = self._ledger.take(channel, agent, new_turn_id())
-                if take.dropped:
-                    self._store.dequeue([m.id for m in take.dropped])
-                if take.ticket is None:
+                if not self._ledger.queued(channel, agent):
                     break
-                message = take.ticket.message.payload
-                assert isinstance(message, _Message), "the supervisor queues only its own payloads"
-                message.seen_before = self._store.seen(channel, agent)
-                token = self._last_token.get(channel) if self.fleet is not None else None
-                if token is not None:
-                    self._fences[take.ticket.turn_id] = (channel, token)
-                # Dequeue and the turn's row in one commit, awaited before the point of no return
-                # (in a fleet: under the lease's token, checked in that commit).
-                message.begun = self._store.begin_turn(
-                    take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id,
-                    fence=token,
-                )
-                self._hops[take.ticket.turn_id] = message.hops
+                # Wait for a slot with the message still queued: a stop drops it as any queued
+                # message (and wakes this wait); then look at the queue again.
+                if not await self._capacity.admit(channel, agent):
+                    continue
                 try:
-                    if self._hooks.took is not None:
-                        await self._hooks.took(channel, take.ticket.turn_id)
-                    try:
-                        await self._run_turn(channel, take.ticket, message)
-                    except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
-                        await self._contain(channel, take.ticket, exc)
+                    if self._hooks.admitted is not None:
+                        await self._hooks.admitted(channel, agent)
+                    if not await self._admitted_turn(channel, agent):
+                        break
                 finally:
-                    self._hops.pop(take.ticket.turn_id, None)
-                    self._fences.pop(take.ticket.turn_id, None)
+                    self._capacity.release(channel, agent, resident=self._acp.get((channel, agent)) is not None)
         finally:
+            self._capacity.forget(channel, agent)
             self._workers.discard((channel, agent))
             event = self._idle.pop(channel, None)
             if event is not None:
                 event.set()
+
+    async def _admitted_turn(self, channel: str, agent: str) -> bool:
+        """Take the lane's next message and run its turn; False: nothing was left to take."""
+        take = self._ledger.take(channel, agent, new_turn_id())
+        if take.dropped:
+            self._store.dequeue([m.id for m in take.dropped])
+        if take.ticket is None:
+            return False
+        message = take.ticket.message.payload
+        assert isinstance(message, _Message), "the supervisor queues only its own payloads"
+        message.seen_before = self._store.seen(channel, agent)
+        token = self._last_token.get(channel) if self.fleet is not None else None
+        if token is not None:
+            self._fences[take.ticket.turn_id] = (channel, token)
+        # Dequeue and the turn's row in one commit, awaited before the point of no return
+        # (in a fleet: under the lease's token, checked in that commit).
+        message.begun = self._store.begin_turn(
+            take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id,
+            fence=token,
+        )
+        self._hops[take.ticket.turn_id] = message.hops
+        try:
+            if self._hooks.took is not None:
+                await self._hooks.took(channel, take.ticket.turn_id)
+            try:
+                await self._run_turn(channel, take.ticket, message)
+            except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
+                await self._contain(channel, take.ticket, exc)
+        finally:
+            self._hops.pop(take.ticket.turn_id, None)
+            self._fences.pop(take.ticket.turn_id, None)
+        return True
 
     # ------------------------------------------------------------ the fleet
 
@@ -630,6 +655,7 @@ class Supervisor:
         host's may be alive by then); its queue here is forgotten (the store keeps it)."""
         self._known.difference_update(m.id for m in self._ledger.queued(channel))  # (queued again if retaken)
         decision = self._ledger.lose(channel)
+        self._capacity.drop(channel)
         for lane, turn in list(self._turns.items()):
             if lane[0] == channel and (channel, turn.turn_id) in decision.turns:
                 turn.stop_reason = "lease lost"
@@ -1033,6 +1059,7 @@ class Supervisor:
         for decision in decisions:
             if decision.repeat:
                 continue
+            self._capacity.drop(decision.channel)  # (its waiters wake to an emptied queue)
             seq = self._store.next_seq()
             plans = self._cancelled_plans(decision.channel)
             batch.seqs[decision.channel] = seq
@@ -1308,13 +1335,15 @@ class Supervisor:
         """Agents, channels, and per channel each agent's state, at this instant.
 
         A channel's ``agents`` maps each agent that has had work there to ``{"state",
-        "queued", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0),
+        "queued", "waiting", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0;
+        ``waiting`` then says its place in the admission queue and why it waits, or None),
         ``running`` (``turn`` says which and since when) or ``stopping`` (a stop is tearing
         its turn down). ``turn`` and ``queued`` at the channel's level are kept for
         single-agent readers: the first running turn, and every lane's queue together.
         """
         channels: dict[str, Any] = {}
         sessions = self._store.sessions_by_channel()
+        waiting = self._capacity.waiting()
         for name in sorted(self._ledger.channels()):
             agents: dict[str, Any] = {}
             for agent in self._ledger.lanes(name):
@@ -1330,6 +1359,7 @@ class Supervisor:
                 agents[agent] = {
                     "state": state,
                     "queued": queued,
+                    "waiting": waiting.get((name, agent)),
                     "turn": None
                     if turn is None
                     else {
@@ -1362,6 +1392,7 @@ class Supervisor:
             "channels": channels,
             "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
             "shutting_down": self._closing,
+            "capacity": self._capacity.status(),
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
             "sandbox": self.sandbox.describe(),
             "fleet": None if self.fleet is None else {
@@ -1397,6 +1428,7 @@ class Supervisor:
         """
         self._closing = True
         decision = self._ledger.shut_down()  # every running turn is silenced now
+        self._capacity.drop_all()  # (waiting workers see the shutdown; their messages stay queued)
         turns = []
         built = {(c, t.turn_id): t for (c, _), t in self._turns.items()}
         for channel, turn_id in decision.turns:

@@ -660,8 +660,10 @@ class AcpAgentPool:
     polling). Start it with ``pool = AcpAgentPool(nursery)``.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, *, on_gone: Callable[[tuple[str, str]], None] | None = None) -> None:
         self._nursery = nursery
+        self._on_gone = on_gone
+        """Told (synchronously) when an agent's process has ended for good: idle timeout, close, failure."""
         self._agents: dict[tuple[str, str], AcpAgent] = {}
         self._closers: dict[tuple[str, str], trio.Event] = {}
         self._gone: dict[tuple[str, str], trio.Event] = {}
@@ -713,6 +715,8 @@ class AcpAgentPool:
             if self._agents.get(key) is not None and self._closers.get(key) is close:
                 del self._agents[key], self._closers[key], self._gone[key]
             gone.set()
+            if self._on_gone is not None:
+                self._on_gone(key)
 
     async def cancel(self, key: tuple[str, str], grace: float = CANCEL_GRACE) -> CancelReport:
         """Stop the turn of ``key`` (see :meth:`AcpAgent.cancel`); ``idle`` if none runs."""
