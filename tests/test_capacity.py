@@ -375,3 +375,18 @@ def test_bad_limits_are_config_errors_with_the_key_and_the_fix(short_tmp: Path) 
     assert [p.key for p in caught.value.problems] == ["agents.a.max_concurrent"]
     with pytest.raises(ConfigError, match="machine's memory"):
         config(short_tmp, server={"memory_reserve": "64T"})
+
+
+def test_corral_status_says_the_limit_what_waits_and_why() -> None:
+    from supervisor.cli import _capacity_line, _lane_state
+
+    capacity = {"max_turns": 4, "max_turns_from": "config", "memory_reserve": 512 << 20, "used": 4, "running": 3,
+                "residents": 1, "agents": {"x": {"max_concurrent": 1, "running": 1}, "y": {"max_concurrent": None}},
+                "memory": {"available": 8 << 30, "source": "cgroup", "pressure": 0.5},
+                "waiting": [{"channel": "c", "agent": "x", "position": 1, "why": "agent limit", "waited": 2.0}]}
+    assert _capacity_line(capacity) == (
+        "capacity: 4 of 4 slots used (from the config): 3 turn(s), 1 idle ACP agent(s); 1 waiting; "
+        "memory available 8192 MiB (cgroup, pressure 0.5%), reserve 512 MiB; agent limits: x 1/1"
+    )
+    lane = {"state": "queued", "queued": 1, "turn": None, "waiting": capacity["waiting"][0]}
+    assert _lane_state(lane) == "queued 1, waiting #1 for a slot (agent limit)"
