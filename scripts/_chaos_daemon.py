@@ -198,8 +198,10 @@ def _account_ignores_silence() -> None:
     """The turn's account decides as if no stop had silenced the turn."""
     on_event, close_text = _account.TurnAccount.on_event, _account.TurnAccount.close_text
 
-    def loud_event(self: _account.TurnAccount, event: Any, *, silenced: bool) -> list[_account.Effect]:
-        return on_event(self, event, silenced=False)
+    def loud_event(
+        self: _account.TurnAccount, event: Any, *, silenced: bool, now: float | None = None
+    ) -> list[_account.Effect]:
+        return on_event(self, event, silenced=False, now=now)
 
     def loud_close(self: _account.TurnAccount, *, silenced: bool) -> list[_account.Effect]:
         return close_text(self, silenced=False)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .serve.asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
     from .serve.client import APIError, DaemonUnavailable
     from .serve.daemon import DaemonError
-    from .store.store import Entry, StoreError, StoreInUse
+    from .store.store import Draft, Entry, StoreError, StoreInUse
 
 #: Where each public name lives: ``from supervisor import X`` imports only X's module.
 _LAZY = {
@@ -67,6 +67,7 @@ _LAZY = {
     "ShuttingDown": ".core.errors",
     "UsageError": ".core.errors",
     "LedgerError": ".core.ledger",
+    "Draft": ".store.store",
     "Entry": ".store.store",
     "StoreError": ".store.store",
     "StoreInUse": ".store.store",
@@ -91,6 +92,7 @@ __all__ = [
     "CorralError",
     "DaemonError",
     "DaemonUnavailable",
+    "Draft",
     "Entry",
     "LedgerError",
     "Limits",

@@ -111,8 +111,48 @@ def format_entry(entry: dict[str, Any]) -> str:
     import time
 
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
-    dropped = " (not run: dropped by a stop)" if entry.get("meta", {}).get("dropped_by_stop") else ""
-    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}"
+    meta = entry.get("meta", {})
+    dropped = " (not run: dropped by a stop)" if meta.get("dropped_by_stop") else ""
+    cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
+    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
+
+
+class DraftView:
+    """``tail -f``'s drafts in the human form. On a terminal, the text being written is one line
+    rewritten in place (its end, as much as fits), cleared when the saved entry comes; elsewhere
+    each draft's new text is printed on a line of its own, marked as not saved yet."""
+
+    def __init__(self, terminal: bool, width: int = 100) -> None:
+        self.terminal = terminal
+        self.width = max(width, 40)
+        self.shown: dict[str, int] = {}
+        """How much of each open draft's text has been printed."""
+        self.line = False
+        """A draft line is on the terminal (the next output first clears it)."""
+
+    def draft(self, draft: dict[str, Any]) -> str:
+        """What to write for one draft event."""
+        import time
+
+        stamp = time.strftime("%H:%M:%S", time.localtime(draft["ts"]))
+        head = f"[draft] {stamp} {draft['author']:<16} writing…"
+        text = str(draft["text"])
+        if self.terminal:
+            flat = text.replace("\n", " ⏎ ")
+            room = self.width - len(head) - 2
+            self.line = True
+            return f"\r\x1b[2K{head} {flat[-room:] if room > 0 else ''}"
+        done = self.shown.get(draft["draft"], 0)
+        self.shown[draft["draft"]] = len(text)
+        fresh = text[done:] if len(text) >= done else text
+        return f"{head} (not saved yet) {fresh}\n" if fresh else ""
+
+    def entry(self, entry: dict[str, Any]) -> str:
+        """What to write for one saved entry."""
+        self.shown.pop(str(entry.get("meta", {}).get("draft")), None)
+        clear = "\r\x1b[2K" if self.line else ""
+        self.line = False
+        return f"{clear}{format_entry(entry)}\n"
 
 
 def format_stop(result: dict[str, Any]) -> str:
@@ -363,16 +403,25 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries as they are stored.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
 @_json_option
 @click.pass_obj
 def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
     ctx = _merge(obj, as_json)
-    show = _print_json if ctx.json else (lambda e: click.echo(format_entry(e)))
+    import shutil
+
+    view = DraftView(sys.stdout.isatty(), shutil.get_terminal_size().columns)
+
+    def show(item: dict[str, Any]) -> None:
+        if ctx.json:
+            _print_json(item)
+        else:
+            sys.stdout.write(view.draft(item) if item.get("kind") == "draft" else view.entry(item))
 
     def run(client: Client) -> None:
-        entries = client.follow(channel, after) if follow else client.entries(channel, after)
+        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after)
         for entry in entries:
             show(entry)
             sys.stdout.flush()

@@ -497,3 +497,34 @@ def test_the_page_reconnects_after_a_daemon_restart(browser: Browser, short_tmp:
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_streaming_reply_shows_as_an_unsaved_draft_until_its_entry_replaces_it(
+    browser: Browser, daemon: DashboardDaemon
+) -> None:
+    import time
+
+    context, page = _logged_in(browser, daemon)
+    _channel(page, daemon, "drafts")
+    page.get_by_role("textbox", name="Message").fill("stream 4 please")
+    page.get_by_role("button", name="Send").click()
+    draft = page.locator("#transcript > li.draft")
+    # While the agent writes: one draft, marked unsaved, whose text keeps moving.
+    expect(draft).to_have_count(1)
+    expect(draft.locator(".kind")).to_have_text("writing… (not saved yet)")
+    expect(draft.locator(".text")).to_contain_text("Streaming line 3,")
+    shown = draft.locator(".text").text_content() or ""
+    printed = float(shown.rstrip(".").rsplit("printed at ", 1)[1])
+    assert time.time() - printed < 1.0, "the page shows what the agent printed within a second"
+    expect(draft.locator(".text")).not_to_have_text(shown)
+    assert page.locator("#transcript > li.draft").evaluate("li => getComputedStyle(li).opacity") != "1"
+    # Once saved, the entry stands where the draft was; no draft is left.
+    expect(page.locator("#transcript > li.author-agent.kind-message .text").last).to_contain_text(
+        "You said: stream 4 please"
+    )
+    expect(page.locator("#transcript > li.draft")).to_have_count(0)
+    saved = [e for e in daemon.tail("drafts") if e["author"] == "agent:demo" and e["kind"] == "message"]
+    assert saved and all(e["meta"].get("draft") for e in saved)
+    page_texts = [e["text"] for e in _transcript(page) if e["kind"] == "message" and e["seq"]]
+    assert [e["text"] for e in saved] == page_texts[-len(saved):]
+    context.close()

@@ -15,7 +15,7 @@ import pytest
 
 import supervisor
 from adapters._base import Error, Result, SessionId, StaleSession, Status, Text, TodoItem, Todos, ToolUse, Unparsed
-from supervisor.core.account import Post, SavePlan, SaveSession, TurnAccount, Warn
+from supervisor.core.account import Post, SavePlan, SaveSession, ShowDraft, TurnAccount, Warn
 from supervisor.core.ledger import OutputKind, StopLedger
 from supervisor.turns.process import SessionRetry, TurnOutcome, retry_without_session
 
@@ -122,10 +122,12 @@ def test_a_turn_imports_nothing_of_the_supervisor() -> None:
 
 
 def test_deltas_make_one_message_when_the_run_closes() -> None:
-    account = TurnAccount("agent:bot")
-    assert account.on_event(Text("Hel", delta=True), silenced=False) == []
-    assert account.on_event(Text("lo", delta=True), silenced=False) == []
-    assert account.on_event(Status("working"), silenced=False) == [Post("message", "Hello"), Post("status", "working")]
+    account = TurnAccount("agent:bot", "t1")
+    assert account.on_event(Text("Hel", delta=True), silenced=False) == [ShowDraft("t1.1", "Hel")]
+    assert account.on_event(Text("lo", delta=True), silenced=False) == [ShowDraft("t1.1", "Hello")]
+    assert account.on_event(Status("working"), silenced=False) == [
+        Post("message", "Hello", {"draft": "t1.1"}), Post("status", "working")
+    ]
     assert account.streamed == "Hello"
 
 
@@ -258,7 +260,7 @@ def test_the_public_names_are_these() -> None:
     # The public face: a name added or dropped here is a change to what embedders import.
     assert sorted(supervisor.__all__) == [
         "APIError", "Accepted", "AgentConfig", "AsyncioSupervisor", "Config", "ConfigError", "CorralError",
-        "DaemonError", "DaemonUnavailable", "Entry", "LedgerError", "Limits", "Problem", "SHUTDOWN_NOTICE",
+        "DaemonError", "DaemonUnavailable", "Draft", "Entry", "LedgerError", "Limits", "Problem", "SHUTDOWN_NOTICE",
         "STOP_NOTICE", "ServerConfig", "ShuttingDown", "StopResult", "StoreError", "StoreInUse", "Supervisor",
         "UnknownChannel", "UsageError", "__version__", "load_config", "open_asyncio_supervisor", "open_supervisor",
         "parse_config",

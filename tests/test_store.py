@@ -77,6 +77,11 @@ class BlockedCommits:
         monkeypatch.setattr(Store, "_commit", blocked)
 
 
+def record_stop(store: Store, seq: int, channel: str, generation: int) -> Pending:
+    """A stop's record as the supervisor submits it (here nothing dropped, no turn, no plan)."""
+    return store.submit_stop_records([StopRecord(seq, channel, generation, (), (), {})])
+
+
 # ---------------------------------------------------------------- ordering
 
 
@@ -84,7 +89,7 @@ async def test_seq_strictly_increases_in_submit_order_across_channels(store_at: 
     async with open_store(store_at) as store:
         pendings = [store.submit_entry(ch, "u", "message", f"m{i}") for i, ch in enumerate("abacbca")]
         stop_seq = store.next_seq()
-        store.record_stop(stop_seq, "a", 1, {})
+        record_stop(store, stop_seq, "a", 1)
         last = await store.append("b", "u", "status", "after the stop")
         seqs = [p.entry.seq for p in pendings if p.entry]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
@@ -320,7 +325,7 @@ async def test_entries_persist_and_seq_continues_after_reopen(store_at: str) -> 
             await store.append("b", "agent", "tool", "ls", turn="t", generation=3),
         ]
         stop_seq = store.next_seq()
-        await store.record_stop(stop_seq, None, 0, {"killed": 2}).committed()
+        await record_stop(store, stop_seq, "a", 1).committed()
         # Accepted but not awaited: closing the store must still commit it.
         unawaited = store.submit_entry("a", "u", "notice", "last words").entry
     async with open_store(path) as store:
@@ -328,7 +333,8 @@ async def test_entries_persist_and_seq_continues_after_reopen(store_at: str) -> 
         assert unawaited is not None and unawaited.seq > stop_seq
         nxt = await store.append("a", "u", "message", "again")
         assert nxt.seq == unawaited.seq + 1
-        assert (await store.query("SELECT seq, result FROM stops")) == [(stop_seq, '{"killed": 2}')]
+        ((seq, result),) = await store.query("SELECT seq, result FROM stops")
+        assert seq == stop_seq and json.loads(result)["generation"] == 1
 
 
 async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(store_at: str) -> None:
@@ -336,7 +342,7 @@ async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(sto
     async with open_store(path) as store:
         await store.append("a", "u", "message", "m")
         stop_seq = store.next_seq()
-        await store.record_stop(stop_seq, "a", 1, {}).committed()
+        await record_stop(store, stop_seq, "a", 1).committed()
     async with open_store(path) as store:
         assert store.next_seq() == stop_seq + 1
         q_seq = store.next_seq()
@@ -370,10 +376,9 @@ async def test_sessions_todos_queue_and_generations_survive_a_reopen(store_at: s
             await store.append("c1", "u", "message", text, also=also)
             rows.extend(row_box)
         await store.dequeue([rows[0].seq]).committed()
-        await store.record_stop(store.next_seq(), "c1", 4, {}).committed()
-        await store.record_stop(store.next_seq(), "c1", 2, {}).committed()  # never goes back
-        await store.record_stop(store.next_seq(), "c2", 1, {}).committed()
-        await store.record_stop(store.next_seq(), None, 9, {}).committed()  # global: no generation row
+        await record_stop(store, store.next_seq(), "c1", 4).committed()
+        await record_stop(store, store.next_seq(), "c1", 2).committed()  # never goes back
+        await record_stop(store, store.next_seq(), "c2", 1).committed()
     async with open_store(path) as store:
         assert store.session("c1", "claude") == ("sess-2", "/w/c1b")
         assert store.session("c2", "codex") == (None, "/w/c2")
@@ -383,7 +388,8 @@ async def test_sessions_todos_queue_and_generations_survive_a_reopen(store_at: s
         assert store.todo_agents("c1") == ["claude"]
         assert await store.load_queue() == rows[1:]
         assert (await store.load_queue())[0].nudge is True
-        assert await store.load_generations() == {"c1": 4, "c2": 1}
+        stopped = {"c1": ChannelState(4, True, True), "c2": ChannelState(1, True, True)}
+        assert await store.load_channel_states() == stopped
 
 
 async def test_closed_store_refuses_writes(store_at: str) -> None:
@@ -460,7 +466,6 @@ async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(s
         stop_seq = store.next_seq()
         record = StopRecord(stop_seq, "c", 3, (dropped.entry.seq, dropped.entry.seq + 1), ("t1", "t2"), {"bot": plan})
         await store.submit_stop_records([record]).committed()
-        await store.record_stop(store.next_seq(), "c", 2, {}).committed()  # a generation never goes back
     async with open_store(store_at) as store:  # what a restart finds
         turns, stops = await store.unfinished()
         assert turns == [("t9", "d", 0, "running")]

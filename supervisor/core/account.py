@@ -60,8 +60,27 @@ class Warn:
     line: str
 
 
-Effect = Post | SaveSession | SavePlan | Warn
+@dataclass(frozen=True, slots=True)
+class ShowDraft:
+    """Show the open run of text to the channel's followers as it is written: never stored.
+
+    ``text`` is the whole run so far (a follower that joins mid-run needs nothing else); the
+    entry that saves it names ``draft`` in its ``meta`` and replaces it. A turn's I/O side may
+    show only the last of several drafts of one read: each carries everything before it."""
+
+    draft: str
+    text: str
+
+
+Effect = Post | SaveSession | SavePlan | Warn | ShowDraft
 """What the turn's I/O side carries out, in order."""
+
+#: A run of text longer than this is saved in pieces (each a message entry), so a daemon
+#: that dies mid-run loses at most one piece; what follows a piece is a new draft.
+PIECE_CHARS = 4096
+#: Likewise for a run older than this (seconds on the caller's clock): a slow stream of
+#: tokens is saved at least this often.
+PIECE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,21 +102,45 @@ class TurnAccount:
     """
 
     agent: str
+    turn: str = ""
+    """The turn's id: the prefix of its drafts' ids."""
     text: list[str] = field(default_factory=list)
     """An open run of text deltas: one message once closed."""
+    drafts: int = 0
+    """Runs opened so far: the open run's draft is ``{turn}.{drafts}``."""
+    run_chars: int = 0
+    run_started: float | None = None
     streamed: str = ""
     last_message: str = ""
     result: Result | None = None
     error: str | None = None
     stale_session: bool = False
 
-    def on_event(self, event: Event, *, silenced: bool) -> list[Effect]:
-        """Map one parser event to the transcript, the session or the plan."""
+    @property
+    def draft(self) -> str:
+        """The id of the open run's draft (of the last run, once it is closed)."""
+        return f"{self.turn}.{self.drafts}"
+
+    def on_event(self, event: Event, *, silenced: bool, now: float | None = None) -> list[Effect]:
+        """Map one parser event to the transcript, the session, the plan or a draft.
+
+        ``now`` (the caller's clock, for :data:`PIECE_SECONDS`): None saves pieces by size only."""
         if isinstance(event, SessionId):
             return [SaveSession(event.id)]
         if isinstance(event, Text) and event.delta:
+            if not event.text:
+                return []
+            if not self.text:
+                self.drafts += 1
+                self.run_chars = 0
+                self.run_started = now
             self.text.append(event.text)
-            return []
+            self.run_chars += len(event.text)
+            old = now is not None and self.run_started is not None and now - self.run_started >= PIECE_SECONDS
+            if self.run_chars >= PIECE_CHARS or old:
+                return self.close_text(silenced=silenced)
+            # A silenced turn shows nothing: text received after a stop is never shown.
+            return [] if silenced else [ShowDraft(self.draft, "".join(self.text))]
         effects = self.close_text(silenced=silenced)
         post: Post | None = None
         if isinstance(event, Text):
@@ -130,14 +173,28 @@ class TurnAccount:
         return effects
 
     def close_text(self, *, silenced: bool) -> list[Effect]:
-        """Close the open run of text deltas, if any: one message."""
+        """Close the open run of text deltas, if any: one message, replacing its draft."""
         if not self.text:
             return []
         text = "".join(self.text)
         self.text.clear()
         self.streamed += text
         self.last_message = text
-        return [] if silenced else [Post("message", text)]
+        return [] if silenced else [Post("message", text, {"draft": self.draft})]
+
+    def cut_off(self, reason: str) -> Post | None:
+        """The open run as the stop decision found it: saved, marked as cut off by ``reason``
+        (``"stop"``, ``"shutdown"``), so what a follower was shown is what the transcript keeps.
+
+        Called in the step that decides the stop, before its notice is submitted; the turn
+        is silenced from then on, so nothing of the run is saved twice."""
+        if not self.text:
+            return None
+        text = "".join(self.text)
+        self.text.clear()
+        self.streamed += text
+        self.last_message = text
+        return Post("message", text, {"draft": self.draft, "cut_off": reason})
 
     def last_words(self, error: str | None) -> LastWords:
         """The turn's final answer or the reason it failed (``error``: the turn's own failure)."""

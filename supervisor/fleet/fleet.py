@@ -17,15 +17,17 @@ Theory of operation
   connection can never keep a deadline from being acted on (the bug of a cut cable: the
   heartbeat waited, and the turns ran on).
 * **Every database call of the fleet has a deadline** (:class:`Link`): renewals, the
-  fleet's view, acquisitions, forced takeovers, give-backs and notices run on connections
-  of their own (never behind the store's thread and its commits), one call per connection
-  at a time; a call with no answer by its deadline has its connection shut down and
-  abandoned (:meth:`PostgresEngine.interrupt`), and the next call opens a new one. The
-  store's own connection gets the same treatment from the heartbeat when one call has
-  been waiting for a lease (:meth:`Store.unstick`). Lease statements wait at most a
-  quarter of the lease for a row lock (``lock_timeout``), and the server ends a session
-  idle in a transaction for half the lease (see the engines' theory), so a cut-off host's
-  half-done transaction never holds a taker up past its leases' expiry.
+  fleet's view, acquisitions, forced takeovers, give-backs and notices — the store's
+  statements for a fleet (:class:`~supervisor.store.leases.Leases`), each one transaction's
+  work on the connection it is given — run on connections of their own (never behind the
+  store's thread and its commits), one call per connection at a time; a call with no answer
+  by its deadline has its connection shut down and abandoned
+  (:meth:`PostgresEngine.interrupt`), and the next call opens a new one. The store's own
+  connection gets the same treatment from the heartbeat when one call has been waiting for
+  a lease (:meth:`Store.unstick`). Lease statements wait at most a quarter of the lease for
+  a row lock (``lock_timeout``), and the server ends a session idle in a transaction for
+  half the lease (see the engines' theory), so a cut-off host's half-done transaction never
+  holds a taker up past its leases' expiry.
 * **Two ways to lose a lease, both acted on at once.** The local deadline — the monotonic
   clock at the last successful renewal's start plus the lease, *minus a margin*
   (:func:`kill_margin`) — passes; or a renewal finds the row taken. Either way ``on_lost``
@@ -49,8 +51,9 @@ Theory of operation
   within the lease plus one round trip (a live host renews every third of its lease, so
   this adds no wake-ups while every host answers).
 * **Notices between hosts.** :meth:`Fleet.listen` keeps a connection of its own on
-  ``LISTEN corral_fleet`` in a worker thread; :meth:`Fleet.notify` sends a JSON notice
-  (delivered at its transaction's commit). A stop through a host that does not own the
+  ``LISTEN corral_fleet`` in a worker thread; :meth:`Fleet.notify` sends a notice (a typed
+  value of :mod:`.notices`, which holds the one decoder; delivered at its transaction's
+  commit). A stop through a host that does not own the
   channel is one: the owner acknowledges at once, carries the stop out and answers with
   its result. A notice can be lost (a connection replaced, or cut while the database is
   reachable: the listener, hearing not even a heartbeat's ``beat`` for a lease, replaces its
@@ -82,7 +85,7 @@ Theory of operation
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import math
 import threading
@@ -94,19 +97,14 @@ from typing import Any, TypeVar
 import trio
 
 from ..store.engines import Engine, PostgresEngine, describe_postgres, is_postgres_error
-from ..store.store import FLEET_NOTICES, Store, StoreError
+from ..store.leases import Leases, Renewal
+from ..store.store import Store, StoreError, notify
+from .notices import Beat, Notice, NoticeError, decode
 
 T = TypeVar("T")
 
 log = logging.getLogger("corral.fleet")
 
-LOCK_NOT_AVAILABLE = "55P03"
-"""PostgreSQL's SQLSTATE for a lock wait that hit ``lock_timeout``."""
-TAKEOVER_ATTEMPTS = 10
-"""A forced takeover waits 1 s per attempt for the lease row before ending stuck sessions."""
-
-#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts.
-NOTICES = FLEET_NOTICES
 #: Connections a host's fleet calls may use at once (abandoned ones count until their thread ends).
 LINK_THREADS = 8
 
@@ -131,20 +129,6 @@ def check_leases(until: Mapping[str, float], now: float, margin: float) -> Lease
     lost = tuple(channel for channel, deadline in until.items() if deadline - margin <= now)
     wake = min((deadline - margin for channel, deadline in until.items() if channel not in lost), default=math.inf)
     return LeaseCheck(lost, wake)
-
-
-def end_stuck(db: Engine, host: str, channel: str, idle: float) -> None:
-    """(In a lease transaction) end the database sessions idle in a transaction for ``idle``
-    seconds while holding a lock on the leases table: a paused or cut-off host's, which would
-    hold a taker up for as long as it lives (its store reconnects, to find its lease gone)."""
-    ended = db.query(
-        "SELECT a.pid, pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a"
-        " ON a.pid = l.pid WHERE l.relation = 'leases'::regclass AND l.granted"
-        " AND a.pid <> pg_backend_pid() AND a.state IN ('idle in transaction',"
-        " 'idle in transaction (aborted)') AND a.state_change < clock_timestamp() - ? * interval '1 second'",
-        (idle,),
-    )
-    log.warning("host %s: ended %d database session(s) stuck holding the lease of %r", host, len(ended), channel)
 
 
 class LinkTimeout(StoreError):
@@ -244,14 +228,6 @@ class Link:
             engine.close()
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A channel's lease as this host holds it."""
-
-    channel: str
-    token: int
-
-
 class Fleet:
     """This host's leases in a fleet; run :meth:`run` as the heartbeat task."""
 
@@ -266,6 +242,8 @@ class Fleet:
         """How long before a lease's local deadline this host gives it up (:func:`kill_margin`)."""
         self.link = Link(store.link_engine, store.path)
         """The connections of this host's fleet calls, each call under a deadline."""
+        self.leases = Leases(host, lease)
+        """What those calls ask of the database (the store's statements for a fleet)."""
         self._on_lost = on_lost
         self._on_orphans = on_orphans
         self._tokens: dict[str, int] = {}
@@ -284,6 +262,8 @@ class Fleet:
         """(Tests) take and renew nothing, as a host cut off from the database."""
         self.view: list[dict[str, Any]] = []
         """Every host of the fleet as the last heartbeat read it (``status`` shows it)."""
+        self.malformed = 0
+        """Payloads on the notices' channel that were no notice (dropped, see :meth:`_malformed`)."""
 
     # ------------------------------------------------------------ leases
 
@@ -313,10 +293,6 @@ class Fleet:
         that time cannot keep its leases anyway."""
         return max(0.5, self.lease / 2)
 
-    def _lock_wait(self, db: Engine) -> None:
-        """(In a lease transaction) wait at most a quarter of the lease for a row lock."""
-        db.execute(f"SET LOCAL lock_timeout = {max(100, int(self.lease * 250))}")
-
     def held(self) -> dict[str, int]:
         """Every lease this host holds, with its token."""
         return dict(self._tokens)
@@ -336,40 +312,8 @@ class Fleet:
         (:meth:`wait_ready`): the old owner may still be running one, cut off from the news."""
         started = trio.current_time()
         host, lease = self.host, self.lease
-
-        upsert = (
-            "INSERT INTO leases (channel, owner, expires, token)"
-            " VALUES (?, ?, {now} + ?, 1) ON CONFLICT (channel) DO UPDATE SET"
-            " owner = excluded.owner, expires = excluded.expires, token = leases.token + 1 RETURNING token"
-        )
-
-        def take(db: Engine) -> tuple[int, int, float]:
-            # The silent owner may be paused (SIGSTOP) inside a transaction that share-locks
-            # the lease row (a fencing check): its session holds the lock for as long as it
-            # lives, and the takeover would wait with it. Wait a moment, then end the sessions
-            # stuck idle in a transaction on the leases table — the host is being fenced out
-            # anyway, and its store reconnects (to find its lease gone) when it resumes.
-            for attempt in range(TAKEOVER_ATTEMPTS):
-                db.execute("SAVEPOINT take_lease")
-                db.execute("SET LOCAL lock_timeout = '1s'")
-                try:
-                    old = db.query(f"SELECT owner, expires - {db.now} FROM leases WHERE channel = ? FOR UPDATE",
-                                   (channel,))
-                    ((token,),) = db.query(upsert.format(now=db.now), (channel, host, lease))
-                    break
-                except Exception as exc:
-                    if getattr(exc, "sqlstate", None) != LOCK_NOT_AVAILABLE or attempt == TAKEOVER_ATTEMPTS - 1:
-                        raise
-                    db.execute("ROLLBACK TO SAVEPOINT take_lease")
-                end_stuck(db, host, channel, 1.0)
-            ((newest,),) = db.query(
-                "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
-                " UNION ALL SELECT max(seq) FROM queue) AS seqs"
-            )
-            left = float(old[0][1]) if old and old[0][0] != host else 0.0
-            return int(token), int(newest), left
-
-        token, newest, left = await self.link.transact(take, max(2.0, lease))
+        token, newest, left = await self.link.transact(functools.partial(self.leases.force, channel=channel),
+                                                       max(2.0, lease))
         self.store.seq_floor(newest)
         self._tokens[channel] = token
         self._until[channel] = started + lease
@@ -385,28 +329,21 @@ class Fleet:
         self._until.pop(channel, None)
         if token is None:
             return
-        host = self.host
-
-        def give(db: Engine) -> None:
-            self._lock_wait(db)
-            db.execute("UPDATE leases SET expires = 0 WHERE channel = ? AND owner = ? AND token = ?",
-                       (channel, host, token))
-
-        await self.link.transact(give, self.call_deadline)
+        await self.link.transact(functools.partial(self.leases.give_back, channel=channel, token=token),
+                                 self.call_deadline)
 
     # ------------------------------------------------------------ notices between hosts
 
-    async def notify(self, payload: str) -> None:
+    async def notify(self, notice: Notice) -> None:
         """Send a notice to every host of the fleet (``NOTIFY``, delivered at the commit)."""
-        def send(db: Engine) -> None:
-            db.query("SELECT pg_notify(?, ?)", (NOTICES, payload))
-
-        await self.link.transact(send, self.call_deadline)
+        await self.link.transact(functools.partial(notify, notice=notice), self.call_deadline)
 
     async def listen(
-        self, deliver: Callable[[str], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, deliver: Callable[[Notice], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Deliver every notice of the fleet to ``deliver`` (in Trio), until cancelled.
+        """Deliver every notice of the fleet to ``deliver`` (in Trio), until cancelled; a
+        ``beat`` only keeps the connection's silence from being taken for a cut, and a
+        malformed payload is dropped (:meth:`_malformed`): nothing from the wire can end it.
 
         A connection of its own waits in a worker thread; it wakes once a second to see
         whether it should end (PostgreSQL only: the fleet has no SQLite mode). A lost
@@ -434,11 +371,16 @@ class Fleet:
                             conn = None
                         if conn is None or conn.closed or conn.broken:
                             conn = self.store.listener()
-                            conn.execute(f"LISTEN {NOTICES}")
                             heard = time.monotonic()
-                        for notice in conn.notifies(timeout=min(1.0, lease / 3)):
+                        for notify in conn.notifies(timeout=min(1.0, lease / 3)):
                             heard = time.monotonic()
-                            trio.from_thread.run_sync(deliver, notice.payload, trio_token=token)
+                            try:
+                                notice = decode(notify.payload)
+                            except NoticeError as exc:
+                                self._malformed(notify.payload, exc)
+                                continue
+                            if not isinstance(notice, Beat):
+                                trio.from_thread.run_sync(deliver, notice, trio_token=token)
                     except psycopg.OperationalError as exc:
                         log.warning("host %s: the fleet's notices were cut off (%s); listening again", self.host, exc)
                         time.sleep(1.0)
@@ -453,6 +395,14 @@ class Fleet:
             await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
         finally:
             closing = True
+
+    def _malformed(self, payload: str, error: NoticeError) -> None:
+        """(The listener's thread) a payload that is no notice: dropped; the first is logged as
+        a warning, the rest (a stream of them must not flood the log) at debug level."""
+        self.malformed += 1
+        level = logging.WARNING if self.malformed == 1 else logging.DEBUG
+        log.log(level, "host %s: dropped a malformed fleet notice of %d characters: %s%s", self.host, len(payload),
+                error, "; more are logged at debug level" if self.malformed == 1 else "")
 
     async def acquire(self, channel: str) -> int | None:
         """Take the channel's lease (free, expired, or already this host's); its token, or
@@ -474,44 +424,8 @@ class Fleet:
     async def _acquire(self, channel: str) -> int | None:
         started = trio.current_time()
         host, lease = self.host, self.lease
-
-        upsert = (
-            "INSERT INTO leases (channel, owner, expires, token)"
-            " VALUES (?, ?, {now} + ?, 1) ON CONFLICT (channel) DO UPDATE SET"
-            " owner = excluded.owner, expires = excluded.expires, token = CASE"
-            " WHEN leases.owner = excluded.owner AND leases.expires > {now} THEN leases.token"
-            " ELSE leases.token + 1 END"
-            " WHERE leases.owner = excluded.owner OR leases.expires <= {now}"
-            " RETURNING token"
-        )
-
-        def take(db: Engine) -> tuple[int | None, int]:
-            # A row lock held past a quarter of the lease is a cut-off host's half-done
-            # transaction (a fencing read): the server ends a session idle in a transaction for
-            # half the lease, but not one left so after a pipelined batch (PostgreSQL arms that
-            # timeout only after a Sync that no Flush followed). If the lease has run out, the
-            # holder is fenced out anyway: end its stuck sessions and try once more.
-            for attempt in range(2):
-                db.execute("SAVEPOINT take_lease")
-                self._lock_wait(db)
-                try:
-                    rows = db.query(upsert.format(now=db.now), (channel, host, lease))
-                    break
-                except Exception as exc:
-                    if getattr(exc, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-                        raise
-                    db.execute("ROLLBACK TO SAVEPOINT take_lease")
-                expired = db.query(f"SELECT 1 FROM leases WHERE channel = ? AND expires <= {db.now}", (channel,))
-                if attempt or not expired:
-                    return None, 0  # (held: not this host's now; the next heartbeat looks again)
-                end_stuck(db, host, channel, lease / 2)
-            ((newest,),) = db.query(
-                "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
-                " UNION ALL SELECT max(seq) FROM queue) AS seqs"
-            )
-            return (int(rows[0][0]) if rows else None), int(newest)
-
-        token, newest = await self.link.transact(take, self.call_deadline)
+        token, newest = await self.link.transact(functools.partial(self.leases.take, channel=channel),
+                                                 self.call_deadline)
         if token is None:
             return None
         self.store.seq_floor(newest)
@@ -537,15 +451,8 @@ class Fleet:
         if not held:
             return
         host = self.host
-
-        def give(db: Engine) -> None:
-            db.executemany(
-                "UPDATE leases SET expires = 0 WHERE channel = ? AND owner = ? AND token = ?",
-                [(c, host, t) for c, t in held.items()],
-            )
-
         try:
-            await self.link.transact(give, self.call_deadline)
+            await self.link.transact(functools.partial(self.leases.give_back_all, held=held), self.call_deadline)
         except StoreError as exc:
             log.warning("host %s could not give its leases back (they expire on their own): %s", host, exc)
 
@@ -595,49 +502,15 @@ class Fleet:
         host, lease, held = self.host, self.lease, dict(self._tokens)
         first = min(self._until.values(), default=math.inf) - self.margin
         deadline = max(0.05, min(self.call_deadline, first - started))
-        beat = json.dumps({"kind": "beat", "from": host})
-        lock_ms = max(100, int(lease * 250))
-
-        def renew(db: Engine) -> tuple[list[list[tuple[Any, ...]]], float]:
-            assert isinstance(db, PostgresEngine)
-            now, channels = db.now, list(held)
-            answers = db.pipelined([
-                ("BEGIN", ()),
-                (f"SET LOCAL lock_timeout = {lock_ms}", ()),
-                (f"UPDATE hosts SET heartbeat = {now} WHERE host = ?", (host,)),
-                (f"UPDATE leases SET expires = {now} + ? WHERE owner = ? AND channel = ANY(?) RETURNING channel, token",
-                 (lease, host, channels)),
-                (  # (work under no lease at all: queued through a host that may not run it; or under
-                   # an expired lease this host does not hold, its own included: a host that gave a
-                   # channel up while cut off takes it again when nobody else did)
-                    "SELECT q.channel FROM queue q LEFT JOIN leases l ON l.channel = q.channel"
-                    f" WHERE l.channel IS NULL OR (l.expires <= {now} AND l.channel <> ALL(?))"
-                    " UNION SELECT t.channel FROM turns t JOIN leases l ON l.channel = t.channel"
-                    f" WHERE t.state = 'running' AND l.expires <= {now} AND l.channel <> ALL(?)",
-                    (channels, channels),
-                ),
-                ("SELECT channel, seq FROM queue WHERE channel = ANY(?)", (channels,)),
-                (f"SELECT min(l.expires) - {now} FROM leases l WHERE l.owner != ? AND l.expires > {now}"
-                 " AND (EXISTS (SELECT 1 FROM queue q WHERE q.channel = l.channel)"
-                 " OR EXISTS (SELECT 1 FROM turns t WHERE t.channel = l.channel AND t.state = 'running'))", (host,)),
-                (f"SELECT {now}", ()),
-                ("SELECT host, heartbeat, pid, started FROM hosts ORDER BY host", ()),
-                ("SELECT channel, owner, expires, token FROM leases ORDER BY channel", ()),
-                ("SELECT pg_notify(?, ?)", (NOTICES, beat)),
-                ("COMMIT", ()),
-            ])
-            return answers, 0.0
 
         try:
-            answers, _ = await self.link.transact(renew, deadline, own=True)
+            renewal: Renewal = await self.link.transact(
+                functools.partial(self.leases.beat, held=list(held)), deadline, own=True
+            )
         except StoreError as exc:
             log.warning("host %s: heartbeat failed (%s); its leases run out unless the next one succeeds", host, exc)
             return None
-        kept = {(c, int(t)) for c, t in answers[3]}
-        orphans = [c for (c,) in answers[4]]
-        queued = [(c, int(q)) for c, q in answers[5]]
-        ((soonest,),) = answers[6]
-        ((now,),) = answers[7]
+        kept, orphans, queued = renewal.kept, list(renewal.orphans), list(renewal.queued)
         self.store.reachable()  # (the database answers again: the store reconnects at once if it must)
         self.store.others_committed()  # (a notice of other hosts' entries lost in a reconnect: read them now)
         for channel, token in held.items():
@@ -649,9 +522,9 @@ class Fleet:
                 self._lose(channel, "another host holds its lease now")
         if (orphans or queued) and self._on_orphans is not None:
             self._on_orphans(orphans, queued)
-        self.view = self._view(float(now), answers[8], answers[9])
+        self.view = self._view(renewal.now, renewal.hosts, renewal.leases)
         self.renewals += 1  # (counted once its view of the fleet is in: status shows this beat's)
-        return None if soonest is None else float(soonest)
+        return renewal.soonest
 
     def _view(self, now: float, hosts: list[tuple[Any, ...]], leases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         out = []
@@ -665,11 +538,5 @@ class Fleet:
 
     async def hosts(self) -> list[dict[str, Any]]:
         """Every host of the fleet: its name, last heartbeat (database clock), age, and channels."""
-        def read(db: Engine) -> tuple[float, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-            ((now,),) = db.query(f"SELECT {db.now}")
-            hosts = db.query("SELECT host, heartbeat, pid, started FROM hosts ORDER BY host")
-            leases = db.query("SELECT channel, owner, expires, token FROM leases ORDER BY channel")
-            return float(now), hosts, leases
-
-        now, hosts, leases = await self.link.transact(read, self.call_deadline)
+        now, hosts, leases = await self.link.transact(self.leases.view, self.call_deadline)
         return self._view(now, hosts, leases)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import logging
 import os
 import secrets
@@ -44,7 +43,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import trio
 
@@ -52,10 +51,12 @@ from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.errors import ShuttingDown, UsageError
+from ..core.fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
 from ..core.ledger import OutputKind, QueuedMessage, StopDecision, StopLedger, TurnTicket
 from ..core.router import AddressError, address, route
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
+from ..fleet.notices import Entries, Notice, Queued, Stop, Stopped, Stopping
 from ..procs.cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, open_root
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
@@ -74,7 +75,7 @@ from ..procs.tree import (
     spawn,
     wait_pid_exit,
 )
-from ..store.store import Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from ..store.store import Draft, Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool
 from ..turns.process import Places, Turn, TurnPorts, new_turn_id, retry_without_session
@@ -124,11 +125,8 @@ class Accepted:
     """Every agent it went to (empty: stored only)."""
 
     def to_json(self) -> dict[str, Any]:
-        """As the API and ``corral send --json`` print it."""
-        return {
-            "seq": self.seq, "channel": self.channel, "agent": self.agent, "generation": self.generation,
-            "queued": self.queued, "to": list(self.to),
-        }
+        """As the API and ``corral send --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
 
 
 @dataclass(slots=True)
@@ -148,37 +146,23 @@ class StopResult:
     ended: str | None = None
     """An ACP turn's prompt: ``"cancelled"`` (the agent acknowledged the typed cancel) or
     ``"killed"`` (it did not in time, or died: its whole tree was killed). None otherwise."""
-    cpu_ms: float = 0.0
+    cpu_ms: float = field(default=0.0, metadata=ROUNDED)
     """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
     dropped: int = 0
     notice_seq: int | None = None
-    elapsed_ms: float = 0.0
+    elapsed_ms: float = field(default=0.0, metadata=ROUNDED)
     ok: bool = True
     error: str | None = None
-    channels: list[StopResult] | None = None
+    channels: list[StopResult] | None = field(default=None, metadata=OMITTED_IF_NONE)
 
     def to_json(self) -> dict[str, Any]:
-        """As the API and ``corral stop --json`` print it."""
-        out: dict[str, Any] = {
-            "channel": self.channel,
-            "generation": self.generation,
-            "repeat": self.repeat,
-            "stopped_turns": self.stopped_turns,
-            "turns": self.turns,
-            "killed": self.killed,
-            "swept": self.swept,
-            "kill": self.kill,
-            "ended": self.ended,
-            "cpu_ms": round(self.cpu_ms, 3),
-            "dropped": self.dropped,
-            "notice_seq": self.notice_seq,
-            "elapsed_ms": round(self.elapsed_ms, 3),
-            "ok": self.ok,
-            "error": self.error,
-        }
-        if self.channels is not None:
-            out["channels"] = [c.to_json() for c in self.channels]
-        return out
+        """As the API and ``corral stop --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StopResult:
+        """A result as :meth:`to_json` gave it (another fleet host's answer); ValueError if it is none."""
+        return from_json(cls, data)
 
 
 @dataclass(slots=True)
@@ -232,7 +216,10 @@ class _TurnStore:
         pending = self._store.submit_entry(
             channel, author, kind, text, turn=turn, generation=generation, meta=meta, fence=fence
         )
-        if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:"):
+        # A run cut off by a stop is saved, never routed on: the stop ends the hand-offs too (line 12).
+        cut_off = meta is not None and "cut_off" in meta
+        if kind == "message" and turn is not None and pending.entry is not None and author.startswith("agent:") \
+                and not cut_off:
             self._hand_off(channel, turn, author, text, pending.entry.seq)
         return pending
 
@@ -248,6 +235,10 @@ class _TurnStore:
         """The turn's process, on its row."""
         channel, fence = self._fences.get(turn_id, ("", None))
         return self._store.turn_spawned(turn_id, pid, started, channel=channel, fence=fence)
+
+    def show_draft(self, draft: Draft) -> None:
+        """Show a draft to this host's followers (never stored, so never fenced)."""
+        self._store.show_draft(draft)
 
 
 class _LeasedLedger:
@@ -942,9 +933,7 @@ class Supervisor:
             request = secrets.token_hex(8)
             answer = self._answers[request] = _Answer()
             try:
-                await fleet.notify(json.dumps(
-                    {"kind": "stop", "to": owner, "from": fleet.host, "channel": channel, "id": request}
-                ))
+                await fleet.notify(Stop(fleet.host, to=owner, channel=channel, id=request))
                 with trio.move_on_after(fleet.lease):
                     await answer.heard.wait()  # it acknowledges at once, then tears its turns down
                 grace = max((a.limits.stop_grace for a in self.config.agents.values()), default=0.0)
@@ -956,7 +945,7 @@ class Supervisor:
             finally:
                 del self._answers[request]
             if answer.result is not None:
-                result = _result_from_json(answer.result)
+                result = answer.result
                 result.elapsed_ms = (trio.current_time() - started) * 1000
                 result.cpu_ms = (time.process_time() - cpu) * 1000
                 log.info("stop %r: carried out by host %s in %.1f ms", channel, owner, result.elapsed_ms)
@@ -984,8 +973,7 @@ class Supervisor:
     async def _acknowledge(self, asker: str, request: str) -> None:
         assert self.fleet is not None
         try:
-            await self.fleet.notify(json.dumps({"kind": "stopping", "to": asker, "from": self.fleet.host,
-                                                "id": request}))
+            await self.fleet.notify(Stopping(self.fleet.host, to=asker, id=request))
         except StoreError as exc:
             log.warning("could not acknowledge host %s's stop: %s", asker, exc)
 
@@ -998,35 +986,29 @@ class Supervisor:
                 return str(host["host"])
         return None
 
-    def _notice(self, payload: str) -> None:
-        """(From the fleet's listener) a notice for this host: a stop to carry out, or the
-        answer to one this host asked another to carry out."""
+    def _notice(self, notice: Notice) -> None:
+        """(From the fleet's listener) another host's message row or commit, a stop for this
+        host to carry out, or the answer to one this host asked another to carry out."""
         assert self.fleet is not None
-        try:
-            notice = json.loads(payload)
-        except ValueError:
-            return
-        if not isinstance(notice, dict):
-            return
-        if notice.get("kind") == "queued" and notice.get("from") != self.fleet.host:
-            self._queued_elsewhere(str(notice.get("channel")))
-            return
-        if notice.get("kind") == "entries" and notice.get("from") != self.fleet.host:
-            last = notice.get("last")
-            self._store.others_committed(last if isinstance(last, int) else None)
-            return
-        if notice.get("to") != self.fleet.host:
-            return
-        if notice.get("kind") == "stop" and not self._closing:
-            self._nursery.start_soon(self._stop_for, str(notice["channel"]), str(notice["from"]), str(notice["id"]))
-            return
-        answer = self._answers.get(str(notice.get("id")))
-        if answer is None:
-            return
-        answer.heard.set()
-        if notice.get("kind") == "stopped" and isinstance(notice.get("result"), dict):
-            answer.result = notice["result"]
-            answer.done.set()
+        me = self.fleet.host
+        match notice:
+            case Queued() if notice.sender != me:
+                self._queued_elsewhere(notice.channel)
+            case Entries() if notice.sender != me:
+                self._store.others_committed(notice.last)
+            case Stop() if notice.to == me and not self._closing:
+                self._nursery.start_soon(self._stop_for, notice.channel, notice.sender, notice.id)
+            case Stopping() | Stopped() if notice.to == me and notice.id in self._answers:
+                answer = self._answers[notice.id]
+                answer.heard.set()
+                if isinstance(notice, Stopped):
+                    try:
+                        answer.result = StopResult.from_json(notice.result)
+                    except ValueError as exc:  # (the asker waits out its deadline, then takes the channel)
+                        log.warning("host %s's answer to a stop is not a stop's result (%s); dropped", notice.sender,
+                                    exc)
+                        return
+                    answer.done.set()
 
     async def _stop_for(self, channel: str, asker: str, request: str) -> None:
         """Carry out a stop another host was asked for, if this host owns the channel (else
@@ -1042,9 +1024,7 @@ class Supervisor:
         result = (await self._stop(batch, started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
         try:
-            await self.fleet.notify(json.dumps(
-                {"kind": "stopped", "to": asker, "from": self.fleet.host, "id": request, "result": result.to_json()}
-            ))
+            await self.fleet.notify(Stopped(self.fleet.host, to=asker, id=request, result=result.to_json()))
         except StoreError as exc:
             log.error("stop %r for host %s: carried out, but the answer could not be sent: %s", channel, asker, exc)
 
@@ -1060,6 +1040,10 @@ class Supervisor:
             if decision.repeat:
                 continue
             self._capacity.drop(decision.channel)  # (its waiters wake to an emptied queue)
+            # What the stopped turns were still writing is saved as it stood, before the stop's
+            # seq and so before its notice: the boundary is this decision (contract line 18).
+            for turn in self._decided(decision.channel, decision.stopped_turns):
+                turn.cut_off("stop")
             seq = self._store.next_seq()
             plans = self._cancelled_plans(decision.channel)
             batch.seqs[decision.channel] = seq
@@ -1155,6 +1139,16 @@ class Supervisor:
         result.elapsed_ms = (trio.current_time() - started) * 1000
         log.info("stop %r: repeat of generation %d, nothing to do", channel, decision.generation)
         return result
+
+    def _decided(self, channel: str, stopped: Iterable[tuple[str, str]]) -> list[Turn | AcpTurn]:
+        """The built turns among a decision's ``(agent, turn id)`` pairs (one parked after its
+        take is not built yet: it never starts)."""
+        turns = []
+        for agent, turn_id in stopped:
+            turn = self._turns.get((channel, agent))
+            if turn is not None and turn.turn_id == turn_id:
+                turns.append(turn)
+        return turns
 
     def _apply(self, decision: StopDecision, *, reason: str) -> list[Turn | AcpTurn]:
         """Carry out the kill decision at once, for every stopped turn of the channel in one
@@ -1289,21 +1283,29 @@ class Supervisor:
         check_channel(channel)
         if channel in self._ledger.channels() or channel in self._stored_channels:
             return
-        if await self._store.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)):
+        if await self._store.has_entries(channel):
             self._stored_channels.add(channel)
             return
-        stored = {name for (name,) in await self._store.query("SELECT DISTINCT channel FROM entries")}
-        known = stored | set(self._ledger.channels())
+        known = await self._store.channels() | set(self._ledger.channels())
         if channel not in known:  # (it may have been created while the store was asked)
             raise UnknownChannel(channel, known)
 
-    def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False) -> AsyncIterator[Entry]:
+        ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool = False) -> AsyncIterator[Entry | Draft]:
         """Committed entries of a channel after ``after``, then live ones as they commit.
 
+        With ``drafts``, also the text agents are writing now, as :class:`Draft` values,
+        before it is saved (never stored; the saved entry names the draft it replaces).
         A channel need not exist yet (subscribe, then send); call :meth:`require_channel`
         first to refuse a mistyped one, as the control API does.
         """
-        return self._store.follow(channel, after)
+        return self._store.follow(channel, after, drafts=drafts)
 
     async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
         """Committed entries of a channel after ``after``."""
@@ -1324,8 +1326,7 @@ class Supervisor:
 
     async def last_seq(self) -> int:
         """The seq of the newest committed entry (0: none)."""
-        ((newest,),) = await self._store.query("SELECT coalesce(max(seq), 0) FROM entries")
-        return int(newest)
+        return await self._store.last_seq()
 
     async def flush(self) -> None:
         """Wait until every write accepted so far is committed (a failure is not raised here)."""
@@ -1435,6 +1436,7 @@ class Supervisor:
             turn = built.get((channel, turn_id))
             if turn is None:
                 continue  # not built yet (parked after the take): it never starts, as after a stop
+            turn.cut_off("shutdown")  # (its text so far, saved as it stood: contract line 18)
             turn.stop_reason = "shutdown"
             turn.scope.cancel()
             self._registry.interrupt(channel, turn_id, turn.adapter.interrupt_signal)
@@ -1471,18 +1473,7 @@ class _Answer:
     heard: trio.Event = field(default_factory=trio.Event)
     """The owner has acknowledged the stop (it is carrying it out)."""
     done: trio.Event = field(default_factory=trio.Event)
-    result: dict[str, Any] | None = None
-
-
-def _result_from_json(data: Mapping[str, Any]) -> StopResult:
-    """A stop's result as another host sent it (``StopResult.to_json``)."""
-    return StopResult(
-        channel=data.get("channel"), generation=int(data.get("generation", 0)), repeat=bool(data.get("repeat")),
-        stopped_turns=list(data.get("stopped_turns", [])), turns=list(data.get("turns", [])),
-        killed=list(data.get("killed", [])), swept=list(data.get("swept", [])), kill=data.get("kill"),
-        dropped=int(data.get("dropped", 0)), notice_seq=data.get("notice_seq"), ok=bool(data.get("ok")),
-        error=data.get("error"),
-    )
+    result: StopResult | None = None
 
 
 @dataclass(slots=True)

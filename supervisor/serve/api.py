@@ -18,7 +18,10 @@ dashboard under ``/dashboard/`` (:mod:`.dashboard`); who may call what is decide
 place, :meth:`ControlAPI._authorize`, with :mod:`.dashauth`.
 
 ``after=N`` names an entry by its seq: what was committed after it (one daemon: the greater
-seqs; a fleet: the fleet's commit order, whatever each host's seqs).
+seqs; a fleet: the fleet's commit order, whatever each host's seqs). ``events?drafts=1`` also
+streams the text agents are writing now, as ``draft`` events (``{"kind": "draft", "draft",
+"text", …}``, no ``id:``: never stored); the ``message`` entry that saves a run names its draft
+in ``meta.draft`` and replaces it.
 
 Every error is JSON: ``{"error": {"code": …, "message": …}}`` with a 4xx/5xx status. A bad
 request never disturbs the daemon or anything it has accepted.
@@ -37,7 +40,7 @@ from urllib.parse import parse_qs, unquote
 
 from ..core.errors import ShuttingDown, UsageError
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
-from ..store.store import StoreError
+from ..store.store import Draft, StoreError
 from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
 from .http import PEER_TURN
 
@@ -159,6 +162,15 @@ def _query_number(
     if not math.isfinite(value) or not 0 <= value <= maximum:
         raise HTTPError(400, "bad_query", f"{key} must be between 0 and {maximum:g}, got {raw[:40]!r}")
     return value
+
+
+def _query_flag(query: dict[str, list[str]], key: str) -> bool:
+    if key not in query:
+        return False
+    raw = query[key][-1]
+    if raw not in ("0", "1", "true", "false"):
+        raise HTTPError(400, "bad_query", f"{key} must be 1 or 0 (true or false), got {raw[:40]!r}")
+    return raw in ("1", "true")
 
 
 def _target(scope: Scope) -> tuple[str, str, list[str]]:
@@ -328,11 +340,17 @@ class ControlAPI:
         # that entry came later in the stream (in a fleet the stream's order is the commit
         # order, which seqs from two hosts' clocks need not follow: not the greater seq).
         after = last_event_id(peer.headers) or after
+        drafts = _query_flag(query, "drafts")
         await self.sup.require_channel(channel)  # an unknown channel is a 404, not an empty stream
 
         async def produce(emit: Emit) -> None:
-            async with contextlib.aclosing(self.sup.follow(channel, after)) as entries:  # type: ignore[type-var]
-                async for entry in entries:
-                    await emit(sse_event(json.dumps(entry.to_json(), ensure_ascii=False), event_id=entry.seq))
+            async with contextlib.aclosing(self.sup.follow(channel, after, drafts=drafts)) as items:  # type: ignore[type-var]
+                async for item in items:
+                    data = json.dumps(item.to_json(), ensure_ascii=False)
+                    if isinstance(item, Draft):
+                        # No id: a reconnect resumes after the last saved entry, never a draft.
+                        await emit(sse_event(data, event="draft"))
+                    else:
+                        await emit(sse_event(data, event_id=item.seq))
 
         await stream_events(peer, produce, keepalive=KEEPALIVE_SECONDS)

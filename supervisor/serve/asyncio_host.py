@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import outcome
 import trio
 
 from ..config.settings import Config
 from ..host.supervisor import Accepted, StopResult, Supervisor, open_supervisor
-from ..store.store import Entry
+from ..store.store import Draft, Entry
 
 T = TypeVar("T")
 
@@ -88,14 +88,24 @@ class AsyncioSupervisor:
 
         return await self._call(status)
 
-    async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
-        """See :meth:`Supervisor.follow`; stops when the caller stops iterating."""
-        queue: asyncio.Queue[Entry] = asyncio.Queue()
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False) -> AsyncIterator[Entry]:
+        ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    async def follow(
+        self, channel: str | None, after: int = 0, *, drafts: bool = False
+    ) -> AsyncIterator[Entry | Draft]:
+        """See :meth:`Supervisor.follow` (``drafts``: also the text agents are writing now);
+        stops when the caller stops iterating."""
+        queue: asyncio.Queue[Entry | Draft] = asyncio.Queue()
         scope = trio.CancelScope()
 
         async def pump() -> None:
             with scope:
-                async for entry in self.supervisor.follow(channel, after):
+                async for entry in self.supervisor.follow(channel, after, drafts=drafts):
                     self._loop.call_soon(queue.put_nowait, entry)
 
         self._token.run_sync_soon(self._nursery.start_soon, pump)

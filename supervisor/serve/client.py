@@ -165,12 +165,16 @@ class Client:
         body = self._request("POST", f"/v1/channels/{_channel(channel)}/wait", params=params, ok=(200, 408))
         return bool(body["idle"])
 
-    def follow(self, channel: str, after: int = 0) -> Iterator[dict[str, Any]]:
-        """Entries after ``after``, then live ones; :class:`DaemonGone` when the daemon goes away."""
+    def follow(self, channel: str, after: int = 0, *, drafts: bool = False) -> Iterator[dict[str, Any]]:
+        """Entries after ``after``, then live ones; :class:`DaemonGone` when the daemon goes away.
+
+        With ``drafts``, also the text agents are writing now (``{"kind": "draft", "draft", …}``,
+        never stored; the entry that saves it has ``meta.draft``)."""
         conn = self._connect()  # a connection of its own, held for as long as it follows
         try:
             try:
-                url = f"/v1/channels/{_channel(channel)}/events?{urlencode({'after': after})}"
+                query = {"after": after, **({"drafts": 1} if drafts else {})}
+                url = f"/v1/channels/{_channel(channel)}/events?{urlencode(query)}"
                 conn.request("GET", url, headers=self._headers)
                 response = conn.getresponse()
             except _UNAVAILABLE as exc:

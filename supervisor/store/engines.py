@@ -5,8 +5,12 @@ Theory of operation
 
 One :class:`~supervisor.store.store.Store` holds everything that makes the store mean what it
 means — the in-memory ``seq``, the one writer task and its group commit, saved before
-shown, the per-write retry, and every SQL statement, written once. An engine is the
-connection under it: what differs between SQLite and PostgreSQL and nothing more.
+shown, the per-write retry, and every SQL statement, written once: the fleet's (its leases,
+hosts and heartbeat) in :class:`~supervisor.store.leases.Leases` beside it, which the fleet
+runs on connections of its own. An engine is the connection under it: what differs between
+SQLite and PostgreSQL and nothing more (and the owner lock and a fleet's ordered commit,
+which are the connection's). Outside the store, only ``corral check`` reads SQL: the
+catalog of a SQLite file no store has opened (:mod:`supervisor.config.preflight`).
 
 * **Why one store over two engines, not a store per engine.** The semantics are the hard
   part and the tests pin them; two store classes would be two places for them to drift.
@@ -595,7 +599,9 @@ class PostgresEngine(Engine):
         """The lock, the positions, the notice and the ``COMMIT`` go to the server as ONE
         message (a multi-statement simple query, values inlined as literals): the server runs
         it to the end without waiting for this process, so a host paused (SIGSTOP) or cut
-        off can never hold the fleet's commits up with the lock. Its answers are read after."""
+        off can never hold the fleet's commits up with the lock. Its answers are read after.
+        The notice is an ``entries`` one (:class:`supervisor.fleet.notices.Entries`), written
+        in SQL: its ``last`` is read in this transaction."""
         assert self._pipeline is None, "commit_in_order runs after the batch's pipeline"
         script = self._order_scripts.get(notice)
         if script is None:

@@ -92,11 +92,13 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import trio
 
 from ..core.text import repair
+from ..fleet.notices import CHANNEL as FLEET_NOTICES
+from ..fleet.notices import Notice, Queued
 from .engines import (
     LOCK_SPACE,
     ORDER_LOCK,
@@ -112,9 +114,6 @@ from .engines import StoreInUse as StoreInUse
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
-
-#: The ``LISTEN``/``NOTIFY`` channel of a fleet's notices between hosts (see :mod:`supervisor.fleet.fleet`).
-FLEET_NOTICES = "corral_fleet"
 
 KINDS = ("message", "status", "tool", "todos", "notice", "error")
 
@@ -223,6 +222,26 @@ def migrate(db: Engine) -> None:
             raise
 
 
+#: A notice to every host of a fleet (PostgreSQL's ``NOTIFY``, delivered at the commit).
+NOTIFY = "SELECT pg_notify(?, ?)"
+
+
+def notify(db: Engine, notice: Notice) -> None:
+    """(In a transaction, PostgreSQL) send ``notice`` to every host of the fleet at the commit."""
+    db.execute(NOTIFY, (FLEET_NOTICES, notice.encode()))
+
+
+def newest_seq(db: Engine) -> int:
+    """(In a transaction) the greatest seq stored anywhere (0: none): an entry's, a stop's, a
+    queued message's, or a begun turn's message (whose queue row is gone). The store counts on
+    from it at open; a fleet host that takes a lease, in the lease's transaction."""
+    ((newest,),) = db.query(
+        "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
+        " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns) AS seqs"
+    )
+    return int(newest)
+
+
 #: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
 #: (the stop's notice then ends it); ``ended``.
 TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
@@ -301,6 +320,35 @@ class Entry:
             "generation": self.generation,
             "ts": self.ts,
             "meta": dict(self.meta),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Text an agent is writing now, shown to followers before it is saved: never stored.
+
+    ``text`` is the whole unsaved run so far. The ``message`` entry that saves the run names
+    this ``draft`` in its ``meta`` (``{"draft": ID}``, with ``"cut_off": "stop"`` when a stop
+    saved it) and replaces it; a later draft of the same id replaces an earlier one."""
+
+    channel: str
+    author: str
+    turn: str
+    draft: str
+    text: str
+    ts: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The draft as the control API's ``draft`` event and ``--json`` print it (no ``seq``:
+        it has no place in the transcript)."""
+        return {
+            "kind": "draft",
+            "draft": self.draft,
+            "channel": self.channel,
+            "author": self.author,
+            "turn": self.turn,
+            "text": self.text,
+            "ts": self.ts,
         }
 
 
@@ -392,9 +440,10 @@ class Pending:
 
 
 class _Subscription:
-    def __init__(self, channel: str | None) -> None:
+    def __init__(self, channel: str | None, *, drafts: bool = False) -> None:
         self.channel = channel
-        self.send, self.receive = trio.open_memory_channel[Entry](10_000)
+        self.drafts = drafts
+        self.send, self.receive = trio.open_memory_channel[Entry | Draft](10_000)
         self.overflowed = False
 
 
@@ -435,11 +484,7 @@ class Store:
             # Each host's processes carry their own mark: hosts sharing a machine (and the
             # database) never end each other's turns when recovering from an abrupt end.
             self.store_id = f"{self.store_id}{self.slot:02x}"
-        row = self._db.query(
-            "SELECT max(m) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
-            " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns) AS seqs"
-        )[0]
-        self._seq = row[0] or 0
+        self._seq = newest_seq(self._db)
         self._shown = 0
         """(A fleet) the commit position up to which followers have been shown every entry."""
         self._behind = trio.Event()
@@ -542,10 +587,17 @@ class Store:
         return await self._read(run)
 
     def listener(self) -> Any:
-        """(A fleet) a new PostgreSQL connection for ``LISTEN``, or None on SQLite."""
-        from .engines import PostgresEngine
-
-        return self._db.listener() if isinstance(self._db, PostgresEngine) else None
+        """(A fleet, in a worker thread) a new PostgreSQL connection that listens to the fleet's
+        notices (``LISTEN``), or None on SQLite."""
+        if not isinstance(self._db, PostgresEngine):
+            return None
+        conn = self._db.listener()
+        try:
+            conn.execute(f"LISTEN {FLEET_NOTICES}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def link_engine(self) -> PostgresEngine:
         """(A fleet, in a worker thread) a new connection of the store's database for lease
@@ -827,10 +879,36 @@ class Store:
                     sub.send.close()
                     self._subs[key].discard(sub)
 
-    async def follow(self, channel: str | None, after: int = 0) -> AsyncIterator[Entry]:
+    def show_draft(self, draft: Draft) -> None:
+        """Hand ``draft`` to the live followers that asked for drafts; nothing is written.
+
+        A follower too far behind to take it skips it (the next draft of the run carries
+        everything before it, and the entry that saves the run follows in any case): a draft
+        never makes a follower re-read the database the way a full queue of entries does."""
+        for key in (draft.channel, None):
+            for sub in list(self._subs.get(key, ())):
+                if sub.drafts:
+                    try:
+                        sub.send.send_nowait(draft)
+                    except trio.WouldBlock:
+                        pass
+
+    @overload
+    def follow(
+        self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False
+    ) -> AsyncIterator[Entry]: ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    async def follow(
+        self, channel: str | None, after: int = 0, *, drafts: bool = False
+    ) -> AsyncIterator[Entry | Draft]:
         """Every committed entry of ``channel`` (all channels if None) after the entry ``after``
         (a seq), then live, each once, in commit order (one store: seq order; a fleet: the
-        entries' positions, see the theory above)."""
+        entries' positions, see the theory above). With ``drafts``, the live part also carries
+        the drafts this host's turns show (:meth:`show_draft`), in the order they were shown
+        relative to the commits."""
         column = "pos" if self.host is not None else "seq"
         floor = await self._read(lambda: self._position(after)) if self.host is not None else after
 
@@ -838,17 +916,19 @@ class Store:
             return (entry.pos or 0) if self.host is not None else entry.seq
 
         while True:
-            sub = _Subscription(channel)
+            sub = _Subscription(channel, drafts=drafts)
             self._subs[channel].add(sub)
             try:
                 for entry in await self._rows(channel, column, floor, 100_000):
                     if key(entry) > floor:
                         yield entry
                         floor = key(entry)
-                async for entry in sub.receive:
-                    if key(entry) > floor:
-                        yield entry
-                        floor = key(entry)
+                async for item in sub.receive:
+                    if isinstance(item, Draft):
+                        yield item
+                    elif key(item) > floor:
+                        yield item
+                        floor = key(item)
             finally:
                 self._subs[channel].discard(sub)
                 sub.send.close()
@@ -886,6 +966,19 @@ class Store:
             )]
 
         return await self._read(read)
+
+    async def has_entries(self, channel: str) -> bool:
+        """Whether any entry of ``channel`` is stored (a channel exists once it has one)."""
+        return bool(await self.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)))
+
+    async def channels(self) -> set[str]:
+        """Every channel with a stored entry."""
+        return {name for (name,) in await self.query("SELECT DISTINCT channel FROM entries")}
+
+    async def last_seq(self) -> int:
+        """The seq of the newest committed entry (0: none)."""
+        ((newest,),) = await self.query("SELECT coalesce(max(seq), 0) FROM entries")
+        return int(newest)
 
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query (for status and tests)."""
@@ -943,23 +1036,6 @@ class Store:
             " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
             (channel, agent, json.dumps(items, ensure_ascii=False), time.time()), channel=channel, fence=fence,
         )
-
-    def record_stop(self, seq: int, channel: str | None, generation: int, result: Mapping[str, Any]) -> Pending:
-        """Keep a stop (with its own seq) and the channel's generation for restarts."""
-
-        def apply(db: Engine) -> None:
-            db.execute(
-                "INSERT INTO stops (seq, channel, generation, ts, result) VALUES (?, ?, ?, ?, ?)",
-                (seq, channel, generation, time.time(), json.dumps(result, ensure_ascii=False)),
-            )
-            if channel is not None:
-                db.execute(
-                    "INSERT INTO generations (channel, generation) VALUES (?, ?) ON CONFLICT(channel) DO UPDATE"
-                    f" SET generation={db.greatest('generations.generation', 'excluded.generation')}",
-                    (channel, generation),
-                )
-
-        return self._submit(apply)
 
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
@@ -1044,8 +1120,7 @@ class Store:
              row.routed_from),
         )
         if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
-            db.execute("SELECT pg_notify(?, ?)", (FLEET_NOTICES, json.dumps(
-                {"kind": "queued", "channel": row.channel, "from": self.host})))
+            notify(db, Queued(self.host, row.channel))
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""
@@ -1062,10 +1137,6 @@ class Store:
             " ORDER BY seq", params,
         )
         return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
-
-    async def load_generations(self) -> dict[str, int]:
-        """Every channel's stop generation as of the last run."""
-        return dict(await self.query("SELECT channel, generation FROM generations"))
 
     async def load_channel_states(self) -> dict[str, ChannelState]:
         """Every stopped channel's generation, routing rest and repeat window as of the last run."""

@@ -40,11 +40,11 @@ from adapters._base import Event, Result, Status, TurnRequest
 from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, PromptEnded, acp_settings
 
 from ..config.settings import AgentConfig
-from ..core.account import Effect, Post, SavePlan, SaveSession, TurnAccount
+from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
 from ..procs.sandbox import SandboxRefused
 from ..procs.tree import STORE_MARKER, KillReport, ProcessTree
-from ..store.store import Pending, StoreError
+from ..store.store import Draft, Pending, StoreError
 from .agents import STOP_EXITED, AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, CancelReport, PromptStream
 from .process import TurnLimit, TurnOutcome, TurnPorts
 
@@ -107,7 +107,7 @@ class AcpTurn:
         self.cancel_report: CancelReport | None = None
         self._agent: AcpAgent | None = None
         self._stream: PromptStream | None = None
-        self._account = TurnAccount(self.author)
+        self._account = TurnAccount(self.author, self.turn_id)
         self._last: Pending | None = None
 
     # ------------------------------------------------------------ what the supervisor reads
@@ -149,6 +149,11 @@ class AcpTurn:
                     store.save_session(self.channel, self.agent.name, effect.session_id, self.cwd)
             elif isinstance(effect, SavePlan):
                 store.save_todos(self.channel, self.agent.name, effect.items)
+            elif isinstance(effect, ShowDraft):
+                # An ACP chunk comes as one notification: shown as it comes.
+                if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+                    store.show_draft(Draft(self.channel, self.author, self.turn_id, effect.draft, effect.text,
+                                           time.time()))
             else:
                 log.warning("[%s %s] unparsed ACP line (%s): %.200s", self.channel, self.turn_id,
                             effect.reason, effect.line)
@@ -160,10 +165,22 @@ class AcpTurn:
             self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
         )
 
+    def cut_off(self, reason: str) -> None:
+        """Save the open run of text as the stop (or shutdown) decision found it, marked as cut
+        off by ``reason``: called in the step that decides, before the notice. Not asked of the
+        ledger, which has just silenced the turn: this entry is the decision's own."""
+        post = self._account.cut_off(reason)
+        if post is None:
+            return
+        self._last = self.ports.store.submit_entry(
+            self.channel, self.author, post.kind, post.text, turn=self.turn_id, generation=self.generation,
+            meta=dict(post.meta) if post.meta is not None else None,
+        )
+
     def _handle(self, event: AcpEvent) -> None:
         mapped = turn_event(event)
         if mapped is not None:
-            self._carry_out(self._account.on_event(mapped, silenced=self._silenced()))
+            self._carry_out(self._account.on_event(mapped, silenced=self._silenced(), now=trio.current_time()))
 
     # ------------------------------------------------------------ the turn
 

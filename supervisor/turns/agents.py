@@ -272,6 +272,11 @@ class AcpAgent:
         # EOF: the agent is gone (or closed stdout, which is as good as gone).
         with trio.move_on_after(1.0):
             await process.wait()
+        if generation != self._generation:
+            # Asked again after the wait: a restart (restart_after_cancel) may begin while this
+            # reader reaps the process it replaces, and that exit (corral's own SIGKILL) would
+            # then end the fresh process's start-up as "exited (status -9)".
+            return
         self._exited.set()
         self._prompt_done.set()
         self._send_events.send_nowait(_Exited(process.returncode))

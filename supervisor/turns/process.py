@@ -41,7 +41,7 @@ from adapters._base import (
 )
 
 from ..config.settings import AgentConfig
-from ..core.account import Effect, Post, SavePlan, SaveSession, TurnAccount
+from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
 from ..procs.cgroup import CgroupRoot
 from ..procs.files import private_file, private_folder
@@ -58,7 +58,7 @@ from ..procs.tree import (
     scrubbed_environment,
     wait_exited,
 )
-from ..store.store import Pending, StoreError
+from ..store.store import Draft, Pending, StoreError
 
 log = logging.getLogger("corral.turn")
 
@@ -161,6 +161,10 @@ class TurnStore(Protocol):
         """The turn's process, on its row (recovery finds it by it after a crash)."""
         ...
 
+    def show_draft(self, draft: Draft) -> None:
+        """Show text being written to the channel's followers; nothing is stored."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Places:
@@ -240,8 +244,10 @@ class Turn:
         """'user' or 'shutdown' once the supervisor has stopped this turn."""
         self.cwd: str | None = None
         """The working folder, once prepared (it is created then)."""
-        self._account = TurnAccount(self.author)
+        self._account = TurnAccount(self.author, self.turn_id)
         self._last: Pending | None = None
+        self._draft: ShowDraft | None = None
+        """The open run's latest draft, not yet shown (shown once per read: see :meth:`_show`)."""
         self._parser: Parser | None = None
         self._reader: LineReader | None = None
 
@@ -267,15 +273,30 @@ class Turn:
         for effect in effects:
             if isinstance(effect, Post):
                 self._post(effect.kind, effect.text, dict(effect.meta) if effect.meta is not None else None)
+                if effect.meta and "draft" in effect.meta and isinstance(self._parser, _LineTextRuns):
+                    self._parser.end_text_run()  # (a long run saved in pieces: the next piece is a new run)
             elif isinstance(effect, SaveSession):
                 if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.SESSION):
                     store.save_session(self.channel, self.agent.name, effect.session_id, self._cwd())
             elif isinstance(effect, SavePlan):
                 store.save_todos(self.channel, self.agent.name, effect.items)
+            elif isinstance(effect, ShowDraft):
+                self._draft = effect
             else:
                 log.warning(
                     "[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line
                 )
+
+    def _show(self) -> None:
+        """Show the open run's latest draft, if a read added to it: once per read, since each
+        draft carries the whole run (a burst of deltas is one draft, not one per delta)."""
+        draft, self._draft = self._draft, None
+        if draft is None or draft.draft != self._account.draft or not self._account.text:
+            return  # (its run was saved meanwhile: the entry replaces it)
+        if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+            self.ports.store.show_draft(
+                Draft(self.channel, self.author, self.turn_id, draft.draft, draft.text, time.time())
+            )
 
     def _post(self, kind: str, text: str, meta: dict[str, object] | None = None) -> None:
         """Submit an entry unless the turn is stale (ledger decides, no checkpoint before submit)."""
@@ -288,9 +309,22 @@ class Turn:
     def _flush_text(self) -> None:
         self._carry_out(self._account.close_text(silenced=self._silenced()))
 
+    def cut_off(self, reason: str) -> None:
+        """Save the open run of text as the stop (or shutdown) decision found it, marked as cut
+        off by ``reason``: called in the step that decides, before the notice. Not asked of the
+        ledger, which has just silenced the turn: this entry is the decision's own."""
+        post = self._account.cut_off(reason)
+        if post is None:
+            return
+        self._draft = None
+        self._last = self.ports.store.submit_entry(
+            self.channel, self.author, post.kind, post.text, turn=self.turn_id, generation=self.generation,
+            meta=dict(post.meta) if post.meta is not None else None,
+        )
+
     def _handle(self, event: Event) -> None:
         """Decide what the event adds (pure), then carry it out."""
-        self._carry_out(self._account.on_event(event, silenced=self._silenced()))
+        self._carry_out(self._account.on_event(event, silenced=self._silenced(), now=trio.current_time()))
 
     def _cwd(self) -> str:
         assert self.cwd is not None, "a turn's output comes only once it is prepared"
@@ -416,6 +450,7 @@ class Turn:
                 if line.truncated:
                     log.warning("[%s %s] line over %d bytes truncated", self.channel, self.turn_id, len(line.data))
                 self._feed(line)
+            self._show()
             # Deltas stay buffered across reads: one contiguous run of them is one message,
             # stored when the next event (or the end of the turn) closes it.
             if self._last is not None and self._last.failed:
@@ -452,6 +487,7 @@ class Turn:
                 log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
                 for event in parser.feed_stderr(text):
                     self._handle(event)
+            self._show()
 
     async def _teardown(self) -> None:
         """End the tree, drain leftovers, report. Shielded; same order every time."""
