@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 import trio.testing
@@ -390,3 +391,55 @@ def test_corral_status_says_the_limit_what_waits_and_why() -> None:
     )
     lane = {"state": "queued", "queued": 1, "turn": None, "waiting": capacity["waiting"][0]}
     assert _lane_state(lane) == "queued 1, waiting #1 for a slot (agent limit)"
+
+
+# ---------------------------------------------------------------- a fleet places by capacity
+
+
+async def test_a_fleet_of_two_hosts_with_2_slots_each_and_10_busy_channels_uses_both_and_neither_exceeds(
+    short_tmp: Path, postgres_url: str, gates: Any
+) -> None:
+    from test_fleet import LEASE, agents, texts, until
+
+    def host_config(name: str) -> Config:
+        folder = short_tmp / name
+        folder.mkdir()
+        return parse_config({
+            "server": {"socket": "corral.sock", "cgroup": "off", "max_turns": 2}, "store": {"url": postgres_url},
+            "cluster": {"host": name, "lease": LEASE}, "agents": agents(folder),
+        }, file=str(folder / "corral.toml"), base=folder)
+
+    gate = gates()
+    channels = [f"b{i}" for i in range(10)]
+    peak = {"h1": 0, "h2": 0}
+    async with open_supervisor(host_config("h1")) as one, open_supervisor(host_config("h2")) as two:
+        hosts = {"h1": one, "h2": two}
+        assert one.fleet is not None and two.fleet is not None
+        with trio.fail_after(SLOW):  # (both hosts see each other)
+            while not all(len(f.view) == 2 for f in (one.fleet, two.fleet)):
+                await trio.sleep(0.02)
+
+        async def sample(scope: trio.CancelScope) -> None:
+            with scope:
+                while True:
+                    for name, sup in hosts.items():
+                        peak[name] = max(peak[name], sup.status()["capacity"]["running"])
+                    await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            nursery.start_soon(sample, scope)
+            for channel in channels:  # every message through h1
+                await one.send(channel, f"gate={gate}")
+            # Both hosts fill up: 2 turns each, the rest wait (on either host, or in the store).
+            with trio.fail_after(SLOW):  # (both hosts at their limit)
+                while not all(sup.status()["capacity"]["running"] == 2 for sup in hosts.values()):
+                    await trio.sleep(0.02)  # (polling a condition; not settling)
+            gate.open(len(channels))
+            await until("every channel answered", lambda: all(
+                any(t.startswith("done") for t in texts(postgres_url, c)) for c in channels))
+            scope.cancel()
+        assert peak == {"h1": 2, "h2": 2}
+        with psycopg.connect(postgres_url) as conn:
+            ran = dict(conn.execute("SELECT host, count(*) FROM turns GROUP BY host").fetchall())
+        assert set(ran) == {"h1", "h2"} and min(ran.values()) >= 2 and sum(ran.values()) == 10, ran

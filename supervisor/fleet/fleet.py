@@ -234,6 +234,7 @@ class Fleet:
     def __init__(
         self, store: Store, host: str, lease: float, *, on_lost: Callable[[str, str], None],
         on_orphans: Callable[[list[str], list[tuple[str, int]]], None] | None = None,
+        room: Callable[[], int] | None = None, on_beat: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.host = host
@@ -246,6 +247,10 @@ class Fleet:
         """What those calls ask of the database (the store's statements for a fleet)."""
         self._on_lost = on_lost
         self._on_orphans = on_orphans
+        self._room = room
+        """This host's room (free slots less waiting turns), published with each heartbeat."""
+        self._on_beat = on_beat
+        """Called after each heartbeat's view of the fleet is in (placement by capacity)."""
         self._tokens: dict[str, int] = {}
         """Held leases: channel → fencing token."""
         self._until: dict[str, float] = {}
@@ -505,7 +510,9 @@ class Fleet:
 
         try:
             renewal: Renewal = await self.link.transact(
-                functools.partial(self.leases.beat, held=list(held)), deadline, own=True
+                functools.partial(self.leases.beat, held=list(held),
+                                  room=self._room() if self._room is not None else None),
+                deadline, own=True,
             )
         except StoreError as exc:
             log.warning("host %s: heartbeat failed (%s); its leases run out unless the next one succeeds", host, exc)
@@ -524,17 +531,23 @@ class Fleet:
             self._on_orphans(orphans, queued)
         self.view = self._view(renewal.now, renewal.hosts, renewal.leases)
         self.renewals += 1  # (counted once its view of the fleet is in: status shows this beat's)
+        if self._on_beat is not None:
+            self._on_beat()
         return renewal.soonest
 
     def _view(self, now: float, hosts: list[tuple[Any, ...]], leases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         out = []
-        for host, heartbeat, pid, started in hosts:
+        for host, heartbeat, pid, started, room in hosts:
             out.append({
                 "host": host, "heartbeat": heartbeat, "age": round(now - heartbeat, 3), "pid": pid, "started": started,
-                "alive": now - heartbeat < self.lease,
+                "alive": now - heartbeat < self.lease, "room": room,
                 "channels": {c: {"token": t, "expired": e <= now} for c, o, e, t in leases if o == host},
             })
         return out
+
+    def room_elsewhere(self) -> int:
+        """The room other live hosts said they had at their last heartbeats (0: none)."""
+        return sum(max(0, h["room"] or 0) for h in self.view if h["host"] != self.host and h["alive"])
 
     async def hosts(self) -> list[dict[str, Any]]:
         """Every host of the fleet: its name, last heartbeat (database clock), age, and channels."""

@@ -88,6 +88,10 @@ class Capacity:
     def limits(self) -> Limits:
         return self.admission.limits
 
+    def room(self) -> int:
+        """Free slots less the turns waiting for one (negative: more wait than fits now)."""
+        return self.limits.max_turns - self.admission.used - len(self._waits)
+
     def _estimate(self, agent: str) -> int:
         found = self._config.agents.get(agent)
         return found.estimate if found is not None else 0

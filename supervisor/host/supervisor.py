@@ -327,7 +327,8 @@ class Supervisor:
         self.fleet: Fleet | None = None
         """This host's leases, when the store is shared by a fleet (PostgreSQL with a host)."""
         if store.host is not None:
-            self.fleet = Fleet(store, store.host, config.cluster.lease, on_lost=self._lost, on_orphans=self._orphans)
+            self.fleet = Fleet(store, store.host, config.cluster.lease, on_lost=self._lost, on_orphans=self._orphans,
+                               room=self._capacity.room, on_beat=self._place)
         self._fences: dict[str, tuple[str, int]] = {}
         """Each running turn's channel and the fencing token its lease had when it began."""
         self._last_token: dict[str, int] = {}
@@ -338,6 +339,8 @@ class Supervisor:
         """(A fleet) channels being taken over from the store right now (set when done)."""
         self._taking: set[str] = set()
         """Channels a heartbeat is taking up right now."""
+        self._handing: set[str] = set()
+        """(A fleet) channels whose waiting work this host is giving to hosts with room."""
         self._answers: dict[str, _Answer] = {}
         """Stops this host asked other hosts to carry out, by request id."""
         self._unconfirmed: dict[str, dict[str, float]] = {}
@@ -500,7 +503,7 @@ class Supervisor:
         """Run one lane's queued messages one turn at a time; exit when idle."""
         try:
             while not self._closing:
-                if self.fleet is not None and not await self._own(channel):
+                if self.fleet is not None and not await self._own(channel, placing=agent):
                     # Another host runs the channel: its messages wait in the store's queue for
                     # it (one whose write failed was refused), not here.
                     self._known.difference_update(m.id for m in self._ledger.queued(channel, agent))
@@ -568,17 +571,22 @@ class Supervisor:
         assert self.fleet is not None
         return table.host if table is not None and table.pinned_elsewhere(self.fleet.host) else None
 
-    async def _own(self, channel: str) -> bool:
+    async def _own(self, channel: str, *, placing: str | None = None) -> bool:
         """(A fleet) hold the channel's lease before a turn: keep it, or take it if placement
         allows and it is free or expired; a channel new to this host (a new token) is first
-        taken over from the store (its stop state, queue, plans, and what moves of its sessions)."""
+        taken over from the store (its stop state, queue, plans, and what moves of its sessions).
+        ``placing``: for work (the lane's agent, or "" for a channel's), not a stop: a free
+        channel is left to another host when this one has no room and another has."""
         fleet = self.fleet
         assert fleet is not None
-        if self._placed_elsewhere(channel) is not None:
+        if self._placed_elsewhere(channel) is not None or (placing is not None and channel in self._handing):
             return False  # (even if held: a stop may take a pinned channel's lease, never its turns)
         await self._taken_over(channel)
         if fleet.holds(channel):
             return True
+        if placing is not None and self._no_room_here(channel, placing):
+            log.info("[%s] left to a host with room: this one has none (%d)", channel, self._capacity.room())
+            return False
         try:
             token = await fleet.acquire(channel)
         except StoreError as exc:
@@ -590,6 +598,58 @@ class Supervisor:
             self._last_token[channel] = token
             await self._take_over(channel)
         return True
+
+    def _no_room_here(self, channel: str, agent: str) -> bool:
+        """(A fleet) should a free channel be left to another host? Yes when this host has no
+        room (no free slot for what waits) and another live host said it has, unless the
+        lane already holds a slot here. A host takes it when nobody else has room."""
+        assert self.fleet is not None
+        if agent and self._capacity.admission.holds(channel, agent):
+            return False
+        table = self.config.channels.get(channel)
+        if table is not None and table.host == self.fleet.host:
+            return False  # (pinned here)
+        return self._capacity.room() <= 0 and self.fleet.room_elsewhere() > 0
+
+    def _place(self) -> None:
+        """(A fleet, after each heartbeat; synchronous) move waiting work to hosts with room:
+        a channel held here with nothing running and its lanes waiting for a slot is given
+        back, the last in this host's queue first, as many as this host has waiting beyond
+        its free slots and the others have room. Its queue stays in the store, where a host
+        with room takes it up (a new token: the leases' fencing as for any move)."""
+        fleet = self.fleet
+        assert fleet is not None
+        room, excess = fleet.room_elsewhere(), -self._capacity.room()
+        if room <= 0 or excess <= 0 or self._closing:
+            return
+        busy = {channel for channel, _ in self._turns}
+        moving: list[str] = []
+        for channel, _ in reversed(list(self._capacity.waiting())):
+            table = self.config.channels.get(channel)
+            if (channel in moving or channel in busy or channel in self._handing or channel in self._stops
+                    or channel in self._taking or channel in self._taking_over or not fleet.holds(channel)
+                    or self._ledger.current_turns(channel) or (table is not None and table.host == fleet.host)):
+                continue
+            moving.append(channel)
+            if len(moving) >= min(room, excess):
+                break
+        for channel in moving:
+            self._handing.add(channel)
+            self._known.difference_update(m.id for m in self._ledger.queued(channel))  # (queued again if retaken)
+            self._ledger.lose(channel)  # (nothing runs: its queue is forgotten here, the store keeps it)
+            self._capacity.drop(channel)
+            log.info("[%s] its waiting work goes to a host with room (%d here, %d elsewhere)", channel,
+                     -excess, room)
+            self._nursery.start_soon(self._give_back, channel)
+
+    async def _give_back(self, channel: str) -> None:
+        assert self.fleet is not None
+        try:
+            await self.fleet.give_back(channel)
+        except StoreError as exc:
+            log.warning("[%s] could not give the lease back (it runs out instead): %s", channel, exc)
+        finally:
+            self._handing.discard(channel)
 
     async def _taken_over(self, channel: str) -> None:
         """(A fleet) wait for this host's acquisition of the channel's lease and its take-over
@@ -680,7 +740,7 @@ class Supervisor:
 
     async def _take_orphan(self, channel: str) -> None:
         try:
-            if await self._own(channel):
+            if await self._own(channel, placing=""):
                 await self._pick_up(channel)
                 for agent in self._ledger.lanes(channel):  # (restored here before the lease was free)
                     if self._ledger.queued(channel, agent):

@@ -171,6 +171,11 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE entries ADD COLUMN pos INTEGER;
     CREATE INDEX IF NOT EXISTS entries_pos ON entries (pos);
     """,
+    # 4: a fleet places by capacity. Each host's room at its last heartbeat: free slots less
+    # the turns waiting for one (negative: more waits than fits; NULL: not said).
+    """
+    ALTER TABLE hosts ADD COLUMN room INTEGER;
+    """,
 )
 
 #: How many hosts one database can hold: a host of slot ``k`` takes only the seqs
