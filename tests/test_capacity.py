@@ -443,3 +443,62 @@ async def test_a_fleet_of_two_hosts_with_2_slots_each_and_10_busy_channels_uses_
         with psycopg.connect(postgres_url) as conn:
             ran = dict(conn.execute("SELECT host, count(*) FROM turns GROUP BY host").fetchall())
         assert set(ran) == {"h1", "h2"} and min(ran.values()) >= 2 and sum(ran.values()) == 10, ran
+
+
+# ---------------------------------------------------------------- GET /metrics
+
+
+def _samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+async def test_metrics_on_the_socket_and_behind_the_token_say_what_runs_waits_and_how_stops_went(
+    short_tmp: Path, gates: Any
+) -> None:
+    import socket
+
+    import httpx
+
+    from supervisor.serve.daemon import run_daemon
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (short_tmp / "token").write_text("s3cret\n")
+    (short_tmp / "token").chmod(0o600)
+    gate = gates()
+    cfg = config(short_tmp, server={"max_turns": 1, "tcp": f"127.0.0.1:{port}", "token_file": "token"})
+    local = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(short_tmp / "corral.sock")),
+                              base_url="http://corral")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_daemon(cfg, handle_signals=False, subreaper=False,
+                                                            task_status=task_status))
+        async with local:
+            await local.post("/v1/channels/run/messages", json={"text": f"gate={gate}"})
+            await local.post("/v1/channels/wait/messages", json={"text": "hi"})
+            with trio.fail_after(SLOW):
+                while (await local.get("/v1/status")).json()["capacity"]["waiting"] == []:
+                    await trio.sleep(0.02)  # (polling a condition through the API; not settling)
+            page = await local.get("/metrics")
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain; version=0.0.4")
+            found = _samples(page.text)
+            assert found['corral_turns_running{agent="a"}'] == 1 and found['corral_turns_waiting{agent="a"}'] == 1
+            assert found["corral_channels_waiting"] == 1 and found["corral_max_turns"] == 1
+            assert "# TYPE corral_stop_seconds histogram" in page.text
+            assert (await local.post("/v1/channels/wait/stop")).json()["ok"]
+            gate.open()
+            await local.post("/v1/channels/run/wait", params={"timeout": SLOW})
+            found = _samples((await local.get("/metrics")).text)
+            assert found['corral_stops_total{result="ok"}'] == 1 and found["corral_stop_seconds_count"] == 1
+            assert found['corral_stop_seconds_bucket{le="+Inf"}'] == 1
+            assert found['corral_turns_begun_total{agent="a"}'] == found['corral_turns_ended_total{agent="a"}'] == 1
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as tcp:
+                assert (await tcp.get("/metrics")).status_code == 401
+                good = await tcp.get("/metrics", headers={"authorization": "Bearer s3cret"})
+                assert good.status_code == 200 and "corral_turns_running" in good.text
+            await local.post("/v1/shutdown")

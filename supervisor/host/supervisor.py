@@ -75,6 +75,7 @@ from ..procs.tree import (
     spawn,
     wait_pid_exit,
 )
+from ..serve.metrics import Metrics
 from ..store.store import Draft, Dropped, Entry, Fenced, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool
@@ -314,6 +315,8 @@ class Supervisor:
             config, nursery, read=self._hooks.memory or read_memory, close_resident=self._acp.close
         )
         """Admission: how many turns (and resident ACP agents) at once, fairly, within memory."""
+        self.metrics = Metrics()
+        """Turns and stops counted since start (``GET /metrics``)."""
         self._stops: dict[str, _StopInProgress] = {}
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
@@ -551,6 +554,7 @@ class Supervisor:
             fence=token,
         )
         self._hops[take.ticket.turn_id] = message.hops
+        self.metrics.turns_begun[agent] += 1
         try:
             if self._hooks.took is not None:
                 await self._hooks.took(channel, take.ticket.turn_id)
@@ -561,6 +565,7 @@ class Supervisor:
         finally:
             self._hops.pop(take.ticket.turn_id, None)
             self._fences.pop(take.ticket.turn_id, None)
+            self.metrics.turns_ended[agent] += 1
         return True
 
     # ------------------------------------------------------------ the fleet
@@ -926,10 +931,13 @@ class Supervisor:
         await self.require_channel(channel)
         started, cpu = trio.current_time(), time.process_time()
         if self.fleet is not None and not await self._own(channel):
-            return await self._stop_elsewhere(channel, started, cpu)
+            elsewhere = await self._stop_elsewhere(channel, started, cpu)
+            self.metrics.stopped(elsewhere.ok, elsewhere.elapsed_ms)
+            return elsewhere
         decision = self._ledger.stop(channel)  # first act: the generation moves now
         result = (await self._stop(self._record([decision]), started))[0]
         result.cpu_ms = (time.process_time() - cpu) * 1000
+        self.metrics.stopped(result.ok, result.elapsed_ms)
         return result
 
     async def stop_all(self) -> StopResult:
@@ -952,6 +960,7 @@ class Supervisor:
             "stop all: %d channel(s), killed %s, swept %s, %.1f ms",
             len(results), total.killed, total.swept, total.elapsed_ms,
         )
+        self.metrics.stopped(total.ok, total.elapsed_ms)
         return total
 
     def _silent_hosts(self, channel: str) -> str | None:

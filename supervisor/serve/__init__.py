@@ -4,5 +4,6 @@ The control API (:mod:`.api`) over HTTP on a unix socket or loopback TCP (:mod:`
 server-sent events and the dashboard (:mod:`.dashboard`, logins in :mod:`.dashauth`), the
 standard-library client the CLI uses (:mod:`.client`), the daemon that serves them
 (:mod:`.daemon`) with systemd's notify and socket activation (:mod:`.systemd`), the log format
-(:mod:`.logformat`) and the host for asyncio programs (:mod:`.asyncio_host`). Internal.
+(:mod:`.logformat`), ``GET /metrics`` in Prometheus' text format (:mod:`.metrics`) and the host
+for asyncio programs (:mod:`.asyncio_host`). Internal.
 """
