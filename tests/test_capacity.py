@@ -502,3 +502,25 @@ async def test_metrics_on_the_socket_and_behind_the_token_say_what_runs_waits_an
                 good = await tcp.get("/metrics", headers={"authorization": "Bearer s3cret"})
                 assert good.status_code == 200 and "corral_turns_running" in good.text
             await local.post("/v1/shutdown")
+
+
+async def test_a_cancelled_wait_leaves_no_slot_and_no_waiter_behind(short_tmp: Path) -> None:
+    from supervisor.host.capacity import Capacity
+
+    async with trio.open_nursery() as nursery:
+        capacity = Capacity(config(short_tmp, server={"max_turns": 1}), nursery, read=lambda now: None)
+        assert await capacity.admit("a", "a")
+
+        async def waiter(task_status: Any) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                await capacity.admit("b", "a")
+
+        scope = await nursery.start(waiter)
+        await settled()
+        assert [w["channel"] for w in capacity.status()["waiting"]] == ["b"]
+        scope.cancel()
+        await settled()
+        assert capacity.status()["waiting"] == [] and capacity.admission.used == 1
+        capacity.release("a", "a")
+        assert capacity.admission.used == 0 and capacity.room() == 1
