@@ -41,7 +41,8 @@ class Spawner(Protocol):
 class Hooks:
     """Points where a test can park a turn to drive a race deterministically.
 
-    ``took`` and ``preparing`` are awaited at that point; ``spawn`` replaces the spawner.
+    ``admitted``, ``took`` and ``preparing`` are awaited at that point; ``spawn`` replaces the
+    spawner, ``memory`` the memory probe.
     """
 
     admitted: TurnHook | None = None
