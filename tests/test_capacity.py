@@ -349,15 +349,15 @@ async def test_an_idle_acp_agent_counts_and_the_one_unused_longest_is_closed_for
             await done(sup, channel)
         capacity = sup.status()["capacity"]
         assert capacity["residents"] == 2 and capacity["used"] == 2 and capacity["running"] == 0
-        old, new = sup._acp.get(("old", "acp")), sup._acp.get(("new", "acp"))
+        old, new = sup._lanes.acp.get(("old", "acp")), sup._lanes.acp.get(("new", "acp"))
         assert old is not None and new is not None
         await sup.send("third", "hi", agent="a")
         await done(sup, "third")
-        assert sup._acp.get(("old", "acp")) is None and sup._acp.get(("new", "acp")) is new
+        assert sup._lanes.acp.get(("old", "acp")) is None and sup._lanes.acp.get(("new", "acp")) is new
         # Its session resumes later: the next message starts a fresh process for it.
         await sup.send("old", "again", agent="acp")
         await done(sup, "old")
-        assert sup._acp.get(("old", "acp")) is not None and sup.status()["capacity"]["used"] <= 2
+        assert sup._lanes.acp.get(("old", "acp")) is not None and sup.status()["capacity"]["used"] <= 2
 
 
 def test_bad_limits_are_config_errors_with_the_key_and_the_fix(short_tmp: Path) -> None:
