@@ -101,10 +101,10 @@ from typing import Any, TypeVar
 
 import trio
 
+from ..core.notices import Beat, Notice, NoticeError, decode
 from ..store.engines import Engine, PostgresEngine, describe_postgres, is_postgres_error
 from ..store.leases import Leases, Renewal
 from ..store.store import Store, StoreError, notify
-from .notices import Beat, Notice, NoticeError, decode
 
 T = TypeVar("T")
 

@@ -46,6 +46,7 @@ from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
+from ..core.results import NUDGE_TEXT, Accepted
 from ..core.router import route
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
@@ -59,7 +60,6 @@ from ..turns.ports import RunningTurn, TurnPorts, new_turn_id, retry_without_ses
 from ..turns.process import Turn
 from .capacity import Capacity
 from .ownership import Ownership
-from .results import NUDGE_TEXT, Accepted
 
 log = logging.getLogger("corral")
 

@@ -21,7 +21,7 @@ The lanes and the stopper never ask whether corral runs alone or in a fleet: the
   heartbeat, watchdog and notices; its leases given back.
 
 :class:`SingleHost` is the answer of corral alone; a fleet's is
-:class:`supervisor.fleet.owner.FleetOwnership`.
+:class:`supervisor.host.fleet_ownership.FleetOwnership`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from ..core.ledger import StopLedger
 from ..turns.ports import TurnLedger
 
 if TYPE_CHECKING:
+    from ..core.results import StopResult
     from ..fleet.fleet import Fleet
-    from .results import StopResult
 
 
 class Ownership(Protocol):

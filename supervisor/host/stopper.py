@@ -40,6 +40,7 @@ import trio
 from ..config.settings import Config
 from ..core.account import unfinished
 from ..core.ledger import StopDecision, StopLedger
+from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult
 from ..procs.cgroup import CgroupRoot
 from ..procs.recovery import stop_notice_text
 from ..procs.registry import ProcessRegistry
@@ -48,7 +49,6 @@ from ..store.store import Pending, StopRecord, Store, StoreError
 from ..turns.ports import RunningTurn
 from .lanes import Lanes
 from .ownership import Ownership
-from .results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult
 
 log = logging.getLogger("corral")
 

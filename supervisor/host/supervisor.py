@@ -16,7 +16,7 @@ Theory of operation
   signal;
 * the **ownership** (:mod:`.ownership`): who runs a channel — this host alone
   (:class:`~supervisor.host.ownership.SingleHost`), or the holder of its lease in a fleet
-  (:class:`~supervisor.fleet.owner.FleetOwnership`); the lanes and the stopper ask it and never
+  (:class:`~supervisor.host.fleet_ownership.FleetOwnership`); the lanes and the stopper ask it and never
   check which.
 
 The supervisor checks a request (a usable channel name, message, author), routes it to its
@@ -40,10 +40,21 @@ import trio
 from ..config.settings import AgentConfig, Config
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
+from ..core.results import (
+    HOST_LOST_NOTICE,
+    MAX_CHANNEL_CHARS,
+    MAX_MESSAGE_BYTES,
+    NUDGE_TEXT,
+    SHUTDOWN_NOTICE,
+    STOP_NOTICE,
+    STOP_SLACK,
+    Accepted,
+    StopResult,
+    UnknownChannel,
+)
 from ..core.router import AddressError, address
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
-from ..fleet.owner import FleetOwnership
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
@@ -63,20 +74,9 @@ from ..serve.metrics import Metrics
 from ..store.store import Draft, Entry, Store, open_store
 from ..turns.ports import Places, TurnPorts
 from .capacity import Capacity
+from .fleet_ownership import FleetOwnership
 from .lanes import Lanes, _TurnStore
 from .ownership import Ownership, SingleHost
-from .results import (
-    HOST_LOST_NOTICE,
-    MAX_CHANNEL_CHARS,
-    MAX_MESSAGE_BYTES,
-    NUDGE_TEXT,
-    SHUTDOWN_NOTICE,
-    STOP_NOTICE,
-    STOP_SLACK,
-    Accepted,
-    StopResult,
-    UnknownChannel,
-)
 from .stopper import Stopper
 
 __all__ = [

@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..fleet.notices import CHANNEL, Beat
+from ..core.notices import CHANNEL, Beat
 from .engines import Engine, PostgresEngine
 from .store import NOTIFY, newest_seq
 

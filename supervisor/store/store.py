@@ -96,9 +96,9 @@ from typing import Any, Literal, TypeVar, overload
 
 import trio
 
+from ..core.notices import CHANNEL as FLEET_NOTICES
+from ..core.notices import Notice, Queued
 from ..core.text import repair
-from ..fleet.notices import CHANNEL as FLEET_NOTICES
-from ..fleet.notices import Notice, Queued
 from .engines import (
     LOCK_SPACE,
     ORDER_LOCK,

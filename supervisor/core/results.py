@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.errors import UsageError
-from ..core.fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
+from .errors import UsageError
+from .fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
 
 STOP_NOTICE = "Execution stopped by user."
 SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."

@@ -48,15 +48,15 @@ import trio
 
 from ..config.settings import Config
 from ..core.ledger import OutputKind, StopLedger
-from ..host.results import HOST_LOST_NOTICE, STOP_SLACK, StopResult
+from ..core.notices import Entries, Notice, Queued, Stop, Stopped, Stopping
+from ..core.results import HOST_LOST_NOTICE, STOP_SLACK, StopResult
+from ..fleet.fleet import Fleet, Found
 from ..store.store import Store, StoreError
 from ..turns.ports import TurnLedger
-from .fleet import Fleet, Found
-from .notices import Entries, Notice, Queued, Stop, Stopped, Stopping
 
 if TYPE_CHECKING:
-    from ..host.lanes import Lanes
-    from ..host.stopper import Stopper
+    from .lanes import Lanes
+    from .stopper import Stopper
 
 log = logging.getLogger("corral")
 
