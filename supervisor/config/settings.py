@@ -140,6 +140,43 @@ class AgentConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BridgeAgent:
+    """``[bridges.NAME.agents] AGENT = {user, token_file}``: the agent's own chat account."""
+
+    user: str
+    token_file: Path
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    """``[bridges.NAME]``: one chat connection and the rooms it joins to channels."""
+
+    name: str
+    type: str
+    """``"matrix"`` or ``"irc"``."""
+    rooms: Mapping[str, str]
+    """A room (Matrix: id or alias; IRC: ``#channel``) → the corral channel it is."""
+    admins: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    servers: tuple[str, ...] = ()
+    stoppers: tuple[str, ...] | None = None
+    verbosity: str = "normal"
+    invites: bool = False
+    edit_interval: float = 1.0
+    homeserver: str | None = None
+    user: str | None = None
+    token_file: Path | None = None
+    agents: Mapping[str, BridgeAgent] = field(default_factory=dict)
+    server: str | None = None
+    """(IRC) ``host:port``."""
+    nick: str | None = None
+    password_file: Path | None = None
+    tls: bool = False
+    retry_max: float = 30.0
+    """The longest wait between two attempts to reach the server."""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """A whole, valid configuration."""
 
@@ -162,6 +199,8 @@ class Config:
     """``[store] url``: the store is this PostgreSQL database (None: the SQLite file ``store_path``)."""
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(socket.gethostname()))
     """``[cluster]``: this daemon's name in a fleet and its lease (a fleet needs ``[store] url``)."""
+    bridges: Mapping[str, BridgeConfig] = field(default_factory=dict)
+    """``[bridges.NAME]``: chat rooms joined to channels, run by the daemon."""
 
     @property
     def store_location(self) -> str:
@@ -225,7 +264,7 @@ class ClusterConfig:
     """``lease``: seconds a host keeps its channels without renewing them (heartbeat every third)."""
 
 
-_TOP = {"server", "store", "defaults", "agents", "channels", "cluster"}
+_TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges"}
 _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "max_turns",
            "memory_reserve", "memory_pressure"}
@@ -552,6 +591,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         if table.host is not None and store_url is None:
             check.add(f"channels.{name}.host", "pins the channel to a fleet host, and [store] url is not set",
                       'set [store] url = "postgresql://..." (a fleet), or remove host')
+    bridges = _bridges(check, data, set(agents))
     max_hops = check.count(defaults, "max_hops", "defaults.", DEFAULT_MAX_HOPS)
     catch_up_entries = check.count(defaults, "catch_up_entries", "defaults.", 20)
     catch_up_bytes = check.count(defaults, "catch_up_bytes", "defaults.", 16 * 1024)
@@ -572,6 +612,143 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         catch_up_entries=catch_up_entries,
         catch_up_bytes=catch_up_bytes,
         cluster=cluster,
+        bridges=bridges,
+    )
+
+
+_BRIDGE_COMMON = {"type", "rooms", "admins", "users", "servers", "stoppers", "verbosity", "invites", "edit_interval",
+                  "retry_max"}
+_BRIDGE_KEYS = {
+    "matrix": _BRIDGE_COMMON | {"homeserver", "user", "token_file", "agents"},
+    "irc": _BRIDGE_COMMON | {"server", "nick", "password_file", "tls"},
+}
+_BRIDGE_AGENT = {"user", "token_file"}
+
+
+def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, BridgeConfig]:
+    """``[bridges.NAME]`` tables: every key known, token files there, no room mapped twice."""
+    out: dict[str, BridgeConfig] = {}
+    seen_rooms: dict[tuple[str, str], str] = {}
+    for name, raw in check.table(data, "bridges").items():
+        prefix = f"bridges.{name}."
+        if not isinstance(raw, dict):
+            check.add(f"bridges.{name}", f"expected a table, got {type(raw).__name__}", f"write it as [bridges.{name}]")
+            continue
+        kind = check.string(raw, "type", prefix)
+        if kind not in _BRIDGE_KEYS:
+            close = difflib.get_close_matches(str(kind), sorted(_BRIDGE_KEYS), n=1)
+            check.add(f"{prefix}type", f"unknown bridge type {kind!r}" if kind else "missing",
+                      f"did you mean {close[0]!r}?" if close else 'write type = "matrix" (or "irc")')
+            continue
+        check.unknown(raw, _BRIDGE_KEYS[kind], prefix)
+        rooms: dict[str, str] = {}
+        rooms_raw = check.table(raw, "rooms", prefix)
+        if not rooms_raw and not raw.get("invites"):
+            check.add(f"{prefix}rooms", "no room is mapped to a channel",
+                      f'add [bridges.{name}.rooms] with "!room:server" = "channel" (or invites = true)')
+        for room, channel in rooms_raw.items():
+            if not isinstance(channel, str) or not channel.strip():
+                check.add(f"{prefix}rooms.{room}", f"expected a channel name, got {channel!r}",
+                          f'write "{room}" = "general"')
+                continue
+            # Aliases and IRC channels are case-insensitive; a room written twice is one room.
+            server = str(raw.get("homeserver") if kind == "matrix" else raw.get("server"))
+            where = (server, room.lower() if kind == "irc" or room.startswith("#") else room)
+            if where in seen_rooms:
+                check.add(f"{prefix}rooms.{room}", f"the room is mapped twice (also in {seen_rooms[where]})",
+                          "map each room to one channel, in one bridge")
+                continue
+            seen_rooms[where] = f"bridges.{name}.rooms"
+            rooms[room] = channel
+        names = {}
+        for key in ("admins", "users", "servers", "stoppers"):
+            names[key] = check.strings(raw, key, prefix)
+        verbosity = check.string(raw, "verbosity", prefix, "normal") or "normal"
+        if verbosity not in ("quiet", "normal", "verbose"):
+            check.add(f"{prefix}verbosity", f"unknown verbosity {verbosity!r}", 'use "quiet", "normal" or "verbose"')
+        if not names["admins"] and not names["users"] and not names["servers"]:
+            check.add(f"{prefix}admins", "nobody may talk to the agents through this bridge",
+                      'add admins = ["@you:server"] (and users or servers for everyone else)')
+        common: dict[str, Any] = {
+            "name": name, "type": kind, "rooms": rooms,
+            "admins": names["admins"] or (), "users": names["users"] or (), "servers": names["servers"] or (),
+            "stoppers": names["stoppers"], "verbosity": verbosity,
+            "invites": check.boolean(raw, "invites", prefix, False),
+            "edit_interval": check.seconds(raw, "edit_interval", prefix, 1.0),
+            "retry_max": check.seconds(raw, "retry_max", prefix, 30.0),
+        }
+        if kind == "matrix":
+            out[name] = _matrix_bridge(check, raw, prefix, agent_names, common)
+        else:
+            out[name] = _irc_bridge(check, raw, prefix, common)
+    return out
+
+
+def _secret_file(check: _Checker, raw: Mapping[str, Any], key: str, prefix: str, *, required: bool) -> Path | None:
+    value = check.string(raw, key, prefix)
+    if value is None:
+        if required:
+            check.add(f"{prefix}{key}", "missing", f'write {key} = "path/to/a/file" holding the secret')
+        return None
+    path = check.path(value)
+    if not path.is_file():
+        check.add(f"{prefix}{key}", f"{path} does not exist" if not path.exists() else f"{path} is not a file",
+                  f"put the secret in {path} (chmod 600), or fix the path")
+    return path
+
+
+def _matrix_bridge(
+    check: _Checker, raw: Mapping[str, Any], prefix: str, agent_names: set[str], common: dict[str, Any]
+) -> BridgeConfig:
+    homeserver = check.string(raw, "homeserver", prefix)
+    if not homeserver or not homeserver.startswith(("http://", "https://")):
+        check.add(f"{prefix}homeserver", f"expected the homeserver's URL, got {homeserver!r}",
+                  'write homeserver = "https://matrix.example.org"')
+    user = check.string(raw, "user", prefix)
+    if not user or not user.startswith("@") or ":" not in user:
+        check.add(f"{prefix}user", f"expected the bridge's Matrix user id, got {user!r}",
+                  'write user = "@corral:example.org"')
+    token_file = _secret_file(check, raw, "token_file", prefix, required=True)
+    agents: dict[str, BridgeAgent] = {}
+    for agent, table in check.table(raw, "agents", prefix).items():
+        where = f"{prefix}agents.{agent}."
+        if agent not in agent_names:
+            close = difflib.get_close_matches(agent, sorted(agent_names), n=1)
+            check.add(f"{prefix}agents.{agent}", "names no configured agent",
+                      f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(agent_names))}")
+            continue
+        if not isinstance(table, dict):
+            check.add(f"{prefix}agents.{agent}", "expected a table",
+                      f'write {agent} = {{ user = "@{agent}:server", token_file = "..." }}')
+            continue
+        check.unknown(table, _BRIDGE_AGENT, where)
+        agent_user = check.string(table, "user", where)
+        agent_token = _secret_file(check, table, "token_file", where, required=True)
+        if not agent_user or not agent_user.startswith("@") or ":" not in agent_user:
+            check.add(f"{where}user", f"expected the agent's Matrix user id, got {agent_user!r}",
+                      f'write user = "@{agent}:example.org"')
+        elif agent_token is not None:
+            agents[agent] = BridgeAgent(agent_user, agent_token)
+    for room in common["rooms"]:
+        if not room.startswith(("!", "#")):
+            check.add(f"{prefix}rooms.{room}", "is not a Matrix room id (!…) or alias (#…)",
+                      'write "!abc:example.org" or "#room:example.org"')
+    return BridgeConfig(**common, homeserver=homeserver, user=user, token_file=token_file, agents=agents)
+
+
+def _irc_bridge(check: _Checker, raw: Mapping[str, Any], prefix: str, common: dict[str, Any]) -> BridgeConfig:
+    server = check.string(raw, "server", prefix)
+    host, _, port = (server or "").rpartition(":")
+    if not host or not port.isdigit():
+        check.add(f"{prefix}server", f"expected host:port, got {server!r}", 'write server = "irc.example.org:6697"')
+    nick = check.string(raw, "nick", prefix, "corral") or "corral"
+    for room in common["rooms"]:
+        if not room.startswith(("#", "&")):
+            check.add(f"{prefix}rooms.{room}", "is not an IRC channel (#…)", 'write "#general" = "general"')
+    return BridgeConfig(
+        **common, server=server, nick=nick, password_file=_secret_file(check, raw, "password_file", prefix,
+                                                                         required=False),
+        tls=check.boolean(raw, "tls", prefix, False),
     )
 
 

@@ -182,13 +182,15 @@ class Lanes:
         self.ports = make_ports(_TurnStore(store, self.hand_off, self.fences, ownership.fence), self.adopt_background)
 
     def accept(
-        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0
+        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0,
+        origin: str | None = None,
     ) -> _Acceptance:
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
+        # ``origin``: the outside event it comes from (a bridge's), stored in the message's transaction.
         generation = self._ledger.generation(channel)
         pending = self._store.accept_message(
             channel, targets[0] if targets else None, author, text, generation=generation, nudge=nudge, to=targets,
-            hops=hops,
+            hops=hops, origin=origin,
         )
         assert pending.entry is not None
         seq = pending.entry.seq

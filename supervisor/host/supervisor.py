@@ -208,6 +208,21 @@ class Supervisor:
         is stored but goes to no one) or ``system``. Raises :class:`UsageError` for bad
         input and :class:`StoreError` if it could not be stored (then it will not run either).
         """
+        return await self._send(channel, text, agent=agent, to=to, author=author, origin=None)
+
+    async def send_from(
+        self, origin: str, channel: str, text: str, *, to: Sequence[str] | None = None, author: str = "human:user",
+    ) -> Accepted:
+        """:meth:`send` for a message from an outside event (a chat bridge's): ``origin`` names the
+        event and is stored with the message, in its transaction, so one event is accepted at
+        most once (a second fails to commit: :class:`StoreError`); :meth:`origin_seq` tells
+        whether it was."""
+        return await self._send(channel, text, agent=None, to=to, author=author, origin=origin)
+
+    async def _send(
+        self, channel: str, text: str, *, agent: str | None, to: Sequence[str] | None, author: str,
+        origin: str | None,
+    ) -> Accepted:
         if self._lanes.closing:
             raise ShuttingDown("corral is shutting down")
         check_channel(channel)
@@ -238,7 +253,27 @@ class Supervisor:
             if not self._ledger.may_route(channel, from_human=False):
                 targets = ()
             hops = 1
-        return await self._lanes.accept(channel, targets, author, text, nudge=False, hops=hops).accepted_now()
+        return await self._lanes.accept(
+            channel, targets, author, text, nudge=False, hops=hops, origin=origin
+        ).accepted_now()
+
+    # ------------------------------------------------------------ bridges' bookkeeping
+
+    async def origin_seq(self, origin: str) -> int | None:
+        """The seq of the message accepted from ``origin`` (0: marked handled); None: never seen."""
+        return await self._store.origin_seq(origin)
+
+    async def mark_origin(self, origin: str) -> None:
+        """Record that ``origin`` was handled without a message (a chat command); once committed."""
+        await self._store.mark_origin(origin).committed()
+
+    async def cursor(self, key: str) -> str | None:
+        """A value a bridge keeps across restarts (a sync token, the last entry it posted)."""
+        return await self._store.cursor(key)
+
+    async def save_cursor(self, key: str, value: str) -> None:
+        """Store a bridge's value; returns once it is committed."""
+        await self._store.save_cursor(key, value).committed()
 
     def _check_author(self, author: str) -> None:
         if author == "system" or (author.startswith("human:") and len(author) > 6):
@@ -478,6 +513,9 @@ async def open_supervisor(
                 cgroup_subtree=cgroups.path if cgroups is not None else None,
                 agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
                 home=os.environ.get("HOME"),
+                secrets=[path for bridge in config.bridges.values() for path in (
+                    bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
+                    if path is not None],
             )
             sandbox = await trio.to_thread.run_sync(open_sandbox, config.server.sandbox, private)
             sup = Supervisor(

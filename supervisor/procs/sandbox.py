@@ -58,7 +58,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -222,8 +222,11 @@ def private_paths(
     cgroup_subtree: Path | None,
     agent_dirs: Mapping[str, Path],
     home: str | None = None,
+    secrets: Sequence[Path] = (),
 ) -> Private:
-    """corral's private paths for this configuration (pure: nothing is looked at)."""
+    """corral's private paths for this configuration (pure: nothing is looked at).
+
+    ``secrets``: more files a turn must not read (a chat bridge's access tokens)."""
     dirs = [state_dir]
     files: list[Path] = []
     if store_path is not None and store_url is None:
@@ -232,7 +235,7 @@ def private_paths(
         dirs += [Path(p) for p in _postgres_socket_dirs(store_url)]
         if home:
             files.append(Path(home) / ".pgpass")
-    for path in (config_path, token_file, socket):
+    for path in (config_path, token_file, socket, *secrets):
         if path is not None:
             files.append(path)
     if cgroup_subtree is not None:

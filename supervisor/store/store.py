@@ -171,7 +171,14 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE entries ADD COLUMN pos INTEGER;
     CREATE INDEX IF NOT EXISTS entries_pos ON entries (pos);
     """,
-    # 4: a fleet places by capacity. Each host's room at its last heartbeat: free slots less
+    # 4: chat bridges. Every outside event a bridge has acted on (its origin, e.g. a Matrix
+    # event id), with the seq of the message it was accepted as (NULL: a command, or ignored),
+    # written in the message's own transaction: an event replayed by a sync, a reconnect or a
+    # restart is found here and runs at most once. A bridge's cursors live in ``meta``.
+    """
+    CREATE TABLE IF NOT EXISTS origins (origin TEXT PRIMARY KEY, seq INTEGER, ts REAL NOT NULL);
+    """,
+    # 5: a fleet places by capacity. Each host's room at its last heartbeat: free slots less
     # the turns waiting for one (negative: more waits than fits; NULL: not said).
     """
     ALTER TABLE hosts ADD COLUMN room INTEGER;
@@ -1044,13 +1051,15 @@ class Store:
 
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
-        to: tuple[str, ...] = (), hops: int = 0,
+        to: tuple[str, ...] = (), hops: int = 0, origin: str | None = None,
     ) -> Pending:
         """A message for ``agent`` (and ``to``, its other targets): its entry and its place in
         each target's queue, in one transaction (stored and queued, or neither). Its seq is
         final at once (``pending.entry.seq``); the other targets' queue rows take the seqs
         right after it (``pending.entry.seq + i * seq_step``). A human's message lifts the channel's
-        routing rest in the same transaction. ``agent`` None: stored, queued nowhere.
+        routing rest in the same transaction. ``agent`` None: stored, queued nowhere. ``origin``
+        (a bridge's event id) is recorded in ``origins`` in the same transaction: a second
+        message of the same origin fails to commit.
         """
         targets = ((agent,) if agent is not None else ()) + tuple(t for t in to if t != agent)
         extra: list[int] = []  # the other targets' seqs: taken right after the entry's, below
@@ -1063,17 +1072,44 @@ class Store:
                 self.queue_insert(db, row)
             if author.startswith("human:"):
                 db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
+            if origin is not None:
+                db.execute("INSERT INTO origins (origin, seq, ts) VALUES (?, ?, ?)", (origin, seq, time.time()))
 
         meta: dict[str, Any] = {"agent": agent, **({"nudge": True} if nudge else {})}
         if len(targets) > 1:
             meta["to"] = list(targets)
         if hops:
             meta["hops"] = hops
+        if origin is not None:
+            meta["origin"] = origin
         pending = self.submit_entry(
             channel, author, "message", text, generation=generation, meta=meta, also=keep_queued
         )
         extra.extend(self.next_seq() for _ in targets[1:])  # (keep_queued runs at commit, later)
         return pending
+
+    async def origin_seq(self, origin: str) -> int | None:
+        """The seq ``origin`` was accepted as (0: handled without a message); None: never seen."""
+        rows = await self.query("SELECT coalesce(seq, 0) FROM origins WHERE origin = ?", (origin,))
+        return int(rows[0][0]) if rows else None
+
+    def mark_origin(self, origin: str) -> Pending:
+        """Record ``origin`` as handled without a message (a command, an event ignored)."""
+        return self.submit_write(
+            "INSERT INTO origins (origin, seq, ts) VALUES (?, NULL, ?) ON CONFLICT (origin) DO NOTHING",
+            (origin, time.time()),
+        )
+
+    async def cursor(self, key: str) -> str | None:
+        """A bridge's cursor (a sync token, the last entry posted), kept in ``meta``."""
+        rows = await self.query("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def save_cursor(self, key: str, value: str) -> Pending:
+        return self.submit_write(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     def accept_routed(
         self, channel: str, agents: tuple[str, ...], author: str, text: str, *, generation: int, hops: int,
