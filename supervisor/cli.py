@@ -549,6 +549,8 @@ def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
     click.echo(f"corral pid {result['pid']}, up {result['uptime']:.0f} s, {result['running']} turn(s) running")
     if result.get("sandbox"):
         click.echo(f"  {sandbox_line(result['sandbox'])}")
+    if result.get("capacity"):
+        click.echo(f"  {_capacity_line(result['capacity'])}")
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
     for name, ch in result["channels"].items():
@@ -564,6 +566,22 @@ def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
         )
 
 
+def _capacity_line(capacity: dict[str, Any]) -> str:
+    """The host's limits and use, as ``corral status`` prints them."""
+    source = "from the config" if capacity["max_turns_from"] == "config" else "derived from memory"
+    line = (f"capacity: {capacity['used']} of {capacity['max_turns']} slots used ({source}): "
+            f"{capacity['running']} turn(s), {capacity['residents']} idle ACP agent(s); "
+            f"{len(capacity['waiting'])} waiting")
+    memory = capacity.get("memory")
+    if memory:
+        pressure = f", pressure {memory['pressure']:g}%" if memory.get("pressure") is not None else ""
+        line += (f"; memory available {memory['available'] >> 20} MiB ({memory['source']}{pressure}),"
+                 f" reserve {capacity['memory_reserve'] >> 20} MiB")
+    limited = [f"{name} {a['running']}/{a['max_concurrent']}" for name, a in capacity.get("agents", {}).items()
+               if a.get("max_concurrent") is not None]
+    return line + (f"; agent limits: {', '.join(limited)}" if limited else "")
+
+
 def _lane_state(lane: dict[str, Any]) -> str:
     """One agent's state in a channel, as ``corral status`` prints it."""
     turn = lane.get("turn")
@@ -572,8 +590,10 @@ def _lane_state(lane: dict[str, Any]) -> str:
         what = f"{lane['state']} turn {turn['id']} since {since} ({turn['phase']}, pid {turn['pid']})"
     else:
         what = lane["state"]
+    waiting = lane.get("waiting")
+    why = f", waiting #{waiting['position']} for a slot ({waiting['why']})" if waiting else ""
     return what + (f", {lane['queued']} queued" if lane["queued"] and lane["state"] != "queued" else
-                   f" {lane['queued']}" if lane["state"] == "queued" else "")
+                   f" {lane['queued']}" if lane["state"] == "queued" else "") + why
 
 
 @main.command()

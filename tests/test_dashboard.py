@@ -321,6 +321,11 @@ def test_agent_states_read_todays_status_and_a_per_agent_one() -> None:
     assert as_list == [{"agent": "claude", "state": "running", "queued": 0, "turn": "t3", "since": 9.0}]
     view = list_view({"channels": {"b": {"queued": 0, "turn": None}, "a": per_agent}, "shutting_down": False})
     assert [c["name"] for c in view["channels"]] == ["a", "b"] and view["running"] == 1
+    waiting = {"position": 2, "why": "turn limit", "waited": 1.5}
+    assert agent_states({"agents": {"claude": {"state": "queued", "queued": 1, "waiting": waiting}}}) == [
+        {"agent": "claude", "state": "queued", "queued": 1, "turn": None, "since": None, "waiting": waiting}]
+    view = list_view({"channels": {}, "capacity": {"max_turns": 4, "waiting": [{"channel": "c"}] * 3}})
+    assert (view["waiting"], view["max_turns"]) == (3, 4)
 
 
 def test_sessions_are_signed_expire_and_are_bound_to_the_token() -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from ..core.admission import DEFAULT_ESTIMATES, FALLBACK_ESTIMATE
 from ..core.errors import CorralError
 from ..procs.sandbox import MODES, NETWORKS, Network, SandboxMode
 
@@ -27,6 +28,10 @@ DEFAULT_MAX_HOPS = 6
 """Agent-to-agent hand-offs in a row before a human must speak (``max_hops``)."""
 #: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
 DEFAULT_SOCKET_MODE = 0o600
+#: ``[server] memory_reserve`` unless set: what corral itself, the store and the system keep.
+DEFAULT_MEMORY_RESERVE = 512 * 1024 * 1024
+#: ``[server] memory_pressure`` unless set: 20% of ten seconds with every task stalled on memory.
+DEFAULT_MEMORY_PRESSURE = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,13 @@ class ServerConfig:
     sandbox: SandboxMode = "auto"
     """``"auto"`` (a sandbox around every turn where the machine allows, else said loudly),
     ``"required"`` (no turn starts without one) or ``"off"``: see :mod:`supervisor.procs.sandbox`."""
+    max_turns: int | None = None
+    """Turns (and resident ACP agents) at once; None: derived from memory at start
+    (:func:`supervisor.core.admission.derive_max_turns`)."""
+    memory_reserve: int = DEFAULT_MEMORY_RESERVE
+    """Bytes a turn may not start into: it waits while available memory would fall below this."""
+    memory_pressure: float = DEFAULT_MEMORY_PRESSURE
+    """A turn waits while memory pressure (PSI ``full avg10``, percent) is at least this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +126,18 @@ class AgentConfig:
     """``credentials``: login files of the user's own HOME (``~/.claude/.credentials.json``), each
     as (the file, its path relative to a HOME): each turn finds a fresh, read-only copy at that
     path of its private HOME. Only the files named; never a folder, never the HOME itself."""
+    max_concurrent: int | None = None
+    """``max_concurrent``: its turns (and resident ACP agents) at once; None: only the host's limit."""
+    memory_estimate: int | None = None
+    """``memory_estimate``: bytes one of its turns is assumed to hold (None: by adapter,
+    :data:`supervisor.core.admission.DEFAULT_ESTIMATES`)."""
+
+    @property
+    def estimate(self) -> int:
+        """Bytes one of its turns is assumed to hold, for admission and the derived limit."""
+        if self.memory_estimate is not None:
+            return self.memory_estimate
+        return DEFAULT_ESTIMATES.get(self.adapter, FALLBACK_ESTIMATE)
 
     @property
     def cgroup_limits(self) -> dict[str, str | int | None]:
@@ -248,13 +272,14 @@ class ClusterConfig:
 
 _TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges"}
 _CLUSTER = {"host", "lease"}
-_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox"}
+_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "max_turns",
+           "memory_reserve", "memory_pressure"}
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops", "host"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
-          "network", "credentials"} | _LIMIT_KEYS
+          "network", "credentials", "max_concurrent", "memory_estimate"} | _LIMIT_KEYS
 
 
 class _Checker:
@@ -386,6 +411,31 @@ class _Checker:
                      f'write {key} = "2G"')
             return default
         return text
+
+    def limit(self, data: Mapping[str, Any], key: str, prefix: str, example: int) -> int | None:
+        """A limit of things at once: absent (None), or a whole number of at least 1."""
+        value = data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.add(f"{prefix}{key}", f"expected a whole number >= 1, got {value!r}",
+                     f"write {key} = {example} (or remove it{' for the default' if prefix == 'server.' else ''})")
+            return None
+        return value
+
+    def size(self, data: Mapping[str, Any], key: str, prefix: str, example: str) -> int | None:
+        """Bytes: a whole number, or a string with a unit ("512M", "2GiB"); absent: None."""
+        from ..procs.memory import parse_bytes  # (no Trio: a client reads [server] too)
+
+        value = data.get(key)
+        if value is None:
+            return None
+        found = (value if isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                 else parse_bytes(value) if isinstance(value, str) else None)
+        if found is None:
+            self.add(f"{prefix}{key}", f"expected bytes (a whole number, or with K, M, G or T), got {value!r}",
+                     f'write {key} = "{example}"')
+        return found
 
     def pids(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
         value = data.get(key, default)
@@ -548,6 +598,8 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
             network=_network(check, raw, prefix),
             credentials=check.credentials(raw, prefix),
+            max_concurrent=check.limit(raw, "max_concurrent", prefix, 4),
+            memory_estimate=_estimate(check, raw, prefix),
         )
 
     default_agent = check.string(defaults, "agent", "defaults.")
@@ -833,11 +885,47 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         check.add("server.sandbox", f"expected \"auto\", \"required\" or \"off\", got {sandbox!r}",
                   'write sandbox = "auto" (a sandbox where the machine allows), "required" or "off"')
         sandbox = "auto"
+    max_turns, memory_reserve, memory_pressure = _capacity(check, server)
     return ServerConfig(
         socket=socket_path, tcp=tcp, token_file=token_file,
         socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
-        sandbox=cast(SandboxMode, sandbox),
+        sandbox=cast(SandboxMode, sandbox), max_turns=max_turns, memory_reserve=memory_reserve,
+        memory_pressure=memory_pressure,
     )
+
+
+def _capacity(check: _Checker, server: Mapping[str, Any]) -> tuple[int | None, int, float]:
+    """``max_turns`` (>= 1), ``memory_reserve`` (below what this machine, or its cgroup,
+    holds) and ``memory_pressure`` (a percentage above 0)."""
+    from ..procs.memory import memory_total  # (no Trio: a client reads [server] too)
+
+    max_turns = check.limit(server, "max_turns", "server.", 32)
+    reserve = check.size(server, "memory_reserve", "server.", "512M")
+    if reserve is not None:
+        total = memory_total()
+        if total is not None and reserve >= total:
+            check.add("server.memory_reserve",
+                      f"{server['memory_reserve']!r} is not less than this machine's memory ({_mib(total)})",
+                      f'write memory_reserve = "512M" (at most a fraction of {_mib(total)}), or remove it')
+            reserve = None
+    pressure = server.get("memory_pressure", DEFAULT_MEMORY_PRESSURE)
+    if isinstance(pressure, bool) or not isinstance(pressure, int | float) or not 0 < pressure <= 100:
+        check.add("server.memory_pressure", f"expected a percentage above 0 and at most 100, got {pressure!r}",
+                  f"write memory_pressure = {DEFAULT_MEMORY_PRESSURE:g} (100: never wait for pressure)")
+        pressure = DEFAULT_MEMORY_PRESSURE
+    return max_turns, DEFAULT_MEMORY_RESERVE if reserve is None else reserve, float(pressure)
+
+
+def _estimate(check: _Checker, raw: Mapping[str, Any], prefix: str) -> int | None:
+    value = check.size(raw, "memory_estimate", prefix, "400M")
+    if value == 0:
+        check.add(f"{prefix}memory_estimate", "expected more than 0 bytes", 'write memory_estimate = "400M"')
+        return None
+    return value
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n // 1024**2} MiB"
 
 
 def _network(check: _Checker, raw: Mapping[str, Any], prefix: str) -> Network:

@@ -46,8 +46,8 @@ class Ownership(Protocol):
         """This host's leases, in a fleet."""
         ...
 
-    async def take(self, channel: str) -> bool:
-        """Before a turn: may this host run the channel's next turn? (False: another host runs it.)"""
+    async def take(self, channel: str, agent: str) -> bool:
+        """Before a turn of ``agent``: may this host run the channel's next turn? (False: another host runs it.)"""
         ...
 
     def fence(self, channel: str) -> int | None:
@@ -84,7 +84,7 @@ class SingleHost:
 
     fleet: Fleet | None = None
 
-    async def take(self, channel: str) -> bool:
+    async def take(self, channel: str, agent: str) -> bool:
         """Always this host's."""
         return True
 

@@ -60,6 +60,7 @@ from ..fleet.fleet import Fleet
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
+from ..procs.memory import read_memory
 from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
@@ -71,8 +72,10 @@ from ..procs.tree import (
     set_child_subreaper,
     spawn,
 )
+from ..serve.metrics import Metrics
 from ..store.store import Draft, Entry, Store, open_store
 from ..turns.ports import Places, TurnPorts
+from .capacity import Capacity
 from .fleet_ownership import FleetOwnership
 from .lanes import Lanes, _TurnStore
 from .ownership import Ownership, SingleHost
@@ -145,9 +148,15 @@ class Supervisor:
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
             )
 
+        self._capacity = Capacity(
+            config, nursery, read=hooks.memory or read_memory, close_resident=lambda key: self._lanes.acp.close(key)
+        )
+        """Admission: how many turns (and idle ACP agents) at once, fairly, within memory."""
+        self.metrics = Metrics()
+        """Turns and stops counted since start (``GET /metrics``)."""
         self._lanes = Lanes(
             config, store, self._ledger, nursery, registry=self._registry, ownership=self._ownership, hooks=hooks,
-            reap_adopted=subreaper and owns_children, make_ports=ports,
+            reap_adopted=subreaper and owns_children, make_ports=ports, capacity=self._capacity, metrics=self.metrics,
         )
         self._stopper = Stopper(
             config, store, self._ledger, registry=self._registry, lanes=self._lanes, ownership=self._ownership,
@@ -298,14 +307,17 @@ class Supervisor:
             return await self.stop_all()
         await self.require_channel(channel)
         started, cpu = trio.current_time(), time.process_time()
-        elsewhere = await self._ownership.stop_elsewhere(channel, started, cpu)
-        if elsewhere is not None:
-            return elsewhere
-        return await self._stopper.stop(channel, started, cpu)
+        result = await self._ownership.stop_elsewhere(channel, started, cpu)
+        if result is None:
+            result = await self._stopper.stop(channel, started, cpu)
+        self.metrics.stopped(result.ok, result.elapsed_ms)
+        return result
 
     async def stop_all(self) -> StopResult:
         """Stop every channel that has work; the result lists each."""
-        return await self._stopper.stop_all()
+        result = await self._stopper.stop_all()
+        self.metrics.stopped(result.ok, result.elapsed_ms)
+        return result
 
     # ------------------------------------------------------------ starting over, sending again
 
@@ -448,13 +460,15 @@ class Supervisor:
         """Agents, channels, and per channel each agent's state, at this instant.
 
         A channel's ``agents`` maps each agent that has had work there to ``{"state",
-        "queued", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0),
+        "queued", "waiting", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0;
+        ``waiting`` then says its place in the admission queue and why it waits, or None),
         ``running`` (``turn`` says which and since when) or ``stopping`` (a stop is tearing
         its turn down). ``turn`` and ``queued`` at the channel's level are kept for
         single-agent readers: the first running turn, and every lane's queue together.
         """
         channels: dict[str, Any] = {}
         sessions = self._store.sessions_by_channel()
+        waiting = self._capacity.waiting()
         for name in sorted(self._ledger.channels()):
             agents: dict[str, Any] = {}
             for agent in self._ledger.lanes(name):
@@ -470,6 +484,7 @@ class Supervisor:
                 agents[agent] = {
                     "state": state,
                     "queued": queued,
+                    "waiting": waiting.get((name, agent)),
                     "turn": None
                     if turn is None
                     else {
@@ -502,6 +517,7 @@ class Supervisor:
             "channels": channels,
             "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
             "shutting_down": self._lanes.closing,
+            "capacity": self._capacity.status(),
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
             "sandbox": self.sandbox.describe(),
             "fleet": self._ownership.status(),

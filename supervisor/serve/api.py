@@ -15,6 +15,7 @@ checked against:
 ``POST /v1/channels/{channel}/resend``           ``{"seq"}``: a message a stop dropped, once → 202 as ``messages``
 ``GET  /v1/status``                              daemon, agents, channels, running turns
 ``POST /v1/shutdown``                            202, then an orderly shutdown
+``GET  /metrics``                                what runs and waits, limits, stops, turns (Prometheus text)
 ===============================================  =============================================
 
 On the loopback TCP listener (the one with a token) the same application serves the web
@@ -48,6 +49,8 @@ from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import Draft, StoreError
 from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
 from .http import PEER_TURN
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import render as render_metrics
 from .routes import MAX_SEQ, OPERATIONS, Operation, Param, author_of
 
 log = logging.getLogger("corral.api")
@@ -286,6 +289,11 @@ class ControlAPI:
             if await self.dashboard.answer(method, parts, query, scope, peer):
                 return
             raise HTTPError(404, "not_found", f"no route {method} {path}")
+        if parts == ["metrics"] and method == "GET":
+            page = render_metrics(self.sup.status(), self.sup.metrics).encode()
+            await peer.send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", METRICS_TYPE), (b"content-length", str(len(page)).encode())]})
+            return await peer.send({"type": "http.response.body", "body": page})
         if parts[:1] != ["v1"]:
             raise HTTPError(404, "not_found", f"no route {method} {path}; the API lives under /v1/")
         elsewhere = False  # the path is an operation's, of another method

@@ -383,13 +383,17 @@
       return `${name}running${since}${queued}`;
     }
     if (agent.state === "stopping") return `${name}stopping${queued}`;
-    if (agent.state === "queued") return `${name}queued ${agent.queued}`;
+    if (agent.state === "queued") {
+      const waiting = agent.waiting ? `, waiting #${agent.waiting.position} (${agent.waiting.why})` : "";
+      return `${name}queued ${agent.queued}${waiting}`;
+    }
     return `${name}idle`;
   }
 
   function listView() {
     const tbody = document.querySelector("#channels tbody");
     const running = document.getElementById("running");
+    const waiting = document.getElementById("waiting");
     const empty = document.getElementById("empty");
     const rows = new Map(); // channel name -> {row, cell, shown}
 
@@ -412,6 +416,8 @@
 
     function render(view) {
       running.textContent = String(view.running);
+      waiting.textContent = view.waiting
+        ? `, ${view.waiting} waiting for a slot (at most ${view.max_turns} turns at once)` : "";
       const names = new Set();
       view.channels.forEach((channel, index) => {
         names.add(channel.name);

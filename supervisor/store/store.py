@@ -178,6 +178,11 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE IF NOT EXISTS origins (origin TEXT PRIMARY KEY, seq INTEGER, ts REAL NOT NULL);
     """,
+    # 5: a fleet places by capacity. Each host's room at its last heartbeat: free slots less
+    # the turns waiting for one (negative: more waits than fits; NULL: not said).
+    """
+    ALTER TABLE hosts ADD COLUMN room INTEGER;
+    """,
 )
 
 #: How many hosts one database can hold: a host of slot ``k`` takes only the seqs

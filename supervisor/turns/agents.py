@@ -651,12 +651,18 @@ class AcpAgentPool:
     with ``pool = AcpAgentPool(nursery)``.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, *, on_gone: Callable[[tuple[str, str]], None] | None = None) -> None:
         self._nursery = nursery
+        self._on_gone = on_gone
+        """Told (synchronously) when an agent's process has ended for good: idle timeout, close, failure."""
         self._agents: dict[tuple[str, str], AcpAgent] = {}
         self._closers: dict[tuple[str, str], trio.Event] = {}
         self._gone: dict[tuple[str, str], trio.Event] = {}
         self._starting: dict[tuple[str, str], trio.Event] = {}
+
+    def get(self, key: tuple[str, str]) -> AcpAgent | None:
+        """The agent of ``key`` if one is up (no start): an idle one still holds a slot."""
+        return self._agents.get(key)
 
     async def agent(self, key: tuple[str, str], spec: AcpSpec) -> AcpAgent:
         """The running agent of ``key``, started (or restarted with session/load) if needed."""
@@ -703,6 +709,8 @@ class AcpAgentPool:
             if self._agents.get(key) is not None and self._closers.get(key) is close:
                 del self._agents[key], self._closers[key], self._gone[key]
             gone.set()
+            if self._on_gone is not None:
+                self._on_gone(key)
 
     async def close(self, key: tuple[str, str]) -> bool:
         """End the agent of ``key`` and its tree; was there one?"""
