@@ -119,6 +119,10 @@ class BaseTurn:
         """The tree a stop may end together with other turns' (None: none of its own)."""
         return None
 
+    async def steer(self, text: str) -> str | None:
+        """This kind of turn takes no message mid-turn (a kind that can overrides this)."""
+        return f"{self.agent.name} cannot take a message mid-turn"
+
     # ------------------------------------------------------------ writes
 
     def _silenced(self) -> bool:

@@ -234,3 +234,10 @@ class RunningTurn(Protocol):
     def run(self, session_id: str | None) -> Awaitable[TurnOutcome]:
         """Run the turn to its end; never raises for the turn's own failures."""
         ...
+
+    def steer(self, text: str) -> Awaitable[str | None]:
+        """Hand ``text`` (a human's message) to the running turn, mid-turn: None once it is
+        written to the agent, else why it could not be (not started, input closed, stale,
+        an agent that cannot take one) — the caller then queues the message. The ledger is
+        asked right before the first byte is written, with no checkpoint between."""
+        ...
