@@ -33,6 +33,14 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
 * A stop is a **repeat** when no turn has begun in the channel since its previous stop:
   it does not move the generation and owes no notice (11). Otherwise it owes exactly one
   notice (10); ``notice_stored`` records it so a repeat can name it.
+* ``interrupt(channel, agent)`` is a stop of one lane, for a message that replaces its work
+  (a delivery of ``interrupt``): the lane's current turn is made stale (its own notice,
+  "Interrupted by a new message.", is owed by ``end_turn``: ``EndDecision.interrupted``) and
+  the lane's queue is dropped; no generation moves, so the channel's other lanes, its
+  repeat window and its routing are untouched. The driver accepts the interrupting message
+  in the same step, so nothing can come between it and the head of the lane. A channel stop
+  after it supersedes it: the turn is the stop's to end, and its notice the stop's.
+  ``abort_interrupt`` undoes one whose record could not be stored.
 * ``stop_all()`` stops every channel that has work (a turn or a queued message); an idle
   channel has nothing to stop and gets no notice from a stop-all.
 * After a stop, agent-to-agent routing in the channel rests until a human speaks (12):
@@ -168,6 +176,20 @@ class EndDecision:
     """Queue a "you have N remaining tasks" message for the agent."""
     stale: bool
     """The turn was stopped; its leftovers are discarded."""
+    interrupted: bool = False
+    """It was interrupted by a new message (and not stopped since): its notice is owed now."""
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptDecision:
+    """What an interrupt of one lane does; the driver carries it out in order."""
+
+    channel: str
+    agent: str
+    turn_id: str | None
+    """The lane's turn made stale (cancel its scope, kill its tree); None: none was running."""
+    dropped: tuple[QueuedMessage, ...]
+    """The lane's queued messages that will never run, oldest first."""
 
 
 @dataclass(slots=True)
@@ -178,6 +200,8 @@ class _Turn:
     nudge: bool
     silenced: bool = False
     """Ended by a shutdown: stale like a stopped turn, though the generation stays."""
+    interrupted: bool = False
+    """Ended by an interrupting message: stale like a stopped turn, for its lane alone."""
     closed_window: bool = False
     """Taking it closed the channel's repeat window (``unbegin`` opens it again)."""
 
@@ -304,7 +328,7 @@ class StopLedger:
         lane = state.lane_of(turn_id) if state else None
         if state is None or lane is None or lane.turn is None:
             return True
-        return lane.turn.silenced or lane.turn.generation < state.generation
+        return lane.turn.silenced or lane.turn.interrupted or lane.turn.generation < state.generation
 
     def rests(self, channel: str) -> bool:
         """Agent-to-agent routing in the channel rests (a stop, and no human since)."""
@@ -402,7 +426,8 @@ class StopLedger:
             raise LedgerError(f"turn {turn_id!r} is not running in channel {channel!r}")
         turn = lane.turn
         lane.turn = None
-        stale = turn.silenced or turn.generation < state.generation
+        stopped = turn.silenced or turn.generation < state.generation
+        stale = stopped or turn.interrupted
         nudge = (
             not stale
             and ok
@@ -414,7 +439,7 @@ class StopLedger:
             lane.nudges_in_row += 1
         elif not turn.nudge:
             lane.nudges_in_row = 0
-        return EndDecision(nudge=nudge, stale=stale)
+        return EndDecision(nudge=nudge, stale=stale, interrupted=turn.interrupted and not stopped)
 
     def unbegin(self, channel: str, turn_id: str) -> None:
         """(A fleet) the turn never began: the store found its message dropped by a stop this
@@ -484,6 +509,31 @@ class StopLedger:
                 lane.turn.generation = restored
         return True
 
+    def interrupt(self, channel: str, agent: str) -> InterruptDecision:
+        """A new message replaces the lane's work: its running turn is made stale and its queue
+        dropped, in this step. A turn already stale (stopped, interrupted, silenced) is left to
+        what made it so; the queue is dropped all the same (the new message goes first)."""
+        state = self._chan(channel)
+        lane = state.lane(agent)
+        dropped = tuple(lane.queue)
+        lane.queue.clear()
+        turn = lane.turn
+        if turn is None or self.is_stale(channel, turn.turn_id):
+            return InterruptDecision(channel, agent, None, dropped)
+        turn.interrupted = True
+        return InterruptDecision(channel, agent, turn.turn_id, dropped)
+
+    def abort_interrupt(self, decision: InterruptDecision) -> None:
+        """Undo an interrupt whose record could not be stored: its turn runs on (if it is still
+        the lane's and no stop has come since) and its dropped messages are queued again at the
+        head of the lane, oldest first."""
+        state = self._chan(decision.channel)
+        lane = state.lane(decision.agent)
+        if decision.turn_id is not None and lane.turn is not None and lane.turn.turn_id == decision.turn_id:
+            lane.turn.interrupted = False
+        kept = [m for m in decision.dropped if m.generation >= state.generation]  # (a stop since drops them)
+        lane.queue = deque([*kept, *lane.queue])
+
     def stop_all(self) -> list[StopDecision]:
         """Stop every channel that has work; idle channels are left alone."""
         return [self.stop(name) for name in list(self._channels) if self.is_busy(name)]
@@ -503,7 +553,7 @@ class StopLedger:
                 turn = lane.turn
                 if turn is None or turn.silenced:
                     continue
-                if turn.generation == state.generation:  # a stopped turn is its stop's to end
+                if turn.generation == state.generation:  # a stopped turn is its stop's to end (an interrupted one, the shutdown's)
                     silenced.append((name, turn.turn_id))
                 turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))
