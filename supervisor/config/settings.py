@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from ..core.admission import DEFAULT_ESTIMATES, FALLBACK_ESTIMATE
 from ..core.errors import CorralError
+from ..core.results import DELIVERIES
 from ..procs.sandbox import MODES, NETWORKS, Network, SandboxMode
 
 DEFAULT_CONFIG_NAME = "corral.toml"
@@ -128,6 +129,9 @@ class AgentConfig:
     path of its private HOME. Only the files named; never a folder, never the HOME itself."""
     max_concurrent: int | None = None
     """``max_concurrent``: its turns (and resident ACP agents) at once; None: only the host's limit."""
+    delivery: str | None = None
+    """``delivery``: how a message to it while it works is delivered unless the message says
+    (``"queue"``, ``"interrupt"``, ``"steer"``); None: the channel's, else ``"queue"``."""
     memory_estimate: int | None = None
     """``memory_estimate``: bytes one of its turns is assumed to hold (None: by adapter,
     :data:`supervisor.core.admission.DEFAULT_ESTIMATES`)."""
@@ -232,6 +236,15 @@ class Config:
         rest = tuple(name for name in self.agents if name != self.default_agent)
         return ((self.default_agent,) if self.default_agent in self.agents else ()) + rest
 
+    def delivery(self, channel: str, agent: str) -> str:
+        """How a message to ``agent`` in ``channel`` is delivered unless it says: the channel's
+        ``delivery``, else the agent's, else ``"queue"``."""
+        table = self.channels.get(channel)
+        if table is not None and table.delivery is not None:
+            return table.delivery
+        config = self.agents.get(agent)
+        return config.delivery if config is not None and config.delivery is not None else "queue"
+
     def hop_limit(self, channel: str) -> int:
         """The channel's ``max_hops`` (its table's, else ``[defaults]``)."""
         table = self.channels.get(channel)
@@ -247,6 +260,9 @@ class ChannelConfig:
     """Its members; the first is its default agent."""
     max_hops: int | None = None
     """None: ``[defaults] max_hops``."""
+    delivery: str | None = None
+    """``delivery``: the channel's default delivery (``"queue"``, ``"interrupt"``, ``"steer"``);
+    None: each agent's, else ``"queue"``."""
     host: str | None = None
     """``host``: the one fleet host that may run the channel (its agents' checkouts live
     there); None: any host with the message's agent configured."""
@@ -277,9 +293,9 @@ _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
-_CHANNEL = {"agents", "max_hops", "host"}
+_CHANNEL = {"agents", "max_hops", "host", "delivery"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
-          "network", "credentials", "max_concurrent", "memory_estimate"} | _LIMIT_KEYS
+          "network", "credentials", "max_concurrent", "memory_estimate", "delivery"} | _LIMIT_KEYS
 
 
 class _Checker:
@@ -600,6 +616,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             credentials=check.credentials(raw, prefix),
             max_concurrent=check.limit(raw, "max_concurrent", prefix, 4),
             memory_estimate=_estimate(check, raw, prefix),
+            delivery=_delivery(check, raw, prefix),
         )
 
     default_agent = check.string(defaults, "agent", "defaults.")
@@ -832,8 +849,19 @@ def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -
             check.add(f"{prefix}agents", f"an agent is listed twice in {list(members)!r}", "list each agent once")
         max_hops = check.count(raw, "max_hops", prefix, DEFAULT_MAX_HOPS) if "max_hops" in raw else None
         if ok:
-            channels[name] = ChannelConfig(name, members, max_hops, host)
+            channels[name] = ChannelConfig(name, members, max_hops, host=host, delivery=_delivery(check, raw, prefix))
     return channels
+
+
+def _delivery(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | None:
+    """``delivery``: one of :data:`~supervisor.core.results.DELIVERIES`."""
+    value = check.string(raw, "delivery", prefix)
+    if value is not None and value not in DELIVERIES:
+        close = difflib.get_close_matches(value, DELIVERIES, n=1)
+        check.add(f"{prefix}delivery", f"unknown delivery {value!r}",
+                  f"did you mean {close[0]!r}?" if close else f"write one of: {', '.join(DELIVERIES)}")
+        return None
+    return value
 
 
 def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:

@@ -553,7 +553,8 @@ class StopLedger:
                 turn = lane.turn
                 if turn is None or turn.silenced:
                     continue
-                if turn.generation == state.generation:  # a stopped turn is its stop's to end (an interrupted one, the shutdown's)
+                # A stopped turn is its stop's to end; an interrupted one, the shutdown's.
+                if turn.generation == state.generation:
                     silenced.append((name, turn.turn_id))
                 turn.silenced = True  # even so: should its stop be undone, it stays silenced
         return ShutdownDecision(tuple(silenced))

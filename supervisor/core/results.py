@@ -11,6 +11,10 @@ from .errors import UsageError
 from .fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
 
 STOP_NOTICE = "Execution stopped by user."
+INTERRUPT_NOTICE = "Interrupted by a new message."
+#: How a message to a busy agent may be delivered (``queue``: after its turn; ``interrupt``:
+#: instead of it; ``steer``: into it).
+DELIVERIES = ("queue", "interrupt", "steer")
 SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
 HOST_LOST_NOTICE = (
     "Task interrupted — its host stopped answering and another host took the channel over. "
@@ -52,6 +56,17 @@ class Accepted:
     """Every agent it went to (empty: stored only)."""
     hints: tuple[str, ...] = ()
     """What the sender may not have meant: a mention of no agent close to one (``@revewer``)."""
+    delivery: str = "queue"
+    """How it was delivered: ``queue``, ``interrupt`` (it replaced its lanes' work) or ``steer``
+    (handed to the running turn)."""
+    interrupted: tuple[str, ...] = ()
+    """The turns it interrupted."""
+    dropped: tuple[int, ...] = ()
+    """The queued messages its interrupt dropped (never run; ``corral resend`` brings one back)."""
+    steered: str | None = None
+    """The turn it was handed to."""
+    fallback: str | None = None
+    """Why it was queued although it asked to interrupt or steer (in a fleet: carried by the owner)."""
 
     def to_json(self) -> dict[str, Any]:
         """As the API and ``corral send --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""

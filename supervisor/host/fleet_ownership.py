@@ -115,6 +115,12 @@ class FleetOwnership:
             return None
         return await self._stop_elsewhere(channel, started, cpu)
 
+    async def deliver_elsewhere(self, channel: str) -> str | None:
+        """None if this host runs the channel (taking its lease if it is free); else why not."""
+        if await self._own(channel):
+            return None
+        return "the channel runs on another host of the fleet"
+
     def status(self) -> dict[str, Any] | None:
         """This host, its lease, what it holds, the fleet's hosts and the pinned channels."""
         return {

@@ -47,10 +47,11 @@ from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
-from ..core.results import NUDGE_TEXT, Accepted
+from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted
 from ..core.router import route
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
+from ..procs.recovery import stop_notice_text
 from ..procs.registry import ProcessRegistry
 from ..procs.tree import ProcessTree, reap_if_child, reap_orphans, wait_pid_exit
 from ..serve.metrics import Metrics
@@ -63,6 +64,16 @@ from .capacity import Capacity
 from .ownership import Ownership
 
 log = logging.getLogger("corral")
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    """What the notice of an interrupted turn says: the message that interrupted it, and what it dropped."""
+
+    by: int
+    """The interrupting message's seq."""
+    dropped: tuple[int, ...]
+    """The entries of the lane's queued messages it dropped."""
 
 
 @dataclass(slots=True)
@@ -173,6 +184,8 @@ class Lanes:
         self.known: set[int] = set()
         """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
         self.idle: dict[str, trio.Event] = {}
+        self.interruptions: dict[str, Interruption] = {}
+        """Turns an interrupting message has made stale, by id: their notice is owed at their end."""
         self.closing = False
         """Shutting down: no new worker starts, and a worker takes no next message."""
         self.capacity = capacity
@@ -185,7 +198,7 @@ class Lanes:
     def accept(
         self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0,
         also: Callable[[Any, int], None] | None = None,
-        origin: str | None = None,
+        origin: str | None = None, meta: Mapping[str, object] | None = None,
     ) -> _Acceptance:
         """``also``: more to do in the message's own transaction (a resend marks its original)."""
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
@@ -193,7 +206,7 @@ class Lanes:
         generation = self._ledger.generation(channel)
         pending = self._store.accept_message(
             channel, targets[0] if targets else None, author, text, generation=generation, nudge=nudge, to=targets,
-            hops=hops, also=also, origin=origin,
+            hops=hops, also=also, origin=origin, meta=meta,
         )
         assert pending.entry is not None
         seq = pending.entry.seq
@@ -432,6 +445,8 @@ class Lanes:
             decision = self._ledger.end_turn(
                 channel, turn_id, ok=outcome.ok, unfinished_todos=unfinished(items), max_nudges=agent.limits.max_nudges
             )
+            if decision.interrupted:
+                self._interrupted(channel, turn)  # (before the worker takes the interrupting message)
             if decision.nudge:
                 # It carries the hops of the message it follows: nudges never reset a chain.
                 self.accept(
@@ -447,6 +462,24 @@ class Lanes:
             if turn.stop_reason is None:
                 self._store.end_turn(turn_id)
             self.reap_adoptees()
+
+    def _interrupted(self, channel: str, turn: RunningTurn) -> None:
+        """The notice of a turn an interrupting message ended, submitted in the step its end is
+        decided: after everything of it, before anything of the message that interrupted it."""
+        info = self.interruptions.pop(turn.turn_id, None)
+        report = turn.outcome.report
+        meta: dict[str, object] = {
+            "interrupted": turn.turn_id, "agent": turn.agent.name, "killed": list(report.killed),
+            "swept": list(report.swept),
+        }
+        if info is not None:
+            meta["interrupted_by"] = info.by
+            if info.dropped:
+                meta["dropped_entries"] = list(info.dropped)
+        text = stop_notice_text(INTERRUPT_NOTICE, len(info.dropped) if info else 0)
+        self._store.submit_entry(
+            channel, "system", "notice", text, turn=turn.turn_id, generation=turn.generation, meta=meta
+        )
 
     async def _contain(self, channel: str, ticket: TurnTicket, exc: Exception) -> None:
         """A turn failed in corral itself: log it, say so, and free the channel."""

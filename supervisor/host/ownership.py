@@ -66,6 +66,11 @@ class Ownership(Protocol):
         """Why a stop of the channel here cannot be called done (a silent host), if so."""
         ...
 
+    async def deliver_elsewhere(self, channel: str) -> str | None:
+        """Why an interrupting or steering message cannot be delivered here (another host runs
+        the channel: it is queued there instead); None: this host runs it."""
+        ...
+
     def status(self) -> dict[str, Any] | None:
         """What ``status`` shows of the fleet (None: no fleet)."""
         ...
@@ -102,6 +107,10 @@ class SingleHost:
 
     def unconfirmed(self, channel: str) -> str | None:
         """No other host."""
+        return None
+
+    async def deliver_elsewhere(self, channel: str) -> str | None:
+        """Never elsewhere."""
         return None
 
     def status(self) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
 from ..core.restart import check_resend, resend_targets, reset_refusal, reset_text
 from ..core.results import (
+    DELIVERIES,
     HOST_LOST_NOTICE,
     MAX_CHANNEL_CHARS,
     MAX_MESSAGE_BYTES,
@@ -76,6 +77,7 @@ from ..serve.metrics import Metrics
 from ..store.store import Draft, Entry, Store, open_store
 from ..turns.ports import Places, TurnPorts
 from .capacity import Capacity
+from .delivery import Delivery
 from .fleet_ownership import FleetOwnership
 from .lanes import Lanes, _TurnStore
 from .ownership import Ownership, SingleHost
@@ -162,6 +164,7 @@ class Supervisor:
             config, store, self._ledger, registry=self._registry, lanes=self._lanes, ownership=self._ownership,
             cgroups=cgroups, collector=CollectorPause() if owns_children else contextlib.nullcontext(),
         )
+        self._delivery = Delivery(store, self._ledger, self._lanes, self._stopper)
         if fleet is not None:
             fleet.attach(self._lanes, self._stopper)
 
@@ -202,17 +205,22 @@ class Supervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = "human:user",
+        author: str = "human:user", delivery: str | None = None,
     ) -> Accepted:
         """Store and queue a message; returns once it is committed.
 
         It goes to ``agent`` and ``to`` if given, else to the agents it @mentions, else to
         the channel's default agent. ``author`` is ``human:NAME``, ``agent:NAME`` (a
         configured agent: another bot posting for it; while the channel rests its message
-        is stored but goes to no one) or ``system``. Raises :class:`UsageError` for bad
-        input and :class:`StoreError` if it could not be stored (then it will not run either).
+        is stored but goes to no one) or ``system``. ``delivery`` (a human's message):
+        ``"queue"`` (after the running turn), ``"interrupt"`` (instead of it: the turn is
+        stopped, and the queue before the message dropped) or ``"steer"`` (into it, where the
+        agent can take it; else queued, and ``fallback`` says why); None: the channel's or
+        agent's ``delivery`` setting, else ``"queue"`` (see :mod:`.delivery`). Raises
+        :class:`UsageError` for bad input and :class:`StoreError` if it could not be stored
+        (then it will not run either).
         """
-        accepted = await self._send(channel, text, agent=agent, to=to, author=author, origin=None)
+        accepted = await self._send(channel, text, agent=agent, to=to, author=author, origin=None, delivery=delivery)
         if agent is not None or to:
             return accepted
         went = ", ".join(accepted.to) or "no agent"
@@ -223,18 +231,23 @@ class Supervisor:
 
     async def send_from(
         self, origin: str, channel: str, text: str, *, to: Sequence[str] | None = None, author: str = "human:user",
+        delivery: str | None = None,
     ) -> Accepted:
         """:meth:`send` for a message from an outside event (a chat bridge's): ``origin`` names the
         event and is stored with the message, in its transaction, so one event is accepted at
         most once (a second fails to commit: :class:`StoreError`); :meth:`origin_seq` tells
         whether it was."""
-        return await self._send(channel, text, agent=None, to=to, author=author, origin=origin)
+        return await self._send(channel, text, agent=None, to=to, author=author, origin=origin, delivery=delivery)
 
     async def _send(
         self, channel: str, text: str, *, agent: str | None, to: Sequence[str] | None, author: str,
-        origin: str | None, also: Callable[[Any, int], None] | None = None,
+        origin: str | None, also: Callable[[Any, int], None] | None = None, delivery: str | None = None,
     ) -> Accepted:
         """:meth:`send`'s checks and acceptance (``also``: more, in the message's transaction)."""
+        if delivery is not None and delivery not in DELIVERIES:
+            close = difflib.get_close_matches(str(delivery), DELIVERIES, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(DELIVERIES)}"
+            raise UsageError(f"unknown delivery {delivery!r}; {hint}")
         if self._lanes.closing:
             raise ShuttingDown("corral is shutting down")
         check_channel(channel)
@@ -265,9 +278,38 @@ class Supervisor:
             if not self._ledger.may_route(channel, from_human=False):
                 targets = ()
             hops = 1
-        return await self._lanes.accept(
-            channel, targets, author, text, nudge=False, hops=hops, origin=origin, also=also
+        wanted = delivery or (self.config.delivery(channel, targets[0]) if targets else "queue")
+        if wanted != "queue" and not author.startswith("human:"):
+            if delivery is not None:
+                raise UsageError(f"only a human's message may {delivery}: {author!r} is not one")
+            wanted = "queue"  # (a configured default applies to people, not to other bots)
+        fallback = None
+        if wanted != "queue" and targets:
+            fallback = await self._ownership.deliver_elsewhere(channel)
+        if fallback is None and wanted == "interrupt" and targets:
+            return await self._delivery.interrupt(
+                channel, targets, author, text, hops=hops, origin=origin, also=also
+            )
+        busy = False
+        if fallback is None and wanted == "steer" and targets:
+            turn, fallback, busy = self._delivery.steerable(channel, targets)
+            if turn is not None:
+                steered = await self._delivery.steer(channel, turn, author, text, origin=origin, also=also)
+                if isinstance(steered, Accepted):
+                    return steered
+                fallback = steered
+        accepted = await self._lanes.accept(
+            channel, targets, author, text, nudge=False, hops=hops, origin=origin, also=also,
+            meta={"delivery": wanted, "fallback": fallback} if fallback is not None else None,
         ).accepted_now()
+        if fallback is None:
+            return replace(accepted, delivery=wanted) if wanted == "queue" or not targets else accepted
+        if busy:
+            await self._store.append(
+                channel, "system", "status", f"Not steered ({fallback}): message {accepted.seq} is queued instead.",
+                generation=accepted.generation,
+            )
+        return replace(accepted, fallback=fallback)
 
     # ------------------------------------------------------------ bridges' bookkeeping
 

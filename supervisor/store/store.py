@@ -1052,7 +1052,7 @@ class Store:
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
         to: tuple[str, ...] = (), hops: int = 0, also: Callable[[Engine, int], None] | None = None,
-        origin: str | None = None,
+        origin: str | None = None, meta: Mapping[str, object] | None = None,
     ) -> Pending:
         """A message for ``agent`` (and ``to``, its other targets): its entry and its place in
         each target's queue, in one transaction (stored and queued, or neither). Its seq is
@@ -1076,9 +1076,9 @@ class Store:
             if also is not None:
                 also(db, seq)
             if origin is not None:
-                db.execute("INSERT INTO origins (origin, seq, ts) VALUES (?, ?, ?)", (origin, seq, time.time()))
+                self.record_origin(db, origin, seq)
 
-        meta: dict[str, Any] = {"agent": agent, **({"nudge": True} if nudge else {})}
+        meta = {"agent": agent, **({"nudge": True} if nudge else {}), **(meta or {})}
         if len(targets) > 1:
             meta["to"] = list(targets)
         if hops:
@@ -1346,6 +1346,26 @@ class Store:
                 db.executemany("UPDATE turns SET state = ? WHERE id = ?", [(TURN_STOPPED, t) for t in r.stopped_turns])
 
         return self._submit(apply)
+
+    @staticmethod
+    def record_origin(db: Engine, origin: str, seq: int) -> None:
+        """(In a message's transaction) the outside event it came from: a second fails to commit."""
+        db.execute("INSERT INTO origins (origin, seq, ts) VALUES (?, ?, ?)", (origin, seq, time.time()))
+
+    def record_interrupt(
+        self, db: Engine, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
+    ) -> None:
+        """(In the interrupting message's transaction, ``seq``) its record: the lanes' queued
+        messages it dropped dequeued and marked (as a stop marks them), the plans cancelled."""
+        db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in dropped])
+        db.executemany(f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?", [(seq, s) for s in dropped])
+        stamp = time.time()
+        for agent, items in plans.items():
+            db.execute(
+                "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
+                (channel, agent, json.dumps(items, ensure_ascii=False), stamp),
+            )
 
     def remember_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> None:
         """Update the cached plan after a write that stored it (a stop's record) committed."""

@@ -1,0 +1,153 @@
+"""Delivery: a message to a busy lane queued, interrupting its turn, or steering it.
+
+Theory of operation
+-------------------
+
+A message names its **delivery** (``queue``, ``interrupt`` or ``steer``; else its agent's or
+channel's ``delivery`` setting, else ``queue``). :class:`Delivery` carries out the two that
+are not the lanes' ordinary acceptance:
+
+* **interrupt** is a stop of the addressed agents' lanes, for this message. In ONE
+  synchronous step: the ledger decides each lane (``StopLedger.interrupt``: its turn stale,
+  its queue dropped), what each interrupted turn was still writing is saved as it stood
+  (``cut_off("interrupt")``), and the message is accepted with the interrupt's record in its
+  own transaction (the dropped messages dequeued and marked, the interrupted agents' plans
+  cancelled): nothing can come between the decision and the message's place at the head of
+  the lane. Only once that transaction is committed is the kill applied, through the
+  stopper's one kill step (no checkpoint from the commit to the last signal). A record that
+  cannot be stored undoes the interrupt (``StopLedger.abort_interrupt``) and the send fails:
+  nothing was killed. The lane's worker runs the message once the interrupted turn has ended,
+  and stores the notice "Interrupted by a new message." in the step it learns the turn has
+  ended (``EndDecision.interrupted``), before it takes the next message: the notice follows
+  everything of the interrupted turn and precedes everything of the new one. Messages
+  queued in the lane before the interrupt are dropped, as by a stop, and named (the answer's
+  ``dropped``, the notice's count); ``corral resend`` brings one back.
+* **steer** hands the message to the running turn of its one addressed agent
+  (``RunningTurn.steer``: the ledger is asked right before the first byte is written). Once
+  written, the message is stored as a human message of that turn (``meta.steered``). Where the
+  turn cannot take it (nothing running, not started yet, its input closed, stale, an agent
+  that cannot be steered, a message to several agents) it is queued as an ordinary message,
+  and the answer's ``fallback`` says why (with a ``status`` entry when a turn was running).
+
+A stop after an interrupt supersedes it (the turn is the stop's, and the notice); an
+interrupt after a stop finds nothing to interrupt (the turn is already the stop's) and only
+puts its message first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..core.ledger import Phase, StopLedger
+from ..core.results import Accepted
+from ..store.store import Store, StoreError
+from ..turns.ports import RunningTurn
+from .lanes import Interruption, Lanes
+from .stopper import Stopper, dropped_entries
+
+log = logging.getLogger("corral")
+
+class Delivery:
+    """Interrupts and steers (see the module's theory)."""
+
+    def __init__(self, store: Store, ledger: StopLedger, lanes: Lanes, stopper: Stopper) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._lanes = lanes
+        self._stopper = stopper
+
+    async def interrupt(
+        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, hops: int, origin: str | None,
+        also: Callable[[Any, int], None] | None,
+    ) -> Accepted:
+        """Stop the targets' lanes for this message and queue it first; returns once the
+        record is committed and the kill signalled (the notice follows the teardown)."""
+        # One synchronous step from the first decision to the message's acceptance.
+        decisions = [self._ledger.interrupt(channel, target) for target in targets]
+        plans: dict[str, list[dict[str, str]]] = {}
+        for decision in decisions:
+            if decision.turn_id is None:
+                continue
+            if (turn := self._lanes.built(channel, decision.turn_id)) is not None:
+                turn.cut_off("interrupt")  # (saved as it stood, before the message: contract line 18)
+            plan = self._store.todos(channel, decision.agent)
+            if any(item["status"] in ("pending", "in_progress") for item in plan):
+                plans[decision.agent] = [
+                    {**item, "status": "cancelled"} if item["status"] in ("pending", "in_progress") else item
+                    for item in plan
+                ]
+        dropped = tuple(m.id for d in decisions for m in d.dropped)
+
+        def record(db: Any, seq: int) -> None:
+            self._store.record_interrupt(db, channel, seq, dropped, plans)
+            if also is not None:
+                also(db, seq)
+
+        acceptance = self._lanes.accept(
+            channel, targets, author, text, nudge=False, hops=hops, origin=origin, also=record,
+            meta={"delivery": "interrupt"},
+        )
+        try:
+            await acceptance.pending.committed()
+        except StoreError:
+            for decision in decisions:
+                self._ledger.abort_interrupt(decision)
+            raise
+        # Committed: the kill follows at once, no checkpoint to the last signal.
+        for agent, items in plans.items():
+            self._store.remember_todos(channel, agent, items)
+        accepted = acceptance.accepted
+        interrupted = []
+        for decision in decisions:
+            if decision.turn_id is None:
+                continue
+            self._lanes.interruptions[decision.turn_id] = Interruption(accepted.seq, dropped_entries(decision.dropped))
+            interrupted.append(decision.turn_id)
+        self._stopper.kill(((channel, turn_id) for turn_id in interrupted), "interrupt")
+        log.info("[%s] message %d interrupts %s, drops %s", channel, accepted.seq, interrupted or "nothing", dropped)
+        return replace(accepted, delivery="interrupt", interrupted=tuple(interrupted), dropped=dropped)
+
+    def steerable(self, channel: str, targets: tuple[str, ...]) -> tuple[RunningTurn | None, str | None, bool]:
+        """The turn a steered message would go to, or why there is none (it is then queued), and
+        whether the lane was busy (a fallback then says so in a ``status`` entry too)."""
+        if len(targets) != 1:
+            return None, "a message to several agents is queued for each", True
+        agent = targets[0]
+        turn = self._lanes.turns.get((channel, agent))
+        if turn is None:
+            return None, f"{agent} is not running a turn", self._ledger.is_busy(channel, agent)
+        if self._ledger.is_stale(channel, turn.turn_id):
+            return None, f"{agent}'s turn is being stopped", True
+        if self._ledger.turn_phase(channel, agent) is not Phase.STARTED:
+            return None, f"{agent}'s turn has not started yet", True
+        return turn, None, True
+
+    async def steer(
+        self, channel: str, turn: RunningTurn, author: str, text: str, *, origin: str | None,
+        also: Callable[[Any, int], None] | None,
+    ) -> Accepted | str:
+        """Hand the message to the turn; stored as its human message once written. A string: why not.
+
+        ``origin`` (a bridge's event) is recorded in the entry's transaction, as for a queued message."""
+        why = await turn.steer(text)
+        if why is not None:
+            return why
+
+        def more(db: Any, seq: int) -> None:
+            if origin is not None:
+                self._store.record_origin(db, origin, seq)
+            if also is not None:
+                also(db, seq)
+
+        meta: dict[str, object] = {"agent": turn.agent.name, "delivery": "steer", "steered": turn.turn_id}
+        if origin is not None:
+            meta["origin"] = origin
+        entry = await self._store.append(
+            channel, author, "message", text, turn=turn.turn_id, generation=turn.generation, meta=meta, also=more,
+        )
+        log.info("[%s %s] message %d steered into %s's turn", channel, turn.turn_id, entry.seq, turn.agent.name)
+        return Accepted(entry.seq, channel, turn.agent.name, turn.generation, 0, (turn.agent.name,), delivery="steer",
+                        steered=turn.turn_id)
