@@ -390,20 +390,28 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
 @click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
 @click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True,
               help="Who is speaking: NAME (a human) or agent:NAME (another bot posting for an agent).")
+@click.option("--interrupt", "delivery", flag_value="interrupt",
+              help="Stop the agent's running turn (and drop what was queued before) and run this instead.")
+@click.option("--steer", "delivery", flag_value="steer",
+              help="Hand it to the agent's running turn, where it can take one (else it is queued, and says why).")
+@click.option("--queue", "delivery", flag_value="queue", help="Queue it after the running turn (the default).")
 @_client_options
 @click.pass_obj
 def send(
     obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str,
-    config_path: str | None, as_json: bool,
+    delivery: str | None, config_path: str | None, as_json: bool,
 ) -> None:
     """Send TEXT to CHANNEL; prints the accepted seq (and says on stderr who it went to).
 
     TEXT "-" reads the text from standard input (for a long text, or one a shell would mangle).
+    Without --interrupt, --steer or --queue, the channel's (or agent's) `delivery` setting applies.
     """
     ctx = _merge(obj, as_json, config_path)
     if text == "-":
         text = sys.stdin.read()
-    result = _call(ctx, lambda c: c.send(channel, text, agent=agent, author=author, to=list(to) or None))
+    result = _call(
+        ctx, lambda c: c.send(channel, text, agent=agent, author=author, to=list(to) or None, delivery=delivery)
+    )
     if ctx.json:
         _print_json(result)
         return
@@ -418,9 +426,18 @@ def sent_line(result: dict[str, Any]) -> str:
     to = result.get("to") or []
     if not to:
         return f"stored as seq {result['seq']}, for no agent (the channel rests until a human speaks)"
+    if result.get("delivery") == "steer":
+        return f"seq {result['seq']} steered into {to[0]}'s running turn"
+    if result.get("delivery") == "interrupt":
+        interrupted = result.get("interrupted") or []
+        dropped = result.get("dropped") or []
+        what = f"interrupted {len(interrupted)} turn(s)" if interrupted else "nothing to interrupt"
+        drops = f", dropped {len(dropped)} queued message(s) ({', '.join(map(str, dropped))})" if dropped else ""
+        return f"seq {result['seq']} sent to {', '.join(to)}: {what}{drops}; it runs next"
     ahead = result.get("queued") or 0
     behind = f", behind {ahead} turn(s) of {to[0]}" if ahead else ""
-    return f"seq {result['seq']} sent to {', '.join(to)}{behind}"
+    fallback = f" (not steered: {result['fallback']})" if result.get("fallback") else ""
+    return f"seq {result['seq']} sent to {', '.join(to)}{behind}{fallback}"
 
 
 @main.command()

@@ -34,6 +34,7 @@ async def test_bad_input_is_answered_and_the_daemon_keeps_serving(short_tmp: Pat
                 ("POST", "/v1/channels/c/messages", {"content": b"{not json"}, 400, "bad_json"),
                 ("POST", "/v1/channels/c/messages", {"content": b"[1, 2]"}, 400, "bad_json"),
                 ("POST", "/v1/channels/c/messages", {"json": {"txt": "hi"}}, 400, "missing_field"),
+                ("POST", "/v1/channels/c/messages", {"json": {"text": "hi", "delivery": "now"}}, 400, "bad_field"),
                 ("POST", "/v1/channels/c/messages", {"json": {"text": "hi", "agent": "nobody"}}, 400, "bad_request"),
                 ("POST", "/v1/channels/c/messages", {"json": {"text": "x" * (MAX_MESSAGE_BYTES + 1)}}, 400, "bad_request"),
                 ("POST", "/v1/channels/c/messages", {"content": b"x" * (MAX_MESSAGE_BYTES + 200_000)}, 413, "too_large"),

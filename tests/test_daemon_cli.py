@@ -305,3 +305,36 @@ def test_the_console_script_answers_version_without_importing_click() -> None:
     code = "import sys; sys.argv = ['corral', '--version', '--json']; from supervisor._entry import main; main()"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"corral {supervisor.__version__}", "click's path still works"
+
+
+def test_send_interrupt_replaces_the_running_turn_and_a_steer_falls_back_with_its_reason(daemon: Daemon) -> None:
+    corral(daemon.folder, "send", "work", "please do a long task", check=True)
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.folder / "corral.sock")}
+    follower = subprocess.Popen([*CORRAL, "tail", "work", "--follow", "--json"], cwd=daemon.folder, env=env,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None
+        while True:
+            line = follower.stdout.readline()
+            assert line, "the follow stream ended early"
+            if "tool running" in json.loads(line)["text"]:
+                break
+    finally:
+        follower.terminate()
+        follower.wait(timeout=10)
+    queued = corral(daemon.folder, "send", "work", "queued behind it", check=True)
+    sent = corral(daemon.folder, "send", "--interrupt", "work", "do this instead", check=True)
+    assert sent.stdout.strip().isdigit()
+    assert "interrupted 1 turn(s), dropped 1 queued message(s)" in sent.stderr and "it runs next" in sent.stderr
+    assert corral(daemon.folder, "wait", "work", "--timeout", "30").returncode == 0
+    entries = [json.loads(l) for l in corral(daemon.folder, "tail", "work", "--json", check=True).stdout.splitlines()]
+    notice = next(e for e in entries if e["kind"] == "notice")
+    assert notice["text"] == "Interrupted by a new message. 1 queued message was not run."
+    assert notice["meta"]["killed"] and notice["meta"]["dropped_entries"] == [int(queued.stdout)]
+    assert not turn_processes()
+    answers = [e["text"] for e in entries if e["author"] == "agent:demo" and e["kind"] == "message"]
+    assert any("You said: do this instead" in a for a in answers)
+    assert not any("queued behind it" in a for a in answers)
+    # The demo daemon's channel is idle now: a steer has nothing to go into, and runs as a message.
+    steered = json.loads(corral(daemon.folder, "send", "--steer", "work", "and this", "--json", check=True).stdout)
+    assert steered["delivery"] == "queue" and steered["fallback"] == "demo is not running a turn"

@@ -5,7 +5,7 @@ Routes (a channel is one percent-encoded path segment, so it may contain ``/``),
 checked against:
 
 ===============================================  =============================================
-``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "to"?, "author"?}`` → 202 ``{seq, to, …}``
+``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "to"?, "author"?, "delivery"?}`` → 202 ``{seq, to, …}``
 ``POST /v1/channels/{channel}/stop``             → the stop result, once the stop is complete
 ``POST /v1/stop``                                stop every busy channel
 ``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N (``&limit=``)
@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote
 
 from ..core.errors import ShuttingDown, UsageError
+from ..core.results import DELIVERIES
 from ..core.restart import ChannelBusy
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import Draft, StoreError
@@ -342,7 +343,10 @@ class ControlAPI:
         author = fields.get("author", op.param("author").default)
         if not isinstance(author, str) or not author:
             raise HTTPError(400, "bad_field", "'author' must be a non-empty string")
-        accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author_of(author))
+        delivery = fields.get("delivery")
+        if delivery is not None and delivery not in DELIVERIES:
+            raise HTTPError(400, "bad_field", f"'delivery' must be one of {', '.join(map(repr, DELIVERIES))}")
+        accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author_of(author), delivery=delivery)
         await peer.respond(202, accepted.to_json())
 
     async def _reset(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:

@@ -64,10 +64,12 @@ class AsyncioSupervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = DEFAULT_AUTHOR,
+        author: str = DEFAULT_AUTHOR, delivery: str | None = None,
     ) -> Accepted:
         """See :meth:`Supervisor.send`."""
-        return await self._call(lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author))
+        return await self._call(
+            lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author, delivery=delivery)
+        )
 
     async def stop(self, channel: str | None = None) -> StopResult:
         """See :meth:`Supervisor.stop`."""

@@ -133,13 +133,16 @@ class Client:
 
     def send(
         self, channel: str, text: str, *, agent: str | None = None, to: list[str] | None = None,
-        author: str = DEFAULT_AUTHOR,
+        author: str = DEFAULT_AUTHOR, delivery: str | None = None,
     ) -> dict[str, Any]:
         """Queue a message (for ``agent`` and ``to``); returns ``{"seq": …}`` once it is stored.
 
         ``author``: ``human:NAME`` or ``agent:NAME``; a bare ``NAME`` is the human ``human:NAME``.
+        ``delivery``: ``"queue"``, ``"interrupt"`` or ``"steer"`` (None: the configured default).
         """
         payload: dict[str, Any] = {"text": text, "author": author}
+        if delivery:
+            payload["delivery"] = delivery
         if agent:
             payload["agent"] = agent
         if to:

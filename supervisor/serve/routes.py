@@ -111,8 +111,9 @@ OPERATIONS: Final[dict[str, Operation]] = {
         Operation(
             "send", "POST", "/v1/channels/{channel}/messages",
             (_CHANNEL, Param("text", str, "body"), Param("agent", str, "body", None, optional=True),
-             Param("to", list, "body", None, optional=True), Param("author", str, "body", DEFAULT_AUTHOR)),
-            (202,), "the accepted message once it is stored: {seq, to, generation, …}",
+             Param("to", list, "body", None, optional=True), Param("author", str, "body", DEFAULT_AUTHOR),
+             Param("delivery", str, "body", None, optional=True)),
+            (202,), "the accepted message once it is stored: {seq, to, generation, delivery, …}",
         ),
         Operation("stop", "POST", "/v1/channels/{channel}/stop", (_CHANNEL,), (200, 500),
                   "the stop result once the stop is complete (500: it could not be carried out)"),
