@@ -595,3 +595,29 @@ def test_run_again_start_over_and_the_newest_entries_in_view(browser: Browser, d
     finally:
         daemon.cli("stop", "over")
         context.close()
+
+
+def test_a_message_chosen_to_interrupt_replaces_the_running_turn(browser: Browser, daemon: DashboardDaemon) -> None:
+    context, page = _logged_in(browser, daemon)
+    try:
+        daemon.cli("send", "swap", "make the channel", check=True)
+        daemon.cli("wait", "swap", check=True)
+        _channel(page, daemon, "swap")
+        _start_long_task(page, "swap")
+        page.get_by_label("If busy").select_option("interrupt")
+        page.get_by_role("textbox", name="Message").fill("do this instead")
+        with page.expect_response("**/v1/channels/swap/messages") as answered:
+            page.get_by_role("button", name="Send").click()
+        result = answered.value.json()
+        assert result["delivery"] == "interrupt" and len(result["interrupted"]) == 1
+        expect(page.locator("#transcript > li.kind-notice .text")).to_have_text(["Interrupted by a new message."])
+        expect(page.locator("#transcript > li.author-agent.kind-message .text").last).to_have_text(
+            re.compile("You said: do this instead")
+        )
+        shown = _transcript(page)
+        notice = next(i for i, e in enumerate(shown) if e["kind"] == "notice")
+        (interrupted,) = result["interrupted"]
+        assert not [e for e in shown[notice + 1:] if e["turn"] == interrupted], "nothing of it after its notice"
+    finally:
+        daemon.cli("stop", "swap")
+        context.close()

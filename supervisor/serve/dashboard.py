@@ -258,6 +258,11 @@ def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
         "<textarea id=\"message\" name=\"text\" rows=\"2\" required></textarea>"
         "<div class=\"send-row\"><label for=\"agent\">Agent</label>"
         f"<select id=\"agent\" name=\"agent\">{options}</select>"
+        "<label for=\"delivery\">If busy</label>"
+        "<select id=\"delivery\" name=\"delivery\" title=\"What this message does to a turn the agent is running\">"
+        "<option value=\"\">the channel's default</option><option value=\"queue\">queue it</option>"
+        "<option value=\"interrupt\">interrupt the turn</option><option value=\"steer\">steer the turn</option>"
+        "</select>"
         "<button type=\"submit\">Send</button></div>"
         "<p id=\"send-error\" class=\"send-error\" role=\"alert\"></p></form>",
     )

@@ -346,6 +346,7 @@
     const form = document.getElementById("send");
     const field = document.getElementById("message");
     const agent = document.getElementById("agent");
+    const delivery = document.getElementById("delivery");
     const error = document.getElementById("send-error");
     const submit = form.querySelector("button[type=submit]");
     form.addEventListener("submit", async (event) => {
@@ -354,10 +355,13 @@
       if (!text.trim()) return;
       submit.disabled = true;
       try {
-        const { response, result } = await post(`${path}/messages`, agent.value ? { text, to: [agent.value] } : { text });
+        const body = agent.value ? { text, to: [agent.value] } : { text };
+        if (delivery.value) body.delivery = delivery.value;
+        const { response, result } = await post(`${path}/messages`, body);
         if (response.ok) {
           field.value = "";
-          error.textContent = "";
+          // A steer that could not be handed to the turn was queued: say why, as the API does.
+          error.textContent = result && result.fallback ? `Queued, not steered: ${result.fallback}` : "";
           stream.now();
         } else {
           error.textContent = `Not sent: ${result ? apiError(result, response) : response.status}`;
