@@ -374,3 +374,33 @@ async def test_an_origin_is_accepted_once_in_the_messages_transaction_on_both_en
         await store.save_cursor("bridge:mx:since", "s1").committed()
         await store.save_cursor("bridge:mx:since", "s2").committed()
         assert await store.cursor("bridge:mx:since") == "s2" and await store.cursor("bridge:mx:other") is None
+
+
+def test_interrupt_and_steer_commands_carry_their_delivery_and_interrupt_is_for_who_may_stop() -> None:
+    c = core(policy=Policy(admins=frozenset({ALICE}), users=frozenset({BOB}), stoppers=frozenset({ALICE})))
+    interrupt = c.inbound(Said("!r", "$i", ALICE, "!Interrupt  do this instead"))
+    assert isinstance(interrupt, Run) and interrupt.delivery == "interrupt" and interrupt.text == "do this instead"
+    steer = c.inbound(Said("!r", "$s", BOB, "!steer and mind the tests"))
+    assert isinstance(steer, Run) and steer.delivery == "steer" and steer.text == "and mind the tests"
+    refused = c.inbound(Said("!r", "$j", BOB, "!interrupt now"))
+    assert isinstance(refused, Ignore) and refused.why and "may not interrupt" in refused.why
+    empty = c.inbound(Said("!r", "$e", ALICE, "!interrupt"))
+    assert isinstance(empty, Answer) and "after !interrupt" in empty.text
+    plain = c.inbound(Said("!r", "$p", BOB, "!interrupting is rude"))
+    assert isinstance(plain, Run) and plain.delivery is None and plain.text == "!interrupting is rude"
+
+
+def test_an_interrupts_notice_ends_its_turn_here_and_names_back_what_it_dropped() -> None:
+    c = core(policy=Policy(admins=frozenset({ALICE}), users=frozenset({BOB})))
+    run = c.inbound(Said("!r", "$q", BOB, "queued one"))
+    assert isinstance(run, Run)
+    c.accepted(run, 20)
+    ops = c.outbound(E(23, "notice", "Interrupted by a new message. 1 queued message was not run.", "system",
+                       meta={"interrupted": "t1", "interrupted_by": 21, "dropped_entries": [20]}), "!r")
+    assert isinstance(ops[0], Post) and ops[0].text.startswith("Interrupted by a new message.")
+    assert isinstance(ops[1], FindDropped) and ops[1].stop_seq == 21
+    assert c.outbound(E(24, "message", "late", turn="t1"), "!r") == []
+    assert c.outbound(E(25, "message", "the new turn", turn="t2"), "!r")
+    dropped = E(20, "message", "queued one", f"human:{BOB}", meta={"origin": "mx:$q", "dropped_by_stop": 21})
+    [answer] = c.dropped("!r", 21, [dropped])
+    assert isinstance(answer, Post) and "> queued one" in answer.text

@@ -17,6 +17,11 @@ I/O it returns, in the order returned. Everything that decides lives here:
   the agent users it mentions, ``origin`` the event's id, so the store refuses it twice).
   Text corral would refuse (a lone surrogate, a NUL, too long) is :class:`Answer`-ed back
   with the reason, never passed on and never dropped silently.
+* **Interrupt and steer**: ``!interrupt TEXT`` sends TEXT as a message that replaces the
+  addressed agent's running turn (for whoever may stop the room's work: it stops one); ``!steer
+  TEXT`` hands TEXT to the running turn where the agent can take it (for whoever may talk; else
+  it is queued, and corral's status entry says why). The interrupted turn's notice ends it here
+  as a stop's does, and names back the queued messages it dropped.
 * **Stop** is ``!stop`` (the room's channel), ``!stop all`` (admins), or a 🛑 reaction on an
   event of the channel's current generation (a message of the running turn, or one still
   queued). It is :class:`Halt`: the runner acknowledges in the room *before* it awaits the
@@ -132,6 +137,8 @@ class Run:
     origin: str
     event: str
     """The platform event it came from (replies and reactions point at it)."""
+    delivery: str | None = None
+    """``"interrupt"`` or ``"steer"`` (``!interrupt``, ``!steer``); None: the channel's default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +334,18 @@ def plan_text(agent: str, items: list[Mapping[str, Any]], head: str | None = Non
     return "\n".join(lines)
 
 
+#: The commands that send their text with a delivery of their own (``!interrupt TEXT``).
+DELIVERY_COMMANDS = {"!interrupt": "interrupt", "!steer": "steer"}
+
+
+def parse_delivery(text: str) -> tuple[str, str] | None:
+    """``(delivery, rest)`` for ``!interrupt TEXT`` and ``!steer TEXT`` (the command's case
+    forgiven; the text kept as written); else None."""
+    head, _, rest = text.strip().partition(" ")
+    delivery = DELIVERY_COMMANDS.get(head.lower())
+    return (delivery, rest.strip()) if delivery is not None else None
+
+
 def parse_command(text: str) -> str | None:
     """``"stop"`` or ``"stop all"`` for the stop commands, ``"new"`` or ``"new stop"`` for
     starting the room's conversation over (case and spacing forgiven); else None."""
@@ -491,6 +510,16 @@ class BridgeCore:
             return Halt(event.room, channel, origin, event.event, event.sender)
         if not self.policy.may_talk(event.sender, server):
             return Ignore(f"{event.sender} may not talk to agents in {event.room}; ignored", origin)
+        delivered = parse_delivery(event.text)
+        if delivered is not None:
+            delivery, rest = delivered
+            if delivery == "interrupt" and not self.policy.may_stop(event.sender, server):
+                return Ignore(f"{event.sender} may not interrupt work in {event.room} (it stops a turn); ignored",
+                              origin)
+            if not rest:
+                return Answer(event.room, f"not run: write the message after !{delivery}", event.event, origin)
+            decision = self._said(replace(event, text=rest), channel, origin)
+            return replace(decision, delivery=delivery) if isinstance(decision, Run) else decision
         return self._said(event, channel, origin)
 
     def _said(self, event: Said, channel: str, origin: str) -> Decision:
@@ -600,6 +629,12 @@ class BridgeCore:
             return []
         if kind == "notice":
             ops: list[Op] = [Post(room, key, text, notice=True, channel=channel, seq=seq)]
+            interrupted = meta.get("interrupted")
+            if isinstance(interrupted, str):
+                # Nothing of the interrupted turn after its notice, as after a stop's.
+                self._ended.add(interrupted)
+                if meta.get("dropped_entries") and isinstance(meta.get("interrupted_by"), int):
+                    ops.append(FindDropped(room, channel, int(meta["interrupted_by"]), self._oldest_known(channel)))
             if "stop_seq" in meta:
                 self._stopped_at[channel] = max(self._stopped_at.get(channel, 0), seq)
                 for ended in [turn, *meta.get("turns", [])]:

@@ -270,7 +270,7 @@ class Bridge:
     async def _run(self, run: Run) -> None:
         try:
             accepted = await self.sup.send_from(run.origin, run.channel, run.text, author=run.author,
-                                                to=run.to or None)
+                                                to=run.to or None, delivery=run.delivery)
         except UsageError as exc:
             await self.sup.mark_origin(run.origin)
             log.info("bridge %s: not run: %s (%s in %s)", self.config.name, exc, run.author, run.room)

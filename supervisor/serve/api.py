@@ -5,7 +5,8 @@ Routes (a channel is one percent-encoded path segment, so it may contain ``/``),
 checked against:
 
 ===============================================  =============================================
-``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "to"?, "author"?, "delivery"?}`` → 202 ``{seq, to, …}``
+``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "to"?, "author"?, "delivery"?}``
+                                                 → 202 ``{seq, to, delivery, …}``
 ``POST /v1/channels/{channel}/stop``             → the stop result, once the stop is complete
 ``POST /v1/stop``                                stop every busy channel
 ``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N (``&limit=``)
@@ -44,8 +45,8 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote
 
 from ..core.errors import ShuttingDown, UsageError
-from ..core.results import DELIVERIES
 from ..core.restart import ChannelBusy
+from ..core.results import DELIVERIES
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import Draft, StoreError
 from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
