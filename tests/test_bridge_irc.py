@@ -262,3 +262,23 @@ async def test_irc_new_starts_the_conversation_over_and_never_acts_on_a_running_
         # The next message is a new conversation.
         await alice.say("hello again")
         await alice.until(alice.room_says("corral", "This is the start of conversation"))
+
+
+async def test_irc_interrupt_replaces_the_running_turn_and_nothing_of_it_follows_its_notice(
+    short_tmp: Path, ngircd: Ngircd, people: dict[str, Person]
+) -> None:
+    alice = people["alice"]
+    async with bridged(short_tmp, ngircd) as (sup, _):
+        await alice.say("start a long task")
+        await alice.until(alice.room_says("corral", "tool running"))
+        await alice.say("!interrupt say hello instead")
+        notice = await alice.until(alice.room_says("corral", "Interrupted by a new message."))
+        answer = await alice.until(alice.room_says("corral", "You said: say hello instead"))
+        assert alice.lines.index(notice) < alice.lines.index(answer)
+        entries = await sup.entries("general")
+        interrupted = next(e for e in entries if e.kind == "notice").turn
+        assert interrupted is not None and turn_processes([interrupted]) == []
+        assert [e.kind for e in entries if e.turn == interrupted][-1] == "notice"
+        humans = [e for e in entries if e.author.startswith("human:")]
+        assert [e.text for e in humans] == ["start a long task", "say hello instead"]
+        assert humans[1].meta.get("delivery") == "interrupt"
