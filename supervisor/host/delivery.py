@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..core.ledger import Phase, StopLedger
+from ..core.ledger import InterruptDecision, Phase, StopLedger
 from ..core.results import Accepted
-from ..store.store import Store, StoreError
+from ..store.store import QueuedRow, Store, StoreError
 from ..turns.ports import RunningTurn
 from .lanes import Interruption, Lanes
 from .stopper import Stopper, dropped_entries
@@ -67,18 +67,7 @@ class Delivery:
         record is committed and the kill signalled (the notice follows the teardown)."""
         # One synchronous step from the first decision to the message's acceptance.
         decisions = [self._ledger.interrupt(channel, target) for target in targets]
-        plans: dict[str, list[dict[str, str]]] = {}
-        for decision in decisions:
-            if decision.turn_id is None:
-                continue
-            if (turn := self._lanes.built(channel, decision.turn_id)) is not None:
-                turn.cut_off("interrupt")  # (saved as it stood, before the message: contract line 18)
-            plan = self._store.todos(channel, decision.agent)
-            if any(item["status"] in ("pending", "in_progress") for item in plan):
-                plans[decision.agent] = [
-                    {**item, "status": "cancelled"} if item["status"] in ("pending", "in_progress") else item
-                    for item in plan
-                ]
+        plans = self._decided(channel, decisions)
         dropped = tuple(m.id for d in decisions for m in d.dropped)
 
         def record(db: Any, seq: int) -> None:
@@ -96,19 +85,82 @@ class Delivery:
             for decision in decisions:
                 self._ledger.abort_interrupt(decision)
             raise
-        # Committed: the kill follows at once, no checkpoint to the last signal.
+        accepted = acceptance.accepted
+        interrupted = self._kill(channel, accepted.seq, decisions, plans)
+        return replace(accepted, delivery="interrupt", interrupted=interrupted, dropped=dropped)
+
+    def _decided(self, channel: str, decisions: list[InterruptDecision]) -> dict[str, list[dict[str, str]]]:
+        """(In the decisions' step) what each interrupted turn was still writing, saved as it stood
+        (before the message: contract line 18); the plans of their agents, cancelled."""
+        plans: dict[str, list[dict[str, str]]] = {}
+        for decision in decisions:
+            if decision.turn_id is None:
+                continue
+            if (turn := self._lanes.built(channel, decision.turn_id)) is not None:
+                turn.cut_off("interrupt")
+            plan = self._store.todos(channel, decision.agent)
+            if any(item["status"] in ("pending", "in_progress") for item in plan):
+                plans[decision.agent] = [
+                    {**item, "status": "cancelled"} if item["status"] in ("pending", "in_progress") else item
+                    for item in plan
+                ]
+        return plans
+
+    def _kill(
+        self, channel: str, seq: int, decisions: list[InterruptDecision], plans: dict[str, list[dict[str, str]]],
+    ) -> tuple[str, ...]:
+        """(The record committed) the kill, at once: no checkpoint to the last signal."""
         for agent, items in plans.items():
             self._store.remember_todos(channel, agent, items)
-        accepted = acceptance.accepted
         interrupted = []
         for decision in decisions:
             if decision.turn_id is None:
                 continue
-            self._lanes.interruptions[decision.turn_id] = Interruption(accepted.seq, dropped_entries(decision.dropped))
+            self._lanes.interruptions[decision.turn_id] = Interruption(seq, dropped_entries(decision.dropped))
             interrupted.append(decision.turn_id)
         self._stopper.kill(((channel, turn_id) for turn_id in interrupted), "interrupt")
-        log.info("[%s] message %d interrupts %s, drops %s", channel, accepted.seq, interrupted or "nothing", dropped)
-        return replace(accepted, delivery="interrupt", interrupted=tuple(interrupted), dropped=dropped)
+        dropped = [m.id for d in decisions for m in d.dropped]
+        log.info("[%s] message %d interrupts %s, drops %s", channel, seq, interrupted or "nothing", dropped)
+        return tuple(interrupted)
+
+    async def take_up(self, row: QueuedRow) -> None:
+        """(A fleet's owner) carry out the delivery of a message another host accepted for a
+        channel this host runs, as it is taken up: an interrupt as above (its record in a
+        transaction of its own, then the kill), a steer into the running turn (its queue row
+        dequeued) or, where the turn cannot take it, queued as any message."""
+        channel, agent = row.channel, row.agent
+        plain = replace(row, delivery=None)
+        if row.delivery == "interrupt":
+            decisions = [self._ledger.interrupt(channel, agent)]  # one step to the requeue at the lane's head
+            plans = self._decided(channel, decisions)
+            self._lanes.requeue([plain], taken_up=True)
+            dropped = tuple(m.id for m in decisions[0].dropped)
+            try:
+                await self._store.submit_interrupt(channel, row.seq, dropped, plans).committed()
+            except StoreError as exc:
+                self._ledger.abort_interrupt(decisions[0])
+                log.error("[%s] message %d could not interrupt (%s): it is queued instead", channel, row.seq, exc)
+                return
+            self._kill(channel, row.seq, decisions, plans)
+            return
+        turn, why, busy = self.steerable(channel, (agent,))
+        self._lanes.known.add(row.seq)  # (taken up: a second pick-up leaves it alone)
+        if turn is not None:
+            why = await turn.steer(row.text)
+        if why is None:
+            assert turn is not None
+            await self._store.dequeue([row.seq]).committed()
+            await self._store.append(
+                channel, "system", "status", f"Message {row.seq} was steered into {agent}'s running turn.",
+                turn=turn.turn_id, generation=turn.generation,
+            )
+            return
+        self._lanes.requeue([plain], taken_up=True)
+        if busy:
+            await self._store.append(
+                channel, "system", "status", f"Not steered ({why}): message {row.seq} is queued instead.",
+                generation=self._ledger.generation(channel),
+            )
 
     def steerable(self, channel: str, targets: tuple[str, ...]) -> tuple[RunningTurn | None, str | None, bool]:
         """The turn a steered message would go to, or why there is none (it is then queued), and

@@ -41,6 +41,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ from ..core.ledger import OutputKind, StopLedger
 from ..core.notices import Entries, Notice, Queued, Stop, Stopped, Stopping
 from ..core.results import HOST_LOST_NOTICE, STOP_SLACK, StopResult
 from ..fleet.fleet import Fleet, Found
-from ..store.store import Store, StoreError
+from ..store.store import QueuedRow, Store, StoreError
 from ..turns.ports import TurnLedger
 
 if TYPE_CHECKING:
@@ -85,11 +86,17 @@ class FleetOwnership:
         self._unconfirmed: dict[str, dict[str, float]] = {}
         """Channels taken over from hosts whose turns there are not confirmed dead: those
         hosts and their heartbeats then (a host confirms by a later one: it kills first)."""
+        self._take_up: Callable[[QueuedRow], Awaitable[None]] | None = None
+        """Carries out a taken-up message's delivery (``attach`` gives it)."""
 
-    def attach(self, lanes: Lanes, stopper: Stopper) -> None:
-        """The lanes it queues taken-up work in, and the stopper it stops and kills through."""
+    def attach(
+        self, lanes: Lanes, stopper: Stopper, take_up: Callable[[QueuedRow], Awaitable[None]] | None = None,
+    ) -> None:
+        """The lanes it queues taken-up work in, the stopper it stops and kills through, and
+        what carries out a taken-up message's delivery (``Delivery.take_up``)."""
         self._lanes = lanes
         self._stopper = stopper
+        self._take_up = take_up
         self.fleet.room = lanes.capacity.room
 
     # ------------------------------------------------------------ the port
@@ -115,11 +122,9 @@ class FleetOwnership:
             return None
         return await self._stop_elsewhere(channel, started, cpu)
 
-    async def deliver_elsewhere(self, channel: str) -> str | None:
-        """None if this host runs the channel (taking its lease if it is free); else why not."""
-        if await self._own(channel):
-            return None
-        return "the channel runs on another host of the fleet"
+    async def deliver_elsewhere(self, channel: str) -> bool:
+        """False if this host runs the channel (taking its lease if it is free)."""
+        return not await self._own(channel)
 
     def status(self) -> dict[str, Any] | None:
         """This host, its lease, what it holds, the fleet's hosts and the pinned channels."""
@@ -310,8 +315,16 @@ class FleetOwnership:
             self._taking.discard(channel)
 
     async def pick_up(self, channel: str) -> None:
-        rows = await self._store.load_queue(channel)
-        self._lanes.requeue([row for row in rows if row.seq not in self._lanes.known], taken_up=True)
+        """Queue what other hosts accepted for the channel, in order; one that asks to interrupt
+        or steer is carried out here, as it is taken up (``Delivery.take_up``)."""
+        rows = [row for row in await self._store.load_queue(channel) if row.seq not in self._lanes.known]
+        start = 0
+        for i, row in enumerate(rows):
+            if row.delivery is not None and self._take_up is not None:
+                self._lanes.requeue(rows[start:i], taken_up=True)
+                start = i + 1
+                await self._take_up(row)
+        self._lanes.requeue(rows[start:], taken_up=True)
 
     def unconfirmed(self, channel: str) -> str | None:
         """(A fleet) why a stop of a channel taken over from a host cannot be called done:

@@ -198,7 +198,7 @@ class Lanes:
     def accept(
         self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0,
         also: Callable[[Any, int], None] | None = None,
-        origin: str | None = None, meta: Mapping[str, object] | None = None,
+        origin: str | None = None, meta: Mapping[str, object] | None = None, delivery: str | None = None,
     ) -> _Acceptance:
         """``also``: more to do in the message's own transaction (a resend marks its original)."""
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
@@ -206,7 +206,7 @@ class Lanes:
         generation = self._ledger.generation(channel)
         pending = self._store.accept_message(
             channel, targets[0] if targets else None, author, text, generation=generation, nudge=nudge, to=targets,
-            hops=hops, also=also, origin=origin, meta=meta,
+            hops=hops, also=also, origin=origin, meta=meta, delivery=delivery,
         )
         assert pending.entry is not None
         seq = pending.entry.seq

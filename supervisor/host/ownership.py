@@ -66,9 +66,9 @@ class Ownership(Protocol):
         """Why a stop of the channel here cannot be called done (a silent host), if so."""
         ...
 
-    async def deliver_elsewhere(self, channel: str) -> str | None:
-        """Why an interrupting or steering message cannot be delivered here (another host runs
-        the channel: it is queued there instead); None: this host runs it."""
+    async def deliver_elsewhere(self, channel: str) -> bool:
+        """Another host runs the channel: an interrupting or steering message is carried out
+        there, by its owner, as it takes the message up."""
         ...
 
     def status(self) -> dict[str, Any] | None:
@@ -109,9 +109,9 @@ class SingleHost:
         """No other host."""
         return None
 
-    async def deliver_elsewhere(self, channel: str) -> str | None:
+    async def deliver_elsewhere(self, channel: str) -> bool:
         """Never elsewhere."""
-        return None
+        return False
 
     def status(self) -> dict[str, Any] | None:
         """No fleet."""

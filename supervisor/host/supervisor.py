@@ -166,7 +166,7 @@ class Supervisor:
         )
         self._delivery = Delivery(store, self._ledger, self._lanes, self._stopper)
         if fleet is not None:
-            fleet.attach(self._lanes, self._stopper)
+            fleet.attach(self._lanes, self._stopper, self._delivery.take_up)
 
     @property
     def reap_adopted(self) -> bool:
@@ -284,14 +284,19 @@ class Supervisor:
                 raise UsageError(f"only a human's message may {delivery}: {author!r} is not one")
             wanted = "queue"  # (a configured default applies to people, not to other bots)
         fallback = None
-        if wanted != "queue" and targets:
-            fallback = await self._ownership.deliver_elsewhere(channel)
-        if fallback is None and wanted == "interrupt" and targets:
+        if wanted != "queue" and targets and await self._ownership.deliver_elsewhere(channel):
+            # (A fleet) another host runs the channel: its owner carries the delivery out as it
+            # takes the message up (the queue row says which), and its notice says what it did.
+            return replace(await self._lanes.accept(
+                channel, targets, author, text, nudge=False, hops=hops, origin=origin, also=also,
+                meta={"delivery": wanted}, delivery=wanted,
+            ).accepted_now(), delivery=wanted)
+        if wanted == "interrupt" and targets:
             return await self._delivery.interrupt(
                 channel, targets, author, text, hops=hops, origin=origin, also=also
             )
         busy = False
-        if fallback is None and wanted == "steer" and targets:
+        if wanted == "steer" and targets:
             turn, fallback, busy = self._delivery.steerable(channel, targets)
             if turn is not None:
                 steered = await self._delivery.steer(channel, turn, author, text, origin=origin, also=also)

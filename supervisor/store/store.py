@@ -183,6 +183,12 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE hosts ADD COLUMN room INTEGER;
     """,
+    # 6: a message accepted by a fleet host that does not run its channel, asking to interrupt
+    # or steer the running turn: its delivery, for the owner to carry out as it takes it up
+    # (NULL: queued, or already carried out).
+    """
+    ALTER TABLE queue ADD COLUMN delivery TEXT;
+    """,
 )
 
 #: How many hosts one database can hold: a host of slot ``k`` takes only the seqs
@@ -380,6 +386,9 @@ class QueuedRow:
     routed_from: int | None = None
     """The seq of the entry it repeats, when it has none of its own: a hand-off's source
     entry, or the message's entry for its second and later targets."""
+    delivery: str | None = None
+    """(A fleet) ``interrupt`` or ``steer``, for the channel's owner to carry out as it takes
+    the message up from another host; None: an ordinary queued message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1052,7 +1061,7 @@ class Store:
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
         to: tuple[str, ...] = (), hops: int = 0, also: Callable[[Engine, int], None] | None = None,
-        origin: str | None = None, meta: Mapping[str, object] | None = None,
+        origin: str | None = None, meta: Mapping[str, object] | None = None, delivery: str | None = None,
     ) -> Pending:
         """A message for ``agent`` (and ``to``, its other targets): its entry and its place in
         each target's queue, in one transaction (stored and queued, or neither). Its seq is
@@ -1069,7 +1078,7 @@ class Store:
             for target, row_seq in zip(targets, [seq, *extra][: len(targets)], strict=True):
                 # A later target's row repeats the entry: it names it (its catch-up skips it).
                 source = seq if row_seq != seq else None
-                row = QueuedRow(row_seq, channel, target, author, text, generation, nudge, hops, source)
+                row = QueuedRow(row_seq, channel, target, author, text, generation, nudge, hops, source, delivery)
                 self.queue_insert(db, row)
             if author.startswith("human:"):
                 db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
@@ -1188,10 +1197,10 @@ class Store:
     def queue_insert(self, db: Engine, row: QueuedRow) -> None:
         """(In a transaction) keep an accepted message until its turn begins."""
         db.execute(
-            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge, hops, routed_from)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge), row.hops,
-             row.routed_from),
+             row.routed_from, row.delivery),
         )
         if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
             notify(db, Queued(self.host, row.channel))
@@ -1207,10 +1216,10 @@ class Store:
         """Messages accepted before a restart (or by another fleet host) and not yet run, oldest first."""
         where, params = ("WHERE channel = ?", (channel,)) if channel is not None else ("", ())
         rows = await self.query(
-            f"SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from FROM queue {where}"
-            " ORDER BY seq", params,
+            "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery"
+            f" FROM queue {where} ORDER BY seq", params,
         )
-        return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
+        return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows]
 
     async def load_channel_states(self) -> dict[str, ChannelState]:
         """Every stopped channel's generation, routing rest and repeat window as of the last run."""
@@ -1359,6 +1368,7 @@ class Store:
         messages it dropped dequeued and marked (as a stop marks them), the plans cancelled."""
         db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in dropped])
         db.executemany(f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?", [(seq, s) for s in dropped])
+        db.execute("UPDATE queue SET delivery = NULL WHERE seq = ?", (seq,))  # (a fleet's: carried out now)
         stamp = time.time()
         for agent, items in plans.items():
             db.execute(
@@ -1366,6 +1376,13 @@ class Store:
                 " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
                 (channel, agent, json.dumps(items, ensure_ascii=False), stamp),
             )
+
+    def submit_interrupt(
+        self, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
+    ) -> Pending:
+        """(A fleet's owner) the record of an interrupting message another host accepted, ``seq``:
+        as :meth:`record_interrupt`, in a transaction of its own."""
+        return self._submit(lambda db: self.record_interrupt(db, channel, seq, dropped, plans))
 
     def remember_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> None:
         """Update the cached plan after a write that stored it (a stop's record) committed."""
@@ -1410,7 +1427,7 @@ class Store:
         def take(db: Engine) -> TakeOver:
             state = db.query("SELECT generation, rests, stopped FROM generations WHERE channel = ?", (channel,))
             rows = db.query(
-                "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from FROM queue"
+                "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery FROM queue"
                 " WHERE channel = ? ORDER BY seq", (channel,),
             )
             todos = db.query("SELECT agent, items FROM todos WHERE channel = ?", (channel,))
@@ -1425,7 +1442,7 @@ class Store:
             beats = dict(db.query("SELECT host, heartbeat FROM hosts"))
             return TakeOver(
                 ChannelState(int(state[0][0]), bool(state[0][1]), bool(state[0][2])) if state else None,
-                [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows],
+                [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows],
                 {a: json.loads(items) for a, items in todos},
                 {a: (None if a in forgotten else sid, cwd) for a, sid, cwd in sessions},
                 ended,
