@@ -557,3 +557,14 @@ def test_a_toml_syntax_error_names_the_file_not_a_dash(tmp_path: Path) -> None:
     line = str(info.value.problems[0])
     assert line.startswith(f"{file}: not valid TOML") and ": -:" not in line, line
     assert str(file) in info.value.problems[0].fix
+
+
+def test_delivery_defaults_per_channel_then_agent_and_a_bad_one_is_named_with_a_fix(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, '[defaults]\nagent = "demo"\n' + DEMO + 'delivery = "steer"\n[agents.other]\nadapter = "demo"\n'
+                               '[channels.swap]\nagents = ["demo", "other"]\ndelivery = "interrupt"\n'))
+    assert config.delivery("swap", "demo") == "interrupt"  # the channel's wins
+    assert config.delivery("elsewhere", "demo") == "steer"  # else the agent's
+    assert config.delivery("elsewhere", "other") == "queue"  # else queue
+    problems = problems_of(tmp_path, DEMO + 'delivery = "interupt"\n[channels.c]\nagents = ["demo"]\ndelivery = 1\n')
+    assert by_key(problems, "agents.demo.delivery").fix == "did you mean 'interrupt'?"
+    assert "expected a string" in by_key(problems, "channels.c.delivery").message

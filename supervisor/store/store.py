@@ -1234,16 +1234,20 @@ class Store:
         self, channel: str, agent: str, *, after: int | None, before: int, skip: int | None, limit: int
     ) -> tuple[list[tuple[str, str]], int]:
         """The channel's ``message`` entries the agent has not seen: after ``after``, before
-        ``before``, by a human or another agent, not dropped by a stop, not ``skip``.
+        ``before``, by a human or another agent, not dropped by a stop, not steered into the
+        agent's own turn, not ``skip``.
         Returns the newest ``limit`` of them (author, text), oldest first, and how many
         there are in all."""
         where = (
             "channel = ? AND kind = 'message' AND seq > ? AND seq < ? AND seq != ? AND author != ?"
             " AND (author LIKE 'human:%' OR author LIKE 'agent:%')"
             f" AND {self._db.json_get('meta', 'dropped_by_stop')} IS NULL"
+            # A message steered into this agent's turn reached it then: not again.
+            f" AND ({self._db.json_get('meta', 'steered')} IS NULL OR {self._db.json_get('meta', 'agent')} != ?)"
         )
         params = (
-            channel, after if after is not None else 0, before, skip if skip is not None else -1, f"agent:{agent}"
+            channel, after if after is not None else 0, before, skip if skip is not None else -1, f"agent:{agent}",
+            agent,
         )
         ((total,),) = await self.query(f"SELECT count(*) FROM entries WHERE {where}", params)
         rows = await self.query(f"SELECT author, text FROM entries WHERE {where} ORDER BY seq DESC LIMIT ?",
