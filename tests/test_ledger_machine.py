@@ -40,7 +40,7 @@ class _Msg:
     generation: int
     stops_before: int
     """How many non-repeat stops of its channel happened before it was accepted."""
-    fate: str = "queued"  # queued | taken | dropped
+    fate: str = "queued"  # queued | taken | dropped | replaced (dropped by an interrupt)
     hops: int = 0
     routed: bool = False
 
@@ -92,7 +92,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.msgs: dict[int, _Msg] = {}
         self.turns: list[tuple[str, str]] = []  # every turn ever taken: (channel, turn_id)
         self.turn_agent: dict[str, str] = {}
-        self.stale: set[str] = set()  # turns a non-repeat stop made stale
+        self.stale: set[str] = set()  # turns a non-repeat stop (or an interrupt) made stale
+        self.stopped: set[str] = set()  # turns a non-repeat stop made stale
+        self.interrupted: set[str] = set()  # turns an interrupt made stale
         self.turn_message: dict[str, int] = {}
         self.next_id = 0
 
@@ -181,6 +183,7 @@ class LedgerMachine(RuleBasedStateMachine):
             lane.ghosts.clear()
             if lane.turn is not None:
                 self.stale.add(lane.turn)
+                self.stopped.add(lane.turn)
 
     def _take(self, channel: str, agent: str) -> None:
         model = self.chans[channel]
@@ -230,6 +233,8 @@ class LedgerMachine(RuleBasedStateMachine):
         lane.turn = None
         lane.started = False
         assert decision.stale == stale
+        # Contract 19: the interrupt's notice is owed by the turn's end, unless a stop came since.
+        assert decision.interrupted == (turn_id in self.interrupted and turn_id not in self.stopped)
         # Contract 9 and the nudge rules: only after an ok, current turn with unfinished todos
         # and nothing queued in its lane; never after a stop; at most the limit in a row.
         row_limit = self.max_nudges if limit is None else limit
@@ -391,6 +396,32 @@ class LedgerMachine(RuleBasedStateMachine):
         assert {name: self._snapshot(name) for name in others} == others
 
     @rule(channel=channels, agent=agents)
+    def interrupt(self, channel: str, agent: str) -> None:
+        """A human's message interrupts the agent's lane: decided, then accepted in the same step."""
+        model = self.chans[channel]
+        lane = model.lanes[agent]
+        others = {a: (list(o.queue), o.turn) for a, o in model.lanes.items() if a != agent}
+        window = model.ticket_since_stop
+        decision = self.ledger.interrupt(channel, agent)
+        # Contract 19: only this lane; its running turn unless a stop (or interrupt) already made it stale.
+        assert decision.channel == channel and decision.agent == agent
+        assert decision.turn_id == (lane.turn if lane.turn is not None and lane.turn not in self.stale else None)
+        assert sorted(m.id for m in decision.dropped) == sorted(lane.ghosts + lane.queue)
+        for message in decision.dropped:
+            record = self.msgs[message.id]
+            if record.fate == "queued":
+                record.fate = "replaced"
+        lane.queue.clear()
+        lane.ghosts.clear()
+        if decision.turn_id is not None:
+            self.stale.add(decision.turn_id)
+            self.interrupted.add(decision.turn_id)
+        assert self.ledger.generation(channel) == model.generation  # no stop: the generation stays
+        assert {a: (list(o.queue), o.turn) for a, o in model.lanes.items() if a != agent} == others
+        assert model.ticket_since_stop == window
+        self._accept(channel, agent, human=True, nudge=False)
+
+    @rule(channel=channels, agent=agents)
     def take(self, channel: str, agent: str) -> None:
         self._take(channel, agent)
 
@@ -460,6 +491,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 lane.turn = None
                 lane.started = False
                 lane.nudges_in_row = 0
+                # (Only a stop's drops can come back: an interrupt's record is the interrupting
+                # message's own transaction, so its drops are gone from the store with it.)
                 dropped = sorted(
                     i for i, r in self.msgs.items() if r.channel == name and r.agent == agent and r.fate == "dropped"
                 )
