@@ -27,6 +27,7 @@ from supervisor import Config, Supervisor, open_supervisor, parse_config
 from supervisor.bridges.core import STOP_REACTION
 from supervisor.bridges.runner import Bridge, run_bridge
 from supervisor.host.supervisor import STOP_NOTICE
+from supervisor.core.results import INTERRUPT_NOTICE
 
 pytestmark = pytest.mark.bridges
 
@@ -399,3 +400,22 @@ async def test_live_output_is_one_message_edited_at_most_once_a_second_and_the_s
         assert all(b - a >= 900 for a, b in zip(stamps, stamps[1:], strict=False)), stamps
         # No second message for the saved text: the draft's message became it.
         assert not [e for e in events if body(e) == saved.text and "m.new_content" not in e["content"]]
+
+
+async def test_interrupt_from_the_room_replaces_the_turn_and_names_back_what_it_dropped(world: World) -> None:
+    async with world.running() as (sup, _):
+        await _long_task(world, sup)
+        bob = world.human("bob")
+        await bob.say(world.room, "then say hello to bob")
+        await world.alice.wait_for(world.room, lambda e: is_text(e, bob.user, "then say hello"))
+        await world.alice.say(world.room, "!interrupt just say hi instead")
+        notice = await world.alice.wait_for(world.room, lambda e: body(e).startswith(INTERRUPT_NOTICE))
+        answer = await world.alice.wait_for(world.room, lambda e: is_text(e, world.accounts.demo[0],
+                                                                           "You said: just say hi instead"))
+        named = await world.alice.wait_for(world.room, lambda e: "not run" in body(e) and bob.user in body(e))
+        events = world.alice.events[world.room]
+        assert events.index(notice) < events.index(answer) and "> then say hello to bob" in body(named)
+        entries = await sup.entries(world.channel)
+        interrupted = next(e for e in entries if e.kind == "notice").turn
+        assert interrupted is not None and turn_processes([interrupted]) == []
+        assert [e.kind for e in entries if e.turn == interrupted][-1] == "notice"
