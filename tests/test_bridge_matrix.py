@@ -26,8 +26,8 @@ from conftest import KILL, turn_processes
 from supervisor import Config, Supervisor, open_supervisor, parse_config
 from supervisor.bridges.core import STOP_REACTION
 from supervisor.bridges.runner import Bridge, run_bridge
-from supervisor.host.supervisor import STOP_NOTICE
 from supervisor.core.results import INTERRUPT_NOTICE
+from supervisor.host.supervisor import STOP_NOTICE
 
 pytestmark = pytest.mark.bridges
 
