@@ -38,6 +38,18 @@ the same time. Every trial checks every line of the stop contract it can observe
   (``CORRAL_TURN`` marker, or a cwd in the channel's working folder);
 * the follow-up ran under the stop's generation; the other channel was untouched.
 
+**Interrupt trials** (``--kinds interrupt``; not drawn unless asked, so earlier seeds replay
+as they did): a job on one agent, then a message with ``"delivery": "interrupt"`` at a random
+moment (right after the send, once the turn prepares or spawns, after 0-300 ms, with a second
+message queued behind the first, or after the reply), sometimes with a second interrupt right
+after it, a stop right after it, or a stop right before it. Checked (contract line 19): no
+process of an interrupted turn alive when a follower sees its notice; exactly one notice per
+interrupted turn — its own, or the stop's that came after — and no entry of it after that; no
+interrupt notice for a turn no interrupt named, and none after a stop came first; a message
+the interrupt (or a second interrupt, or a stop after it) dropped never starts once that was
+decided (the start stamps); the last interrupting message runs unless a stop came after it;
+the SIGINT flush is never stored; nothing of the trial alive at its end.
+
 **Multi-agent trials** (``--kinds``: ``single``, ``multi``, or both, the default) run in a
 channel of three ring agents ``ma``, ``mb``, ``mc`` (the chaos agent plain, on stdin and
 stubborn; ``[defaults] max_hops = 4``) that hand work on by ``@mentions``: a chain (one agent
@@ -95,7 +107,12 @@ AGENTS = ("plain", "stdin", "stubborn")
 RING = ("ma", "mb", "mc")
 #: ``[defaults] max_hops`` of the chaos daemon.
 MAX_HOPS = 4
-KINDS = ("single", "multi")
+KINDS = ("single", "multi", "interrupt")
+#: The kinds ``--kinds`` draws from unless told (the seeds of earlier runs replay as they did).
+DEFAULT_KINDS = ("single", "multi")
+#: When an interrupt trial interrupts its first turn, and what comes with it.
+INTERRUPT_MOMENTS = ("now", "preparing", "spawning", "delay", "queued", "done")
+INTERRUPT_EXTRAS = (None, None, "double", "stop", "stop-first")
 MULTI_JOBS = ("chain", "chainlong", "chainlong", "fan")
 #: Agent turns a job's chain may take at most (the human's message's turn, then one per hop).
 MULTI_TURNS = {"chain": MAX_HOPS + 1, "chainlong": MAX_HOPS + 1, "fan": 1 + 2 * MAX_HOPS}
@@ -167,10 +184,13 @@ class API:
         await self.http.aclose()
 
     async def send(
-        self, channel: str, text: str, agent: str | None = None, author: str | None = None
+        self, channel: str, text: str, agent: str | None = None, author: str | None = None,
+        delivery: str | None = None,
     ) -> dict[str, Any]:
-        """POST a message (to ``agent``, or as addressed; by ``author``); the accepted seq, generation, ``to``."""
-        body = {"text": text, **({"agent": agent} if agent else {}), **({"author": author} if author else {})}
+        """POST a message (to ``agent``, or as addressed; by ``author``; ``delivery``); the accepted
+        seq, generation, ``to`` (and what an interrupt interrupted and dropped)."""
+        body = {"text": text, **({"agent": agent} if agent else {}), **({"author": author} if author else {}),
+                **({"delivery": delivery} if delivery else {})}
         r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/messages", json=body)
         if r.status_code != 202:
             raise RuntimeError(f"send to {channel}: HTTP {r.status_code} {r.text[:200]}")
@@ -314,7 +334,9 @@ class Trial:
     killed: int = 0
     swept: int = 0
     kind: str = "single"
-    """single | multi (a channel of the ring agents, handing work on)"""
+    """single | multi (a channel of the ring agents, handing work on) | interrupt (a message that
+    interrupts the turn instead of a stop; ``repeat`` then says what comes with it: None, double — a
+    second interrupt right after —, stop — a stop right after —, stop-first — a stop right before)"""
     hand_offs: int = 1
     """Multi, moment ``handoff``: stop once this many hand-off messages are stored."""
     bot: bool = False
@@ -332,6 +354,9 @@ class Trial:
     def describe(self) -> str:
         """The trial's choices, for a violation report."""
         moment = f"delay {self.delay * 1000:.0f} ms" if self.moment == "delay" else self.moment
+        if self.kind == "interrupt":
+            return (f"trial {self.index} (interrupt): {self.job} on {self.agent}, interrupted at {moment}, "
+                    f"with {self.repeat}")
         if self.kind == "multi":
             moment = f"hand-off {self.hand_offs}" if self.moment == "handoff" else moment
             return (
@@ -389,6 +414,15 @@ def choose_multi(index: int, rng: random.Random) -> Trial:
         bot=rng.random() < 0.5,
         again=lift and rng.random() < 0.3,
     )
+
+
+def choose_interrupt(index: int, rng: random.Random) -> Trial:
+    """An interrupt trial's random choices."""
+    job = rng.choice(["long", "long", "short", "burst"])
+    moments = [m for m in INTERRUPT_MOMENTS if m != "done" or job != "long"]
+    return Trial(index=index, agent=rng.choice(AGENTS), job=job, moment=rng.choice(moments),
+                 delay=rng.uniform(0.0, 0.3), repeat=rng.choice(INTERRUPT_EXTRAS), follow_up=False, other=False,
+                 kind="interrupt")
 
 
 def _hand_off_of(ident: str) -> Any:
@@ -451,7 +485,8 @@ class Runner:
     async def run(self, trial: Trial) -> None:
         """Run one trial; its violations end up in ``trial.violations``."""
         try:
-            await (self._run_multi if trial.kind == "multi" else self._run)(trial)
+            run = {"multi": self._run_multi, "interrupt": self._run_interrupt}.get(trial.kind, self._run)
+            await run(trial)
         except Exception as exc:  # noqa: BLE001 - a harness failure is reported like a violation
             leaves = list(_leaves(exc))
             trial.violate("trial-failed", "; ".join(f"{type(e).__name__}: {e}" for e in leaves))
@@ -558,6 +593,112 @@ class Runner:
         alive = await trio.to_thread.run_sync(_turn_processes, self.home, turns, cwds)
         if alive:
             trial.violate("alive-at-trial-end", f"{alive}")
+            kill_by_pid(alive, wait=None)
+
+    async def _run_interrupt(self, trial: Trial) -> None:
+        """A message interrupts the turn (contract line 19), at a random moment, sometimes with a
+        second interrupt, or a stop right after or right before it."""
+        api, v = self.api, trial.violate
+        channel, ident = f"c{trial.index}", f"t{trial.index}"
+        replaced = []  # messages that must never start once the interrupt is decided
+        await api.send(channel, f"{trial.job} {ident}a", trial.agent)
+        if trial.moment == "queued":
+            await api.send(channel, f"short {ident}b", trial.agent)
+            replaced.append(f"{ident}b")
+        if trial.moment in ("delay", "queued"):
+            await trio.sleep(trial.delay)
+        elif trial.moment == "done":
+            await api.wait(channel)
+        elif trial.moment in ("preparing", "spawning"):
+            await self.wait_trace(channel, trial.moment)
+        stops: list[dict[str, Any]] = []
+        if trial.repeat == "stop-first":
+            stops.append(await api.stop(channel))
+        at_notice: list[Found] = []
+
+        async def processes_at_the_notice(turn: str, after: int) -> None:
+            # The lane stores the notice once the interrupted turn's teardown is over: its
+            # processes are gone by the time a follower sees it.
+            def noticed(e: dict[str, Any]) -> bool:
+                return bool(e["kind"] == "notice" and e["turn"] == turn)
+
+            with trio.move_on_after(WAIT_S):
+                await api.follow_until(channel, noticed, after)
+                at_notice.extend(await trio.to_thread.run_sync(_turn_processes, self.home, {turn}))
+
+        t_interrupt = time.monotonic()
+        first = await api.send(channel, f"short {ident}i", trial.agent, delivery="interrupt")
+        trial.stop_ms = (time.monotonic() - t_interrupt) * 1000
+        second: dict[str, Any] | None = None
+        async with trio.open_nursery() as nursery:
+            for turn in first.get("interrupted", []):
+                nursery.start_soon(processes_at_the_notice, turn, first["seq"])
+            if trial.repeat == "double":
+                second = await api.send(channel, f"short {ident}j", trial.agent, delivery="interrupt")
+            elif trial.repeat == "stop":
+                stops.append(await api.stop(channel))
+            if not await api.wait(channel):
+                v("busy", f"{channel} still busy after {WAIT_S:g} s")
+                nursery.cancel_scope.cancel()
+        if at_notice:
+            v("alive-at-the-interrupt-notice", f"{at_notice}")
+            kill_by_pid(at_notice, wait=None)
+        entries = await api.entries(channel)
+        self.evidence.refresh()
+        ev = self.evidence
+        trial.ended_turn = bool(first.get("interrupted"))
+        if first.get("delivery") != "interrupt":
+            v("interrupt", f"answered delivery {first.get('delivery')!r}")
+        for r in stops:
+            if r.get("http_status") != 200 or not r.get("ok"):
+                v("stop-failed", f"HTTP {r.get('http_status')}: {r.get('error')}")
+        leftovers = [e for e in entries if FLUSH_TEXT in e["text"]]
+        if leftovers:
+            v("leftover-output-stored", _brief(leftovers))
+        if trial.repeat == "stop-first" and first.get("interrupted"):
+            v("interrupt-after-stop", f"interrupted {first['interrupted']}, the stop's to end already")
+        stopped_after = {t for r in stops if trial.repeat == "stop" for t in r.get("stopped_turns", [])}
+        interrupted = [*first.get("interrupted", []), *((second or {}).get("interrupted", []))]
+        notices = [e for e in entries if e["kind"] == "notice"]
+        for n in notices:
+            turn = n["meta"].get("interrupted")
+            if turn is not None and turn not in interrupted:
+                v("stray-interrupt-notice", _brief([n]))
+        for turn in interrupted:
+            own = [n for n in notices if n["meta"].get("interrupted") == turn]
+            covered = [n for n in notices if "stop_seq" in n["meta"] and turn in stopped_after]
+            if covered:
+                if own:
+                    v("interrupt-notice-after-a-stop", f"turn {turn}: {_brief(own)}")
+                mine = covered
+            elif len(own) != 1:
+                v("interrupt-notice-count", f"turn {turn}: {len(own)} notice(s): {_brief(own)}")
+                mine = own
+            else:
+                mine = own
+            if mine:
+                late = [e for e in entries if e["turn"] == turn and e["seq"] > mine[0]["seq"]]
+                if late:
+                    v("entry-after-notice", _brief(late))
+        # What an interrupt dropped never starts once it is decided; nor what a stop after it dropped.
+        if second is not None and first["seq"] in second.get("dropped", []):
+            replaced.append(f"{ident}i")
+        t_stop = min((s["t"] for s in ev.stops.get(channel, []) if not s["repeat"]), default=None)
+        if trial.repeat == "stop" and t_stop is not None:
+            for stamp in ev.started.get(f"{ident}i", []):
+                if ev.spawned.get(stamp["turn"], float("inf")) > t_stop:
+                    v("dropped-message-ran", f"the interrupting message started turn {stamp['turn']} after the stop")
+        for name in replaced:
+            for stamp in ev.started.get(name, []):
+                if ev.spawned.get(stamp["turn"], float("inf")) > t_interrupt:
+                    v("replaced-message-ran", f"message {name} started turn {stamp['turn']} after the interrupt")
+        last = f"{ident}j" if second is not None else f"{ident}i"
+        if trial.repeat != "stop" and not ev.started.get(last):
+            v("interrupting-message-never-ran", f"{last}: {_brief(entries[-4:])}")
+        turns = {e["turn"] for e in entries if e["turn"]} | {r["turn"] for r in ev.prepared.get(channel, [])}
+        alive = await trio.to_thread.run_sync(_turn_processes, self.home, turns, (self.cwd_of(trial.agent, channel),))
+        if alive:
+            v("alive-at-trial-end", f"{alive}")
             kill_by_pid(alive, wait=None)
 
     def check_stop(
@@ -974,9 +1115,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--kinds",
-        default=",".join(KINDS),
+        default=",".join(DEFAULT_KINDS),
         help="comma-separated trial kinds to draw from: single (one agent per channel), multi (the ring agents "
-        "handing work on); default both. --moments applies to single trials",
+        "handing work on), interrupt (a message interrupts the turn: contract line 19); default single,multi. "
+        "--moments applies to single trials",
     )
     parser.add_argument(
         "--fleet", action="store_true",
@@ -1009,8 +1151,10 @@ def main() -> int:
         print(json.dumps(fleet_summary) if args.json else json.dumps(fleet_summary, indent=2))
         return 1 if fleet_summary["violations"] else 0
     rng = random.Random(seed)
+    choosers = {"multi": choose_multi, "interrupt": choose_interrupt}
     trials = [
-        choose_multi(i, rng) if rng.choice(kinds) == "multi" else choose(i, rng, moments) for i in range(count)
+        (choosers[kind](i, rng) if (kind := rng.choice(kinds)) in choosers else choose(i, rng, moments))
+        for i in range(count)
     ]
     root = short_tmp("cc-")
     say = (lambda *a, **k: None) if args.json else print
@@ -1110,7 +1254,7 @@ def main() -> int:
         say(
             f"(replay with --seed {seed}{' --quick' if args.quick else f' --trials {count}'}"
             f"{f' --seed-bug {args.seed_bug}' if args.seed_bug else ''}"
-            f"{f' --kinds {args.kinds}' if kinds != KINDS else ''}; daemon log kept in {root}/daemon.log)"
+            f"{f' --kinds {args.kinds}' if kinds != DEFAULT_KINDS else ''}; daemon log kept in {root}/daemon.log)"
         )
     else:
         shutil.rmtree(root, ignore_errors=True)
