@@ -290,3 +290,32 @@ async def test_contract_19_a_steer_to_an_idle_channel_runs_as_a_message(short_tm
         await wait_entry(sup, "ch", answered("hello"))
         await idle(sup, "ch")
         assert not [e for e in await sup.entries("ch") if e.kind == "status" and e.text.startswith("Not steered")]
+
+
+async def test_contract_19_an_interrupt_of_an_acp_turn_cancels_its_prompt_kills_its_tool_and_the_agent_serves_it(
+    short_tmp: Path,
+) -> None:
+    from test_acp_turns import agent_pid, fake, wait_file
+
+    from supervisor.testing import read_pid
+    from tests.fakemodel.rig import write_tool_script
+
+    tool = write_tool_script(short_tmp)
+    pid_file = short_tmp / "tool.pid"
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        await sup.send("c", f"[[tool:sh {tool} {pid_file}]] [[say:never said]]")
+        child = await wait_file(pid_file)
+        grandchild = read_pid(Path(f"{pid_file}.setsid"))
+        pid = agent_pid(sup, "c")
+        accepted = await sup.send("c", "[[say:instead]]", delivery="interrupt")
+        assert len(accepted.interrupted) == 1
+        notice = await wait_entry(sup, "c", lambda e: e.kind == "notice")
+        assert not alive(child) and not alive(grandchild), "the fake leaves its tool running: corral kills it"
+        answer = await wait_entry(sup, "c", lambda e: e.kind == "message" and e.text.startswith("instead"))
+        await idle(sup, "c")
+        assert agent_pid(sup, "c") == pid  # the agent acknowledged its cancel: the same process serves on
+        entries = await sup.entries("c")
+    assert notice.text == INTERRUPT_NOTICE and notice.turn == accepted.interrupted[0]
+    assert notice.seq < answer.seq
+    assert not any("never said" in e.text for e in entries if e.author.startswith("agent:"))
