@@ -600,11 +600,10 @@ class Runner:
         second interrupt, or a stop right after or right before it."""
         api, v = self.api, trial.violate
         channel, ident = f"c{trial.index}", f"t{trial.index}"
-        replaced = []  # messages that must never start once the interrupt is decided
-        await api.send(channel, f"{trial.job} {ident}a", trial.agent)
+        sent: dict[int, str] = {}  # seq -> ident of the messages sent before the interrupt
+        sent[(await api.send(channel, f"{trial.job} {ident}a", trial.agent))["seq"]] = f"{ident}a"
         if trial.moment == "queued":
-            await api.send(channel, f"short {ident}b", trial.agent)
-            replaced.append(f"{ident}b")
+            sent[(await api.send(channel, f"short {ident}b", trial.agent))["seq"]] = f"{ident}b"
         if trial.moment in ("delay", "queued"):
             await trio.sleep(trial.delay)
         elif trial.moment == "done":
@@ -680,9 +679,10 @@ class Runner:
                 late = [e for e in entries if e["turn"] == turn and e["seq"] > mine[0]["seq"]]
                 if late:
                     v("entry-after-notice", _brief(late))
-        # What an interrupt dropped never starts once it is decided; nor what a stop after it dropped.
-        if second is not None and first["seq"] in second.get("dropped", []):
-            replaced.append(f"{ident}i")
+        # What an interrupt dropped (still queued when it was decided: it had not started) never
+        # starts; nor what a stop after it dropped.
+        sent[first["seq"]] = f"{ident}i"
+        replaced = [sent[seq] for answer in (first, second or {}) for seq in answer.get("dropped", []) if seq in sent]
         t_stop = min((s["t"] for s in ev.stops.get(channel, []) if not s["repeat"]), default=None)
         if trial.repeat == "stop" and t_stop is not None:
             for stamp in ev.started.get(f"{ident}i", []):
@@ -690,7 +690,15 @@ class Runner:
                     v("dropped-message-ran", f"the interrupting message started turn {stamp['turn']} after the stop")
         for name in replaced:
             for stamp in ev.started.get(name, []):
-                if ev.spawned.get(stamp["turn"], float("inf")) > t_interrupt:
+                v("replaced-message-ran", f"message {name}, dropped by an interrupt, started turn {stamp['turn']}")
+        # And whatever the daemon answered: a message sent before the interrupt starts a turn after
+        # the interrupting message was accepted only as the turn it interrupted.
+        accepted_at = next((r["t"] for r in ev.accepts.get(channel, []) if r["seq"] == first["seq"]), None)
+        for seq, name in sent.items():
+            if seq == first["seq"] or accepted_at is None:
+                continue
+            for stamp in ev.started.get(name, []):
+                if ev.spawned.get(stamp["turn"], -1.0) > accepted_at and stamp["turn"] not in interrupted:
                     v("replaced-message-ran", f"message {name} started turn {stamp['turn']} after the interrupt")
         last = f"{ident}j" if second is not None else f"{ident}i"
         if trial.repeat != "stop" and not ev.started.get(last):
