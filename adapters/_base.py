@@ -7,10 +7,16 @@ An adapter is data plus two pure functions, in the style of h11: it never touche
 process, a file or a socket. The supervisor asks it
 
 1. ``build_launch(request) -> Launch``: the argv, the environment additions, the working
-   directory, what to write on stdin (or ``None`` for ``/dev/null``), and any private files
-   the CLI needs in its HOME (written by the supervisor before the spawn);
+   directory, what to write on stdin (or ``None`` for ``/dev/null``) and whether stdin then
+   stays open for messages handed to the running turn, and any private files the CLI needs
+   in its HOME (written by the supervisor before the spawn);
 2. ``new_parser(request) -> Parser``: a small state machine that turns one decoded stdout
    line into zero or more events, and is told once how the process ended.
+
+An adapter whose CLI takes a message mid-turn ("steering") says so as data too: its
+``steer`` encodes one message as the bytes written on that open stdin (pure; the
+supervisor writes them, asking the ledger first, and closes stdin at the turn's
+:class:`Result`).
 
 Events are frozen, slotted dataclasses. The supervisor maps them to transcript entries;
 after a stop it keeps only :class:`SessionId` from the leftover lines.
@@ -155,7 +161,11 @@ class Launch:
     """Variables added to the scrubbed environment."""
     cwd: str = "."
     stdin: bytes | None = None
-    """``None``: stdin is ``/dev/null``. Bytes: written to a pipe, then closed."""
+    """``None``: stdin is ``/dev/null``. Bytes: written to a pipe (nothing, if empty), then
+    closed — unless ``keep_stdin``."""
+    keep_stdin: bool = False
+    """The pipe stays open after ``stdin`` for the adapter's ``steer`` messages, until the
+    parser reports the turn's :class:`Result` (or the process ends); then it is closed."""
     files: Mapping[str, str] = field(default_factory=dict)
     """Files to create before the spawn, by path (absolute, or relative to HOME)."""
 
@@ -199,6 +209,9 @@ class Adapter:
     """``per_turn``: a CLI process per turn, its stdout parsed line by line (``new_parser``).
     ``persistent``: one long-lived agent process per (channel, agent) that each turn prompts
     (ACP); ``build_launch`` then starts that process and ``new_parser`` is never called."""
+    steer: Callable[[str], bytes] | None = None
+    """How one message handed to the running turn is written on its stdin (a launch with
+    ``keep_stdin``); None: this CLI cannot take a message mid-turn, and it is queued."""
 
 
 def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:

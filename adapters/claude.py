@@ -1,15 +1,28 @@
-"""The ``claude`` adapter: Claude Code in print mode with ``stream-json`` output.
+"""The ``claude`` adapter: Claude Code in print mode with ``stream-json`` input and output.
 
 Theory of operation
 -------------------
 
-A turn is ``claude -p --output-format stream-json --verbose --include-partial-messages [flags]``
-with the prompt on
-stdin (print mode reads it there): out of argv, where other users could read it, and out of
-reach of the option parser, so a prompt that starts with ``-`` is never an option and the
-variadic options a user may put in ``args`` (``--allowedTools A B``) cannot eat it.
+A turn is ``claude -p --input-format stream-json --output-format stream-json --verbose
+--include-partial-messages [flags]`` with the prompt on stdin, as one JSON line
+``{"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": …}]}}``:
+out of argv, where other users could read it, and out of reach of the option parser, so a
+prompt that starts with ``-`` is never an option and the variadic options a user may put in
+``args`` (``--allowedTools A B``) cannot eat it.
 A resumed turn adds ``--resume SESSION_ID``; Claude Code keeps the same id on resume, and
 finds the conversation only from the same working directory.
+
+stdin stays open after the prompt (``keep_stdin``) so that a message handed to the running
+turn (:func:`user_message`, the adapter's ``steer``) is written there as another such line.
+Measured with 2.1.197: one written while a tool runs is carried into the *next* model
+request, as a message "The user sent a new message while you were working:\nTEXT" — the
+turn takes it mid-turn; one written while the model streams text, with no tool boundary
+left, is answered after the first ``result`` as a second answer of the same process
+(another ``system/init`` … ``result``), even when stdin is closed right after the first
+``result``. corral closes stdin at that first ``result`` (the CLI would otherwise wait for
+more input), so a later message is queued, and reads stdout to its end: the second answer
+belongs to this turn. Only user messages are written, never a control request (which would
+need a ``request_id``).
 
 stdout is one JSON object per line (measured with 2.1.197, see
 ``tests/data/captures/claude/``):
@@ -50,6 +63,7 @@ The plan tool: Claude Code 2.1 replaced ``TodoWrite`` by ``TaskCreate``/``TaskUp
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -131,9 +145,24 @@ QUIET_TYPES: frozenset[str] = frozenset({"rate_limit_event", "keep_alive", "tool
 PARTIAL_ARGS: tuple[str, ...] = ("--include-partial-messages",)
 
 
+#: Read the prompt, and every message after it, as JSON lines on stdin.
+INPUT_ARGS: tuple[str, ...] = ("--input-format", "stream-json")
+
+
+def user_message(text: str) -> bytes:
+    """One message from the user as a line of the CLI's stream-json input (the prompt, and
+    each message handed to the running turn): JSON escapes every newline of ``text``, so a
+    message is always exactly one line, and (ASCII escapes) any string encodes, even one with
+    a lone surrogate."""
+    message = {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]}}
+    return json.dumps(message).encode() + b"\n"
+
+
 def build_launch(request: TurnRequest) -> Launch:
-    """Print mode, stream-json; bypass permissions when unattended; the prompt on stdin."""
-    argv: list[str] = [*request.command, "-p", "--output-format", "stream-json", "--verbose", *PARTIAL_ARGS]
+    """Print mode, stream-json in and out; bypass permissions when unattended; the prompt
+    on stdin, which stays open for messages handed to the running turn."""
+    argv: list[str] = [*request.command, "-p", *INPUT_ARGS, "--output-format", "stream-json", "--verbose",
+                       *PARTIAL_ARGS]
     env = dict(BASE_ENV)
     if request.unattended:
         argv += UNATTENDED_ARGS
@@ -145,7 +174,7 @@ def build_launch(request: TurnRequest) -> Launch:
     argv += request.args
     # The prompt goes on stdin (print mode reads it there when argv has none): out of argv,
     # where every user of the machine can read it in /proc/PID/cmdline.
-    return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=request.prompt.encode())
+    return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=user_message(request.prompt), keep_stdin=True)
 
 
 def tool_preview(name: str, tool_input: object) -> str:
@@ -369,4 +398,5 @@ ADAPTER = Adapter(
     # Measured: SIGINT makes the CLI kill its tool tree (in a session of its own) and exit
     # within ~0.15 s; SIGTERM can leave the tool running, SIGKILL always does.
     interrupt_signal=signal.SIGINT,
+    steer=user_message,
 )

@@ -1,7 +1,9 @@
 """The ``demo`` adapter: the bundled demo agent, run with the Python running corral.
 
 It is the generic adapter with the demo agent as its command and ``--session`` as its
-resume form; see :mod:`adapters.demo_agent` for what the agent does.
+resume form; see :mod:`adapters.demo_agent` for what the agent does. It takes messages
+mid-turn: its prompt stays in argv (after ``--``) and stdin is a pipe kept open, on which
+each message handed to the running turn is one JSON line (:func:`demo_agent.steer_line`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ DEFAULT_COMMAND = (sys.executable, str(Path(demo_agent.__file__).resolve()))
 
 
 def build_launch(request: TurnRequest) -> Launch:
-    """The generic launch, with ``--session ID`` when resuming."""
+    """The generic launch, with ``--session ID`` when resuming, and stdin open for steering."""
     options = {"resume_args": ["--session", "{session}"], **request.options}
     launch = generic.build_launch(_with_options(request, options))
     # Its name, so it can sign its hand-offs and know which mentions are its own.
     env = {"DEMO_AGENT_DELAY": str(request.options.get("delay", 0.05)), "DEMO_AGENT_NAME": request.agent}
-    return Launch(argv=launch.argv, env=env, cwd=launch.cwd, stdin=launch.stdin)
+    # stdin: nothing to write (the spawn is the point of no return), kept open for steering.
+    return Launch(argv=launch.argv, env=env, cwd=launch.cwd, stdin=b"", keep_stdin=True)
 
 
 def _with_options(request: TurnRequest, options: dict[str, object]) -> TurnRequest:
@@ -61,4 +64,5 @@ ADAPTER = Adapter(
     new_parser=new_parser,
     interrupt_signal=signal.SIGINT,
     option_keys=frozenset({"delay"}),
+    steer=demo_agent.steer_line,
 )

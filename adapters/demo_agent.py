@@ -36,6 +36,18 @@ Only the message it answers steers it: a catch-up corral puts before it (what th
 said since its last turn) is counted, not obeyed. When it quotes a message it drops the
 ``@`` of each mention, so a quote never hands anything off.
 
+It takes messages mid-turn ("steering"): corral keeps its stdin open and writes each
+message handed to the running turn there as one JSON line, ``{"type": "user", "text": …}``
+(:func:`steer_line`), which a thread reads so the agent never blocks on it. While its
+``long N`` tool runs, while ``stream N`` streams, and before it replies, it takes each
+message at once: a status ``steered: TEXT`` says so, and its reply adds ``You also said:
+TEXT`` for each. A message that says ``enough`` ends the long tool early (its whole tree),
+so the reply follows at once. One that comes after the reply, before corral has closed
+stdin (it does so on reading the ``result``), gets a second answer of its own in the same
+turn, as Claude Code gives one; the agent then waits for that close, at most
+:data:`AFTER_RESULT_SECONDS`. On a terminal, or with stdin at ``/dev/null``, it reads
+nothing.
+
 The plan is kept with the conversation. When the supervisor nudges the agent ("You have N
 remaining task(s) in your plan..."), it works through the steps left and reports the plan
 complete, so one nudge does its job.
@@ -49,10 +61,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 # The tool: a shell-like child that starts a setsid grandchild sharing its stdout.
 # It says so on the shared stdout once the whole tree exists.
@@ -64,11 +79,72 @@ helper = subprocess.Popen([sys.executable, "-c", "import time,sys; time.sleep(fl
                           start_new_session=True)
 # In a sandbox the pids are its pid namespace's own: it names the namespace too.
 ns = os.stat("/proc/self/ns/pid").st_ino
+# Ended early (a steered "enough"): the helper goes too, as a shell's tool tree would.
+signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(143)))
 print(json.dumps({"type": "status",
                   "text": f"tool running (pid {os.getpid()}, setsid helper pid {helper.pid}, pid namespace {ns})"}),
       flush=True)
 time.sleep(seconds)
 """
+
+
+#: How long the agent waits, after its result, for corral to close its stdin (corral does it
+#: on reading the result; a program that keeps it open must not hold the agent for ever).
+AFTER_RESULT_SECONDS = 10.0
+
+
+def steer_line(text: str) -> bytes:
+    """One message handed to the running turn, as corral writes it on the agent's stdin."""
+    return json.dumps({"type": "user", "text": text}).encode() + b"\n"
+
+
+def read_steer_line(line: bytes) -> str | None:
+    """The text of a :func:`steer_line`, or None for a line that is not one."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    text = obj.get("text") if isinstance(obj, dict) and obj.get("type") == "user" else None
+    return text if isinstance(text, str) else None
+
+
+@dataclass
+class Inbox:
+    """The messages corral hands the running turn, read from stdin by a thread of their own."""
+
+    messages: list[str] = field(default_factory=list)
+    eof: bool = False
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def listen(self, stream: BinaryIO | None) -> None:
+        """Read ``stream`` in the background (nothing when it is a terminal, or missing)."""
+        if stream is None or stream.isatty():
+            self.eof = True
+            return
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: BinaryIO) -> None:
+        for line in stream:
+            text = read_steer_line(line)
+            if text is not None:
+                with self.changed:
+                    self.messages.append(text)
+                    self.changed.notify_all()
+        with self.changed:
+            self.eof = True
+            self.changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake a :meth:`wait` to look at its ``until`` again."""
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait(self, timeout: float | None, until: Callable[[], bool] = lambda: False) -> list[str]:
+        """The messages that came, once one has (or ``until()`` holds, or ``timeout`` passed)."""
+        with self.changed:
+            self.changed.wait_for(lambda: bool(self.messages) or until(), timeout)
+            taken, self.messages = self.messages, []
+        return taken
 
 
 def emit(kind: str, **fields: object) -> None:
@@ -175,6 +251,67 @@ def hand_off(request: Request, me: str) -> str | None:
     return None
 
 
+@dataclass
+class Run:
+    """One run of the agent: its conversation, where it is kept, and the messages handed to it."""
+
+    history: list[dict[str, str]]
+    file: Path
+    inbox: Inbox
+    steered: list[str] = field(default_factory=list)
+    """Every message handed to this run so far, in order."""
+
+    def take(self, messages: list[str]) -> None:
+        """Say at once that each message came, and keep it with the conversation."""
+        for text in messages:
+            emit("status", text=f"steered: {quote(text)}")
+            self.steered.append(text)
+            self.history.append({"role": "user", "text": text})
+
+    def also(self, messages: list[str] | None = None) -> list[str]:
+        """The reply's lines for the messages handed to the run (quoted: they hand nothing off)."""
+        return [f"You also said: {quote(text)}" for text in (self.steered if messages is None else messages)]
+
+    def end(self, said: str) -> None:
+        """Keep the answer, print the result; then answer what came before corral closed stdin."""
+        self.history.append({"role": "agent", "text": said})
+        save_json(self.file, self.history)
+        emit("result", text="")  # ends the text's run: corral stores it (and hands it on)
+        while not self.inbox.eof:
+            later = self.inbox.wait(AFTER_RESULT_SECONDS, until=lambda: self.inbox.eof)
+            if not later:
+                return  # (closed, or never: the agent does not wait for ever)
+            self.take(later)
+            answer = self.also(later)
+            for line in answer:
+                emit("text", text=line)
+            self.history.append({"role": "agent", "text": " ".join(answer)})
+            save_json(self.file, self.history)
+            emit("result", text="")
+
+
+def run_tool(seconds: float, run: Run) -> bool:
+    """Run the long tool, taking the messages handed to the run meanwhile; True if one said
+    ``enough`` and the tool was ended early."""
+    tool = subprocess.Popen([sys.executable, "-c", TOOL, str(seconds)])
+    finished = threading.Event()
+
+    def reap() -> None:
+        tool.wait()
+        finished.set()
+        run.inbox.wake()
+
+    threading.Thread(target=reap, daemon=True).start()
+    cut = False
+    while not finished.is_set():
+        taken = run.inbox.wait(None, until=finished.is_set)
+        run.take(taken)
+        if not cut and any(re.search(r"\benough\b", text, re.I) for text in taken):
+            cut = True
+            tool.terminate()  # (its SIGTERM handler ends its setsid helper too)
+    return cut
+
+
 def main(argv: list[str]) -> int:
     """Run one turn."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
@@ -205,6 +342,9 @@ def main(argv: list[str]) -> int:
     # Saved (atomically) before the id is printed: a stop at any moment leaves an id that
     # names a whole conversation file.
     save_json(file, history)
+    inbox = Inbox()
+    inbox.listen(sys.stdin.buffer if sys.stdin is not None else None)
+    run = Run(history, file, inbox)
     emit("session", id=session)
 
     me = os.environ.get("DEMO_AGENT_NAME", "demo")
@@ -222,9 +362,7 @@ def main(argv: list[str]) -> int:
         # Another agent's hand-off: one line answers it (the next hand-off, or the review).
         answer = handed or f"Reviewed {request.sender}'s change: two small nits, nothing blocking. — {me}"
         emit("text", text=answer)
-        history.append({"role": "agent", "text": answer})
-        save_json(file, history)
-        emit("result", text="")  # ends the text's run: corral stores it, and hands it on
+        run.end(answer)
         return 0
     plan_file = store / f"{session}.plan.json"
     if NUDGE.search(prompt):
@@ -232,9 +370,7 @@ def main(argv: list[str]) -> int:
         reply = [f"Continuing the plan: {', '.join(done)} — done." if done else "The plan has nothing left to do."]
         for line in reply:
             emit("text", text=line)
-        history.append({"role": "agent", "text": " ".join(reply)})
-        save_json(file, history)
-        emit("result", text="")
+        run.end(" ".join(reply))
         return 0
     if "fail" in words:
         emit("error", text="the demo agent was asked to fail")
@@ -246,7 +382,9 @@ def main(argv: list[str]) -> int:
         while time.monotonic() < end:
             emit("text", text=f"Streaming line {count}, printed at {time.time():.3f}.")
             count += 1
-            time.sleep(0.1)
+            tick = time.monotonic() + 0.1
+            while (left := tick - time.monotonic()) > 0:
+                run.take(inbox.wait(left))
     planned = "plan" in words or "long" in words
     if planned:
         report_plan(
@@ -258,10 +396,15 @@ def main(argv: list[str]) -> int:
         match = re.search(r"long\s+(\d+(?:\.\d+)?)", words)
         seconds = float(match.group(1)) if match else 600.0
         emit("tool", name="shell", input={"command": f"sleep {seconds:g}  # with a setsid helper"})
-        subprocess.run([sys.executable, "-c", TOOL, str(seconds)], check=False)
-        emit("text", text=f"The long task ran for {seconds:g} s.")
+        began = time.monotonic()
+        if run_tool(seconds, run):
+            emit("text", text=f"The long task was cut short after {time.monotonic() - began:.1f} s: you said enough.")
+        else:
+            emit("text", text=f"The long task ran for {seconds:g} s.")
+    run.take(inbox.wait(0))
     reply = [
         f"You said: {quote(request.text)}",
+        *run.also(),
         *([f"(I caught up on {request.caught_up} message(s) first.)"] if request.caught_up else []),
         (
             f"This conversation ({session}) had {len(earlier)} earlier message(s); "
@@ -282,9 +425,7 @@ def main(argv: list[str]) -> int:
         # starts once this one has said everything.
         emit("status", text=f"handing off: {quote(handed)}")
         emit("text", text=handed)
-    history.append({"role": "agent", "text": " ".join(reply)})
-    save_json(file, history)
-    emit("result", text="")
+    run.end(" ".join(reply))
     return 0
 
 

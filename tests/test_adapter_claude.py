@@ -344,12 +344,24 @@ def test_any_text_never_raises(line: str) -> None:
 # ---------------------------------------------------------------- launch
 
 
+def _typed(line: bytes) -> str:
+    """The text of one stream-json user message line (what the CLI reads on stdin)."""
+    assert line.endswith(b"\n") and line.count(b"\n") == 1, line
+    message = json.loads(line)
+    assert message["type"] == "user" and message["message"]["role"] == "user", message
+    [block] = message["message"]["content"]
+    assert block["type"] == "text", block
+    return str(block["text"])
+
+
 def test_fresh_launch() -> None:
-    """Print mode, stream-json, bypassed permissions, the prompt on stdin (not in argv)."""
+    """Print mode, stream-json in and out, bypassed permissions, the prompt on stdin (not in
+    argv) as one user message line, and stdin kept open for steered messages."""
     launch = build_launch(request())
-    assert launch.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose",
-                           "--include-partial-messages", "--dangerously-skip-permissions")
-    assert launch.cwd == "/srv/work/c1" and launch.stdin == b"fix the bug" and dict(launch.files) == {}
+    assert launch.argv == ("claude", "-p", "--input-format", "stream-json", "--output-format", "stream-json",
+                           "--verbose", "--include-partial-messages", "--dangerously-skip-permissions")
+    assert launch.cwd == "/srv/work/c1" and dict(launch.files) == {}
+    assert launch.stdin is not None and _typed(launch.stdin) == "fix the bug" and launch.keep_stdin
     assert launch.env["IS_SANDBOX"] == "1"
     assert launch.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert launch.env["CLAUDE_CODE_ENABLE_TASKS"] == "0"
@@ -382,7 +394,19 @@ def test_the_prompt_is_never_in_argv_so_options_cannot_eat_or_parse_it() -> None
                                   command=("/opt/claude", "--debug")))
     assert launch.argv[:2] == ("/opt/claude", "--debug")
     assert launch.argv[-3:] == ("--allowedTools", "Bash", "Read")
-    assert launch.stdin == b"-v is broken" and "-v is broken" not in launch.argv
+    assert launch.stdin is not None and _typed(launch.stdin) == "-v is broken"
+    assert not any("-v is broken" in arg for arg in launch.argv)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_a_steered_message_is_one_user_message_line_whatever_its_text(text: str) -> None:
+    """The adapter steers: any text (newlines, quotes, a lone surrogate) is exactly one
+    stream-json line the CLI reads as a user message with that text, as the prompt is."""
+    assert ADAPTER.steer is not None
+    line = ADAPTER.steer(text)
+    assert _typed(line) == text
+    assert line == build_launch(request(prompt=text)).stdin
 
 
 def test_adapter_declares_sigint() -> None:

@@ -246,3 +246,101 @@ def test_drafts_show_the_answer_while_the_model_streams_it(rig: Rig, request: py
     partial = [d for d in drafts if d["text"] and d["text"] != saved["text"]]
     assert partial and all(saved["text"].startswith(d["text"]) for d in partial), (drafts, saved)
     assert saved["meta"].get("draft") == drafts[-1]["draft"]
+
+
+# ---------------------------------------------------------------- steering (claude)
+#
+# In process (``open_supervisor``), since the turn's ``steer`` is called directly: a message
+# handed to the running turn is written on the CLI's open stdin (stream-json input).
+
+
+def _unread(turn: Any) -> int:
+    """Bytes written to the turn's stdin pipe that the CLI has not read yet (FIONREAD)."""
+    import fcntl
+    import struct
+    import termios
+
+    stdin = turn.tree.process.stdin
+    got = fcntl.ioctl(stdin.fileno(), termios.FIONREAD, struct.pack("i", 0))
+    return int(struct.unpack("i", got)[0])
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout: float = 90) -> None:
+    """Wait for something outside corral (a file the tool writes, the CLI reading its input)."""
+    import trio
+
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.02)
+
+
+@pytest.fixture
+def claude_server() -> Iterator[anthropic.FakeAnthropicServer]:
+    server = anthropic.FakeAnthropicServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _claude_config(folder: Path, server: FakeModelServer) -> Any:
+    from conftest import make_config
+
+    agent = {"adapter": "claude", "command": [str(cli_path("claude"))], "env": anthropic.agent_env(server.url)}
+    return make_config(folder, {"cli": agent}, stop_grace=STOP_GRACE, stall_timeout=120, turn_timeout=300)
+
+
+async def test_claude_takes_a_steered_message_mid_tool_into_its_next_model_request(
+    short_tmp: Path, claude_server: anthropic.FakeAnthropicServer
+) -> None:
+    import trio
+
+    from supervisor.host.supervisor import open_supervisor
+
+    started, go = short_tmp / "tool.started", short_tmp / "tool.go"
+    script = short_tmp / "wait.sh"
+    script.write_text('#!/bin/sh\necho $$ > "$1"\nwhile [ ! -e "$2" ]; do sleep 0.05; done\necho released\n')
+    async with open_supervisor(_claude_config(short_tmp, claude_server)) as sup:
+        await sup.send("steer", f"[[shell:sh {script} {started} {go}]] [[say:tool done]] run the tool")
+        await _until(started.exists, "the tool to start")
+        turn = sup._lanes.turns["steer", "cli"]
+        with trio.fail_after(30):
+            assert await turn.steer("Also mention the giraffe, please.") is None
+        await _until(lambda: _unread(turn) == 0, "the CLI to read its input")
+        go.touch()  # the tool ends: the CLI asks the model again
+        assert await sup.wait_idle("steer", timeout=180)
+        entries = [e for e in await sup.entries("steer") if e.turn == turn.turn_id]
+    carrying = [r for r in claude_server.requests if b"giraffe" in r.raw]
+    assert carrying, "no model request carried the steered message"
+    # The first one is the request that answers the tool: the message came mid-turn.
+    messages = carrying[0].body["messages"]
+    assert any(b.get("type") == "tool_result" for m in messages if isinstance(m.get("content"), list)
+               for b in m["content"]), messages[-2:]
+    assert "giraffe" in json.dumps(messages[-2:]), messages[-2:]
+    assert turn.outcome.ok, entries
+    assert any(e.kind == "message" and "tool done" in e.text for e in entries), entries
+    assert not [e for e in entries if e.kind == "error"], entries
+
+
+async def test_claude_stopped_right_after_a_steer_leaves_no_process(
+    short_tmp: Path, claude_server: anthropic.FakeAnthropicServer
+) -> None:
+    import trio
+
+    from supervisor.host.supervisor import open_supervisor
+
+    script, started = _tool_script(short_tmp)
+    async with open_supervisor(_claude_config(short_tmp, claude_server)) as sup:
+        await sup.send("work", f"[[shell:sh {script} {started}]] [[say:tool done]] run the tool")
+        await _until(lambda: started.exists() and started.read_text().strip() != "", "the tool to start")
+        tool_pid = read_pid(started)
+        turn = sup._lanes.turns["work", "cli"]
+        with trio.fail_after(30):
+            assert await turn.steer("Then tell me about otters.") is None
+            result = await sup.stop("work")
+        assert result.ok and list(result.stopped_turns) == [turn.turn_id], result
+        assert not _alive(tool_pid)
+        assert not turn_processes(list(result.stopped_turns))
+        entries = await sup.entries("work")
+        assert entries[-1].kind == "notice", entries
+        assert await turn.steer("after the stop") is not None

@@ -17,7 +17,10 @@ teardown). :class:`BaseTurn` writes what every kind shares once:
 * the request an adapter builds the launch from, the environment (scrubbed, the markers
   last), the sandbox prefix;
 * every write: the ledger decides (``keep_output``, ``is_stale``) and the write is
-  submitted in the same step, no checkpoint between.
+  submitted in the same step, no checkpoint between;
+* :meth:`BaseTurn.steer`: a kind that cannot take a message mid-turn says so, and the
+  message is queued; one that can (a CLI whose adapter has ``steer``) writes it to the
+  agent with the same rule as its start — the ledger asked right before the first byte.
 
 A kind says only how it starts, streams and ends: :class:`~supervisor.turns.process.Turn`
 (a CLI process per turn, stdout parsed line by line) and

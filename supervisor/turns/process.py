@@ -5,6 +5,16 @@ the CLI), *start* (the point of no return: the spawn, or the prompt written on s
 ledger is asked right before each), *stream* (stdout lines through the adapter's parser into
 the store), *finish* (teardown).
 
+Steering: when the adapter can take a message mid-turn (its ``steer``) and the launch keeps
+stdin open (``keep_stdin``), :meth:`Turn.steer` writes the encoded message on the open
+stdin, through the one :class:`~supervisor.procs.stdin.AgentInput` the prompt went through
+(so writes and the close are in order), asking the ledger right before the first byte. The
+input closes when the parser reports the turn's ``Result`` (in the step that reads it) and,
+at the latest, first thing in the teardown; a steer before the prompt is written, after the
+close, or to a stale turn writes nothing and says why — the caller queues the message.
+stdout is still read to its end: what the CLI answers after its first result belongs to the
+turn.
+
 The turn runs inside a cancel scope the supervisor owns: a stop cancels it. Teardown runs
 shielded in ``finally`` and always does the same things in the same order: end the
 process tree (interrupt, grace, SIGKILL, sweep), drain what the CLI was still flushing —
@@ -25,13 +35,14 @@ from typing import Protocol, runtime_checkable
 
 import trio
 
-from adapters._base import Parser
+from adapters._base import Launch, Parser, Result
 
 from ..config.settings import AgentConfig
 from ..core.account import Post, ShowDraft
 from ..core.ledger import TurnTicket
 from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import Line, LineReader
+from ..procs.stdin import CLOSED, AgentInput
 from ..procs.tree import ProcessTree, wait_exited
 from ..store.store import StoreError
 from .base import BaseTurn
@@ -44,6 +55,8 @@ DRAIN_SECONDS = 0.5
 #: A run of whole lines of text (the generic protocol's) the agent has been quiet after this
 #: long is stored as it is, rather than held until the next event.
 TEXT_QUIET_SECONDS = 0.5
+#: Why a steered message was not written, before the turn's start.
+NOT_STARTED = "the turn has not started yet"
 #: Longest stderr line kept in the log.
 STDERR_LOG_CHARS = 2000
 
@@ -63,6 +76,10 @@ class Turn(BaseTurn):
         self._tree: ProcessTree | None = None
         self._parser: Parser | None = None
         self._reader: LineReader | None = None
+        self._input: AgentInput | None = None
+        """The process's stdin pipe, when the launch has one."""
+        self._steerable = False
+        """The prompt is on its way and the input stays open: a steered message may follow."""
 
     def _posted(self, post: Post) -> None:
         if post.meta and "draft" in post.meta and isinstance(self._parser, _LineTextRuns):
@@ -141,18 +158,50 @@ class Turn(BaseTurn):
         ports.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)
         log.info("[%s %s] started %s (pid %d)", self.channel, self.turn_id, self.agent.name, process.pid)
         if launch.stdin is not None:
-            await self._write_stdin(process, launch.stdin)
+            assert process.stdin is not None
+            self._input = AgentInput(process.stdin)
+            await self._send_prompt(self._input, launch)
         await self._stream(process)
 
-    async def _write_stdin(self, process: trio.Process, data: bytes) -> None:
-        assert process.stdin is not None
-        try:
-            if self.ports.ledger.may_start(self.channel, self.turn_id):
-                await process.stdin.send_all(data)
-        except trio.BrokenResourceError:
-            pass
-        finally:
-            await process.stdin.aclose()
+    async def _send_prompt(self, agent_input: AgentInput, launch: Launch) -> None:
+        """Write the launch's stdin (a CLI's prompt: its point of no return, asked of the ledger
+        right before the first byte), then close it unless the launch keeps it for steering."""
+        written: str | None = None
+        if launch.stdin:
+            written = await agent_input.write(launch.stdin, self._may_start)
+        if written is None and launch.keep_stdin:
+            self._steerable = True
+        else:
+            await agent_input.aclose()
+
+    def _may_start(self) -> str | None:
+        return None if self.ports.ledger.may_start(self.channel, self.turn_id) else "the turn was stopped"
+
+    def _may_steer(self) -> str | None:
+        """Asked right before each write of a steered message (no checkpoint between)."""
+        if self._silenced():
+            return "the turn was stopped"
+        if self._limited:
+            return "the turn has ended"
+        return None
+
+    async def steer(self, text: str) -> str | None:
+        """Write ``text`` to the running CLI as the adapter encodes it; None once written,
+        else why not (the caller queues it). Nothing is written to a turn not yet started,
+        stopped, whose input is closed, or whose process is gone."""
+        encode = self.adapter.steer
+        if encode is None:
+            return await super().steer(text)
+        agent_input = self._input
+        if agent_input is None:
+            return NOT_STARTED if self._tree is None else CLOSED
+        if not self._steerable:
+            return CLOSED if agent_input.closed else NOT_STARTED  # (or its prompt is being written)
+        return await agent_input.write(encode(text), self._may_steer)
+
+    def _close_input(self) -> None:
+        if self._input is not None:
+            self._input.close()
 
     async def _stream(self, process: trio.Process) -> None:
         limits = self.agent.limits
@@ -237,6 +286,8 @@ class Turn(BaseTurn):
         ports = self.ports
         tree = self.tree
         interrupted = self.outcome.stopped or self.outcome.error is not None
+        if self._input is not None:
+            await self._input.aclose()  # first: no message may reach a turn being ended
         if tree is not None:
             if interrupted:
                 await tree.terminate(self.adapter.interrupt_signal, self.agent.limits.stop_grace)
@@ -278,4 +329,8 @@ class Turn(BaseTurn):
     def _feed(self, line: Line) -> None:
         assert self._parser is not None
         for event in self._parser.feed(line.text()):
+            if isinstance(event, Result):
+                # The CLI's turn is over: a later message would start another (Claude Code
+                # waits for more input until stdin closes), so it is queued instead.
+                self._close_input()
             self._handle(event)
