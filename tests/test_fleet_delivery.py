@@ -10,6 +10,8 @@ import trio
 from test_fleet import count, gate, host_config, texts, until  # noqa: F401 - gate: a fixture
 from test_stop_contract import Gate
 
+from supervisor import parse_config
+from supervisor.config.settings import Config
 from supervisor.core.results import INTERRUPT_NOTICE
 from supervisor.host.supervisor import open_supervisor
 
@@ -58,3 +60,32 @@ async def test_contract_19_a_steer_through_another_host_to_an_agent_that_cannot_
         entries = await one.entries("ch")
     status = next(e for e in entries if e.kind == "status" and e.text.startswith("Not steered"))
     assert str(accepted.seq) in status.text and "cannot take a message mid-turn" in status.text
+
+
+async def test_contract_19_a_steer_through_another_host_reaches_the_owners_running_turn(
+    short_tmp: Path, postgres_url: str
+) -> None:
+    url = postgres_url
+
+    def demo_host(name: str) -> Config:
+        folder = short_tmp / name
+        folder.mkdir()
+        data = {"server": {"socket": "corral.sock", "cgroup": "off"}, "store": {"url": url},
+                "cluster": {"host": name, "lease": 60.0}, "agents": {"demo": {"adapter": "demo", "delay": 0.01}}}
+        return parse_config(data, file=str(folder / "corral.toml"), base=folder)
+
+    async with open_supervisor(demo_host("h1")) as one, open_supervisor(demo_host("h2")) as two:
+        await one.send("ch", "long 600")
+        await until("h1's tool", lambda: any(t.startswith("tool running") for t in texts(url)))
+        turn = one._ledger.current_turn("ch")
+        accepted = await two.send("ch", "that is enough, and mention the otter", delivery="steer")
+        assert accepted.delivery == "steer"
+        await until("the steer's status", lambda: f"Message {accepted.seq} was steered into demo's running turn."
+                    in texts(url))
+        await until("the reply", lambda: any("You also said: that is enough" in t for t in texts(url)))
+        with trio.fail_after(30):
+            assert await one.wait_idle("ch", timeout=30)
+        entries = await one.entries("ch")
+    reply = next(e for e in entries if "You also said: that is enough" in e.text)
+    assert reply.turn == turn
+    assert count(url, "SELECT count(*) FROM queue") == 0
