@@ -604,13 +604,20 @@ def test_a_message_chosen_to_interrupt_replaces_the_running_turn(browser: Browse
         daemon.cli("wait", "swap", check=True)
         _channel(page, daemon, "swap")
         _start_long_task(page, "swap")
+        daemon.cli("send", "swap", "queued behind it", check=True)
+        expect(page.locator("#transcript > li.author-human .text").last).to_have_text("queued behind it")
         page.get_by_label("If busy").select_option("interrupt")
         page.get_by_role("textbox", name="Message").fill("do this instead")
         with page.expect_response("**/v1/channels/swap/messages") as answered:
             page.get_by_role("button", name="Send").click()
         result = answered.value.json()
         assert result["delivery"] == "interrupt" and len(result["interrupted"]) == 1
-        expect(page.locator("#transcript > li.kind-notice .text")).to_have_text(["Interrupted by a new message."])
+        expect(page.locator("#transcript > li.kind-notice .text")).to_have_text(
+            ["Interrupted by a new message. 1 queued message was not run."]
+        )
+        # The message it dropped says so on the open page, as a stop's does.
+        expect(page.locator("#transcript > li.author-human").filter(has_text="queued behind it").locator(".dropped")
+               ).to_have_text(re.compile("^not run"))
         expect(page.locator("#transcript > li.author-agent.kind-message .text").last).to_have_text(
             re.compile("You said: do this instead")
         )

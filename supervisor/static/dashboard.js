@@ -261,11 +261,13 @@
             saved.add(id);
           }
           place(renderEntry(entry), old);
-          // A stop's notice names the messages it dropped: shown before it, they say so now.
+          // A stop's (or an interrupt's) notice names the messages it dropped: shown before it,
+          // they say so now (an interrupt is a stop of one lane: its mark is the interrupting message).
           for (const seq of (entry.kind === "notice" && entry.meta && entry.meta.dropped_entries) || []) {
             const item = transcript.querySelector(`li[data-seq="${Number(seq)}"]`);
             if (item && !item.querySelector(".dropped")) {
-              const meta = { ...item.__entry.meta, dropped_by_stop: entry.meta.stop_seq };
+              const by = entry.meta.stop_seq ?? entry.meta.interrupted_by;
+              const meta = { ...item.__entry.meta, dropped_by_stop: by };
               place(renderEntry({ ...item.__entry, meta }), item);
             }
           }
