@@ -16,6 +16,9 @@ What each test proves, as the points of the ACP review:
 6. stdout lines that are not JSON-RPC before the session opens are logged, bounded;
 
 and, stable in 2026: ``session/resume`` before ``session/load``, ``session/close`` on close.
+The TypeScript SDK's own example agent (shipped until 1.9.0) is run as it is: a turn, its
+permission request decided by the policy, a cancel acknowledged; and an agent on its draft
+v2 entry point, which refuses corral's version itself.
 
 The TypeScript agent needs Node.js (``realcli``); the Python one only PyPI.
 """
@@ -36,7 +39,7 @@ import trio.testing
 from conftest import make_config
 
 from adapters._base import Text, ToolUse
-from adapters.acp import AcpEvent, PromptEnded
+from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
 from supervisor import open_supervisor
 from supervisor.config.settings import ConfigError, parse_config
 from supervisor.procs.tree import read_stat
@@ -177,6 +180,55 @@ async def test_an_agent_answering_another_protocol_version_is_refused(kind: str,
             pass
     assert "the agent speaks ACP version 2; corral speaks version 1 only" in str(failed.value)
     assert methods(tmp_path) == ["initialize"], "no session is opened with an agent corral cannot speak to"
+
+
+@realcli
+async def test_an_agent_on_the_sdks_v2_entry_point_is_refused_with_the_versions_it_speaks(tmp_path: Path) -> None:
+    """The TypeScript SDK's draft v2 refuses corral's version-1 ``initialize`` itself: the
+    reason (``data.supported``) is what says what to do."""
+    sdkagents.ts_sdk()
+    with pytest.raises(AcpAgentError) as failed:
+        async with sdk_agent("ts-v2", tmp_path):
+            pass
+    assert ("initialize failed: Unsupported protocol version: the agent speaks ACP version 2; corral speaks "
+            "version 1 (code -32022)") in str(failed.value)
+
+
+# ---------------------------------------------------------------- the SDK's own example agent
+
+
+@realcli
+@pytest.mark.parametrize(("unattended", "words"), [
+    (True, "Perfect! I've successfully updated the configuration."),
+    (False, "I'll skip the configuration update."),
+])
+async def test_the_sdks_example_agent_answers_and_its_permission_is_decided_by_the_policy(
+    tmp_path: Path, unattended: bool, words: str
+) -> None:
+    sdkagents.ts_sdk(sdkagents.TS_EXAMPLES[1])
+    launch = sdkagents.launch("ts-example", str(tmp_path))
+    async with open_acp_agent(launch, marker=f"acp-sdk-example-{os.getpid()}", start_timeout=BOUND,
+                              unattended=unattended) as agent:
+        events = await collect(agent.prompt("hello"))
+    assert words in text_of(events) and events[-1] == PromptEnded("end_turn")
+    decided = [e.kind for e in events if isinstance(e, PermissionDecided)]
+    assert decided == ["allow_once" if unattended else "reject_once"]
+
+
+@realcli
+async def test_the_sdks_example_agent_acknowledges_a_cancel_and_answers_the_next_prompt(tmp_path: Path) -> None:
+    sdkagents.ts_sdk(sdkagents.TS_EXAMPLES[1])
+    launch = sdkagents.launch("ts-example", str(tmp_path))
+    async with open_acp_agent(launch, marker=f"acp-sdk-example-{os.getpid()}", start_timeout=BOUND) as agent:
+        stream = agent.prompt("hello")
+        with trio.fail_after(BOUND):
+            first = await stream.__anext__()  # its first chunk: the turn runs
+        assert isinstance(first, Text)
+        report = await agent.cancel(GRACE)
+        assert report.ended == "cancelled" and report.stop_reason == "cancelled", report
+        stream.discard()
+        events = await collect(agent.prompt("again"))
+    assert events[-1] == PromptEnded("end_turn") and "help you with that" in text_of(events)
 
 
 # ---------------------------------------------------------------- 4. authentication

@@ -3,7 +3,10 @@
 * ``py_agent.py`` on the Python SDK, ``agent-client-protocol`` (:data:`PY_SDK`), in a
   virtualenv of its own;
 * ``ts_agent.mjs`` on the TypeScript SDK, ``@agentclientprotocol/sdk`` (:data:`TS_SDK`), in an
-  npm prefix of its own (needs Node.js >= 20 and npm, as the real-CLI tests do).
+  npm prefix of its own (needs Node.js >= 20 and npm, as the real-CLI tests do), and
+  ``ts_agent_v2.mjs`` on the same SDK's draft ACP v2 entry point;
+* the example agent the TypeScript SDK shipped until 1.9.0 (:data:`TS_EXAMPLES`:
+  ``dist/examples/agent.js``), run as it is.
 
 Both are installed pinned, on first use, under ``~/.cache/corral/acp-sdks`` (or
 ``$CORRAL_CACHE/acp-sdks``), in a folder named by the version and reused after; never
@@ -28,6 +31,8 @@ HERE = Path(__file__).resolve().parent
 PY_SDK = ("agent-client-protocol", "0.12.1")
 #: The TypeScript SDK, pinned.
 TS_SDK = ("@agentclientprotocol/sdk", "2.4.0")
+#: The last TypeScript SDK whose package carries its example agents (2.x leaves them out).
+TS_EXAMPLES = ("@agentclientprotocol/sdk", "1.9.0")
 
 
 def cache() -> Path:
@@ -63,9 +68,9 @@ def python_sdk() -> Path:
     return folder / "bin" / "python"
 
 
-def ts_sdk() -> Path:
-    """The folder of the pinned TypeScript SDK package (installed if missing)."""
-    name, version = TS_SDK
+def ts_sdk(version: str = TS_SDK[1]) -> Path:
+    """The folder of the TypeScript SDK package at ``version`` (installed if missing)."""
+    name = TS_SDK[0]
     folder = cache() / f"npm_{name.replace('@', '').replace('/', '_')}_{version}"
     npm = shutil.which("npm")
     if npm is None:
@@ -78,11 +83,16 @@ def ts_sdk() -> Path:
 
 
 def launch(kind: str, cwd: str, env: Mapping[str, str] = {}) -> Launch:
-    """The launch of the ``"py"`` or ``"ts"`` SDK agent in ``cwd`` with ``env`` added."""
+    """The launch of an SDK agent in ``cwd`` with ``env`` added: ``"py"``, ``"ts"``,
+    ``"ts-v2"`` (ACP v2 only) or ``"ts-example"`` (the SDK's own example agent)."""
     if kind == "py":
         return Launch(argv=(str(python_sdk()), str(HERE / "py_agent.py")), cwd=cwd, env=dict(env))
     node = shutil.which("node")
     if node is None:
-        raise FileNotFoundError("node is not on PATH: the TypeScript SDK's agent needs Node.js >= 20")
-    return Launch(argv=(node, str(HERE / "ts_agent.mjs")), cwd=cwd, env={"ACP_SDK_DIR": str(ts_sdk()), **env})
+        raise FileNotFoundError("node is not on PATH: the TypeScript SDK's agents need Node.js >= 20")
+    if kind == "ts-example":
+        return Launch(argv=(node, str(ts_sdk(TS_EXAMPLES[1]) / "dist" / "examples" / "agent.js")), cwd=cwd,
+                      env=dict(env))
+    script = {"ts": "ts_agent.mjs", "ts-v2": "ts_agent_v2.mjs"}[kind]
+    return Launch(argv=(node, str(HERE / script)), cwd=cwd, env={"ACP_SDK_DIR": str(ts_sdk()), **env})
 

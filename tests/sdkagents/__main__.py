@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from . import PY_SDK, TS_SDK, launch, python_sdk, ts_sdk
+from . import PY_SDK, TS_EXAMPLES, TS_SDK, launch, python_sdk, ts_sdk
 
 
 async def _stops(kind: str, trials: int) -> None:
@@ -49,6 +49,7 @@ async def _drain(stream: object) -> None:
 
 print(f"{PY_SDK[0]} {PY_SDK[1]}: {python_sdk()}")
 print(f"{TS_SDK[0]} {TS_SDK[1]}: {ts_sdk()}")
+print(f"{TS_EXAMPLES[0]} {TS_EXAMPLES[1]} (its example agents): {ts_sdk(TS_EXAMPLES[1])}")
 if sys.argv[1:2] == ["stop"]:
     trials = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     for kind in ("ts", "py"):
