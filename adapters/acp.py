@@ -74,6 +74,7 @@ A line that is not JSON-RPC is an :class:`Unparsed` event (logged, never fatal);
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -390,7 +391,9 @@ def auth_problem(method_id: str, methods: Sequence[AuthMethod], env: Mapping[str
         return None
     found = next((m for m in methods if m.id == method_id), None)
     if found is None:
-        return f"acp_auth = {method_id!r} is not a method the agent offers; {auth_advice(methods)}"
+        close = difflib.get_close_matches(method_id, [m.id for m in methods], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"acp_auth = {method_id!r} is not a method the agent offers; {hint}{auth_advice(methods)}"
     if found.type == "terminal":
         return f"{method_id!r} is a terminal login, not done over ACP: {describe_auth_method(found)}"
     missing = [name for name in found.vars if not env.get(name)]

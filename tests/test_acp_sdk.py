@@ -275,7 +275,8 @@ async def test_acp_auth_names_a_method_the_agent_offers_or_the_error_lists_them(
     with pytest.raises(AcpAgentError) as failed:
         async with sdk_agent("py", tmp_path, auth="api_key", SDK_AGENT_AUTH="k1", SDK_AGENT_KEY="k1"):
             pass
-    assert "acp_auth = 'api_key' is not a method the agent offers; the agent offers 'api-key'" in str(failed.value)
+    assert ("acp_auth = 'api_key' is not a method the agent offers; did you mean 'api-key'? the agent offers "
+            "'api-key'") in str(failed.value)
 
 
 def test_corral_check_names_a_bad_acp_auth_or_start_timeout_with_its_fix(short_tmp: Path) -> None:
