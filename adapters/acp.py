@@ -368,7 +368,8 @@ def describe_auth_method(method: AuthMethod, command: str = "the agent") -> str:
         return f'{label}: set {names} in the agent\'s env and acp_auth = "{method.id}"'
     if method.type == "terminal":
         login = " ".join((command, *method.args))
-        return f"{label}: a login in a terminal — run `{login}` once, as the user corral runs as"
+        return (f"{label}: a login in a terminal — run `{login}` once yourself, then name the files it writes in "
+                "credentials = [...] (each agent has a private HOME)")
     if method.type == "agent":
         return f'{label}: acp_auth = "{method.id}" (the agent does it itself; unattended only without a browser)'
     return f"{label}: a {method.type!r} method corral cannot use"

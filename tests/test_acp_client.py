@@ -169,7 +169,8 @@ def test_auth_advice_names_every_method_and_what_configures_it() -> None:
                                                                                 ("--login",)))
     assert auth_advice(methods, "/bin/agent") == (
         "the agent offers 'api-key' (API key): set KEY in the agent's env and acp_auth = \"api-key\"; "
-        "'login' (Log in): a login in a terminal — run `/bin/agent --login` once, as the user corral runs as"
+        "'login' (Log in): a login in a terminal — run `/bin/agent --login` once yourself, then name the files it "
+        "writes in credentials = [...] (each agent has a private HOME)"
     )
     assert "offers no authentication method" in auth_advice(())
 

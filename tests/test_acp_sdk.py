@@ -242,7 +242,8 @@ async def test_an_agent_that_wants_authentication_names_its_methods_and_what_to_
     text = str(failed.value)
     assert "session/new failed: Authentication required (code -32000)" in text
     assert "'api-key' (API key): set SDK_AGENT_KEY in the agent's env and acp_auth = \"api-key\"" in text
-    assert "'login' (Log in): a login in a terminal — run `" in text and " --login` once" in text
+    assert "'login' (Log in): a login in a terminal — run `" in text and "py_agent.py --login` once" in text
+    assert "credentials = [...]" in text
     assert "'oauth' (Sign in with a browser): acp_auth = \"oauth\"" in text
 
 

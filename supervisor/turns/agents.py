@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -441,7 +442,8 @@ class AcpAgent:
         text = f"session/new failed: {event.reason} (code {event.code})"
         if event.code == AUTH_REQUIRED:
             methods = self.info.auth_methods if self.info is not None else ()
-            command = " ".join(self.launch.argv[:1]) or "the agent"
+            # A terminal method's args are appended to the agent's configured invocation.
+            command = shlex.join(self.launch.argv)[:200] or "the agent"
             if self.auth_method is None:
                 text += f"; {auth_advice(methods, command)}"
             else:
