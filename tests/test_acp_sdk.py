@@ -337,6 +337,28 @@ async def test_a_stop_during_the_agents_start_kills_it_at_once_and_says_so(short
     assert after[-1] == ("message", "back"), after
 
 
+async def test_a_stop_while_the_agent_restarts_reports_the_half_started_process(short_tmp: Path) -> None:
+    """The restart of a dead agent (``ensure_running``) killed a half-started process at once
+    already; the stop now says so (before: ``killed []``, ``ended`` None)."""
+    sdkagents.python_sdk()
+    hold = short_tmp / "hold"
+    table = sdk_table(short_tmp, env={"SDK_AGENT_HOLD": str(hold)})
+    async with open_supervisor(make_config(short_tmp, {"acp": table})) as sup:
+        for text in ("[[say:one]]", "[[exit]]"):
+            await sup.send("c", text)
+            with trio.fail_after(BOUND):
+                assert await sup.wait_idle("c")
+        hold.touch()  # the next start's initialize is held
+        await sup.send("c", "[[say:never]]")
+        with trio.fail_after(BOUND):
+            while methods(short_tmp).count("initialize") < 2:
+                await trio.sleep(0.01)  # the agent's own log: polled, within a bound
+            result = await sup.stop("c")
+        assert result.ok and result.ended == "killed" and result.killed, result
+        assert not any(alive(pid) for pid in result.killed)
+        assert result.elapsed_ms < CLOSE_GRACE * 1000, result
+
+
 async def test_a_start_cancelled_before_the_session_opens_records_what_it_killed(tmp_path: Path) -> None:
     from supervisor.turns.agents import StartupKill
 

@@ -5,6 +5,7 @@ own ``run_agent`` on stdio. No model, no network. Prompt markers:
 ``[[fail:TEXT]]``  raise ``Exception(TEXT)``: the SDK answers -32603 "Internal error", the
                    reason in ``data`` ({"details": TEXT})
 ``[[silent]]``     say nothing until cancelled (``session/cancel``: answer ``cancelled``)
+``[[exit]]``       exit with status 3 in the middle of the prompt
 
 Start-up, from the environment:
 
@@ -112,6 +113,8 @@ class SdkAgent:
     async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
         record("session/prompt")
         text = "".join(getattr(block, "text", "") for block in prompt)
+        if marker(text, "exit") is not None:
+            os._exit(3)
         failure = marker(text, "fail")
         if failure is not None:
             raise Exception(failure)
