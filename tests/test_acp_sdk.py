@@ -116,12 +116,19 @@ async def test_a_ts_sdk_agent_stops_mid_tool_on_cancel_request_and_serves_on(tmp
     async with sdk_agent("ts", tmp_path) as agent:
         stream = agent.prompt(f"[[tool:{tool}]]")
         seen: list[AcpEvent] = []
+        announced = trio.Event()
         async with trio.open_nursery() as nursery:
 
             async def consume() -> None:
-                seen.extend(await collect(stream))
+                with trio.fail_after(BOUND):
+                    async for event in stream:
+                        seen.append(event)
+                        if isinstance(event, ToolUse):
+                            announced.set()
 
             nursery.start_soon(consume)
+            with trio.fail_after(BOUND):
+                await announced.wait()  # the call is on record before the stop
             child = int(await wait_file(pid_file))
             grandchild = int(await wait_file(Path(f"{pid_file}.setsid")))
             report = await agent.cancel(GRACE)
@@ -419,14 +426,12 @@ async def test_lines_that_are_not_json_rpc_before_initialize_are_logged_bounded(
         assert "lines of stdout during start-up were not JSON-RPC (the rest not logged)" in logged[-1]
 
 
-async def test_a_start_that_times_out_shows_the_noise_it_printed(tmp_path: Path) -> None:
+async def test_an_agent_that_dies_during_its_start_shows_the_noise_it_printed(tmp_path: Path) -> None:
     sdkagents.python_sdk()
-    hold = tmp_path / "hold"
-    hold.touch()
-    launch = sdkagents.launch("py", str(tmp_path), {"SDK_AGENT_NOISE": "1", "SDK_AGENT_HOLD": str(hold)})
     with pytest.raises(AcpAgentError) as failed:
-        async with open_acp_agent(launch, marker=f"acp-sdk-noise-{os.getpid()}", start_timeout=2):
+        async with sdk_agent("py", tmp_path, SDK_AGENT_NOISE="1", SDK_AGENT_DIE="1"):
             pass
+    assert "the agent exited (status 4) during start-up" in str(failed.value)
     assert "stdout that was not JSON-RPC: banner line 0: corral-py-sdk-agent starting" in str(failed.value)
 
 
@@ -445,6 +450,29 @@ async def test_a_fresh_process_resumes_the_session_without_a_replay_and_close_cl
         assert agent.session_id == saved and not agent.notices
         assert text_of(await collect(agent.prompt("[[say:two]]"))) == "two (earlier: 1)"
     assert methods(tmp_path).count("session/resume") == 1 and "session/new" not in methods(tmp_path)[3:]
+
+
+@realcli
+async def test_after_a_stop_that_killed_the_agent_the_next_prompt_resumes_without_a_replay(tmp_path: Path) -> None:
+    """A stop with no grace left kills the agent whole; the fresh process reopens the session
+    with ``session/resume`` (no replay of the conversation), the agent advertising it."""
+    sdkagents.ts_sdk()
+    async with sdk_agent("ts", tmp_path, SDK_AGENT_CAPS="resume") as agent:
+        assert text_of(await collect(agent.prompt("[[say:one]]"))) == "one (earlier: 0)"
+        saved = agent.session_id
+        stream = agent.prompt("[[silent]]")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, stream)
+            with trio.fail_after(BOUND):
+                while methods(tmp_path).count("session/prompt") < 2:
+                    await trio.sleep(0.01)  # the agent's own log: polled, within a bound
+            report = await agent.cancel(0)
+        assert report.ended == "killed", report
+        stream.discard()
+        assert await agent.ensure_running()
+        assert agent.session_id == saved and not agent.notices
+        assert text_of(await collect(agent.prompt("[[say:two]]"))) == "two (earlier: 2)"
+    assert methods(tmp_path).count("session/resume") == 1 and methods(tmp_path).count("session/new") == 1
 
 
 @realcli

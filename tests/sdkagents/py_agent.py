@@ -16,6 +16,7 @@ Start-up, from the environment:
                          with ``api-key`` found it there (a wrong one fails, the reason in data)
 ``SDK_AGENT_NOISE``      print this many non-JSON lines on stdout before serving (a banner)
 ``SDK_AGENT_HOLD``       a path: ``initialize`` is not answered while it exists (a slow start)
+``SDK_AGENT_DIE``        exit with status 4 instead of answering ``initialize``
 ``SDK_AGENT_LOG``        append each method received, one per line
 """
 
@@ -77,6 +78,8 @@ class SdkAgent:
         hold = os.environ.get("SDK_AGENT_HOLD")
         while hold and os.path.exists(hold):
             await asyncio.sleep(0.05)
+        if os.environ.get("SDK_AGENT_DIE"):
+            os._exit(4)
         if os.environ.get("SDK_AGENT_REFUSE"):
             raise RequestError(-32022, "Unsupported protocol version",
                                {"requested": protocol_version, "supported": [2]})
