@@ -348,15 +348,21 @@ def _auth_methods(raw: object) -> tuple[AuthMethod, ...]:
     for item in raw[:20]:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str):
             continue
+        # Everything here may reach a chat in an error: one line each, bounded.
+        method_id = _one_line(item["id"])[:80]
+        if not method_id:
+            continue
         raw_kind = item.get("type")
-        kind = raw_kind if isinstance(raw_kind, str) else "agent"
-        names = []
-        for var in item.get("vars") or ():
-            if isinstance(var, dict) and isinstance(var.get("name"), str) and not var.get("optional"):
-                names.append(var["name"])
-        args = tuple(a for a in item.get("args") or () if isinstance(a, str))
-        methods.append(AuthMethod(_one_line(item["id"])[:80], _one_line(str(item.get("name") or ""))[:80], kind,
-                                  tuple(names), args, _one_line(str(item.get("description") or ""))[:200]))
+        kind = _one_line(raw_kind)[:40] if isinstance(raw_kind, str) else "agent"
+        raw_vars, raw_args = item.get("vars"), item.get("args")
+        names = tuple(
+            _one_line(var["name"])[:80] for var in (raw_vars if isinstance(raw_vars, list) else ())[:10]
+            if isinstance(var, dict) and isinstance(var.get("name"), str) and not var.get("optional")
+        )
+        args = tuple(_one_line(a)[:80] for a in (raw_args if isinstance(raw_args, list) else ())[:10]
+                     if isinstance(a, str))
+        methods.append(AuthMethod(method_id, _one_line(str(item.get("name") or ""))[:80], kind, names, args,
+                                  _one_line(str(item.get("description") or ""))[:200]))
     return tuple(methods)
 
 

@@ -164,6 +164,17 @@ def test_offered_methods_are_read_with_their_needs() -> None:
     assert conn.receive(line({"id": 2, "result": {}})) == [Authenticated("api-key")]
 
 
+def test_offered_methods_are_one_bounded_line_each() -> None:
+    conn = AcpConnection()
+    conn.initialize()
+    hostile = {"id": "k\x1b[2J" + "x" * 500, "name": "a\nb", "type": "env_var",
+               "vars": [{"name": "V\r\n"}] * 50, "args": "not a list"}
+    (event,) = conn.receive(line({"id": 1, "result": {"protocolVersion": 1, "authMethods": [hostile, {"id": "\n"}]}}))
+    assert isinstance(event, Initialized)
+    (method,) = event.auth_methods
+    assert method.id == "k" + "x" * 79 and method.name == "a b" and method.vars == ("V",) * 10 and method.args == ()
+
+
 def test_auth_advice_names_every_method_and_what_configures_it() -> None:
     methods = (AuthMethod("api-key", "API key", "env_var", ("KEY",)), AuthMethod("login", "Log in", "terminal", (),
                                                                                 ("--login",)))
