@@ -8,15 +8,24 @@ its stdin/stdout (:mod:`adapters._jsonrpc` does the framing). corral is the *cli
 :class:`AcpConnection` holds the whole client state and does no I/O, like h11: the owner
 
 1. calls a method that *sends* (:meth:`~AcpConnection.initialize`,
-   :meth:`~AcpConnection.new_session`, :meth:`~AcpConnection.load_session`,
-   :meth:`~AcpConnection.prompt`, :meth:`~AcpConnection.cancel`), which queues bytes;
+   :meth:`~AcpConnection.authenticate`, :meth:`~AcpConnection.new_session`,
+   :meth:`~AcpConnection.resume_session`, :meth:`~AcpConnection.load_session`,
+   :meth:`~AcpConnection.prompt`, :meth:`~AcpConnection.cancel`,
+   :meth:`~AcpConnection.close_session`), which queues bytes;
 2. feeds every stdout line to :meth:`~AcpConnection.receive`, which returns events and may
    queue answers (permission decisions, errors for methods corral does not offer);
 3. writes :meth:`~AcpConnection.data_to_send` to the agent's stdin after each call.
 
-A session's life is ``initialize`` → ``session/new`` (or ``session/load`` of a saved id) →
-any number of ``session/prompt`` turns, one at a time. A turn's ``session/update``
-notifications become corral's ordinary adapter events:
+A session's life is ``initialize`` → (``authenticate``) → ``session/new`` (or, for a saved
+id, ``session/resume`` — reconnect without a replay — or ``session/load``) → any number of
+``session/prompt`` turns, one at a time → (``session/close``). ``initialize`` is answered with
+the protocol version the agent speaks: anything but corral's (:data:`PROTOCOL_VERSION`) is
+refused as a :class:`RequestFailed` (ACP: a client that does not speak the agent's version
+disconnects; driving it anyway misreads its answers). The answer also lists the agent's
+authentication methods (:class:`AuthMethod`: :func:`auth_advice` names them and what
+configures each, :func:`auth_problem` checks a configured one) and its session
+capabilities: ``resume`` and ``close`` are used only when advertised (a capability object).
+A turn's ``session/update`` notifications become corral's ordinary adapter events:
 
 * ``agent_message_chunk`` → :class:`Text` with ``delta=True``: contiguous chunks join into
   one message, and any other event ends the run (as with the other streaming adapters);
@@ -32,7 +41,9 @@ notifications become corral's ordinary adapter events:
 
 The end of a turn is :class:`PromptEnded` with ACP's ``stopReason`` (``end_turn``,
 ``max_tokens``, ``max_turn_requests``, ``refusal``, ``cancelled``), or ``error`` when the
-agent answered the prompt with an error.
+agent answered the prompt with an error. An error's text is :func:`error_text`: the message
+*and* the reason from ``error.data``, where both official SDKs put it ("Internal error:
+model quota exceeded (429)"), on one line, without control characters, bounded.
 
 Client capabilities: corral declares **no** ``fs`` and **no** ``terminal`` capability. The
 agent then reads and writes files and runs commands with its own tools, in its own process
@@ -47,7 +58,11 @@ agent offers), attended ones reject. With ``policy=False`` the connection surfac
 :meth:`~AcpConnection.answer_permission`; a cancel answers every one still pending with the
 outcome ``cancelled``, as ACP requires.
 
-After :meth:`~AcpConnection.cancel` the turn's output is dropped — only a :class:`SessionId`
+:meth:`~AcpConnection.cancel` sends ``session/cancel`` *and* ``$/cancel_request`` for the
+prompt's id: an agent on the TypeScript SDK 2.x may stop only on the second (its prompt
+follows the request's abort signal) and then answers the prompt with error ``-32800``, which
+ends the turn as ``cancelled``; others know only the first, and ignore the other.
+After a cancel the turn's output is dropped — only a :class:`SessionId`
 would still pass (stop contract: leftover output is discarded, except the session id) — and
 permission requests are answered ``cancelled``, until the prompt's answer ends the turn.
 While a ``session/load`` is pending the agent replays the conversation as updates; they are
@@ -59,6 +74,8 @@ A line that is not JSON-RPC is an :class:`Unparsed` event (logged, never fatal);
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -107,6 +124,15 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
 #: corral's own ``stopReason`` for a turn whose prompt got an error response.
 STOP_ERROR = "error"
 
+#: JSON-RPC's code for a request cancelled by ``$/cancel_request`` (the TypeScript SDK's answer).
+REQUEST_CANCELLED = -32800
+#: ACP's "Authentication required".
+AUTH_REQUIRED = -32000
+#: ACP's "Unsupported protocol version" (``data``: ``{requested, supported}``).
+UNSUPPORTED_VERSION = -32022
+#: Longest reason :func:`error_text` shows (characters): an agent's error lands in a chat.
+ERROR_TEXT_CHARS = 300
+
 #: ACP's plan entry statuses, all of which are corral todo statuses.
 _PLAN_STATUSES = ("pending", "in_progress", "completed")
 
@@ -116,13 +142,36 @@ PermissionKind = Literal["allow_once", "allow_always", "reject_once", "reject_al
 
 
 @dataclass(frozen=True, slots=True)
+class AuthMethod:
+    """One way to authenticate that the agent offers in its ``initialize`` answer."""
+
+    id: str
+    name: str
+    type: str = "agent"
+    """``agent`` (``authenticate`` does it), ``env_var`` (set :attr:`vars`, then
+    ``authenticate``) or ``terminal`` (a login the user runs in a terminal: not over ACP)."""
+    vars: tuple[str, ...] = ()
+    """``env_var``: the variables the method needs (the optional ones left out)."""
+    args: tuple[str, ...] = ()
+    """``terminal``: the arguments that start the agent's own login."""
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Initialized:
-    """The agent answered ``initialize``."""
+    """The agent answered ``initialize`` (with a protocol version corral speaks)."""
 
     protocol_version: int
     load_session: bool
     """Does the agent support ``session/load``?"""
     agent_name: str = ""
+    auth_methods: tuple[AuthMethod, ...] = ()
+    resume_session: bool = False
+    """``sessionCapabilities.resume``: ``session/resume`` reconnects without a replay."""
+    close_session: bool = False
+    """``sessionCapabilities.close``: ``session/close`` ends a session's work and frees it."""
+    list_sessions: bool = False
+    """``sessionCapabilities.list``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +183,33 @@ class SessionReady:
 
 
 @dataclass(frozen=True, slots=True)
+class Authenticated:
+    """The agent accepted ``authenticate`` with ``method_id``."""
+
+    method_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClosed:
+    """The agent answered ``session/close``: the session's work is over, its resources freed."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFailed:
     """The agent answered one of corral's requests with an error."""
 
     method: str
     code: int
     message: str
+    data: Any = None
+    """The error's ``data``, where both official SDKs put the reason."""
+
+    @property
+    def reason(self) -> str:
+        """The message with the reason from ``data``: bounded, one line (:func:`error_text`)."""
+        return error_text(self.message, self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +247,10 @@ class PermissionDecided:
         return f"permission for {self.title!r}: {verb} ({self.kind or self.option_id})"
 
 
-AcpEvent = Event | Initialized | SessionReady | RequestFailed | PromptEnded | PermissionRequested | PermissionDecided
+AcpEvent = (
+    Event | Initialized | Authenticated | SessionReady | SessionClosed | RequestFailed | PromptEnded
+    | PermissionRequested | PermissionDecided
+)
 
 
 # ---------------------------------------------------------------- permission policy
@@ -223,6 +296,119 @@ def _options(raw: object) -> tuple[PermissionOption, ...]:
     return tuple(found)
 
 
+# ---------------------------------------------------------------- errors and authentication
+
+
+def _one_line(text: str) -> str:
+    """``text`` without control characters (terminal escapes included) on one line."""
+    text = _ANSI.sub("", text)
+    return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
+
+#: Keys of an error's ``data`` object that carry its reason, best first (``details``: both
+#: SDKs' wrapping of an exception's text).
+_REASON_KEYS = ("details", "message", "reason", "error", "detail")
+
+
+def error_text(message: str, data: object = None, *, limit: int = ERROR_TEXT_CHARS) -> str:
+    """An agent's error as corral shows it: the message, then the reason from ``data``.
+
+    Both official SDKs answer a failure with a generic message ("Internal error") and put the
+    reason in ``data`` — a string, or an object whose ``details`` (or ``message``, ``reason``,
+    ``error``) holds it; any other ``data`` is shown as compact JSON. The text is one line
+    without control characters or terminal escapes, and at most ``limit`` characters: an
+    agent is not trusted, and this lands in a chat.
+    """
+    head = _one_line(message) or "error"
+    detail = ""
+    if isinstance(data, str):
+        detail = data
+    elif isinstance(data, dict):
+        found = [data[key] for key in _REASON_KEYS if isinstance(data.get(key), str) and data[key].strip()]
+        if "supported" in data and isinstance(data["supported"], list):
+            detail = "the agent speaks ACP version " + ", ".join(str(v) for v in data["supported"][:10])
+            detail += f"; corral speaks version {PROTOCOL_VERSION}"
+        elif found:
+            detail = found[0]
+        elif data:
+            detail = preview(data, limit)
+    elif data is not None:
+        detail = preview(data, limit)
+    detail = _one_line(detail)
+    text = f"{head}: {detail}" if detail and detail.lower() != head.lower() else head
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _auth_methods(raw: object) -> tuple[AuthMethod, ...]:
+    if not isinstance(raw, list):
+        return ()
+    methods = []
+    for item in raw[:20]:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            continue
+        # Everything here may reach a chat in an error: one line each, bounded.
+        method_id = _one_line(item["id"])[:80]
+        if not method_id:
+            continue
+        raw_kind = item.get("type")
+        kind = _one_line(raw_kind)[:40] if isinstance(raw_kind, str) else "agent"
+        raw_vars, raw_args = item.get("vars"), item.get("args")
+        names = tuple(
+            _one_line(var["name"])[:80] for var in (raw_vars if isinstance(raw_vars, list) else ())[:10]
+            if isinstance(var, dict) and isinstance(var.get("name"), str) and not var.get("optional")
+        )
+        args = tuple(_one_line(a)[:80] for a in (raw_args if isinstance(raw_args, list) else ())[:10]
+                     if isinstance(a, str))
+        methods.append(AuthMethod(method_id, _one_line(str(item.get("name") or ""))[:80], kind, names, args,
+                                  _one_line(str(item.get("description") or ""))[:200]))
+    return tuple(methods)
+
+
+def describe_auth_method(method: AuthMethod, command: str = "the agent") -> str:
+    """One offered method and what configures it, for an error that names them all."""
+    label = f"{method.id!r}" + (f" ({method.name})" if method.name and method.name != method.id else "")
+    if method.type == "env_var":
+        names = ", ".join(method.vars) or "its variables"
+        return f'{label}: set {names} in the agent\'s env and acp_auth = "{method.id}"'
+    if method.type == "terminal":
+        login = " ".join((command, *method.args))
+        return (f"{label}: a login in a terminal — run `{login}` once yourself, then name the files it writes in "
+                "credentials = [...] (each agent has a private HOME)")
+    if method.type == "agent":
+        return f'{label}: acp_auth = "{method.id}" (the agent does it itself; unattended only without a browser)'
+    return f"{label}: a {method.type!r} method corral cannot use"
+
+
+def auth_advice(methods: Sequence[AuthMethod], command: str = "the agent") -> str:
+    """What to configure for an agent that wants authentication: every method it offers."""
+    if not methods:
+        return "the agent offers no authentication method: log in with the agent's own CLI"
+    return "the agent offers " + "; ".join(describe_auth_method(m, command) for m in methods)
+
+
+def auth_problem(method_id: str, methods: Sequence[AuthMethod], env: Mapping[str, str]) -> str | None:
+    """Why ``acp_auth = method_id`` cannot be used with what the agent offers (None: it can).
+
+    A ``terminal`` method is not called over ACP, an ``env_var`` one needs its variables set
+    in the agent's ``env``. An agent that lists no methods is taken at its word when asked.
+    """
+    if not methods:
+        return None
+    found = next((m for m in methods if m.id == method_id), None)
+    if found is None:
+        close = difflib.get_close_matches(method_id, [m.id for m in methods], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"acp_auth = {method_id!r} is not a method the agent offers; {hint}{auth_advice(methods)}"
+    if found.type == "terminal":
+        return f"{method_id!r} is a terminal login, not done over ACP: {describe_auth_method(found)}"
+    missing = [name for name in found.vars if not env.get(name)]
+    if found.type == "env_var" and missing:
+        return f"{method_id!r} needs {', '.join(missing)} in the agent's env ([agents.NAME] env)"
+    return None
+
+
 # ---------------------------------------------------------------- the connection
 
 
@@ -255,6 +441,8 @@ class AcpConnection:
 
     session_id: str | None = None
     load_session_supported: bool = False
+    resume_session_supported: bool = False
+    close_session_supported: bool = False
     initialized: bool = False
     prompt_id: RequestId | None = None
     """The id of the ``session/prompt`` in flight, if any."""
@@ -315,6 +503,24 @@ class AcpConnection:
         self._need_initialized("session/load")
         return self._request("session/load", {"sessionId": session_id, "cwd": cwd, "mcpServers": []})
 
+    def resume_session(self, session_id: str, cwd: str) -> RequestId:
+        """Queue ``session/resume`` of a saved id: reconnect without a replay (the agent
+        advertised ``sessionCapabilities.resume``)."""
+        self._need_initialized("session/resume")
+        return self._request("session/resume", {"sessionId": session_id, "cwd": cwd, "mcpServers": []})
+
+    def authenticate(self, method_id: str) -> RequestId:
+        """Queue ``authenticate`` with one of the methods the agent offered."""
+        self._need_initialized("authenticate")
+        return self._request("authenticate", {"methodId": method_id})
+
+    def close_session(self) -> RequestId | None:
+        """Queue ``session/close`` of the open session, if the agent supports it and no
+        prompt is in flight (the agent would cancel it; a stop cancels first). None: nothing sent."""
+        if not self.close_session_supported or self.session_id is None or self.prompt_id is not None:
+            return None
+        return self._request("session/close", {"sessionId": self.session_id})
+
     def prompt(self, text: str) -> RequestId:
         """Queue ``session/prompt`` with ``text`` as its one text block; starts a turn."""
         if self.session_id is None:
@@ -329,7 +535,14 @@ class AcpConnection:
         return self.prompt_id
 
     def cancel(self) -> list[AcpEvent]:
-        """Queue ``session/cancel`` (a notification) and answer pending permissions ``cancelled``.
+        """Queue ``session/cancel`` and ``$/cancel_request`` for the prompt (two notifications)
+        and answer pending permissions ``cancelled``.
+
+        Both, because agents stop on one or the other: ``session/cancel`` is ACP's cancel of a
+        session's work; ``$/cancel_request`` the protocol's cancel of one request, which is
+        all an agent on the TypeScript SDK 2.x hears when its prompt handler follows the
+        request's abort signal (it then answers the prompt with error -32800, which ends the
+        turn as ``cancelled``). An agent that knows only one ignores the other.
 
         From now on the turn's output is dropped. Returns the decisions made. A cancel with
         no prompt in flight sends nothing.
@@ -340,6 +553,7 @@ class AcpConnection:
         if not self.cancelling:
             self.cancelling = True
             self._send(Notification("session/cancel", {"sessionId": self.session_id}))
+            self._send(Notification("$/cancel_request", {"requestId": self.prompt_id}))
         for rid, title in list(self._permissions.items()):
             events.append(self._answer(rid, title, None))
         return events
@@ -389,29 +603,57 @@ class AcpConnection:
             return [Unparsed(text[:1000], f"a response to no request of ours (id {message.id!r})")]
         method = pending.method
         if isinstance(message, ErrorResponse):
-            events: list[AcpEvent] = [RequestFailed(method, message.code, message.message)]
+            failed = RequestFailed(method, message.code, message.message, message.data)
+            events: list[AcpEvent] = [failed]
             if method == "session/prompt":
-                events.append(self._end_prompt(STOP_ERROR, error=message.message))
+                if self.cancelling and message.code == REQUEST_CANCELLED:
+                    events.append(self._end_prompt("cancelled"))  # $/cancel_request's answer
+                else:
+                    events.append(self._end_prompt(STOP_ERROR, error=failed.reason))
             return events
         result = message.result if isinstance(message.result, dict) else {}
         if method == "initialize":
-            self.initialized = True
-            caps = result.get("agentCapabilities")
-            self.load_session_supported = isinstance(caps, dict) and caps.get("loadSession") is True
-            info = result.get("agentInfo")
-            name = str(info.get("name", "")) if isinstance(info, dict) else ""
-            version = result.get("protocolVersion")
-            return [Initialized(version if isinstance(version, int) else 0, self.load_session_supported, name)]
-        if method in ("session/new", "session/load"):
+            return [self._initialized(result)]
+        if method in ("session/new", "session/load", "session/resume"):
             sid = result.get("sessionId") if method == "session/new" else pending.params["sessionId"]
             if not isinstance(sid, str) or not sid:
                 return [RequestFailed(method, INVALID_PARAMS, "the answer carries no sessionId")]
             self.session_id = sid
-            return [SessionId(sid), SessionReady(sid, loaded=method == "session/load")]
+            return [SessionId(sid), SessionReady(sid, loaded=method != "session/new")]
         if method == "session/prompt":
             reason = result.get("stopReason")
             return [self._end_prompt(reason if isinstance(reason, str) else "end_turn")]
+        if method == "authenticate":
+            return [Authenticated(str(pending.params["methodId"]))]
+        if method == "session/close":
+            return [SessionClosed(str(pending.params["sessionId"]))]
         return []
+
+    def _initialized(self, result: dict[str, Any]) -> Initialized | RequestFailed:
+        """The ``initialize`` answer: refused unless its protocol version is corral's."""
+        version = result.get("protocolVersion")
+        if version != PROTOCOL_VERSION or isinstance(version, bool):
+            # ACP: the agent answers the client's version if it supports it, else its latest;
+            # a client that does not speak that one disconnects. Driving a version-2 agent
+            # as version 1 reads its answers wrong (a prompt reply without stopReason).
+            shown = preview(version, 40)
+            return RequestFailed("initialize", UNSUPPORTED_VERSION,
+                                 f"the agent speaks ACP version {shown}; corral speaks version {PROTOCOL_VERSION} "
+                                 "only: use a version of the agent that supports ACP version 1")
+        self.initialized = True
+        caps = result.get("agentCapabilities")
+        caps = caps if isinstance(caps, dict) else {}
+        session_caps = caps.get("sessionCapabilities")
+        session_caps = session_caps if isinstance(session_caps, dict) else {}
+        self.load_session_supported = caps.get("loadSession") is True
+        # A capability object ({}) means supported; omitted or null means not.
+        self.resume_session_supported = isinstance(session_caps.get("resume"), dict)
+        self.close_session_supported = isinstance(session_caps.get("close"), dict)
+        info = result.get("agentInfo")
+        name = _one_line(str(info.get("name", "")))[:80] if isinstance(info, dict) else ""
+        return Initialized(PROTOCOL_VERSION, self.load_session_supported, name,
+                           _auth_methods(result.get("authMethods")), self.resume_session_supported,
+                           self.close_session_supported, isinstance(session_caps.get("list"), dict))
 
     def _end_prompt(self, reason: str, *, error: str = "") -> PromptEnded:
         ended = PromptEnded(reason, cancelled=self.cancelling, error=error)
@@ -638,13 +880,17 @@ def preset_launch(
 
 #: ``[agents.NAME]`` keys of ``adapter = "acp"``: ``preset`` (a key of :data:`PRESETS`: the
 #: command, environment and files a bare install needs), ``acp_cancel_grace`` (seconds a
-#: stop waits for the typed cancel's answer before killing the agent's whole tree) and
-#: ``acp_idle_timeout`` (seconds an agent process may sit idle before it is closed).
-OPTION_KEYS = frozenset({"preset", "acp_cancel_grace", "acp_idle_timeout"})
+#: stop waits for the typed cancel's answer before killing the agent's whole tree),
+#: ``acp_idle_timeout`` (seconds an agent process may sit idle before it is closed),
+#: ``acp_start_timeout`` (seconds the agent may take to open a session) and ``acp_auth``
+#: (the id of the authentication method corral calls ``authenticate`` with before a session).
+OPTION_KEYS = frozenset({"preset", "acp_cancel_grace", "acp_idle_timeout", "acp_start_timeout", "acp_auth"})
 #: Default ``acp_cancel_grace``.
 DEFAULT_CANCEL_GRACE = 3.0
 #: Default ``acp_idle_timeout``: ten minutes.
 DEFAULT_IDLE_TIMEOUT = 600.0
+#: Default ``acp_start_timeout``: node agents start slowly.
+DEFAULT_START_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,6 +900,9 @@ class AcpSettings:
     preset: str | None
     cancel_grace: float
     idle_timeout: float
+    start_timeout: float = DEFAULT_START_TIMEOUT
+    auth: str | None = None
+    """``acp_auth``: the method to ``authenticate`` with (None: none, unless the agent asks)."""
 
     @property
     def restart_after_cancel(self) -> bool:
@@ -666,10 +915,15 @@ def acp_settings(options: Mapping[str, object]) -> AcpSettings:
     preset = options.get("preset")
     grace = options.get("acp_cancel_grace", DEFAULT_CANCEL_GRACE)
     idle = options.get("acp_idle_timeout", DEFAULT_IDLE_TIMEOUT)
+    start = options.get("acp_start_timeout", DEFAULT_START_TIMEOUT)
+    auth = options.get("acp_auth")
     return AcpSettings(
         preset if isinstance(preset, str) and preset in PRESETS else None,
         float(grace) if isinstance(grace, int | float) else DEFAULT_CANCEL_GRACE,
         float(idle) if isinstance(idle, int | float) else DEFAULT_IDLE_TIMEOUT,
+        float(start) if isinstance(start, int | float) and not isinstance(start, bool) and start > 0
+        else DEFAULT_START_TIMEOUT,
+        auth if isinstance(auth, str) and auth else None,
     )
 
 

@@ -484,10 +484,18 @@ def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: b
 
 def _acp_options(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | None:
     """Check an ``adapter = "acp"`` agent's own keys; the preset's binary, if a preset is named."""
-    from adapters.acp import DEFAULT_CANCEL_GRACE, DEFAULT_IDLE_TIMEOUT, PRESETS
+    from adapters.acp import DEFAULT_CANCEL_GRACE, DEFAULT_IDLE_TIMEOUT, DEFAULT_START_TIMEOUT, PRESETS
 
     check.seconds(raw, "acp_cancel_grace", prefix, DEFAULT_CANCEL_GRACE)
     check.seconds(raw, "acp_idle_timeout", prefix, DEFAULT_IDLE_TIMEOUT)
+    start = raw.get("acp_start_timeout")
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int | float) or not start > 0):
+        check.add(f"{prefix}acp_start_timeout", f"expected a number of seconds (> 0), got {start!r}",
+                  f"write acp_start_timeout = {DEFAULT_START_TIMEOUT:g}")
+    auth = check.string(raw, "acp_auth", prefix)
+    if auth is not None and not auth.strip():
+        check.add(f"{prefix}acp_auth", "is empty", "write the id of a method the agent offers (corral names them "
+                  "when the agent asks for authentication), or remove it")
     preset = check.string(raw, "preset", prefix)
     if preset is None:
         return None
@@ -590,10 +598,12 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             check.add(f"{prefix}cwd", f"{cwd} is not a directory",
                       f"mkdir -p {cwd}, or remove cwd to use a folder per channel")
         options = {k: raw[k] for k in adapter.option_keys if k in raw}
-        for key in ("acp_cancel_grace", "acp_idle_timeout"):
+        for key in ("acp_cancel_grace", "acp_idle_timeout", "acp_start_timeout"):
             if key in options and (isinstance(options[key], bool) or not isinstance(options[key], int | float)
                                    or not options[key] >= 0):
                 options.pop(key)  # reported above; the default stands
+        if "acp_auth" in options and not isinstance(options["acp_auth"], str):
+            options.pop("acp_auth")
         if "resume_args" in options and check.strings(raw, "resume_args", prefix) is None:
             options.pop("resume_args")
         if "prompt" in options and options["prompt"] not in ("argument", "stdin"):

@@ -19,11 +19,14 @@ tool calls and results as ``tool`` entries, plans as ``todos``, permission decis
 
 The stop of an ACP turn (``stop_reason`` set and the scope cancelled by the supervisor, which
 has already moved the generation, dropped the queue and cancelled the plan): the agent's
-cancel sequence — ``session/cancel``, pending permissions answered ``cancelled``, up to
+cancel sequence — ``session/cancel`` and ``$/cancel_request``, pending permissions answered
+``cancelled``, up to
 ``acp_cancel_grace`` for the prompt's ``cancelled`` answer, then corral's kill of every
 process the turn started (or of the agent's whole tree, if it did not answer: it restarts on
 the next message). :attr:`AcpTurn.ended` says which. What the cancelled prompt still said is
-dropped; only the session id is kept (it does not change mid-prompt).
+dropped; only the session id is kept (it does not change mid-prompt). A stop while the
+agent is still starting (before the prompt) kills the half-started agent at once; the turn
+reports those pids (:attr:`AcpTurn.startup`) and ``ended = "killed"``.
 """
 
 from __future__ import annotations
@@ -43,7 +46,16 @@ from ..core.account import SaveSession
 from ..core.ledger import TurnTicket
 from ..procs.tree import KillReport, ProcessTree
 from ..store.store import StoreError
-from .agents import STOP_EXITED, AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, CancelReport, PromptStream
+from .agents import (
+    STOP_EXITED,
+    AcpAgent,
+    AcpAgentError,
+    AcpAgentPool,
+    AcpSpec,
+    CancelReport,
+    PromptStream,
+    StartupKill,
+)
 from .base import BaseTurn
 from .ports import TurnLimit, TurnPorts
 
@@ -89,6 +101,8 @@ class AcpTurn(BaseTurn):
         or ``"killed"`` (it did not, or died: its whole tree was killed). None: not stopped
         mid-prompt."""
         self.cancel_report: CancelReport | None = None
+        self.startup = StartupKill()
+        """What a stop (or failure) during the agent's start-up killed: the half-started agent."""
         self._agent: AcpAgent | None = None
         self._stream: PromptStream | None = None
 
@@ -129,6 +143,9 @@ class AcpTurn(BaseTurn):
             sandbox=self._sandbox(launch, request.home),
             state_dir=self.ports.places.state_dir,
             credentials=self.agent.credentials,
+            start_timeout=self.settings.start_timeout,
+            auth_method=self.settings.auth,
+            startup=self.startup,
         )
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:
@@ -171,7 +188,14 @@ class AcpTurn(BaseTurn):
         """Cancel a prompt still in flight (a stop, a limit, a failure) and drop its
         leftovers; after a normal end, sweep what the prompt left running."""
         agent, stream = self._agent, self._stream
-        if agent is not None and stream is not None and agent.busy:
+        if stream is None and (self.startup.killed or self.startup.survivors):
+            # Stopped (or failed) while the agent was starting: the start killed it at once.
+            if self.outcome.stopped:
+                self.ended = "killed"
+            self.outcome.report = KillReport(killed=list(self.startup.killed), survivors=list(self.startup.survivors))
+            log.info("[%s %s] %s: the agent was killed during its start-up: %s", self.channel, self.turn_id,
+                     self.agent.name, self.startup.killed)
+        elif agent is not None and stream is not None and agent.busy:
             report = await agent.cancel(self.settings.cancel_grace)
             self.cancel_report = report
             self.ended = report.ended if report.ended != "idle" else None

@@ -5,19 +5,32 @@ Theory of operation
 
 :func:`open_acp_agent` spawns the agent (``_tree.spawn``: a new session, a scrubbed
 environment carrying the ``CORRAL_TURN`` marker), registers it as a :class:`ProcessTree` with
-no checkpoint in between, and runs ``initialize`` then ``session/new`` — or ``session/load``
-of a saved id, falling back to ``session/new`` (with a notice) when the agent cannot load it.
-All protocol decisions are :class:`adapters.acp.AcpConnection`'s; this module only moves
-bytes: one task reads stdout lines into the connection, one keeps stderr's tail, and every
-write goes through one lock.
+no checkpoint in between, and runs ``initialize`` (an agent answering another protocol
+version is refused), ``authenticate`` when the agent's ``acp_auth`` names a method, then
+``session/new`` — or, for a saved id, ``session/resume`` (no replay) when the agent offers
+it, else ``session/load``, falling back to ``session/new`` (with a notice) when neither
+reopens it. A ``session/new`` refused with "Authentication required" says which methods the
+agent offers and what configures each. Lines of stdout that are not JSON-RPC before the
+session opens (a banner) are logged, bounded, and shown if the start fails. All protocol
+decisions are :class:`adapters.acp.AcpConnection`'s; this module only moves bytes: one task
+reads stdout lines into the connection, one keeps stderr's tail, and every write goes
+through one lock.
+
+The start is bounded (``start_timeout``: ``acp_start_timeout``). A start that does not
+finish — a stop cancelled it, it failed, or it ran out of time — kills the half-started
+agent's tree at once, with no close grace (a stop is waiting), and records what it killed
+in the caller's :class:`StartupKill`, so the stop reports it. A started agent is ended by
+:meth:`AcpAgent.close`: ``session/close`` first when the agent offers it, then stdin closed,
+a grace to exit, and the kill and sweep of its tree.
 
 A turn is :meth:`AcpAgent.prompt`: an async iterator of the connection's events ending with
 :class:`~adapters.acp.PromptEnded`. At its start the agent's descendants are snapshotted
 (pid + start ticks, and the boot-tick clock): what exists then — the agent, its MCP servers —
 belongs to the agent, everything newer belongs to the turn.
 
-:meth:`AcpAgent.cancel` is corral's stop rule for ACP: a typed ``session/cancel`` first
-(pending permission requests answered ``cancelled``), up to ``grace`` seconds for the
+:meth:`AcpAgent.cancel` is corral's stop rule for ACP: a typed ``session/cancel`` and
+``$/cancel_request`` for the prompt first (pending permission requests answered
+``cancelled``), up to ``grace`` seconds for the
 prompt's answer, and then corral's own kill — always, because ACP only says an agent SHOULD
 stop its tools and real ones leave them running:
 
@@ -26,7 +39,8 @@ stop its tools and real ones leave them running:
   included), and marked processes started since the turn began that escaped the tree — while
   the agent and what it started before stay alive for the next prompt;
 * not acknowledged, or the agent died (``ended="killed"``): the agent's whole tree is killed
-  and swept; the owner starts a fresh process, which resumes with ``session/load``.
+  and swept; the owner starts a fresh process, which resumes the session (``session/resume``
+  or ``session/load``).
 
 Output after the cancel is dropped by the connection, except a session id.
 """
@@ -36,6 +50,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -47,15 +62,21 @@ from typing import Literal
 
 import trio
 
-from adapters._base import Error, Launch
+from adapters._base import Error, Launch, Unparsed
 from adapters.acp import (
+    AUTH_REQUIRED,
+    DEFAULT_START_TIMEOUT,
     AcpConnection,
     AcpEvent,
+    Authenticated,
     Initialized,
     PermissionDecided,
     PromptEnded,
     RequestFailed,
+    SessionClosed,
     SessionReady,
+    auth_advice,
+    auth_problem,
 )
 
 from ..procs.files import place_credentials, write_home_files
@@ -80,8 +101,16 @@ log = logging.getLogger("corral.acp")
 CANCEL_GRACE = 3.0
 #: How long ``close`` lets the agent exit on its own after stdin is closed.
 CLOSE_GRACE = 2.0
-#: Bound on start-up (initialize + session/new or load): node agents start slowly.
-START_TIMEOUT = 60.0
+#: Default bound on start-up (initialize + session/new or load): node agents start slowly.
+#: ``acp_start_timeout`` configures it per agent.
+START_TIMEOUT = DEFAULT_START_TIMEOUT
+#: How long ``close`` waits for the answer to ``session/close`` (within its grace).
+SESSION_CLOSE_WAIT = 1.0
+#: Lines of stdout that are not JSON-RPC, before the session is open, logged one by one (and
+#: kept to explain a start that fails); the rest are counted. Each is cut to
+#: :data:`NOISE_CHARS` characters.
+NOISE_LINES = 5
+NOISE_CHARS = 200
 #: corral's ``stopReason`` when the agent process ended before answering the prompt.
 STOP_EXITED = "exited"
 #: stderr lines kept to explain an agent that died.
@@ -127,6 +156,20 @@ class CancelReport:
     """Permission requests answered ``cancelled`` by the cancel."""
 
 
+@dataclass(slots=True)
+class StartupKill:
+    """What ended a half-started agent (a stop, a failure or the timeout during its start-up)
+    killed: filled in by the start, read by the turn that waited for it (its stop's report)."""
+
+    killed: list[int] = field(default_factory=list)
+    survivors: list[int] = field(default_factory=list)
+
+    def add(self, killed: Sequence[int], survivors: Sequence[int]) -> None:
+        """Record one kill of a half-started process."""
+        self.killed = sorted(set(self.killed) | set(killed))
+        self.survivors = sorted(set(self.survivors) | set(survivors))
+
+
 @dataclass(frozen=True, slots=True)
 class _Exited:
     """Sentinel on the event channel: stdout reached EOF (the agent is gone)."""
@@ -149,8 +192,11 @@ class AcpAgent:
         restart_after_cancel: bool = False,
         start_timeout: float = START_TIMEOUT,
         sandbox: Sequence[str] = (),
+        auth_method: str | None = None,
     ) -> None:
         self.launch = launch
+        self.auth_method = auth_method
+        """``acp_auth``: the method ``authenticate`` is called with before the session opens."""
         self.sandbox = tuple(sandbox)
         """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
         self.restart_after_cancel = restart_after_cancel
@@ -170,6 +216,9 @@ class AcpAgent:
         self.notices: list[str] = []
         """Things the owner should store as status entries (e.g. a session that could not load)."""
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
+        self.noise: deque[str] = deque(maxlen=NOISE_LINES)
+        """The first lines of stdout that were not JSON-RPC before the session opened."""
+        self._noise_count = 0
         self.last_used = trio.current_time()
         self.idle_timeout = math.inf
         """Seconds idle after which the owner closes the agent (see :meth:`watch_idle`)."""
@@ -267,13 +316,29 @@ class AcpAgent:
                 log.debug("agent %d stderr: %s", process.pid, text)
 
     async def _until(self, *kinds: type) -> AcpEvent:
-        """The next event of one of ``kinds`` (or RequestFailed); setup only, no prompt running."""
+        """The next event of one of ``kinds`` (or RequestFailed); setup only, no prompt running.
+
+        Lines that are not JSON-RPC (a banner, a log line on the wrong stream) are logged,
+        bounded: :data:`NOISE_LINES` of them, cut to :data:`NOISE_CHARS`, then a count."""
         while True:
             event = await self._events.receive()
             if isinstance(event, _Exited):
                 raise AcpAgentError(f"the agent exited (status {event.returncode}) during start-up: {self._why()}")
+            if isinstance(event, Unparsed):
+                self._noise(event)
             if isinstance(event, (*kinds, RequestFailed)):
                 return event
+
+    def _noise(self, event: Unparsed) -> None:
+        self._noise_count += 1
+        if self._noise_count <= NOISE_LINES:
+            line = event.line if len(event.line) <= NOISE_CHARS else event.line[: NOISE_CHARS - 1] + "…"
+            self.noise.append(line)
+            log.warning("agent %d: stdout line during start-up is not JSON-RPC (%s): %r",
+                        self.pid, event.reason, line)
+        elif self._noise_count in (NOISE_LINES + 1, 100, 10_000):
+            log.warning("agent %d: %d lines of stdout during start-up were not JSON-RPC (the rest not logged)",
+                        self.pid, self._noise_count)
 
     def _set_idle_deadline(self) -> None:
         """Move the idle watch's deadline: none while a prompt runs, else last use + timeout."""
@@ -295,7 +360,10 @@ class AcpAgent:
         return False
 
     def _why(self) -> str:
-        return " | ".join(self.stderr_tail) or "no output on stderr"
+        why = " | ".join(self.stderr_tail) or "no output on stderr"
+        if self.noise:
+            why += f"; stdout that was not JSON-RPC: {' | '.join(self.noise)}"
+        return why
 
     # ------------------------------------------------------------ start-up
 
@@ -307,6 +375,8 @@ class AcpAgent:
         self._exited = trio.Event()
         self._prompt_done = trio.Event()
         self.dead = False
+        self.noise.clear()
+        self._noise_count = 0
         process = await spawn(
             self.launch.argv, env=self.env, cwd=self.launch.cwd, stdin_pipe=True, sandbox=self.sandbox
         )
@@ -318,33 +388,76 @@ class AcpAgent:
         await self._flush()
         event = await self._until(Initialized)
         if isinstance(event, RequestFailed):
-            raise AcpAgentError(f"initialize failed: {event.message} (code {event.code})")
+            raise AcpAgentError(f"initialize failed: {event.reason} (code {event.code})")
         assert isinstance(event, Initialized)
         self.info = event
-        if saved_session is not None:
-            if not self.conn.load_session_supported:
-                self.notices.append(
-                    f"the agent cannot load sessions; session {saved_session} not resumed, a new one started"
-                )
-            else:
-                self.conn.load_session(saved_session, self.session_cwd)
-                await self._flush()
-                event = await self._until(SessionReady)
-                if isinstance(event, SessionReady):
-                    return
-                assert isinstance(event, RequestFailed)
-                self.notices.append(f"could not load session {saved_session}: {event.message}; a new one started")
+        if self.auth_method is not None:
+            await self._authenticate(event, self.auth_method)
+        if saved_session is not None and await self._reopen(saved_session):
+            return
         self.conn.new_session(self.session_cwd)
         await self._flush()
         event = await self._until(SessionReady)
         if isinstance(event, RequestFailed):
-            raise AcpAgentError(f"session/new failed: {event.message} (code {event.code})")
+            raise AcpAgentError(self._session_failed(event))
 
-    async def ensure_running(self) -> bool:
+    async def _authenticate(self, info: Initialized, method_id: str) -> None:
+        """``authenticate`` with the configured method, once it is known to be usable."""
+        problem = auth_problem(method_id, info.auth_methods, self.env)
+        if problem is not None:
+            raise AcpAgentError(f"cannot authenticate: {problem}")
+        self.conn.authenticate(method_id)
+        await self._flush()
+        event = await self._until(Authenticated)
+        if isinstance(event, RequestFailed):
+            raise AcpAgentError(f"authenticate with {method_id!r} failed: {event.reason} (code {event.code})")
+
+    async def _reopen(self, saved: str) -> bool:
+        """Reopen the saved session: ``session/resume`` (no replay) if the agent offers it,
+        else (or if it fails) ``session/load``. Did one succeed? If not, a notice says why."""
+        why: list[str] = []
+        for method in ("session/resume", "session/load"):
+            if method == "session/resume" and not self.conn.resume_session_supported:
+                continue
+            if method == "session/load" and not self.conn.load_session_supported:
+                continue
+            if method == "session/resume":
+                self.conn.resume_session(saved, self.session_cwd)
+            else:
+                self.conn.load_session(saved, self.session_cwd)
+            await self._flush()
+            event = await self._until(SessionReady)
+            if isinstance(event, SessionReady):
+                return True
+            assert isinstance(event, RequestFailed)
+            why.append(f"{method}: {event.reason}" if method == "session/resume" else event.reason)
+        if not why:
+            self.notices.append(f"the agent cannot load sessions; session {saved} not resumed, a new one started")
+        else:
+            self.notices.append(f"could not load session {saved}: {'; '.join(why)}; a new one started")
+        return False
+
+    def _session_failed(self, event: RequestFailed) -> str:
+        """Why ``session/new`` failed; for "Authentication required", what to configure."""
+        text = f"session/new failed: {event.reason} (code {event.code})"
+        if event.code == AUTH_REQUIRED:
+            methods = self.info.auth_methods if self.info is not None else ()
+            # A terminal method's args are appended to the agent's configured invocation.
+            command = shlex.join(self.launch.argv)[:200] or "the agent"
+            if self.auth_method is None:
+                text += f"; {auth_advice(methods, command)}"
+            else:
+                text += f"; it still asks after authenticate with {self.auth_method!r}"
+        return text
+
+    async def ensure_running(self, startup: StartupKill | None = None) -> bool:
         """Before a prompt: if the agent process is gone (killed by a cancel, dead, closed),
-        start a fresh one that resumes the session with ``session/load``. Did it restart?
+        start a fresh one that resumes the session (``session/resume``, else ``session/load``).
+        Did it restart?
 
-        Raises :class:`AcpAgentError` if the fresh process cannot open a session.
+        Raises :class:`AcpAgentError` if the fresh process cannot open a session. A fresh
+        process that does not get there (a stop, a failure, the timeout) is killed at once,
+        and what that killed is added to ``startup``.
         """
         if not (self.dead or self._exited.is_set()):
             return False
@@ -365,7 +478,9 @@ class AcpAgent:
             # the next call starts afresh instead of taking it for a running agent.
             with trio.CancelScope(shield=True):
                 if self.tree is not None and not self.dead:
-                    await self._kill_agent()
+                    killed, survivors = await self._kill_agent()
+                    if startup is not None:
+                        startup.add(killed, survivors)
             raise
         self.last_used = trio.current_time()
         self._set_idle_deadline()
@@ -475,12 +590,34 @@ class AcpAgent:
             return []
         process = self.tree.process
         if not self.dead and process.returncode is None and process.stdin is not None:
-            async with self._write_lock:
-                await process.stdin.aclose()
             with trio.move_on_after(grace):
+                if self.conn.close_session() is not None:
+                    # ``session/close`` (the agent advertised it): its work ends and its
+                    # resources are freed by the agent itself, before stdin closes.
+                    await self._flush()
+                    with trio.move_on_after(min(grace, SESSION_CLOSE_WAIT)):
+                        await self._closed_answer()
+                async with self._write_lock:
+                    await process.stdin.aclose()
                 await self._exited.wait()
         _, survivors = await self._kill_agent()
         return survivors
+
+    async def _closed_answer(self) -> None:
+        """Wait for the answer to ``session/close`` (no prompt runs: the events are the setup's)."""
+        while not self._exited.is_set():
+            event = await self._events.receive()
+            if isinstance(event, SessionClosed | RequestFailed | _Exited):
+                if isinstance(event, RequestFailed):
+                    log.info("agent %d: session/close failed: %s", self.pid, event.reason)
+                return
+
+    async def kill_unopened(self) -> tuple[list[int], list[int]]:
+        """End an agent whose start did not finish: kill its tree at once (a stop is waiting,
+        and there is no session to close). ``(killed, survivors)``."""
+        if self.tree is None or self.dead:
+            return [], []
+        return await self._kill_agent()
 
     async def close_if_idle(self, timeout: float) -> bool:
         """Close the agent if no prompt ran for ``timeout`` seconds; did it?"""
@@ -545,7 +682,7 @@ class PromptStream:
             if isinstance(event, PromptEnded):
                 self._done = True
                 return event
-            if isinstance(event, SessionReady | Initialized | RequestFailed):
+            if isinstance(event, SessionReady | Initialized | Authenticated | SessionClosed | RequestFailed):
                 continue  # setup answers; a failed prompt is followed by its PromptEnded
             return event
 
@@ -565,6 +702,8 @@ async def open_acp_agent(
     restart_after_cancel: bool = False,
     sandbox: Sequence[str] = (),
     state_dir: Path | None = None,
+    auth_method: str | None = None,
+    startup: StartupKill | None = None,
 ) -> AsyncIterator[AcpAgent]:
     """Start an ACP agent and open a session; on exit, close it and sweep its tree.
 
@@ -574,7 +713,12 @@ async def open_acp_agent(
     session's working directory. ``sandbox`` is the argv the agent starts behind (its MCP
     servers and tools are inside with it). ``state_dir`` is corral's state folder, when
     ``home`` is inside it: its folders down to ``home`` are tightened too
-    (:func:`~supervisor.procs.files.write_home_files`).
+    (:func:`~supervisor.procs.files.write_home_files`). ``auth_method`` is the method
+    ``authenticate`` is called with before the session (``acp_auth``).
+
+    A start that does not finish — cancelled by a stop, failed, or out of ``start_timeout`` —
+    kills the agent's tree at once, with no grace (there is no session to close, and a stop
+    is waiting), and adds what it killed to ``startup``.
     """
     if home is not None:
         await trio.to_thread.run_sync(
@@ -591,7 +735,9 @@ async def open_acp_agent(
         restart_after_cancel=restart_after_cancel,
         start_timeout=start_timeout,
         sandbox=sandbox,
+        auth_method=auth_method,
     )
+    opened = False
     try:
         async with trio.open_nursery() as nursery:
             try:
@@ -599,11 +745,16 @@ async def open_acp_agent(
                     await agent._start(nursery, saved_session)
                 if start_scope.cancelled_caught:
                     raise AcpAgentError(f"the agent did not open a session within {start_timeout:g}s: {agent._why()}")
+                opened = True
                 yield agent
             finally:
                 with trio.CancelScope(shield=True):
-                    if agent.tree is not None:
+                    if opened:
                         await agent.close()
+                    else:
+                        killed, survivors = await agent.kill_unopened()
+                        if startup is not None:
+                            startup.add(killed, survivors)
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # The readers never raise, so a group holds the one error of the start or the body:
@@ -638,6 +789,10 @@ class AcpSpec:
     """corral's state folder, which holds ``home`` (its folders down to it are tightened)."""
     credentials: tuple[tuple[Path, str], ...] = ()
     """Login files copied, read-only, into ``home`` before each start (the agent's ``credentials``)."""
+    auth_method: str | None = None
+    """``acp_auth``: the method ``authenticate`` is called with before each session opens."""
+    startup: StartupKill | None = None
+    """Where a start that does not finish records what its kill ended (the waiting turn's)."""
 
 
 class AcpAgentPool:
@@ -670,7 +825,7 @@ class AcpAgentPool:
             await self._starting[key].wait()
         agent = self._agents.get(key)
         if agent is not None:
-            await agent.ensure_running()
+            await agent.ensure_running(spec.startup)
             return agent
         self._starting[key] = started = trio.Event()
         try:
@@ -697,6 +852,8 @@ class AcpAgentPool:
                 restart_after_cancel=spec.restart_after_cancel,
                 sandbox=spec.sandbox,
                 state_dir=spec.state_dir,
+                auth_method=spec.auth_method,
+                startup=spec.startup,
             ) as agent:
                 agent.idle_timeout = spec.idle_timeout
                 self._agents[key], self._closers[key], self._gone[key] = agent, close, gone
