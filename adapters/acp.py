@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -445,9 +446,17 @@ class AcpConnection:
     close_session_supported: bool = False
     initialized: bool = False
     prompt_id: RequestId | None = None
-    """The id of the ``session/prompt`` in flight, if any."""
+    """The id of the ``session/prompt`` in flight, if any (after a hand-off: the steer's)."""
     cancelling: bool = False
     """A cancel was sent for the prompt in flight."""
+    prompt_queueing: bool = False
+    """The agent takes a ``session/prompt`` sent while one runs into the running turn
+    (claude-agent-acp's ``_meta.claudeCode.promptQueueing``): the running prompt then answers
+    ``end_turn`` as it hands off, and the turn goes on under the new one (:meth:`steer`)."""
+    _steers: deque[RequestId] = field(default_factory=deque)
+    """Steering prompts sent during the turn, not yet handed off to, oldest first."""
+    _spent: set[RequestId] = field(default_factory=set)
+    """Prompts of a turn that has ended: their late answers end nothing."""
     _next_id: int = 0
     _pending: dict[RequestId, _Pending] = field(default_factory=dict)
     _permissions: dict[RequestId, str] = field(default_factory=dict)
@@ -534,6 +543,21 @@ class AcpConnection:
         )
         return self.prompt_id
 
+    def steer(self, text: str) -> RequestId:
+        """Queue another ``session/prompt`` with ``text`` into the turn in flight, for an agent
+        that takes one (``prompt_queueing``): the running prompt hands off to it and the turn
+        goes on under it. Refused (:class:`AcpProtocolError`) for any other agent, outside a
+        turn, or once the turn is being cancelled."""
+        if not self.prompt_queueing:
+            raise AcpProtocolError("the agent does not take a prompt into a running turn")
+        if self.prompt_id is None or self.session_id is None or self.cancelling:
+            raise AcpProtocolError("no turn in flight to steer")
+        rid = self._request(
+            "session/prompt", {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]}
+        )
+        self._steers.append(rid)
+        return rid
+
     def cancel(self) -> list[AcpEvent]:
         """Queue ``session/cancel`` and ``$/cancel_request`` for the prompt (two notifications)
         and answer pending permissions ``cancelled``.
@@ -553,7 +577,8 @@ class AcpConnection:
         if not self.cancelling:
             self.cancelling = True
             self._send(Notification("session/cancel", {"sessionId": self.session_id}))
-            self._send(Notification("$/cancel_request", {"requestId": self.prompt_id}))
+            for rid in (self.prompt_id, *self._steers):
+                self._send(Notification("$/cancel_request", {"requestId": rid}))
         for rid, title in list(self._permissions.items()):
             events.append(self._answer(rid, title, None))
         return events
@@ -602,6 +627,13 @@ class AcpConnection:
         if pending is None:
             return [Unparsed(text[:1000], f"a response to no request of ours (id {message.id!r})")]
         method = pending.method
+        if method == "session/prompt" and message.id is not None and message.id != self.prompt_id:
+            # A steer answered before its hand-off, or a prompt of a turn already over: it
+            # ends nothing (the turn ends with the prompt in flight).
+            if message.id in self._steers:
+                self._steers.remove(message.id)
+            self._spent.discard(message.id)
+            return []
         if isinstance(message, ErrorResponse):
             failed = RequestFailed(method, message.code, message.message, message.data)
             events: list[AcpEvent] = [failed]
@@ -622,7 +654,12 @@ class AcpConnection:
             return [SessionId(sid), SessionReady(sid, loaded=method != "session/new")]
         if method == "session/prompt":
             reason = result.get("stopReason")
-            return [self._end_prompt(reason if isinstance(reason, str) else "end_turn")]
+            reason = reason if isinstance(reason, str) else "end_turn"
+            if reason == "end_turn" and self._steers and not self.cancelling:
+                # Handed off: the turn goes on under the steer it took.
+                self.prompt_id = self._steers.popleft()
+                return []
+            return [self._end_prompt(reason)]
         if method == "authenticate":
             return [Authenticated(str(pending.params["methodId"]))]
         if method == "session/close":
@@ -649,6 +686,9 @@ class AcpConnection:
         # A capability object ({}) means supported; omitted or null means not.
         self.resume_session_supported = isinstance(session_caps.get("resume"), dict)
         self.close_session_supported = isinstance(session_caps.get("close"), dict)
+        meta = caps.get("_meta")
+        claude = meta.get("claudeCode") if isinstance(meta, dict) else None
+        self.prompt_queueing = isinstance(claude, dict) and claude.get("promptQueueing") is True
         info = result.get("agentInfo")
         name = _one_line(str(info.get("name", "")))[:80] if isinstance(info, dict) else ""
         return Initialized(PROTOCOL_VERSION, self.load_session_supported, name,
@@ -659,6 +699,8 @@ class AcpConnection:
         ended = PromptEnded(reason, cancelled=self.cancelling, error=error)
         self.prompt_id = None
         self.cancelling = False
+        self._spent.update(self._steers)  # (answered later, they end nothing)
+        self._steers.clear()
         # A permission request can only belong to the turn that just ended.
         for rid, title in list(self._permissions.items()):
             self._answer(rid, title, None)

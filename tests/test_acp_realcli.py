@@ -10,6 +10,7 @@ The agents are installed by scripts/install-clis.sh. A missing agent fails, neve
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -182,3 +183,35 @@ async def test_attended_agent_has_its_tool_rejected_by_the_policy(rig: Rig) -> N
         assert any(isinstance(e, ToolUse) for e in events) or decided
         assert isinstance(events[-1], PromptEnded)
         assert not (rig.work / "rejected.txt").exists()
+
+
+async def test_claude_agent_acp_takes_a_steered_prompt_into_its_running_turn(short_tmp: Path) -> None:
+    # claude-agent-acp queues a session/prompt sent while one runs (_meta.claudeCode.promptQueueing):
+    # corral steers a turn with it, and the message reaches Claude Code's next model request.
+    rig = Rig(ACP_AGENTS["claude"], short_tmp)
+    started, fifo = short_tmp / "started", short_tmp / "fifo"
+    os.mkfifo(fifo)
+    try:
+        async with rig.agent() as agent:
+            assert agent.conn.prompt_queueing
+            stream = agent.prompt(f"[[shell:sh -c 'echo go > {started}; read x < {fifo}']] [[say:tool done]] run it")
+            seen: list[AcpEvent] = []
+            async with trio.open_nursery() as nursery:
+
+                async def consume() -> None:
+                    seen.extend(await collect(stream))
+
+                nursery.start_soon(consume)
+                await wait_until(lambda: started.exists())
+                assert agent.steer("STEERED-TEXT also mind the tests") is None
+                await agent.send_queued()
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the tool reads it: the open does not block
+                os.write(fd, b"go\n")
+                os.close(fd)
+            assert seen[-1] == PromptEnded("end_turn")
+            assert [e for e in seen if isinstance(e, PromptEnded)] == [seen[-1]]  # one turn, one end
+            assert rig.saw("STEERED-TEXT also mind the tests")
+            events = await collect(agent.prompt("[[say:Still here.]] Are you there?"))
+            assert text_of(events) == "Still here."
+    finally:
+        rig.server.stop()

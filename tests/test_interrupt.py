@@ -18,6 +18,7 @@ import trio
 from conftest import make_config, script_agent, turn_processes
 from test_stop_contract import (
     AGENT,
+    SLOW,
     FailCommits,
     SpawnRecorder,
     alive,
@@ -319,3 +320,52 @@ async def test_contract_19_an_interrupt_of_an_acp_turn_cancels_its_prompt_kills_
     assert notice.text == INTERRUPT_NOTICE and notice.turn == accepted.interrupted[0]
     assert notice.seq < answer.seq
     assert not any("never said" in e.text for e in entries if e.author.startswith("agent:"))
+
+
+async def test_contract_19_a_steer_into_an_acp_agent_that_queues_prompts_is_taken_into_the_running_turn(
+    short_tmp: Path,
+) -> None:
+    from test_acp_turns import fake, wait_file
+
+    from tests.fakemodel.rig import write_tool_script
+
+    tool = write_tool_script(short_tmp)
+    pid_file = short_tmp / "tool.pid"
+    table = fake(short_tmp)
+    table["env"] = {**table["env"], "FAKE_ACP_QUEUEING": "1"}
+    async with open_supervisor(make_config(short_tmp, {"acp": table})) as sup:
+        await sup.send("c", f"[[tool:sh {tool} {pid_file}]] [[say:done]]")
+        await wait_file(pid_file)
+        turn = sup._ledger.current_turn("c")
+        accepted = await sup.send("c", "that is enough", delivery="steer")
+        assert accepted.delivery == "steer" and accepted.steered == turn
+        await idle(sup, "c")
+        entries = await sup.entries("c")
+    said = [e.text for e in entries if e.kind == "message" and e.author == "agent:acp" and e.turn == turn]
+    assert said[0].startswith("steered: that is enough") and "You also said: that is enough" in said[-1], said
+    assert [e.kind for e in entries if e.turn == turn and e.kind in ("notice", "error")] == []
+
+
+async def test_contract_19_a_stop_after_a_steer_into_an_acp_turn_cancels_both_prompts(short_tmp: Path) -> None:
+    from test_acp_turns import agent_pid, fake, wait_file
+
+    from tests.fakemodel.rig import write_tool_script
+
+    tool = write_tool_script(short_tmp)
+    pid_file = short_tmp / "tool.pid"
+    table = fake(short_tmp)
+    table["env"] = {**table["env"], "FAKE_ACP_QUEUEING": "1"}
+    async with open_supervisor(make_config(short_tmp, {"acp": table})) as sup:
+        await sup.send("c", f"[[tool:sh {tool} {pid_file}]] [[say:never said]]")
+        await wait_file(pid_file)
+        pid = agent_pid(sup, "c")
+        steered = await sup.send("c", "keep going", delivery="steer")
+        assert steered.delivery == "steer"
+        with trio.fail_after(SLOW):
+            result = await sup.stop("c")
+        assert result.ok and result.ended == "cancelled", result
+        after = await sup.send("c", "[[say:next]]")
+        answer = await wait_entry(sup, "c", lambda e: e.kind == "message" and e.text.startswith("next"))
+        await idle(sup, "c")
+        assert agent_pid(sup, "c") == pid
+    assert answer.seq > after.seq  # the cancelled prompts' late answers ended nothing of the next turn

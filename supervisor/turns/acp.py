@@ -118,6 +118,20 @@ class AcpTurn(BaseTurn):
         """The agent process's tree (shared by every turn of this channel's agent)."""
         return self._agent.tree if self._agent is not None else None
 
+    async def steer(self, text: str) -> str | None:
+        """Hand ``text`` to the running prompt of an agent that takes one into a running turn
+        (claude-agent-acp's prompt queueing: a second ``session/prompt`` the running one hands
+        off to); the ledger is asked right before it is queued, with no checkpoint between."""
+        agent = self._agent
+        if agent is None or self._stream is None:
+            return "the turn has not started yet"
+        if self._silenced():
+            return "the turn was stopped"
+        why = agent.steer(text)
+        if why is None:
+            await agent.send_queued()  # (a stop from here on cancels both prompts: they go in order)
+        return why
+
     def _handle(self, event: AcpEvent) -> None:
         mapped = turn_event(event)
         if mapped is not None:

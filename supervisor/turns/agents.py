@@ -503,6 +503,22 @@ class AcpAgent:
         self._set_idle_deadline()
         return PromptStream(self)
 
+    def steer(self, text: str) -> str | None:
+        """Queue ``text`` into the turn in flight (an agent that takes a prompt into a running
+        turn: ``conn.prompt_queueing``); None once queued (the caller flushes), else why not."""
+        if not self.conn.prompt_queueing:
+            return "the agent does not take a message into a running turn"
+        if self.dead or self._exited.is_set():
+            return "the agent process is gone"
+        if not self.busy or self.conn.cancelling:
+            return "no prompt in flight"
+        self.conn.steer(text)
+        return None
+
+    async def send_queued(self) -> None:
+        """Write what the connection has queued for the agent (a steer's prompt)."""
+        await self._flush()
+
     async def cancel(self, grace: float = CANCEL_GRACE) -> CancelReport:
         """Stop the turn in flight: typed cancel, ``grace`` for its answer, then the kill."""
         started = trio.current_time()

@@ -20,6 +20,10 @@ It behaves like a well-mannered ACP agent unless a marker in the prompt asks oth
 Sessions are remembered in ``$FAKE_ACP_STATE/<id>.json`` (default: the cwd), so a fresh
 process can ``session/load`` one; the answer then says how many earlier prompts it found
 (``earlier: N``). ``FAKE_ACP_NO_LOAD=1`` hides the loadSession capability;
+``FAKE_ACP_QUEUEING=1`` takes a ``session/prompt`` sent while one runs into the running turn,
+as claude-agent-acp does (its ``_meta.claudeCode.promptQueueing``): at its tool's next step the
+running prompt answers ``end_turn`` (the hand-off) and the turn goes on under the new one, which
+says ``steered: TEXT`` and ends the turn; a steered ``enough`` ends the tool (its group).
 ``FAKE_ACP_HELPER=1`` starts a long ``sleep`` at start-up, like an MCP server a real agent
 starts before any turn (it must survive a cancel). ``FAKE_ACP_HOLD_LOAD=PATH`` holds every
 ``session/load`` answer while PATH exists (a slow restart).
@@ -45,6 +49,9 @@ _cancelled: dict[str, threading.Event] = {}
 _answers: dict[int, Any] = {}
 _answer_ready = threading.Condition()
 _next_id = 1000
+_queued: dict[str, list[tuple[int, str]]] = {}
+"""Prompts sent while one runs (FAKE_ACP_QUEUEING), by session: (request id, text)."""
+_running: set[str] = set()
 
 
 def send(obj: dict[str, Any]) -> None:
@@ -94,6 +101,21 @@ def run_prompt(rid: int, session: str, prompt: str) -> None:
     marks = {kind: arg for kind, arg in MARKER.findall(prompt)}
     cancel = _cancelled.setdefault(session, threading.Event())
     cancel.clear()
+    steered: list[str] = []
+    _running.add(session)
+    try:
+        _run(rid, session, prompt, marks, cancel, steered)
+    finally:
+        _running.discard(session)
+        later = _queued.pop(session, [])
+        if later:  # (taken at no step of the turn: each runs as a turn of its own, in order)
+            queued, text = later[0]
+            _queued[session] = later[1:]
+            threading.Thread(target=run_prompt, args=(queued, session, text), daemon=True).start()
+
+
+def _run(rid: int, session: str, prompt: str, marks: dict[str, str], cancel: threading.Event,
+         steered: list[str]) -> None:
     earlier = len(history(session))
     remember(session, prompt)
 
@@ -167,7 +189,18 @@ def run_prompt(rid: int, session: str, prompt: str) -> None:
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": tid, "status": "in_progress"})
         while proc.poll() is None:
             if cancel.wait(0.02):
+                for queued, _ in _queued.pop(session, []):
+                    send({"id": queued, "result": {"stopReason": "cancelled"}})
                 return finish("cancelled")  # the tool is left running
+            if _queued.get(session):
+                # The hand-off: this prompt ends, the turn goes on under the queued one.
+                queued, steer = _queued[session].pop(0)
+                finish("end_turn")
+                rid, steered = queued, [*steered, steer]
+                update(session, {"sessionUpdate": "agent_message_chunk",
+                                 "content": {"type": "text", "text": f"steered: {steer}. "}})
+                if "enough" in steer:
+                    os.killpg(proc.pid, 9)
         out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
         update(
             session,
@@ -183,7 +216,7 @@ def run_prompt(rid: int, session: str, prompt: str) -> None:
         return finish("cancelled")
     if cancel.is_set():
         return finish("cancelled")
-    text = f"{say} (earlier: {earlier})"
+    text = f"{say} (earlier: {earlier})" + "".join(f" You also said: {s}" for s in steered)
     third = max(1, len(text) // 3)
     for i in range(0, len(text), third):
         update(
@@ -207,7 +240,9 @@ def main() -> None:
                 _answers[rid] = msg.get("result", msg.get("error"))
                 _answer_ready.notify_all()
         elif method == "initialize":
-            caps = {"loadSession": os.environ.get("FAKE_ACP_NO_LOAD") != "1"}
+            caps: dict[str, Any] = {"loadSession": os.environ.get("FAKE_ACP_NO_LOAD") != "1"}
+            if os.environ.get("FAKE_ACP_QUEUEING") == "1":
+                caps["_meta"] = {"claudeCode": {"promptQueueing": True}}
             send(
                 {
                     "id": rid,
@@ -234,6 +269,9 @@ def main() -> None:
             send({"id": rid, "result": None})
         elif method == "session/prompt":
             text = "".join(b.get("text", "") for b in params.get("prompt", []) if isinstance(b, dict))
+            if os.environ.get("FAKE_ACP_QUEUEING") == "1" and params["sessionId"] in _running:
+                _queued.setdefault(params["sessionId"], []).append((rid, text))
+                continue
             threading.Thread(target=run_prompt, args=(rid, params["sessionId"], text), daemon=True).start()
         elif method == "session/cancel":
             _cancelled.setdefault(params.get("sessionId"), threading.Event()).set()
