@@ -42,7 +42,7 @@ message handed to the running turn there as one JSON line, ``{"type": "user", "t
 ``long N`` tool runs, while ``stream N`` streams, and before it replies, it takes each
 message at once: a status ``steered: TEXT`` says so, and its reply adds ``You also said:
 TEXT`` for each. A message that says ``enough`` ends the long tool early (its whole tree),
-so the reply follows at once. One that comes after the reply, before corral has closed
+or the stream, so the reply follows at once. One that comes after the reply, before corral has closed
 stdin (it does so on reading the ``result``), gets a second answer of its own in the same
 turn, as Claude Code gives one; the agent then waits for that close, at most
 :data:`AFTER_RESULT_SECONDS`. On a terminal, or with stdin at ``/dev/null``, it reads
@@ -290,6 +290,11 @@ class Run:
             emit("result", text="")
 
 
+def enough(messages: list[str]) -> bool:
+    """A message handed to the run says ``enough``: the long tool (or the stream) ends early."""
+    return any(re.search(r"\benough\b", text, re.I) for text in messages)
+
+
 def run_tool(seconds: float, run: Run) -> bool:
     """Run the long tool, taking the messages handed to the run meanwhile; True if one said
     ``enough`` and the tool was ended early."""
@@ -306,7 +311,7 @@ def run_tool(seconds: float, run: Run) -> bool:
     while not finished.is_set():
         taken = run.inbox.wait(None, until=finished.is_set)
         run.take(taken)
-        if not cut and any(re.search(r"\benough\b", text, re.I) for text in taken):
+        if not cut and enough(taken):
             cut = True
             tool.terminate()  # (its SIGTERM handler ends its setsid helper too)
     return cut
@@ -379,11 +384,11 @@ def main(argv: list[str]) -> int:
     if streaming:
         end = time.monotonic() + float(streaming.group(1))
         count = 0
-        while time.monotonic() < end:
+        while time.monotonic() < end and not enough(run.steered):
             emit("text", text=f"Streaming line {count}, printed at {time.time():.3f}.")
             count += 1
             tick = time.monotonic() + 0.1
-            while (left := tick - time.monotonic()) > 0:
+            while (left := tick - time.monotonic()) > 0 and not enough(run.steered):
                 run.take(inbox.wait(left))
     planned = "plan" in words or "long" in words
     if planned:

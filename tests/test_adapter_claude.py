@@ -441,3 +441,21 @@ def test_a_subagents_partial_messages_are_not_the_answer() -> None:
     parser = ADAPTER.new_parser(request())
     line = _stream({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"}}, parent="toolu_1")
     assert parser.feed(line) == []
+
+
+def test_a_second_answer_in_the_same_process_is_parsed_as_part_of_the_turn() -> None:
+    """A message steered while the model wrote is answered after the first ``result``, in the
+    same process: another ``system/init`` (the same session: not reported again), its text,
+    another ``result``; nothing of it is lost or unparsed, and ``finish`` adds nothing."""
+    sid = "0b7c4a1e-5d2f-4c3b-9a8e-000000000000"
+    parser = ADAPTER.new_parser(request())
+    events: list[Event] = []
+    for answer in ("First answer.", "Second answer."):
+        events += parser.feed(json.dumps({"type": "system", "subtype": "init", "session_id": sid}))
+        events += parser.feed(json.dumps({"type": "assistant", "session_id": sid, "message": {
+            "id": f"msg_{answer[:5]}", "role": "assistant", "content": [{"type": "text", "text": answer}]}}))
+        events += parser.feed(json.dumps({"type": "result", "subtype": "success", "is_error": False,
+                                          "result": answer, "session_id": sid}))
+    assert events == [SessionId(sid), Text("First answer."), Result("First answer.", ok=True),
+                      Text("Second answer."), Result("Second answer.", ok=True)]
+    assert parser.finish(0, interrupted=False) == []

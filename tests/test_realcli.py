@@ -344,3 +344,29 @@ async def test_claude_stopped_right_after_a_steer_leaves_no_process(
         entries = await sup.entries("work")
         assert entries[-1].kind == "notice", entries
         assert await turn.steer("after the stop") is not None
+
+
+async def test_claude_answers_a_message_steered_while_it_writes_after_its_answer_in_the_same_turn(
+    short_tmp: Path, claude_server: anthropic.FakeAnthropicServer
+) -> None:
+    """With no tool boundary left the CLI answers the message after its first result, in the
+    same process (stdin is closed at that result): stdout is read to its end, so the second
+    answer is this turn's."""
+    import trio
+
+    from supervisor.host.supervisor import open_supervisor
+
+    async with open_supervisor(_claude_config(short_tmp, claude_server)) as sup:
+        await sup.send("late", "[[say:One two three four five six seven eight.]] [[slow:3]] write slowly")
+        await _until(lambda: claude_server.text_pieces_sent >= 1, "the model to start writing")
+        turn = sup._lanes.turns["late", "cli"]
+        with trio.fail_after(30):
+            assert await turn.steer("[[say:Second answer, about otters.]] and otters?") is None
+        assert await sup.wait_idle("late", timeout=180)
+        entries = [e for e in await sup.entries("late") if e.turn == turn.turn_id]
+        assert await turn.steer("after the turn") is not None
+    messages = [e.text for e in entries if e.kind == "message"]
+    assert sum("One two three" in m for m in messages) == 1, entries
+    assert sum("Second answer, about otters." in m for m in messages) == 1, entries
+    assert turn.outcome.ok and not [e for e in entries if e.kind == "error"], entries
+    assert len(sup._lanes.turns) == 0

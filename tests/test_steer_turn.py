@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
@@ -70,6 +72,35 @@ def test_the_demo_launch_keeps_its_prompt_in_argv_and_stdin_open() -> None:
 def test_an_adapter_that_cannot_steer_says_so_as_data() -> None:
     assert generic.ADAPTER.steer is None
     assert not generic.build_launch(_request(options={"prompt": "stdin"})).keep_stdin
+
+
+def test_the_demo_agent_takes_a_message_while_it_streams_and_answers_it(tmp_path: Path) -> None:
+    """The agent alone, on a pipe (no corral): a message written while ``stream N`` streams is
+    acknowledged at once, ``enough`` ends the stream, and the reply names the message."""
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(tmp_path), "DEMO_AGENT_DELAY": "0.01"}
+    agent = subprocess.Popen([sys.executable, demo_agent.__file__, "--", "stream 120"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=env)
+    assert agent.stdin is not None and agent.stdout is not None
+    try:
+        kinds: list[tuple[str, str]] = []
+        for raw in agent.stdout:
+            line = json.loads(raw)
+            kinds.append((line["type"], line.get("text", "")))
+            if line["type"] == "text" and line["text"].startswith("Streaming line 0"):
+                agent.stdin.write(demo_agent.steer_line("that is enough, thanks"))
+                agent.stdin.flush()
+            if line["type"] == "result":
+                agent.stdin.close()  # as corral does on reading the result: the agent exits
+        assert agent.wait(timeout=SLOW) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    steered = kinds.index(("status", "steered: that is enough, thanks"))
+    assert any(text.startswith("Streaming line") for _, text in kinds[:steered]), "taken mid-stream"
+    assert ("text", "You also said: that is enough, thanks") in kinds[steered:]
+    assert kinds[-1] == ("result", "")
+    assert sum(1 for kind, text in kinds if text.startswith("Streaming line")) < 50, "the stream ended early"
 
 
 # ---------------------------------------------------------------- AgentInput on a bare pipe

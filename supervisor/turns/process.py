@@ -79,7 +79,8 @@ class Turn(BaseTurn):
         self._input: AgentInput | None = None
         """The process's stdin pipe, when the launch has one."""
         self._steerable = False
-        """The prompt is on its way and the input stays open: a steered message may follow."""
+        """The prompt is written (or there was none) and the launch keeps the input open: a
+        steered message may follow, until the input closes."""
 
     def _posted(self, post: Post) -> None:
         if post.meta and "draft" in post.meta and isinstance(self._parser, _LineTextRuns):
@@ -200,6 +201,7 @@ class Turn(BaseTurn):
         return await agent_input.write(encode(text), self._may_steer)
 
     def _close_input(self) -> None:
+        """Close the input once the message being written (if any) is whole; no checkpoint."""
         if self._input is not None:
             self._input.close()
 
