@@ -3,20 +3,21 @@
 
 Run it from the repository root as ``.venv/bin/python -m scripts.bench_steer`` (``--runs N``,
 default 20; ``--quick``: 5; ``--agent demo`` or ``--agent claude`` for one of them). It runs
-one :func:`~supervisor.host.supervisor.open_supervisor` in a temporary folder and calls the
-running turn's ``steer`` itself (no control API exists for it yet, so no HTTP round trip is in
-the figures). Each run is a fresh channel, so a fresh turn and process.
+one :func:`~supervisor.host.supervisor.open_supervisor` in a temporary folder and steers with
+``Supervisor.send(..., delivery="steer")`` (what the API, the CLI and the bridges call; no HTTP
+round trip is in the figures, the steered message's own commit is). Each run is a fresh
+channel, so a fresh turn and process.
 
 * **demo**: the bundled demo agent inside its ``long 600`` tool (its "tool running" status
-  committed); time from the ``Turn.steer`` call to the agent's ``steered: …`` line being read
+  committed); time from the ``send`` call to the agent's ``steered: …`` line being read
   by the turn (its stdout line, before the store), and to that status entry being committed
   (what a follower sees). The channel is then stopped. **Floor**: the same agent started
   directly (``start_new_session``, a stdin pipe), the same line written with ``os.write``
   once its tool runs, time to its ``steered: …`` line read from its stdout.
 * **claude**: Claude Code against the fake Anthropic server of ``tests/fakemodel/``, its
-  shell tool blocked reading a FIFO; time from the ``Turn.steer`` call to the fake server
+  shell tool blocked reading a FIFO; time from the ``send`` call to the fake server
   receiving the first model request that carries the steered text. The FIFO is written right
-  after ``steer`` returns, so the tool ends and the CLI asks the model again (with the
+  after ``send`` returns, so the tool ends and the CLI asks the model again (with the
   message, "The user sent a new message while you were working"). **Floor**: the same CLI
   started directly with its adapter's launch (argv, env, cwd), the same line written on its
   stdin, the FIFO written the same way.
@@ -161,9 +162,9 @@ async def demo_corral(folder: Path, runs: int) -> tuple[list[float], list[float]
                 nursery.start_soon(follow)
                 await trio.testing.wait_all_tasks_blocked()  # (the follower is subscribed)
                 t0 = time.perf_counter()
-                refused = await turn.steer(mark)
-                if refused is not None:
-                    raise RuntimeError(f"the demo turn refused the steer: {refused}")
+                accepted = await sup.send(channel, mark, delivery="steer")
+                if accepted.delivery != "steer":
+                    raise RuntimeError(f"the demo turn refused the steer: {accepted.fallback}")
             read_ms.append((seen[0] - t0) * 1000)
             commit_ms.append((acked[0] - t0) * 1000)
             result = await sup.stop(channel)
@@ -239,10 +240,10 @@ async def claude_corral(folder: Path, server: TimedServer, runs: int) -> list[fl
             turn = running_turn(sup, channel, "cli")
             mark = f"steer-mark-claude-{i}"
             t0 = time.perf_counter()
-            refused = await turn.steer(f"Also say {mark}.")
+            accepted = await sup.send(channel, f"Also say {mark}.", delivery="steer")
             release(fifo)
-            if refused is not None:
-                raise RuntimeError(f"the claude turn refused the steer: {refused}")
+            if accepted.delivery != "steer" or accepted.steered != turn.turn_id:
+                raise RuntimeError(f"the claude turn refused the steer: {accepted.fallback}")
             await until(partial(server.carried, mark), "the request carrying it")
             times.append((server.first_seen[mark] - t0) * 1000)
             if not await sup.wait_idle(channel, timeout=STEP_TIMEOUT):
@@ -323,8 +324,8 @@ def main() -> int:
             floor = demo_floor(root / "demo", runs)
             print("demo agent, inside its long tool:")
             print(line("floor: os.write → its line read (direct)", floor, None))
-            print(line("corral: steer() → its line read by the turn", read_ms, floor))
-            print(line("corral: steer() → its status entry committed", commit_ms, floor))
+            print(line("corral: send(steer) → its line read by the turn", read_ms, floor))
+            print(line("corral: send(steer) → its status committed", commit_ms, floor))
         if "claude" in agents:
             (root / "claude").mkdir()
             server = TimedServer().start()
@@ -335,7 +336,7 @@ def main() -> int:
                 server.stop()
             print("claude (Claude Code, fake Anthropic server), its tool ended right after the steer:")
             print(line("floor: stdin line → request carrying it (direct)", floor, None))
-            print(line("corral: steer() → request carrying it", corral_ms, floor))
+            print(line("corral: send(steer) → request carrying it", corral_ms, floor))
     finally:
         import shutil
 
