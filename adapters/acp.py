@@ -609,6 +609,17 @@ PRESETS: dict[str, Preset] = {
         restart_after_cancel=True,
     ),
     "codex": Preset("codex-acp", (), {}, "the Zed bridge", files=_codex_files, home_env={"CODEX_HOME": ".codex"}),
+    # GitHub Copilot CLI: a model of your own (COPILOT_PROVIDER_BASE_URL, COPILOT_MODEL) needs
+    # no GitHub login; COPILOT_OFFLINE=true then keeps it off the network altogether.
+    "copilot": Preset(
+        "copilot",
+        ("--acp",),
+        {"COPILOT_AUTO_UPDATE": "false", "USE_TGREP": "false", "NO_COLOR": "1"},
+        "copilot >= 1.0: --acp",
+    ),
+    # Mistral Vibe: its ACP server is a binary of its own; the provider is ~/.vibe/config.toml
+    # (or $VIBE_HOME/config.toml).
+    "vibe": Preset("vibe-acp", (), {"NO_COLOR": "1"}, "mistral-vibe 2.26: vibe-acp"),
 }
 
 

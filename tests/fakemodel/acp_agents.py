@@ -17,7 +17,7 @@ from adapters.acp import PRESETS, preset_launch
 
 from . import anthropic, gemini_api, openai_chat, openai_responses
 from ._http import FakeModelServer
-from .clis import cache_dir
+from .clis import installed_binary
 
 #: The pinned npm package of each ACP agent binary; keep in step with scripts/install-clis.sh.
 ACP_PACKAGES: dict[str, tuple[str, str]] = {
@@ -26,16 +26,15 @@ ACP_PACKAGES: dict[str, tuple[str, str]] = {
     "claude": ("@zed-industries/claude-agent-acp@0.23.1", "claude-agent-acp"),
     "codex": ("@zed-industries/codex-acp@0.16.0", "codex-acp"),
     "opencode": ("opencode-ai@1.18.33", "opencode"),
+    "copilot": ("@github/copilot@1.0.102", "copilot"),
+    "vibe": ("pypi:mistral-vibe==2.26.1", "vibe-acp"),
 }
 
 
 def acp_binary(name: str) -> Path:
     """The installed binary of ACP agent ``name``; raises with the fix when it is missing."""
     spec, binary = ACP_PACKAGES[name]
-    path = cache_dir() / spec.replace("@", "_").replace("/", "_") / "node_modules" / ".bin" / binary
-    if not path.exists():
-        raise FileNotFoundError(f"{binary} is not installed at {path}; run scripts/install-clis.sh")
-    return path
+    return installed_binary(spec, binary)
 
 
 def _json(value: object) -> str:
@@ -132,6 +131,20 @@ def _opencode(url: str, cwd: str, home: str) -> Launch:
     )
 
 
+def _copilot(url: str, cwd: str, home: str) -> Launch:
+    return preset_launch("copilot", cwd=cwd, command=[str(acp_binary("copilot"))], env=openai_chat.copilot_env(url))
+
+
+def _vibe(url: str, cwd: str, home: str) -> Launch:
+    return preset_launch(
+        "vibe",
+        cwd=cwd,
+        command=[str(acp_binary("vibe"))],
+        env={"FAKE_API_KEY": "sk-fake-corral"},
+        files={".vibe/config.toml": openai_chat.vibe_config(url)},
+    )
+
+
 def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
     """The ``[agents.NAME]`` table of a daemon's ``adapter = "acp"`` agent: the preset, the
     installed binary, the environment that points it at the fake server at ``url``. What the
@@ -172,6 +185,13 @@ def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "true",
             "OPENCODE_DISABLE_SHARE": "true",
         }
+    elif name == "copilot":
+        table["env"] = openai_chat.copilot_env(url)
+    elif name == "vibe":
+        vibe_home = folder / "vibe-home"
+        vibe_home.mkdir(exist_ok=True)
+        (vibe_home / "config.toml").write_text(openai_chat.vibe_config(url))
+        table["env"] = {"FAKE_API_KEY": "sk-fake-corral", "VIBE_HOME": str(vibe_home)}
     return table
 
 
@@ -196,4 +216,6 @@ ACP_AGENTS: dict[str, AcpAgentSpec] = {
     "claude": AcpAgentSpec("claude", anthropic.FakeAnthropicServer, _claude),
     "codex": AcpAgentSpec("codex", openai_responses.OpenAIResponsesServer, _codex),
     "opencode": AcpAgentSpec("opencode", openai_chat.OpenCodeChatServer, _opencode),
+    "copilot": AcpAgentSpec("copilot", openai_chat.CopilotChatServer, _copilot),
+    "vibe": AcpAgentSpec("vibe", openai_chat.VibeChatServer, _vibe),
 }

@@ -290,3 +290,61 @@ class OpenCodeChatServer(OpenAIChatServer):
     def shell_arguments(self, command: str) -> dict[str, Any]:
         """opencode's ``bash`` tool takes the command and a short description."""
         return {"command": command, "description": "Run the requested command"}
+
+
+class CopilotChatServer(OpenAIChatServer):
+    """The same API as spoken by GitHub Copilot CLI (``copilot --acp``, a model of your own):
+    its shell tool is ``bash`` (``command``, ``description``; ``mode`` sync waits for it)."""
+
+    main_system_prompt = "You are GitHub Copilot"
+    shell_tool = "bash"
+    todo_tool = "update_todo"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """copilot's ``bash`` runs ``command`` synchronously in a fresh process."""
+        return {"command": command, "description": "Run the requested command", "mode": "sync"}
+
+
+def copilot_env(server_url: str) -> dict[str, str]:
+    """The environment that points ``copilot`` at the fake server with no GitHub login."""
+    return {
+        "COPILOT_OFFLINE": "true",
+        "COPILOT_PROVIDER_BASE_URL": server_url.rstrip("/") + "/v1",
+        "COPILOT_PROVIDER_TYPE": "openai",
+        "COPILOT_PROVIDER_API_KEY": "sk-fake-corral",
+        "COPILOT_MODEL": MODEL,
+    }
+
+
+class VibeChatServer(OpenAIChatServer):
+    """The same API as spoken by Mistral Vibe (``vibe-acp``): shell tool ``bash`` (``command``)."""
+
+    main_system_prompt = "You help users get complex tasks done"
+    shell_tool = "bash"
+    todo_tool = "todo"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """vibe's ``bash`` takes the command (and an optional timeout)."""
+        return {"command": command}
+
+
+def vibe_config(server_url: str) -> str:
+    """A ``config.toml`` for Mistral Vibe whose only model is the fake server's (key in
+    ``FAKE_API_KEY``), with telemetry and update checks off."""
+    return (
+        'active_model = "fake"\n'
+        "enable_telemetry = false\n"
+        "enable_update_checks = false\n"
+        "enable_auto_update = false\n"
+        "enable_notifications = false\n"
+        "[[providers]]\n"
+        'name = "fake"\n'
+        f'api_base = "{server_url.rstrip("/")}/v1"\n'
+        'api_key_env_var = "FAKE_API_KEY"\n'
+        'api_style = "openai"\n'
+        'backend = "generic"\n'
+        "[[models]]\n"
+        f'name = "{MODEL}"\n'
+        'provider = "fake"\n'
+        'alias = "fake"\n'
+    )
