@@ -573,6 +573,13 @@ def _codex_files(request: TurnRequest) -> Mapping[str, str]:
     return {f"{codex.CODEX_DIR}/config.toml": config}
 
 
+def _kimi_files(request: TurnRequest) -> Mapping[str, str]:
+    # kimi acp refuses every session/new ("Authentication required") until a Kimi Code login
+    # is stored, even when the configured model is one's own: an empty login that never
+    # expires lets a bring-your-own model run (the vendor's models then fail, as without one).
+    return {".kimi/credentials/kimi-code.json": json_file({"access_token": "corral-no-login", "token_type": "none"})}
+
+
 #: Known ACP agents. ``binary`` is the default command; a configured ``command`` replaces it.
 PRESETS: dict[str, Preset] = {
     "gemini": Preset(
@@ -620,6 +627,15 @@ PRESETS: dict[str, Preset] = {
     # Mistral Vibe: its ACP server is a binary of its own; the provider is ~/.vibe/config.toml
     # (or $VIBE_HOME/config.toml).
     "vibe": Preset("vibe-acp", (), {"NO_COLOR": "1"}, "mistral-vibe 2.26: vibe-acp"),
+    # Kilo Code CLI, an opencode fork: the provider in KILO_CONFIG_CONTENT (or its config file).
+    "kilo": Preset(
+        "kilo",
+        ("acp",),
+        {"KILO_DISABLE_AUTOUPDATE": "1", "KILO_DISABLE_SHARE": "1", "KILO_DISABLE_MODELS_FETCH": "1", "NO_COLOR": "1"},
+        "kilo 7.7: kilo acp",
+    ),
+    # Kimi CLI: the provider is ~/.kimi/config.toml (or --config-file before ``acp``).
+    "kimi": Preset("kimi", ("acp",), {"NO_COLOR": "1"}, "kimi-cli 1.51: kimi acp", files=_kimi_files),
 }
 
 

@@ -28,6 +28,8 @@ ACP_PACKAGES: dict[str, tuple[str, str]] = {
     "opencode": ("opencode-ai@1.18.33", "opencode"),
     "copilot": ("@github/copilot@1.0.102", "copilot"),
     "vibe": ("pypi:mistral-vibe==2.26.1", "vibe-acp"),
+    "kilo": ("@kilocode/cli@7.7.7", "kilo"),
+    "kimi": ("pypi:kimi-cli==1.51.0", "kimi"),
 }
 
 
@@ -145,6 +147,24 @@ def _vibe(url: str, cwd: str, home: str) -> Launch:
     )
 
 
+def kilo_env(url: str) -> dict[str, str]:
+    """Kilo Code reads opencode's config from ``KILO_CONFIG_CONTENT``: the fake provider."""
+    config = {**opencode_config(url), "$schema": "https://kilo.ai/config.json"}
+    return {"KILO_CONFIG_CONTENT": json.dumps(config)}
+
+
+def _kilo(url: str, cwd: str, home: str) -> Launch:
+    return preset_launch("kilo", cwd=cwd, command=[str(acp_binary("kilo"))], env=kilo_env(url))
+
+
+def _kimi(url: str, cwd: str, home: str) -> Launch:
+    from adapters._base import TurnRequest
+
+    request = TurnRequest(prompt="", channel="", turn_id="", agent="kimi", command=(), home=home)
+    files = {**(PRESETS["kimi"].files or (lambda r: {}))(request), ".kimi/config.toml": openai_chat.kimi_config(url)}
+    return preset_launch("kimi", cwd=cwd, command=[str(acp_binary("kimi"))], files=files)
+
+
 def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
     """The ``[agents.NAME]`` table of a daemon's ``adapter = "acp"`` agent: the preset, the
     installed binary, the environment that points it at the fake server at ``url``. What the
@@ -192,6 +212,13 @@ def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
         vibe_home.mkdir(exist_ok=True)
         (vibe_home / "config.toml").write_text(openai_chat.vibe_config(url))
         table["env"] = {"FAKE_API_KEY": "sk-fake-corral", "VIBE_HOME": str(vibe_home)}
+    elif name == "kilo":
+        table["env"] = kilo_env(url)
+    elif name == "kimi":
+        # The provider in a file of the user's, named before the preset's ``acp``.
+        config_file = folder / "kimi.toml"
+        config_file.write_text(openai_chat.kimi_config(url))
+        table["command"] = [str(acp_binary(name)), "--config-file", str(config_file)]
     return table
 
 
@@ -218,4 +245,6 @@ ACP_AGENTS: dict[str, AcpAgentSpec] = {
     "opencode": AcpAgentSpec("opencode", openai_chat.OpenCodeChatServer, _opencode),
     "copilot": AcpAgentSpec("copilot", openai_chat.CopilotChatServer, _copilot),
     "vibe": AcpAgentSpec("vibe", openai_chat.VibeChatServer, _vibe),
+    "kilo": AcpAgentSpec("kilo", openai_chat.KiloChatServer, _kilo),
+    "kimi": AcpAgentSpec("kimi", openai_chat.KimiChatServer, _kimi),
 }

@@ -348,3 +348,37 @@ def vibe_config(server_url: str) -> str:
         'provider = "fake"\n'
         'alias = "fake"\n'
     )
+
+
+class KiloChatServer(OpenCodeChatServer):
+    """The same API as spoken by Kilo Code CLI (``kilo acp``, an opencode fork)."""
+
+    main_system_prompt = ""
+
+
+class KimiChatServer(OpenAIChatServer):
+    """The same API as spoken by Kimi CLI (``kimi acp``, provider ``openai_legacy``): shell
+    tool ``Shell`` (``command``, ``timeout``), todos ``SetTodoList``."""
+
+    main_system_prompt = "You are Kimi Code CLI"
+    shell_tool = "Shell"
+    todo_tool = "SetTodoList"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """kimi's ``Shell`` runs ``command`` in the foreground, with a timeout it kills at."""
+        return {"command": command, "timeout": 300}
+
+
+def kimi_config(server_url: str) -> str:
+    """A Kimi CLI ``config.toml`` whose only model is the fake server's."""
+    return (
+        'default_model = "fake"\n'
+        "[providers.fake]\n"
+        'type = "openai_legacy"\n'
+        f'base_url = "{server_url.rstrip("/")}/v1"\n'
+        'api_key = "sk-fake-corral"\n'
+        "[models.fake]\n"
+        'provider = "fake"\n'
+        f'model = "{MODEL}"\n'
+        "max_context_size = 128000\n"
+    )
