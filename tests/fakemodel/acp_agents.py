@@ -215,10 +215,18 @@ def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
     elif name == "kilo":
         table["env"] = kilo_env(url)
     elif name == "kimi":
-        # The provider in a file of the user's, named before the preset's ``acp``.
-        config_file = folder / "kimi.toml"
-        config_file.write_text(openai_chat.kimi_config(url))
-        table["command"] = [str(acp_binary(name)), "--config-file", str(config_file)]
+        # ``kimi acp`` reads its provider only from its share folder (``--config-file`` is
+        # ignored in ACP mode): a folder of the user's, with the preset's no-login placeholder.
+        from adapters._base import TurnRequest
+
+        share = folder / "kimi-share"
+        request = TurnRequest(prompt="", channel="", turn_id="", agent="kimi", command=())
+        for rel, content in (PRESETS["kimi"].files or (lambda r: {}))(request).items():
+            target = share / Path(rel).relative_to(".kimi")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        (share / "config.toml").write_text(openai_chat.kimi_config(url))
+        table["env"] = {"KIMI_SHARE_DIR": str(share)}
     return table
 
 

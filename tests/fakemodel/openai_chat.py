@@ -365,8 +365,20 @@ class KimiChatServer(OpenAIChatServer):
     todo_tool = "SetTodoList"
 
     def shell_arguments(self, command: str) -> dict[str, Any]:
-        """kimi's ``Shell`` runs ``command`` in the foreground, with a timeout it kills at."""
+        """kimi's ``Shell`` runs ``command`` in the foreground, with a timeout it kills at
+        (at most 300 s in the foreground)."""
         return {"command": command, "timeout": 300}
+
+    def chat(self, body: dict[str, Any], out: Responder) -> None:
+        """After a cancelled prompt kimi sends the next one as a second text part of the same
+        user message (the cancelled turn got no answer): the newest part is what was typed."""
+        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        start = user_prompt_index(messages)
+        content = messages[start].get("content") if start is not None else None
+        if isinstance(content, list) and len(content) > 1:
+            messages[start] = {**messages[start], "content": content[-1:]}
+            body = {**body, "messages": messages}
+        super().chat(body, out)
 
 
 def kimi_config(server_url: str) -> str:
