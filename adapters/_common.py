@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ._base import TOOL_PREVIEW_CHARS, Error, Event, StaleSession, Status, ToolResult, Unparsed, preview
+from ._base import TOOL_PREVIEW_CHARS, Error, Event, StaleSession, Status, Text, ToolResult, Unparsed, preview
 
 P = TypeVar("P")
 
@@ -233,3 +233,48 @@ def unfinished_turn(
         return Error(f"{cli} {clean_exit}{suffix}")
     because = f" {reason}" if reason else ""
     return Error(f"{cli} exited with status {returncode}{because}{suffix}")
+
+
+@dataclass(slots=True)
+class PartialText:
+    """Text deltas of the Anthropic-style ``stream_event`` lines that Claude Code and Qwen Code
+    print with ``--include-partial-messages``, and which whole messages they already streamed.
+
+    ``message_start`` names the message; each ``content_block_delta`` of type ``text_delta``
+    is a :class:`Text` delta; the whole ``assistant`` message follows with the same id, and
+    its text (already shown and saved as deltas) must not be posted again. A subagent's
+    stream (``parent_tool_use_id``) is its work, not the answer: ignored here."""
+
+    streaming_id: str | None = None
+    streamed_ids: set[str] = field(default_factory=set)
+
+    def delta(self, obj: Mapping[str, Any], *, held: Callable[[str], bool] | None = None) -> list[Event]:
+        """The events of one ``stream_event`` line. ``held(text)``: the first delta of a message
+        that the CLI's whole message will report as something else (an error), not as text."""
+        if obj.get("parent_tool_use_id") is not None:
+            return []
+        event = obj.get("event")
+        if not isinstance(event, Mapping):
+            return []
+        etype = event.get("type")
+        if etype == "message_start":
+            message = event.get("message")
+            mid = message.get("id") if isinstance(message, Mapping) else None
+            self.streaming_id = mid if isinstance(mid, str) else None
+            return []
+        if etype == "content_block_delta":
+            delta = event.get("delta")
+            text = delta.get("text") if isinstance(delta, Mapping) else None
+            if isinstance(delta, Mapping) and delta.get("type") == "text_delta" and isinstance(text, str) and text:
+                if held is not None and self.streaming_id not in self.streamed_ids and held(text):
+                    return []
+                if self.streaming_id is not None:
+                    self.streamed_ids.add(self.streaming_id)
+                return [Text(text, delta=True)]
+        # Block starts/stops, tool-input and thinking deltas: the whole message follows.
+        return []
+
+    def streamed(self, message: Mapping[str, Any]) -> bool:
+        """Whether this whole message's text was already sent as deltas."""
+        return message.get("id") in self.streamed_ids
+

@@ -718,7 +718,7 @@ def build_launch(request: TurnRequest) -> Launch:
 
 
 def _no_line_parser(request: TurnRequest) -> Parser:
-    raise TypeError("an ACP agent's output is not parsed line by line: supervisor._acp_turn drives it")
+    raise TypeError("an ACP agent's output is not parsed line by line: supervisor.turns.acp drives it")
 
 
 ADAPTER = Adapter(

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 
-A turn is ``claude -p --output-format stream-json --verbose [flags]`` with the prompt on
+A turn is ``claude -p --output-format stream-json --verbose --include-partial-messages [flags]``
+with the prompt on
 stdin (print mode reads it there): out of argv, where other users could read it, and out of
 reach of the option parser, so a prompt that starts with ``-`` is never an option and the
 variadic options a user may put in ``args`` (``--allowedTools A B``) cannot eat it.
@@ -18,6 +19,9 @@ line                        events
 ==========================  =====================================================
 ``system/init``             :class:`SessionId` (first line of every turn)
 ``system/api_retry``        :class:`Status` (the CLI retries a failed model call)
+``stream_event``            :class:`Text` deltas as the model writes (the partial
+                            messages): shown as a draft at once; the whole
+                            ``assistant`` message's text then is not posted again
 ``assistant``               :class:`Text` per text block, :class:`ToolUse` per tool
                             call, :class:`Todos` for a ``TodoWrite`` call; a
                             synthetic message with an ``error`` key is an
@@ -67,6 +71,7 @@ from ._base import (
     preview,
 )
 from ._common import (
+    PartialText,
     TurnEnd,
     blocks_text,
     by_type,
@@ -120,14 +125,15 @@ PREVIEW_KEYS: Mapping[str, str] = {
 #: ``system`` subtypes that carry nothing for the transcript.
 QUIET_SYSTEM: frozenset[str] = frozenset({"hook_started", "hook_response", "status", "task_started", "task_progress",
                                           "task_notification", "files_persisted"})
-#: Line types that carry nothing for the transcript (partial-message stream events are
-#: only printed with ``--include-partial-messages``; the whole message follows anyway).
-QUIET_TYPES: frozenset[str] = frozenset({"stream_event", "rate_limit_event", "keep_alive", "tool_progress"})
+#: Line types that carry nothing for the transcript.
+QUIET_TYPES: frozenset[str] = frozenset({"rate_limit_event", "keep_alive", "tool_progress"})
+#: Stream text as the model writes it (``stream_event`` lines): what a follower sees at once.
+PARTIAL_ARGS: tuple[str, ...] = ("--include-partial-messages",)
 
 
 def build_launch(request: TurnRequest) -> Launch:
     """Print mode, stream-json; bypass permissions when unattended; the prompt on stdin."""
-    argv: list[str] = [*request.command, "-p", "--output-format", "stream-json", "--verbose"]
+    argv: list[str] = [*request.command, "-p", "--output-format", "stream-json", "--verbose", *PARTIAL_ARGS]
     env = dict(BASE_ENV)
     if request.unattended:
         argv += UNATTENDED_ARGS
@@ -181,6 +187,8 @@ class ClaudeParser:
     """Ids of TodoWrite calls: their results are bookkeeping, not tool output."""
     _errors: set[str] = field(default_factory=set)
     """Error texts already reported (the result line repeats the synthetic message's)."""
+    _partial: PartialText = field(default_factory=PartialText)
+    """The messages whose text came as ``stream_event`` deltas."""
 
     # ------------------------------------------------------------ entry points
 
@@ -240,6 +248,9 @@ class ClaudeParser:
             return []
         return [Unparsed(line, f"unhandled system subtype {subtype!r}")]
 
+    def _stream_event(self, obj: dict[str, Any], line: str) -> list[Event]:
+        return self._partial.delta(obj)
+
     def _assistant(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message")
         if not isinstance(message, dict):
@@ -251,6 +262,7 @@ class ClaudeParser:
         # id of the Task call they belong to.
         nested = bool(obj.get("parent_tool_use_id"))
         failed = obj.get("error") is not None
+        streamed = self._partial.streamed(message)
         events: list[Event] = []
         for block in blocks:
             if not isinstance(block, dict):
@@ -262,7 +274,7 @@ class ClaudeParser:
                     events += self._error(text)
                 elif nested:
                     events.append(Status(text))
-                elif text:
+                elif text and not streamed:
                     events.append(Text(text))
             elif btype == "tool_use":
                 events += self._tool_use(block)
@@ -339,6 +351,7 @@ _HANDLERS: dict[str, Callable[[ClaudeParser, dict[str, Any], str], list[Event]]]
     "assistant": ClaudeParser._assistant,
     "user": ClaudeParser._user,
     "result": ClaudeParser._result,
+    "stream_event": ClaudeParser._stream_event,
     **dict.fromkeys(QUIET_TYPES, ClaudeParser._quiet),
 }
 

@@ -348,7 +348,7 @@ ADAPTER = Adapter(
     default_command=("codex",),
     build_launch=build_launch,
     new_parser=new_parser,
-    # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (README, "The agent CLIs").
+    # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (docs/agents.md, "Codex").
     interrupt_signal=signal.SIGINT,
     option_keys=OPTION_KEYS,
 )

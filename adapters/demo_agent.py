@@ -14,7 +14,9 @@ It speaks the generic line protocol (see :mod:`adapters.generic`) and needs no m
 
 Words in the prompt steer it: ``long`` (run the tool for ``long N`` seconds, default 600),
 ``plan`` (report a three-step plan and finish step one), ``fail`` (report an error),
-``silent`` (print the session id, then nothing for a long time).
+``silent`` (print the session id, then nothing for a long time), ``stream N`` (print a line of
+text every 0.1 s for N seconds before the reply: one long run of text, which corral shows as a
+draft while it is written).
 
 It hands work to other agents of its channel, by ``@mentions`` corral routes (its own name
 comes in ``$DEMO_AGENT_NAME``; every hand-off it writes is signed ``— NAME``, so the agent
@@ -115,7 +117,7 @@ def finish_plan(plan_file: Path, delay: float) -> list[str]:
     return done
 
 
-#: corral's catch-up block (supervisor/_catchup.py): its first line, and the line before the answered message.
+#: corral's catch-up block (supervisor/core/catchup.py): its first line, and the line before the answered message.
 CATCH_UP_HEADER = "[Catch-up: messages in this channel since your last turn"
 CATCH_UP_END = re.compile(r"^\[End of catch-up\. The message you are answering, from (?P<author>[^\]]*):\]$", re.M)
 #: A hand-off's signature: the agent that wrote it.
@@ -237,6 +239,14 @@ def main(argv: list[str]) -> int:
     if "fail" in words:
         emit("error", text="the demo agent was asked to fail")
         return 1
+    streaming = re.search(r"\bstream\s+(\d+(?:\.\d+)?)", words)
+    if streaming:
+        end = time.monotonic() + float(streaming.group(1))
+        count = 0
+        while time.monotonic() < end:
+            emit("text", text=f"Streaming line {count}, printed at {time.time():.3f}.")
+            count += 1
+            time.sleep(0.1)
     planned = "plan" in words or "long" in words
     if planned:
         report_plan(

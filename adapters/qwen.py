@@ -58,6 +58,7 @@ from ._base import (
     preview,
 )
 from ._common import (
+    PartialText,
     TurnEnd,
     by_type,
     feed_json,
@@ -188,8 +189,7 @@ class QwenParser:
 
     session_id: str | None = None
     end: TurnEnd = field(default_factory=TurnEnd)
-    _streaming_id: str | None = None
-    _streamed_ids: set[str] = field(default_factory=set)
+    _partial: PartialText = field(default_factory=PartialText)
     _todo_calls: set[str] = field(default_factory=set)
 
     # ------------------------------------------------------------- stdout
@@ -222,7 +222,7 @@ class QwenParser:
         # Lines of a subagent (the ``agent`` tool) are its work, not the answer.
         nested = obj.get("parent_tool_use_id") is not None
         # With partial messages the text was already sent as deltas under this id.
-        streamed = message.get("id") in self._streamed_ids
+        streamed = self._partial.streamed(message)
         events: list[Event] = []
         for block in blocks:
             if not isinstance(block, dict):
@@ -270,28 +270,9 @@ class QwenParser:
         return events
 
     def _stream_event(self, obj: dict[str, Any], line: str) -> list[Event]:
-        if obj.get("parent_tool_use_id") is not None:
-            return []
-        event = obj.get("event") or {}
-        etype = event.get("type")
-        if etype == "message_start":
-            msg = event.get("message") or {}
-            self._streaming_id = msg.get("id") if isinstance(msg.get("id"), str) else None
-            return []
-        if etype == "content_block_delta":
-            delta = event.get("delta") or {}
-            text = delta.get("text")
-            if delta.get("type") == "text_delta" and isinstance(text, str) and text:
-                first = self._streaming_id not in self._streamed_ids
-                if first and _API_ERROR.match(text):
-                    # A failed model call, dressed as answer text: the whole message that
-                    # follows becomes an Error instead.
-                    return []
-                if self._streaming_id is not None:
-                    self._streamed_ids.add(self._streaming_id)
-                return [Text(text, delta=True)]
-        # Block starts/stops, tool-input and thinking deltas: the whole message follows.
-        return []
+        # A failed model call, dressed as answer text: the whole message that follows becomes
+        # an Error instead, so its first delta is held back.
+        return self._partial.delta(obj, held=lambda text: _API_ERROR.match(text) is not None)
 
     def _result(self, obj: dict[str, Any], line: str) -> list[Event]:
         self.end.result()

@@ -40,8 +40,14 @@ from typing import Any
 
 import trio
 
-from supervisor import _cgroup, _ledger, _registry, _supervisor, _tree, _turn
+from supervisor.core import account as _account
+from supervisor.core import ledger as _ledger
+from supervisor.host import supervisor as _supervisor
+from supervisor.procs import cgroup as _cgroup
+from supervisor.procs import registry as _registry
+from supervisor.procs import tree as _tree
 from supervisor.testing import Hooks
+from supervisor.turns import process as _turn
 
 #: The supervisors started in this process (one: the daemon's), for the seeded bugs.
 SUPERVISORS: list[_supervisor.Supervisor] = []
@@ -190,16 +196,18 @@ def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any
 
 def _account_ignores_silence() -> None:
     """The turn's account decides as if no stop had silenced the turn."""
-    on_event, close_text = _turn.TurnAccount.on_event, _turn.TurnAccount.close_text
+    on_event, close_text = _account.TurnAccount.on_event, _account.TurnAccount.close_text
 
-    def loud_event(self: _turn.TurnAccount, event: Any, *, silenced: bool) -> list[_turn.Effect]:
-        return on_event(self, event, silenced=False)
+    def loud_event(
+        self: _account.TurnAccount, event: Any, *, silenced: bool, now: float | None = None
+    ) -> list[_account.Effect]:
+        return on_event(self, event, silenced=False, now=now)
 
-    def loud_close(self: _turn.TurnAccount, *, silenced: bool) -> list[_turn.Effect]:
+    def loud_close(self: _account.TurnAccount, *, silenced: bool) -> list[_account.Effect]:
         return close_text(self, silenced=False)
 
-    _turn.TurnAccount.on_event = loud_event  # type: ignore[method-assign]
-    _turn.TurnAccount.close_text = loud_close  # type: ignore[method-assign]
+    _account.TurnAccount.on_event = loud_event  # type: ignore[method-assign]
+    _account.TurnAccount.close_text = loud_close  # type: ignore[method-assign]
 
 
 def _output_before_notice() -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from scripts._bench import Daemon, short_tmp
-from supervisor._client import Client
+from supervisor.serve.client import Client
 from supervisor.testing import read_pid
 
 T = TypeVar("T")

@@ -64,7 +64,7 @@ from scripts._bench import Daemon, short_tmp
 from scripts._chaos_fleet import config as fleet_config
 from scripts._chaos_fleet import until
 from scripts._faultproxy import FaultProxy
-from supervisor._client import Client
+from supervisor.serve.client import Client
 from supervisor.testing import host_pid
 
 #: What a stop through a survivor may take beyond the lease (the forced takeover, the take-over

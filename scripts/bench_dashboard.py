@@ -37,7 +37,7 @@ from playwright.sync_api import Page, sync_playwright
 
 from scripts._bench import SERVER_TOML, Daemon, short_tmp, spread, sweep_leftovers
 from scripts.bench_daemon import thread_switches
-from supervisor._dashboard import BUSY_REFRESH_SECONDS, KEEPALIVE_SECONDS
+from supervisor.serve.dashboard import BUSY_REFRESH_SECONDS, KEEPALIVE_SECONDS
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -47,7 +47,7 @@ CHROMIUM_ARGS = [
 TARGET_MS = 1000.0
 #: ``corral`` with the keep-alive interval made endless (``run -c FILE`` is appended).
 KEEPALIVE_OFF = (
-    "import sys; import supervisor._api as api, supervisor._dashboard as dashboard; "
+    "import sys; import supervisor.serve.api as api, supervisor.serve.dashboard as dashboard; "
     "api.KEEPALIVE_SECONDS = dashboard.KEEPALIVE_SECONDS = 1e9; "
     "from supervisor.cli import main; sys.argv[0] = 'corral'; main()"
 )

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from scripts._bench import Daemon, short_tmp
 from scripts._chaos_fleet import config as fleet_config
-from supervisor._client import Client
+from supervisor.serve.client import Client
 
 T = TypeVar("T")
 

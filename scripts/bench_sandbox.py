@@ -7,9 +7,9 @@ the machine's speed falls on both alike; every figure is printed as a ratio to t
 floor measured in the same run.
 
 * **spawn to first output**: a program that prints one line and exits (``/bin/echo``),
-  started the way a turn is — :func:`supervisor._tree.spawn`, into a cgroup of its own where
+  started the way a turn is — :func:`supervisor.procs.tree.spawn`, into a cgroup of its own where
   one is writable — with and without the sandbox prefix a turn gets
-  (:meth:`supervisor._sandbox.Sandbox.prefix`: the state folder, store, config and socket
+  (:meth:`supervisor.procs.sandbox.Sandbox.prefix`: the state folder, store, config and socket
   hidden, the turn's folder and HOME writable); time from the call to the first byte read.
   Target: the sandbox adds at most 5 ms to the median.
 * **stop-one**: an embedded supervisor running a ``sh`` agent with a ``sleep`` in its group
@@ -32,10 +32,10 @@ import trio
 
 from scripts._bench import pct, short_tmp, spread
 from supervisor import open_supervisor
-from supervisor._cgroup import open_root
-from supervisor._config import parse_config
-from supervisor._sandbox import open_sandbox, private_paths
-from supervisor._tree import spawn
+from supervisor.config.settings import parse_config
+from supervisor.procs.cgroup import open_root
+from supervisor.procs.sandbox import open_sandbox, private_paths
+from supervisor.procs.tree import spawn
 
 LIGHT = "sleep 300 & setsid sleep 300 & echo ready; wait"
 

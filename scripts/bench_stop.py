@@ -3,7 +3,7 @@
 
 Run it from the repository root as ``.venv/bin/python -m scripts.bench_stop`` (``--quick`` for a
 small fast run). It starts its own ``corral run`` daemon in a temporary folder and stops it at the end; every
-figure is taken through the daemon's control API with :class:`supervisor._client.Client`
+figure is taken through the daemon's control API with :class:`supervisor.serve.client.Client`
 (so each includes the HTTP round trip over the Unix socket).
 
 For 1, 50 and 200 channels, each running the demo agent inside its tool (every channel's
@@ -94,9 +94,9 @@ from scripts._bench import (
     spread,
     sweep_leftovers,
 )
-from supervisor._cgroup import open_root
-from supervisor._client import Client
-from supervisor._tree import scrubbed_environment
+from supervisor.procs.cgroup import open_root
+from supervisor.procs.tree import scrubbed_environment
+from supervisor.serve.client import Client
 from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.clis import cache_dir as cli_cache_dir
@@ -860,7 +860,7 @@ def bench_spawn(rounds: int = 200) -> int:
     """Spawn latency of ``/bin/true`` (spawn until exit) with and without the cgroup step."""
     import trio
 
-    from supervisor._tree import spawn
+    from supervisor.procs.tree import spawn
 
     root = open_root("auto", f"bench-{os.getpid()}")
     if root is None:
@@ -937,7 +937,7 @@ def main() -> int:
     failures: list[str] = []
     print(f"stop benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPU(s);"
           " daemon: `corral run` subprocess;")
-    print("every daemon figure is the client-side time of supervisor._client.Client.stop(),"
+    print("every daemon figure is the client-side time of supervisor.serve.client.Client.stop(),"
           " HTTP round trip over the Unix socket included")
     if clis:
         print(f"real-CLI rows ({', '.join(clis)}; {cli_channels} channel(s) each;"

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from supervisor._store import open_store
+from supervisor.store.store import open_store
 
 LATENCY_WRITES = 500
 BURST_WRITES = 20_000

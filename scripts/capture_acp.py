@@ -2,7 +2,7 @@
 
 ``python -m scripts.capture_acp [AGENT ...]`` (default: every agent of
 ``tests.fakemodel.acp_agents``) runs each agent offline against its fake model server through
-corral's own driver (``supervisor._acp``) and writes ``tests/data/captures/acp-AGENT/``:
+corral's own driver (``supervisor.turns.agents``) and writes ``tests/data/captures/acp-AGENT/``:
 
 * ``session.jsonl``: one agent process — start-up, ``text``, ``tool`` (a permission request the
   unattended policy allows), ``cancel-tool`` (a cancel while the tool sleeps, with a setsid
@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from supervisor._acp import AcpAgent, open_acp_agent
+from supervisor.turns.agents import AcpAgent, open_acp_agent
 from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
 from tests.fakemodel.rig import write_tool_script
 

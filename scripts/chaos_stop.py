@@ -79,7 +79,7 @@ import trio
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 from scripts._chaos_agent import FLUSH_TEXT
 from scripts._chaos_daemon import SEEDED_BUGS
-from supervisor._turn import channel_slug
+from supervisor.turns.process import channel_slug
 
 #: Trials running at once (on different channels).
 CONCURRENCY = 8
@@ -97,7 +97,7 @@ KINDS = ("single", "multi")
 MULTI_JOBS = ("chain", "chainlong", "chainlong", "fan")
 #: Agent turns a job's chain may take at most (the human's message's turn, then one per hop).
 MULTI_TURNS = {"chain": MAX_HOPS + 1, "chainlong": MAX_HOPS + 1, "fan": 1 + 2 * MAX_HOPS}
-#: The hop-limit status entry's words (supervisor/_router.py).
+#: The hop-limit status entry's words (supervisor/core/router.py).
 CHAIN_STOPPED = f"chain stopped at {MAX_HOPS} hops"
 ENTRY_KINDS = {
     # Not "message": a long job's text is one message stored when it ends, 30 s on ("done",

@@ -880,8 +880,8 @@ def run_eio(folder: Path, fail_at: int) -> list[tuple[str, str]]:
     import trio
 
     from supervisor import open_supervisor
-    from supervisor._config import load_config
-    from supervisor._store import Store, StoreError
+    from supervisor.config.settings import load_config
+    from supervisor.store.store import Store, StoreError
 
     (folder / "corral.toml").write_text(config_text(folder))
     config = load_config(folder / "corral.toml")

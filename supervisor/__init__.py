@@ -22,14 +22,19 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
-    from ._client import APIError, DaemonUnavailable
-    from ._config import AgentConfig, Config, ConfigError, Limits, Problem, ServerConfig, load_config, parse_config
-    from ._daemon import DaemonError
-    from ._errors import CorralError, ShuttingDown, UsageError
-    from ._ledger import LedgerError
-    from ._store import Entry, StoreError, StoreInUse
-    from ._supervisor import (
+    from .config.settings import (
+        AgentConfig,
+        Config,
+        ConfigError,
+        Limits,
+        Problem,
+        ServerConfig,
+        load_config,
+        parse_config,
+    )
+    from .core.errors import CorralError, ShuttingDown, UsageError
+    from .core.ledger import LedgerError
+    from .host.supervisor import (
         SHUTDOWN_NOTICE,
         STOP_NOTICE,
         Accepted,
@@ -38,36 +43,41 @@ if TYPE_CHECKING:
         UnknownChannel,
         open_supervisor,
     )
+    from .serve.asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
+    from .serve.client import APIError, DaemonUnavailable
+    from .serve.daemon import DaemonError
+    from .store.store import Draft, Entry, StoreError, StoreInUse
 
 #: Where each public name lives: ``from supervisor import X`` imports only X's module.
 _LAZY = {
-    "AsyncioSupervisor": "._asyncio_host",
-    "open_asyncio_supervisor": "._asyncio_host",
-    "AgentConfig": "._config",
-    "Config": "._config",
-    "ConfigError": "._config",
-    "Limits": "._config",
-    "Problem": "._config",
-    "ServerConfig": "._config",
-    "load_config": "._config",
-    "parse_config": "._config",
-    "APIError": "._client",
-    "DaemonUnavailable": "._client",
-    "DaemonError": "._daemon",
-    "CorralError": "._errors",
-    "ShuttingDown": "._errors",
-    "UsageError": "._errors",
-    "LedgerError": "._ledger",
-    "Entry": "._store",
-    "StoreError": "._store",
-    "StoreInUse": "._store",
-    "SHUTDOWN_NOTICE": "._supervisor",
-    "STOP_NOTICE": "._supervisor",
-    "Accepted": "._supervisor",
-    "StopResult": "._supervisor",
-    "Supervisor": "._supervisor",
-    "UnknownChannel": "._supervisor",
-    "open_supervisor": "._supervisor",
+    "AsyncioSupervisor": ".serve.asyncio_host",
+    "open_asyncio_supervisor": ".serve.asyncio_host",
+    "AgentConfig": ".config.settings",
+    "Config": ".config.settings",
+    "ConfigError": ".config.settings",
+    "Limits": ".config.settings",
+    "Problem": ".config.settings",
+    "ServerConfig": ".config.settings",
+    "load_config": ".config.settings",
+    "parse_config": ".config.settings",
+    "APIError": ".serve.client",
+    "DaemonUnavailable": ".serve.client",
+    "DaemonError": ".serve.daemon",
+    "CorralError": ".core.errors",
+    "ShuttingDown": ".core.errors",
+    "UsageError": ".core.errors",
+    "LedgerError": ".core.ledger",
+    "Draft": ".store.store",
+    "Entry": ".store.store",
+    "StoreError": ".store.store",
+    "StoreInUse": ".store.store",
+    "SHUTDOWN_NOTICE": ".host.supervisor",
+    "STOP_NOTICE": ".host.supervisor",
+    "Accepted": ".host.supervisor",
+    "StopResult": ".host.supervisor",
+    "Supervisor": ".host.supervisor",
+    "UnknownChannel": ".host.supervisor",
+    "open_supervisor": ".host.supervisor",
 }
 
 __all__ = [
@@ -82,6 +92,7 @@ __all__ = [
     "CorralError",
     "DaemonError",
     "DaemonUnavailable",
+    "Draft",
     "Entry",
     "LedgerError",
     "Limits",

@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import trio
 
-from ._config import parse_config
-from ._store import Entry
-from ._supervisor import Supervisor, open_supervisor
-from ._tree import scan_markers
+from .config.settings import parse_config
+from .host.supervisor import Supervisor, open_supervisor
+from .procs.tree import scan_markers
+from .store.store import Entry
 
 #: Exit statuses of an interrupted demo, as a shell reports a death by that signal.
 INTERRUPTED_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}

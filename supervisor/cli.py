@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from ._client import Client
-    from ._config import Config, Problem
+    from .config.settings import Config, Problem
+    from .serve.client import Client
 
-#: ``_config.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast (a test keeps them equal).
+#: ``config.settings.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast
+#: (a test keeps them equal).
 DEFAULT_CONFIG_NAME = "corral.toml"
 
 EXIT_ERROR = 1
@@ -44,7 +45,7 @@ def _problems(problems: list[Problem], file: str) -> NoReturn:
 
 
 def _load(path: str | None) -> Config:
-    from ._config import ConfigError, load_config
+    from .config.settings import ConfigError, load_config
 
     file = path or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
@@ -60,7 +61,7 @@ class _Context:
         self.json = as_json
 
     def client(self) -> Client:
-        from ._client import Client
+        from .serve.client import Client
 
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
@@ -71,7 +72,7 @@ class _Context:
                     "(start one with `corral run -c FILE`)",
                     EXIT_NO_DAEMON,
                 )
-            from ._config import ConfigError, load_server_config
+            from .config.settings import ConfigError, load_server_config
 
             file = config_file or DEFAULT_CONFIG_NAME
             try:
@@ -86,7 +87,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None) -> T:
-    from ._client import APIError, DaemonGone, DaemonUnavailable
+    from .serve.client import APIError, DaemonGone, DaemonUnavailable
 
     client = client or ctx.client()
     try:
@@ -110,8 +111,48 @@ def format_entry(entry: dict[str, Any]) -> str:
     import time
 
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
-    dropped = " (not run: dropped by a stop)" if entry.get("meta", {}).get("dropped_by_stop") else ""
-    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}"
+    meta = entry.get("meta", {})
+    dropped = " (not run: dropped by a stop)" if meta.get("dropped_by_stop") else ""
+    cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
+    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
+
+
+class DraftView:
+    """``tail -f``'s drafts in the human form. On a terminal, the text being written is one line
+    rewritten in place (its end, as much as fits), cleared when the saved entry comes; elsewhere
+    each draft's new text is printed on a line of its own, marked as not saved yet."""
+
+    def __init__(self, terminal: bool, width: int = 100) -> None:
+        self.terminal = terminal
+        self.width = max(width, 40)
+        self.shown: dict[str, int] = {}
+        """How much of each open draft's text has been printed."""
+        self.line = False
+        """A draft line is on the terminal (the next output first clears it)."""
+
+    def draft(self, draft: dict[str, Any]) -> str:
+        """What to write for one draft event."""
+        import time
+
+        stamp = time.strftime("%H:%M:%S", time.localtime(draft["ts"]))
+        head = f"[draft] {stamp} {draft['author']:<16} writing…"
+        text = str(draft["text"])
+        if self.terminal:
+            flat = text.replace("\n", " ⏎ ")
+            room = self.width - len(head) - 2
+            self.line = True
+            return f"\r\x1b[2K{head} {flat[-room:] if room > 0 else ''}"
+        done = self.shown.get(draft["draft"], 0)
+        self.shown[draft["draft"]] = len(text)
+        fresh = text[done:] if len(text) >= done else text
+        return f"{head} (not saved yet) {fresh}\n" if fresh else ""
+
+    def entry(self, entry: dict[str, Any]) -> str:
+        """What to write for one saved entry."""
+        self.shown.pop(str(entry.get("meta", {}).get("draft")), None)
+        clear = "\r\x1b[2K" if self.line else ""
+        self.line = False
+        return f"{clear}{format_entry(entry)}\n"
 
 
 def format_stop(result: dict[str, Any]) -> str:
@@ -171,9 +212,9 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     """
     import logging
 
-    from ._logformat import JSONLogFormatter
-    from ._preflight import preflight
-    from ._systemd import JournalFormatter, stderr_is_journal
+    from .config.preflight import preflight
+    from .serve.logformat import JSONLogFormatter
+    from .serve.systemd import JournalFormatter, stderr_is_journal
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     config = _load(file)
@@ -192,7 +233,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
     import trio
 
-    from ._daemon import harden_process, run_daemon
+    from .serve.daemon import harden_process, run_daemon
 
     harden_process()
     try:
@@ -209,9 +250,9 @@ def _startup_error(exc: BaseException, config: Config) -> str | None:
     """A start-up failure as one line with the path and the fix; None if it is a bug."""
     import sqlite3
 
-    from ._daemon import DaemonError
-    from ._engines import is_postgres_error
-    from ._store import StoreError, StoreInUse
+    from .serve.daemon import DaemonError
+    from .store.engines import is_postgres_error
+    from .store.store import StoreError, StoreInUse
 
     if isinstance(exc, BaseExceptionGroup):
         for leaf in exc.exceptions:
@@ -251,9 +292,9 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """
     import dataclasses
 
-    from ._config import ConfigError, Problem, load_config
-    from ._preflight import preflight
-    from ._sandbox import probe
+    from .config.preflight import preflight
+    from .config.settings import ConfigError, Problem, load_config
+    from .procs.sandbox import probe
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     sandbox: dict[str, Any] = {}
@@ -362,16 +403,25 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries as they are stored.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
 @_json_option
 @click.pass_obj
 def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
     ctx = _merge(obj, as_json)
-    show = _print_json if ctx.json else (lambda e: click.echo(format_entry(e)))
+    import shutil
+
+    view = DraftView(sys.stdout.isatty(), shutil.get_terminal_size().columns)
+
+    def show(item: dict[str, Any]) -> None:
+        if ctx.json:
+            _print_json(item)
+        else:
+            sys.stdout.write(view.draft(item) if item.get("kind") == "draft" else view.entry(item))
 
     def run(client: Client) -> None:
-        entries = client.follow(channel, after) if follow else client.entries(channel, after)
+        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after)
         for entry in entries:
             show(entry)
             sys.stdout.flush()
@@ -447,8 +497,8 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_jso
     cookie and opens the dashboard, so the token never reaches the browser. Needs
     ``tcp`` and ``token_file`` in the config's [server] table.
     """
-    from ._client import Client
-    from ._config import ConfigError, load_server_config
+    from .config.settings import ConfigError, load_server_config
+    from .serve.client import Client
 
     file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ._hooks import Hooks, Spawner, TurnHook
-from ._ledger import StopDecision, StopLedger
-from ._registry import ProcessRegistry
-from ._store import Store
-from ._supervisor import Supervisor
+from .core.ledger import StopDecision, StopLedger
+from .host.supervisor import Supervisor
+from .procs.hooks import Hooks, Spawner, TurnHook
+from .procs.registry import ProcessRegistry
+from .store.store import Store
 
 __all__ = [
     "Hooks", "Spawner", "StopDecision", "StopLedger", "TurnHook", "host_pid", "ledger", "pid_file_alive", "read_pid",

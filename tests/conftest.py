@@ -16,7 +16,7 @@ from _postgres import PostgresServer
 from _postgres import missing as postgres_missing
 
 from supervisor import Config, parse_config
-from supervisor._tree import TURN_MARKER
+from supervisor.procs.tree import TURN_MARKER
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent
@@ -86,7 +86,7 @@ KILL = {"cgroup": "auto"}
 
 def cgroup_missing() -> str | None:
     """Why no turn cgroup can be made here (what is missing); None if one can."""
-    from supervisor._cgroup import CgroupUnavailable, find_base
+    from supervisor.procs.cgroup import CgroupUnavailable, find_base
 
     try:
         base = find_base("auto")

@@ -1,4 +1,4 @@
-"""The Trio driver of one persistent ACP agent (supervisor/_acp.py), against the fake ACP agent
+"""The Trio driver of one persistent ACP agent (supervisor/turns/agents.py), against the fake ACP agent
 of tests/fakes/fake_acp.py: a turn, the typed cancel and the kill that always follows it, an
 agent that ignores the cancel, one that answers it late, one that dies mid-prompt, malformed
 JSON-RPC, permissions, session/load and its fallback, close and idle."""
@@ -11,14 +11,16 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+import supervisor.turns.agents
 from adapters._base import Error, Launch, SessionId, Text, Todos, ToolUse, Unparsed
 from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
-from supervisor._acp import AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, PromptStream, open_acp_agent
-from supervisor._tree import ident, read_stat
+from supervisor.procs.tree import ident, read_stat
+from supervisor.turns.agents import AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, PromptStream, open_acp_agent
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 #: Real processes get real time: generous bounds.
@@ -58,7 +60,7 @@ async def wait_file(path: Path) -> int:
 
 def helper_pid(agent: AcpAgent) -> int:
     """The fake's start-up helper (an MCP server stand-in): its ``sleep 3002`` child."""
-    from supervisor._tree import child_pids
+    from supervisor.procs.tree import child_pids
 
     for pid in child_pids(agent.pid):
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -164,6 +166,52 @@ async def test_an_agent_out_of_step_after_a_cancel_is_restarted_with_its_session
         with trio.fail_after(BOUND):
             assert await agent.ensure_running() is True
         assert agent.session_id == session
+        events = await collect(agent.prompt("[[say:in step]]"))
+        assert text_of(events) == "in step (earlier: 1)"
+
+
+async def test_a_restart_after_a_cancel_is_not_failed_by_the_exit_of_the_process_it_replaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The killed process's stdout reader, still reaping it when the restart begins, must not
+    report that exit (status -9, corral's own kill) as the fresh process's: it failed the
+    restart with "the agent exited (status -9) during start-up" now and then."""
+    parked, release = trio.Event(), trio.Event()
+    original_wait = trio.Process.wait
+
+    async def wait(process: trio.Process) -> int:
+        # Park the reader of the first process at EOF, in reaping it, until the restart has begun.
+        if trio.lowlevel.current_task().name.endswith("._read_stdout") and not release.is_set():
+            parked.set()
+            with trio.CancelScope(shield=True):  # past the reader's own 1 s bound on the reap
+                await release.wait()
+        return await original_wait(process)
+
+    original_spawn = supervisor.turns.agents.spawn
+
+    async def spawn(*args: Any, **kwargs: Any) -> trio.Process:
+        if parked.is_set() and not release.is_set():
+            # The restart: its generation's state is in place; let the old reader finish first.
+            release.set()
+            await trio.testing.wait_all_tasks_blocked()
+        return await original_spawn(*args, **kwargs)
+
+    monkeypatch.setattr(trio.Process, "wait", wait)
+    monkeypatch.setattr(supervisor.turns.agents, "spawn", spawn)
+    launch = Launch(argv=(sys.executable, FAKE), cwd=str(tmp_path), env={"FAKE_ACP_STATE": str(tmp_path)})
+    async with open_acp_agent(launch, marker="acp-test-restart-reap", restart_after_cancel=True) as agent:
+        session = agent.session_id
+        stream = agent.prompt("[[silent]]")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, stream)
+            await trio.testing.wait_all_tasks_blocked()
+            report = await agent.cancel(grace=BOUND)
+        assert report.ended == "cancelled"
+        with trio.fail_after(BOUND):
+            await parked.wait()  # the old reader saw EOF and is reaping its process
+            assert await agent.ensure_running() is True
+        assert release.is_set() and agent.session_id == session
+        assert await agent.ensure_running() is False, "the fresh process is taken for gone"
         events = await collect(agent.prompt("[[say:in step]]"))
         assert text_of(events) == "in step (earlier: 1)"
 

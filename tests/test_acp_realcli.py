@@ -19,9 +19,9 @@ import trio
 
 from adapters._base import Text, ToolUse
 from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
-from supervisor._acp import AcpAgent, PromptStream, open_acp_agent
-from supervisor._tree import read_stat
+from supervisor.procs.tree import read_stat
 from supervisor.testing import read_pid
+from supervisor.turns.agents import AcpAgent, PromptStream, open_acp_agent
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
 from tests.fakemodel.rig import write_tool_script

@@ -19,11 +19,11 @@ from conftest import DaemonProcess, make_config
 
 from adapters.acp import PermissionDecided, PromptEnded
 from supervisor import open_supervisor
-from supervisor._acp_turn import turn_event
-from supervisor._config import ConfigError, parse_config
-from supervisor._supervisor import Supervisor
-from supervisor._tree import descendants, read_stat
+from supervisor.config.settings import ConfigError, parse_config
+from supervisor.host.supervisor import Supervisor
+from supervisor.procs.tree import descendants, read_stat
 from supervisor.testing import Hooks, read_pid
+from supervisor.turns.acp import turn_event
 from tests.fakemodel.rig import PID_OF_LAST, toml_value, write_tool_script
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
@@ -222,9 +222,9 @@ def test_corral_check_names_each_bad_acp_key_with_its_fix(short_tmp: Path) -> No
     assert any(key == "agents.bare.command" and "preset" in fix for key, fix in problems), problems
 
 
-def test_the_readme_acp_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Any agent that speaks ACP"):]
+def test_the_docs_acp_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "agents.md").read_text()
+    section = page[page.index("## Any agent that speaks ACP"):]
     block = section[section.index("```toml\n") + 8 : section.index("```\n", section.index("```toml\n"))]
     bin_dir = short_tmp / "bin"  # the agents' binaries, as an install would put them on PATH
     bin_dir.mkdir()

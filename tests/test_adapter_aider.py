@@ -40,8 +40,8 @@ from adapters.aider import (
     message_file,
     new_parser,
 )
-from supervisor._turn import _write_files
 from supervisor.testing import read_pid
+from supervisor.turns.process import _write_files
 
 CAPTURES = Path(__file__).parent / "data" / "captures" / "aider"
 FAKE_AIDER = Path(__file__).parent / "fakes" / "fake_aider.py"

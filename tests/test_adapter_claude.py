@@ -348,7 +348,7 @@ def test_fresh_launch() -> None:
     """Print mode, stream-json, bypassed permissions, the prompt on stdin (not in argv)."""
     launch = build_launch(request())
     assert launch.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose",
-                           "--dangerously-skip-permissions")
+                           "--include-partial-messages", "--dangerously-skip-permissions")
     assert launch.cwd == "/srv/work/c1" and launch.stdin == b"fix the bug" and dict(launch.files) == {}
     assert launch.env["IS_SANDBOX"] == "1"
     assert launch.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
@@ -389,3 +389,31 @@ def test_adapter_declares_sigint() -> None:
     """SIGINT is what makes the CLI kill its tool tree."""
     assert ADAPTER.interrupt_signal == signal.SIGINT
     assert ADAPTER.name == "claude" and ADAPTER.default_command == ("claude",)
+
+
+def _stream(event: dict[str, object], parent: str | None = None) -> str:
+    return json.dumps({"type": "stream_event", "event": event, "parent_tool_use_id": parent, "session_id": "s"})
+
+
+def test_partial_messages_are_text_deltas_and_the_whole_message_is_not_posted_again() -> None:
+    parser = ADAPTER.new_parser(request())
+    events = parser.feed(_stream({"type": "message_start", "message": {"id": "msg_1"}}))
+    events += parser.feed(_stream({"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": "Hel"}}))
+    events += parser.feed(_stream({"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": "lo"}}))
+    events += parser.feed(_stream({"type": "content_block_delta", "index": 1,
+                                   "delta": {"type": "input_json_delta", "partial_json": "{"}}))
+    assert events == [Text("Hel", delta=True), Text("lo", delta=True)]
+    whole = {"type": "assistant", "message": {"id": "msg_1", "content": [
+        {"type": "text", "text": "Hello"}, {"type": "tool_use", "id": "tu", "name": "Bash", "input": {"command": "ls"}}]}}
+    assert [type(e) for e in parser.feed(json.dumps(whole))] == [ToolUse]
+    # A message that was not streamed still posts its text.
+    other = {"type": "assistant", "message": {"id": "msg_2", "content": [{"type": "text", "text": "Bye"}]}}
+    assert parser.feed(json.dumps(other)) == [Text("Bye")]
+
+
+def test_a_subagents_partial_messages_are_not_the_answer() -> None:
+    parser = ADAPTER.new_parser(request())
+    line = _stream({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"}}, parent="toolu_1")
+    assert parser.feed(line) == []

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from adapters._base import (
+    TOOL_PREVIEW_CHARS,
     Error,
     Event,
     Result,
@@ -28,7 +29,6 @@ from adapters._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
-    TOOL_PREVIEW_CHARS,
 )
 from adapters.codex import ADAPTER, CodexParser, build_launch, new_parser
 

@@ -59,7 +59,7 @@ def test_by_type_calls_the_handler_of_the_line_type_and_none_for_an_unknown_one(
 
 
 #: Adapters whose agents are not read line by line (``acp``: a JSON-RPC connection, driven by
-#: supervisor._acp_turn), so they have no parser.
+#: supervisor.turns.acp), so they have no parser.
 NO_LINE_PARSER = {"acp"}
 
 
@@ -89,5 +89,5 @@ def test_a_repeated_stale_session_message_on_stderr_is_one_stale_session(name: s
 
 def test_an_adapter_without_a_line_parser_says_what_drives_it() -> None:
     for name in NO_LINE_PARSER:
-        with pytest.raises(TypeError, match="_acp_turn"):
+        with pytest.raises(TypeError, match="supervisor.turns.acp"):
             get_adapter(name).new_parser(_request(name))

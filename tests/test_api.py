@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 import trio
-
 from conftest import make_config
+
 from supervisor import Config, Supervisor, UsageError, open_supervisor, parse_config
-from supervisor import _http
-from supervisor._daemon import DaemonError, bind_loopback_tcp, run_daemon
-from supervisor._supervisor import MAX_MESSAGE_BYTES, UnknownChannel
+from supervisor.host.supervisor import MAX_MESSAGE_BYTES, UnknownChannel
+from supervisor.serve import http as _http
+from supervisor.serve.daemon import DaemonError, bind_loopback_tcp, run_daemon
 
 
 def _client(folder: Path) -> httpx.AsyncClient:

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 from conftest import make_config
+
 from supervisor import open_asyncio_supervisor
 
 

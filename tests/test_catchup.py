@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor._catchup import HEADER, Missed, catch_up_prompt, footer, left_out_line
+from supervisor.core.catchup import HEADER, Missed, catch_up_prompt, footer, left_out_line
 
 
 def test_nothing_missed_leaves_the_prompt_unchanged() -> None:

@@ -30,10 +30,10 @@ from conftest import PYTHON, DaemonProcess, cgroup_missing, make_config
 from test_durable import entries, rows, until
 
 from supervisor import Config, ConfigError, parse_config
-from supervisor._cgroup import ENTER_SCRIPT, CgroupRoot, Watcher, cgroup2_mount, open_root, own_cgroup
-from supervisor._store import Entry
-from supervisor._supervisor import Supervisor, open_supervisor
-from supervisor._tree import TURN_MARKER, ProcessTree, spawn
+from supervisor.host.supervisor import Supervisor, open_supervisor
+from supervisor.procs.cgroup import ENTER_SCRIPT, CgroupRoot, Watcher, cgroup2_mount, open_root, own_cgroup
+from supervisor.procs.tree import TURN_MARKER, ProcessTree, spawn
+from supervisor.store.store import Entry
 from supervisor.testing import host_pid, read_pid
 
 SLOW = 30.0

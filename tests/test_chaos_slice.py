@@ -4,13 +4,12 @@ contract forbids, put back in the daemon) is caught.
 
 Each run starts a real ``corral run`` (traced, see ``scripts/_chaos_daemon.py``) and the chaos
 agent in its three setups. A seeded run draws its stop moments where that bug shows: the
-script's full mix catches every one as well, only over more trials (see the README).
+script's full mix catches every one as well, only over more trials (see docs/robustness.md).
 """
 
 from __future__ import annotations
 
 import pytest
-
 from _scripts import run_json
 
 pytestmark = pytest.mark.chaos
@@ -43,7 +42,7 @@ def test_chaos_slice_finds_no_violation_in_multi_agent_channels() -> None:
 )
 def test_chaos_slice_catches_each_seeded_bug(bug: str, moments: str, kind: str) -> None:
     # Two trials at a time: with eight, the stop requests queue behind each other on a loaded
-    # machine and land after the window the bug opens (the full mix is what the README counts).
+    # machine and land after the window the bug opens (the full mix is what docs/robustness.md counts).
     summary = run_json("chaos_stop.py", "--trials", "12", "--seed", "7", "--seed-bug", bug, "--moments", moments,
                        "--concurrency", "2", "--kinds", "single")
     assert summary["seed_bug"] == bug

@@ -1,4 +1,4 @@
-"""Tests for ``supervisor._config``: every problem is found, reported together, with a fix."""
+"""Tests for ``supervisor.config.settings``: every problem is found, reported together, with a fix."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor._config import ConfigError, Limits, Problem, load_config, load_server_config, parse_config
+from supervisor.config.settings import ConfigError, Limits, Problem, load_config, load_server_config, parse_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -509,7 +509,7 @@ def test_the_docs_name_the_state_folder_the_code_uses(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, '[store]\npath = "corral.db"\n' + DEMO))
     assert config.state_dir == tmp_path / "corral.d"
     repo = Path(__file__).resolve().parent.parent
-    for doc in ("README.md", "config.example.toml"):
+    for doc in ("README.md", "config.example.toml", "docs/operations.md"):
         text = (repo / doc).read_text()
         assert "corral.db.d" not in text and "corral.d/" in text, doc
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import CORRAL, DaemonProcess, turn_processes
 
 CONFIG = """
@@ -285,6 +284,7 @@ def test_the_cli_starts_without_trio_psutil_hypercorn_or_httpx() -> None:
 
 
 def test_the_cli_and_the_config_agree_on_the_default_config_name() -> None:
-    from supervisor import _config, cli
+    from supervisor import cli
+    from supervisor.config import settings as _config
 
     assert cli.DEFAULT_CONFIG_NAME == _config.DEFAULT_CONFIG_NAME

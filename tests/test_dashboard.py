@@ -20,11 +20,13 @@ from typing import Any
 import httpx
 import pytest
 import trio
-
 from conftest import CORRAL
-from supervisor import _api, _dashauth, parse_config
-from supervisor._daemon import run_daemon
-from supervisor._dashboard import CSP, agent_states, list_view
+
+from supervisor import parse_config
+from supervisor.serve import api as _api
+from supervisor.serve import dashauth as _dashauth
+from supervisor.serve.daemon import run_daemon
+from supervisor.serve.dashboard import CSP, agent_states, list_view
 
 TOKEN = "s3cret"
 
@@ -337,7 +339,7 @@ def test_corral_dashboard_without_a_daemon_exits_3(short_tmp: Path) -> None:
     assert done.returncode == 3 and "no daemon" in done.stderr
 
 
-def test_the_readme_dashboard_example_prints_a_login_url(short_tmp: Path) -> None:
+def test_the_docs_dashboard_example_prints_a_login_url(short_tmp: Path) -> None:
     import os
     import sys
 

@@ -5,7 +5,7 @@ TCP listener) shared by the tests that need no restart, each in a channel of its
 reconnect test starts its own. The page talks to the daemon over loopback TCP exactly as a
 person's browser does: logged in through the URL `corral dashboard` prints.
 
-``CORRAL_DASHBOARD_SCREENSHOTS=1`` also saves the screenshots the README shows (docs/).
+``CORRAL_DASHBOARD_SCREENSHOTS=1`` also saves the screenshots docs/dashboard.md shows (docs/).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import REPO, DaemonProcess
 
 CHROMIUM = "/usr/bin/chromium"
@@ -498,3 +497,69 @@ def test_the_page_reconnects_after_a_daemon_restart(browser: Browser, short_tmp:
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_streaming_reply_shows_as_an_unsaved_draft_until_its_entry_replaces_it(
+    browser: Browser, daemon: DashboardDaemon
+) -> None:
+    """A turn that streams for 30 s: the page and an SSE follower (``corral tail -f --json``)
+    show its text within a second of the agent printing it, all along, and the saved entries
+    then stand where the drafts were."""
+    import subprocess
+    import time
+
+    from conftest import CORRAL
+
+    seconds = 30
+    context, page = _logged_in(browser, daemon)
+    _channel(page, daemon, "drafts")
+    page.get_by_role("textbox", name="Message").fill("hello")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#transcript > li.author-agent.kind-message")).to_have_count(1)
+    after = daemon.tail("drafts")[-1]["seq"]
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
+    follower = subprocess.Popen([*CORRAL, "tail", "drafts", "-f", "--json", "--after", str(after)], cwd=daemon.folder,
+                                env=env, stdout=subprocess.PIPE, text=True)
+    lags: list[float] = []
+
+    def follow() -> None:
+        assert follower.stdout is not None
+        for line in follower.stdout:
+            item = json.loads(line)
+            last = str(item["text"]).rsplit("\n", 1)[-1]
+            if item["kind"] == "draft" and "printed at " in last:
+                lags.append(time.time() - float(last.rsplit("printed at ", 1)[1].rstrip(".")))
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    try:
+        page.get_by_role("textbox", name="Message").fill(f"stream {seconds} please")
+        page.get_by_role("button", name="Send").click()
+        draft = page.locator("#transcript > li.draft")
+        expect(draft).to_have_count(1)
+        expect(draft.locator(".kind")).to_have_text("writing… (not saved yet)")
+        assert draft.evaluate("li => getComputedStyle(li).opacity") != "1"
+        # All along the stream (a 4 KiB or 5 s piece is saved meanwhile, and a new draft
+        # takes over): the newest line is on the page within a second of being printed.
+        for line in range(0, seconds * 10 - 10, 40):
+            newest = page.locator("#transcript > li.draft .text").filter(has_text=f"Streaming line {line},")
+            expect(newest).to_have_count(1)
+            shown = newest.text_content() or ""
+            printed = float(shown.rstrip(".").rsplit("printed at ", 1)[1])
+            assert time.time() - printed < 1.0, f"line {line}: the page is {time.time() - printed:.2f} s behind"
+        # Once saved, the entries stand where the drafts were; no draft is left.
+        expect(page.locator("#transcript > li.author-agent.kind-message .text").last).to_contain_text(
+            "You said: stream"
+        )
+        expect(page.locator("#transcript > li.draft")).to_have_count(0)
+    finally:
+        follower.kill()
+        follower.wait()
+        reader.join(timeout=10)
+    assert len(lags) >= seconds * 5 and max(lags) < 1.0, (len(lags), max(lags, default=None))
+    saved = [e for e in daemon.tail("drafts") if e["seq"] > after and e["author"] == "agent:demo"
+             and e["kind"] == "message"]
+    assert len(saved) >= seconds // 5 and all(e["meta"].get("draft") for e in saved), saved
+    page_texts = [e["text"] for e in _transcript(page) if e["kind"] == "message" and e["seq"]]
+    assert [e["text"] for e in saved] == page_texts[-len(saved):]
+    context.close()

@@ -18,9 +18,9 @@ from conftest import make_config
 
 from adapters import demo_agent
 from supervisor import open_supervisor
-from supervisor._catchup import Missed, catch_up_prompt
-from supervisor._supervisor import NUDGE_TEXT
-from supervisor._tree import TURN_MARKER
+from supervisor.core.catchup import Missed, catch_up_prompt
+from supervisor.host.supervisor import NUDGE_TEXT
+from supervisor.procs.tree import TURN_MARKER
 from supervisor.testing import host_pid
 
 ROOT = Path(__file__).resolve().parent.parent

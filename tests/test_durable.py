@@ -27,10 +27,10 @@ from conftest import CORRAL, PYTHON, DaemonProcess, make_config, turn_processes
 from test_stop_contract import AGENT, Gate
 
 from supervisor import SHUTDOWN_NOTICE, StoreError
-from supervisor._engines import is_postgres
-from supervisor._recovery import RESTART_NOTICE
-from supervisor._store import StoreInUse
-from supervisor._supervisor import open_supervisor
+from supervisor.host.supervisor import open_supervisor
+from supervisor.procs.recovery import RESTART_NOTICE
+from supervisor.store.engines import is_postgres
+from supervisor.store.store import StoreInUse
 from supervisor.testing import host_pid
 
 T = TypeVar("T")
@@ -365,7 +365,6 @@ def fill(folder: Path) -> Path:
 
 async def test_contract_17_a_stop_on_a_full_disk_kills_nothing_and_says_so(tiny_disk: Path, short_tmp: Path) -> None:
     import trio
-
     from conftest import script_agent
 
     gate = Gate(short_tmp / "gate")

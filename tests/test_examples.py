@@ -1,6 +1,7 @@
-"""The README's examples run as written: each is a file in ``examples/``, the README shows it
-byte for byte, and every one runs here to the end, as a real program against the config
-the README points at (``config.example.toml``, copied to ``corral.toml``)."""
+"""The examples of the README and of ``docs/`` run as written: each is a file in ``examples/``,
+the page that holds it shows it byte for byte, and every one runs here to the end, as a real
+program against the config the README points at (``config.example.toml``, copied to
+``corral.toml``). The pages' TOML blocks parse, and the paths they name exist."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+#: The guides: the README and every page of docs/ (each example lives in one of them).
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLES = ROOT / "examples"
 #: A README code block shown from a file: ``<!-- example: PATH -->`` right before the fence.
 TAGGED = re.compile(r"<!-- example: (?P<path>\S+) -->\n```(?P<lang>\w*)\n(?P<body>.*?)```\n", re.S)
@@ -22,8 +25,13 @@ SLOW = 120
 
 
 def tagged_blocks() -> dict[str, str]:
-    """The README's example blocks, by the file they show."""
-    return {m["path"]: m["body"] for m in TAGGED.finditer(README.read_text())}
+    """The pages' example blocks, by the file they show (a file shown twice: its last showing)."""
+    return {m["path"]: m["body"] for m in tagged()}
+
+
+def tagged() -> list[re.Match[str]]:
+    """Every example block of every page, in page order."""
+    return [m for page in PAGES for m in TAGGED.finditer(page.read_text())]
 
 
 def run_env() -> dict[str, str]:
@@ -35,12 +43,17 @@ def run_env() -> dict[str, str]:
     }
 
 
-def test_every_example_is_in_the_readme_byte_for_byte() -> None:
-    blocks = tagged_blocks()
+def test_every_example_is_in_the_docs_byte_for_byte() -> None:
+    shown = sorted(Path(m["path"]).name for m in tagged())
     files = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".py", ".sh"))
-    assert sorted(Path(p).name for p in blocks) == files, "each file in examples/ is shown in the README, once"
-    for path, body in blocks.items():
-        assert body == (ROOT / path).read_text(), f"README block for {path} differs from the file: copy the file in"
+    assert shown == files, "each file in examples/ is shown once, in the README or a page of docs/"
+    for path, body in tagged_blocks().items():
+        assert body == (ROOT / path).read_text(), f"the block for {path} differs from the file: copy the file in"
+
+
+def test_the_readme_shows_the_embedding_and_daemon_examples() -> None:
+    in_readme = {m["path"] for m in TAGGED.finditer(README.read_text())}
+    assert {"examples/daemon.sh", "examples/embed_trio.py", "examples/host_asyncio.py"} <= in_readme
 
 
 @pytest.mark.parametrize(
@@ -68,15 +81,23 @@ async def test_the_example_runs_to_the_end(example: str, expect: list[str], shor
         assert killed, "the stop killed the long task's tool mid-run"
 
 
-def test_every_repository_path_the_readme_names_exists() -> None:
-    text = README.read_text()
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_repository_path_a_page_names_exists(page: Path) -> None:
+    text = page.read_text()
     named = set(re.findall(r"(?<![\w/.~])((?:adapters|supervisor|tests|scripts|examples)/[\w.*/-]*\w)", text))
     # corral.toml is the user's own, config.toml is the one corral writes for Codex.
     named |= set(re.findall(r"`([\w-]+\.(?:toml|txt|py|sh))`", text)) - {"corral.toml", "config.toml"}
-    assert named, "the pattern finds the README's paths"
-    missing = sorted(p for p in named if not list(ROOT.glob(p.replace("NAME", "*"))))
-    assert not missing, f"the README names paths that do not exist: {missing}"
+    missing = sorted(p for p in named if not exists(p.replace("NAME", "*")))
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
     assert "corral.db.d" not in text, "the state folder next to corral.db is corral.d/"
+
+
+def exists(pattern: str) -> bool:
+    """A repository path, or a bare file name found at the root or in one of the source folders."""
+    if "/" in pattern:
+        return bool(list(ROOT.glob(pattern)))
+    folders = [ROOT / d for d in ("adapters", "supervisor", "tests", "scripts", "examples")]
+    return bool(list(ROOT.glob(pattern))) or any(list(folder.rglob(pattern)) for folder in folders)
 
 
 def test_the_state_folder_the_readme_names_is_the_real_one(tmp_path: Path) -> None:
@@ -87,15 +108,20 @@ def test_the_state_folder_the_readme_names_is_the_real_one(tmp_path: Path) -> No
     assert "go in corral.d/" in README.read_text()
 
 
-def test_the_readmes_config_blocks_are_valid(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_toml_block_of_a_page_is_valid(page: Path) -> None:
+    import tomllib
+
+    for block in re.findall(r"```toml\n(.*?)```\n", page.read_text(), re.S):
+        tomllib.loads(block)  # each snippet is valid TOML (the tests of its section check what it means)
+
+
+def test_the_readmes_configuration_is_a_whole_config(tmp_path: Path) -> None:
     import tomllib
 
     from supervisor import parse_config
 
     blocks = re.findall(r"```toml\n(.*?)```\n", README.read_text(), re.S)
-    assert blocks
-    for block in blocks:
-        tomllib.loads(block)  # each agent's snippet is valid TOML
-    # The main one is a whole config, as config.example.toml is.
+    # The README's one config block is a whole config, as config.example.toml is.
     config = parse_config(tomllib.loads(blocks[0]), file="README.md", base=tmp_path)
     assert config.default_agent == "demo"

@@ -35,9 +35,9 @@ from test_stop_contract import Gate
 from scripts._bench import short_tmp as make_tmp
 from scripts._faultproxy import FaultProxy
 from scripts._partition import STOP_BOUND, PartitionFleet, largest_overlap, trial
-from supervisor._fleet import Fleet, LinkTimeout, check_leases, kill_margin
-from supervisor._store import open_store
-from supervisor._supervisor import open_supervisor
+from supervisor.fleet.fleet import Fleet, LinkTimeout, check_leases, kill_margin
+from supervisor.host.supervisor import open_supervisor
+from supervisor.store.store import open_store
 
 DEADLINE = 60.0
 LEASE = 2.0

@@ -279,8 +279,8 @@ async def test_a_run_is_one_entry_and_shown_when_the_agent_goes_quiet(short_tmp:
     import os
 
     import trio
-
     from conftest import make_config, script_agent
+
     from supervisor import open_supervisor
 
     gate = short_tmp / "gate"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor._ledger import (
+from supervisor.core.ledger import (
     LedgerError,
     OutputKind,
     Phase,

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from supervisor._ledger import LedgerError, OutputKind, Phase, QueuedMessage, StopDecision, StopLedger
-from supervisor._router import route as router_route
+from supervisor.core.ledger import LedgerError, OutputKind, Phase, QueuedMessage, StopDecision, StopLedger
+from supervisor.core.router import route as router_route
 
 CHANNELS = ("a", "b", "c")
 channels = st.sampled_from(CHANNELS)

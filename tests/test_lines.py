@@ -1,4 +1,4 @@
-"""Tests for ``supervisor._lines``: splitting bytes into capped lines, and reading them from a stream."""
+"""Tests for ``supervisor.procs.lines``: splitting bytes into capped lines, and reading them from a stream."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import trio
 import trio.testing
 
-from supervisor._lines import MAX_LINE, Line, LineReader, LineSplitter
+from supervisor.procs.lines import MAX_LINE, Line, LineReader, LineSplitter
 
 
 def datas(lines: list[Line]) -> list[bytes]:

@@ -19,10 +19,10 @@ import trio.testing
 from conftest import make_config, script_agent, turn_processes
 from test_stop_contract import SLOW, Gate, Park, SpawnRecorder, tree_pids, wait_entry
 
-from supervisor._config import parse_config
-from supervisor._errors import UsageError
-from supervisor._store import Entry
-from supervisor._supervisor import STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.config.settings import parse_config
+from supervisor.core.errors import UsageError
+from supervisor.host.supervisor import STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.store.store import Entry
 from supervisor.testing import Hooks
 
 pytestmark = pytest.mark.usefixtures("kill_mechanism")
@@ -391,7 +391,7 @@ def _http(folder: Path) -> Any:
 
 
 async def test_api_to_field_and_agent_authors(short_tmp: Path) -> None:
-    from supervisor._daemon import run_daemon
+    from supervisor.serve.daemon import run_daemon
 
     config = two_agents(short_tmp)
     async with trio.open_nursery() as nursery:
@@ -470,22 +470,20 @@ delay = 0.01
         daemon.stop()
 
 
-# ---------------------------------------------------------------- the README's section
+# ---------------------------------------------------------------- docs/channels.md, the page of this file
 
 
-def _readme_section() -> str:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    start = text.index("## Channels and agents")
-    return text[start : text.index("\n## ", start + 1)]
+def _page() -> str:
+    return (Path(__file__).resolve().parent.parent / "docs" / "channels.md").read_text()
 
 
 def _blocks(lang: str) -> list[str]:
     import re
 
-    return re.findall(rf"```{lang}\n(.*?)```", _readme_section(), re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", _page(), re.S)
 
 
-def test_readme_channel_config_is_valid_as_shown(tmp_path: Path) -> None:
+def test_the_channel_config_shown_is_valid_as_shown(tmp_path: Path) -> None:
     import tomllib
 
     (block,) = _blocks("toml")
@@ -495,8 +493,8 @@ def test_readme_channel_config_is_valid_as_shown(tmp_path: Path) -> None:
     assert (config.catch_up_entries, config.catch_up_bytes) == (20, 16384)
 
 
-def test_readme_catch_up_example_is_what_corral_builds() -> None:
-    from supervisor._catchup import Missed, catch_up_prompt
+def test_the_catch_up_example_shown_is_what_corral_builds() -> None:
+    from supervisor.core.catchup import Missed, catch_up_prompt
 
     (block,) = _blocks("text")
     built = catch_up_prompt(
@@ -507,8 +505,8 @@ def test_readme_catch_up_example_is_what_corral_builds() -> None:
     assert block == built + "\n"
 
 
-def test_readme_stop_and_status_examples_have_the_shapes_corral_returns() -> None:
-    from supervisor._supervisor import StopResult
+def test_the_stop_and_status_examples_shown_have_the_shapes_corral_returns() -> None:
+    from supervisor.host.supervisor import StopResult
 
     stop, status = (json.loads(b) for b in _blocks("json"))
     assert set(stop) == set(StopResult(channel="x", generation=1).to_json())
@@ -521,7 +519,7 @@ def test_readme_stop_and_status_examples_have_the_shapes_corral_returns() -> Non
 async def test_a_bug_in_one_agents_turn_frees_its_own_lane_while_another_agent_runs(
     short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from supervisor import _turn
+    from supervisor.turns import process as _turn
 
     original = _turn.Turn._request
     broken: list[str] = []

@@ -28,9 +28,9 @@ from conftest import CORRAL, PYTHON, DaemonProcess, make_config
 from test_stop_contract import AGENT, Gate
 
 from supervisor import ConfigError, parse_config
-from supervisor._engines import _LOCK_PATIENCE, LOCK_SPACE, redact
-from supervisor._store import _MIGRATIONS, Entry, StoreError, StoreInUse, describe_failure, open_store
-from supervisor._supervisor import open_supervisor
+from supervisor.host.supervisor import open_supervisor
+from supervisor.store.engines import _LOCK_PATIENCE, LOCK_SPACE, redact
+from supervisor.store.store import _MIGRATIONS, Entry, StoreError, StoreInUse, describe_failure, open_store
 
 T = TypeVar("T")
 DEADLINE = 30.0
@@ -49,13 +49,13 @@ def test_store_url_selects_postgresql_and_path_stays_the_default(tmp_path: Path)
     assert default.store_url is None and default.store_location == str(tmp_path / "corral.db")
 
 
-def test_the_readmes_postgresql_block_is_a_store_url(tmp_path: Path) -> None:
+def test_the_docs_postgresql_block_is_a_store_url(tmp_path: Path) -> None:
     import re
     import tomllib
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Storing on PostgreSQL"):]
-    (block,) = re.findall(r"```toml\n(.*?)```\n", section[: section.index("\n## ", 3)], re.S)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    section = page[page.index("## Storing on PostgreSQL"):]
+    (block,) = re.findall(r"```toml\n(.*?)```\n", section.split("\n## ", 1)[0], re.S)
     data = {**tomllib.loads(block), "agents": {"d": {"adapter": "demo"}}}
     config = parse_config(data, base=tmp_path)
     assert config.store_url == "postgresql://corral@/corral?host=/run/postgresql"

@@ -15,17 +15,9 @@ import pytest
 
 import supervisor
 from adapters._base import Error, Result, SessionId, StaleSession, Status, Text, TodoItem, Todos, ToolUse, Unparsed
-from supervisor._ledger import OutputKind, StopLedger
-from supervisor._turn import (
-    Post,
-    SavePlan,
-    SaveSession,
-    SessionRetry,
-    TurnAccount,
-    TurnOutcome,
-    Warn,
-    retry_without_session,
-)
+from supervisor.core.account import Post, SavePlan, SaveSession, ShowDraft, TurnAccount, Warn
+from supervisor.core.ledger import OutputKind, StopLedger
+from supervisor.turns.process import SessionRetry, TurnOutcome, retry_without_session
 
 PACKAGE = Path(supervisor.__file__).parent
 
@@ -33,29 +25,55 @@ PACKAGE = Path(supervisor.__file__).parent
 # ---------------------------------------------------------------- imports
 
 
+def _module_names() -> list[str]:
+    """Every module of the package, dotted from it (``host.supervisor``; ``__init__`` for a
+    package's own file: ``core.__init__``)."""
+    return sorted(".".join(path.relative_to(PACKAGE).with_suffix("").parts) for path in PACKAGE.rglob("*.py"))
+
+
+def _file(module: str) -> Path:
+    return PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def _resolve(name: str) -> str | None:
+    """The module a dotted name imports: itself, or its package's ``__init__``."""
+    if _file(name).exists():
+        return name
+    if _file(f"{name}.__init__").exists() if name else False:
+        return f"{name}.__init__"
+    return None
+
+
 def _imports(module: str) -> set[str]:
     """The ``supervisor`` modules ``module`` imports, at any level (TYPE_CHECKING blocks too:
     a cycle only the type checker sees is still two modules that cannot be read apart)."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    tree = ast.parse(_file(module).read_text())
+    package = module.split(".")[:-1]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module)
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("supervisor.")):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
             else:
-                found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("supervisor."):
-            found.add(node.module.removeprefix("supervisor."))
+                target = (node.module or "").removeprefix("supervisor.")
+            for alias in node.names:
+                # ``from . import systemd`` names a module; ``from .ledger import X`` names a value.
+                if (sub := _resolve(f"{target}.{alias.name}" if target else alias.name)) is not None:
+                    found.add(sub)
+            if (resolved := _resolve(target)) is not None:
+                found.add(resolved)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
-    return {name for name in found if (PACKAGE / f"{name}.py").exists()}
+    found.discard(module)
+    return found
 
 
 def _graph() -> dict[str, set[str]]:
-    return {path.stem: _imports(path.stem) for path in PACKAGE.glob("*.py")}
+    return {name: _imports(name) for name in _module_names()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -87,22 +105,29 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_import_cycle_in_the_package() -> None:
-    assert _cycle(_graph()) is None
+    graph = _graph()
+    # The graph reaches into every wing: an empty one would pass this test without reading them.
+    assert {"host.supervisor", "core.ledger", "turns.process"} <= set(graph)
+    assert "core.ledger" in graph["host.supervisor"]
+    assert _cycle(graph) is None
 
 
 def test_a_turn_imports_nothing_of_the_supervisor() -> None:
-    assert "_supervisor" not in _imports("_turn")
-    assert "_supervisor" not in _imports("_hooks")
+    assert "host.supervisor" in _imports("__init__")
+    for module in ("turns.process", "turns.acp", "procs.hooks"):
+        assert "host.supervisor" not in _imports(module)
 
 
 # ---------------------------------------------------------------- a turn's account (pure)
 
 
 def test_deltas_make_one_message_when_the_run_closes() -> None:
-    account = TurnAccount("agent:bot")
-    assert account.on_event(Text("Hel", delta=True), silenced=False) == []
-    assert account.on_event(Text("lo", delta=True), silenced=False) == []
-    assert account.on_event(Status("working"), silenced=False) == [Post("message", "Hello"), Post("status", "working")]
+    account = TurnAccount("agent:bot", "t1")
+    assert account.on_event(Text("Hel", delta=True), silenced=False) == [ShowDraft("t1.1", "Hel")]
+    assert account.on_event(Text("lo", delta=True), silenced=False) == [ShowDraft("t1.1", "Hello")]
+    assert account.on_event(Status("working"), silenced=False) == [
+        Post("message", "Hello", {"draft": "t1.1"}), Post("status", "working")
+    ]
     assert account.streamed == "Hello"
 
 
@@ -231,8 +256,37 @@ def test_every_public_name_resolves_and_the_package_imports_without_trio() -> No
     assert out.stdout.strip() == "False"
 
 
+def test_the_public_names_are_these() -> None:
+    # The public face: a name added or dropped here is a change to what embedders import.
+    assert sorted(supervisor.__all__) == [
+        "APIError", "Accepted", "AgentConfig", "AsyncioSupervisor", "Config", "ConfigError", "CorralError",
+        "DaemonError", "DaemonUnavailable", "Draft", "Entry", "LedgerError", "Limits", "Problem", "SHUTDOWN_NOTICE",
+        "STOP_NOTICE", "ServerConfig", "ShuttingDown", "StopResult", "StoreError", "StoreInUse", "Supervisor",
+        "UnknownChannel", "UsageError", "__version__", "load_config", "open_asyncio_supervisor", "open_supervisor",
+        "parse_config",
+    ]
+
+
+def test_the_core_wing_is_pure() -> None:
+    # Every module of supervisor.core, imported in a fresh interpreter, loads neither Trio nor
+    # anything that does I/O of corral's: the decisions are plain code the Trio layer drives.
+    core = [name for name in _module_names() if name.startswith("core.") and not name.endswith("__init__")]
+    assert {"core.ledger", "core.router", "core.catchup", "core.text", "core.account"} <= set(core)
+    code = (
+        "import importlib, sys\n"
+        f"for name in {core!r}: importlib.import_module('supervisor.' + name)\n"
+        "print(sorted(m for m in ('trio', 'psutil', 'hypercorn', 'sqlite3', 'psycopg', 'socket')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
+    assert out.stdout.strip() == "[]"
+    # and nothing of the core imports another wing
+    for name in core:
+        assert {dep for dep in _imports(name) if not dep.startswith("core.")} <= {"__init__"}, name
+
+
 def test_the_supervisors_internals_are_private() -> None:
-    from supervisor._supervisor import Supervisor
+    from supervisor.host.supervisor import Supervisor
 
     for name in ("ledger", "store", "registry", "hooks"):
         assert not hasattr(Supervisor, name)

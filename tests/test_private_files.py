@@ -20,11 +20,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import CORRAL, PYTHON, SUPERVISOR_PIDS, make_config, script_agent
+
 from supervisor import open_supervisor
-from supervisor._files import private_folder
-from supervisor._turn import _write_files, channel_slug
+from supervisor.procs.files import private_folder
+from supervisor.turns.process import _write_files, channel_slug
 
 SLOW = 30
 NOBODY = 65534

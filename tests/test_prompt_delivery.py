@@ -13,12 +13,12 @@ from typing import Any
 
 import trio
 import trio.testing
-
 from conftest import make_config, script_agent
+
 from supervisor import open_supervisor
-from supervisor._supervisor import MAX_MESSAGE_BYTES, STOP_NOTICE, Supervisor
+from supervisor.host.supervisor import MAX_MESSAGE_BYTES, STOP_NOTICE, Supervisor
+from supervisor.procs.tree import spawn
 from supervisor.testing import Hooks
-from supervisor._tree import spawn
 
 #: Generous bound for real processes on a loaded machine.
 SLOW = 30

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import DaemonProcess, turn_processes
+from conftest import CORRAL, DaemonProcess, turn_processes
 
 from supervisor.testing import pid_file_alive, read_pid
 from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
@@ -200,3 +200,49 @@ def test_background_process_of_a_normal_turn_is_swept(rig: Rig) -> None:
     assert any("background started" in t for t in _agent_messages(entries)), entries
     assert not pid_file_alive(pidfile), "the background process outlived its turn"
     assert not turn_processes()
+
+
+#: The CLIs that stream their answer as it is written (partial messages, or delta events);
+#: codex exec prints each agent message whole (no delta events in its --json stream).
+STREAMING = {"claude", "gemini", "qwen"}
+
+
+def test_drafts_show_the_answer_while_the_model_streams_it(rig: Rig, request: pytest.FixtureRequest) -> None:
+    import os
+    import subprocess
+    import threading
+
+    streams = request.node.callspec.params["rig"].name in STREAMING
+    answer = "One two three four five six seven eight nine ten eleven twelve."
+    env = {**os.environ, "CORRAL_SOCKET": str(rig.daemon.socket)}
+    # The channel must exist to be followed: a first turn makes it.
+    rig.send_and_wait("chat", "[[say:ready]] hi")
+    after = rig.entries("chat")[-1]["seq"]
+    tail = subprocess.Popen([*CORRAL, "tail", "chat", "-f", "--after", str(after), "--json"],
+                            cwd=rig.folder, env=env, stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, tail.kill)  # (a stream that never brings the answer fails the test)
+    watchdog.start()
+    try:
+        rig.json("send", "chat", f"[[say:{answer}]] [[slow:2]] stream it")
+        drafts: list[dict[str, Any]] = []
+        assert tail.stdout is not None
+        for line in tail.stdout:
+            item = json.loads(line)
+            if item["kind"] == "draft":
+                drafts.append(item)
+            elif item["kind"] == "message" and item["author"] == "agent:cli" and answer in item["text"]:
+                saved = item
+                break
+        else:
+            raise AssertionError(f"the answer never came: {drafts}\n" + "".join(rig.daemon.log[-40:]))
+    finally:
+        watchdog.cancel()
+        tail.kill()
+        tail.wait()
+    if not streams:  # each message whole: it is saved as it comes, no draft before it
+        assert drafts == [] and saved["meta"].get("draft") is None
+        return
+    assert drafts, "no draft before the saved answer"
+    partial = [d for d in drafts if d["text"] and d["text"] != saved["text"]]
+    assert partial and all(saved["text"].startswith(d["text"]) for d in partial), (drafts, saved)
+    assert saved["meta"].get("draft") == drafts[-1]["draft"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor._router import AddressError, address, did_you_mean, mentions, route
+from supervisor.core.router import AddressError, address, did_you_mean, mentions, route
 
 AGENTS = ("claude", "codex", "gemini")
 

@@ -28,9 +28,9 @@ import psutil
 import pytest
 from conftest import PYTHON, DaemonProcess, cgroup_missing, turn_processes
 
-from supervisor._config import ConfigError, parse_config
-from supervisor._sandbox import Reach, bwrap_args, probe
-from supervisor._turn import channel_slug
+from supervisor.config.settings import ConfigError, parse_config
+from supervisor.procs.sandbox import Reach, bwrap_args, probe
+from supervisor.turns.process import channel_slug
 
 PROBE = str(Path(__file__).parent / "fakes" / "escape_probe.py")
 FAKE_ACP = str(Path(__file__).parent / "fakes" / "fake_acp.py")
@@ -475,9 +475,9 @@ def test_state_files_stay_private_on_disk(short_tmp: Path) -> None:
 
 
 
-def test_the_readme_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## What an agent can reach"):]
+def test_the_docs_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "security.md").read_text()
+    section = page[page.index("## What an agent can reach"):]
     block = section[section.index("```toml\n") + 8: section.index("```\n", section.index("```toml\n"))]
     shared = short_tmp / "notes"
     shared.mkdir()

@@ -15,8 +15,8 @@ from conftest import make_config, script_agent, turn_processes
 from test_stop_contract import AGENT, SLOW, Gate, send_and_wait_ready
 
 from supervisor import SHUTDOWN_NOTICE
-from supervisor._store import Store
-from supervisor._supervisor import open_supervisor
+from supervisor.host.supervisor import open_supervisor
+from supervisor.store.store import Store
 
 
 async def test_cancelling_the_block_from_outside_completes_the_shutdown(short_tmp: Path) -> None:

@@ -99,7 +99,7 @@ def test_failures_found_only_by_trying_are_mapped_in_one_place(short_tmp: Path) 
 
 def test_a_state_folder_this_user_cannot_write_is_a_problem(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same check as above, where the suite runs as root (which writes anywhere)."""
-    from supervisor import _preflight
+    from supervisor.config import preflight as _preflight
 
     config = make_config(short_tmp)
     config.state_dir.mkdir()

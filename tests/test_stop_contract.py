@@ -32,13 +32,13 @@ import trio
 import trio.testing
 from conftest import make_config, script_agent, turn_processes
 
-from supervisor._ledger import StopLedger
-from supervisor._registry import ProcessRegistry
-from supervisor._store import Entry, StoreError
-from supervisor._supervisor import NUDGE_TEXT, STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.core.ledger import StopLedger
+from supervisor.host.supervisor import NUDGE_TEXT, STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.procs.registry import ProcessRegistry
+from supervisor.procs.tree import TURN_MARKER, ProcessTree, descendants
+from supervisor.procs.tree import spawn as real_spawn
+from supervisor.store.store import Entry, StoreError
 from supervisor.testing import Hooks, host_pid
-from supervisor._tree import TURN_MARKER, ProcessTree, descendants
-from supervisor._tree import spawn as real_spawn
 
 #: Generous limit for anything that involves a real process.
 SLOW = 20.0
@@ -956,8 +956,8 @@ async def test_contract_13_a_process_that_survives_the_sweep_fails_the_stop_loud
     short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch, kill_mechanism: str
 ) -> None:
     # Simulate a process the sweep (or cgroup.kill) cannot kill (stuck in the kernel).
-    import supervisor._cgroup as cgroup_module
-    import supervisor._tree as tree_module
+    import supervisor.procs.cgroup as cgroup_module
+    import supervisor.procs.tree as tree_module
 
     gate = gates()
     immortal: set[int] = set()

@@ -1,4 +1,4 @@
-"""Tests for ``supervisor._store``: ordering, saved-before-shown, group commit, persistence.
+"""Tests for ``supervisor.store.store``: ordering, saved-before-shown, group commit, persistence.
 
 Every test that takes ``store_at`` runs twice: on SQLite and on a real PostgreSQL database
 (``conftest.postgres_server``; skipped, with the reason, where the server cannot run).
@@ -20,8 +20,8 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor._engines import Engine, is_postgres
-from supervisor._store import ChannelState, Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
+from supervisor.store.engines import Engine, is_postgres
+from supervisor.store.store import ChannelState, Entry, Pending, QueuedRow, StopRecord, Store, StoreError, open_store
 
 #: Upper bound for a blocked commit thread, so a failing test cannot hang the run forever.
 GATE_TIMEOUT = 30
@@ -77,6 +77,11 @@ class BlockedCommits:
         monkeypatch.setattr(Store, "_commit", blocked)
 
 
+def record_stop(store: Store, seq: int, channel: str, generation: int) -> Pending:
+    """A stop's record as the supervisor submits it (here nothing dropped, no turn, no plan)."""
+    return store.submit_stop_records([StopRecord(seq, channel, generation, (), (), {})])
+
+
 # ---------------------------------------------------------------- ordering
 
 
@@ -84,7 +89,7 @@ async def test_seq_strictly_increases_in_submit_order_across_channels(store_at: 
     async with open_store(store_at) as store:
         pendings = [store.submit_entry(ch, "u", "message", f"m{i}") for i, ch in enumerate("abacbca")]
         stop_seq = store.next_seq()
-        store.record_stop(stop_seq, "a", 1, {})
+        record_stop(store, stop_seq, "a", 1)
         last = await store.append("b", "u", "status", "after the stop")
         seqs = [p.entry.seq for p in pendings if p.entry]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
@@ -152,42 +157,41 @@ async def test_failed_commit_shows_nothing_and_append_raises(store_at: str, monk
 
 
 async def test_a_poisoned_write_fails_alone_and_the_good_ones_in_its_batch_commit(store_at: str, tmp_path: Path) -> None:
-    async with open_store(store_at) as store:
-        async with following(store, None) as everything:
-            await trio.testing.wait_all_tasks_blocked()
-            # Submitted without a checkpoint in between, so they form one batch. Two writes
-            # cannot be stored: a session id with a lone surrogate (an agent's half emoji) and
-            # a statement on a missing table. The batch's transaction fails as a whole.
-            batch = [
-                store.submit_entry("a", "u", "message", "secret of a"),
-                store.save_session("b", "agent", "half \ud83d emoji", str(tmp_path)),
-                store.submit_entry("c", "u", "message", "secret of c"),
-                store.submit_write("INSERT INTO no_such_table VALUES (?)", (1,)),
-                store.submit_entry("d", "u", "message", "secret of d"),
-            ]
-            good = [batch[0], batch[2], batch[4]]
-            for pending in good:
-                assert await pending.committed() == pending.entry
-            for pending in (batch[1], batch[3]):
-                with pytest.raises(StoreError) as failed:
-                    await pending.committed()
-                assert pending.failed
-                message = str(failed.value)
-                # It names nothing of anyone's data: not the bad character, no other text.
-                assert "\ud83d" not in message and "secret" not in message and "emoji" not in message
-                assert store_at in message
-            assert "not valid Unicode" in str(await _error_of(batch[1]))
-            assert "no_such_table" in str(await _error_of(batch[3]))
-            # The good ones are stored and published in seq order, exactly once each.
-            published = [await receive(everything) for _ in good]
-            assert published == [p.entry for p in good]
-            await trio.testing.wait_all_tasks_blocked()
-            assert nothing_received(everything)
-            assert [e.text for e in await store.entries(None)] == ["secret of a", "secret of c", "secret of d"]
-            assert await store.query("SELECT * FROM sessions") == []
-            later = await store.append("a", "u", "message", "three")
-            assert later.seq > batch[4].entry.seq  # type: ignore[union-attr]
-            assert await receive(everything) == later
+    async with open_store(store_at) as store, following(store, None) as everything:
+        await trio.testing.wait_all_tasks_blocked()
+        # Submitted without a checkpoint in between, so they form one batch. Two writes
+        # cannot be stored: a session id with a lone surrogate (an agent's half emoji) and
+        # a statement on a missing table. The batch's transaction fails as a whole.
+        batch = [
+            store.submit_entry("a", "u", "message", "secret of a"),
+            store.save_session("b", "agent", "half \ud83d emoji", str(tmp_path)),
+            store.submit_entry("c", "u", "message", "secret of c"),
+            store.submit_write("INSERT INTO no_such_table VALUES (?)", (1,)),
+            store.submit_entry("d", "u", "message", "secret of d"),
+        ]
+        good = [batch[0], batch[2], batch[4]]
+        for pending in good:
+            assert await pending.committed() == pending.entry
+        for pending in (batch[1], batch[3]):
+            with pytest.raises(StoreError) as failed:
+                await pending.committed()
+            assert pending.failed
+            message = str(failed.value)
+            # It names nothing of anyone's data: not the bad character, no other text.
+            assert "\ud83d" not in message and "secret" not in message and "emoji" not in message
+            assert store_at in message
+        assert "not valid Unicode" in str(await _error_of(batch[1]))
+        assert "no_such_table" in str(await _error_of(batch[3]))
+        # The good ones are stored and published in seq order, exactly once each.
+        published = [await receive(everything) for _ in good]
+        assert published == [p.entry for p in good]
+        await trio.testing.wait_all_tasks_blocked()
+        assert nothing_received(everything)
+        assert [e.text for e in await store.entries(None)] == ["secret of a", "secret of c", "secret of d"]
+        assert await store.query("SELECT * FROM sessions") == []
+        later = await store.append("a", "u", "message", "three")
+        assert later.seq > batch[4].entry.seq  # type: ignore[union-attr]
+        assert await receive(everything) == later
 
 
 async def _error_of(pending: Pending) -> StoreError:
@@ -321,7 +325,7 @@ async def test_entries_persist_and_seq_continues_after_reopen(store_at: str) -> 
             await store.append("b", "agent", "tool", "ls", turn="t", generation=3),
         ]
         stop_seq = store.next_seq()
-        await store.record_stop(stop_seq, None, 0, {"killed": 2}).committed()
+        await record_stop(store, stop_seq, "a", 1).committed()
         # Accepted but not awaited: closing the store must still commit it.
         unawaited = store.submit_entry("a", "u", "notice", "last words").entry
     async with open_store(path) as store:
@@ -329,7 +333,8 @@ async def test_entries_persist_and_seq_continues_after_reopen(store_at: str) -> 
         assert unawaited is not None and unawaited.seq > stop_seq
         nxt = await store.append("a", "u", "message", "again")
         assert nxt.seq == unawaited.seq + 1
-        assert (await store.query("SELECT seq, result FROM stops")) == [(stop_seq, '{"killed": 2}')]
+        ((seq, result),) = await store.query("SELECT seq, result FROM stops")
+        assert seq == stop_seq and json.loads(result)["generation"] == 1
 
 
 async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(store_at: str) -> None:
@@ -337,7 +342,7 @@ async def test_seq_continues_after_a_stop_or_queued_row_with_the_highest_seq(sto
     async with open_store(path) as store:
         await store.append("a", "u", "message", "m")
         stop_seq = store.next_seq()
-        await store.record_stop(stop_seq, "a", 1, {}).committed()
+        await record_stop(store, stop_seq, "a", 1).committed()
     async with open_store(path) as store:
         assert store.next_seq() == stop_seq + 1
         q_seq = store.next_seq()
@@ -371,10 +376,9 @@ async def test_sessions_todos_queue_and_generations_survive_a_reopen(store_at: s
             await store.append("c1", "u", "message", text, also=also)
             rows.extend(row_box)
         await store.dequeue([rows[0].seq]).committed()
-        await store.record_stop(store.next_seq(), "c1", 4, {}).committed()
-        await store.record_stop(store.next_seq(), "c1", 2, {}).committed()  # never goes back
-        await store.record_stop(store.next_seq(), "c2", 1, {}).committed()
-        await store.record_stop(store.next_seq(), None, 9, {}).committed()  # global: no generation row
+        await record_stop(store, store.next_seq(), "c1", 4).committed()
+        await record_stop(store, store.next_seq(), "c1", 2).committed()  # never goes back
+        await record_stop(store, store.next_seq(), "c2", 1).committed()
     async with open_store(path) as store:
         assert store.session("c1", "claude") == ("sess-2", "/w/c1b")
         assert store.session("c2", "codex") == (None, "/w/c2")
@@ -384,7 +388,8 @@ async def test_sessions_todos_queue_and_generations_survive_a_reopen(store_at: s
         assert store.todo_agents("c1") == ["claude"]
         assert await store.load_queue() == rows[1:]
         assert (await store.load_queue())[0].nudge is True
-        assert await store.load_generations() == {"c1": 4, "c2": 1}
+        stopped = {"c1": ChannelState(4, True, True), "c2": ChannelState(1, True, True)}
+        assert await store.load_channel_states() == stopped
 
 
 async def test_closed_store_refuses_writes(store_at: str) -> None:
@@ -461,7 +466,6 @@ async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(s
         stop_seq = store.next_seq()
         record = StopRecord(stop_seq, "c", 3, (dropped.entry.seq, dropped.entry.seq + 1), ("t1", "t2"), {"bot": plan})
         await store.submit_stop_records([record]).committed()
-        await store.record_stop(store.next_seq(), "c", 2, {}).committed()  # a generation never goes back
     async with open_store(store_at) as store:  # what a restart finds
         turns, stops = await store.unfinished()
         assert turns == [("t9", "d", 0, "running")]
@@ -491,8 +495,8 @@ async def test_a_stop_record_the_queue_and_turns_mean_the_same_on_both_engines(s
 
 
 async def test_a_store_of_the_first_schema_is_migrated_and_keeps_its_rows(store_at: str) -> None:
-    from supervisor._engines import open_engine
-    from supervisor._store import _MIGRATIONS, _SCHEMA, _statements
+    from supervisor.store.engines import open_engine
+    from supervisor.store.store import _MIGRATIONS, _SCHEMA, _statements
 
     old = open_engine(store_at)  # the first version, as shipped: no hops, no rest, no seen table
     old.begin()
@@ -516,7 +520,7 @@ async def test_a_store_of_the_first_schema_is_migrated_and_keeps_its_rows(store_
 
 
 async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reopen(store_at: str) -> None:
-    from supervisor._store import StopRecord
+    from supervisor.store.store import StopRecord
 
     path = store_at
     async with open_store(path) as store:
@@ -542,7 +546,7 @@ async def test_the_rest_the_repeat_window_and_what_each_agent_saw_survive_a_reop
 async def test_completing_a_stop_ends_every_turn_its_record_names(store_at: str) -> None:
     # After a kill -9 mid-stop, recovery completes the stop naming one turn: every turn the
     # record names (one per agent of the channel) is ended with it.
-    from supervisor._store import StopRecord
+    from supervisor.store.store import StopRecord
 
     async with open_store(store_at) as store:
         for turn, agent, seq in (("t1", "ann", 1), ("t2", "bob", 2)):

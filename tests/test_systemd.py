@@ -34,9 +34,11 @@ import trio
 import trio.testing
 from conftest import CORRAL, SUPERVISOR_PIDS, make_config
 
-from supervisor import Config, ConfigError, _daemon, _systemd, parse_config
-from supervisor._daemon import bind_unix_socket, run_daemon
-from supervisor._preflight import preflight
+from supervisor import Config, ConfigError, parse_config
+from supervisor.config.preflight import preflight
+from supervisor.serve import daemon as _daemon
+from supervisor.serve import systemd as _systemd
+from supervisor.serve.daemon import bind_unix_socket, run_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "scripts" / "corral.service"

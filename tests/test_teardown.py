@@ -1,4 +1,4 @@
-"""A stop-all ends its cgroup trees in one batch (``supervisor/_teardown.py``), and pauses the
+"""A stop-all ends its cgroup trees in one batch (``supervisor/procs/teardown.py``), and pauses the
 garbage collector where the process is corral's.
 
 Real processes and real cgroups: each tree is the light one of ``scripts/bench_stop.py`` — a
@@ -22,10 +22,10 @@ import trio
 import trio.testing
 from conftest import cgroup_missing, make_config
 
-from supervisor._cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, own_cgroup
-from supervisor._supervisor import open_supervisor
-from supervisor._teardown import CollectorPause, TreeBatch
-from supervisor._tree import ProcessTree, spawn
+from supervisor.host.supervisor import open_supervisor
+from supervisor.procs.cgroup import CgroupRoot, TurnCgroup, cgroup2_mount, own_cgroup
+from supervisor.procs.teardown import CollectorPause, TreeBatch
+from supervisor.procs.tree import ProcessTree, spawn
 
 SLOW = 30.0
 MISSING = cgroup_missing()
@@ -311,7 +311,7 @@ async def test_batch_that_fails_ends_each_tree_on_its_own(short_tmp: Path, monke
         def no_epoll() -> None:
             raise OSError(24, "Too many open files")
 
-        monkeypatch.setattr("supervisor._teardown.select.epoll", no_epoll)
+        monkeypatch.setattr("supervisor.procs.teardown.select.epoll", no_epoll)
         batch = TreeBatch(root.watcher)  # type: ignore[arg-type]
         for tree, _ in made:
             tree.interrupt(signal.SIGINT)
@@ -368,7 +368,7 @@ async def test_a_stop_does_not_read_the_unreaped_leaders_stat_again(
 ) -> None:
     """The leader's stat is read once, at the spawn: unreaped, it is the same process, and a
     session leader keeps its group. A stop reads the others' only; the report is unchanged."""
-    import supervisor._tree as tree_module
+    import supervisor.procs.tree as tree_module
 
     async with cgroup_root() as root:
         tree, pids = await light_tree(root, "l0", LIGHT, short_tmp)

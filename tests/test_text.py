@@ -1,6 +1,6 @@
 """Text that cannot be stored never fails anyone else: refused from humans, repaired from agents.
 
-The pure rules (``supervisor._text``) first, then through the supervisor and the HTTP API
+The pure rules (``supervisor.core.text``) first, then through the supervisor and the HTTP API
 with real agents and concurrent clients.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 import trio
-
 from conftest import make_config, script_agent
+
 from supervisor import open_supervisor
-from supervisor._daemon import run_daemon
-from supervisor._errors import UsageError
-from supervisor._supervisor import UnknownChannel
-from supervisor._text import REPLACEMENT, BadText, check_message, repair, repair_text
+from supervisor.core.errors import UsageError
+from supervisor.core.text import REPLACEMENT, BadText, check_message, repair, repair_text
+from supervisor.host.supervisor import UnknownChannel
+from supervisor.serve.daemon import run_daemon
 
 SLOW = 30
 

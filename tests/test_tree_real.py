@@ -24,11 +24,11 @@ import trio
 import trio.testing
 from conftest import PYTHON, make_config, turn_processes
 
-from supervisor._supervisor import STOP_NOTICE, Supervisor, open_supervisor
-from supervisor._tree import TURN_MARKER, set_child_subreaper
-from supervisor._tree import spawn as real_spawn
-from supervisor._turn import DRAIN_SECONDS, Turn
+from supervisor.host.supervisor import STOP_NOTICE, Supervisor, open_supervisor
+from supervisor.procs.tree import TURN_MARKER, set_child_subreaper
+from supervisor.procs.tree import spawn as real_spawn
 from supervisor.testing import Hooks, host_pid
+from supervisor.turns.process import DRAIN_SECONDS, Turn
 
 SLOW = 20.0
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import trio
 import trio.testing
-
 from conftest import make_config, script_agent
+
 from supervisor import open_supervisor
-from supervisor._lines import MAX_LINE
+from supervisor.procs.lines import MAX_LINE
 
 MESSY = r"""
 import json, sys
@@ -241,7 +241,7 @@ async def test_stderr_goes_to_the_log_with_channel_and_turn(short_tmp: Path, cap
 
 
 async def test_a_bug_in_one_turn_is_contained_and_the_channel_goes_on(short_tmp: Path, monkeypatch) -> None:
-    from supervisor import _turn
+    from supervisor.turns import process as _turn
 
     config = make_config(short_tmp)
     original = _turn.Turn._request

@@ -195,6 +195,22 @@
       item.append(element("p", "text", entry.text));
     }
     if (entry.meta && entry.meta.dropped_by_stop) item.append(element("p", "dropped", "not run: dropped by a stop"));
+    if (entry.meta && entry.meta.cut_off) {
+      item.append(element("p", "cut-off", `saved as it stood: cut off by the ${entry.meta.cut_off}`));
+    }
+    return item;
+  }
+
+  // Text an agent is writing now: shown at once, greyed and marked unsaved, until the entry
+  // that saves it (which names the draft in meta.draft) takes its place.
+  function renderDraft(draft) {
+    const item = element("li", "entry kind-message author-agent draft");
+    item.dataset.draft = String(draft.draft);
+    item.dataset.state = "draft";
+    const head = element("div", "head");
+    head.append(element("span", "author", draft.author), element("span", "kind", "writing… (not saved yet)"),
+      element("time", "time", clock(draft.ts)));
+    item.append(head, element("p", "text", draft.text));
     return item;
   }
 
@@ -204,8 +220,16 @@
     const transcript = document.getElementById("transcript");
     let last = 0; // the last entry shown: where a reconnect resumes
     const shown = new Set();
+    const drafts = new Map(); // draft id -> its element, until the saved entry replaces it
+    const saved = new Set(); // drafts whose entry came: a late draft of them is not shown again
+    function place(item, old) {
+      const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+      if (old) old.replaceWith(item);
+      else transcript.append(item);
+      if (atBottom) transcript.lastElementChild.scrollIntoView({ block: "end" });
+    }
     const stream = follow(
-      () => `${path}/events?after=${last}`,
+      () => `${path}/events?after=${last}&drafts=1`,
       {
         message: (event) => {
           const entry = JSON.parse(event.data);
@@ -214,9 +238,28 @@
           if (shown.has(entry.seq)) return;
           shown.add(entry.seq);
           last = entry.seq;
-          const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
-          transcript.append(renderEntry(entry));
-          if (atBottom) transcript.lastElementChild.scrollIntoView({ block: "end" });
+          const id = entry.meta && entry.meta.draft;
+          const old = id ? drafts.get(id) : undefined;
+          if (id) {
+            drafts.delete(id);
+            saved.add(id);
+          }
+          place(renderEntry(entry), old);
+        },
+        // A reconnect: a draft shown before it was either saved (its entry comes again, after
+        // `last`, and replaces it) or lost with the daemon; it never passes for saved.
+        open: () => {
+          for (const item of drafts.values()) {
+            item.dataset.state = "interrupted";
+            item.querySelector(".kind").textContent = "not saved (the connection was lost while it was written)";
+          }
+        },
+        draft: (event) => {
+          const draft = JSON.parse(event.data);
+          if (saved.has(draft.draft)) return;
+          const item = renderDraft(draft);
+          place(item, drafts.get(draft.draft));
+          drafts.set(draft.draft, item);
         },
       },
       () => probeUrl(`${path}/entries?after=${last}&limit=1`),

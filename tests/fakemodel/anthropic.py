@@ -257,4 +257,4 @@ class FakeAnthropicServer(FakeModelServer):
         out.event({"type": "message_stop"}, "message_stop")
 
 
-__all__ = ["FakeAnthropicServer", "agent_env", "latest_prompt", "SHELL_TOOL", "TODO_TOOL", "TODO_PLAN"]
+__all__ = ["SHELL_TOOL", "TODO_PLAN", "TODO_TOOL", "FakeAnthropicServer", "agent_env", "latest_prompt"]

@@ -1,0 +1,167 @@
+"""Live output: how long from an agent printing text to an SSE follower seeing it as a draft.
+
+Run from the repository root: ``.venv/bin/python -m scripts.bench_drafts [--seconds S]``.
+
+A real ``corral run`` daemon with the demo agent, whose ``stream N`` prompt prints a line
+every 0.1 s for N seconds, each line carrying the wall-clock time it was printed. One SSE
+follower per channel (``events?drafts=1``) takes the time each draft arrives and subtracts
+the newest line's print time: *print → draft*. Rows: 1 channel streaming, and 200 at once.
+
+The floor, measured in the same run: the same kind of child printing the same lines, read
+straight from its pipe by this process (no corral): *print → read*. Each figure is also
+given as a ratio to that floor.
+
+The store's writes: entries committed per second of the 200-channel run, once with drafts
+followers and once with plain followers (``events`` without ``drafts``): drafts must add no
+writes, so the two counts of rows are equal (both are every line saved, in pieces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import trio
+
+from scripts._bench import DEMO_CONFIG, Daemon, pct, short_tmp
+from scripts.bench_daemon import AsyncAPI
+
+#: The demo agent's streaming line (adapters/demo_agent.py).
+PRINTED_AT = "printed at "
+CHILD = r"""
+import sys, time
+end = time.monotonic() + float(sys.argv[1])
+i = 0
+while time.monotonic() < end:
+    print(f"Streaming line {i}, printed at {time.time():.3f}.", flush=True)
+    i += 1
+    time.sleep(0.1)
+"""
+
+
+def printed_at(text: str) -> float:
+    """The print time of the newest line of a draft's text."""
+    return float(text.rstrip().rsplit(PRINTED_AT, 1)[1].rstrip("."))
+
+
+async def floor(seconds: float) -> list[float]:
+    """print → read of the same lines from a child's pipe, without corral (ms)."""
+    lags: list[float] = []
+    proc = await trio.lowlevel.open_process([sys.executable, "-c", CHILD, str(seconds)], stdout=-1)
+    assert proc.stdout is not None
+    buffer = b""
+    try:
+        while chunk := await proc.stdout.receive_some(65536):
+            now = time.time()
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            if lines:
+                lags.append((now - printed_at(lines[-1].decode())) * 1000)
+    finally:
+        await proc.wait()
+    return lags
+
+
+async def count_entries(api: AsyncAPI, names: list[str]) -> int:
+    """Entries stored in these channels so far."""
+    return sum([len(await api.entries(name)) for name in names])
+
+
+async def follow_drafts(api: AsyncAPI, channel: str, after: int, drafts: bool, lags: list[float],
+                        done: trio.Event, ready: trio.Event) -> None:
+    """Take each draft's print → arrival until the turn's last entry."""
+    params: dict[str, int] = {"after": after, **({"drafts": 1} if drafts else {})}
+    async with api.connecting:
+        stream_cm = api.http.stream("GET", f"{api._path(channel)}/events", params=params)
+        stream = await stream_cm.__aenter__()
+    try:
+        ready.set()
+        async for line in stream.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            item = json.loads(line[6:])
+            if item["kind"] == "draft" and PRINTED_AT in item["text"].rsplit("\n", 1)[-1]:
+                lags.append((time.time() - printed_at(item["text"])) * 1000)
+            elif item["kind"] == "message" and "You said:" in item["text"]:
+                break
+    finally:
+        await stream_cm.__aexit__(None, None, None)
+        done.set()
+
+
+async def run_row(daemon: Daemon, channels: int, seconds: float, drafts: bool) -> tuple[list[float], int, float]:
+    """``channels`` channels streaming at once: print → draft lags (ms), entries written, seconds."""
+    api = AsyncAPI(daemon.socket)
+    tag = f"{'d' if drafts else 'p'}{channels}-{time.monotonic_ns()}"
+    names = [f"{tag}-{i}" for i in range(channels)]
+    lags: list[float] = []
+    try:
+        # Each channel made first (a channel exists once it has a message), then followed.
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(api.send, name, "hello")
+        for name in names:
+            assert await api.wait(name, 120)
+        afters = {name: (await api.entries(name))[-1]["seq"] for name in names}
+        before = await count_entries(api, names)
+        started = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                ready, done = trio.Event(), trio.Event()
+                nursery.start_soon(follow_drafts, api, name, afters[name], drafts, lags, done, ready)
+                await ready.wait()
+            for name in names:
+                nursery.start_soon(api.send, name, f"stream {seconds:g} please")
+        elapsed = time.monotonic() - started
+        for name in names:
+            assert await api.wait(name, 120)
+        written = await count_entries(api, names) - before
+    finally:
+        await api.aclose()
+    return lags, written, elapsed
+
+
+def line(label: str, lags: list[float], base: float) -> str:
+    if not lags:
+        return f"{label:<34} no drafts seen"
+    med, p95 = statistics.median(lags), pct(lags, 95)
+    return (f"{label:<34} median {med:7.2f} ms   p95 {p95:7.2f} ms   ({len(lags)} drafts; "
+            f"median {med / base:5.1f}x the floor)")
+
+
+async def main_async(seconds: float, many: int) -> int:
+    base_lags = await floor(seconds)
+    base = statistics.median(base_lags)
+    folder = short_tmp("corral-bd-")
+    daemon = Daemon(folder, DEMO_CONFIG)
+    try:
+        one, _, _ = await run_row(daemon, 1, seconds, drafts=True)
+        crowd, written_d, elapsed_d = await run_row(daemon, many, seconds, drafts=True)
+        _, written_p, elapsed_p = await run_row(daemon, many, seconds, drafts=False)
+    finally:
+        daemon.stop()
+    print(f"floor: print -> read from a pipe, no corral: median {base:.2f} ms, p95 {pct(base_lags, 95):.2f} ms")
+    print(line("print -> draft at SSE, 1 channel", one, base))
+    print(line(f"print -> draft at SSE, {many} channels", crowd, base))
+    print(f"store writes, {many} channels streaming {seconds:g} s: {written_d} entries with drafts followers "
+          f"({written_d / elapsed_d:.0f}/s), {written_p} with plain followers ({written_p / elapsed_p:.0f}/s): "
+          f"drafts add {written_d - written_p} writes")
+    target = statistics.median(one) <= 100 if one else False
+    print(f"target (1 channel, median print -> draft <= 100 ms): {'met' if target else 'MISSED'}")
+    return 0 if one and crowd and written_d == written_p else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="how long each agent streams (default 3)")
+    parser.add_argument("--channels", type=int, default=200, help="channels streaming at once (default 200)")
+    args = parser.parse_args()
+    return trio.run(main_async, args.seconds, args.channels)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

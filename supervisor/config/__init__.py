@@ -1,0 +1,3 @@
+"""Configuration: ``corral.toml`` read into frozen values (:mod:`.settings`) and the checks
+run before a daemon starts (:mod:`.preflight`). Internal.
+"""

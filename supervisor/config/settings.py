@@ -1,0 +1,711 @@
+"""Loading and validating ``corral.toml``.
+
+Every problem is collected — unknown keys (with a did-you-mean), wrong types, unknown
+adapters, missing files — and reported together, each with the file, the key and the fix,
+before anything starts. ``corral check`` runs exactly this.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import socket
+import stat
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+from ..core.errors import CorralError
+from ..procs.sandbox import MODES, NETWORKS, Network, SandboxMode
+
+DEFAULT_CONFIG_NAME = "corral.toml"
+DEFAULT_MAX_HOPS = 6
+"""Agent-to-agent hand-offs in a row before a human must speak (``max_hops``)."""
+#: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
+DEFAULT_SOCKET_MODE = 0o600
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a config file."""
+
+    file: str
+    key: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.message} — fix: {self.fix}"
+
+
+class ConfigError(CorralError):
+    """The config has problems; ``problems`` lists every one."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """``[server]``: where the control API listens."""
+
+    socket: Path
+    tcp: str | None = None
+    token_file: Path | None = None
+    socket_mode: int = DEFAULT_SOCKET_MODE
+    """Permissions of the Unix socket corral creates (owner read-write, at most the group too)."""
+    socket_group: str | None = None
+    """Group the Unix socket corral creates belongs to (None: this user's group)."""
+    cgroup: str = "auto"
+    """``"auto"``, ``"off"`` or an absolute cgroup2 folder: where each turn's cgroup goes."""
+    sandbox: SandboxMode = "auto"
+    """``"auto"`` (a sandbox around every turn where the machine allows, else said loudly),
+    ``"required"`` (no turn starts without one) or ``"off"``: see :mod:`supervisor.procs.sandbox`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Times and policies that ``[defaults]`` sets and each agent may override."""
+
+    stop_grace: float = 2.0
+    """Seconds between the interrupt signal and SIGKILL."""
+    stall_timeout: float = 600.0
+    """End a turn that prints nothing for this long (0: never)."""
+    turn_timeout: float = 3600.0
+    """End a turn that runs longer than this (0: never)."""
+    keep_background: bool = False
+    """Leave processes a normal turn started in the background running."""
+    max_nudges: int = 3
+    """Remind the agent of unfinished todos at most this many times in a row (0: never)."""
+    memory_max: str | None = None
+    """A turn's cgroup ``memory.max`` (bytes, or with a K/M/G/T suffix), where delegated."""
+    pids_max: int | None = None
+    """A turn's cgroup ``pids.max``, where delegated."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """``[agents.NAME]``: one CLI corral can run."""
+
+    name: str
+    adapter: str
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    model: str | None = None
+    limits: Limits = Limits()
+    unattended: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+    sandbox_write: tuple[Path, ...] = ()
+    """``sandbox_write``: more folders its turns may write (besides their own folder, HOME, TMPDIR)."""
+    sandbox_hide: tuple[Path, ...] = ()
+    """``sandbox_hide``: more paths its turns may not see (besides corral's private state)."""
+    network: Network = "host"
+    """``network``: ``"host"`` (loopback and the model APIs) or ``"none"`` (no network at all)."""
+
+    @property
+    def cgroup_limits(self) -> dict[str, str | int | None]:
+        """The limits written to each turn's cgroup (by file name with ``_`` for ``.``)."""
+        return {"memory_max": self.limits.memory_max, "pids_max": self.limits.pids_max}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A whole, valid configuration."""
+
+    path: Path | None
+    server: ServerConfig
+    store_path: Path
+    state_dir: Path
+    default_agent: str
+    limits: Limits
+    agents: Mapping[str, AgentConfig]
+    channels: Mapping[str, ChannelConfig] = field(default_factory=dict)
+    """``[channels.NAME]`` tables; a channel without one admits every agent."""
+    max_hops: int = DEFAULT_MAX_HOPS
+    """``[defaults] max_hops``: agent-to-agent hand-offs in a row before a human must speak."""
+    catch_up_entries: int = 20
+    """``[defaults] catch_up_entries``: at most this many missed messages in a catch-up prompt."""
+    catch_up_bytes: int = 16 * 1024
+    """``[defaults] catch_up_bytes``: at most this many bytes of missed messages in one."""
+    store_url: str | None = None
+    """``[store] url``: the store is this PostgreSQL database (None: the SQLite file ``store_path``)."""
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(socket.gethostname()))
+    """``[cluster]``: this daemon's name in a fleet and its lease (a fleet needs ``[store] url``)."""
+
+    @property
+    def store_location(self) -> str:
+        """What :func:`open_store` opens: the PostgreSQL URL, or else the SQLite file."""
+        return self.store_url or str(self.store_path)
+
+    @property
+    def store_name(self) -> str:
+        """The store as messages and ``status`` name it (a URL without its password)."""
+        from ..store.engines import redact
+
+        return redact(self.store_url) if self.store_url else str(self.store_path)
+
+    def agent(self, name: str | None) -> AgentConfig:
+        """The named agent, or the default one; KeyError if there is none."""
+        return self.agents[name or self.default_agent]
+
+    def members(self, channel: str) -> tuple[str, ...]:
+        """The channel's agents, its default agent first."""
+        table = self.channels.get(channel)
+        if table is not None and table.agents:
+            return table.agents
+        rest = tuple(name for name in self.agents if name != self.default_agent)
+        return ((self.default_agent,) if self.default_agent in self.agents else ()) + rest
+
+    def hop_limit(self, channel: str) -> int:
+        """The channel's ``max_hops`` (its table's, else ``[defaults]``)."""
+        table = self.channels.get(channel)
+        return table.max_hops if table is not None and table.max_hops is not None else self.max_hops
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """``[channels.NAME]``: the agents of a channel and its hop limit."""
+
+    name: str
+    agents: tuple[str, ...]
+    """Its members; the first is its default agent."""
+    max_hops: int | None = None
+    """None: ``[defaults] max_hops``."""
+    host: str | None = None
+    """``host``: the one fleet host that may run the channel (its agents' checkouts live
+    there); None: any host with the message's agent configured."""
+
+    def pinned_elsewhere(self, host: str) -> bool:
+        """The channel is pinned to another host than ``host``."""
+        return self.host is not None and self.host != host
+
+
+#: ``[cluster] lease`` unless set: how long a host's channels stay its own without a heartbeat.
+DEFAULT_LEASE = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: several daemons on one PostgreSQL store form a fleet."""
+
+    host: str
+    """``host``: this daemon's name in the fleet (default: the machine's hostname)."""
+    lease: float = DEFAULT_LEASE
+    """``lease``: seconds a host keeps its channels without renewing them (heartbeat every third)."""
+
+
+_TOP = {"server", "store", "defaults", "agents", "channels", "cluster"}
+_CLUSTER = {"host", "lease"}
+_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox"}
+_STORE = {"path", "url"}
+_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
+_DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
+_CHANNEL = {"agents", "max_hops", "host"}
+_AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
+          "network"} | _LIMIT_KEYS
+
+
+class _Checker:
+    def __init__(self, file: str, base: Path) -> None:
+        self.file = file
+        self.base = base
+        self.problems: list[Problem] = []
+
+    def add(self, key: str, message: str, fix: str) -> None:
+        self.problems.append(Problem(self.file, key, message, fix))
+
+    def unknown(self, table: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                fix = f"did you mean {close[0]!r}?" if close else f"remove it; known keys: {', '.join(sorted(allowed))}"
+                self.add(f"{prefix}{key}", "unknown key", fix)
+
+    def table(self, data: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            self.add(f"{prefix}{key}", f"expected a table, got {type(value).__name__}", f"write it as [{prefix}{key}]")
+            return {}
+        return value
+
+    def string(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None = None) -> str | None:
+        value = data.get(key, default)
+        if value is not None and not isinstance(value, str):
+            self.add(f"{prefix}{key}", f"expected a string, got {value!r}", f'write {key} = "..."')
+            return default
+        return value
+
+    def seconds(self, data: Mapping[str, Any], key: str, prefix: str, default: float) -> float:
+        value = data.get(key, default)
+        # ``not value >= 0`` also rejects NaN (valid TOML), which trio's timeouts refuse.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            self.add(
+                f"{prefix}{key}",
+                f"expected a number of seconds (>= 0), got {value!r}",
+                f"write {key} = {default:g}",
+            )
+            return default
+        return float(value)
+
+    def boolean(self, data: Mapping[str, Any], key: str, prefix: str, default: bool) -> bool:
+        value = data.get(key, default)
+        if not isinstance(value, bool):
+            self.add(f"{prefix}{key}", f"expected true or false, got {value!r}",
+                     f"write {key} = {str(default).lower()}")
+            return default
+        return value
+
+    def count(self, data: Mapping[str, Any], key: str, prefix: str, default: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.add(f"{prefix}{key}", f"expected a whole number >= 0, got {value!r}", f"write {key} = {default}")
+            return default
+        return value
+
+    def strings(self, data: Mapping[str, Any], key: str, prefix: str) -> tuple[str, ...] | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.add(f"{prefix}{key}", f"expected a list of strings, got {value!r}", f'write {key} = ["...", "..."]')
+            return None
+        return tuple(value)
+
+    def folders(self, data: Mapping[str, Any], key: str, prefix: str, *, must_exist: bool) -> tuple[Path, ...]:
+        """A list of paths (relative ones to the config's folder); with ``must_exist``, folders."""
+        values = self.strings(data, key, prefix) or ()
+        paths = tuple(self.path(v) for v in values)
+        if must_exist:
+            for path in paths:
+                if not path.is_dir():
+                    self.add(f"{prefix}{key}", f"{path} is not a folder",
+                             f"mkdir -p {path}, or remove it from {key}")
+        return paths
+
+    def path(self, value: str) -> Path:
+        expanded = Path(os.path.expanduser(value))
+        return expanded if expanded.is_absolute() else (self.base / expanded)
+
+    def limits(self, data: Mapping[str, Any], prefix: str, base: Limits) -> Limits:
+        return Limits(
+            stop_grace=self.seconds(data, "stop_grace", prefix, base.stop_grace),
+            stall_timeout=self.seconds(data, "stall_timeout", prefix, base.stall_timeout),
+            turn_timeout=self.seconds(data, "turn_timeout", prefix, base.turn_timeout),
+            keep_background=self.boolean(data, "keep_background", prefix, base.keep_background),
+            max_nudges=self.count(data, "max_nudges", prefix, base.max_nudges),
+            memory_max=self.memory(data, "memory_max", prefix, base.memory_max),
+            pids_max=self.pids(data, "pids_max", prefix, base.pids_max),
+        )
+
+    def memory(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None) -> str | None:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
+            self.add(f"{prefix}{key}", f"expected bytes (a whole number, or with K, M, G or T), got {value!r}",
+                     f'write {key} = "2G"')
+            return default
+        return text
+
+    def pids(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.add(f"{prefix}{key}", f"expected a whole number >= 1, got {value!r}", f"write {key} = 512")
+            return default
+        return value
+
+
+def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: bool) -> tuple[str, ...]:
+    program = argv[0]
+    if "/" in program:
+        resolved = check.path(program)
+        if not resolved.exists():
+            check.add(key, f"{program!r} does not exist (looked at {resolved})", "install it, or give the right path")
+        elif not os.access(resolved, os.X_OK):
+            check.add(key, f"{resolved} is not executable", f"chmod +x {resolved}")
+        return (str(resolved), *argv[1:])
+    if shutil.which(program) is None:
+        origin = "" if explicit else " (the adapter's default command)"
+        check.add(
+            key,
+            f"{program!r}{origin} is not on PATH",
+            "install it, or set command = [\"/path/to/it\"] on this agent",
+        )
+    return argv
+
+
+def _acp_options(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | None:
+    """Check an ``adapter = "acp"`` agent's own keys; the preset's binary, if a preset is named."""
+    from adapters.acp import DEFAULT_CANCEL_GRACE, DEFAULT_IDLE_TIMEOUT, PRESETS
+
+    check.seconds(raw, "acp_cancel_grace", prefix, DEFAULT_CANCEL_GRACE)
+    check.seconds(raw, "acp_idle_timeout", prefix, DEFAULT_IDLE_TIMEOUT)
+    preset = check.string(raw, "preset", prefix)
+    if preset is None:
+        return None
+    if preset not in PRESETS:
+        close = difflib.get_close_matches(preset, sorted(PRESETS), n=1)
+        check.add(f"{prefix}preset", f"unknown ACP preset {preset!r}",
+                  f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(PRESETS))}")
+        return None
+    return PRESETS[preset].binary
+
+
+def _store_url(check: _Checker, store: Mapping[str, Any]) -> str | None:
+    """``[store] url``: a PostgreSQL URL, and not together with ``path``."""
+    from ..store.engines import POSTGRES_SCHEMES, is_postgres
+
+    url = check.string(store, "url", "store.")
+    if url is None:
+        return None
+    if not is_postgres(url):
+        check.add("store.url", f"expected a PostgreSQL URL ({' or '.join(POSTGRES_SCHEMES)}...), got {url[:20]!r}",
+                  'write url = "postgresql://USER@HOST/DATABASE" (a socket folder: "postgresql:///corral?host=/run/'
+                  'postgresql"), or use path = "corral.db" for SQLite')
+        return None
+    if "path" in store:
+        check.add("store.url", "both [store] path and url are set: a store is a SQLite file or a PostgreSQL database",
+                  "remove one: path for SQLite (the default), url for PostgreSQL")
+        return None
+    return url
+
+
+def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path | None = None) -> Config:
+    """Validate a parsed TOML document; raise :class:`ConfigError` listing every problem."""
+    # Imported here: a client command reads only [server] and never needs the adapters.
+    from adapters import KNOWN_ADAPTERS, get_adapter
+
+    base = base or Path.cwd()
+    check = _Checker(file, base)
+    check.unknown(data, _TOP, "")
+    server_config = _server(check, data)
+
+    store = check.table(data, "store")
+    check.unknown(store, _STORE, "store.")
+    store_path = check.path(check.string(store, "path", "store.", "corral.db") or "corral.db")
+    store_url = _store_url(check, store)
+
+    defaults = check.table(data, "defaults")
+    check.unknown(defaults, _DEFAULTS, "defaults.")
+    limits = check.limits(defaults, "defaults.", Limits())
+
+    agents_raw = check.table(data, "agents")
+    agents: dict[str, AgentConfig] = {}
+    for name, raw in agents_raw.items():
+        prefix = f"agents.{name}."
+        if not isinstance(raw, dict):
+            check.add(f"agents.{name}", "expected a table", f"write it as [agents.{name}]")
+            continue
+        adapter_name = check.string(raw, "adapter", prefix)
+        if adapter_name is None:
+            check.add(f"{prefix}adapter", "missing", f'add adapter = "generic" (one of: {", ".join(KNOWN_ADAPTERS)})')
+            continue
+        if adapter_name not in KNOWN_ADAPTERS:
+            close = difflib.get_close_matches(adapter_name, list(KNOWN_ADAPTERS), n=1)
+            check.add(
+                f"{prefix}adapter",
+                f"unknown adapter {adapter_name!r}",
+                f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(KNOWN_ADAPTERS)}",
+            )
+            continue
+        adapter = get_adapter(adapter_name)
+        check.unknown(raw, _AGENT | adapter.option_keys, prefix)
+        command = check.strings(raw, "command", prefix)
+        if command == ():
+            check.add(f"{prefix}command", "is empty", 'write command = ["program", "arg"]')
+            command = None
+        preset_binary = _acp_options(check, raw, prefix) if adapter_name == "acp" else None
+        if command is None and preset_binary is not None:
+            command = _check_command(check, (preset_binary,), f"{prefix}preset", False)
+        elif command is None and adapter_name == "acp":
+            if "command" not in raw and "preset" not in raw:
+                check.add(f"{prefix}command", "the acp adapter needs a command or a preset",
+                          'add preset = "gemini" (or command = ["agent", "--acp"])')
+            command = ()
+        elif command is None and not adapter.default_command:
+            if "command" not in raw:
+                check.add(f"{prefix}command", f"the {adapter_name} adapter needs a command",
+                          'add command = ["program"]')
+            command = ()
+        elif command is not None:
+            command = _check_command(check, command, f"{prefix}command", True)
+        else:
+            command = _check_command(check, adapter.default_command, f"{prefix}adapter", False)
+        env_raw = raw.get("env", {})
+        if not isinstance(env_raw, dict) or not all(isinstance(v, str) for v in env_raw.values()):
+            check.add(f"{prefix}env", f"expected a table of strings, got {env_raw!r}",
+                      f'write [agents.{name}.env] with KEY = "value"')
+            env_raw = {}
+        cwd_s = check.string(raw, "cwd", prefix)
+        cwd = check.path(cwd_s) if cwd_s else None
+        if cwd is not None and not cwd.is_dir():
+            check.add(f"{prefix}cwd", f"{cwd} is not a directory",
+                      f"mkdir -p {cwd}, or remove cwd to use a folder per channel")
+        options = {k: raw[k] for k in adapter.option_keys if k in raw}
+        for key in ("acp_cancel_grace", "acp_idle_timeout"):
+            if key in options and (isinstance(options[key], bool) or not isinstance(options[key], int | float)
+                                   or not options[key] >= 0):
+                options.pop(key)  # reported above; the default stands
+        if "resume_args" in options and check.strings(raw, "resume_args", prefix) is None:
+            options.pop("resume_args")
+        if "prompt" in options and options["prompt"] not in ("argument", "stdin"):
+            check.add(f"{prefix}prompt", f"expected \"argument\" or \"stdin\", got {options['prompt']!r}",
+                      'write prompt = "stdin"')
+        agents[name] = AgentConfig(
+            name=name,
+            adapter=adapter_name,
+            command=command or (),
+            args=check.strings(raw, "args", prefix) or (),
+            env=dict(env_raw),
+            cwd=cwd,
+            model=check.string(raw, "model", prefix),
+            limits=check.limits(raw, prefix, limits),
+            unattended=check.boolean(raw, "unattended", prefix, True),
+            options=options,
+            sandbox_write=check.folders(raw, "sandbox_write", prefix, must_exist=True),
+            sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
+            network=_network(check, raw, prefix),
+        )
+
+    default_agent = check.string(defaults, "agent", "defaults.")
+    if not agents_raw:
+        check.add("agents", "no agent is configured", 'add [agents.demo] with adapter = "demo"')
+    elif default_agent is None:
+        if len(agents_raw) == 1:
+            default_agent = next(iter(agents_raw))
+        else:
+            check.add("defaults.agent", "several agents and no default",
+                      f'add agent = "{next(iter(agents_raw))}" to [defaults]')
+    elif default_agent not in agents_raw:
+        close = difflib.get_close_matches(default_agent, list(agents_raw), n=1)
+        check.add("defaults.agent", f"no agent is called {default_agent!r}",
+                  f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
+
+    channels = _channels(check, data, set(agents_raw))
+    cluster = _cluster(check, data)
+    if "cluster" in data and store_url is None:
+        check.add("cluster", "a fleet shares one PostgreSQL store, and [store] url is not set",
+                  'set [store] url = "postgresql://..." on every host, or remove [cluster]')
+    for name, table in channels.items():
+        if table.host is not None and store_url is None:
+            check.add(f"channels.{name}.host", "pins the channel to a fleet host, and [store] url is not set",
+                      'set [store] url = "postgresql://..." (a fleet), or remove host')
+    max_hops = check.count(defaults, "max_hops", "defaults.", DEFAULT_MAX_HOPS)
+    catch_up_entries = check.count(defaults, "catch_up_entries", "defaults.", 20)
+    catch_up_bytes = check.count(defaults, "catch_up_bytes", "defaults.", 16 * 1024)
+
+    if check.problems:
+        raise ConfigError(check.problems)
+    return Config(
+        path=None,
+        server=server_config,
+        store_path=store_path,
+        state_dir=store_path.parent / (store_path.stem + ".d"),
+        store_url=store_url,
+        default_agent=default_agent or "",
+        limits=limits,
+        agents=agents,
+        channels=channels,
+        max_hops=max_hops,
+        catch_up_entries=catch_up_entries,
+        catch_up_bytes=catch_up_bytes,
+        cluster=cluster,
+    )
+
+
+def _cluster(check: _Checker, data: Mapping[str, Any]) -> ClusterConfig:
+    """``[cluster]``: a host name (a short printable name) and a lease of at least a second."""
+    table = check.table(data, "cluster")
+    check.unknown(table, _CLUSTER, "cluster.")
+    host = check.string(table, "host", "cluster.") or socket.gethostname()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", host):
+        check.add("cluster.host", f"expected a host name (letters, digits, '.', '_', '-'; 63 at most), got {host!r}",
+                  'write host = "h1"')
+        host = "invalid"
+    lease = check.seconds(table, "lease", "cluster.", DEFAULT_LEASE)
+    if "lease" in table and lease < 1:
+        check.add("cluster.lease", f"expected at least 1 second, got {table['lease']!r}", "write lease = 10")
+        lease = DEFAULT_LEASE
+    return ClusterConfig(host, lease)
+
+
+def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, ChannelConfig]:
+    """``[channels.NAME]`` tables: members that are configured agents, once each; a hop limit."""
+    channels: dict[str, ChannelConfig] = {}
+    for name, raw in check.table(data, "channels").items():
+        prefix = f"channels.{name}."
+        if not isinstance(raw, dict):
+            check.add(f"channels.{name}", "expected a table", f'write it as [channels.{name}] with agents = ["..."]')
+            continue
+        check.unknown(raw, _CHANNEL, prefix)
+        members = check.strings(raw, "agents", prefix)
+        host = check.string(raw, "host", prefix)
+        if not members and host is not None and "agents" not in raw:
+            members = ()  # (a table that only pins the channel: every agent may take it)
+        elif not members:
+            example = ", ".join(f'"{a}"' for a in sorted(agent_names)[:2]) or '"demo"'
+            check.add(f"{prefix}agents", "missing or empty: a channel needs at least one agent",
+                      f"write agents = [{example}] (the first is the channel's default agent)")
+            continue
+        ok = True
+        for member in members:
+            if member not in agent_names:
+                ok = False
+                close = difflib.get_close_matches(member, sorted(agent_names), n=1)
+                check.add(f"{prefix}agents", f"no agent is called {member!r}",
+                          f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(agent_names))}")
+        if len(set(members)) != len(members):
+            ok = False
+            check.add(f"{prefix}agents", f"an agent is listed twice in {list(members)!r}", "list each agent once")
+        max_hops = check.count(raw, "max_hops", prefix, DEFAULT_MAX_HOPS) if "max_hops" in raw else None
+        if ok:
+            channels[name] = ChannelConfig(name, members, max_hops, host)
+    return channels
+
+
+def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
+    server = check.table(data, "server")
+    check.unknown(server, _SERVER, "server.")
+    socket_path = check.path(check.string(server, "socket", "server.", "corral.sock") or "corral.sock")
+    tcp = check.string(server, "tcp", "server.")
+    token_file_s = check.string(server, "token_file", "server.")
+    token_file = check.path(token_file_s) if token_file_s else None
+    if tcp is not None:
+        host, _, port = tcp.rpartition(":")
+        if host not in ("127.0.0.1", "localhost", "[::1]", "::1") or not port.isdigit():
+            check.add("server.tcp", f"{tcp!r} is not a loopback address with a port", 'write tcp = "127.0.0.1:8765"')
+        elif not 1 <= int(port) <= 65535:
+            check.add("server.tcp", f"port {port} is out of range (1 to 65535)", f'write tcp = "{host}:8765"')
+        if token_file is None:
+            check.add("server.tcp", "a TCP listener needs a token", 'add token_file = "corral.token" to [server]')
+    if token_file is not None:
+        try:
+            mode = token_file.stat().st_mode
+        except OSError:
+            check.add("server.token_file", f"{token_file} does not exist",
+                      f"create it with a secret: (umask 077; openssl rand -hex 32 > {token_file})")
+        else:
+            if not stat.S_ISREG(mode):
+                check.add("server.token_file", f"{token_file} is not a regular file",
+                          "point token_file at a file holding the secret")
+            elif mode & 0o077:
+                check.add("server.token_file",
+                          f"{token_file} is readable by other users (mode {stat.S_IMODE(mode):04o})",
+                          f"chmod 600 {token_file}")
+    socket_group = check.string(server, "socket_group", "server.")
+    if socket_group == "":
+        check.add("server.socket_group", "is empty", 'name a group, e.g. socket_group = "corral", or remove the key')
+        socket_group = None
+    cgroup = check.string(server, "cgroup", "server.", "auto") or "auto"
+    if cgroup not in ("auto", "off"):
+        from ..procs.cgroup import check_path as check_cgroup_path  # here: client commands never load trio
+
+        problem = check_cgroup_path(Path(cgroup))
+        if problem:
+            check.add(
+                "server.cgroup", problem,
+                'name a folder of the cgroup2 mount this user may write (see "grep cgroup2 /proc/self/mountinfo"; '
+                'under systemd: Delegate=yes), or write cgroup = "auto" (or "off" for the sweep)',
+            )
+    sandbox = check.string(server, "sandbox", "server.", "auto") or "auto"
+    if sandbox not in MODES:
+        check.add("server.sandbox", f"expected \"auto\", \"required\" or \"off\", got {sandbox!r}",
+                  'write sandbox = "auto" (a sandbox where the machine allows), "required" or "off"')
+        sandbox = "auto"
+    return ServerConfig(
+        socket=socket_path, tcp=tcp, token_file=token_file,
+        socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
+        sandbox=cast(SandboxMode, sandbox),
+    )
+
+
+def _network(check: _Checker, raw: Mapping[str, Any], prefix: str) -> Network:
+    """An agent's ``network``: "host" or "none" (per-address rules are not built: said so)."""
+    value = raw.get("network", "host")
+    if isinstance(value, list):
+        check.add(f"{prefix}network", "a list of addresses is not supported: the sandbox cannot filter by address",
+                  'write network = "host" (loopback and the model APIs) or "none"')
+        return "host"
+    if value not in NETWORKS:
+        check.add(f"{prefix}network", f"expected \"host\" or \"none\", got {value!r}",
+                  'write network = "host" or network = "none"')
+        return "host"
+    return cast(Network, value)
+
+
+def _socket_mode(check: _Checker, server: Mapping[str, Any]) -> int:
+    """``socket_mode``: an octal string; the owner can connect, other users cannot."""
+    default = DEFAULT_SOCKET_MODE
+    value = server.get("socket_mode")
+    if value is None:
+        return default
+    text = value if isinstance(value, str) else ""
+    digits = text.removeprefix("0o")
+    if not digits or len(digits) > 4 or any(c not in "01234567" for c in digits):
+        check.add(
+            "server.socket_mode",
+            f"expected an octal mode as a string, got {value!r}",
+            'write socket_mode = "0660" (quoted)',
+        )
+        return default
+    mode = int(digits, 8)
+    if mode & ~0o770:
+        check.add(
+            "server.socket_mode", f"{text} lets every user on the machine (or a special bit) at the socket",
+            'use at most "0660" and name the users\' group in socket_group',
+        )
+    elif mode & 0o600 != 0o600:
+        check.add(
+            "server.socket_mode",
+            f"{text} does not let corral's own user read and write it",
+            'write socket_mode = "0600" or "0660"',
+        )
+    return mode
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(str(file), "-", "the config file does not exist",
+                                   "copy config.example.toml to it, or pass -c FILE")]) from None
+    except OSError as exc:
+        raise ConfigError([Problem(str(file), "-", f"cannot read it: {exc.strerror}",
+                                   "check the path and its permissions")]) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([Problem(str(file), "-", f"not valid TOML: {exc}", "fix the syntax at that line")]) from None
+
+
+def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
+    """Read only ``[server]`` of a config file (paths resolved against its folder).
+
+    What client commands need: a broken ``[agents]`` table or an agent binary missing from
+    this PATH never blocks an emergency ``corral stop``. Raises :class:`ConfigError`.
+    """
+    file = Path(path)
+    data = _read_toml(file)
+    check = _Checker(str(file), file.resolve().parent)
+    server = _server(check, data)
+    if check.problems:
+        raise ConfigError(check.problems)
+    return server
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a config file; raise :class:`ConfigError` listing every problem."""
+    file = Path(path)
+    data = _read_toml(file)
+    config = parse_config(data, file=str(file), base=file.resolve().parent)
+    return replace(config, path=file.resolve())

@@ -1,0 +1,8 @@
+"""The serving faces: how people and programs reach a running supervisor.
+
+The control API (:mod:`.api`) over HTTP on a unix socket or loopback TCP (:mod:`.http`), its
+server-sent events and the dashboard (:mod:`.dashboard`, logins in :mod:`.dashauth`), the
+standard-library client the CLI uses (:mod:`.client`), the daemon that serves them
+(:mod:`.daemon`) with systemd's notify and socket activation (:mod:`.systemd`), the log format
+(:mod:`.logformat`) and the host for asyncio programs (:mod:`.asyncio_host`). Internal.
+"""

@@ -1,0 +1,163 @@
+"""Hosting a supervisor inside an asyncio program, with Trio in guest mode.
+
+Most chat bots and web backends run on asyncio. Trio's guest mode runs a Trio event loop
+*on top of* the host's loop, in the same thread: no second thread, no locks. The supervisor
+lives in the Trio guest; each call from asyncio starts a Trio task and hands its result
+back as an asyncio future. ::
+
+    async with open_asyncio_supervisor(load_config("corral.toml")) as sup:
+        accepted = await sup.send("general", "hello")
+        async for entry in sup.follow("general", after=accepted.seq):
+            ...
+        await sup.stop("general")
+
+Like :func:`open_supervisor`, it installs no signal handlers and changes no process-wide
+setting unless asked (``subreaper=True``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal, TypeVar, overload
+
+import outcome
+import trio
+
+from ..config.settings import Config
+from ..host.supervisor import Accepted, StopResult, Supervisor, open_supervisor
+from ..store.store import Draft, Entry
+
+T = TypeVar("T")
+
+
+class AsyncioSupervisor:
+    """The asyncio face of a supervisor running in a Trio guest loop."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery, sup: Supervisor
+    ) -> None:
+        self._loop = loop
+        self._token = token
+        self._nursery = nursery
+        self.supervisor = sup
+        """The Trio-side supervisor (only to be touched from Trio code)."""
+
+    def _call(self, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        future: asyncio.Future[T] = self._loop.create_future()
+
+        async def run() -> None:
+            try:
+                result = await fn()
+            except BaseException as exc:  # handed to the asyncio caller
+                if isinstance(exc, trio.Cancelled):
+                    self._loop.call_soon(_settle, future, None, asyncio.CancelledError())
+                    raise
+                self._loop.call_soon(_settle, future, None, exc)
+            else:
+                self._loop.call_soon(_settle, future, result, None)
+
+        self._token.run_sync_soon(self._nursery.start_soon, run)
+        return future
+
+    async def send(
+        self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
+        author: str = "human:user",
+    ) -> Accepted:
+        """See :meth:`Supervisor.send`."""
+        return await self._call(lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author))
+
+    async def stop(self, channel: str | None = None) -> StopResult:
+        """See :meth:`Supervisor.stop`."""
+        return await self._call(lambda: self.supervisor.stop(channel))
+
+    async def wait_idle(self, channel: str, timeout: float | None = None) -> bool:
+        """See :meth:`Supervisor.wait_idle`."""
+        return await self._call(lambda: self.supervisor.wait_idle(channel, timeout))
+
+    async def entries(self, channel: str, after: int = 0) -> list[Entry]:
+        """See :meth:`Supervisor.entries`."""
+        return await self._call(lambda: self.supervisor.entries(channel, after))
+
+    async def status(self) -> dict[str, Any]:
+        """See :meth:`Supervisor.status`."""
+
+        async def status() -> dict[str, Any]:
+            return self.supervisor.status()
+
+        return await self._call(status)
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: Literal[False] = False) -> AsyncIterator[Entry]:
+        ...
+
+    @overload
+    def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
+
+    async def follow(
+        self, channel: str | None, after: int = 0, *, drafts: bool = False
+    ) -> AsyncIterator[Entry | Draft]:
+        """See :meth:`Supervisor.follow` (``drafts``: also the text agents are writing now);
+        stops when the caller stops iterating."""
+        queue: asyncio.Queue[Entry | Draft] = asyncio.Queue()
+        scope = trio.CancelScope()
+
+        async def pump() -> None:
+            with scope:
+                async for entry in self.supervisor.follow(channel, after, drafts=drafts):
+                    self._loop.call_soon(queue.put_nowait, entry)
+
+        self._token.run_sync_soon(self._nursery.start_soon, pump)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._token.run_sync_soon(scope.cancel)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+@asynccontextmanager
+async def open_asyncio_supervisor(config: Config, **options: Any) -> AsyncIterator[AsyncioSupervisor]:
+    """Run :func:`open_supervisor` (same options) in a Trio guest loop for the block's duration."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[AsyncioSupervisor] = loop.create_future()
+    finished: asyncio.Future[None] = loop.create_future()
+    release = trio.Event()
+
+    async def guest() -> None:
+        async with open_supervisor(config, **options) as sup, trio.open_nursery() as nursery:
+            host = AsyncioSupervisor(loop, trio.lowlevel.current_trio_token(), nursery, sup)
+            loop.call_soon(_settle, ready, host, None)
+            await release.wait()
+            nursery.cancel_scope.cancel()
+
+    def done(result: outcome.Outcome[None]) -> None:
+        try:
+            result.unwrap()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the asyncio side
+            loop.call_soon_threadsafe(_settle, ready, None, exc)
+            loop.call_soon_threadsafe(_settle, finished, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, finished, None, None)
+
+    trio.lowlevel.start_guest_run(
+        guest,
+        run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+        done_callback=done,
+        host_uses_signal_set_wakeup_fd=True,
+    )
+    host = await ready
+    try:
+        yield host
+    finally:
+        host._token.run_sync_soon(release.set)
+        await finished

@@ -1,0 +1,215 @@
+"""A small synchronous client of the control API, used by the CLI (and handy in scripts).
+
+It uses only the standard library (``http.client`` over an ``AF_UNIX`` socket, or loopback
+TCP with a token), so a client command starts without importing an HTTP stack: an
+emergency ``corral stop`` is as quick to start as it can be.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from ..core.errors import CorralError
+
+#: The daemon closes idle keep-alive connections after 5 s; reconnect before that.
+_REUSE_SECONDS = 4.0
+
+
+class DaemonUnavailable(CorralError):
+    """No daemon answers on the socket."""
+
+
+class DaemonGone(DaemonUnavailable):
+    """The daemon went away in the middle of an answer (a follow's stream ended)."""
+
+
+class APIError(CorralError):
+    """The daemon answered with an error."""
+
+    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body
+
+
+def _channel(channel: str) -> str:
+    return quote(channel, safe="")
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """``http.client`` over a Unix socket."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("corral")
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+#: What a dead, absent or vanishing daemon looks like to ``http.client``.
+_UNAVAILABLE = (ConnectionError, FileNotFoundError, http.client.HTTPException, socket.timeout)
+
+
+class Client:
+    """Talks to a corral daemon over its Unix socket (or a loopback TCP URL with a token)."""
+
+    def __init__(self, socket_path: str | None = None, *, url: str | None = None, token: str | None = None) -> None:
+        if url is None and socket_path is None:
+            raise ValueError("give a socket path or a url")
+        self._socket_path = socket_path
+        self._url = urlsplit(url) if url is not None else None
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._conn: http.client.HTTPConnection | None = None
+        self._last_used = 0.0
+        self.where = url or socket_path
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._url is not None:
+            return http.client.HTTPConnection(self._url.hostname or "127.0.0.1", self._url.port)
+        assert self._socket_path is not None
+        return _UnixConnection(self._socket_path)
+
+    def close(self) -> None:
+        """Close the kept-alive connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: tuple[int, ...] = (200, 202),
+        params: dict[str, Any] | None = None,
+        json_body: Any = None,
+    ) -> Any:
+        if params:
+            path = f"{path}?{urlencode(params)}"
+        body = json.dumps(json_body).encode() if json_body is not None else b""
+        headers = dict(self._headers)
+        if json_body is not None:
+            headers["content-type"] = "application/json"
+        if self._conn is not None and time.monotonic() - self._last_used > _REUSE_SECONDS:
+            self.close()
+        try:
+            if self._conn is None:
+                self._conn = self._connect()
+            self._conn.request(method, path, body=body, headers=headers)
+            response = self._conn.getresponse()
+            data = response.read()
+        except _UNAVAILABLE as exc:
+            self.close()
+            raise DaemonUnavailable(str(exc) or type(exc).__name__) from None
+        self._last_used = time.monotonic()
+        return _decode(response.status, data, ok)
+
+    def send(
+        self, channel: str, text: str, *, agent: str | None = None, author: str | None = None,
+        to: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Queue a message (for ``agent`` and ``to``); returns ``{"seq": …}`` once it is stored."""
+        payload: dict[str, Any] = {"text": text}
+        if agent:
+            payload["agent"] = agent
+        if to:
+            payload["to"] = to
+        if author:
+            payload["author"] = author
+        path = f"/v1/channels/{_channel(channel)}/messages"
+        accepted: dict[str, Any] = self._request("POST", path, json_body=payload)
+        return accepted
+
+    def stop(self, channel: str | None) -> dict[str, Any]:
+        """Stop a channel (or all with None); returns the stop result, even a failed one."""
+        path = "/v1/stop" if channel is None else f"/v1/channels/{_channel(channel)}/stop"
+        result: dict[str, Any] = self._request("POST", path, ok=(200, 500))
+        return result
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's status."""
+        status: dict[str, Any] = self._request("GET", "/v1/status")
+        return status
+
+    def entries(self, channel: str, after: int = 0) -> list[dict[str, Any]]:
+        """Committed entries after ``after``."""
+        entries: list[dict[str, Any]] = self._request(
+            "GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after}
+        )["entries"]
+        return entries
+
+    def wait(self, channel: str, timeout: float | None = None) -> bool:
+        """True once the channel is idle; False if ``timeout`` passed first."""
+        params = {"timeout": timeout} if timeout is not None else {}
+        body = self._request("POST", f"/v1/channels/{_channel(channel)}/wait", params=params, ok=(200, 408))
+        return bool(body["idle"])
+
+    def follow(self, channel: str, after: int = 0, *, drafts: bool = False) -> Iterator[dict[str, Any]]:
+        """Entries after ``after``, then live ones; :class:`DaemonGone` when the daemon goes away.
+
+        With ``drafts``, also the text agents are writing now (``{"kind": "draft", "draft", …}``,
+        never stored; the entry that saves it has ``meta.draft``)."""
+        conn = self._connect()  # a connection of its own, held for as long as it follows
+        try:
+            try:
+                query = {"after": after, **({"drafts": 1} if drafts else {})}
+                url = f"/v1/channels/{_channel(channel)}/events?{urlencode(query)}"
+                conn.request("GET", url, headers=self._headers)
+                response = conn.getresponse()
+            except _UNAVAILABLE as exc:
+                raise DaemonUnavailable(str(exc) or type(exc).__name__) from None
+            if response.status != 200:
+                _decode(response.status, response.read(), ())
+            try:
+                for raw in response:
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                    if line.startswith("data: "):
+                        yield json.loads(line[6:])
+            except _UNAVAILABLE:
+                pass
+            # The daemon ends a stream only when it shuts down (or dies).
+            raise DaemonGone(f"the daemon on {self.where} went away")
+        finally:
+            conn.close()
+
+    def login_code(self) -> dict[str, Any]:
+        """A one-time dashboard login code (the token is needed): ``{"code", "path", "expires_in"}``."""
+        minted: dict[str, Any] = self._request("POST", "/dashboard/codes", ok=(201,))
+        return minted
+
+    def shutdown(self) -> None:
+        """Ask the daemon to shut down in order."""
+        self._request("POST", "/v1/shutdown")
+
+
+def _decode(status: int, data: bytes, ok: tuple[int, ...]) -> Any:
+    try:
+        body = json.loads(data) if data else None
+    except ValueError:
+        body = None
+    if status not in ok:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        text = data.decode("utf-8", "replace")
+        raise APIError(status, error.get("code", "error"), error.get("message", text), body)
+    return body

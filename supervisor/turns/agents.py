@@ -1,0 +1,753 @@
+"""One persistent ACP agent process, driven with Trio on corral's own process machinery.
+
+Theory of operation
+-------------------
+
+:func:`open_acp_agent` spawns the agent (``_tree.spawn``: a new session, a scrubbed
+environment carrying the ``CORRAL_TURN`` marker), registers it as a :class:`ProcessTree` with
+no checkpoint in between, and runs ``initialize`` then ``session/new`` — or ``session/load``
+of a saved id, falling back to ``session/new`` (with a notice) when the agent cannot load it.
+All protocol decisions are :class:`adapters.acp.AcpConnection`'s; this module only moves
+bytes: one task reads stdout lines into the connection, one keeps stderr's tail, and every
+write goes through one lock.
+
+A turn is :meth:`AcpAgent.prompt`: an async iterator of the connection's events ending with
+:class:`~adapters.acp.PromptEnded`. At its start the agent's descendants are snapshotted
+(pid + start ticks, and the boot-tick clock): what exists then — the agent, its MCP servers —
+belongs to the agent, everything newer belongs to the turn.
+
+:meth:`AcpAgent.cancel` is corral's stop rule for ACP: a typed ``session/cancel`` first
+(pending permission requests answered ``cancelled``), up to ``grace`` seconds for the
+prompt's answer, and then corral's own kill — always, because ACP only says an agent SHOULD
+stop its tools and real ones leave them running:
+
+* acknowledged in time (``ended="cancelled"``): every process the turn started is killed —
+  descendants that were not in the snapshot, the process groups they lead (setsid ones
+  included), and marked processes started since the turn began that escaped the tree — while
+  the agent and what it started before stay alive for the next prompt;
+* not acknowledged, or the agent died (``ended="killed"``): the agent's whole tree is killed
+  and swept; the owner starts a fresh process, which resumes with ``session/load``.
+
+Output after the cancel is dropped by the connection, except a session id.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import trio
+
+from adapters._base import Error, Launch
+from adapters.acp import (
+    AcpConnection,
+    AcpEvent,
+    Initialized,
+    PermissionDecided,
+    PromptEnded,
+    RequestFailed,
+    SessionReady,
+)
+
+from ..procs.lines import LineReader
+from ..procs.tree import (
+    TURN_MARKER,
+    MarkerScanner,
+    ProcessTree,
+    ProcId,
+    descendants,
+    kill_exact,
+    read_stat,
+    scan_markers,
+    scrubbed_environment,
+    signal_group,
+    spawn,
+    wait_gone,
+)
+
+log = logging.getLogger("corral.acp")
+
+#: Default wait for the typed cancel's acknowledgement.
+CANCEL_GRACE = 3.0
+#: How long ``close`` lets the agent exit on its own after stdin is closed.
+CLOSE_GRACE = 2.0
+#: Bound on start-up (initialize + session/new or load): node agents start slowly.
+START_TIMEOUT = 60.0
+#: corral's ``stopReason`` when the agent process ended before answering the prompt.
+STOP_EXITED = "exited"
+#: stderr lines kept to explain an agent that died.
+STDERR_TAIL = 20
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class AcpAgentError(Exception):
+    """The agent could not be started or used: it died, refused, or broke the protocol."""
+
+
+def boot_ticks() -> int:
+    """Now, in the clock ticks since boot that ``/proc/PID/stat`` start times use."""
+    with open("/proc/uptime", "rb") as fh:
+        return int(float(fh.read().split()[0]) * _CLK_TCK)
+
+
+def agent_environment(
+    launch: Launch, *, home: str | None, marker: str, extra: Mapping[str, str] = {}
+) -> dict[str, str]:
+    """The agent's environment: scrubbed, HOME/TMPDIR if given, the launch's, ``extra``, the marker."""
+    env = scrubbed_environment(os.environ)
+    env.setdefault("PATH", os.defpath)
+    if home is not None:
+        env["HOME"] = home
+        env["TMPDIR"] = str(Path(home) / "tmp")
+    env.update(launch.env)
+    env.update(extra)
+    env[TURN_MARKER] = marker  # last, so no configuration can remove it
+    return env
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
+def _write_files(home: Path, files: Mapping[str, str]) -> None:
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (home / "tmp").mkdir(mode=0o700, exist_ok=True)
+    for rel, content in files.items():
+        path = Path(rel) if os.path.isabs(rel) else home / rel
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content)
+
+
+@dataclass(slots=True)
+class CancelReport:
+    """What a cancel did: how the turn ended, when, and what was killed."""
+
+    ended: Literal["cancelled", "killed", "idle"]
+    """``cancelled``: the agent answered in time; ``killed``: it did not (or died), so its
+    whole tree was killed; ``idle``: no prompt was in flight."""
+    stop_reason: str | None = None
+    acknowledged_after: float | None = None
+    """Seconds from the cancel to the prompt's answer (None: no answer in time)."""
+    dead_after: float = 0.0
+    """Seconds from the cancel to every process of the turn confirmed dead."""
+    killed: list[int] = field(default_factory=list)
+    survivors: list[int] = field(default_factory=list)
+    decisions: list[PermissionDecided] = field(default_factory=list)
+    """Permission requests answered ``cancelled`` by the cancel."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Exited:
+    """Sentinel on the event channel: stdout reached EOF (the agent is gone)."""
+
+    returncode: int | None
+
+
+class AcpAgent:
+    """A running ACP agent with one open session. Made by :func:`open_acp_agent`."""
+
+    def __init__(
+        self,
+        launch: Launch,
+        *,
+        env: Mapping[str, str],
+        marker: str,
+        unattended: bool,
+        session_cwd: str,
+        tap: Callable[[str, bytes], None] | None = None,
+        restart_after_cancel: bool = False,
+        start_timeout: float = START_TIMEOUT,
+        sandbox: Sequence[str] = (),
+    ) -> None:
+        self.launch = launch
+        self.sandbox = tuple(sandbox)
+        """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
+        self.restart_after_cancel = restart_after_cancel
+        """Kill and restart (with session/load) even after an acknowledged cancel: for agents
+        whose session is out of step after one (claude-agent-acp 0.23 answers the next prompt
+        with the cancelled one's leftovers)."""
+        self.start_timeout = start_timeout
+        self.tap = tap
+        """Called with ``("send" | "recv", line)`` for every line exchanged: captures, debugging."""
+        self.env = dict(env)
+        self.marker = marker
+        self.session_cwd = session_cwd
+        self.unattended = unattended
+        self.conn = AcpConnection(unattended=unattended)
+        self.tree: ProcessTree | None = None
+        self.info: Initialized | None = None
+        self.notices: list[str] = []
+        """Things the owner should store as status entries (e.g. a session that could not load)."""
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
+        self.last_used = trio.current_time()
+        self.idle_timeout = math.inf
+        """Seconds idle after which the owner closes the agent (see :meth:`watch_idle`)."""
+        self._idle_scope: trio.CancelScope | None = None
+        self.dead = False
+        self._send_events, self._events = trio.open_memory_channel[AcpEvent | _Exited](math.inf)
+        self._write_lock = trio.Lock()
+        self._prompt_done = trio.Event()
+        self._exited = trio.Event()
+        self._last_end: PromptEnded | None = None
+        self._before: set[ProcId] = set()
+        self._before_tick = 0
+        self._scanner = MarkerScanner()
+        self._nursery: trio.Nursery | None = None
+        self._generation = 0
+        """Counts agent processes: a reader of an earlier one must not touch this one's state."""
+        self._saved_session: str | None = None
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def pid(self) -> int:
+        """The agent process's pid."""
+        assert self.tree is not None
+        return self.tree.pid
+
+    @property
+    def session_id(self) -> str | None:
+        """The open session's id (save it: ``session/load`` resumes it in a fresh process)."""
+        return self.conn.session_id
+
+    @property
+    def busy(self) -> bool:
+        """Is a prompt in flight?"""
+        return self.conn.prompt_id is not None
+
+    def idle_for(self) -> float:
+        """Seconds since the last prompt ended (0 while one is in flight)."""
+        return 0.0 if self.busy else trio.current_time() - self.last_used
+
+    # ------------------------------------------------------------ I/O plumbing
+
+    async def _flush(self) -> None:
+        async with self._write_lock:
+            data = self.conn.data_to_send()
+            if data and not self.dead:
+                if self.tap is not None:
+                    for line in data.splitlines():
+                        self.tap("send", line)
+                assert self.tree is not None and self.tree.process.stdin is not None
+                try:
+                    await self.tree.process.stdin.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    log.info("agent %d: stdin closed: %s", self.pid, exc)
+
+    async def _read_stdout(self, generation: int, process: trio.Process) -> None:
+        assert process.stdout is not None
+        reader = LineReader(process.stdout)
+        while generation == self._generation:
+            lines = await reader.read_lines()
+            if not lines or generation != self._generation:
+                break
+            for line in lines:
+                if self.tap is not None:
+                    self.tap("recv", line.data)
+                for event in self.conn.receive(line.data):
+                    if isinstance(event, PromptEnded):
+                        self._last_end = event
+                        self.last_used = trio.current_time()
+                        self._prompt_done.set()
+                        self._set_idle_deadline()
+                    self._send_events.send_nowait(event)
+            await self._flush()
+        if generation != self._generation:
+            return  # a restart replaced this process: its end is no news
+        # EOF: the agent is gone (or closed stdout, which is as good as gone).
+        with trio.move_on_after(1.0):
+            await process.wait()
+        if generation != self._generation:
+            # Asked again after the wait: a restart (restart_after_cancel) may begin while this
+            # reader reaps the process it replaces, and that exit (corral's own SIGKILL) would
+            # then end the fresh process's start-up as "exited (status -9)".
+            return
+        self._exited.set()
+        self._prompt_done.set()
+        self._send_events.send_nowait(_Exited(process.returncode))
+
+    async def _read_stderr(self, process: trio.Process) -> None:
+        assert process.stderr is not None
+        reader = LineReader(process.stderr, max_line=4096)
+        while lines := await reader.read_lines():
+            for line in lines:
+                text = line.text()
+                self.stderr_tail.append(text)
+                log.debug("agent %d stderr: %s", process.pid, text)
+
+    async def _until(self, *kinds: type) -> AcpEvent:
+        """The next event of one of ``kinds`` (or RequestFailed); setup only, no prompt running."""
+        while True:
+            event = await self._events.receive()
+            if isinstance(event, _Exited):
+                raise AcpAgentError(f"the agent exited (status {event.returncode}) during start-up: {self._why()}")
+            if isinstance(event, (*kinds, RequestFailed)):
+                return event
+
+    def _set_idle_deadline(self) -> None:
+        """Move the idle watch's deadline: none while a prompt runs, else last use + timeout."""
+        if self._idle_scope is not None:
+            self._idle_scope.deadline = math.inf if self.busy else self.last_used + self.idle_timeout
+
+    async def watch_idle(self, closing: trio.Event) -> bool:
+        """Wait until ``closing`` is set (False) or the agent has been idle for
+        :attr:`idle_timeout` (True). One Trio deadline, moved as prompts start and end: an
+        idle agent costs no wake-ups until it is due."""
+        while not closing.is_set():
+            with trio.CancelScope() as scope:
+                self._idle_scope = scope
+                self._set_idle_deadline()
+                await closing.wait()
+            self._idle_scope = None
+            if not closing.is_set() and not self.busy and self.idle_for() >= self.idle_timeout:
+                return True
+        return False
+
+    def _why(self) -> str:
+        return " | ".join(self.stderr_tail) or "no output on stderr"
+
+    # ------------------------------------------------------------ start-up
+
+    async def _start(self, nursery: trio.Nursery, saved_session: str | None) -> None:
+        self._nursery = nursery
+        self._generation += 1
+        self.conn = AcpConnection(unattended=self.unattended, policy=self.conn.policy)
+        self._send_events, self._events = trio.open_memory_channel[AcpEvent | _Exited](math.inf)
+        self._exited = trio.Event()
+        self._prompt_done = trio.Event()
+        self.dead = False
+        process = await spawn(
+            self.launch.argv, env=self.env, cwd=self.launch.cwd, stdin_pipe=True, sandbox=self.sandbox
+        )
+        # Registered before the next checkpoint.
+        self.tree = ProcessTree(process, self.marker, sandboxed=bool(self.sandbox))
+        nursery.start_soon(self._read_stdout, self._generation, process)
+        nursery.start_soon(self._read_stderr, process)
+        self.conn.initialize()
+        await self._flush()
+        event = await self._until(Initialized)
+        if isinstance(event, RequestFailed):
+            raise AcpAgentError(f"initialize failed: {event.message} (code {event.code})")
+        assert isinstance(event, Initialized)
+        self.info = event
+        if saved_session is not None:
+            if not self.conn.load_session_supported:
+                self.notices.append(
+                    f"the agent cannot load sessions; session {saved_session} not resumed, a new one started"
+                )
+            else:
+                self.conn.load_session(saved_session, self.session_cwd)
+                await self._flush()
+                event = await self._until(SessionReady)
+                if isinstance(event, SessionReady):
+                    return
+                assert isinstance(event, RequestFailed)
+                self.notices.append(f"could not load session {saved_session}: {event.message}; a new one started")
+        self.conn.new_session(self.session_cwd)
+        await self._flush()
+        event = await self._until(SessionReady)
+        if isinstance(event, RequestFailed):
+            raise AcpAgentError(f"session/new failed: {event.message} (code {event.code})")
+
+    async def ensure_running(self) -> bool:
+        """Before a prompt: if the agent process is gone (killed by a cancel, dead, closed),
+        start a fresh one that resumes the session with ``session/load``. Did it restart?
+
+        Raises :class:`AcpAgentError` if the fresh process cannot open a session.
+        """
+        if not (self.dead or self._exited.is_set()):
+            return False
+        assert self._nursery is not None
+        if self.tree is not None and not self.dead:
+            await self._kill_agent()
+        saved = self.conn.session_id or self._saved_session
+        self._saved_session = saved
+        try:
+            with trio.move_on_after(self.start_timeout) as scope:
+                await self._start(self._nursery, saved)
+            if scope.cancelled_caught:
+                raise AcpAgentError(
+                    f"the agent did not reopen its session within {self.start_timeout:g}s: {self._why()}"
+                )
+        except BaseException:
+            # Half started (a stop, a failure, the timeout): no session to prompt. Kill it, so
+            # the next call starts afresh instead of taking it for a running agent.
+            with trio.CancelScope(shield=True):
+                if self.tree is not None and not self.dead:
+                    await self._kill_agent()
+            raise
+        self.last_used = trio.current_time()
+        self._set_idle_deadline()
+        return True
+
+    # ------------------------------------------------------------ a turn
+
+    def prompt(self, text: str) -> PromptStream:
+        """Start a turn: snapshot the agent's processes, queue ``session/prompt``.
+
+        Iterate the result for the turn's events; the last is a :class:`PromptEnded`.
+        """
+        if self.dead or self._exited.is_set():
+            raise AcpAgentError("the agent process is gone; call ensure_running() first (it resumes with session/load)")
+        self._before_tick = boot_ticks()
+        self._before = descendants(self.pid)
+        self._prompt_done = trio.Event()
+        self._last_end = None
+        self.conn.prompt(text)
+        self._set_idle_deadline()
+        return PromptStream(self)
+
+    async def cancel(self, grace: float = CANCEL_GRACE) -> CancelReport:
+        """Stop the turn in flight: typed cancel, ``grace`` for its answer, then the kill."""
+        started = trio.current_time()
+        if not self.busy:
+            return CancelReport("idle")
+        decisions = [d for d in self.conn.cancel() if isinstance(d, PermissionDecided)]
+        acked_after: float | None = None
+        with trio.move_on_after(grace):
+            await self._flush()
+            await self._prompt_done.wait()
+            if self._last_end is not None:
+                acked_after = trio.current_time() - started
+        if acked_after is not None and not self._exited.is_set():
+            ended: Literal["cancelled", "killed"] = "cancelled"
+            if self.restart_after_cancel:
+                killed, survivors = await self._kill_agent()
+            else:
+                killed, survivors = await self._kill_turn_processes(started + grace + 5.0)
+        else:
+            killed, survivors = await self._kill_agent()
+            ended = "killed"
+        reason = self._last_end.stop_reason if self._last_end is not None else None
+        report = CancelReport(ended, reason, acked_after, trio.current_time() - started, killed, survivors, decisions)
+        log.info("agent %d: cancel %s after %.2fs, killed %s", self.pid, ended, report.dead_after, killed)
+        return report
+
+    async def sweep_turn(self, budget: float = 5.0) -> tuple[list[int], list[int]]:
+        """After a prompt that ended on its own: kill what it started and left running (a
+        normal turn's leftovers are swept, as for every turn). ``(killed, survivors)``."""
+        if self.busy or self.dead or self._exited.is_set():
+            return [], []
+        return await self._kill_turn_processes(trio.current_time() + budget)
+
+    def _turn_candidates(self, marked: set[ProcId]) -> set[ProcId]:
+        """The processes the turn started: new descendants, and new marked escapees."""
+        now = descendants(self.pid, include_self=False)
+        fresh = {p for p in marked if p.started >= self._before_tick}
+        return {p for p in now | fresh if p not in self._before and p.pid != self.pid}
+
+    async def _kill_turn_processes(self, deadline: float) -> tuple[list[int], list[int]]:
+        killed: set[int] = set()
+        agent_pgid = self.pid
+        pending: set[ProcId] = set()
+        for _ in range(20):
+            marked = (await trio.to_thread.run_sync(scan_markers, [self.marker]))[self.marker]
+            # Decide and signal with no checkpoint in between; identities guard against reuse.
+            candidates = self._turn_candidates(marked)
+            log.debug("agent %d: the turn's processes: %s", self.pid, {p.pid: _cmdline(p.pid) for p in candidates})
+            # Decide first (every living candidate), then signal: a group kill may end a
+            # candidate before its own turn comes, and it was still killed by this stop.
+            living = {proc: stat for proc in candidates if (stat := read_stat(proc.pid)) is not None}
+            hit = [p for p, stat in living.items() if stat.started == p.started and stat.state != "Z"]
+            for proc in hit:
+                if living[proc].pgid == proc.pid and proc.pid != agent_pgid:
+                    signal_group(proc.pid, signal.SIGKILL)  # a group the turn started: all of it
+                kill_exact(proc)
+                killed.add(proc.pid)
+            if not hit:
+                break
+            pending |= set(hit)
+            pending = await wait_gone(pending, deadline)
+            if trio.current_time() >= deadline:
+                break
+        survivors = await wait_gone(pending, deadline)
+        return sorted(killed), sorted(p.pid for p in survivors)
+
+    async def _kill_agent(self) -> tuple[list[int], list[int]]:
+        """Kill and sweep the agent's whole tree; the agent is dead from now on."""
+        assert self.tree is not None
+        self.dead = True
+        if self.tree.process.returncode is None:
+            self.tree.interrupt(signal.SIGKILL)  # snapshot, then the group: no grace left to give
+        await self.tree.sweep(self._scanner)
+        report = self.tree.report
+        return sorted(set(report.killed) | set(report.swept)), report.survivors
+
+    # ------------------------------------------------------------ the end
+
+    async def close(self, grace: float = CLOSE_GRACE) -> list[int]:
+        """End the agent: close its stdin, let it exit for ``grace``, then kill and sweep its tree.
+
+        Returns the pids that outlived the sweep (empty when all is well).
+        """
+        if self.tree is None:
+            return []
+        process = self.tree.process
+        if not self.dead and process.returncode is None and process.stdin is not None:
+            async with self._write_lock:
+                await process.stdin.aclose()
+            with trio.move_on_after(grace):
+                await self._exited.wait()
+        _, survivors = await self._kill_agent()
+        return survivors
+
+    async def close_if_idle(self, timeout: float) -> bool:
+        """Close the agent if no prompt ran for ``timeout`` seconds; did it?"""
+        if self.busy or self.dead or self.idle_for() < timeout:
+            return False
+        await self.close()
+        return True
+
+
+class PromptStream:
+    """The events of one turn (see :meth:`AcpAgent.prompt`); ends after :class:`PromptEnded`."""
+
+    def __init__(self, agent: AcpAgent) -> None:
+        self._agent = agent
+        self._queue: deque[AcpEvent] = deque()
+        self._done = False
+        self._sent = False
+
+    def __aiter__(self) -> PromptStream:
+        return self
+
+    def discard(self) -> list[AcpEvent]:
+        """After a cancel has returned: take, without waiting, what the cancelled prompt left
+        queued (its answer included), so the next prompt's stream starts clean. The caller
+        keeps nothing of it but a session id (stop contract: leftovers are discarded)."""
+        left = list(self._queue)
+        self._queue.clear()
+        while not self._done:
+            try:
+                event = self._agent._events.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if isinstance(event, _Exited | PromptEnded):
+                self._done = True
+            if not isinstance(event, _Exited):
+                left.append(event)
+        return left
+
+    async def __anext__(self) -> AcpEvent:
+        agent = self._agent
+        if self._queue:
+            return self._queue.popleft()
+        if self._done:
+            raise StopAsyncIteration
+        if not self._sent:
+            self._sent = True
+            await agent._flush()
+        while True:
+            event = await agent._events.receive()
+            if isinstance(event, _Exited):
+                self._done = True
+                cancelled = agent.conn.cancelling or agent.dead
+                agent.conn.prompt_id = None
+                agent.conn.cancelling = False
+                ended = PromptEnded(
+                    STOP_EXITED, cancelled=cancelled, error=f"the agent exited (status {event.returncode})"
+                )
+                if cancelled:
+                    return ended
+                self._queue.append(ended)
+                return Error(f"the agent exited (status {event.returncode}) before ending the turn: {agent._why()}")
+            if isinstance(event, PromptEnded):
+                self._done = True
+                return event
+            if isinstance(event, SessionReady | Initialized | RequestFailed):
+                continue  # setup answers; a failed prompt is followed by its PromptEnded
+            return event
+
+
+@asynccontextmanager
+async def open_acp_agent(
+    launch: Launch,
+    *,
+    marker: str,
+    home: str | None = None,
+    extra_env: Mapping[str, str] = {},
+    session_cwd: str | None = None,
+    saved_session: str | None = None,
+    unattended: bool = True,
+    start_timeout: float = START_TIMEOUT,
+    tap: Callable[[str, bytes], None] | None = None,
+    restart_after_cancel: bool = False,
+    sandbox: Sequence[str] = (),
+) -> AsyncIterator[AcpAgent]:
+    """Start an ACP agent and open a session; on exit, close it and sweep its tree.
+
+    ``marker`` is the ``CORRAL_TURN`` value every process of the agent inherits (one per
+    agent process, e.g. ``acp-<channel>-<agent>-<n>``). ``launch.files`` are written under
+    ``home`` first. ``session_cwd`` (default: the launch's cwd, made absolute) is the
+    session's working directory. ``sandbox`` is the argv the agent starts behind (its MCP
+    servers and tools are inside with it).
+    """
+    if home is not None:
+        await trio.to_thread.run_sync(_write_files, Path(home), dict(launch.files))
+    env = agent_environment(launch, home=home, marker=marker, extra=extra_env)
+    agent = AcpAgent(
+        launch,
+        env=env,
+        marker=marker,
+        unattended=unattended,
+        session_cwd=session_cwd or os.path.abspath(launch.cwd),
+        tap=tap,
+        restart_after_cancel=restart_after_cancel,
+        start_timeout=start_timeout,
+        sandbox=sandbox,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.move_on_after(start_timeout) as start_scope:
+                    await agent._start(nursery, saved_session)
+                if start_scope.cancelled_caught:
+                    raise AcpAgentError(f"the agent did not open a session within {start_timeout:g}s: {agent._why()}")
+                yield agent
+            finally:
+                with trio.CancelScope(shield=True):
+                    if agent.tree is not None:
+                        await agent.close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The readers never raise, so a group holds the one error of the start or the body:
+        # the caller sees it as itself, not wrapped.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+# ---------------------------------------------------------------- the pool
+
+
+@dataclass(frozen=True, slots=True)
+class AcpSpec:
+    """Everything needed to start one agent process (see :func:`open_acp_agent`)."""
+
+    launch: Launch
+    marker: str
+    home: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    session_cwd: str | None = None
+    saved_session: str | None = None
+    """The session id stored for this (channel, agent), loaded by the first process."""
+    unattended: bool = True
+    restart_after_cancel: bool = False
+    start_timeout: float = START_TIMEOUT
+    idle_timeout: float = math.inf
+    """Close the agent process after this long without a prompt (the next one starts it again)."""
+    sandbox: tuple[str, ...] = ()
+    """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
+
+
+class AcpAgentPool:
+    """Persistent ACP agents keyed by (channel, agent), each hosted by a task of one nursery.
+
+    What a supervisor's turn needs: :meth:`agent` before a prompt (starts the process, or
+    restarts a gone one with ``session/load``), :meth:`cancel` for a stop (scoped to its key:
+    other channels' agents are never touched), and :meth:`close_all` on shutdown. An agent
+    idle for its spec's ``idle_timeout`` is closed by its own host task (a Trio deadline, no
+    polling). Start it with ``pool = AcpAgentPool(nursery)``.
+    """
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._agents: dict[tuple[str, str], AcpAgent] = {}
+        self._closers: dict[tuple[str, str], trio.Event] = {}
+        self._gone: dict[tuple[str, str], trio.Event] = {}
+        self._starting: dict[tuple[str, str], trio.Event] = {}
+
+    def get(self, key: tuple[str, str]) -> AcpAgent | None:
+        """The agent of ``key`` if one is running (no start)."""
+        return self._agents.get(key)
+
+    async def agent(self, key: tuple[str, str], spec: AcpSpec) -> AcpAgent:
+        """The running agent of ``key``, started (or restarted with session/load) if needed."""
+        while key in self._starting:
+            await self._starting[key].wait()
+        agent = self._agents.get(key)
+        if agent is not None:
+            await agent.ensure_running()
+            return agent
+        self._starting[key] = started = trio.Event()
+        try:
+            fresh: AcpAgent = await self._nursery.start(self._host, key, spec)
+        finally:
+            del self._starting[key]
+            started.set()
+        return fresh
+
+    async def _host(self, key: tuple[str, str], spec: AcpSpec, task_status: trio.TaskStatus[AcpAgent]) -> None:
+        close, gone = trio.Event(), trio.Event()
+        try:
+            async with open_acp_agent(
+                spec.launch,
+                marker=spec.marker,
+                home=spec.home,
+                extra_env=spec.extra_env,
+                session_cwd=spec.session_cwd,
+                saved_session=spec.saved_session,
+                unattended=spec.unattended,
+                start_timeout=spec.start_timeout,
+                restart_after_cancel=spec.restart_after_cancel,
+                sandbox=spec.sandbox,
+            ) as agent:
+                agent.idle_timeout = spec.idle_timeout
+                self._agents[key], self._closers[key], self._gone[key] = agent, close, gone
+                task_status.started(agent)
+                if await agent.watch_idle(close):
+                    log.info("agent %s of %r: idle for %gs, closed", key[1], key[0], spec.idle_timeout)
+                    # Forgotten before the close begins: the next message starts a fresh one.
+                    del self._agents[key], self._closers[key], self._gone[key]
+        finally:
+            if self._agents.get(key) is not None and self._closers.get(key) is close:
+                del self._agents[key], self._closers[key], self._gone[key]
+            gone.set()
+
+    async def cancel(self, key: tuple[str, str], grace: float = CANCEL_GRACE) -> CancelReport:
+        """Stop the turn of ``key`` (see :meth:`AcpAgent.cancel`); ``idle`` if none runs."""
+        agent = self._agents.get(key)
+        if agent is None:
+            return CancelReport("idle")
+        return await agent.cancel(grace)
+
+    async def close(self, key: tuple[str, str]) -> bool:
+        """End the agent of ``key`` and its tree; was there one?"""
+        close, gone = self._closers.get(key), self._gone.get(key)
+        if close is None or gone is None:
+            return False
+        close.set()
+        await gone.wait()
+        return True
+
+    async def close_idle(self, timeout: float) -> list[tuple[str, str]]:
+        """End every agent with no prompt for ``timeout`` seconds; the keys closed."""
+        idle = [key for key, agent in self._agents.items() if not agent.busy and agent.idle_for() >= timeout]
+        for key in idle:
+            await self.close(key)
+        return idle
+
+    def pids(self) -> set[int]:
+        """The agent processes' pids (Trio waits for them: no reaper may take them)."""
+        return {agent.tree.pid for agent in self._agents.values() if agent.tree is not None}
+
+    async def close_all(self) -> None:
+        """End every agent (shutdown), all at once."""
+        async with trio.open_nursery() as nursery:
+            for key in list(self._closers):
+                nursery.start_soon(self.close, key)
