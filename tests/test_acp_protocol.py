@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from adapters._base import SessionId, Text, TodoItem, Todos, ToolResult, ToolUse, Unparsed
+from adapters._base import SessionId, Text, TodoItem, Todos, ToolResult, ToolUse, TurnRequest, Unparsed
 from adapters._jsonrpc import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -35,6 +35,7 @@ from adapters.acp import (
     PromptEnded,
     RequestFailed,
     SessionReady,
+    build_launch,
     decide_permission,
     preset_launch,
 )
@@ -423,9 +424,23 @@ def test_presets_fill_in_the_command_and_the_quirks() -> None:
     assert launch.env["GEMINI_CLI_NO_RELAUNCH"] == "true" and launch.env["NO_COLOR"] == "0"
     assert preset_launch("opencode", cwd="/w", command=["/x/opencode"]).argv == ("/x/opencode", "acp")
     assert preset_launch("claude", cwd="/w").argv == ("claude-agent-acp",)
-    with pytest.raises(KeyError, match="known: claude, codex, gemini, opencode, qwen"):
+    assert preset_launch("copilot", cwd="/w").argv == ("copilot", "--acp")
+    assert preset_launch("vibe", cwd="/w").argv == ("vibe-acp",)
+    assert preset_launch("kilo", cwd="/w").argv == ("kilo", "acp")
+    assert preset_launch("kimi", cwd="/w").argv == ("kimi", "acp")
+    with pytest.raises(KeyError, match="known: claude, codex, copilot, gemini, kilo, kimi, opencode, qwen, vibe"):
         preset_launch("nope", cwd="/w")
-    assert set(PRESETS) == {"claude", "codex", "gemini", "opencode", "qwen"}
+    assert set(PRESETS) == {"claude", "codex", "copilot", "gemini", "kilo", "kimi", "opencode", "qwen", "vibe"}
+
+
+def test_the_kimi_preset_stores_a_login_placeholder_that_never_expires() -> None:
+    """kimi acp refuses session/new without a stored Kimi Code login, even for a model of
+    one's own: the preset's file is one it accepts (an access token, no expiry)."""
+    request = TurnRequest(prompt="", channel="c", turn_id="t", agent="kimi", command=("kimi",), home="/h",
+                          options={"preset": "kimi"})
+    files = build_launch(request).files
+    token = json.loads(files[".kimi/credentials/kimi-code.json"])
+    assert token["access_token"] and "expires_at" not in token
 
 
 # ---------------------------------------------------------------- replays of real agents

@@ -374,7 +374,10 @@ class KimiChatServer(OpenAIChatServer):
         user message (the cancelled turn got no answer): the newest part is what was typed."""
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         start = user_prompt_index(messages)
-        content = messages[start].get("content") if start is not None else None
+        if start is None:
+            super().chat(body, out)
+            return
+        content = messages[start].get("content")
         if isinstance(content, list) and len(content) > 1:
             messages[start] = {**messages[start], "content": content[-1:]}
             body = {**body, "messages": messages}
