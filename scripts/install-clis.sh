@@ -26,11 +26,12 @@ declare -A pkg=(
   # 7.8.x has no linux-x64 build in the registry; the platform package is named with it.
   [kilo]="@kilocode/cli@7.7.7 @kilocode/cli-linux-x64@7.7.7"
 )
-# PyPI agents: NAME -> "PACKAGE==VERSION BINARY".
+# PyPI agents: NAME -> "PACKAGE==VERSION BINARY MIN-PYTHON MAX-PYTHON".
 declare -A pypkg=(
-  [vibe]="mistral-vibe==2.26.1 vibe-acp"
+  [vibe]="mistral-vibe==2.26.1 vibe-acp (3,12,2) (4,)"
   # 1.52.0 is a tombstone that pipes an install script from the internet into bash: keep 1.51.0.
-  [kimi]="kimi-cli==1.51.0 kimi"
+  [kimi]="kimi-cli==1.51.0 kimi (3,12,2) (4,)"
+  [aider]="aider-chat==0.86.2 aider (3,10) (3,13)"
 )
 
 missing() {
@@ -57,12 +58,13 @@ if [ -z "${npm_config_cache:-}" ]; then
   trap 'rm -rf "$npm_config_cache"' EXIT
 fi
 
-# A Python >= 3.12.2 for the PyPI agents (3.12.1's typing breaks kimi-cli's slotted generic
-# dataclasses at import): python3.12 or python3.13 on PATH, or one of pyenv's.
+# A Python for a PyPI agent, in [MIN, MAX) (as Python tuples): python3.12 or python3.13 on
+# PATH, or one of pyenv's. Kimi and Vibe need >= 3.12.2 (3.12.1's typing breaks kimi-cli's
+# slotted generic dataclasses at import); aider-chat 0.86 needs < 3.13.
 find_python() {
   local p root="${PYENV_ROOT:-$HOME/.pyenv}"
   for p in python3.12 "$root"/versions/3.12*/bin/python3 python3.13 "$root"/versions/3.13*/bin/python3; do
-    if "$p" -c 'import sys; sys.exit(sys.version_info < (3, 12, 2))' >/dev/null 2>&1; then
+    if "$p" -c "import sys; sys.exit(not ($1 <= sys.version_info[:3] < $2))" >/dev/null 2>&1; then
       echo "$p"; return 0
     fi
   done
@@ -71,7 +73,7 @@ find_python() {
 
 status=0
 names=(claude codex gemini qwen claude-agent-acp codex-acp opencode copilot kilo)
-pynames=(vibe kimi)
+pynames=(vibe kimi aider)
 pids=()
 
 install_npm() {  # NAME: install into the cache unless there; prints nothing
@@ -85,11 +87,12 @@ install_npm() {  # NAME: install into the cache unless there; prints nothing
 }
 
 install_pypi() {  # NAME
-  local spec="${pypkg[$1]%% *}" bin="${pypkg[$1]##* }"
+  local spec bin min max
+  read -r spec bin min max <<<"${pypkg[$1]}"
   local dir="$cache/pypi_${spec/==/_}"
   [ -x "$dir/bin/$bin" ] && return 0
   local py
-  py="$(find_python)" || { echo "no Python >= 3.12 (python3.12, python3.13 or pyenv's) for $spec" >"$dir.log"; return 1; }
+  py="$(find_python "$min" "$max")" || { echo "no Python in [$min, $max) (python3.12, python3.13 or pyenv's) for $spec" >"$dir.log"; return 1; }
   rm -rf "$dir"
   { "$py" -m venv "$dir" && "$dir/bin/pip" install --quiet --disable-pip-version-check "$spec"; } >"$dir.log" 2>&1
 }
@@ -112,9 +115,9 @@ for name in "${names[@]}"; do
   echo "$name $bin"
 done
 for name in "${pynames[@]}"; do
-  spec="${pypkg[$name]%% *}"
+  read -r spec binary _ <<<"${pypkg[$name]}"
   dir="$cache/pypi_${spec/==/_}"
-  bin="$dir/bin/${pypkg[$name]##* }"
+  bin="$dir/bin/$binary"
   if [ ! -x "$bin" ]; then
     echo "install-clis: $spec failed to install (pip said, in $dir.log):" >&2
     grep -v "^WARNING: Location" "$dir.log" | tail -n 15 | sed 's/^/  /' >&2

@@ -11,6 +11,7 @@ PACKAGES: dict[str, str] = {
     "codex": "@openai/codex@0.171.0",
     "gemini": "@google/gemini-cli@0.61.0",
     "qwen": "@qwen-code/qwen-code@0.15.10",
+    "aider": "pypi:aider-chat==0.86.2",
 }
 
 

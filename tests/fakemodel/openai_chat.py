@@ -397,3 +397,19 @@ def kimi_config(server_url: str) -> str:
         f'model = "{MODEL}"\n'
         "max_context_size = 128000\n"
     )
+
+
+class AiderChatServer(OpenAIChatServer):
+    """The same API as spoken by Aider (through LiteLLM): no tools, the answer is the text."""
+
+    main_system_prompt = "Act as an expert software developer"
+
+
+def aider_env(server_url: str) -> dict[str, str]:
+    """The environment that points ``aider --model openai/M`` at the fake server; LiteLLM's
+    cost map is read from its package, not fetched."""
+    return {
+        "OPENAI_API_BASE": server_url.rstrip("/") + "/v1",
+        "OPENAI_API_KEY": "sk-fake-corral",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
