@@ -6,9 +6,11 @@
 # virtualenv named pypi_NAME_VERSION. Missing ones install in parallel.
 #
 # Needs Node.js >= 20 (Gemini CLI and Qwen Code require it; Claude Code needs >= 18, Codex
-# >= 16) and npm. About 800 MB lands in the cache: the CLIs ship native binaries (Codex
-# 424 MB, Claude Code 235 MB). npm's download cache goes to a temporary folder that is
-# removed afterwards (set npm_config_cache to keep one), so nothing else is left behind.
+# >= 16) and npm, and for the PyPI agents a Python 3.12 or 3.13 (see find_python). About
+# 2.7 GB lands in the cache: the CLIs ship native binaries (Codex 424 MB, Claude Code 235 MB)
+# or many dependencies (Aider 666 MB). npm's download cache goes to a temporary folder that is
+# removed afterwards (set npm_config_cache to keep one) and pip keeps none, so nothing else is
+# left behind.
 set -euo pipefail
 NODE_MAJOR_NEEDED=20
 cache="${CORRAL_CLI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corral/clis}"
@@ -94,7 +96,7 @@ install_pypi() {  # NAME
   local py
   py="$(find_python "$min" "$max")" || { echo "no Python in [$min, $max) (python3.12, python3.13 or pyenv's) for $spec" >"$dir.log"; return 1; }
   rm -rf "$dir"
-  { "$py" -m venv "$dir" && "$dir/bin/pip" install --quiet --disable-pip-version-check "$spec"; } >"$dir.log" 2>&1
+  { "$py" -m venv "$dir" && "$dir/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "$spec"; } >"$dir.log" 2>&1
 }
 
 for name in "${names[@]}"; do install_npm "$name" & pids+=($!); done
