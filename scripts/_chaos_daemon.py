@@ -15,7 +15,11 @@ agent stamps its start with, so the two can be compared):
 * ``preparing`` — a turn reached its point of no return (channel, turn);
 * ``spawn`` — the turn passed it and its process is being spawned (turn);
 * ``register`` — a process was registered (turn, pid, whether the turn was already stale);
-* ``signal`` — a signal sent to a turn's process group (pgid, sig), once sent.
+* ``signal`` — a signal sent, once sent: to a process group (``pgid``, sig: ``killpg``, or a
+  ``cgroup.kill`` traced as one SIGKILL of each member) or to one process by pid (``pid``, sig:
+  ``kill``, as the sweep, the interrupt of a cgroup's other members and Trio do);
+* ``release`` — a turn's process tree was released after its teardown (turn, pid, the leader's
+  ``returncode``: negative for the signal that ended it, else it exited by itself).
 
 It also widens the windows a stop must hit: the preparing phase lasts 0-50 ms and a spawn
 0-30 ms longer, both shielded as the work they stand for is (writing the agent's files in a
@@ -135,6 +139,16 @@ def install_trace(path: str) -> None:
     # The freeze of a registration while its stop is stored (the registry's own import).
     _registry.signal_group = traced_signal_group  # type: ignore[attr-defined]
 
+    os_kill = os.kill
+
+    def traced_kill(pid: int, sig: int) -> None:
+        # Kills by pid too (the sweep's kill_exact, a cgroup's other members, Trio's own
+        # Process.kill): every module calls os.kill through the module, so this sees them all.
+        os_kill(pid, sig)
+        trace("signal", pid=pid, sig=int(sig))
+
+    os.kill = traced_kill
+
     cgroup_kill = _cgroup.TurnCgroup.kill
 
     def traced_cgroup_kill(self: _cgroup.TurnCgroup) -> None:
@@ -155,6 +169,15 @@ def install_trace(path: str) -> None:
         return register(self, channel, turn_id, tree)
 
     _registry.ProcessRegistry.register = traced_register  # type: ignore[method-assign]
+
+    release = _registry.ProcessRegistry.release
+
+    def traced_release(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
+        # After the sweep, which reaps the leader: how it ended (-9: a SIGKILL; >= 0: by itself).
+        trace("release", channel=channel, turn=turn_id, pid=tree.pid, returncode=tree.process.returncode)
+        return release(self, channel, turn_id, tree)
+
+    _registry.ProcessRegistry.release = traced_release  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------- seeded bugs

@@ -31,7 +31,9 @@ the same time. Every trial checks every line of the stop contract it can observe
   and no message accepted before the stop ever starts a turn after it (started stamps);
 * late registrations die: a process registered for a turn already stale is SIGKILLed at once
   (unless it had exited already: the widened spawn window lets a quick agent finish before its
-  registration) and never runs its code after the registration (its start stamp);
+  registration), or frozen then SIGKILLed while its stop is being stored (or, frozen as it was
+  exiting, ended by itself: its returncode at release), the trace counting kills by pid as well
+  as by group, and never runs its code after the registration (its start stamp);
 * nothing of the stopped turn alive when the stop returns; nothing of the trial at its end
   (``CORRAL_TURN`` marker, or a cwd in the channel's working folder);
 * the follow-up ran under the stop's generation; the other channel was untouched.
@@ -149,8 +151,12 @@ class API:
     def __init__(self, socket: Path) -> None:
         self.http = httpx.AsyncClient(
             # The limits go on the transport: a client's own limits do not apply to a transport passed in.
+            # An idle connection is dropped after 4 s, before the daemon closes it (hypercorn's
+            # keep-alive timeout, 5 s, httpx's default expiry too): a request reusing a connection
+            # as the daemon closes it gets no answer ("Server disconnected"), a harness failure.
             transport=httpx.AsyncHTTPTransport(
-                uds=str(socket), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+                uds=str(socket),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=4.0),
             ),
             base_url="http://corral",
             timeout=WAIT_S + 30,
@@ -250,7 +256,9 @@ class Evidence:
         """Start stamps by message id."""
         self.started_turn: dict[str, list[dict[str, Any]]] = {}
         self.signals: dict[int, list[dict[str, Any]]] = {}
-        """Signals sent to each process group, in order."""
+        """Signals sent to each process group or process (a leader's pid is its group's id), in order."""
+        self.released: dict[str, dict[str, Any]] = {}
+        """Each turn's tree as it was released, by turn: the leader's returncode."""
         self.accepts: dict[str, list[dict[str, Any]]] = {}
         """The ledger's accepted messages, by channel."""
 
@@ -269,7 +277,9 @@ class Evidence:
             elif r["ev"] == "register":
                 self.registered[r["turn"]] = r
             elif r["ev"] == "signal":
-                self.signals.setdefault(r["pgid"], []).append(r)
+                self.signals.setdefault(r["pgid"] if "pgid" in r else r["pid"], []).append(r)
+            elif r["ev"] == "release":
+                self.released[r["turn"]] = r
             elif r["ev"] == "accept":
                 self.accepts.setdefault(r["channel"], []).append(r)
         for r in self.stamps.records[s0:]:
@@ -311,6 +321,9 @@ class Trial:
     """Multi: after the stop, another bot posts an agent message that mentions an agent."""
     again: bool = False
     """Multi: the chain a human's message starts (``follow_up``) is stopped again, mid-chain."""
+    late: list[str] = field(default_factory=list)
+    """How each process registered for a stopped turn ended: killed | frozen, killed | had exited |
+    exited as frozen (it was exiting when frozen: a signal cannot stop a process that exits)."""
 
     def violate(self, kind: str, detail: str) -> None:
         """Record one violation of the contract (or of the harness's expectations)."""
@@ -657,15 +670,27 @@ class Runner:
             first = after[0] if after else None
             # SIGKILL at once; or, while the stop's record is being stored, SIGSTOP (frozen) and
             # SIGKILL once it is.
+            frozen = first is not None and first["sig"] == signal.SIGSTOP
             killed = first is not None and (
-                first["sig"] == signal.SIGKILL
-                or (first["sig"] == signal.SIGSTOP and any(s["sig"] == signal.SIGKILL for s in after))
+                first["sig"] == signal.SIGKILL or (frozen and any(s["sig"] == signal.SIGKILL for s in after))
             )
-            if not killed and not reg.get("exited"):
+            # Frozen at once, never resumed, and yet it exited by itself (its returncode, read
+            # as its tree was released, is no signal's): it was already exiting when the SIGSTOP
+            # came, which a process in exit does not obey, and by the kill nothing was left.
+            released = ev.released.get(p["turn"], {}).get("returncode")
+            exiting = (
+                frozen and not killed and isinstance(released, int) and released >= 0
+                and not any(s["sig"] == signal.SIGCONT for s in after)
+            )
+            trial.late.append(
+                "had exited" if reg.get("exited") and not killed else "exited as frozen" if exiting
+                else "frozen, killed" if killed and frozen else "killed" if killed else "not killed"
+            )
+            if not killed and not reg.get("exited") and not exiting:
                 trial.violate(
                     "late-registration-not-killed",
-                    f"pid {reg['pid']} registered for stopped turn {p['turn']}; "
-                    f"first signal after: {first and signal.Signals(first['sig']).name}",
+                    f"pid {reg['pid']} registered for stopped turn {p['turn']}; signals after: "
+                    f"{[signal.Signals(s['sig']).name for s in after]}; returncode at release: {released}",
                 )
             # Its code may run between the registration and the signal's sending (on another
             # core): not after it.
@@ -1028,6 +1053,7 @@ def main() -> int:
                     "violations": violations,
                     "by_kind": dict(by_kind),
                     "phases": dict(phases),
+                    "late_registrations": dict(Counter(how for t in trials for how in t.late)),
                     "examples": [[t.describe(), *[f"{k}: {d}" for k, d in t.violations[:3]]] for t in bad[:3]]
                     + failures,
                 }
@@ -1065,6 +1091,11 @@ def main() -> int:
                 f"stop call (client side): median {stops[len(stops) // 2]:.1f} ms, p95 "
                 f"{stops[int(len(stops) * 0.95)]:.1f} ms, max {stops[-1]:.1f} ms"
             )
+        late = Counter(how for t in trials for how in t.late)
+        print(
+            f"processes registered for a stopped turn: {sum(late.values())}"
+            + (f" ({', '.join(f'{k} {n}' for k, n in sorted(late.items()))})" if late else "")
+        )
         print(f"processes left after the daemon stopped: {len(left)}")
         print(f"violations: {violations} (in {len(bad)} trial(s))")
         for key, n in by_kind.most_common():

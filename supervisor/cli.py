@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from .serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
+
 if TYPE_CHECKING:
     from .config.settings import Config, Problem
     from .serve.client import Client
@@ -44,10 +46,9 @@ def _problems(problems: list[Problem], file: str) -> NoReturn:
     _fail(f"{len(problems)} problem(s) in {file}; nothing was started")
 
 
-def _load(path: str | None) -> Config:
+def _load(file: str) -> Config:
     from .config.settings import ConfigError, load_config
 
-    file = path or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
     try:
         return load_config(file)
     except ConfigError as exc:
@@ -60,13 +61,20 @@ class _Context:
         self.config = config
         self.json = as_json
 
+    def named_config(self, given: str | None = None) -> str | None:
+        """The config file named: the command's ``-c``, else ``corral -c``, else $CORRAL_CONFIG."""
+        return given or self.config or os.environ.get("CORRAL_CONFIG")
+
+    def config_file(self, given: str | None = None) -> str:
+        """The config file to read: the one named, else ./corral.toml."""
+        return self.named_config(given) or DEFAULT_CONFIG_NAME
+
     def client(self) -> Client:
         from .serve.client import Client
 
         path = self.socket or os.environ.get("CORRAL_SOCKET")
         if path is None:
-            config_file = self.config or os.environ.get("CORRAL_CONFIG")
-            if config_file is None and not Path(DEFAULT_CONFIG_NAME).exists():
+            if self.named_config() is None and not Path(DEFAULT_CONFIG_NAME).exists():
                 _fail(
                     "no daemon to talk to: pass --socket PATH, set CORRAL_SOCKET, or -c FILE "
                     "(start one with `corral run -c FILE`)",
@@ -74,7 +82,7 @@ class _Context:
                 )
             from .config.settings import ConfigError, load_server_config
 
-            file = config_file or DEFAULT_CONFIG_NAME
+            file = self.config_file()
             try:
                 path = str(load_server_config(file).socket)  # only [server]: agents never block a client
             except ConfigError as exc:
@@ -216,7 +224,7 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     from .serve.logformat import JSONLogFormatter
     from .serve.systemd import JournalFormatter, stderr_is_journal
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     config = _load(file)
     problems = preflight(config)
     if problems:
@@ -296,7 +304,7 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     from .config.settings import ConfigError, Problem, load_config
     from .procs.sandbox import probe
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     sandbox: dict[str, Any] = {}
     try:
         config = load_config(file)
@@ -346,11 +354,12 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
 @click.argument("text")
 @click.option("--agent", metavar="NAME", help="Which agent (default: @mentions, else the channel's default).")
 @click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
-@click.option("--as", "author", metavar="NAME", help="Who is speaking (default: user).")
+@click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True,
+              help="Who is speaking: NAME (a human) or agent:NAME (another bot posting for an agent).")
 @_json_option
 @click.pass_obj
 def send(
-    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str | None, as_json: bool
+    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str, as_json: bool
 ) -> None:
     """Send TEXT to CHANNEL; prints the accepted seq."""
     ctx = _merge(obj, as_json)
@@ -403,11 +412,13 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
+@click.option("--limit", type=click.IntRange(0), default=DEFAULT_LIMIT, show_default=True, metavar="N",
+              help="At most N entries (without --follow).")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
 @_json_option
 @click.pass_obj
-def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -> None:
+def tail(obj: _Context, channel: str, after: int, limit: int, follow: bool, as_json: bool) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
     ctx = _merge(obj, as_json)
     import shutil
@@ -421,7 +432,7 @@ def tail(obj: _Context, channel: str, after: int, follow: bool, as_json: bool) -
             sys.stdout.write(view.draft(item) if item.get("kind") == "draft" else view.entry(item))
 
     def run(client: Client) -> None:
-        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after)
+        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after, limit)
         for entry in entries:
             show(entry)
             sys.stdout.flush()
@@ -500,7 +511,7 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_jso
     from .config.settings import ConfigError, load_server_config
     from .serve.client import Client
 
-    file = config_path or obj.config or os.environ.get("CORRAL_CONFIG") or DEFAULT_CONFIG_NAME
+    file = obj.config_file(config_path)
     try:
         server = load_server_config(file)
     except ConfigError as exc:

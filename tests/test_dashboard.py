@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 from conftest import CORRAL
 
 from supervisor import parse_config
@@ -400,3 +401,28 @@ def test_decide_who_may_do_what(method: str, path: str, headers: dict[str, str],
     else:
         assert refusal is not None and refusal.code == expected, refusal
         assert refusal.message
+
+
+async def test_one_wake_up_stands_for_every_entry_committed_since(short_tmp: Path) -> None:
+    """The dashboard's status stream and systemd's STATUS= line wake on commits the same way."""
+    from conftest import make_config
+
+    from supervisor import open_supervisor
+    from supervisor.serve.commits import open_commit_wakeups
+
+    async with open_supervisor(make_config(short_tmp)) as sup:
+        await sup.send("early", "hi")
+        await sup.wait_idle("early")
+        await sup.flush()
+        async with open_commit_wakeups(sup) as wake:
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.WouldBlock):
+                wake.receive_nowait()  # what was committed before wakes nothing
+            await sup.send("c", "hi")
+            await wake.receive()
+            await sup.wait_idle("c")  # the reply's entries, several, while nobody read
+            await sup.flush()
+            await trio.testing.wait_all_tasks_blocked()
+            wake.receive_nowait()  # one wake-up for all of them
+            with pytest.raises(trio.WouldBlock):
+                wake.receive_nowait()

@@ -1,12 +1,14 @@
 """The control API: HTTP/1.1 + JSON (and Server-Sent Events) as a plain ASGI app.
 
-Routes (a channel is one percent-encoded path segment, so it may contain ``/``):
+Routes (a channel is one percent-encoded path segment, so it may contain ``/``), as
+:mod:`.routes` declares them — the one table the client, the asyncio host and the CLI are
+checked against:
 
 ===============================================  =============================================
 ``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "to"?, "author"?}`` → 202 ``{seq, to, …}``
 ``POST /v1/channels/{channel}/stop``             → the stop result, once the stop is complete
 ``POST /v1/stop``                                stop every busy channel
-``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N
+``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N (``&limit=``)
 ``GET  /v1/channels/{channel}/events?after=N``   the same, then live, as Server-Sent Events
 ``POST /v1/channels/{channel}/wait?timeout=S``   200 when idle, 408 on timeout
 ``GET  /v1/status``                              daemon, agents, channels, running turns
@@ -35,7 +37,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote
 
 from ..core.errors import ShuttingDown, UsageError
@@ -43,6 +45,7 @@ from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import Draft, StoreError
 from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
 from .http import PEER_TURN
+from .routes import OPERATIONS, Operation, Param, author_of
 
 log = logging.getLogger("corral.api")
 
@@ -67,13 +70,6 @@ class HTTPError(Exception):
 
 class _Gone(Exception):
     """The client hung up: nothing more is sent on this request."""
-
-
-#: The largest ``after`` (a seq is a SQLite integer) and ``limit`` a query may ask for.
-MAX_SEQ = 2**63 - 1
-MAX_LIMIT = 100_000
-#: The longest ``wait?timeout=`` in seconds (a year): anything longer is a mistake.
-MAX_WAIT = 365 * 86400.0
 
 
 class _Exchange:
@@ -149,16 +145,17 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def _query_number(
-    query: dict[str, list[str]], key: str, default: float | None, *, maximum: float, integer: bool = False
-) -> Any:
+def _query_number(query: Query, param: Param) -> Any:
+    """A number of the query, as its operation declares it (its default if absent)."""
+    key, integer = param.name, param.kind is int
     if key not in query:
-        return default
+        return param.default
     raw = query[key][-1]
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
         raise HTTPError(400, "bad_query", f"{key} must be a {'whole ' if integer else ''}number, got {raw!r}") from None
+    maximum = param.maximum if param.maximum is not None else math.inf
     if not math.isfinite(value) or not 0 <= value <= maximum:
         raise HTTPError(400, "bad_query", f"{key} must be between 0 and {maximum:g}, got {raw[:40]!r}")
     return value
@@ -173,11 +170,22 @@ def _query_flag(query: dict[str, list[str]], key: str) -> bool:
     return raw in ("1", "true")
 
 
-def _target(scope: Scope) -> tuple[str, str, list[str]]:
-    """The request's method, path (without the query) and decoded path segments."""
+class Request(NamedTuple):
+    """The request's target, parsed once: method, path (without the query), decoded path
+    segments and the query."""
+
+    method: str
+    path: str
+    parts: list[str]
+    query: Query
+
+
+def _target(scope: Scope) -> Request:
+    """Parse the request's target (a channel segment that is not UTF-8: :class:`HTTPError`)."""
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.split(b"?", 1)[0].decode("latin-1")
-    return scope["method"], path, [_segment(p) for p in path.strip("/").split("/")]
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return Request(scope["method"], path, [_segment(p) for p in path.strip("/").split("/")], query)
 
 
 def _segment(raw: str) -> str:
@@ -224,9 +232,9 @@ class ControlAPI:
             # The whole request is read before anything is answered (a 401 included), so
             # the answer never races hypercorn's own reply to a half-sent body.
             body = await peer.body()
-            method, path, parts = _target(scope)
-            self._authorize(scope, method, parts)
-            await self._route(scope, body, peer)
+            request = _target(scope)
+            self._authorize(scope, request.method, request.parts)
+            await self._route(request, scope, body, peer)
             return
         except HTTPError as exc:
             status, code, message = exc.status, exc.code, exc.message
@@ -267,40 +275,47 @@ class ControlAPI:
         if refusal is not None:
             raise HTTPError(refusal.status, refusal.code, refusal.message)
 
-    async def _route(self, scope: Scope, body: bytes, peer: _Exchange) -> None:
-        method, path, parts = _target(scope)
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    async def _route(self, request: Request, scope: Scope, body: bytes, peer: _Exchange) -> None:
+        method, path, parts, query = request
         if parts[:1] == ["dashboard"] and self.dashboard is not None:
             if await self.dashboard.answer(method, parts, query, scope, peer):
                 return
             raise HTTPError(404, "not_found", f"no route {method} {path}")
         if parts[:1] != ["v1"]:
             raise HTTPError(404, "not_found", f"no route {method} {path}; the API lives under /v1/")
-        rest = parts[1:]
-        if rest == ["status"] and method == "GET":
-            return await peer.respond(200, self.sup.status())
-        if rest == ["stop"] and method == "POST":
-            result = await self.sup.stop_all()
-            return await peer.respond(200 if result.ok else 500, result.to_json())
-        if rest == ["shutdown"] and method == "POST":
-            self.shutdown()
-            return await peer.respond(202, {"shutting_down": True})
-        if len(rest) == 3 and rest[0] == "channels":
-            channel, action = rest[1], rest[2]
-            handler = {
-                ("messages", "POST"): self._send,
-                ("stop", "POST"): self._stop,
-                ("entries", "GET"): self._entries,
-                ("events", "GET"): self._events,
-                ("wait", "POST"): self._wait,
-            }.get((action, method))
-            if handler is not None:
-                return await handler(channel, query, body, peer)
-            if action in ("messages", "stop", "entries", "events", "wait"):
-                raise HTTPError(405, "method_not_allowed", f"{method} is not allowed on {path}")
+        elsewhere = False  # the path is an operation's, of another method
+        for op in OPERATIONS.values():
+            found = op.match(parts)
+            if found is None:
+                continue
+            if op.method != method:
+                elsewhere = True
+                continue
+            handler: Callable[[Operation, dict[str, str], Query, bytes, _Exchange], Awaitable[None]] = getattr(
+                self, f"_{op.name}"
+            )
+            return await handler(op, found, query, body, peer)
+        if elsewhere:
+            raise HTTPError(405, "method_not_allowed", f"{method} is not allowed on {path}")
         raise HTTPError(404, "not_found", f"no route {method} {path}")
 
-    async def _send(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
+    async def _status(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        await peer.respond(200, self.sup.status())
+
+    async def _stop_all(
+        self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange
+    ) -> None:
+        result = await self.sup.stop_all()
+        await peer.respond(200 if result.ok else 500, result.to_json())
+
+    async def _shutdown(
+        self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange
+    ) -> None:
+        self.shutdown()
+        await peer.respond(202, {"shutting_down": True})
+
+    async def _send(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        channel = path["channel"]
         fields = _json_object(body)
         text = fields.get("text")
         if not isinstance(text, str):
@@ -311,31 +326,32 @@ class ControlAPI:
         to = fields.get("to")
         if to is not None and (not isinstance(to, list) or not all(isinstance(t, str) and t for t in to)):
             raise HTTPError(400, "bad_field", "'to' must be a list of agent names, e.g. [\"claude\", \"codex\"]")
-        author = fields.get("author", "user")
+        author = fields.get("author", op.param("author").default)
         if not isinstance(author, str) or not author:
             raise HTTPError(400, "bad_field", "'author' must be a non-empty string")
-        if not author.startswith(("human:", "agent:")):  # another bot posts as "agent:NAME"
-            author = f"human:{author}"
-        accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author)
+        accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author_of(author))
         await peer.respond(202, accepted.to_json())
 
-    async def _stop(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
-        result = await self.sup.stop(channel)
+    async def _stop(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        result = await self.sup.stop(path["channel"])
         await peer.respond(200 if result.ok else 500, result.to_json())
 
-    async def _entries(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
-        after = _query_number(query, "after", 0, maximum=MAX_SEQ, integer=True)
-        limit = _query_number(query, "limit", 10_000, maximum=MAX_LIMIT, integer=True)
+    async def _entries(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        channel = path["channel"]
+        after = _query_number(query, op.param("after"))
+        limit = _query_number(query, op.param("limit"))
         entries = await self.sup.entries(channel, after=after, limit=limit)
         await peer.respond(200, {"channel": channel, "entries": [e.to_json() for e in entries]})
 
-    async def _wait(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
-        timeout = _query_number(query, "timeout", None, maximum=MAX_WAIT)
+    async def _wait(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        channel = path["channel"]
+        timeout = _query_number(query, op.param("timeout"))
         idle = await self.sup.wait_idle(channel, timeout)
         await peer.respond(200 if idle else 408, {"channel": channel, "idle": idle})
 
-    async def _events(self, channel: str, query: Query, body: bytes, peer: _Exchange) -> None:
-        after = _query_number(query, "after", 0, maximum=MAX_SEQ, integer=True)
+    async def _follow(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        channel = path["channel"]
+        after = _query_number(query, op.param("after"))
         # An EventSource that reconnects by itself names the last seq it saw, not a new ?after=;
         # that entry came later in the stream (in a fleet the stream's order is the commit
         # order, which seqs from two hosts' clocks need not follow: not the greater seq).

@@ -28,6 +28,7 @@ import trio
 from ..config.settings import Config
 from ..host.supervisor import Accepted, StopResult, Supervisor, open_supervisor
 from ..store.store import Draft, Entry
+from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
 
 T = TypeVar("T")
 
@@ -63,7 +64,7 @@ class AsyncioSupervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = "human:user",
+        author: str = DEFAULT_AUTHOR,
     ) -> Accepted:
         """See :meth:`Supervisor.send`."""
         return await self._call(lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author))
@@ -72,13 +73,17 @@ class AsyncioSupervisor:
         """See :meth:`Supervisor.stop`."""
         return await self._call(lambda: self.supervisor.stop(channel))
 
+    async def stop_all(self) -> StopResult:
+        """See :meth:`Supervisor.stop_all`."""
+        return await self._call(self.supervisor.stop_all)
+
     async def wait_idle(self, channel: str, timeout: float | None = None) -> bool:
         """See :meth:`Supervisor.wait_idle`."""
         return await self._call(lambda: self.supervisor.wait_idle(channel, timeout))
 
-    async def entries(self, channel: str, after: int = 0) -> list[Entry]:
+    async def entries(self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT) -> list[Entry]:
         """See :meth:`Supervisor.entries`."""
-        return await self._call(lambda: self.supervisor.entries(channel, after))
+        return await self._call(lambda: self.supervisor.entries(channel, after, limit))
 
     async def status(self) -> dict[str, Any]:
         """See :meth:`Supervisor.status`."""

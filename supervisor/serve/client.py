@@ -2,7 +2,8 @@
 
 It uses only the standard library (``http.client`` over an ``AF_UNIX`` socket, or loopback
 TCP with a token), so a client command starts without importing an HTTP stack: an
-emergency ``corral stop`` is as quick to start as it can be.
+emergency ``corral stop`` is as quick to start as it can be. Each request is built from the
+operation :mod:`.routes` declares: its method, path, parameters' defaults and answering statuses.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import socket
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from ..core.errors import CorralError
+from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, OPERATIONS
 
 #: The daemon closes idle keep-alive connections after 5 s; reconnect before that.
 _REUSE_SECONDS = 4.0
@@ -38,10 +40,6 @@ class APIError(CorralError):
         self.code = code
         self.message = message
         self.body = body
-
-
-def _channel(channel: str) -> str:
-    return quote(channel, safe="")
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -125,44 +123,58 @@ class Client:
         self._last_used = time.monotonic()
         return _decode(response.status, data, ok)
 
+    def _call(
+        self, name: str, *, path: dict[str, str] | None = None, params: dict[str, Any] | None = None,
+        json_body: Any = None,
+    ) -> Any:
+        """Perform the operation ``name`` of :data:`.routes.OPERATIONS`."""
+        op = OPERATIONS[name]
+        return self._request(op.method, op.target(**(path or {})), ok=op.ok, params=params, json_body=json_body)
+
     def send(
-        self, channel: str, text: str, *, agent: str | None = None, author: str | None = None,
-        to: list[str] | None = None,
+        self, channel: str, text: str, *, agent: str | None = None, to: list[str] | None = None,
+        author: str = DEFAULT_AUTHOR,
     ) -> dict[str, Any]:
-        """Queue a message (for ``agent`` and ``to``); returns ``{"seq": …}`` once it is stored."""
-        payload: dict[str, Any] = {"text": text}
+        """Queue a message (for ``agent`` and ``to``); returns ``{"seq": …}`` once it is stored.
+
+        ``author``: ``human:NAME`` or ``agent:NAME``; a bare ``NAME`` is the human ``human:NAME``.
+        """
+        payload: dict[str, Any] = {"text": text, "author": author}
         if agent:
             payload["agent"] = agent
         if to:
             payload["to"] = to
-        if author:
-            payload["author"] = author
-        path = f"/v1/channels/{_channel(channel)}/messages"
-        accepted: dict[str, Any] = self._request("POST", path, json_body=payload)
+        accepted: dict[str, Any] = self._call("send", path={"channel": channel}, json_body=payload)
         return accepted
 
     def stop(self, channel: str | None) -> dict[str, Any]:
         """Stop a channel (or all with None); returns the stop result, even a failed one."""
-        path = "/v1/stop" if channel is None else f"/v1/channels/{_channel(channel)}/stop"
-        result: dict[str, Any] = self._request("POST", path, ok=(200, 500))
+        if channel is None:
+            everything: dict[str, Any] = self._call("stop_all")
+            return everything
+        result: dict[str, Any] = self._call("stop", path={"channel": channel})
         return result
+
+    def stop_all(self) -> dict[str, Any]:
+        """Stop every busy channel; the result lists each under ``channels``."""
+        return self.stop(None)
 
     def status(self) -> dict[str, Any]:
         """The daemon's status."""
-        status: dict[str, Any] = self._request("GET", "/v1/status")
+        status: dict[str, Any] = self._call("status")
         return status
 
-    def entries(self, channel: str, after: int = 0) -> list[dict[str, Any]]:
-        """Committed entries after ``after``."""
-        entries: list[dict[str, Any]] = self._request(
-            "GET", f"/v1/channels/{_channel(channel)}/entries", params={"after": after}
+    def entries(self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
+        """Committed entries after ``after``, at most ``limit`` of them."""
+        entries: list[dict[str, Any]] = self._call(
+            "entries", path={"channel": channel}, params={"after": after, "limit": limit}
         )["entries"]
         return entries
 
     def wait(self, channel: str, timeout: float | None = None) -> bool:
         """True once the channel is idle; False if ``timeout`` passed first."""
         params = {"timeout": timeout} if timeout is not None else {}
-        body = self._request("POST", f"/v1/channels/{_channel(channel)}/wait", params=params, ok=(200, 408))
+        body = self._call("wait", path={"channel": channel}, params=params)
         return bool(body["idle"])
 
     def follow(self, channel: str, after: int = 0, *, drafts: bool = False) -> Iterator[dict[str, Any]]:
@@ -170,16 +182,16 @@ class Client:
 
         With ``drafts``, also the text agents are writing now (``{"kind": "draft", "draft", …}``,
         never stored; the entry that saves it has ``meta.draft``)."""
+        op = OPERATIONS["follow"]
         conn = self._connect()  # a connection of its own, held for as long as it follows
         try:
             try:
                 query = {"after": after, **({"drafts": 1} if drafts else {})}
-                url = f"/v1/channels/{_channel(channel)}/events?{urlencode(query)}"
-                conn.request("GET", url, headers=self._headers)
+                conn.request(op.method, f"{op.target(channel=channel)}?{urlencode(query)}", headers=self._headers)
                 response = conn.getresponse()
             except _UNAVAILABLE as exc:
                 raise DaemonUnavailable(str(exc) or type(exc).__name__) from None
-            if response.status != 200:
+            if response.status not in op.ok:
                 _decode(response.status, response.read(), ())
             try:
                 for raw in response:
@@ -200,7 +212,7 @@ class Client:
 
     def shutdown(self) -> None:
         """Ask the daemon to shut down in order."""
-        self._request("POST", "/v1/shutdown")
+        self._call("shutdown")
 
 
 def _decode(status: int, data: bytes, ok: tuple[int, ...]) -> Any:

@@ -36,6 +36,7 @@ from ..core.errors import CorralError
 from ..host.supervisor import Supervisor, open_supervisor
 from . import systemd
 from .api import ControlAPI
+from .commits import open_commit_wakeups
 from .http import serve_socket
 
 log = logging.getLogger("corral.daemon")
@@ -277,18 +278,8 @@ def _address(sock: socket.socket | None) -> str:
 
 async def _report_status(sup: Supervisor, send: Callable[[str], object], scope: trio.CancelScope) -> None:
     """``STATUS=`` on every change: a committed entry wakes it (an idle daemon: nothing does)."""
-    changes_send, changes = trio.open_memory_channel[object](1)
-
-    newest = await sup.last_seq()
-
-    async def watch() -> None:
-        async for _entry in sup.follow(None, after=newest):
-            with contextlib.suppress(trio.WouldBlock):
-                changes_send.send_nowait(None)
-
     with scope:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
+        async with open_commit_wakeups(sup) as changes:
             await systemd.report_status(
                 lambda: systemd.status_line(sup.status()), lambda: sup.status()["running"] > 0, changes, send,
             )

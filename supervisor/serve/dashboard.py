@@ -24,7 +24,6 @@ Every HTML answer carries a strict Content-Security-Policy: scripts from this or
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import math
@@ -38,6 +37,7 @@ import trio
 
 from ..host.supervisor import Supervisor
 from . import dashauth
+from .commits import open_commit_wakeups
 
 #: Seconds between keep-alive comments on an idle event stream. Proxies and tunnels commonly
 #: cut a response that is silent for 60 s (nginx's ``proxy_read_timeout``, cloud load
@@ -337,17 +337,7 @@ class Dashboard:
         also re-reads every :data:`BUSY_REFRESH_SECONDS` (a turn starting or ending stores
         no entry at that moment). An idle daemon: nothing wakes it.
         """
-        changes_send, changes = trio.open_memory_channel[None](1)
-        newest = await self.sup.last_seq()
-
-        async def watch() -> None:
-            async with contextlib.aclosing(self.sup.follow(None, after=newest)) as entries:  # type: ignore[type-var]
-                async for _entry in entries:
-                    with contextlib.suppress(trio.WouldBlock):
-                        changes_send.send_nowait(None)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
+        async with open_commit_wakeups(self.sup) as changes:
             last = ""
             while True:
                 view = list_view(self.sup.status())
