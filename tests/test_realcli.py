@@ -226,8 +226,8 @@ def test_background_process_of_a_normal_turn_is_swept(rig: Rig) -> None:
 #: codex exec prints each agent message whole (no delta events in its --json stream); aider
 #: prints its answer as it streams (plain text lines).
 STREAMING = {"claude", "gemini", "qwen", "aider"}
-#: Of those, the CLIs that print whole lines as they come (aider): a one-line answer's draft is
-#: the whole line, so there is no shorter draft before it.
+#: Of those, the CLIs that print whole lines as they come (aider): a one-line answer's draft, if
+#: the line shows before the turn ends, is the whole line; whether it does is a race.
 LINE_STREAMING = {"aider"}
 
 
@@ -267,8 +267,8 @@ def test_drafts_show_the_answer_while_the_model_streams_it(rig: Rig, request: py
     if not streams:  # each message whole: it is saved as it comes, no draft before it
         assert drafts == [] and saved["meta"].get("draft") is None
         return
-    assert drafts, "no draft before the saved answer"
+    assert drafts or name in LINE_STREAMING, "no draft before the saved answer"
     partial = [d for d in drafts if d["text"] and d["text"] != saved["text"]]
     assert partial or name in LINE_STREAMING, (drafts, saved)
     assert all(saved["text"].startswith(d["text"]) for d in drafts if d["text"]), (drafts, saved)
-    assert saved["meta"].get("draft") == drafts[-1]["draft"]
+    assert not drafts or saved["meta"].get("draft") == drafts[-1]["draft"]
