@@ -195,6 +195,10 @@ class Adapter:
     """Sent to the process group first on a stop; the CLI's chance to clean up."""
     option_keys: frozenset[str] = frozenset()
     """Extra ``[agents.NAME]`` keys this adapter accepts."""
+    runs: Literal["per_turn", "persistent"] = "per_turn"
+    """``per_turn``: a CLI process per turn, its stdout parsed line by line (``new_parser``).
+    ``persistent``: one long-lived agent process per (channel, agent) that each turn prompts
+    (ACP); ``build_launch`` then starts that process and ``new_parser`` is never called."""
 
 
 def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:

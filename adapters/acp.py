@@ -727,4 +727,5 @@ ADAPTER = Adapter(
     build_launch=build_launch,
     new_parser=_no_line_parser,
     option_keys=OPTION_KEYS,
+    runs="persistent",
 )

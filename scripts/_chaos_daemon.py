@@ -46,6 +46,7 @@ import trio
 
 from supervisor.core import account as _account
 from supervisor.core import ledger as _ledger
+from supervisor.host import stopper as _stopper
 from supervisor.host import supervisor as _supervisor
 from supervisor.procs import cgroup as _cgroup
 from supervisor.procs import registry as _registry
@@ -208,7 +209,7 @@ def _no_late_kill() -> None:
 
 
 def _todos_kept() -> None:
-    _supervisor.Supervisor._cancelled_plans = lambda self, channel: {}  # type: ignore[method-assign]
+    _stopper.Stopper._cancelled_plans = lambda self, channel: {}  # type: ignore[method-assign]
 
 
 def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
@@ -235,7 +236,7 @@ def _account_ignores_silence() -> None:
 
 def _output_before_notice() -> None:
     _account_ignores_silence()
-    _turn.Turn._post = _keep_everything  # type: ignore[method-assign]
+    _turn.Turn._post = _keep_everything  # type: ignore[method-assign,assignment]
 
 
 def _output_after_notice() -> None:
@@ -250,14 +251,14 @@ def _output_after_notice() -> None:
         async def store_it() -> None:
             with trio.CancelScope(shield=True):
                 await self.done.wait()
-                stopping = SUPERVISORS[-1]._stops.get(self.channel)
+                stopping = SUPERVISORS[-1]._stopper.stops.get(self.channel)
                 if stopping is not None:
                     await stopping.done.wait()  # set once the stop's notice is stored
                 _keep_everything(self, kind, text, meta)
 
         SUPERVISORS[-1]._nursery.start_soon(store_it)
 
-    _turn.Turn._post = later  # type: ignore[method-assign]
+    _turn.Turn._post = later  # type: ignore[method-assign,assignment]
 
 
 def _no_marker_scan() -> None:

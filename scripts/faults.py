@@ -34,7 +34,7 @@ After each trial the invariants, each a line of the stop contract:
 * ``ran-once`` — every accepted message ran exactly once, or was dropped by a stop that said so;
 * ``nothing-after-stop`` — nothing of a stopped turn ran after its stop's record;
 * ``no-survivor`` — no process of a turn survives its stop, the daemon's exit, or a restart
-  (a marked process not descended from the new daemon);
+  (a marked process of a turn the new daemon did not start: by the turn id, then by ancestry);
 * ``transcript`` — every channel in seq order; each stopped turn's notice last; each turn cut
   by a death or a shutdown ends with an entry saying so;
 * ``answers`` — a well-formed request gets a well-formed answer: no 500, a stop that fails
@@ -64,7 +64,6 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-import psutil
 
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 
@@ -246,12 +245,74 @@ def _disposition(pid: int, signum: int) -> str:
     return "ignored" if masks["SigIgn"] & bit else "caught" if masks["SigCgt"] & bit else "default"
 
 
-def _ancestors(pid: int) -> set[int]:
-    out = set()
-    with contextlib.suppress(psutil.Error):
-        for p in psutil.Process(pid).parents():
-            out.add(p.pid)
-    return out
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(ppid, start time in clock ticks)`` of ``pid`` from ``/proc/PID/stat``; None once it is gone
+    (or a zombie: it has exited)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if fields[0] == b"Z":
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+#: Walks of one process's ancestry before it is judged: a walk that a process on the way cut
+#: (it exited, and its children re-parented meanwhile) is walked again.
+WALKS = 5
+
+
+def _meets(ppid: int, ancestor: int) -> bool | None:
+    """Walking up from ``ppid``: True at ``ancestor``, False at the top, None if cut on the way."""
+    seen: set[int] = set()
+    while ppid > 1 and ppid not in seen:
+        if ppid == ancestor:
+            return True
+        seen.add(ppid)
+        up = _stat(ppid)
+        if up is None:
+            return None
+        ppid = up[0]
+    return ppid == ancestor
+
+
+def descends_from(pid: int, ancestor: int) -> bool | None:
+    """Is ``pid`` a descendant of ``ancestor``? None if ``pid`` exited before that could be told.
+
+    Walked by ``/proc`` reads, not psutil's ``parents()``: that one stops without a word where
+    a process on the way has just exited (bwrap's monitor exits before the init it leaves
+    behind), and raises where ``pid`` itself is gone.
+    """
+    for _ in range(WALKS):
+        me = _stat(pid)
+        if me is None:
+            return None
+        met = _meets(me[0], ancestor)
+        if met:
+            return True
+        now = _stat(pid)
+        if now is None or now[1] != me[1]:
+            return None  # it exited during the walk (its pid may be another's now)
+        if met is False and now == me:
+            return False
+        # Cut on the way, or re-parented meanwhile: walk again.
+    return False  # alive, and never shown to descend from it
+
+
+def survivors(found: list[Found], daemon: int) -> list[Found]:
+    """The processes of ``found`` (a marker scan right after a restart) the new ``daemon``
+    did not start: survivors of an earlier instance's turns.
+
+    The new daemon starts the turns it restored from the queue the moment it is ready, while
+    the scan reads every process of the machine, and a quick one (the "short" job: 100-200 ms)
+    may be gone by the time it is judged. So a process is the new daemon's by its turn first
+    — a turn id names the supervisor that made it (``t<pid hex>-``, see ``new_turn_id``) —
+    and only then by its ancestry; a process of another instance's turn that the scan found
+    alive is a survivor even if it is gone by now.
+    """
+    mine = f"t{daemon:x}-"
+    return [f for f in found if not f[1].startswith(mine) and descends_from(f[0], daemon) is not True]
 
 
 # ---------------------------------------------------------------- the rig
@@ -283,7 +344,8 @@ class Rig:
         self.client = Client(self.daemon.socket)
         self.starts += 1
         if self.starts > 1:
-            orphans = [f for f in marker_processes(str(self.folder)) if self.daemon.pid not in _ancestors(f[0])]
+            orphans = survivors(marker_processes(str(self.folder)), self.daemon.pid)
+
             if orphans:
                 v["no-survivor"] += 1
                 notes.append(
@@ -774,10 +836,8 @@ class Trials:
         finally:
             client.close()
             other.stop()
-            survivors = [
-                f for f in marker_processes(str(rig.folder)) if rig.daemon and rig.daemon.pid not in _ancestors(f[0])
-            ]
-            kill_by_pid(survivors)
+            if rig.daemon is not None:
+                kill_by_pid(survivors(marker_processes(str(rig.folder)), rig.daemon.pid))
 
     # -- a full disk
 

@@ -331,16 +331,16 @@ async def test_pool_keeps_one_agent_per_key_and_a_cancel_touches_only_its_own(tm
             turns.start_soon(collect, stream_a)
             turns.start_soon(collect, stream_b)
             await trio.testing.wait_all_tasks_blocked()
-            report = await pool.cancel(("chan-a", "fake"))
+            report = await a.cancel()  # (as a stopped turn's teardown does)
             assert report.ended == "cancelled"
             assert b.busy and alive(b.pid), "a stop of channel A leaves channel B's turn running"
-            assert (await pool.cancel(("chan-b", "fake"))).ended == "cancelled"
-        assert (await pool.cancel(("chan-c", "fake"))).ended == "idle"
+            assert (await b.cancel()).ended == "cancelled"
+        assert (await a.cancel()).ended == "idle"
         await pool.close_all()
-        assert not alive(a.pid) and not alive(b.pid) and pool.get(("chan-a", "fake")) is None
+        assert not alive(a.pid) and not alive(b.pid) and pool.pids() == set()
 
 
-async def test_pool_restarts_a_killed_agent_with_its_session_and_closes_idle_ones(tmp_path: Path) -> None:
+async def test_pool_restarts_a_killed_agent_with_its_session_and_closes_one_by_key(tmp_path: Path) -> None:
     key = ("chan", "fake")
     async with trio.open_nursery() as nursery:
         pool = AcpAgentPool(nursery)
@@ -349,13 +349,13 @@ async def test_pool_restarts_a_killed_agent_with_its_session_and_closes_idle_one
         stream = agent.prompt("[[ignore-cancel]]")
         async with trio.open_nursery() as turns:
             turns.start_soon(collect, stream)
-            assert (await pool.cancel(key, grace=0.2)).ended == "killed"
+            assert (await agent.cancel(grace=0.2)).ended == "killed"
         again = await pool.agent(key, spec(tmp_path, "r"))
         assert again is agent and agent.pid != first and agent.session_id == session
         assert text_of(await collect(agent.prompt("[[say:hi]]"))) == "hi (earlier: 1)"
-        assert await pool.close_idle(3600) == []
-        assert await pool.close_idle(0) == [key]
-        assert not alive(agent.pid) and pool.get(key) is None
+        assert not await pool.close(("other", "fake"))
+        assert await pool.close(key)
+        assert not alive(agent.pid) and pool.pids() == set()
         fresh = await pool.agent(key, dataclasses.replace(spec(tmp_path, "r"), saved_session=session))
         assert fresh is not agent and fresh.session_id == session
         await pool.close_all()

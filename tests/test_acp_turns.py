@@ -65,7 +65,7 @@ def alive_by_file(pid_file: Path) -> bool:
 
 
 def agent_pid(sup: Supervisor, channel: str, agent: str = "acp") -> int:
-    running = sup._acp.get((channel, agent))
+    running = sup._lanes.acp._agents.get((channel, agent))
     assert running is not None
     return running.pid
 
@@ -138,7 +138,7 @@ async def test_an_agent_that_ignores_the_cancel_is_killed_whole_and_restarted_wi
         accepted = await sup.send("c", "[[ignore-cancel]]")
         pid = agent_pid(sup, "c")
         with trio.fail_after(BOUND):
-            while sup._ledger.turn_phase("c") is None or not sup._acp.get(("c", "acp")).busy:  # type: ignore[union-attr]
+            while sup._ledger.turn_phase("c") is None or not sup._lanes.acp._agents.get(("c", "acp")).busy:  # type: ignore[union-attr]
                 await trio.sleep(0.01)  # the prompt reaches a real process
             result = await sup.stop("c")
         assert result.ok and result.ended == "killed" and pid in result.killed, result
@@ -178,10 +178,10 @@ async def test_an_idle_agent_process_is_closed_and_the_next_message_loads_its_se
     async with open_supervisor(config) as sup:
         await turn(sup, "c", "[[say:one]]")
         pid = agent_pid(sup, "c")
-        gone = sup._acp._gone[("c", "acp")]
+        gone = sup._lanes.acp._gone[("c", "acp")]
         with trio.fail_after(BOUND):
             await gone.wait()
-        assert sup._acp.get(("c", "acp")) is None and not alive(pid)
+        assert sup._lanes.acp._agents.get(("c", "acp")) is None and not alive(pid)
         after = await turn(sup, "c", "[[say:two]]")
         assert agent_pid(sup, "c") != pid
     assert after[-1] == ("message", "two (earlier: 1)"), after
@@ -196,7 +196,7 @@ async def test_a_normal_turns_background_process_is_swept_and_the_agents_own_sta
     config = make_config(short_tmp, {"acp": agent})
     async with open_supervisor(config) as sup:
         await turn(sup, "c", "[[say:warm]]")
-        running = sup._acp.get(("c", "acp"))
+        running = sup._lanes.acp._agents.get(("c", "acp"))
         assert running is not None
         helpers = descendants(running.pid)
         entries = await turn(sup, "c", f"[[tool:sh {script}]] [[say:started]]")
@@ -329,7 +329,7 @@ async def test_a_stop_while_the_agent_restarts_kills_the_half_started_process(sh
     config = make_config(short_tmp, {"acp": agent})
     async with open_supervisor(config) as sup:
         await turn(sup, "c", "[[say:one]]")
-        running = sup._acp.get(("c", "acp"))
+        running = sup._lanes.acp._agents.get(("c", "acp"))
         assert running is not None
         first = running.pid
         await sup.send("c", "[[ignore-cancel]]")
@@ -349,3 +349,33 @@ async def test_a_stop_while_the_agent_restarts_kills_the_half_started_process(sh
         hold.unlink()
         after = await turn(sup, "c", "[[say:back]]")
     assert after[-1] == ("message", "back (earlier: 2)"), after
+
+
+async def test_a_stale_session_is_retried_as_an_acp_turn_without_it(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stale-session retry builds the turn the agent's adapter runs (a persistent agent's
+    prompt), not a per-turn CLI's process turn, which has no parser for an ACP agent."""
+    from supervisor.turns.acp import AcpTurn
+
+    runs: list[str | None] = []
+    real_run = AcpTurn.run
+
+    async def run(self: AcpTurn, session_id: str | None) -> Any:
+        runs.append(session_id)
+        outcome = await real_run(self, session_id)
+        if len(runs) == 2:  # the second message's first try: the agent says its session is gone
+            outcome.stale_session = True
+        return outcome
+
+    monkeypatch.setattr(AcpTurn, "run", run)
+    config = make_config(short_tmp, {"acp": fake(short_tmp)})
+    async with open_supervisor(config) as sup:
+        await turn(sup, "c", "[[say:one]]")
+        session = sup.session("c", "acp")
+        assert session is not None
+        again = await turn(sup, "c", "[[say:two]]")
+    assert runs == [None, session, None], runs
+    assert ("status", f"Session {session} is gone; starting a new conversation.") in again, again
+    assert not [t for k, t in again if k == "error"], again
+    assert again[-1][0] == "message" and again[-1][1].startswith("two"), again

@@ -41,7 +41,7 @@ from adapters.aider import (
     new_parser,
 )
 from supervisor.testing import read_pid
-from supervisor.turns.process import _write_files
+from supervisor.procs.files import write_home_files as _write_files
 
 CAPTURES = Path(__file__).parent / "data" / "captures" / "aider"
 FAKE_AIDER = Path(__file__).parent / "fakes" / "fake_aider.py"

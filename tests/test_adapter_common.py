@@ -58,9 +58,14 @@ def test_by_type_calls_the_handler_of_the_line_type_and_none_for_an_unknown_one(
     assert by_type(table, parser, {"type": 3}, "L") is None
 
 
-#: Adapters whose agents are not read line by line (``acp``: a JSON-RPC connection, driven by
-#: supervisor.turns.acp), so they have no parser.
-NO_LINE_PARSER = {"acp"}
+#: Adapters whose agents are not read line by line (they declare ``runs = "persistent"``: the
+#: ACP one, a JSON-RPC connection driven by supervisor.turns.acp), so they have no parser.
+NO_LINE_PARSER = {name for name in KNOWN_ADAPTERS if get_adapter(name).runs == "persistent"}
+
+
+def test_a_persistent_agent_is_declared_by_its_adapter() -> None:
+    assert NO_LINE_PARSER == {"acp"}
+    assert {get_adapter(name).runs for name in KNOWN_ADAPTERS} == {"per_turn", "persistent"}
 
 
 @pytest.mark.parametrize("name", sorted(set(KNOWN_ADAPTERS) - NO_LINE_PARSER))

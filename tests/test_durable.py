@@ -377,7 +377,7 @@ async def test_contract_17_a_stop_on_a_full_disk_kills_nothing_and_says_so(tiny_
                 while not [e for e in await sup.entries("ch") if e.text == "ready"]:
                     await trio.sleep(0.02)  # a condition polled under a deadline
             await sup.send("ch", "queued behind")
-            turn = sup._turns["ch", "bot"]
+            turn = sup._lanes.turns["ch", "bot"]
             assert turn.tree is not None
             filler = fill(tiny_disk)
             with trio.fail_after(DEADLINE):

@@ -10,6 +10,8 @@ Leases are short (1 s) and every wait is a condition under a generous deadline.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import socket
@@ -111,7 +113,7 @@ async def test_a_new_owners_seqs_pass_every_seq_stored_a_begun_turns_message_inc
     # lease's taker must too (one statement for both: supervisor.store.store.newest_seq).
     ahead = 2**52  # (past any seq the wall clock gives)
     async with open_store(postgres_url, host="h1") as one:
-        fleet = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
+        fleet = Fleet(one, "h1", LEASE)
         await one.transact(lambda db: db.execute(
             "INSERT INTO turns (id, channel, agent, generation, message, state, began) VALUES (?, ?, ?, ?, ?, ?, ?)",
             ("t1", "c", "bot", 0, ahead, "ended", 0.0)))
@@ -133,11 +135,8 @@ def count(url: str, sql: str, params: tuple[Any, ...] = ()) -> int:
 
 
 async def test_a_write_with_a_stale_fencing_token_fails_and_stores_nothing(postgres_url: str) -> None:
-    def lost(channel: str, why: str) -> None:
-        raise AssertionError("no heartbeat runs here")
-
     async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
-        first, second = Fleet(one, "h1", LEASE, on_lost=lost), Fleet(two, "h2", LEASE, on_lost=lost)
+        first, second = Fleet(one, "h1", LEASE), Fleet(two, "h2", LEASE)
         old = await first.acquire("c")
         assert old == 1 and await second.acquire("c") is None  # held: another host cannot take it
         assert await first.acquire("c") == old  # its own host keeps it, and its token
@@ -160,13 +159,36 @@ async def test_a_write_with_a_stale_fencing_token_fails_and_stores_nothing(postg
         assert (await one.append("c", "human:u", "message", "accepted anywhere")).text == "accepted anywhere"
 
 
+async def test_a_heartbeat_returns_what_it_found_and_acts_on_none_of_it(postgres_url: str) -> None:
+    """Decide, then act: a beat drops a lease it finds taken and reports it, with the orphans
+    and the queued work, as one frozen value; nothing is called back from inside the I/O."""
+    async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
+        first, second = Fleet(one, "h1", LEASE), Fleet(two, "h2", LEASE)
+        assert await first.acquire("taken") == 1 and await first.acquire("held") == 1
+        queued = one.accept_message("held", "bot", "human:u", "for h1", generation=0, nudge=False)
+        await queued.committed()
+        assert queued.entry is not None
+        await two.accept_message("orphan", "bot", "human:u", "nobody's", generation=0, nudge=False).committed()
+        expire(postgres_url, "taken")
+        assert await second.acquire("taken") == 2
+        found = await first.beat()
+        assert found is not None
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            found.lost = ()  # type: ignore[misc]
+        assert found.lost == (("taken", "another host holds its lease now"),)
+        assert first.token("taken") is None and first.holds("held")  # (dropped here already; the owner kills)
+        assert "orphan" in found.orphans and "held" not in found.orphans
+        assert ("held", queued.entry.seq) in found.queued
+        assert found.soonest is None or found.soonest > 0
+
+
 async def test_a_takeover_is_not_held_up_by_a_paused_owner_inside_a_fencing_check(postgres_url: str) -> None:
     # A host SIGSTOPped between its fencing check (the lease row share-locked) and its commit
     # keeps that lock for as long as its session lives; a stop through another host must still
     # take the lease within its bound (found by `faults --fleet`, and once as a hung CI run).
     async with open_store(postgres_url, host="h1") as one, open_store(postgres_url, host="h2") as two:
-        first = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
-        second = Fleet(two, "h2", LEASE, on_lost=lambda c, w: None)
+        first = Fleet(one, "h1", LEASE)
+        second = Fleet(two, "h2", LEASE)
         old = await first.acquire("c")
         assert old is not None
         paused = psycopg.connect(postgres_url.replace("postgresql://", "postgresql://", 1), autocommit=False)
@@ -183,7 +205,7 @@ async def test_a_takeover_is_not_held_up_by_a_paused_owner_inside_a_fencing_chec
 
 async def test_a_fenced_write_in_a_batch_fails_alone(postgres_url: str) -> None:
     async with open_store(postgres_url, host="h1") as one:
-        fleet = Fleet(one, "h1", LEASE, on_lost=lambda c, w: None)
+        fleet = Fleet(one, "h1", LEASE)
         token = await fleet.acquire("c")
         assert token is not None
         stale = one.submit_entry("c", "agent:bot", "message", "stale", fence=token + 5)
@@ -245,7 +267,7 @@ async def test_a_host_that_loses_its_lease_kills_the_channels_turn_at_once_and_s
         assert one.fleet is not None and two.fleet is not None
         await one.send("ch", f"flush gate={gate}")  # on SIGINT it prints, plans and answers at once
         await until("h1's turn to be ready", lambda: "ready" in texts(url))
-        turn = one._turns[("ch", "bot")]
+        turn = one._lanes.turns[("ch", "bot")]
         one.fleet.paused = True  # h1 stops renewing, as a host cut off from the database would
         lost_at = trio.current_time()
         with trio.fail_after(LEASE + 2):
@@ -287,7 +309,7 @@ async def test_a_stop_through_another_host_is_carried_out_by_the_owner(
     async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
         await two.send("ch", f"gate={gate}")
         await until("h2's turn", lambda: "ready" in texts(url))
-        turn = two._turns[("ch", "bot")]
+        turn = two._lanes.turns[("ch", "bot")]
         await two.send("ch", "dropped by the stop")
         await one.require_channel("ch")
         result = await one.stop("ch")  # through h1: h2 records, kills and stores the notice
@@ -340,7 +362,7 @@ async def test_a_malformed_notice_on_the_wire_is_dropped_and_the_owner_still_ans
     async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
         await two.send("ch", f"gate={gate}")
         await until("h2's turn", lambda: "ready" in texts(url))
-        turn = two._turns[("ch", "bot")]
+        turn = two._lanes.turns[("ch", "bot")]
         with psycopg.connect(url, autocommit=True) as conn:
             for payload in ('{"kind": "stop", "to": "h2", "from": "h1"}', "[1", '{"kind": "stopped", "to": "h2"}',
                             '{"kind": "queued", "from": "h1", "channel": 7}'):
@@ -572,14 +594,14 @@ async def test_a_message_accepted_through_another_host_before_a_stop_never_runs_
     async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
         await one.send("ch", f"gate={gate}")
         await until("h1's turn", lambda: "ready" in texts(url))
-        monkeypatch.setattr(one, "_queued_elsewhere", lambda channel: None)  # h1 has not taken it up
+        monkeypatch.setattr(one._ownership, "_queued_elsewhere", lambda channel: None)  # h1 has not taken it up
         two._store.seq_floor(one._store.next_seq() + 1000 * SEQ_STRIDE)  # h2's clock runs ahead of h1's
         early = await two.send("ch", "accepted before the stop")
         result = await one.stop("ch")
         assert result.ok and result.notice_seq is not None and early.seq > result.notice_seq
         assert count(url, "SELECT count(*) FROM queue") == 0  # dropped by the stop's record
         if runs_next == "the owner":
-            await one._pick_up("ch")
+            await one._ownership.pick_up("ch")
             await one.send("ch", "after the stop")
         else:
             assert one.fleet is not None
@@ -601,7 +623,7 @@ async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_n
     async with open_supervisor(configs[0]) as one, open_supervisor(configs[1]) as two:
         await one.send("ch", f"gate={gate}")
         await until("h1's turn", lambda: "ready" in texts(url))
-        monkeypatch.setattr(one, "_queued_elsewhere", lambda channel: None)
+        monkeypatch.setattr(one._ownership, "_queued_elsewhere", lambda channel: None)
         await two.send("ch", "read before the stop")
         load, read, go_on = one._store.load_queue, trio.Event(), trio.Event()
 
@@ -613,13 +635,13 @@ async def test_a_row_read_before_a_stop_and_queued_after_it_never_runs_and_the_n
 
         monkeypatch.setattr(one._store, "load_queue", parked_load)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(one._pick_up, "ch")
+            nursery.start_soon(one._ownership.pick_up, "ch")
             await read.wait()
             assert (await one.stop("ch")).ok
             go_on.set()
         # Queued here under the new generation; its begin finds the row gone.
         await until("h1 to try it", lambda: "a stop dropped its message" in caplog.text)
-        await until("h1's lane to be idle", lambda: ("ch", "bot") not in one._workers)
+        await until("h1's lane to be idle", lambda: ("ch", "bot") not in one._lanes.workers)
         assert (await one.stop("ch")).repeat  # no turn began since the stop
         await one.send("ch", "after the stop")
         await until("the follow-up", lambda: "done: after the stop" in texts(url))

@@ -161,7 +161,7 @@ async def test_the_stores_notices_decode_and_a_malformed_one_is_dropped_while_th
 
     caplog.set_level(logging.DEBUG, logger="corral.fleet")
     async with open_store(postgres_url, host="h1", lease=2.0) as store, trio.open_nursery() as nursery:
-        fleet = Fleet(store, "h1", 2.0, on_lost=lambda c, w: None)
+        fleet = Fleet(store, "h1", 2.0)
         await nursery.start(fleet.listen, deliver)
         with trio.fail_after(DEADLINE):
             while not got["ready"].is_set():  # (the listener's connection LISTENs once its thread is in)

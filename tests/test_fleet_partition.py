@@ -85,7 +85,7 @@ async def test_a_fleet_call_on_a_silent_connection_is_abandoned_at_its_deadline_
     proxy, via = proxy_to(postgres_server, postgres_url)
     try:
         async with open_store(via, host="h1", lease=LEASE) as store:
-            fleet = Fleet(store, "h1", LEASE, on_lost=lambda c, w: None)
+            fleet = Fleet(store, "h1", LEASE)
             assert await fleet.acquire("ch") == 1
             proxy.blackhole()
             started = trio.current_time()
@@ -117,8 +117,8 @@ async def test_a_heartbeat_stuck_on_a_cut_connection_still_gives_the_lease_up_be
     try:
         async with open_store(via, host="h1", lease=LEASE) as store, trio.open_nursery() as nursery:
             try:
-                fleet = Fleet(store, "h1", LEASE, on_lost=on_lost)
-                await nursery.start(fleet.run)
+                fleet = Fleet(store, "h1", LEASE)
+                await nursery.start(fleet.run, lambda found: [on_lost(c, w) for c, w in found.lost])
                 assert await fleet.acquire("ch") == 1
                 renewals = fleet.renewals
                 with trio.fail_after(DEADLINE):
@@ -148,8 +148,8 @@ async def test_a_slow_database_keeps_the_leases_while_renewals_get_through_and_e
     try:
         async with open_store(via, host="h1", lease=lease) as store, trio.open_nursery() as nursery:
             try:
-                fleet = Fleet(store, "h1", lease, on_lost=lambda c, w: lost.append(lease_left(postgres_url, c)))
-                await nursery.start(fleet.run)
+                fleet = Fleet(store, "h1", lease)
+                await nursery.start(fleet.run, lambda found: lost.extend(lease_left(postgres_url, c) for c, _ in found.lost))
                 assert await fleet.acquire("ch") == 1
                 proxy.delay(0.5, 2.0, seed=1)  # every answer 0.5-2 s late, jittered
                 renewals = fleet.renewals

@@ -295,7 +295,7 @@ async def test_a_run_is_one_entry_and_shown_when_the_agent_goes_quiet(short_tmp:
                     break
         # Shown while the agent still runs, as one entry.
         assert first.text == "first line\nsecond line"
-        assert sup._turns["c", "g"].turn_id == first.turn
+        assert sup._lanes.turns["c", "g"].turn_id == first.turn
         fd = os.open(gate, os.O_WRONLY)
         os.write(fd, b"x")
         os.close(fd)

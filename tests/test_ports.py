@@ -17,7 +17,7 @@ import supervisor
 from adapters._base import Error, Result, SessionId, StaleSession, Status, Text, TodoItem, Todos, ToolUse, Unparsed
 from supervisor.core.account import Post, SavePlan, SaveSession, ShowDraft, TurnAccount, Warn
 from supervisor.core.ledger import OutputKind, StopLedger
-from supervisor.turns.process import SessionRetry, TurnOutcome, retry_without_session
+from supervisor.turns.ports import SessionRetry, TurnOutcome, retry_without_session
 
 PACKAGE = Path(supervisor.__file__).parent
 

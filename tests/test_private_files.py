@@ -24,7 +24,8 @@ from conftest import CORRAL, PYTHON, SUPERVISOR_PIDS, make_config, script_agent
 
 from supervisor import open_supervisor
 from supervisor.procs.files import private_folder
-from supervisor.turns.process import _write_files, channel_slug
+from supervisor.procs.files import write_home_files as _write_files
+from supervisor.turns.ports import channel_slug
 
 SLOW = 30
 NOBODY = 65534
@@ -199,3 +200,42 @@ def test_writing_an_agents_files_never_tightens_a_folder_that_is_not_corrals(sho
     assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE((home / "tmp").stat().st_mode) == 0o700
     _write_files(home, {}, state_dir=users[1])  # corral's state folder: from there down
     assert [stat.S_IMODE(f.stat().st_mode) for f in users] == [0o755, 0o700, 0o700]
+
+
+async def test_an_acp_agents_home_and_files_are_written_as_a_turns_are(short_tmp: Path, loose_umask: None) -> None:
+    """An ACP agent's HOME, TMPDIR and launch files go through the same path as a per-turn CLI's:
+    looser folders and files corral left are tightened, and a symlink planted where a file goes
+    is not followed (an agent could plant one in its own HOME, aimed at corral's files)."""
+    from supervisor.turns.agents import open_acp_agent
+    from adapters._base import Launch
+
+    fake = str(Path(__file__).parent / "fakes" / "fake_acp.py")
+    state = short_tmp / "corral.d"
+    home = state / "home" / "acp" / channel_slug("c")
+    (home / "tmp").mkdir(parents=True)
+    for folder in (home, home / "tmp"):
+        folder.chmod(0o755)
+    config = make_config(short_tmp, {"acp": {"adapter": "acp", "command": [sys.executable, fake],
+                                             "env": {"FAKE_ACP_STATE": str(short_tmp)}}})
+    assert config.state_dir == state
+    async with open_supervisor(config) as sup:
+        await sup.send("c", "[[say:hi]]")
+        assert await sup.wait_idle("c", timeout=SLOW)
+    for folder in (home, home / "tmp"):
+        assert mode(folder) == 0o700, folder
+
+    target = short_tmp / "not-the-agents"
+    target.write_text("keep")
+    other = short_tmp / "other-home"
+    (other / ".conf").mkdir(parents=True)
+    (other / ".conf").chmod(0o755)
+    (other / ".conf" / "loose.json").write_text("old")
+    (other / ".conf" / "loose.json").chmod(0o644)
+    (other / ".conf" / "planted.json").symlink_to(target)
+    launch = Launch(argv=(sys.executable, fake), cwd=str(short_tmp), env={"FAKE_ACP_STATE": str(short_tmp)},
+                    files={".conf/loose.json": "{}", ".conf/planted.json": "{}"})
+    with pytest.raises(OSError):
+        async with open_acp_agent(launch, marker=f"acp-files-{os.getpid()}", home=str(other), start_timeout=SLOW):
+            pass
+    assert target.read_text() == "keep", "the planted symlink was followed"
+    assert mode(other / ".conf") == 0o700 and mode(other / ".conf" / "loose.json") == 0o600

@@ -30,7 +30,7 @@ from conftest import PYTHON, DaemonProcess, cgroup_missing, turn_processes
 
 from supervisor.config.settings import ConfigError, parse_config
 from supervisor.procs.sandbox import Reach, bwrap_args, probe
-from supervisor.turns.process import channel_slug
+from supervisor.turns.ports import channel_slug
 
 PROBE = str(Path(__file__).parent / "fakes" / "escape_probe.py")
 FAKE_ACP = str(Path(__file__).parent / "fakes" / "fake_acp.py")

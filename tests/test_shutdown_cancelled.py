@@ -42,7 +42,7 @@ async def test_cancelling_the_block_from_outside_completes_the_shutdown(short_tm
                 async with open_supervisor(config) as sup:
                     nursery.start_soon(watchdog, sup._store)
                     await send_and_wait_ready(sup, "ch", f"gate={gate}")
-                    turn_id = sup._turns["ch", "bot"].turn_id
+                    turn_id = sup._lanes.turns["ch", "bot"].turn_id
                     outer.cancel()  # what a move_on_after or a Ctrl-C does
                     await trio.sleep_forever()
             finished.set()

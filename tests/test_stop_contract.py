@@ -305,7 +305,7 @@ async def test_contract_01_stop_leaves_the_same_agent_in_another_channel_alone(s
     async with running(short_tmp) as (sup, spawned):
         await send_and_wait_ready(sup, "A", f"gate={a_gate}")
         await send_and_wait_ready(sup, "B", f"gate={b_gate}")
-        b_proc = next(s.process for s in spawned.calls if sup._turns["B", "bot"].turn_id == s.turn_id)
+        b_proc = next(s.process for s in spawned.calls if sup._lanes.turns["B", "bot"].turn_id == s.turn_id)
 
         with trio.fail_after(SLOW):
             result = await sup.stop("A")
@@ -326,7 +326,7 @@ async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(sho
     gate = gates()
     async with running(short_tmp) as (sup, spawned):
         await send_and_wait_ready(sup, "busy", f"gate={gate}")
-        busy_turn = sup._turns["busy", "bot"].turn_id
+        busy_turn = sup._lanes.turns["busy", "bot"].turn_id
         last = await existing_idle(sup, "idle")
 
         with trio.fail_after(SLOW):
@@ -335,7 +335,7 @@ async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(sho
         # The idle channel still gets its notice (the UI settles), and nothing else moves.
         assert result.ok and result.stopped_turns == [] and result.killed == []
         assert [e.text for e in await sup.entries("idle", after=last)] == [STOP_NOTICE]
-        assert sup._turns["busy", "bot"].turn_id == busy_turn
+        assert sup._lanes.turns["busy", "bot"].turn_id == busy_turn
         assert not sup._ledger.is_stale("busy", busy_turn)
         assert spawned.calls[0].process.returncode is None
         gate.open()
@@ -411,7 +411,7 @@ async def test_contract_02_generation_moves_and_kill_is_sent_before_the_first_aw
     async with running(short_tmp) as (sup, _):
         await send_and_wait_ready(sup, "ch", f"gate={gate}")
         await sup.send("ch", "queued behind the running turn")
-        turn = sup._turns["ch", "bot"]
+        turn = sup._lanes.turns["ch", "bot"]
         assert turn.tree is not None
 
         def probe() -> dict[str, Any]:
@@ -973,7 +973,7 @@ async def test_contract_13_a_process_that_survives_the_sweep_fails_the_stop_loud
     monkeypatch.setattr(ProcessTree, "sweep", lambda self, scanner, budget=1.0: real_sweep(self, scanner, budget=budget))
     async with running(short_tmp) as (sup, _):
         await send_and_wait_ready(sup, "ch", f"gate={gate}")
-        turn_id = sup._turns["ch", "bot"].turn_id
+        turn_id = sup._lanes.turns["ch", "bot"].turn_id
         tree = sup._registry.get("ch", turn_id)
         assert tree is not None
         # The stuck process is one of the turn's that is not inside its sandbox: every process

@@ -223,12 +223,12 @@ async def test_stop_all_hands_every_cgroup_tree_to_one_batch_and_wakes_each_turn
                 for i in range(n):
                     nursery.start_soon(ready, f"c{i}")
         await trio.testing.wait_all_tasks_blocked()
-        trees = [turn.tree for turn in sup._turns.values()]
+        trees = [turn.tree for turn in sup._lanes.turns.values()]
         assert len(trees) == n and all(t is not None and t.cgroup is not None for t in trees)
         # What each stop must report, read from the real trees: the leader's group (sandboxed:
         # bwrap's monitor and init, the shell, its sleep) is killed, the setsid sleep swept.
         expected: dict[str, tuple[list[int], list[int]]] = {}
-        for turn in sup._turns.values():
+        for turn in sup._lanes.turns.values():
             assert turn.tree is not None
             leader = turn.tree.pid
             tree = [leader, *(c.pid for c in psutil.Process(leader).children(recursive=True))]
@@ -297,7 +297,7 @@ async def test_a_stop_pauses_the_collector_only_where_the_process_is_corrals(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sup.stop, "ch")
             await trio.testing.wait_all_tasks_blocked()  # the stop waits out the leader's grace
-            assert "ch" in sup._stops
+            assert "ch" in sup._stopper.stops
             during.append(gc.isenabled())
         assert during == [not owns_children]
         assert gc.isenabled()

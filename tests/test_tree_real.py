@@ -161,7 +161,7 @@ class Recorder:
         with trio.CancelScope(shield=True):
             process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe, **kw)
         assert self.sup is not None
-        self.turns += [t for t in self.sup._turns.values() if t.turn_id == env[TURN_MARKER]]
+        self.turns += [t for t in self.sup._lanes.turns.values() if t.turn_id == env[TURN_MARKER]]
         self.pids.append(process.pid)
         return process
 

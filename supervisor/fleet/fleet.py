@@ -30,9 +30,10 @@ Theory of operation
   holds a taker up past its leases' expiry.
 * **Two ways to lose a lease, both acted on at once.** The local deadline — the monotonic
   clock at the last successful renewal's start plus the lease, *minus a margin*
-  (:func:`kill_margin`) — passes; or a renewal finds the row taken. Either way ``on_lost``
-  is called synchronously, and the supervisor kills the channel's turns in the same step
-  with SIGKILL and no grace: the channel is no longer this host's to stop politely, and the
+  (:func:`kill_margin`) — passes; or a renewal finds the row taken. Either way the lease is
+  dropped here and reported in the :class:`Found` the watchdog or the heartbeat hands its
+  owner (:meth:`Fleet.run`'s ``apply``), synchronously, and the owner kills the channel's
+  turns in the same step with SIGKILL and no grace: the channel is no longer this host's to stop politely, and the
   lease's expiry in the database comes later than the local deadline (the database's clock
   started counting when the renewal arrived, after the local start), so the host's turn is
   dead before another host can take the lease, let alone begin a turn (zero overlap; the
@@ -46,10 +47,14 @@ Theory of operation
   turns are killed as above, and it takes channels again once renewals get through.
 * **Taking a dead host's channels.** Each heartbeat also asks for channels that have work
   (a queued message or a running turn) under an expired lease of another host; the
-  supervisor takes those its placement allows (``on_orphans``). The next heartbeat comes
+  owner takes those its placement allows (:attr:`Found.orphans`). The next heartbeat comes
   no later than the moment the first such lease runs out, so a dead host's channels move
   within the lease plus one round trip (a live host renews every third of its lease, so
   this adds no wake-ups while every host answers).
+* **Decide, then act.** The fleet acts on nothing it finds: :meth:`Fleet.beat` returns a
+  frozen :class:`Found` (the leases lost, the orphans, the queued work, when to look again)
+  and :meth:`Fleet.run` hands each one to its owner's ``apply`` in the step it was found
+  (httpcore's pool: decide, return the work, then do it).
 * **Notices between hosts.** :meth:`Fleet.listen` keeps a connection of its own on
   ``LISTEN corral_fleet`` in a worker thread; :meth:`Fleet.notify` sends a notice (a typed
   value of :mod:`.notices`, which holds the one decoder; delivered at its transaction's
@@ -113,6 +118,21 @@ def kill_margin(lease: float) -> float:
     """How long before a lease's local deadline its host gives it up and kills its turns: a
     fifth of the lease, at least 0.2 s (the event loop's latency, the clocks' drift)."""
     return max(0.2, lease / 5)
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What a heartbeat or the watchdog found, for the owner to act on (the fleet acts on none
+    of it). A lost lease is no longer held here when this is returned."""
+
+    lost: tuple[tuple[str, str], ...] = ()
+    """``(channel, why)`` of each lease given up at its local deadline or found taken."""
+    orphans: tuple[str, ...] = ()
+    """Channels with work under an expired lease this host does not hold (or under none)."""
+    queued: tuple[tuple[str, int], ...] = ()
+    """``(channel, seq)`` of the messages queued in the store for channels this host holds."""
+    soonest: float | None = None
+    """Seconds until another host's lease on a channel with work runs out (None: no such lease)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +251,7 @@ class Link:
 class Fleet:
     """This host's leases in a fleet; run :meth:`run` as the heartbeat task."""
 
-    def __init__(
-        self, store: Store, host: str, lease: float, *, on_lost: Callable[[str, str], None],
-        on_orphans: Callable[[list[str], list[tuple[str, int]]], None] | None = None,
-    ) -> None:
+    def __init__(self, store: Store, host: str, lease: float) -> None:
         self.store = store
         self.host = host
         self.lease = lease
@@ -244,8 +261,6 @@ class Fleet:
         """The connections of this host's fleet calls, each call under a deadline."""
         self.leases = Leases(host, lease)
         """What those calls ask of the database (the store's statements for a fleet)."""
-        self._on_lost = on_lost
-        self._on_orphans = on_orphans
         self._tokens: dict[str, int] = {}
         """Held leases: channel → fencing token."""
         self._until: dict[str, float] = {}
@@ -437,13 +452,14 @@ class Fleet:
         self._changed.set()
         return token
 
-    def _lose(self, channel: str, why: str) -> None:
+    def _lose(self, channel: str, why: str) -> bool:
+        """Drop the channel's lease here; was it held?"""
         token = self._tokens.pop(channel, None)
         self._until.pop(channel, None)
         self._not_before.pop(channel, None)
         if token is not None:
             log.warning("host %s lost channel %r (token %d): %s", self.host, channel, token, why)
-            self._on_lost(channel, why)
+        return token is not None
 
     async def release(self) -> None:
         """Give every lease back (a clean shutdown): other hosts may take them at once."""
@@ -458,44 +474,55 @@ class Fleet:
 
     # ------------------------------------------------------------ the heartbeat
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, apply: Callable[[Found], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Renew this host's heartbeat and leases every third of the lease, and (a task of
-        its own) give each lease up the moment its local deadline minus the margin passes."""
+        its own) give each lease up the moment its local deadline minus the margin passes.
+        What either finds is handed to ``apply`` (the owner's, synchronous: a lost lease's
+        turns die in that step)."""
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch)
+                nursery.start_soon(self._watch, apply)
                 task_status.started()
-                await self._renew()
+                await self._renew(apply)
         finally:
             self.link.close()
 
-    async def _watch(self) -> None:
+    async def _watch(self, apply: Callable[[Found], None]) -> None:
         """The watchdog: nothing but the local deadlines, so nothing can hold it up."""
         while True:
             check = check_leases(self._until, trio.current_time(), self.margin)
-            for channel in check.lost:
-                self._lose(channel, f"its lease ({self.lease:g} s) could not be renewed in time")
+            why = f"its lease ({self.lease:g} s) could not be renewed in time"
+            lost = tuple((channel, why) for channel in check.lost if self._lose(channel, why))
+            if lost:
+                apply(Found(lost=lost))  # (no checkpoint from the check to the kill)
             # (No checkpoint since the check: a lease taken after it sets this new event.)
             self._changed = trio.Event()
             with trio.move_on_at(check.wake_at):
                 await self._changed.wait()
 
-    async def _renew(self) -> None:
+    async def _renew(self, apply: Callable[[Found], None]) -> None:
         renew_at = trio.current_time()
         while True:
             await trio.sleep_until(renew_at)
             renew_at = trio.current_time() + self.lease / 3
             self.store.unstick(self.lease)  # (the store's thread waiting on a silent connection: abandon it)
             if not self.paused:
-                soonest = await self.beat()
-                if soonest is not None:  # (a dead host's lease: look again the moment it runs out)
-                    renew_at = min(renew_at, trio.current_time() + soonest + 0.01)
+                found = await self.beat()
+                if found is None:
+                    continue
+                apply(found)  # (in the step the beat returned: no checkpoint before a lost lease's kill)
+                if found.soonest is not None:  # (a dead host's lease: look again the moment it runs out)
+                    renew_at = min(renew_at, trio.current_time() + found.soonest + 0.01)
 
-    async def beat(self) -> float | None:
+    async def beat(self) -> Found | None:
         """One heartbeat, ONE round trip: the host's row, every held lease whose token is
         still this host's, the channels with work under an expired lease not held here, the
-        fleet's view, and a ``beat`` notice. Returns the seconds until another host's lease on
-        a channel with work runs out (None: no such lease). Its deadline is half the lease, or
+        fleet's view, and a ``beat`` notice. Returns what it found (:class:`Found`: the leases
+        found taken, dropped here already; the orphans; the queued work; the seconds until
+        another host's lease on a channel with work runs out), or None if it failed: the
+        owner acts on it. Its deadline is half the lease, or
         the first lease's local deadline minus the margin if that comes sooner (the
         watchdog gives that lease up then anyway)."""
         started = trio.current_time()
@@ -513,18 +540,17 @@ class Fleet:
         kept, orphans, queued = renewal.kept, list(renewal.orphans), list(renewal.queued)
         self.store.reachable()  # (the database answers again: the store reconnects at once if it must)
         self.store.others_committed()  # (a notice of other hosts' entries lost in a reconnect: read them now)
+        lost: list[tuple[str, str]] = []
         for channel, token in held.items():
             if self._tokens.get(channel) != token:
                 continue  # (lost or taken anew while the heartbeat ran)
             if (channel, token) in kept:
                 self._until[channel] = started + lease
-            else:
-                self._lose(channel, "another host holds its lease now")
-        if (orphans or queued) and self._on_orphans is not None:
-            self._on_orphans(orphans, queued)
+            elif self._lose(channel, "another host holds its lease now"):
+                lost.append((channel, "another host holds its lease now"))
         self.view = self._view(renewal.now, renewal.hosts, renewal.leases)
         self.renewals += 1  # (counted once its view of the fleet is in: status shows this beat's)
-        return renewal.soonest
+        return Found(tuple(lost), tuple(orphans), tuple(queued), renewal.soonest)
 
     def _view(self, now: float, hosts: list[tuple[Any, ...]], leases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         out = []

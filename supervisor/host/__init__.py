@@ -1,6 +1,8 @@
-"""One host's supervisor: the :class:`~.supervisor.Supervisor` that composes the wings.
+"""One host's supervisor: the :class:`~.supervisor.Supervisor` that composes the parts.
 
-It owns the nursery, the ledger, the store and the process registry, and wires a message
-through the router to a turn and a stop through the ledger to the kill. Internal: embedders
-use ``supervisor.open_supervisor``.
+Read :mod:`.supervisor` first (what it composes), then the part you change: :mod:`.lanes`
+(accepting, hand-offs, workers, running a turn), :mod:`.stopper` (a stop's record, its kill,
+its notice; the one kill step), :mod:`.ownership` (who runs a channel: this host alone, or a
+fleet's lease holder, :mod:`supervisor.fleet.owner`), :mod:`.results` (what it answers).
+Internal: embedders use ``supervisor.open_supervisor``.
 """

@@ -10,6 +10,7 @@ corral's own folders are tightened if an older version left them looser.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -45,3 +46,19 @@ def private_file(path: Path, content: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         os.fchmod(out.fileno(), 0o600)
         out.write(content)
+
+
+def write_home_files(home: Path, files: Mapping[str, str], *, state_dir: Path | None = None) -> None:
+    """Write a launch's files under ``home`` (0600 in 0700 folders), and make its TMPDIR.
+
+    The one path every agent's files take, a per-turn CLI's and a persistent ACP agent's
+    alike. The folders from ``state_dir`` (corral's, which holds every HOME) down to ``home``
+    are tightened too; without it only ``home`` and below are — never a folder above that is
+    not corral's to change (counting parents up from a HOME once reached ``/``). A file is
+    opened with ``O_NOFOLLOW``: a symlink an agent planted in its HOME is never written through.
+    """
+    private_folder(home / "tmp", within=state_dir if state_dir is not None and state_dir in home.parents else home)
+    for rel, content in dict(files).items():
+        path = Path(rel) if os.path.isabs(rel) else home / rel
+        private_folder(path.parent, within=home if not os.path.isabs(rel) else None)
+        private_file(path, content)

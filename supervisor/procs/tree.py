@@ -34,6 +34,7 @@ import subprocess
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import trio
@@ -363,6 +364,24 @@ def scrubbed_environment(base: Mapping[str, str]) -> dict[str, str]:
     never reach an agent. An agent gets more only by naming it in its ``env``.
     """
     return {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith("LC_")}
+
+
+def agent_environment(
+    launch_env: Mapping[str, str], *, home: str | None, marker: str, extra: Mapping[str, str] = {}
+) -> dict[str, str]:
+    """Every agent's environment (a per-turn CLI's and a persistent agent's alike): the
+    scrubbed daemon's, HOME and TMPDIR if given, the launch's additions, ``extra`` (the
+    agent's configured ``env``, and corral's store marker), and the ``CORRAL_TURN`` marker,
+    last, so no configuration can remove it."""
+    env = scrubbed_environment(os.environ)
+    env.setdefault("PATH", os.defpath)
+    if home is not None:
+        env["HOME"] = home
+        env["TMPDIR"] = str(Path(home) / "tmp")
+    env.update(launch_env)
+    env.update(extra)
+    env[TURN_MARKER] = marker
+    return env
 
 
 async def spawn(

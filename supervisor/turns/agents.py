@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -57,17 +58,17 @@ from adapters.acp import (
     SessionReady,
 )
 
+from ..procs.files import write_home_files
 from ..procs.lines import LineReader
 from ..procs.tree import (
-    TURN_MARKER,
     MarkerScanner,
     ProcessTree,
     ProcId,
+    agent_environment,
     descendants,
     kill_exact,
     read_stat,
     scan_markers,
-    scrubbed_environment,
     signal_group,
     spawn,
     wait_gone,
@@ -99,20 +100,6 @@ def boot_ticks() -> int:
         return int(float(fh.read().split()[0]) * _CLK_TCK)
 
 
-def agent_environment(
-    launch: Launch, *, home: str | None, marker: str, extra: Mapping[str, str] = {}
-) -> dict[str, str]:
-    """The agent's environment: scrubbed, HOME/TMPDIR if given, the launch's, ``extra``, the marker."""
-    env = scrubbed_environment(os.environ)
-    env.setdefault("PATH", os.defpath)
-    if home is not None:
-        env["HOME"] = home
-        env["TMPDIR"] = str(Path(home) / "tmp")
-    env.update(launch.env)
-    env.update(extra)
-    env[TURN_MARKER] = marker  # last, so no configuration can remove it
-    return env
-
 
 def _cmdline(pid: int) -> str:
     try:
@@ -120,17 +107,6 @@ def _cmdline(pid: int) -> str:
             return fh.read().replace(b"\0", b" ").decode(errors="replace")[:200]
     except OSError:
         return "?"
-
-
-def _write_files(home: Path, files: Mapping[str, str]) -> None:
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (home / "tmp").mkdir(mode=0o700, exist_ok=True)
-    for rel, content in files.items():
-        path = Path(rel) if os.path.isabs(rel) else home / rel
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
 
 
 @dataclass(slots=True)
@@ -588,6 +564,7 @@ async def open_acp_agent(
     tap: Callable[[str, bytes], None] | None = None,
     restart_after_cancel: bool = False,
     sandbox: Sequence[str] = (),
+    state_dir: Path | None = None,
 ) -> AsyncIterator[AcpAgent]:
     """Start an ACP agent and open a session; on exit, close it and sweep its tree.
 
@@ -595,11 +572,15 @@ async def open_acp_agent(
     agent process, e.g. ``acp-<channel>-<agent>-<n>``). ``launch.files`` are written under
     ``home`` first. ``session_cwd`` (default: the launch's cwd, made absolute) is the
     session's working directory. ``sandbox`` is the argv the agent starts behind (its MCP
-    servers and tools are inside with it).
+    servers and tools are inside with it). ``state_dir`` is corral's state folder, when
+    ``home`` is inside it: its folders down to ``home`` are tightened too
+    (:func:`~supervisor.procs.files.write_home_files`).
     """
     if home is not None:
-        await trio.to_thread.run_sync(_write_files, Path(home), dict(launch.files))
-    env = agent_environment(launch, home=home, marker=marker, extra=extra_env)
+        await trio.to_thread.run_sync(
+            partial(write_home_files, Path(home), dict(launch.files), state_dir=state_dir)
+        )
+    env = agent_environment(launch.env, home=home, marker=marker, extra=extra_env)
     agent = AcpAgent(
         launch,
         env=env,
@@ -653,16 +634,19 @@ class AcpSpec:
     """Close the agent process after this long without a prompt (the next one starts it again)."""
     sandbox: tuple[str, ...] = ()
     """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
+    state_dir: Path | None = None
+    """corral's state folder, which holds ``home`` (its folders down to it are tightened)."""
 
 
 class AcpAgentPool:
     """Persistent ACP agents keyed by (channel, agent), each hosted by a task of one nursery.
 
     What a supervisor's turn needs: :meth:`agent` before a prompt (starts the process, or
-    restarts a gone one with ``session/load``), :meth:`cancel` for a stop (scoped to its key:
-    other channels' agents are never touched), and :meth:`close_all` on shutdown. An agent
-    idle for its spec's ``idle_timeout`` is closed by its own host task (a Trio deadline, no
-    polling). Start it with ``pool = AcpAgentPool(nursery)``.
+    restarts a gone one with ``session/load``) and :meth:`close_all` on shutdown. A stop
+    cancels the prompt on the turn's own agent (:meth:`AcpAgent.cancel`, from the turn's
+    teardown), so other channels' agents are never touched. An agent idle for its spec's
+    ``idle_timeout`` is closed by its own host task (a Trio deadline, no polling). Start it
+    with ``pool = AcpAgentPool(nursery)``.
     """
 
     def __init__(self, nursery: trio.Nursery) -> None:
@@ -671,10 +655,6 @@ class AcpAgentPool:
         self._closers: dict[tuple[str, str], trio.Event] = {}
         self._gone: dict[tuple[str, str], trio.Event] = {}
         self._starting: dict[tuple[str, str], trio.Event] = {}
-
-    def get(self, key: tuple[str, str]) -> AcpAgent | None:
-        """The agent of ``key`` if one is running (no start)."""
-        return self._agents.get(key)
 
     async def agent(self, key: tuple[str, str], spec: AcpSpec) -> AcpAgent:
         """The running agent of ``key``, started (or restarted with session/load) if needed."""
@@ -706,6 +686,7 @@ class AcpAgentPool:
                 start_timeout=spec.start_timeout,
                 restart_after_cancel=spec.restart_after_cancel,
                 sandbox=spec.sandbox,
+                state_dir=spec.state_dir,
             ) as agent:
                 agent.idle_timeout = spec.idle_timeout
                 self._agents[key], self._closers[key], self._gone[key] = agent, close, gone
@@ -719,13 +700,6 @@ class AcpAgentPool:
                 del self._agents[key], self._closers[key], self._gone[key]
             gone.set()
 
-    async def cancel(self, key: tuple[str, str], grace: float = CANCEL_GRACE) -> CancelReport:
-        """Stop the turn of ``key`` (see :meth:`AcpAgent.cancel`); ``idle`` if none runs."""
-        agent = self._agents.get(key)
-        if agent is None:
-            return CancelReport("idle")
-        return await agent.cancel(grace)
-
     async def close(self, key: tuple[str, str]) -> bool:
         """End the agent of ``key`` and its tree; was there one?"""
         close, gone = self._closers.get(key), self._gone.get(key)
@@ -734,13 +708,6 @@ class AcpAgentPool:
         close.set()
         await gone.wait()
         return True
-
-    async def close_idle(self, timeout: float) -> list[tuple[str, str]]:
-        """End every agent with no prompt for ``timeout`` seconds; the keys closed."""
-        idle = [key for key, agent in self._agents.items() if not agent.busy and agent.idle_for() >= timeout]
-        for key in idle:
-            await self.close(key)
-        return idle
 
     def pids(self) -> set[int]:
         """The agent processes' pids (Trio waits for them: no reaper may take them)."""

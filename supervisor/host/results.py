@@ -1,0 +1,92 @@
+"""What the supervisor answers (an accepted message, a stop's result) and the texts it stores."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import UsageError
+from ..core.fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
+
+STOP_NOTICE = "Execution stopped by user."
+SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
+HOST_LOST_NOTICE = (
+    "Task interrupted — its host stopped answering and another host took the channel over. "
+    "Send another message to continue."
+)
+NUDGE_TEXT = "You have {n} remaining task(s) in your plan. Please continue working on them."
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_CHANNEL_CHARS = 200
+#: What a stop may add on top of the grace period before it calls itself failed.
+STOP_SLACK = 10.0
+
+
+class UnknownChannel(UsageError):
+    """A channel that has never existed (no entry, no queue, no turn): most likely a typo."""
+
+    def __init__(self, channel: str, known: set[str]) -> None:
+        self.channel = channel
+        self.suggestions = tuple(difflib.get_close_matches(channel, sorted(known), n=3))
+        hint = (
+            f"did you mean {' or '.join(repr(c) for c in self.suggestions)}?"
+            if self.suggestions
+            else "send it a message first (a channel exists once it has one)"
+        )
+        super().__init__(f"unknown channel {channel!r}; {hint}")
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A message the supervisor has stored and queued."""
+
+    seq: int
+    channel: str
+    agent: str
+    """The first agent it went to ("" when it was stored only: an agent's post while the channel rests)."""
+    generation: int
+    queued: int
+    """Messages ahead of it in the first agent's lane (including a running turn)."""
+    to: tuple[str, ...] = ()
+    """Every agent it went to (empty: stored only)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """As the API and ``corral send --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
+
+
+@dataclass(slots=True)
+class StopResult:
+    """What one channel's stop did."""
+
+    channel: str | None
+    generation: int
+    repeat: bool = False
+    stopped_turns: list[str] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    """Every stopped turn with its agent: ``{"agent", "turn", "killed", "swept"}``."""
+    killed: list[int] = field(default_factory=list)
+    swept: list[int] = field(default_factory=list)
+    kill: str | None = None
+    """How the turn's tree was ended: ``"cgroup"`` or ``"sweep"`` (None: nothing was running)."""
+    ended: str | None = None
+    """An ACP turn's prompt: ``"cancelled"`` (the agent acknowledged the typed cancel) or
+    ``"killed"`` (it did not in time, or died: its whole tree was killed). None otherwise."""
+    cpu_ms: float = field(default=0.0, metadata=ROUNDED)
+    """corral's own CPU time (all its threads) from the call to the return (a stop-all: in total)."""
+    dropped: int = 0
+    notice_seq: int | None = None
+    elapsed_ms: float = field(default=0.0, metadata=ROUNDED)
+    ok: bool = True
+    error: str | None = None
+    channels: list[StopResult] | None = field(default=None, metadata=OMITTED_IF_NONE)
+
+    def to_json(self) -> dict[str, Any]:
+        """As the API and ``corral stop --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StopResult:
+        """A result as :meth:`to_json` gave it (another fleet host's answer); ValueError if it is none."""
+        return from_json(cls, data)

@@ -1,0 +1,268 @@
+"""The skeleton every turn runs on, whatever runs the agent.
+
+Theory of operation
+-------------------
+
+A turn is one agent handling one message: *prepare* (folders, launch), *start* (the point
+of no return — the ledger is asked, then the spawn, the stdin write or the prompt follows
+with no checkpoint between), *stream* (the agent's events through the pure
+:class:`~supervisor.core.account.TurnAccount` into the store), *finish* (the shielded
+teardown). :class:`BaseTurn` writes what every kind shares once:
+
+* :meth:`BaseTurn.run`: the cancel scope the supervisor owns (a stop, a lost lease or a
+  shutdown cancels it), the turn's own failures worded into its outcome (never raised), and
+  the teardown, shielded, in ``finally``;
+* the teardown's order: end the agent's processes (the kind's :meth:`BaseTurn._end`), close
+  the text run, the last words unless the turn was silenced, wait for its last write;
+* the request an adapter builds the launch from, the environment (scrubbed, the markers
+  last), the sandbox prefix;
+* every write: the ledger decides (``keep_output``, ``is_stale``) and the write is
+  submitted in the same step, no checkpoint between.
+
+A kind says only how it starts, streams and ends: :class:`~supervisor.turns.process.Turn`
+(a CLI process per turn, stdout parsed line by line) and
+:class:`~supervisor.turns.acp.AcpTurn` (a prompt to a persistent ACP agent).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import ClassVar
+
+import trio
+
+from adapters import Adapter, get_adapter
+from adapters._base import Event, Launch, TurnRequest
+
+from ..config.settings import AgentConfig
+from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
+from ..core.ledger import OutputKind, TurnTicket
+from ..procs.sandbox import SandboxRefused
+from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
+from ..store.store import Draft, Pending, StoreError
+from .ports import TurnLimit, TurnOutcome, TurnPorts
+
+log = logging.getLogger("corral.turn")
+
+
+class BaseTurn:
+    """What every kind of turn shares (see the module's theory). Created and driven by the supervisor."""
+
+    own_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    """A kind's own failures, worded ``"AGENT: why"`` in the outcome (not raised)."""
+
+    def __init__(self, ports: TurnPorts, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> None:
+        self.ports = ports
+        self.channel = channel
+        self.ticket = ticket
+        self.turn_id = ticket.turn_id
+        self.agent = agent
+        self.adapter: Adapter = get_adapter(agent.adapter)
+        self.prompt = prompt
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.outcome = TurnOutcome()
+        self.started_at = time.time()
+        self.stop_reason: str | None = None
+        """'user' or 'shutdown' once the supervisor has stopped this turn."""
+        self.cwd: str | None = None
+        """The working folder, once prepared (it is created then)."""
+        self.ended: str | None = None
+        self._account = TurnAccount(self.author, self.turn_id)
+        self._last: Pending | None = None
+        self._draft: ShowDraft | None = None
+        """The open run's latest draft, not yet shown (a kind that shows each as it comes keeps none)."""
+
+    # ------------------------------------------------------------ what the supervisor reads
+
+    @property
+    def author(self) -> str:
+        """Who the turn's entries are by."""
+        return f"agent:{self.agent.name}"
+
+    @property
+    def generation(self) -> int:
+        """The generation the turn began under."""
+        return self.ticket.generation
+
+    @property
+    def stop_grace(self) -> float:
+        """How long a stopped turn may take to end before its stop calls itself failed."""
+        return self.agent.limits.stop_grace
+
+    @property
+    def tree(self) -> ProcessTree | None:
+        """The process tree the turn runs in (None before its start)."""
+        return None
+
+    @property
+    def own_tree(self) -> ProcessTree | None:
+        """The tree a stop may end together with other turns' (None: none of its own)."""
+        return None
+
+    # ------------------------------------------------------------ writes
+
+    def _silenced(self) -> bool:
+        """Stopped by a user or by shutdown (the ledger says): nothing more of it may be stored."""
+        return self.ports.ledger.is_stale(self.channel, self.turn_id)
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Submit the effects' writes; no checkpoint, so the ledger's answer still holds."""
+        store = self.ports.store
+        for effect in effects:
+            if isinstance(effect, Post):
+                self._post(effect.kind, effect.text, dict(effect.meta) if effect.meta is not None else None)
+                self._posted(effect)
+            elif isinstance(effect, SaveSession):
+                if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.SESSION):
+                    store.save_session(self.channel, self.agent.name, effect.session_id, self._cwd())
+            elif isinstance(effect, SavePlan):
+                store.save_todos(self.channel, self.agent.name, effect.items)
+            elif isinstance(effect, ShowDraft):
+                self._drafted(effect)
+            else:
+                log.warning(
+                    "[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line
+                )
+
+    def _post(self, kind: str, text: str, meta: dict[str, object] | None = None) -> None:
+        """Submit an entry unless the turn is stale (ledger decides, no checkpoint before submit)."""
+        if not self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+            return
+        self._last = self.ports.store.submit_entry(
+            self.channel, self.author, kind, text, turn=self.turn_id, generation=self.generation, meta=meta
+        )
+
+    def _posted(self, post: Post) -> None:
+        """A kind's step after an entry is submitted (none by default)."""
+
+    def _drafted(self, draft: ShowDraft) -> None:
+        """A draft of the open run: shown as it comes (a kind may hold it, see :meth:`_show_draft`)."""
+        self._show_draft(draft)
+
+    def _show_draft(self, draft: ShowDraft) -> None:
+        """Show a draft to the channel's followers unless the turn is stale (nothing is stored)."""
+        if self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+            self.ports.store.show_draft(
+                Draft(self.channel, self.author, self.turn_id, draft.draft, draft.text, time.time())
+            )
+
+    def cut_off(self, reason: str) -> None:
+        """Save the open run of text as the stop (or shutdown) decision found it, marked as cut
+        off by ``reason``: called in the step that decides, before the notice. Not asked of the
+        ledger, which has just silenced the turn: this entry is the decision's own."""
+        post = self._account.cut_off(reason)
+        if post is None:
+            return
+        self._draft = None
+        self._last = self.ports.store.submit_entry(
+            self.channel, self.author, post.kind, post.text, turn=self.turn_id, generation=self.generation,
+            meta=dict(post.meta) if post.meta is not None else None,
+        )
+
+    def _handle(self, event: Event) -> None:
+        """Decide what the event adds (pure), then carry it out."""
+        self._carry_out(self._account.on_event(event, silenced=self._silenced(), now=trio.current_time()))
+
+    def _flush_text(self) -> None:
+        self._carry_out(self._account.close_text(silenced=self._silenced()))
+
+    def _cwd(self) -> str:
+        assert self.cwd is not None, "a turn's output comes only once it is prepared"
+        return self.cwd
+
+    # ------------------------------------------------------------ the turn
+
+    async def run(self, session_id: str | None) -> TurnOutcome:
+        """Run the turn to its end; never raises for the turn's own failures."""
+        try:
+            with self.scope:
+                await self._prepare_and_stream(session_id)
+        except TurnLimit as exc:
+            self.outcome.error = str(exc)
+        except StoreError as exc:
+            self.outcome.error = f"could not store the turn's output: {exc}"
+        except self.own_errors as exc:
+            self.outcome.error = f"{self.agent.name}: {exc}"
+        except SandboxRefused as exc:
+            self.outcome.error = f"could not start {self.agent.name}: {exc}"
+        except OSError as exc:
+            self.outcome.error = f"could not start {self.agent.name}: {exc.strerror or exc}"
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._teardown()
+        return self.outcome
+
+    async def _prepare_and_stream(self, session_id: str | None) -> None:
+        """The kind's *prepare*, *start* and *stream*."""
+        raise NotImplementedError
+
+    async def _end(self) -> None:
+        """The kind's end of the agent's processes (shielded): a stop's kill, a normal
+        turn's sweep, and the events that end brings."""
+        raise NotImplementedError
+
+    async def _teardown(self) -> None:
+        """End the processes, drop or keep leftovers, store the last words. Shielded; the
+        same order every time."""
+        self.outcome.stopped = self._silenced()
+        try:
+            await self._end()
+            self._flush_text()
+            self.outcome.stale_session = self._account.stale_session
+            if not self._silenced():
+                # The turn's last words: its final answer or the reason it failed.
+                words = self._account.last_words(self.outcome.error)
+                self._carry_out(words.effects)
+                self.outcome.ok = words.ok
+                self.outcome.error = words.error
+            if self._last is not None:
+                try:
+                    await self._last.committed()
+                except StoreError as exc:
+                    self.outcome.error = self.outcome.error or f"could not store the turn's output: {exc}"
+        except StoreError as exc:
+            self.outcome.error = self.outcome.error or f"could not store the turn's output: {exc}"
+        finally:
+            self.done.set()
+
+    # ------------------------------------------------------------ launch inputs
+
+    def _request(self, session_id: str | None, prompt: str | None = None) -> TurnRequest:
+        """What the adapter builds the launch from (the working folder is created here);
+        ``prompt``: the turn's own unless given (a persistent agent's launch has none)."""
+        places = self.ports.places
+        home = places.agent_home(self.agent.name, self.channel)
+        self.cwd = str(places.channel_cwd(self.channel, self.agent))
+        return TurnRequest(
+            prompt=self.prompt if prompt is None else prompt,
+            channel=self.channel,
+            turn_id=self.turn_id,
+            agent=self.agent.name,
+            command=self.agent.command or self.adapter.default_command,
+            args=self.agent.args,
+            session_id=session_id,
+            model=self.agent.model,
+            cwd=self.cwd,
+            home=str(home),
+            options=dict(self.agent.options),
+            unattended=self.agent.unattended,
+        )
+
+    def _extra_env(self) -> Mapping[str, str]:
+        """What the environment adds after the launch's: the agent's ``env``, the store's marker."""
+        return {**self.agent.env, STORE_MARKER: self.ports.store.store_id}
+
+    def _environment(self, launch: Launch, marker: str) -> dict[str, str]:
+        home = self.ports.places.agent_home(self.agent.name, self.channel)
+        return agent_environment(launch.env, home=str(home), marker=marker, extra=self._extra_env())
+
+    def _sandbox(self, launch: Launch, home: str) -> tuple[str, ...]:
+        """The argv the agent starts behind (empty: no sandbox)."""
+        return tuple(self.ports.sandbox.prefix(
+            self.agent.name, cwd=launch.cwd, home=home, writable=self.agent.sandbox_write,
+            hidden=self.agent.sandbox_hide, network=self.agent.network,
+            installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
+        ))
