@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 # The optional extras to install: the test tools, and psycopg for the PostgreSQL store's tests.
-EXTRAS ?= test,postgres
+EXTRAS ?= test,postgres,matrix
 
 .PHONY: demo test test-core setup clis bench check
 

@@ -20,5 +20,7 @@ until corral -c dashboard.toml status >/dev/null 2>&1; do sleep 0.1; done
 
 corral -c dashboard.toml send general "Hello! Who are you?"
 corral -c dashboard.toml dashboard    # a login URL that works once, for 2 minutes (--open opens it)
+echo "the dashboard is served until you press Enter"
+read -r _ || true                     # (end of input, too)
 corral -c dashboard.toml shutdown
 wait

@@ -196,7 +196,11 @@ def multi_agents(setup: AgentSetup) -> list[str]:
 def config_text(setup: AgentSetup, mech: str = "sweep") -> str:
     """The daemon's config for one agent setup and kill mechanism (the agent, and its copies
     for the multi-agent row: a channel without a table admits every agent)."""
-    server = SERVER_TOML.replace("[server]\n", f'[server]\ncgroup = "{"auto" if mech == "cgroup" else "off"}"\n')
+    # (max_turns: this benchmark measures up to 200 turns at once, whatever memory would
+    # admit; the real CLIs' memory_estimate would derive a lower default on a small machine.)
+    server = SERVER_TOML.replace(
+        "[server]\n", f'[server]\ncgroup = "{"auto" if mech == "cgroup" else "off"}"\nmax_turns = 1000\n'
+    )
     header = f"[agents.{setup.agent}]\n"
     assert setup.agent_toml.startswith(header), "an agent setup's table starts with its own header"
     copies = "".join(setup.agent_toml.replace(header, f"[agents.{name}]\n", 1) for name in multi_agents(setup)[1:])

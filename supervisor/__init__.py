@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     )
     from .core.errors import CorralError, ShuttingDown, UsageError
     from .core.ledger import LedgerError
+    from .core.restart import ChannelBusy
     from .host.supervisor import (
         SHUTDOWN_NOTICE,
         STOP_NOTICE,
@@ -67,6 +68,7 @@ _LAZY = {
     "ShuttingDown": ".core.errors",
     "UsageError": ".core.errors",
     "LedgerError": ".core.ledger",
+    "ChannelBusy": ".core.restart",
     "Draft": ".store.store",
     "Entry": ".store.store",
     "StoreError": ".store.store",
@@ -87,6 +89,7 @@ __all__ = [
     "Accepted",
     "AgentConfig",
     "AsyncioSupervisor",
+    "ChannelBusy",
     "Config",
     "ConfigError",
     "CorralError",

@@ -40,10 +40,10 @@ def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     sys.exit(code)
 
 
-def _problems(problems: list[Problem], file: str) -> NoReturn:
+def _problems(problems: list[Problem], file: str, consequence: str = "nothing was started") -> NoReturn:
     for problem in problems:
         click.echo(str(problem), err=True)
-    _fail(f"{len(problems)} problem(s) in {file}; nothing was started")
+    _fail(f"{len(problems)} problem(s) in {file}; {consequence}")
 
 
 def _load(file: str) -> Config:
@@ -69,6 +69,10 @@ class _Context:
         """The config file to read: the one named, else ./corral.toml."""
         return self.named_config(given) or DEFAULT_CONFIG_NAME
 
+    def start_hint(self) -> str:
+        """How to start the daemon this command looked for: with the config it was given."""
+        return f"start one with `corral run -c {self.config_file()}`"
+
     def client(self) -> Client:
         from .serve.client import Client
 
@@ -76,8 +80,8 @@ class _Context:
         if path is None:
             if self.named_config() is None and not Path(DEFAULT_CONFIG_NAME).exists():
                 _fail(
-                    "no daemon to talk to: pass --socket PATH, set CORRAL_SOCKET, or -c FILE "
-                    "(start one with `corral run -c FILE`)",
+                    f"no daemon to talk to: there is no ./{DEFAULT_CONFIG_NAME}; pass -c FILE, --socket PATH "
+                    "or set CORRAL_SOCKET (start one with `corral run -c FILE`)",
                     EXIT_NO_DAEMON,
                 )
             from .config.settings import ConfigError, load_server_config
@@ -86,7 +90,7 @@ class _Context:
             try:
                 path = str(load_server_config(file).socket)  # only [server]: agents never block a client
             except ConfigError as exc:
-                _problems(exc.problems, file)
+                _problems(exc.problems, file, "no daemon was asked")
         return Client(path)
 
 
@@ -103,7 +107,7 @@ def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None
     except DaemonGone as exc:
         _fail(f"{exc}; nothing more will come", EXIT_NO_DAEMON)
     except DaemonUnavailable:
-        _fail(f"no daemon is running on {client.where}; start one with `corral run -c corral.toml`", EXIT_NO_DAEMON)
+        _fail(f"no daemon is running on {client.where}; {ctx.start_hint()}", EXIT_NO_DAEMON)
     except APIError as exc:
         _fail(f"{exc.message} ({exc.status} {exc.code})")
     finally:
@@ -120,7 +124,12 @@ def format_entry(entry: dict[str, Any]) -> str:
 
     stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
     meta = entry.get("meta", {})
-    dropped = " (not run: dropped by a stop)" if meta.get("dropped_by_stop") else ""
+    dropped = ""
+    if meta.get("dropped_by_stop"):
+        again = (f"; sent again as {meta['resent_as']}" if meta.get("resent_as") is not None
+                 else f"; `corral resend {entry['channel']} {entry['seq']}` sends it again"
+                 if str(entry.get("author", "")).startswith("human:") and entry.get("channel") else "")
+        dropped = f" (not run: dropped by a stop{again})"
     cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
 
@@ -183,7 +192,25 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
         ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+class _Command(click.Command):
+    """A command whose unknown-option error says how to pass a CHANNEL or TEXT starting with '-'."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if any(isinstance(p, click.Argument) for p in self.params):
+                names = " ".join(p.human_readable_name for p in self.params if isinstance(p, click.Argument))
+                raise click.UsageError(f"{exc.format_message()} (a {names} starting with '-' goes after --: "
+                                       f"corral {self.name} [OPTIONS] -- {names})", ctx=exc.ctx) from None
+            raise
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Print the version and exit.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's control socket (or CORRAL_SOCKET).")
@@ -198,6 +225,13 @@ def main(ctx: click.Context, socket_path: str | None, config_path: str | None, a
 
 def _json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
+
+
+def _client_options(f: F) -> F:
+    """``--json`` and ``-c FILE`` after a client command's name, as before it."""
+    f = click.option("-c", "--config", "config_path", metavar="FILE",
+                     help="Config file whose [server] names the daemon (or CORRAL_CONFIG; default ./corral.toml).")(f)
+    return _json_option(f)
 
 
 def _merge(ctx: _Context, as_json: bool, config: str | None = None) -> _Context:
@@ -349,37 +383,58 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
             f"{'; '.join(sandbox.get('missing') or [])}. Fix: {sandbox.get('fix')}")
 
 
-@main.command()
+@main.command(short_help="Send TEXT to CHANNEL (\"-\": from stdin); prints the accepted seq.")
 @click.argument("channel")
 @click.argument("text")
 @click.option("--agent", metavar="NAME", help="Which agent (default: @mentions, else the channel's default).")
 @click.option("--to", "to", metavar="NAME", multiple=True, help="An agent to send it to (repeatable).")
 @click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True,
               help="Who is speaking: NAME (a human) or agent:NAME (another bot posting for an agent).")
-@_json_option
+@_client_options
 @click.pass_obj
 def send(
-    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str, as_json: bool
+    obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str,
+    config_path: str | None, as_json: bool,
 ) -> None:
-    """Send TEXT to CHANNEL; prints the accepted seq."""
-    ctx = _merge(obj, as_json)
+    """Send TEXT to CHANNEL; prints the accepted seq (and says on stderr who it went to).
+
+    TEXT "-" reads the text from standard input (for a long text, or one a shell would mangle).
+    """
+    ctx = _merge(obj, as_json, config_path)
+    if text == "-":
+        text = sys.stdin.read()
     result = _call(ctx, lambda c: c.send(channel, text, agent=agent, author=author, to=list(to) or None))
     if ctx.json:
         _print_json(result)
-    else:
-        click.echo(result["seq"])
+        return
+    click.echo(result["seq"])  # stdout stays the seq alone: scripts read it
+    for hint in result.get("hints") or ():
+        click.echo(f"corral: note: {hint}", err=True)
+    click.echo(f"corral: {sent_line(result)}", err=True)
+
+
+def sent_line(result: dict[str, Any]) -> str:
+    """Who an accepted message went to, as ``corral send`` says it."""
+    to = result.get("to") or []
+    if not to:
+        return f"stored as seq {result['seq']}, for no agent (the channel rests until a human speaks)"
+    ahead = result.get("queued") or 0
+    behind = f", behind {ahead} turn(s) of {to[0]}" if ahead else ""
+    return f"seq {result['seq']} sent to {', '.join(to)}{behind}"
 
 
 @main.command()
 @click.argument("channel", required=False)
 @click.option("--all", "stop_all", is_flag=True, help="Stop every channel.")
-@_json_option
+@_client_options
 @click.pass_obj
-def stop(obj: _Context, channel: str | None, stop_all: bool, as_json: bool) -> None:
+def stop(obj: _Context, channel: str | None, stop_all: bool, config_path: str | None, as_json: bool) -> None:
     """Stop CHANNEL (or --all); returns when the stop is complete."""
-    if bool(channel) == stop_all:
-        raise click.UsageError("name a CHANNEL or pass --all (not both)")
-    ctx = _merge(obj, as_json)
+    if channel and stop_all:
+        raise click.UsageError("name a CHANNEL or pass --all, not both")
+    if not channel and not stop_all:
+        raise click.UsageError("name the CHANNEL to stop, or pass --all to stop every channel")
+    ctx = _merge(obj, as_json, config_path)
     result = _call(ctx, lambda c: c.stop(None if stop_all else channel))
     if ctx.json:
         _print_json(result)
@@ -392,14 +447,50 @@ def stop(obj: _Context, channel: str | None, stop_all: bool, as_json: bool) -> N
         sys.exit(EXIT_ERROR)
 
 
+@main.command(short_help="Start CHANNEL's conversation over: forget its sessions and plans.")
+@click.argument("channel")
+@click.option("--agent", metavar="NAME", help="Only this agent's conversation (default: every agent's).")
+@click.option("--stop", "stop", is_flag=True, help="Stop a running turn first (else a running turn refuses it).")
+@_client_options
+@click.pass_obj
+def reset(obj: _Context, channel: str, agent: str | None, stop: bool, config_path: str | None,
+          as_json: bool) -> None:
+    """Start CHANNEL over, as /new or /clear do in a chat: the agents forget its session ids
+    (the next message starts a new conversation, in the same folder) and plans, recorded as
+    an entry. The transcript stays. While a turn runs there it refuses (exit 1) unless --stop."""
+    ctx = _merge(obj, as_json, config_path)
+    entry = _call(ctx, lambda c: c.reset(channel, agent=agent, stop=stop))
+    if ctx.json:
+        _print_json(entry)
+    else:
+        click.echo(format_entry(entry))
+
+
+@main.command(short_help="Send again, once, a message a stop dropped (by its seq).")
+@click.argument("channel")
+@click.argument("seq", type=click.IntRange(min=1))
+@_client_options
+@click.pass_obj
+def resend(obj: _Context, channel: str, seq: int, config_path: str | None, as_json: bool) -> None:
+    """Send again the message SEQ of CHANNEL that a stop dropped (`corral tail` shows it as
+    "not run"): same text, same agents. Once: a second resend is refused."""
+    ctx = _merge(obj, as_json, config_path)
+    result = _call(ctx, lambda c: c.resend(channel, seq))
+    if ctx.json:
+        _print_json(result)
+        return
+    click.echo(result["seq"])
+    click.echo(f"corral: message {seq} sent again: {sent_line(result)}", err=True)
+
+
 @main.command()
 @click.argument("channel")
 @click.option("--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 4).")
-@_json_option
+@_client_options
 @click.pass_obj
-def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> None:
+def wait(obj: _Context, channel: str, timeout: float | None, config_path: str | None, as_json: bool) -> None:
     """Wait until CHANNEL runs no turn and has nothing queued."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     idle = _call(ctx, lambda c: c.wait(channel, timeout))
     if ctx.json:
         _print_json({"channel": channel, "idle": idle})
@@ -416,11 +507,13 @@ def wait(obj: _Context, channel: str, timeout: float | None, as_json: bool) -> N
               help="At most N entries (without --follow).")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
-@_json_option
+@_client_options
 @click.pass_obj
-def tail(obj: _Context, channel: str, after: int, limit: int, follow: bool, as_json: bool) -> None:
+def tail(
+    obj: _Context, channel: str, after: int, limit: int, follow: bool, config_path: str | None, as_json: bool
+) -> None:
     """Print CHANNEL's entries (JSON lines with --json)."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     import shutil
 
     view = DraftView(sys.stdout.isatty(), shutil.get_terminal_size().columns)
@@ -444,11 +537,11 @@ def tail(obj: _Context, channel: str, after: int, limit: int, follow: bool, as_j
 
 
 @main.command()
-@_json_option
+@_client_options
 @click.pass_obj
-def status(obj: _Context, as_json: bool) -> None:
+def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """The daemon, its agents, channels and running turns."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     result = _call(ctx, lambda c: c.status())
     if ctx.json:
         _print_json(result)
@@ -456,6 +549,8 @@ def status(obj: _Context, as_json: bool) -> None:
     click.echo(f"corral pid {result['pid']}, up {result['uptime']:.0f} s, {result['running']} turn(s) running")
     if result.get("sandbox"):
         click.echo(f"  {sandbox_line(result['sandbox'])}")
+    if result.get("capacity"):
+        click.echo(f"  {_capacity_line(result['capacity'])}")
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
     for name, ch in result["channels"].items():
@@ -471,6 +566,22 @@ def status(obj: _Context, as_json: bool) -> None:
         )
 
 
+def _capacity_line(capacity: dict[str, Any]) -> str:
+    """The host's limits and use, as ``corral status`` prints them."""
+    source = "from the config" if capacity["max_turns_from"] == "config" else "derived from memory"
+    line = (f"capacity: {capacity['used']} of {capacity['max_turns']} slots used ({source}): "
+            f"{capacity['running']} turn(s), {capacity['residents']} idle ACP agent(s); "
+            f"{len(capacity['waiting'])} waiting")
+    memory = capacity.get("memory")
+    if memory:
+        pressure = f", pressure {memory['pressure']:g}%" if memory.get("pressure") is not None else ""
+        line += (f"; memory available {memory['available'] >> 20} MiB ({memory['source']}{pressure}),"
+                 f" reserve {capacity['memory_reserve'] >> 20} MiB")
+    limited = [f"{name} {a['running']}/{a['max_concurrent']}" for name, a in capacity.get("agents", {}).items()
+               if a.get("max_concurrent") is not None]
+    return line + (f"; agent limits: {', '.join(limited)}" if limited else "")
+
+
 def _lane_state(lane: dict[str, Any]) -> str:
     """One agent's state in a channel, as ``corral status`` prints it."""
     turn = lane.get("turn")
@@ -479,16 +590,18 @@ def _lane_state(lane: dict[str, Any]) -> str:
         what = f"{lane['state']} turn {turn['id']} since {since} ({turn['phase']}, pid {turn['pid']})"
     else:
         what = lane["state"]
+    waiting = lane.get("waiting")
+    why = f", waiting #{waiting['position']} for a slot ({waiting['why']})" if waiting else ""
     return what + (f", {lane['queued']} queued" if lane["queued"] and lane["state"] != "queued" else
-                   f" {lane['queued']}" if lane["state"] == "queued" else "")
+                   f" {lane['queued']}" if lane["state"] == "queued" else "") + why
 
 
 @main.command()
-@_json_option
+@_client_options
 @click.pass_obj
-def shutdown(obj: _Context, as_json: bool) -> None:
+def shutdown(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """Ask the daemon to shut down in order."""
-    ctx = _merge(obj, as_json)
+    ctx = _merge(obj, as_json, config_path)
     _call(ctx, lambda c: c.shutdown())
     if ctx.json:
         _print_json({"shutting_down": True})
@@ -499,14 +612,19 @@ def shutdown(obj: _Context, as_json: bool) -> None:
 @main.command(short_help="Print a one-time login URL for the web dashboard.")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file (its [server] tcp and token_file).")
 @click.option("--open", "open_browser", is_flag=True, help="Also open the URL in a web browser.")
+@click.option("--port", "tunnel_port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="The URL for another machine: the local port of its ssh tunnel (ssh -L PORT:127.0.0.1:TCP_PORT).")
 @_json_option
 @click.pass_obj
-def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_json: bool) -> None:
+def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel_port: int | None,
+              as_json: bool) -> None:
     """Print a login URL for the dashboard, served on the daemon's loopback TCP listener.
 
     The URL holds a code that works once, for two minutes: visiting it sets a session
     cookie and opens the dashboard, so the token never reaches the browser. Needs
-    ``tcp`` and ``token_file`` in the config's [server] table.
+    ``tcp`` and ``token_file`` in the config's [server] table. From another machine, forward
+    a port to the listener (``ssh -L 9000:127.0.0.1:8765 HOST``) and pass ``--port 9000``:
+    the URL then names ``localhost:9000``, as that machine's browser reaches it.
     """
     from .config.settings import ConfigError, load_server_config
     from .serve.client import Client
@@ -527,7 +645,7 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, as_jso
         _fail(f"{server.token_file}: cannot read the token: {exc.strerror or exc}")
     url = f"http://{server.tcp}"
     minted = _call(obj, lambda c: c.login_code(), client=Client(url=url, token=token))
-    login = f"{url}{minted['path']}"
+    login = f"{url if tunnel_port is None else f'http://localhost:{tunnel_port}'}{minted['path']}"
     if obj.json or as_json:
         _print_json({"url": login, "expires_in": minted["expires_in"]})
     else:

@@ -547,3 +547,13 @@ def test_defaults_max_hops_and_catch_up_caps_are_checked(tmp_path: Path) -> None
                                                  '\ncatch_up_bytes = -1'))
     assert by_key(problems, "defaults.max_hops").fix == "write max_hops = 6"
     assert by_key(problems, "defaults.catch_up_bytes")
+
+
+def test_a_toml_syntax_error_names_the_file_not_a_dash(tmp_path: Path) -> None:
+    """A problem with the file as a whole reads 'FILE: not valid TOML …', never 'FILE: -: …'."""
+    file = write(tmp_path, "[server\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    line = str(info.value.problems[0])
+    assert line.startswith(f"{file}: not valid TOML") and ": -:" not in line, line
+    assert str(file) in info.value.problems[0].fix

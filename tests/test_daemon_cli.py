@@ -288,3 +288,20 @@ def test_the_cli_and_the_config_agree_on_the_default_config_name() -> None:
     from supervisor.config import settings as _config
 
     assert cli.DEFAULT_CONFIG_NAME == _config.DEFAULT_CONFIG_NAME
+
+
+def test_the_console_script_answers_version_without_importing_click() -> None:
+    """Issue 25: `corral --version` need not pay for click (its target is 5 x a bare `python -c pass`)."""
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    assert 'corral = "supervisor._entry:main"' in pyproject, "the console script is the fast entry"
+    code = (
+        "import sys; sys.argv = ['corral', '--version']; from supervisor._entry import main; main();"
+        "print(sorted(m for m in ('click', 'trio', 'json') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    import supervisor
+
+    assert out.stdout.splitlines() == [f"corral {supervisor.__version__}", "[]"], out.stdout
+    code = "import sys; sys.argv = ['corral', '--version', '--json']; from supervisor._entry import main; main()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"corral {supervisor.__version__}", "click's path still works"

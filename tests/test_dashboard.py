@@ -163,6 +163,32 @@ async def test_reads_from_another_site_and_foreign_hosts_are_refused(short_tmp: 
         assert (await http.get("/v1/status", headers={**_bearer(), "host": "whatever"})).status_code == 200
 
 
+async def test_a_browser_through_an_ssh_tunnel_logs_in_and_sends(short_tmp: Path) -> None:
+    """Issue 25: `ssh -L 9000:127.0.0.1:PORT` makes the browser say `Host: localhost:9000`.
+
+    `corral dashboard --port 9000` prints the URL that browser opens; the login, the pages and a
+    same-origin send work through it, and another origin is still refused.
+    """
+    async with _daemon(short_tmp) as (http, port):
+        (short_tmp / "corral.toml").write_text(
+            f'[server]\nsocket = "corral.sock"\ntcp = "127.0.0.1:{port}"\ntoken_file = "token"\n')
+        done = await trio.run_process([*CORRAL, "-c", "corral.toml", "dashboard", "--port", "9000"], cwd=short_tmp,
+                                      capture_stdout=True, capture_stderr=True, check=False)
+        url = done.stdout.decode().strip()
+        assert done.returncode == 0 and url.startswith("http://localhost:9000/dashboard/login?code="), done
+        tunnel = {"host": "localhost:9000"}  # what the forwarded connection carries
+        login = await http.get(url.removeprefix("http://localhost:9000"), headers=tunnel)
+        assert login.status_code == 303, login.text
+        cookie = {"cookie": login.headers["set-cookie"].split(";", 1)[0], **tunnel}
+        assert (await http.get("/dashboard/", headers=cookie)).status_code == 200
+        sent = await http.post("/v1/channels/c/messages", json={"text": "hi"},
+                               headers={**cookie, "origin": "http://localhost:9000"})
+        assert sent.status_code == 202, sent.text
+        other = await http.post("/v1/channels/c/messages", json={"text": "injected"},
+                                headers={**cookie, "origin": "http://localhost:3000"})
+        assert other.status_code == 403 and other.json()["error"]["code"] == "cross_origin"
+
+
 async def test_pages_carry_a_strict_csp_and_hold_no_inline_script(short_tmp: Path) -> None:
     async with _daemon(short_tmp) as (http, port):
         cookie = {"cookie": (await _login(http, port))["cookie"]}
@@ -295,6 +321,11 @@ def test_agent_states_read_todays_status_and_a_per_agent_one() -> None:
     assert as_list == [{"agent": "claude", "state": "running", "queued": 0, "turn": "t3", "since": 9.0}]
     view = list_view({"channels": {"b": {"queued": 0, "turn": None}, "a": per_agent}, "shutting_down": False})
     assert [c["name"] for c in view["channels"]] == ["a", "b"] and view["running"] == 1
+    waiting = {"position": 2, "why": "turn limit", "waited": 1.5}
+    assert agent_states({"agents": {"claude": {"state": "queued", "queued": 1, "waiting": waiting}}}) == [
+        {"agent": "claude", "state": "queued", "queued": 1, "turn": None, "since": None, "waiting": waiting}]
+    view = list_view({"channels": {}, "capacity": {"max_turns": 4, "waiting": [{"channel": "c"}] * 3}})
+    assert (view["waiting"], view["max_turns"]) == (3, 4)
 
 
 def test_sessions_are_signed_expire_and_are_bound_to_the_token() -> None:
@@ -348,11 +379,26 @@ def test_the_docs_dashboard_example_prints_a_login_url(short_tmp: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PORT": str(port), "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run(["sh", str(root / "examples" / "dashboard.sh")], cwd=short_tmp, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(rf"^http://127\.0\.0\.1:{port}/dashboard/login\?code=[\w-]+$", done.stdout, re.M), done.stdout
-    assert "corral is shutting down" in done.stdout
+    script = subprocess.Popen(["sh", str(root / "examples" / "dashboard.sh")], cwd=short_tmp, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert script.stdout is not None and script.stdin is not None
+    try:
+        lines = []
+        while not (lines and lines[-1].startswith("the dashboard is served until")):
+            line = script.stdout.readline()
+            assert line, "".join(lines) + (script.stderr.read() if script.stderr else "")
+            lines.append(line)
+        url = next(line.strip() for line in lines if line.startswith("http://"))
+        assert re.fullmatch(rf"http://127\.0\.0\.1:{port}/dashboard/login\?code=[\w-]+", url), url
+        # Issue 25: the URL it printed is alive while the script waits (it used to shut down at once).
+        assert httpx.get(url, follow_redirects=False).status_code == 303
+        out, err = script.communicate("\n", timeout=120)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+    assert script.returncode == 0, out + err
+    assert "corral is shutting down" in out
     assert oct((short_tmp / "corral.token").stat().st_mode & 0o777) == "0o600"
 
 
@@ -366,7 +412,21 @@ def test_the_docs_dashboard_example_prints_a_login_url(short_tmp: Path) -> None:
         ("POST", "dashboard/login", {"host": "127.0.0.1:8765"}, "unauthorized"),
         ("GET", "v1/status", {"host": "127.0.0.1:8765"}, "unauthorized"),
         ("GET", "v1/status", {"host": "127.0.0.1:8765", "cookie": "corral-session-9999=SESSION"}, "unauthorized"),
-        ("GET", "v1/status", {"host": "127.0.0.1:8766", "cookie": "SESSION"}, "bad_host"),
+        # Another port of a loopback name: what an ssh tunnel presents (ssh -L 9000:127.0.0.1:8765).
+        ("GET", "v1/status", {"host": "localhost:9000", "cookie": "SESSION"}, None),
+        ("GET", "v1/status", {"host": "127.0.0.1:8766", "cookie": "SESSION"}, None),
+        ("POST", "v1/channels/c/stop", {"host": "localhost:9000", "cookie": "SESSION",
+                                         "origin": "http://localhost:9000"}, None),
+        ("POST", "v1/channels/c/stop", {"host": "localhost:9000", "cookie": "SESSION",
+                                         "origin": "http://localhost:3000"}, "cross_origin"),
+        ("GET", "v1/status", {"host": "localhost:9000", "cookie": "SESSION", "sec-fetch-site": "same-site"},
+         "cross_origin"),
+        ("GET", "v1/status", {"host": "evil.example:9000", "cookie": "SESSION"}, "bad_host"),
+        ("GET", "v1/status", {"host": "localhost", "cookie": "SESSION"}, "bad_host"),
+        ("GET", "v1/status", {"host": "localhost:90x", "cookie": "SESSION"}, "bad_host"),
+        ("GET", "v1/status", {"host": "localhost:0", "cookie": "SESSION"}, "bad_host"),
+        ("GET", "v1/status", {"host": "localhost:99999", "cookie": "SESSION"}, "bad_host"),
+        ("GET", "v1/status", {"host": "localhost.evil.example:9000", "cookie": "SESSION"}, "bad_host"),
         ("GET", "v1/status", {"cookie": "SESSION"}, "bad_host"),
         ("GET", "v1/status", {"host": "[::1]:8765", "cookie": "SESSION"}, None),
         ("GET", "v1/status", {"host": "127.0.0.1:8765", "cookie": "SESSION", "sec-fetch-site": "same-site"},

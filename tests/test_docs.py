@@ -194,3 +194,26 @@ def test_the_quick_start_is_two_commands_and_ci_runs_its_test_command() -> None:
     assert commands == ["make demo", "make test"], commands
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "make test" in ci, ".ci/run runs the README's test command"
+
+
+def test_every_quoted_interrupted_notice_is_the_text_corral_stores() -> None:
+    """Issue 25: the guides quoted "Task interrupted — daemon restarting…", which corral never stores."""
+    from supervisor.host.supervisor import HOST_LOST_NOTICE, SHUTDOWN_NOTICE
+    from supervisor.procs.recovery import RESTART_NOTICE
+
+    real = (SHUTDOWN_NOTICE, RESTART_NOTICE, HOST_LOST_NOTICE)
+    for page in PAGES:
+        text = " ".join(page.read_text().split())  # quotes wrap across lines
+        for quoted in re.findall(r'"(Task interrupted[^"]*)"', text):
+            stem = quoted.rstrip(".…").removesuffix("…").strip()
+            assert any(notice.startswith(stem) for notice in real), f"{page.name} quotes {quoted!r}; corral stores {real}"
+
+
+def test_the_guides_say_how_many_clis_make_test_installs() -> None:
+    """The README's count of the agent CLIs `make test` installs is install-clis.sh's."""
+    script = (ROOT / "scripts" / "install-clis.sh").read_text()
+    table = script.split("declare -A pkg=(", 1)[1].split("\n)", 1)[0]
+    count = len(re.findall(r"^\s*\[[\w-]+\]=", table, re.M))
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
+    quick = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    assert f"{words.get(count, count)} npm packages" in " ".join(quick.split()), f"install-clis.sh installs {count}"

@@ -342,19 +342,6 @@ async def test_contract_18_a_shutdown_saves_the_draft_marked_as_cut_off_by_the_s
     assert after[-1].kind == "notice" and after[-1].text == SHUTDOWN_NOTICE
 
 
-DEMO_DAEMON = """
-[server]
-socket = "corral.sock"
-[store]
-path = "corral.db"
-[defaults]
-stop_grace = 2
-[agents.demo]
-adapter = "demo"
-delay = 0.01
-"""
-
-
 def test_a_daemon_killed_mid_draft_keeps_what_was_saved_and_nothing_claims_more(short_tmp: Path) -> None:
     import os
     import signal
@@ -362,6 +349,7 @@ def test_a_daemon_killed_mid_draft_keeps_what_was_saved_and_nothing_claims_more(
     import threading
 
     from conftest import CORRAL, DaemonProcess
+    from test_daemon_cli import CONFIG as DEMO_DAEMON
 
     daemon = DaemonProcess(short_tmp, DEMO_DAEMON)
     env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}

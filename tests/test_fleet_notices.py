@@ -1,4 +1,4 @@
-"""The fleet's notices (supervisor/fleet/notices.py): every kind comes back from its payload as
+"""The fleet's notices (supervisor/core/notices.py): every kind comes back from its payload as
 it was sent, whatever its text (lone surrogates included); a payload that is no notice is
 refused with NoticeError and nothing else; a value that could not be sent is refused when it is
 made. On a real database: the store's and the engine's own notices decode, and a malformed
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.fleet.fleet import Fleet
-from supervisor.fleet.notices import (
+from supervisor.core.notices import (
     CHANNEL,
     Beat,
     Entries,

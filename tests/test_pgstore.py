@@ -221,13 +221,14 @@ async def test_a_sqlite_store_from_before_the_migrations_table_keeps_its_version
     db.execute("DROP TABLE schema_migrations")  # as the multi-agent branch left it: user_version 1
     for undo in ("DROP TABLE hosts", "DROP TABLE leases", "ALTER TABLE turns DROP COLUMN host",
                  "ALTER TABLE stops DROP COLUMN host",  # (migration 2, the fleet's, came after)
-                 "DROP INDEX entries_pos", "ALTER TABLE entries DROP COLUMN pos"):  # (and 3, its commit order)
+                 "DROP INDEX entries_pos", "ALTER TABLE entries DROP COLUMN pos",  # (and 3, its commit order)
+                 "DROP TABLE origins"):  # (and 4, the bridges' origins)
         db.execute(undo)
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
-    async with open_store(path) as store:  # migration 1 is not run again (it would fail: columns exist); 2, 3 are
-        assert [v for (v,) in await store.query("SELECT version FROM schema_migrations")] == [1, 2, 3]
+    async with open_store(path) as store:  # migration 1 is not run again (it would fail: columns exist); 2-5 are
+        assert [v for (v,) in await store.query("SELECT version FROM schema_migrations")] == [1, 2, 3, 4, 5]
         assert (await store.append("c", "u", "message", "x")).text == "x"
 
 

@@ -259,8 +259,9 @@ def test_every_public_name_resolves_and_the_package_imports_without_trio() -> No
 def test_the_public_names_are_these() -> None:
     # The public face: a name added or dropped here is a change to what embedders import.
     assert sorted(supervisor.__all__) == [
-        "APIError", "Accepted", "AgentConfig", "AsyncioSupervisor", "Config", "ConfigError", "CorralError",
-        "DaemonError", "DaemonUnavailable", "Draft", "Entry", "LedgerError", "Limits", "Problem", "SHUTDOWN_NOTICE",
+        "APIError", "Accepted", "AgentConfig", "AsyncioSupervisor", "ChannelBusy", "Config", "ConfigError",
+        "CorralError", "DaemonError", "DaemonUnavailable", "Draft", "Entry", "LedgerError", "Limits", "Problem",
+        "SHUTDOWN_NOTICE",
         "STOP_NOTICE", "ServerConfig", "ShuttingDown", "StopResult", "StoreError", "StoreInUse", "Supervisor",
         "UnknownChannel", "UsageError", "__version__", "load_config", "open_asyncio_supervisor", "open_supervisor",
         "parse_config",

@@ -25,8 +25,8 @@ from supervisor.serve.client import APIError, Client
 from supervisor.serve.daemon import run_daemon
 from supervisor.serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, OPERATIONS, REQUIRED, Operation, author_of
 
-#: The eight operations every face offers.
-NAMES = ["send", "stop", "stop_all", "wait", "entries", "follow", "status", "shutdown"]
+#: The ten operations every face offers.
+NAMES = ["send", "stop", "stop_all", "reset", "resend", "wait", "entries", "follow", "status", "shutdown"]
 
 #: Each face's method for an operation (None: the face offers it otherwise, and why).
 CLIENT = {name: name for name in NAMES}
@@ -43,7 +43,7 @@ DIFFERENCES = {
 }
 
 
-def test_the_table_declares_the_eight_operations() -> None:
+def test_the_table_declares_the_ten_operations() -> None:
     assert list(OPERATIONS) == NAMES
     for op in OPERATIONS.values():
         paths = [p.name for p in op.params if p.where == "path"]
@@ -109,6 +109,8 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
         "send": lambda: c.send("a/b", "hi", agent="demo", to=["demo"]),
         "stop": lambda: c.stop("a/b"),
         "stop_all": lambda: c.stop_all(),
+        "reset": lambda: c.reset("a/b", agent="demo", stop=True),
+        "resend": lambda: c.resend("a/b", 9),
         "wait": lambda: c.wait("a/b", 3),
         "entries": lambda: c.entries("a/b", 5, 7),
         "status": lambda: c.status(),
@@ -134,6 +136,7 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
 #: The CLI's command for each operation, and the flag that selects it there (if any).
 COMMANDS = {
     "send": ("send", None), "stop": ("stop", None), "stop_all": ("stop", "stop_all"), "wait": ("wait", None),
+    "reset": ("reset", None), "resend": ("resend", None),
     "entries": ("tail", None), "follow": ("tail", "follow"), "status": ("status", None),
     "shutdown": ("shutdown", None),
 }

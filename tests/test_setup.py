@@ -98,3 +98,26 @@ def test_bench_stop_without_the_agent_clis_says_which_rows_it_skipped(tmp_path: 
         assert f"skipping the {name} rows: not installed under {tmp_path / 'no-clis'}" in done.stdout
     assert "skipped: the rows of claude, codex, gemini, qwen" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_every_folder_of_package_data_is_a_package_setuptools_finds() -> None:
+    """Issue 25: `pip install` printed ~40 warnings that supervisor.static was not in `packages`.
+
+    Every folder under supervisor/ and adapters/ that ships files must be one of the packages
+    the `[tool.setuptools.packages.find]` table finds (a namespace package for static/), so
+    setuptools installs it as a package, not as deprecated "data".
+    """
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "packages" not in table or isinstance(table["packages"], dict), "an explicit list leaves static/ out"
+    find = table["packages"]["find"]
+    assert find.get("namespaces", True), "static/ has no __init__.py: only a namespace search finds it"
+    found = set(find_namespace_packages(where=str(ROOT), include=find["include"]))
+    for top in ("supervisor", "adapters"):
+        for folder in (ROOT / top).rglob("*"):
+            if folder.is_dir() and folder.name != "__pycache__" and any(f.is_file() for f in folder.iterdir()):
+                name = ".".join(folder.relative_to(ROOT).parts)
+                assert name in found, f"{name} ships files but is no package setuptools finds"

@@ -67,6 +67,14 @@ def test_check_and_run_report_an_unusable_place_with_its_path_and_fix(short_tmp:
     _assert_clear(corral(short_tmp, "run", "-c", "corral.toml"), needle, "nothing was started")
 
 
+def test_a_socket_under_proc_names_server_socket_and_offers_no_mkdir(short_tmp: Path) -> None:
+    """mkdir -p cannot fix a folder on /proc: the fix names the key and its path, and asks for another."""
+    (short_tmp / "corral.toml").write_text('[server]\nsocket = "/proc/corral-test/c.sock"' + AGENT)
+    out = corral(short_tmp, "check", "-c", "corral.toml")
+    _assert_clear(out, "server.socket (now /proc/corral-test/c.sock)")
+    assert "mkdir" not in out.stderr, out.stderr
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only folder anyway")
 def test_a_read_only_state_folder_is_reported(short_tmp: Path) -> None:
     (short_tmp / "corral.toml").write_text(AGENT)

@@ -37,12 +37,12 @@ def preflight(config: Config) -> list[Problem]:
                     f" over the {MAX_SOCKET_BYTES} a Unix socket path may have",
                     'choose a shorter path, e.g. socket = "/run/corral/corral.sock"')
         )
-    problems += _folder(file, "server.socket", socket_path.parent)
+    problems += _folder(file, "server.socket", socket_path.parent, socket_path)
     problems += _group(file, config.server.socket_group)
     if config.store_url is not None:
         problems += _postgres(file, config.store_url)
     else:
-        problems += _folder(file, "store.path", config.store_path.parent)
+        problems += _folder(file, "store.path", config.store_path.parent, config.store_path)
         problems += _store(file, config.store_path)
     problems += _state(file, config.state_dir)
     return problems
@@ -60,7 +60,7 @@ def _postgres(file: str, url: str) -> list[Problem]:
         import psycopg
     except ImportError:
         return [Problem(file, "store.url", "the store is on PostgreSQL, but its driver psycopg is not installed",
-                        "pip install 'corral[postgres]' in corral's environment")]
+                        "pip install 'psycopg[binary]>=3.2' into corral's environment (the postgres extra of corral)")]
     try:
         psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT).close()
     except psycopg.Error as exc:
@@ -70,12 +70,14 @@ def _postgres(file: str, url: str) -> list[Problem]:
     return []
 
 
-def _folder(file: str, key: str, folder: Path) -> list[Problem]:
-    """A folder that exists and is writable, or can be created."""
-    fix = f"point {key} at a folder this user can write, or create it: mkdir -p {folder}"
+def _folder(file: str, key: str, folder: Path, path: Path) -> list[Problem]:
+    """A folder that exists and is writable, or can be created (``path``: the file ``key`` names in it)."""
+    fix = f"point {key} (now {path}) at a folder this user can write, or create it: mkdir -p {folder}"
     resolved = Path(os.path.abspath(folder))
     if any(resolved == v or v in resolved.parents for v in _VIRTUAL):
-        return [Problem(file, key, f"{folder} is on a virtual file system where nothing can be created", fix)]
+        # Nothing can be made there, so mkdir is no fix: only another path is.
+        return [Problem(file, key, f"{folder} is on a virtual file system where nothing can be created",
+                        f"point {key} (now {path}) at a folder this user can write, e.g. under /run or /var/lib")]
     existing = resolved
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

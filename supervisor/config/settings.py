@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from ..core.admission import DEFAULT_ESTIMATES, FALLBACK_ESTIMATE
 from ..core.errors import CorralError
 from ..procs.sandbox import MODES, NETWORKS, Network, SandboxMode
 
@@ -27,6 +28,10 @@ DEFAULT_MAX_HOPS = 6
 """Agent-to-agent hand-offs in a row before a human must speak (``max_hops``)."""
 #: The control socket's mode unless ``[server] socket_mode`` says otherwise: its owner only.
 DEFAULT_SOCKET_MODE = 0o600
+#: ``[server] memory_reserve`` unless set: what corral itself, the store and the system keep.
+DEFAULT_MEMORY_RESERVE = 512 * 1024 * 1024
+#: ``[server] memory_pressure`` unless set: 20% of ten seconds with every task stalled on memory.
+DEFAULT_MEMORY_PRESSURE = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +44,9 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.key}: {self.message} — fix: {self.fix}"
+        # key "-": the problem is the file as a whole (missing, unreadable, not TOML): no key to name.
+        where = self.file if self.key == "-" else f"{self.file}: {self.key}"
+        return f"{where}: {self.message} — fix: {self.fix}"
 
 
 class ConfigError(CorralError):
@@ -66,6 +73,13 @@ class ServerConfig:
     sandbox: SandboxMode = "auto"
     """``"auto"`` (a sandbox around every turn where the machine allows, else said loudly),
     ``"required"`` (no turn starts without one) or ``"off"``: see :mod:`supervisor.procs.sandbox`."""
+    max_turns: int | None = None
+    """Turns (and resident ACP agents) at once; None: derived from memory at start
+    (:func:`supervisor.core.admission.derive_max_turns`)."""
+    memory_reserve: int = DEFAULT_MEMORY_RESERVE
+    """Bytes a turn may not start into: it waits while available memory would fall below this."""
+    memory_pressure: float = DEFAULT_MEMORY_PRESSURE
+    """A turn waits while memory pressure (PSI ``full avg10``, percent) is at least this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +122,64 @@ class AgentConfig:
     """``sandbox_hide``: more paths its turns may not see (besides corral's private state)."""
     network: Network = "host"
     """``network``: ``"host"`` (loopback and the model APIs) or ``"none"`` (no network at all)."""
+    credentials: tuple[tuple[Path, str], ...] = ()
+    """``credentials``: login files of the user's own HOME (``~/.claude/.credentials.json``), each
+    as (the file, its path relative to a HOME): each turn finds a fresh, read-only copy at that
+    path of its private HOME. Only the files named; never a folder, never the HOME itself."""
+    max_concurrent: int | None = None
+    """``max_concurrent``: its turns (and resident ACP agents) at once; None: only the host's limit."""
+    memory_estimate: int | None = None
+    """``memory_estimate``: bytes one of its turns is assumed to hold (None: by adapter,
+    :data:`supervisor.core.admission.DEFAULT_ESTIMATES`)."""
+
+    @property
+    def estimate(self) -> int:
+        """Bytes one of its turns is assumed to hold, for admission and the derived limit."""
+        if self.memory_estimate is not None:
+            return self.memory_estimate
+        return DEFAULT_ESTIMATES.get(self.adapter, FALLBACK_ESTIMATE)
 
     @property
     def cgroup_limits(self) -> dict[str, str | int | None]:
         """The limits written to each turn's cgroup (by file name with ``_`` for ``.``)."""
         return {"memory_max": self.limits.memory_max, "pids_max": self.limits.pids_max}
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeAgent:
+    """``[bridges.NAME.agents] AGENT = {user, token_file}``: the agent's own chat account."""
+
+    user: str
+    token_file: Path
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    """``[bridges.NAME]``: one chat connection and the rooms it joins to channels."""
+
+    name: str
+    type: str
+    """``"matrix"`` or ``"irc"``."""
+    rooms: Mapping[str, str]
+    """A room (Matrix: id or alias; IRC: ``#channel``) → the corral channel it is."""
+    admins: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    servers: tuple[str, ...] = ()
+    stoppers: tuple[str, ...] | None = None
+    verbosity: str = "normal"
+    invites: bool = False
+    edit_interval: float = 1.0
+    homeserver: str | None = None
+    user: str | None = None
+    token_file: Path | None = None
+    agents: Mapping[str, BridgeAgent] = field(default_factory=dict)
+    server: str | None = None
+    """(IRC) ``host:port``."""
+    nick: str | None = None
+    password_file: Path | None = None
+    tls: bool = False
+    retry_max: float = 30.0
+    """The longest wait between two attempts to reach the server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +205,8 @@ class Config:
     """``[store] url``: the store is this PostgreSQL database (None: the SQLite file ``store_path``)."""
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(socket.gethostname()))
     """``[cluster]``: this daemon's name in a fleet and its lease (a fleet needs ``[store] url``)."""
+    bridges: Mapping[str, BridgeConfig] = field(default_factory=dict)
+    """``[bridges.NAME]``: chat rooms joined to channels, run by the daemon."""
 
     @property
     def store_location(self) -> str:
@@ -201,15 +270,16 @@ class ClusterConfig:
     """``lease``: seconds a host keeps its channels without renewing them (heartbeat every third)."""
 
 
-_TOP = {"server", "store", "defaults", "agents", "channels", "cluster"}
+_TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges"}
 _CLUSTER = {"host", "lease"}
-_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox"}
+_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "max_turns",
+           "memory_reserve", "memory_pressure"}
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops", "host"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
-          "network"} | _LIMIT_KEYS
+          "network", "credentials", "max_concurrent", "memory_estimate"} | _LIMIT_KEYS
 
 
 class _Checker:
@@ -289,6 +359,33 @@ class _Checker:
                              f"mkdir -p {path}, or remove it from {key}")
         return paths
 
+    def credentials(self, data: Mapping[str, Any], prefix: str) -> tuple[tuple[Path, str], ...]:
+        """``credentials``: files of the user's HOME, named ``~/REL`` (see :class:`AgentConfig`)."""
+        key = f"{prefix}credentials"
+        home = Path(os.path.expanduser("~"))
+        found: list[tuple[Path, str]] = []
+        for value in self.strings(data, "credentials", prefix) or ():
+            if not value.startswith("~/"):
+                self.add(key, f"{value!r} is not a path in your HOME written as ~/PATH",
+                         'name the login file as it sits in your HOME, e.g. "~/.claude/.credentials.json"')
+                continue
+            path = home / value[2:]
+            rel = os.path.normpath(value[2:])
+            if rel.startswith("..") or os.path.isabs(rel) or rel in (".", ""):
+                self.add(key, f"{value!r} leaves your HOME", 'name a file below it, e.g. "~/.codex/auth.json"')
+            elif path.is_dir():
+                self.add(key, f"{path} is a folder; only the files named are handed over",
+                         f"name the login file in it instead (e.g. \"{value.rstrip('/')}/auth.json\")")
+            elif not path.is_file():
+                self.add(key, f"{path} does not exist (or is not a regular file)",
+                         "log in with the CLI once in your own session (it writes that file), or fix the path")
+            elif not os.access(path, os.R_OK):
+                self.add(key, f"{path} is not readable by the user corral runs as",
+                         "run corral as the user who logged in, or fix the file's owner")
+            else:
+                found.append((path, rel))
+        return tuple(found)
+
     def path(self, value: str) -> Path:
         expanded = Path(os.path.expanduser(value))
         return expanded if expanded.is_absolute() else (self.base / expanded)
@@ -314,6 +411,31 @@ class _Checker:
                      f'write {key} = "2G"')
             return default
         return text
+
+    def limit(self, data: Mapping[str, Any], key: str, prefix: str, example: int) -> int | None:
+        """A limit of things at once: absent (None), or a whole number of at least 1."""
+        value = data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.add(f"{prefix}{key}", f"expected a whole number >= 1, got {value!r}",
+                     f"write {key} = {example} (or remove it{' for the default' if prefix == 'server.' else ''})")
+            return None
+        return value
+
+    def size(self, data: Mapping[str, Any], key: str, prefix: str, example: str) -> int | None:
+        """Bytes: a whole number, or a string with a unit ("512M", "2GiB"); absent: None."""
+        from ..procs.memory import parse_bytes  # (no Trio: a client reads [server] too)
+
+        value = data.get(key)
+        if value is None:
+            return None
+        found = (value if isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                 else parse_bytes(value) if isinstance(value, str) else None)
+        if found is None:
+            self.add(f"{prefix}{key}", f"expected bytes (a whole number, or with K, M, G or T), got {value!r}",
+                     f'write {key} = "{example}"')
+        return found
 
     def pids(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
         value = data.get(key, default)
@@ -475,6 +597,9 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             sandbox_write=check.folders(raw, "sandbox_write", prefix, must_exist=True),
             sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
             network=_network(check, raw, prefix),
+            credentials=check.credentials(raw, prefix),
+            max_concurrent=check.limit(raw, "max_concurrent", prefix, 4),
+            memory_estimate=_estimate(check, raw, prefix),
         )
 
     default_agent = check.string(defaults, "agent", "defaults.")
@@ -500,6 +625,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         if table.host is not None and store_url is None:
             check.add(f"channels.{name}.host", "pins the channel to a fleet host, and [store] url is not set",
                       'set [store] url = "postgresql://..." (a fleet), or remove host')
+    bridges = _bridges(check, data, set(agents))
     max_hops = check.count(defaults, "max_hops", "defaults.", DEFAULT_MAX_HOPS)
     catch_up_entries = check.count(defaults, "catch_up_entries", "defaults.", 20)
     catch_up_bytes = check.count(defaults, "catch_up_bytes", "defaults.", 16 * 1024)
@@ -520,6 +646,143 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         catch_up_entries=catch_up_entries,
         catch_up_bytes=catch_up_bytes,
         cluster=cluster,
+        bridges=bridges,
+    )
+
+
+_BRIDGE_COMMON = {"type", "rooms", "admins", "users", "servers", "stoppers", "verbosity", "invites", "edit_interval",
+                  "retry_max"}
+_BRIDGE_KEYS = {
+    "matrix": _BRIDGE_COMMON | {"homeserver", "user", "token_file", "agents"},
+    "irc": _BRIDGE_COMMON | {"server", "nick", "password_file", "tls"},
+}
+_BRIDGE_AGENT = {"user", "token_file"}
+
+
+def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, BridgeConfig]:
+    """``[bridges.NAME]`` tables: every key known, token files there, no room mapped twice."""
+    out: dict[str, BridgeConfig] = {}
+    seen_rooms: dict[tuple[str, str], str] = {}
+    for name, raw in check.table(data, "bridges").items():
+        prefix = f"bridges.{name}."
+        if not isinstance(raw, dict):
+            check.add(f"bridges.{name}", f"expected a table, got {type(raw).__name__}", f"write it as [bridges.{name}]")
+            continue
+        kind = check.string(raw, "type", prefix)
+        if kind not in _BRIDGE_KEYS:
+            close = difflib.get_close_matches(str(kind), sorted(_BRIDGE_KEYS), n=1)
+            check.add(f"{prefix}type", f"unknown bridge type {kind!r}" if kind else "missing",
+                      f"did you mean {close[0]!r}?" if close else 'write type = "matrix" (or "irc")')
+            continue
+        check.unknown(raw, _BRIDGE_KEYS[kind], prefix)
+        rooms: dict[str, str] = {}
+        rooms_raw = check.table(raw, "rooms", prefix)
+        if not rooms_raw and not raw.get("invites"):
+            check.add(f"{prefix}rooms", "no room is mapped to a channel",
+                      f'add [bridges.{name}.rooms] with "!room:server" = "channel" (or invites = true)')
+        for room, channel in rooms_raw.items():
+            if not isinstance(channel, str) or not channel.strip():
+                check.add(f"{prefix}rooms.{room}", f"expected a channel name, got {channel!r}",
+                          f'write "{room}" = "general"')
+                continue
+            # Aliases and IRC channels are case-insensitive; a room written twice is one room.
+            server = str(raw.get("homeserver") if kind == "matrix" else raw.get("server"))
+            where = (server, room.lower() if kind == "irc" or room.startswith("#") else room)
+            if where in seen_rooms:
+                check.add(f"{prefix}rooms.{room}", f"the room is mapped twice (also in {seen_rooms[where]})",
+                          "map each room to one channel, in one bridge")
+                continue
+            seen_rooms[where] = f"bridges.{name}.rooms"
+            rooms[room] = channel
+        names = {}
+        for key in ("admins", "users", "servers", "stoppers"):
+            names[key] = check.strings(raw, key, prefix)
+        verbosity = check.string(raw, "verbosity", prefix, "normal") or "normal"
+        if verbosity not in ("quiet", "normal", "verbose"):
+            check.add(f"{prefix}verbosity", f"unknown verbosity {verbosity!r}", 'use "quiet", "normal" or "verbose"')
+        if not names["admins"] and not names["users"] and not names["servers"]:
+            check.add(f"{prefix}admins", "nobody may talk to the agents through this bridge",
+                      'add admins = ["@you:server"] (and users or servers for everyone else)')
+        common: dict[str, Any] = {
+            "name": name, "type": kind, "rooms": rooms,
+            "admins": names["admins"] or (), "users": names["users"] or (), "servers": names["servers"] or (),
+            "stoppers": names["stoppers"], "verbosity": verbosity,
+            "invites": check.boolean(raw, "invites", prefix, False),
+            "edit_interval": check.seconds(raw, "edit_interval", prefix, 1.0),
+            "retry_max": check.seconds(raw, "retry_max", prefix, 30.0),
+        }
+        if kind == "matrix":
+            out[name] = _matrix_bridge(check, raw, prefix, agent_names, common)
+        else:
+            out[name] = _irc_bridge(check, raw, prefix, common)
+    return out
+
+
+def _secret_file(check: _Checker, raw: Mapping[str, Any], key: str, prefix: str, *, required: bool) -> Path | None:
+    value = check.string(raw, key, prefix)
+    if value is None:
+        if required:
+            check.add(f"{prefix}{key}", "missing", f'write {key} = "path/to/a/file" holding the secret')
+        return None
+    path = check.path(value)
+    if not path.is_file():
+        check.add(f"{prefix}{key}", f"{path} does not exist" if not path.exists() else f"{path} is not a file",
+                  f"put the secret in {path} (chmod 600), or fix the path")
+    return path
+
+
+def _matrix_bridge(
+    check: _Checker, raw: Mapping[str, Any], prefix: str, agent_names: set[str], common: dict[str, Any]
+) -> BridgeConfig:
+    homeserver = check.string(raw, "homeserver", prefix)
+    if not homeserver or not homeserver.startswith(("http://", "https://")):
+        check.add(f"{prefix}homeserver", f"expected the homeserver's URL, got {homeserver!r}",
+                  'write homeserver = "https://matrix.example.org"')
+    user = check.string(raw, "user", prefix)
+    if not user or not user.startswith("@") or ":" not in user:
+        check.add(f"{prefix}user", f"expected the bridge's Matrix user id, got {user!r}",
+                  'write user = "@corral:example.org"')
+    token_file = _secret_file(check, raw, "token_file", prefix, required=True)
+    agents: dict[str, BridgeAgent] = {}
+    for agent, table in check.table(raw, "agents", prefix).items():
+        where = f"{prefix}agents.{agent}."
+        if agent not in agent_names:
+            close = difflib.get_close_matches(agent, sorted(agent_names), n=1)
+            check.add(f"{prefix}agents.{agent}", "names no configured agent",
+                      f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(agent_names))}")
+            continue
+        if not isinstance(table, dict):
+            check.add(f"{prefix}agents.{agent}", "expected a table",
+                      f'write {agent} = {{ user = "@{agent}:server", token_file = "..." }}')
+            continue
+        check.unknown(table, _BRIDGE_AGENT, where)
+        agent_user = check.string(table, "user", where)
+        agent_token = _secret_file(check, table, "token_file", where, required=True)
+        if not agent_user or not agent_user.startswith("@") or ":" not in agent_user:
+            check.add(f"{where}user", f"expected the agent's Matrix user id, got {agent_user!r}",
+                      f'write user = "@{agent}:example.org"')
+        elif agent_token is not None:
+            agents[agent] = BridgeAgent(agent_user, agent_token)
+    for room in common["rooms"]:
+        if not room.startswith(("!", "#")):
+            check.add(f"{prefix}rooms.{room}", "is not a Matrix room id (!…) or alias (#…)",
+                      'write "!abc:example.org" or "#room:example.org"')
+    return BridgeConfig(**common, homeserver=homeserver, user=user, token_file=token_file, agents=agents)
+
+
+def _irc_bridge(check: _Checker, raw: Mapping[str, Any], prefix: str, common: dict[str, Any]) -> BridgeConfig:
+    server = check.string(raw, "server", prefix)
+    host, _, port = (server or "").rpartition(":")
+    if not host or not port.isdigit():
+        check.add(f"{prefix}server", f"expected host:port, got {server!r}", 'write server = "irc.example.org:6697"')
+    nick = check.string(raw, "nick", prefix, "corral") or "corral"
+    for room in common["rooms"]:
+        if not room.startswith(("#", "&")):
+            check.add(f"{prefix}rooms.{room}", "is not an IRC channel (#…)", 'write "#general" = "general"')
+    return BridgeConfig(
+        **common, server=server, nick=nick, password_file=_secret_file(check, raw, "password_file", prefix,
+                                                                         required=False),
+        tls=check.boolean(raw, "tls", prefix, False),
     )
 
 
@@ -622,11 +885,47 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         check.add("server.sandbox", f"expected \"auto\", \"required\" or \"off\", got {sandbox!r}",
                   'write sandbox = "auto" (a sandbox where the machine allows), "required" or "off"')
         sandbox = "auto"
+    max_turns, memory_reserve, memory_pressure = _capacity(check, server)
     return ServerConfig(
         socket=socket_path, tcp=tcp, token_file=token_file,
         socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
-        sandbox=cast(SandboxMode, sandbox),
+        sandbox=cast(SandboxMode, sandbox), max_turns=max_turns, memory_reserve=memory_reserve,
+        memory_pressure=memory_pressure,
     )
+
+
+def _capacity(check: _Checker, server: Mapping[str, Any]) -> tuple[int | None, int, float]:
+    """``max_turns`` (>= 1), ``memory_reserve`` (below what this machine, or its cgroup,
+    holds) and ``memory_pressure`` (a percentage above 0)."""
+    from ..procs.memory import memory_total  # (no Trio: a client reads [server] too)
+
+    max_turns = check.limit(server, "max_turns", "server.", 32)
+    reserve = check.size(server, "memory_reserve", "server.", "512M")
+    if reserve is not None:
+        total = memory_total()
+        if total is not None and reserve >= total:
+            check.add("server.memory_reserve",
+                      f"{server['memory_reserve']!r} is not less than this machine's memory ({_mib(total)})",
+                      f'write memory_reserve = "512M" (at most a fraction of {_mib(total)}), or remove it')
+            reserve = None
+    pressure = server.get("memory_pressure", DEFAULT_MEMORY_PRESSURE)
+    if isinstance(pressure, bool) or not isinstance(pressure, int | float) or not 0 < pressure <= 100:
+        check.add("server.memory_pressure", f"expected a percentage above 0 and at most 100, got {pressure!r}",
+                  f"write memory_pressure = {DEFAULT_MEMORY_PRESSURE:g} (100: never wait for pressure)")
+        pressure = DEFAULT_MEMORY_PRESSURE
+    return max_turns, DEFAULT_MEMORY_RESERVE if reserve is None else reserve, float(pressure)
+
+
+def _estimate(check: _Checker, raw: Mapping[str, Any], prefix: str) -> int | None:
+    value = check.size(raw, "memory_estimate", prefix, "400M")
+    if value == 0:
+        check.add(f"{prefix}memory_estimate", "expected more than 0 bytes", 'write memory_estimate = "400M"')
+        return None
+    return value
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n // 1024**2} MiB"
 
 
 def _network(check: _Checker, raw: Mapping[str, Any], prefix: str) -> Network:
@@ -685,7 +984,8 @@ def _read_toml(file: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([Problem(str(file), "-", f"not valid TOML: {exc}", "fix the syntax at that line")]) from None
+        raise ConfigError([Problem(str(file), "-", f"not valid TOML: {exc}",
+                                   f"fix the syntax of {file} at that line")]) from None
 
 
 def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:

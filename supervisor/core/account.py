@@ -26,7 +26,12 @@ from adapters._base import (
     Unparsed,
 )
 
+from .login import META_KEY as LOGIN_META
+from .login import login_failure
 from .text import repair_text
+
+#: A message longer than this is the agent talking (about logins, say), not a CLI's refusal.
+LOGIN_MESSAGE_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,10 @@ class TurnAccount:
     result: Result | None = None
     error: str | None = None
     stale_session: bool = False
+    login_help: str | None = None
+    """corral's error for this agent when its CLI says it is not logged in (:mod:`.login`);
+    None: the CLI's own words are stored as they are."""
+    login_said: bool = False
 
     @property
     def draft(self) -> str:
@@ -143,7 +152,9 @@ class TurnAccount:
             return [] if silenced else [ShowDraft(self.draft, "".join(self.text))]
         effects = self.close_text(silenced=silenced)
         post: Post | None = None
-        if isinstance(event, Text):
+        if self._not_logged_in(event):
+            post = self._login_post(event.text)  # type: ignore[union-attr]
+        elif isinstance(event, Text):
             self.streamed += event.text
             self.last_message = event.text
             post = Post("message", event.text)
@@ -171,6 +182,23 @@ class TurnAccount:
         if post is not None and not silenced:
             effects.append(post)
         return effects
+
+    def _not_logged_in(self, event: Event) -> bool:
+        """A CLI's own "not logged in" (an error, or a short message that is only that)."""
+        if self.login_help is None:
+            return False
+        if isinstance(event, Error):
+            return login_failure(event.text)
+        return isinstance(event, Text) and len(event.text) < LOGIN_MESSAGE_CHARS and login_failure(event.text)
+
+    def _login_post(self, said: str) -> Post | None:
+        """corral's login error in place of the CLI's ``said`` (once a turn)."""
+        assert self.login_help is not None
+        self.error = self.login_help
+        if self.login_said:
+            return None
+        self.login_said = True
+        return Post("error", self.login_help, {LOGIN_META: said})
 
     def close_text(self, *, silenced: bool) -> list[Effect]:
         """Close the open run of text deltas, if any: one message, replacing its draft."""
@@ -200,6 +228,9 @@ class TurnAccount:
         """The turn's final answer or the reason it failed (``error``: the turn's own failure)."""
         if self.stale_session and error is None:
             return LastWords([], False, None)  # the supervisor retries without the session
+        if error and self.login_help is not None and login_failure(error):
+            post = self._login_post(error)
+            return LastWords([post] if post else [], False, self.login_help)
         if error:
             return LastWords([Post("error", error)], False, error)
         result = self.result
@@ -209,6 +240,9 @@ class TurnAccount:
             already = {self.last_message.strip(), self.streamed.strip()}
             fresh = bool(result.text) and result.text.strip() not in already
             return LastWords([Post("message", result.text)] if fresh else [], True, None)
+        if result is not None and not result.ok and self.login_help is not None and login_failure(result.text):
+            post = self._login_post(result.text)
+            return LastWords([post] if post else [], False, self.login_help)
         if result is not None and not result.ok:
             return LastWords(
                 [Post("error", result.text)] if result.text else [],

@@ -69,6 +69,27 @@ def mentions(text: str, names: Iterable[str]) -> tuple[str, ...]:
     return tuple(found)
 
 
+_ANY_MENTION = re.compile(rf"(?<![\w@.])@({_NAME_TAIL}+)")
+
+
+def near_misses(text: str, names: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``(mention, closest name)`` for each ``@word`` of ``text`` that is no name of ``names``
+    but close to one (``@revewer``: ``reviewer``): most likely a typo that went elsewhere.
+
+    A mention close to no name (``@everyone``, ``@alice``) is plain text and not listed.
+    """
+    known = set(names)
+    found: list[tuple[str, str]] = []
+    for match in _ANY_MENTION.finditer(text):
+        word = match.group(1).rstrip("-")
+        if word in known or any(word == f for f, _ in found):
+            continue
+        close = did_you_mean(word, known)
+        if close is not None:
+            found.append((word, close))
+    return tuple(found)
+
+
 def address(
     text: str, *, to: Sequence[str], members: Sequence[str], default: str, configured: Iterable[str]
 ) -> tuple[str, ...]:

@@ -101,10 +101,10 @@ from typing import Any, TypeVar
 
 import trio
 
+from ..core.notices import Beat, Notice, NoticeError, decode
 from ..store.engines import Engine, PostgresEngine, describe_postgres, is_postgres_error
 from ..store.leases import Leases, Renewal
 from ..store.store import Store, StoreError, notify
-from .notices import Beat, Notice, NoticeError, decode
 
 T = TypeVar("T")
 
@@ -133,6 +133,8 @@ class Found:
     """``(channel, seq)`` of the messages queued in the store for channels this host holds."""
     soonest: float | None = None
     """Seconds until another host's lease on a channel with work runs out (None: no such lease)."""
+    beat: bool = False
+    """Found by a heartbeat (whose view of the fleet, the hosts' room included, is now in)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +263,9 @@ class Fleet:
         """The connections of this host's fleet calls, each call under a deadline."""
         self.leases = Leases(host, lease)
         """What those calls ask of the database (the store's statements for a fleet)."""
+        self.room: Callable[[], int] | None = None
+        """(Set by the owner) this host's room — free slots less waiting turns — which each
+        heartbeat stores for the other hosts (placement by capacity)."""
         self._tokens: dict[str, int] = {}
         """Held leases: channel → fencing token."""
         self._until: dict[str, float] = {}
@@ -532,7 +537,9 @@ class Fleet:
 
         try:
             renewal: Renewal = await self.link.transact(
-                functools.partial(self.leases.beat, held=list(held)), deadline, own=True
+                functools.partial(self.leases.beat, held=list(held),
+                                  room=self.room() if self.room is not None else None),
+                deadline, own=True,
             )
         except StoreError as exc:
             log.warning("host %s: heartbeat failed (%s); its leases run out unless the next one succeeds", host, exc)
@@ -550,17 +557,21 @@ class Fleet:
                 lost.append((channel, "another host holds its lease now"))
         self.view = self._view(renewal.now, renewal.hosts, renewal.leases)
         self.renewals += 1  # (counted once its view of the fleet is in: status shows this beat's)
-        return Found(tuple(lost), tuple(orphans), tuple(queued), renewal.soonest)
+        return Found(tuple(lost), tuple(orphans), tuple(queued), renewal.soonest, beat=True)
 
     def _view(self, now: float, hosts: list[tuple[Any, ...]], leases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         out = []
-        for host, heartbeat, pid, started in hosts:
+        for host, heartbeat, pid, started, room in hosts:
             out.append({
                 "host": host, "heartbeat": heartbeat, "age": round(now - heartbeat, 3), "pid": pid, "started": started,
-                "alive": now - heartbeat < self.lease,
+                "alive": now - heartbeat < self.lease, "room": room,
                 "channels": {c: {"token": t, "expired": e <= now} for c, o, e, t in leases if o == host},
             })
         return out
+
+    def room_elsewhere(self) -> int:
+        """The room other live hosts said they had at their last heartbeats (0: none)."""
+        return sum(max(0, h["room"] or 0) for h in self.view if h["host"] != self.host and h["alive"])
 
     async def hosts(self) -> list[dict[str, Any]]:
         """Every host of the fleet: its name, last heartbeat (database clock), age, and channels."""

@@ -3,6 +3,7 @@
 Read :mod:`.supervisor` first (what it composes), then the part you change: :mod:`.lanes`
 (accepting, hand-offs, workers, running a turn), :mod:`.stopper` (a stop's record, its kill,
 its notice; the one kill step), :mod:`.ownership` (who runs a channel: this host alone, or a
-fleet's lease holder, :mod:`supervisor.fleet.owner`), :mod:`.results` (what it answers).
+fleet's lease holder, :mod:`.fleet_ownership`); what it answers is typed in
+:mod:`supervisor.core.results`.
 Internal: embedders use ``supervisor.open_supervisor``.
 """

@@ -15,6 +15,13 @@ Before each turn the worker asks its :class:`~supervisor.host.ownership.Ownershi
 this host runs the channel (always, alone; in a fleet, while it holds the lease) and for the
 fencing token every write of the turn carries.
 
+Then it waits for a slot (:class:`~supervisor.host.capacity.Capacity`: the host's
+``max_turns``, its agent's ``max_concurrent``, memory) *before* it takes its message: a
+waiting turn is a queued message of the ledger, which a stop drops like any other (and the
+stop wakes the wait, in its own step). A lane is offered for a slot as its message is
+accepted, so lanes wait in the order their messages came. The ledger's ``may_start`` at the
+spawn stays the point of no return; no await of admission sits between it and the spawn.
+
 Hand-offs: a turn stores its entries through a store port that routes each ``message``
 entry of the agent's (:meth:`Lanes.hand_off`) in the same synchronous step that stores it —
 no checkpoint between "the ledger lets the entry be kept" and "the routed message is
@@ -30,6 +37,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -39,18 +47,20 @@ from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
+from ..core.results import NUDGE_TEXT, Accepted
 from ..core.router import route
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
 from ..procs.registry import ProcessRegistry
 from ..procs.tree import ProcessTree, reap_if_child, reap_orphans, wait_pid_exit
+from ..serve.metrics import Metrics
 from ..store.store import Draft, Dropped, Fenced, Pending, QueuedRow, Store, StoreError
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool
 from ..turns.ports import RunningTurn, TurnPorts, new_turn_id, retry_without_session
 from ..turns.process import Turn
+from .capacity import Capacity
 from .ownership import Ownership
-from .results import NUDGE_TEXT, Accepted
 
 log = logging.getLogger("corral")
 
@@ -137,7 +147,8 @@ class Lanes:
     def __init__(
         self, config: Config, store: Store, ledger: StopLedger, nursery: trio.Nursery, *, registry: ProcessRegistry,
         ownership: Ownership, hooks: Hooks, reap_adopted: bool,
-        make_ports: Callable[[_TurnStore, Callable[[ProcessTree], None]], TurnPorts],
+        make_ports: Callable[[_TurnStore, Callable[[ProcessTree], None]], TurnPorts], capacity: Capacity,
+        metrics: Metrics,
     ) -> None:
         self._config = config
         self._store = store
@@ -164,18 +175,25 @@ class Lanes:
         self.idle: dict[str, trio.Event] = {}
         self.closing = False
         """Shutting down: no new worker starts, and a worker takes no next message."""
-        self.acp = AcpAgentPool(nursery)
+        self.capacity = capacity
+        """Admission: how many turns (and idle ACP agents) at once, fairly, within memory."""
+        self.metrics = metrics
+        self.acp = AcpAgentPool(nursery, on_gone=capacity.gone)
         """The persistent ACP agent processes, one per (channel, agent); closed on shutdown."""
         self.ports = make_ports(_TurnStore(store, self.hand_off, self.fences, ownership.fence), self.adopt_background)
 
     def accept(
-        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0
+        self, channel: str, targets: tuple[str, ...], author: str, text: str, *, nudge: bool, hops: int = 0,
+        also: Callable[[Any, int], None] | None = None,
+        origin: str | None = None,
     ) -> _Acceptance:
+        """``also``: more to do in the message's own transaction (a resend marks its original)."""
         # Stamping (ledger) and seq (store) happen in one synchronous step: their orders agree.
+        # ``origin``: the outside event it comes from (a bridge's), stored in the message's transaction.
         generation = self._ledger.generation(channel)
         pending = self._store.accept_message(
             channel, targets[0] if targets else None, author, text, generation=generation, nudge=nudge, to=targets,
-            hops=hops,
+            hops=hops, also=also, origin=origin,
         )
         assert pending.entry is not None
         seq = pending.entry.seq
@@ -221,50 +239,71 @@ class Lanes:
         if lane not in self.workers and not self.closing:
             self.workers.add(lane)
             self._nursery.start_soon(self._worker, channel, agent, name=f"corral-worker:{channel}:{agent}")
+            self.capacity.offer(channel, agent)  # (now: lanes wait in the order their messages came)
 
     async def _worker(self, channel: str, agent: str) -> None:
         """Run one lane's queued messages one turn at a time; exit when idle."""
         try:
             while not self.closing:
-                if not await self._ownership.take(channel):
+                if not await self._ownership.take(channel, agent):
                     # Another host runs the channel: its messages wait in the store's queue for
                     # it (one whose write failed was refused), not here.
                     self.known.difference_update(m.id for m in self._ledger.queued(channel, agent))
                     self._ledger.forget_queue(channel, agent)
                     break
-                take = self._ledger.take(channel, agent, new_turn_id())
-                if take.dropped:
-                    self._store.dequeue([m.id for m in take.dropped])
-                if take.ticket is None:
+                if not self._ledger.queued(channel, agent):
                     break
-                message = take.ticket.message.payload
-                assert isinstance(message, _Message), "the supervisor queues only its own payloads"
-                message.seen_before = self._store.seen(channel, agent)
-                token = self._ownership.fence(channel)
-                if token is not None:
-                    self.fences[take.ticket.turn_id] = (channel, token)
-                # Dequeue and the turn's row in one commit, awaited before the point of no return
-                # (in a fleet: under the lease's token, checked in that commit).
-                message.begun = self._store.begin_turn(
-                    take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id,
-                    fence=token,
-                )
-                self.hops[take.ticket.turn_id] = message.hops
+                # Wait for a slot with the message still queued: a stop drops it as any queued
+                # message (and wakes this wait); then look at the queue again.
+                if not await self.capacity.admit(channel, agent):
+                    continue
                 try:
-                    if self._hooks.took is not None:
-                        await self._hooks.took(channel, take.ticket.turn_id)
-                    try:
-                        await self._run_turn(channel, take.ticket, message)
-                    except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
-                        await self._contain(channel, take.ticket, exc)
+                    if self._hooks.admitted is not None:
+                        await self._hooks.admitted(channel, agent)
+                    if not await self._admitted_turn(channel, agent):
+                        break
                 finally:
-                    self.hops.pop(take.ticket.turn_id, None)
-                    self.fences.pop(take.ticket.turn_id, None)
+                    self.capacity.release(channel, agent, resident=self.acp.get((channel, agent)) is not None)
         finally:
+            self.capacity.forget(channel, agent)
             self.workers.discard((channel, agent))
             event = self.idle.pop(channel, None)
             if event is not None:
                 event.set()
+
+    async def _admitted_turn(self, channel: str, agent: str) -> bool:
+        """Take the lane's next message and run its turn; False: nothing was left to take."""
+        take = self._ledger.take(channel, agent, new_turn_id())
+        if take.dropped:
+            self._store.dequeue([m.id for m in take.dropped])
+        if take.ticket is None:
+            return False
+        message = take.ticket.message.payload
+        assert isinstance(message, _Message), "the supervisor queues only its own payloads"
+        message.seen_before = self._store.seen(channel, agent)
+        token = self._ownership.fence(channel)
+        if token is not None:
+            self.fences[take.ticket.turn_id] = (channel, token)
+        # Dequeue and the turn's row in one commit, awaited before the point of no return
+        # (in a fleet: under the lease's token, checked in that commit).
+        message.begun = self._store.begin_turn(
+            take.ticket.turn_id, channel, message.agent, take.ticket.generation, take.ticket.message.id,
+            fence=token,
+        )
+        self.hops[take.ticket.turn_id] = message.hops
+        self.metrics.turns_begun[agent] += 1
+        try:
+            if self._hooks.took is not None:
+                await self._hooks.took(channel, take.ticket.turn_id)
+            try:
+                await self._run_turn(channel, take.ticket, message)
+            except Exception as exc:  # noqa: BLE001 - a bug in one turn must not stop the others
+                await self._contain(channel, take.ticket, exc)
+        finally:
+            self.hops.pop(take.ticket.turn_id, None)
+            self.fences.pop(take.ticket.turn_id, None)
+            self.metrics.turns_ended[agent] += 1
+        return True
 
     def requeue(self, rows: Sequence[QueuedRow], *, taken_up: bool = False) -> None:
         """Queue stored messages in the ledger. ``taken_up``: another host accepted them, under
@@ -305,8 +344,10 @@ class Lanes:
         return turn if turn is not None and turn.channel == channel else None
 
     def forget(self, channel: str) -> None:
-        """The channel's queued messages no longer count as held here (another host has them)."""
+        """The channel's queued messages no longer count as held here (another host has them);
+        its lanes waiting for a slot wake (and find their queue gone once the ledger forgets it)."""
         self.known.difference_update(m.id for m in self._ledger.queued(channel))
+        self.capacity.drop(channel)
 
     def _new_turn(self, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> RunningTurn:
         """The turn the agent's adapter runs: a prompt to its persistent agent, or a process of its own."""

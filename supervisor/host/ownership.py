@@ -21,7 +21,7 @@ The lanes and the stopper never ask whether corral runs alone or in a fleet: the
   heartbeat, watchdog and notices; its leases given back.
 
 :class:`SingleHost` is the answer of corral alone; a fleet's is
-:class:`supervisor.fleet.owner.FleetOwnership`.
+:class:`supervisor.host.fleet_ownership.FleetOwnership`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from ..core.ledger import StopLedger
 from ..turns.ports import TurnLedger
 
 if TYPE_CHECKING:
+    from ..core.results import StopResult
     from ..fleet.fleet import Fleet
-    from .results import StopResult
 
 
 class Ownership(Protocol):
@@ -46,8 +46,8 @@ class Ownership(Protocol):
         """This host's leases, in a fleet."""
         ...
 
-    async def take(self, channel: str) -> bool:
-        """Before a turn: may this host run the channel's next turn? (False: another host runs it.)"""
+    async def take(self, channel: str, agent: str) -> bool:
+        """Before a turn of ``agent``: may this host run the channel's next turn? (False: another host runs it.)"""
         ...
 
     def fence(self, channel: str) -> int | None:
@@ -84,7 +84,7 @@ class SingleHost:
 
     fleet: Fleet | None = None
 
-    async def take(self, channel: str) -> bool:
+    async def take(self, channel: str, agent: str) -> bool:
         """Always this host's."""
         return True
 

@@ -39,7 +39,8 @@ import trio
 
 from ..config.settings import Config
 from ..core.account import unfinished
-from ..core.ledger import StopDecision, StopLedger
+from ..core.ledger import QueuedMessage, StopDecision, StopLedger
+from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult
 from ..procs.cgroup import CgroupRoot
 from ..procs.recovery import stop_notice_text
 from ..procs.registry import ProcessRegistry
@@ -48,7 +49,6 @@ from ..store.store import Pending, StopRecord, Store, StoreError
 from ..turns.ports import RunningTurn
 from .lanes import Lanes
 from .ownership import Ownership
-from .results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult
 
 log = logging.getLogger("corral")
 
@@ -118,6 +118,7 @@ class Stopper:
         for decision in decisions:
             if decision.repeat:
                 continue
+            self._lanes.capacity.drop(decision.channel)  # (its waiters wake to an emptied queue)
             # What the stopped turns were still writing is saved as it stood, before the stop's
             # seq and so before its notice: the boundary is this decision (contract line 18).
             for _, turn_id in decision.stopped_turns:
@@ -295,6 +296,7 @@ class Stopper:
             notice = self._store.submit_stop_notice(
                 channel, text, stop_seq=stop_seq, turn=decision.stopped_turn, generation=decision.generation,
                 result=final, turns=tuple(turn_id for _, turn_id in decision.stopped_turns),
+                dropped_entries=dropped_entries(decision.dropped),
             )
             assert notice.entry is not None
             result.notice_seq = notice.entry.seq
@@ -351,6 +353,7 @@ class Stopper:
         """
         self._lanes.closing = True
         decision = self._ledger.shut_down()  # every running turn is silenced now
+        self._lanes.capacity.drop_all()  # (waiting workers see the shutdown; their messages stay queued)
         # No checkpoint from the decision to the last signal.
         turns = self.kill(decision.turns, "shutdown", cut_off=True)
         async with trio.open_nursery() as nursery:
@@ -398,3 +401,9 @@ class _StopBatch:
     plans: dict[str, dict[str, list[dict[str, str]]]] = field(default_factory=dict)
     progress: dict[str, _StopInProgress] = field(default_factory=dict)
     write: Pending | None = None
+
+
+def dropped_entries(dropped: Iterable[QueuedMessage]) -> tuple[int, ...]:
+    """The transcript entries of a stop's dropped messages (a second target's row names its entry)."""
+    seqs = {getattr(m.payload, "routed_from", None) or m.id for m in dropped}
+    return tuple(sorted(seqs))

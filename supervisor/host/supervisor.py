@@ -16,7 +16,7 @@ Theory of operation
   signal;
 * the **ownership** (:mod:`.ownership`): who runs a channel — this host alone
   (:class:`~supervisor.host.ownership.SingleHost`), or the holder of its lease in a fleet
-  (:class:`~supervisor.fleet.owner.FleetOwnership`); the lanes and the stopper ask it and never
+  (:class:`~supervisor.host.fleet_ownership.FleetOwnership`); the lanes and the stopper ask it and never
   check which.
 
 The supervisor checks a request (a usable channel name, message, author), routes it to its
@@ -30,8 +30,9 @@ import difflib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -40,29 +41,8 @@ import trio
 from ..config.settings import AgentConfig, Config
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
-from ..core.router import AddressError, address
-from ..core.text import BadText, check_message
-from ..fleet.fleet import Fleet
-from ..fleet.owner import FleetOwnership
-from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
-from ..procs.files import private_folder
-from ..procs.hooks import Hooks
-from ..procs.recovery import Recovery, recover
-from ..procs.registry import ProcessRegistry
-from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
-from ..procs.teardown import CollectorPause
-from ..procs.tree import (
-    MarkerScanner,
-    ProcessTree,
-    is_child_subreaper,
-    set_child_subreaper,
-    spawn,
-)
-from ..store.store import Draft, Entry, Store, open_store
-from ..turns.ports import Places, TurnPorts
-from .lanes import Lanes, _TurnStore
-from .ownership import Ownership, SingleHost
-from .results import (
+from ..core.restart import check_resend, resend_targets, reset_refusal, reset_text
+from ..core.results import (
     HOST_LOST_NOTICE,
     MAX_CHANNEL_CHARS,
     MAX_MESSAGE_BYTES,
@@ -74,6 +54,31 @@ from .results import (
     StopResult,
     UnknownChannel,
 )
+from ..core.router import AddressError, address, near_misses
+from ..core.text import BadText, check_message
+from ..fleet.fleet import Fleet
+from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
+from ..procs.files import private_folder
+from ..procs.hooks import Hooks
+from ..procs.memory import read_memory
+from ..procs.recovery import Recovery, recover
+from ..procs.registry import ProcessRegistry
+from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
+from ..procs.teardown import CollectorPause
+from ..procs.tree import (
+    MarkerScanner,
+    ProcessTree,
+    is_child_subreaper,
+    set_child_subreaper,
+    spawn,
+)
+from ..serve.metrics import Metrics
+from ..store.store import Draft, Entry, Store, open_store
+from ..turns.ports import Places, TurnPorts
+from .capacity import Capacity
+from .fleet_ownership import FleetOwnership
+from .lanes import Lanes, _TurnStore
+from .ownership import Ownership, SingleHost
 from .stopper import Stopper
 
 __all__ = [
@@ -117,6 +122,8 @@ class Supervisor:
             if cgroups is not None and mount is not None and cgroups.path.is_relative_to(mount) else None
         )
         """That subtree as ``/proc/PID/cgroup`` names it (what a control-socket peer is checked against)."""
+        self._resending: set[int] = set()
+        """Seqs of dropped messages being sent again right now (a second resend is refused)."""
         self._stored_channels: set[str] = set()
         """Channels found in the store that the ledger has not seen in this run."""
         self._store = store
@@ -141,9 +148,15 @@ class Supervisor:
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
             )
 
+        self._capacity = Capacity(
+            config, nursery, read=hooks.memory or read_memory, close_resident=lambda key: self._lanes.acp.close(key)
+        )
+        """Admission: how many turns (and idle ACP agents) at once, fairly, within memory."""
+        self.metrics = Metrics()
+        """Turns and stops counted since start (``GET /metrics``)."""
         self._lanes = Lanes(
             config, store, self._ledger, nursery, registry=self._registry, ownership=self._ownership, hooks=hooks,
-            reap_adopted=subreaper and owns_children, make_ports=ports,
+            reap_adopted=subreaper and owns_children, make_ports=ports, capacity=self._capacity, metrics=self.metrics,
         )
         self._stopper = Stopper(
             config, store, self._ledger, registry=self._registry, lanes=self._lanes, ownership=self._ownership,
@@ -199,6 +212,29 @@ class Supervisor:
         is stored but goes to no one) or ``system``. Raises :class:`UsageError` for bad
         input and :class:`StoreError` if it could not be stored (then it will not run either).
         """
+        accepted = await self._send(channel, text, agent=agent, to=to, author=author, origin=None)
+        if agent is not None or to:
+            return accepted
+        went = ", ".join(accepted.to) or "no agent"
+        members = self.config.members(channel)
+        hints = tuple(f"@{word} names no agent of this channel (did you mean @{close}?); it went to {went}"
+                      for word, close in near_misses(text, members or self.config.agents))
+        return replace(accepted, hints=hints) if hints else accepted
+
+    async def send_from(
+        self, origin: str, channel: str, text: str, *, to: Sequence[str] | None = None, author: str = "human:user",
+    ) -> Accepted:
+        """:meth:`send` for a message from an outside event (a chat bridge's): ``origin`` names the
+        event and is stored with the message, in its transaction, so one event is accepted at
+        most once (a second fails to commit: :class:`StoreError`); :meth:`origin_seq` tells
+        whether it was."""
+        return await self._send(channel, text, agent=None, to=to, author=author, origin=origin)
+
+    async def _send(
+        self, channel: str, text: str, *, agent: str | None, to: Sequence[str] | None, author: str,
+        origin: str | None, also: Callable[[Any, int], None] | None = None,
+    ) -> Accepted:
+        """:meth:`send`'s checks and acceptance (``also``: more, in the message's transaction)."""
         if self._lanes.closing:
             raise ShuttingDown("corral is shutting down")
         check_channel(channel)
@@ -229,7 +265,27 @@ class Supervisor:
             if not self._ledger.may_route(channel, from_human=False):
                 targets = ()
             hops = 1
-        return await self._lanes.accept(channel, targets, author, text, nudge=False, hops=hops).accepted_now()
+        return await self._lanes.accept(
+            channel, targets, author, text, nudge=False, hops=hops, origin=origin, also=also
+        ).accepted_now()
+
+    # ------------------------------------------------------------ bridges' bookkeeping
+
+    async def origin_seq(self, origin: str) -> int | None:
+        """The seq of the message accepted from ``origin`` (0: marked handled); None: never seen."""
+        return await self._store.origin_seq(origin)
+
+    async def mark_origin(self, origin: str) -> None:
+        """Record that ``origin`` was handled without a message (a chat command); once committed."""
+        await self._store.mark_origin(origin).committed()
+
+    async def cursor(self, key: str) -> str | None:
+        """A value a bridge keeps across restarts (a sync token, the last entry it posted)."""
+        return await self._store.cursor(key)
+
+    async def save_cursor(self, key: str, value: str) -> None:
+        """Store a bridge's value; returns once it is committed."""
+        await self._store.save_cursor(key, value).committed()
 
     def _check_author(self, author: str) -> None:
         if author == "system" or (author.startswith("human:") and len(author) > 6):
@@ -251,14 +307,84 @@ class Supervisor:
             return await self.stop_all()
         await self.require_channel(channel)
         started, cpu = trio.current_time(), time.process_time()
-        elsewhere = await self._ownership.stop_elsewhere(channel, started, cpu)
-        if elsewhere is not None:
-            return elsewhere
-        return await self._stopper.stop(channel, started, cpu)
+        result = await self._ownership.stop_elsewhere(channel, started, cpu)
+        if result is None:
+            result = await self._stopper.stop(channel, started, cpu)
+        self.metrics.stopped(result.ok, result.elapsed_ms)
+        return result
 
     async def stop_all(self) -> StopResult:
         """Stop every channel that has work; the result lists each."""
-        return await self._stopper.stop_all()
+        result = await self._stopper.stop_all()
+        self.metrics.stopped(result.ok, result.elapsed_ms)
+        return result
+
+    # ------------------------------------------------------------ starting over, sending again
+
+    async def reset(self, channel: str, *, agent: str | None = None, stop: bool = False) -> Entry:
+        """Start ``channel`` over for ``agent`` (None: every agent with a conversation there):
+        forget their session ids and plans, recorded as an entry (returned once committed).
+        A live ACP agent of theirs there is ended too (it holds the session it loaded).
+
+        Never while one of them runs a turn there: :class:`ChannelBusy` says which, unless
+        ``stop``, which stops the channel first (see :mod:`..core.restart`).
+        """
+        if self._lanes.closing:
+            raise ShuttingDown("corral is shutting down")
+        await self.require_channel(channel)
+        if agent is not None and agent not in self.config.agents:
+            close = difflib.get_close_matches(agent, sorted(self.config.agents), n=1)
+            raise UsageError(f"unknown agent {agent!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        stopped = False
+        if stop and self._reset_refusal(channel, agent) is not None:
+            result = await self.stop(channel)
+            if not result.ok:
+                raise UsageError(f"the stop before the reset failed: {result.error}; nothing was reset")
+            stopped = True
+        agents = [agent] if agent is not None else self._conversations(channel)
+        for name in agents:
+            if self._reset_refusal(channel, name) is None:
+                await self._lanes.acp.close((channel, name))
+        refusal = self._reset_refusal(channel, agent)  # (again, after the awaits: a turn may have begun)
+        if refusal is not None:
+            raise refusal
+        pending = self._store.reset_conversation(
+            channel, agents, reset_text(agents, stopped=stopped), generation=self._ledger.generation(channel),
+        )
+        entry = await pending.committed()
+        assert entry is not None
+        log.info("[%s] reset for %s%s", channel, ", ".join(agents) or "no agent", " after a stop" if stopped else "")
+        return entry
+
+    def _reset_refusal(self, channel: str, agent: str | None) -> Exception | None:
+        running = self._ledger.current_turns(channel)
+        return reset_refusal(channel, {a: t for a, t in running.items() if agent is None or a == agent})
+
+    def _conversations(self, channel: str) -> list[str]:
+        """The agents that have a session id or a plan in ``channel``, or have worked there."""
+        named = set(self._store.sessions_by_channel().get(channel, {}))
+        return sorted(named | set(self._store.todo_agents(channel)) | set(self._ledger.lanes(channel)))
+
+    async def resend(self, channel: str, seq: int) -> Accepted:
+        """Send again, once, the person's message ``seq`` that a stop dropped: same text, author
+        and agents. Raises :class:`UsageError` when it was not dropped, or was sent again already."""
+        await self.require_channel(channel)
+        rows = await self._store.entries(channel, after=max(seq - 1, 0), limit=1)
+        entry = rows[0] if rows and rows[0].seq == seq else None
+        found = None if entry is None else {"kind": entry.kind, "author": entry.author, "meta": entry.meta}
+        check_resend(channel, seq, found, in_flight=seq in self._resending)  # (no await since: one wins)
+        assert entry is not None
+        self._resending.add(seq)
+        meta = dict(entry.meta)
+        try:
+            accepted = await self._send(
+                channel, entry.text, agent=None, to=resend_targets(meta) or None, author=entry.author, origin=None,
+                also=lambda db, new_seq: Store.mark_resent(db, seq, meta, new_seq),
+            )
+        finally:
+            self._resending.discard(seq)
+        log.info("[%s] message %d sent again as %d", channel, seq, accepted.seq)
+        return accepted
 
     # ------------------------------------------------------------ observing
 
@@ -334,13 +460,15 @@ class Supervisor:
         """Agents, channels, and per channel each agent's state, at this instant.
 
         A channel's ``agents`` maps each agent that has had work there to ``{"state",
-        "queued", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0),
+        "queued", "waiting", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0;
+        ``waiting`` then says its place in the admission queue and why it waits, or None),
         ``running`` (``turn`` says which and since when) or ``stopping`` (a stop is tearing
         its turn down). ``turn`` and ``queued`` at the channel's level are kept for
         single-agent readers: the first running turn, and every lane's queue together.
         """
         channels: dict[str, Any] = {}
         sessions = self._store.sessions_by_channel()
+        waiting = self._capacity.waiting()
         for name in sorted(self._ledger.channels()):
             agents: dict[str, Any] = {}
             for agent in self._ledger.lanes(name):
@@ -356,6 +484,7 @@ class Supervisor:
                 agents[agent] = {
                     "state": state,
                     "queued": queued,
+                    "waiting": waiting.get((name, agent)),
                     "turn": None
                     if turn is None
                     else {
@@ -388,6 +517,7 @@ class Supervisor:
             "channels": channels,
             "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
             "shutting_down": self._lanes.closing,
+            "capacity": self._capacity.status(),
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
             "sandbox": self.sandbox.describe(),
             "fleet": self._ownership.status(),
@@ -462,6 +592,9 @@ async def open_supervisor(
                 cgroup_subtree=cgroups.path if cgroups is not None else None,
                 agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
                 home=os.environ.get("HOME"),
+                secrets=[path for bridge in config.bridges.values() for path in (
+                    bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
+                    if path is not None],
             )
             sandbox = await trio.to_thread.run_sync(open_sandbox, config.server.sandbox, private)
             sup = Supervisor(

@@ -52,6 +52,9 @@ from pathlib import Path
 
 import trio
 
+from .memory import cgroup2_mount as cgroup2_mount
+from .memory import own_cgroup as own_cgroup
+
 log = logging.getLogger("corral.cgroup")
 
 #: The prefix of a store's subtree; the store id follows.
@@ -67,35 +70,6 @@ _IN_CLOEXEC = os.O_CLOEXEC
 
 class CgroupUnavailable(Exception):
     """No writable cgroup v2 hierarchy: the reason, and what would fix it."""
-
-
-def cgroup2_mount(mountinfo: str | None = None) -> Path | None:
-    """The mount point of the cgroup2 file system (from ``/proc/self/mountinfo``), if any."""
-    if mountinfo is None:
-        try:
-            mountinfo = Path("/proc/self/mountinfo").read_text()
-        except OSError:
-            return None
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        if sep and right.split()[:1] == ["cgroup2"]:
-            fields = left.split()
-            if len(fields) >= 5:
-                return Path(fields[4].replace("\\040", " "))
-    return None
-
-
-def own_cgroup(proc_cgroup: str | None = None) -> str | None:
-    """This process's cgroup v2 path (``0::/PATH`` of ``/proc/self/cgroup``), if any."""
-    if proc_cgroup is None:
-        try:
-            proc_cgroup = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            return None
-    for line in proc_cgroup.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip()
-    return None
 
 
 def _write(path: Path | str, text: str) -> None:

@@ -9,8 +9,10 @@ corral's own folders are tightened if an older version left them looser.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 
@@ -46,6 +48,52 @@ def private_file(path: Path, content: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         os.fchmod(out.fileno(), 0o600)
         out.write(content)
+
+
+class CredentialsUnreadable(Exception):
+    """A login file named in ``credentials`` cannot be read now; the message has the fix."""
+
+
+def place_credentials(home: Path, credentials: Iterable[tuple[Path, str]]) -> list[Path]:
+    """Copy each login file (its source, its path relative to a HOME) into ``home``, fresh and
+    read-only (0400, in 0700 folders); returns where each landed.
+
+    A fresh copy per launch: a login the user renews in their own session reaches the next
+    turn. Replaced by a rename, never written in place, so a turn that still holds the old
+    copy open keeps reading a whole file. The source must be a regular file (not followed
+    through a symlink to something else of the user's).
+    """
+    placed: list[Path] = []
+    for source, rel in credentials:
+        target = home / rel
+        private_folder(target.parent, within=home)
+        try:
+            data = _read_regular(source)
+        except OSError as exc:
+            raise CredentialsUnreadable(
+                f"its login file {source} cannot be read: {exc.strerror or exc} — fix: log in with the CLI in your "
+                "own session again (it writes that file), or remove it from credentials"
+            ) from None
+        temporary = target.with_name(f".{target.name}.corral-{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o400)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                os.fchmod(out.fileno(), 0o400)
+                out.write(data)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        placed.append(target)
+    return placed
+
+
+def _read_regular(path: Path) -> bytes:
+    with open(path, "rb") as source:  # (a symlink the user keeps there is followed: they named it)
+        if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+            raise OSError(0, "not a regular file", str(path))
+        return source.read()
 
 
 def write_home_files(home: Path, files: Mapping[str, str], *, state_dir: Path | None = None) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import trio
 
+    from ..core.admission import MemoryReading
     from .cgroup import TurnCgroup
 
 TurnHook = Callable[[str, str], Awaitable[None]]
@@ -40,12 +41,17 @@ class Spawner(Protocol):
 class Hooks:
     """Points where a test can park a turn to drive a race deterministically.
 
-    ``took`` and ``preparing`` are awaited at that point; ``spawn`` replaces the spawner.
+    ``admitted``, ``took`` and ``preparing`` are awaited at that point; ``spawn`` replaces the
+    spawner, ``memory`` the memory probe.
     """
 
+    admitted: TurnHook | None = None
+    """``(channel, agent)``: after admission granted the lane a slot, before it takes its message."""
     took: TurnHook | None = None
     """After the worker took a message off the queue, before the turn is built."""
     preparing: TurnHook | None = None
     """Inside the turn, after the launch is built, right before the point of no return."""
     spawn: Spawner | None = None
     """Replaces :func:`supervisor.procs.tree.spawn` (same signature)."""
+    memory: Callable[[float], MemoryReading | None] | None = None
+    """Replaces the memory probe (:func:`supervisor.procs.memory.read_memory`): a simulated reading."""

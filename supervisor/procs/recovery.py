@@ -15,7 +15,9 @@ owner of the store, before it serves or re-queues anything:
    SIGKILLs each process and every process group one of them leads, and waits until all are
    gone (a pidfd waits for a process that is not our child);
 3. stores, for each turn the store still calls ``running``, the entry "Task interrupted —
-   corral restarted. Send another message to continue." (the turn's last), and for each
+   corral restarted. Send another message to continue." (the turn's last; where the turn's
+   plan has unfinished tasks it adds that they are kept and will be nudged, as a crash is not
+   a stop: :func:`restart_notice_text`), and for each
    stop whose record was stored but whose notice was not, that notice.
 
 Only then are queued messages re-queued: a channel whose turn was interrupted runs its next
@@ -35,6 +37,7 @@ from typing import Any
 
 import trio
 
+from ..core.account import unfinished
 from ..store.engines import Engine
 from ..store.store import Pending, Store
 from .cgroup import CgroupRoot, TurnCgroup
@@ -171,6 +174,19 @@ def stop_notice_text(text: str, dropped: int) -> str:
     return text
 
 
+def restart_notice_text(unfinished_todos: int) -> str:
+    """The entry that closes a turn a crash cut short; with a plan left, what becomes of it.
+
+    A crash is not a stop: the plan is kept, so the agent's next turn in the channel ends with
+    corral's usual reminder of the unfinished tasks. Said here, so that it does not surprise.
+    """
+    if not unfinished_todos:
+        return RESTART_NOTICE
+    return (f"{RESTART_NOTICE} Its plan's {unfinished_todos} unfinished task(s) are kept (a crash is not a stop): "
+            "after the agent's next turn here corral reminds it of them, up to max_nudges times; "
+            "`corral stop` this channel to cancel them.")
+
+
 def _completes_stop(seq: int, result: dict[str, Any], turn: str | None) -> Callable[[Engine, int], None]:
     """The write, in the notice's transaction, that completes stop ``seq``."""
     return lambda db, _entry: Store.complete_stop(db, seq, result, turn)
@@ -201,9 +217,11 @@ async def recover(store: Store, grace: float, stop_notice: str, cgroups: CgroupR
         )
         report.stops.append(seq)
     for turn_id, channel, generation, _ in turns:
+        agents = await store.query("SELECT agent FROM turns WHERE id = ?", (turn_id,))
+        left = unfinished(store.todos(channel, agents[0][0])) if agents else 0
         writes.append(
             store.submit_entry(
-                channel, "system", "notice", RESTART_NOTICE, turn=turn_id, generation=generation,
+                channel, "system", "notice", restart_notice_text(left), turn=turn_id, generation=generation,
                 meta={"recovered": True},
                 also=_ends_turn(turn_id),
             )

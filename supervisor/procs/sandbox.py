@@ -58,7 +58,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -130,6 +130,9 @@ class Reach:
     """Files (or sockets) replaced by an unreadable node."""
     private_dirs: tuple[str, ...] = PRIVATE_DIRS
     """Folders replaced by an empty, *writable* tmpfs of the turn's own (``/tmp``)."""
+    pinned: tuple[str, ...] = ()
+    """Files inside its own (writable) folders bound read-only over themselves: the login
+    files ``credentials`` hands it, which it may read and never change."""
     network: Network = "host"
 
 
@@ -150,6 +153,8 @@ def bwrap_args(reach: Reach) -> list[str]:
             ops.append((_depth(path), -1, path, ["--ro-bind", path, path]))
     for path in reach.writable:
         ops.append((_depth(path), 0, path, ["--bind", path, path]))
+    for path in reach.pinned:  # (deeper than the HOME it is in: it wins over that bind)
+        ops.append((_depth(path), 0, path, ["--ro-bind", path, path]))
     for path in reach.hidden_dirs:
         ops.append((_depth(path), 1, path, ["--tmpfs", path]))
     for path in reach.hidden_files:
@@ -222,8 +227,11 @@ def private_paths(
     cgroup_subtree: Path | None,
     agent_dirs: Mapping[str, Path],
     home: str | None = None,
+    secrets: Sequence[Path] = (),
 ) -> Private:
-    """corral's private paths for this configuration (pure: nothing is looked at)."""
+    """corral's private paths for this configuration (pure: nothing is looked at).
+
+    ``secrets``: more files a turn must not read (a chat bridge's access tokens)."""
     dirs = [state_dir]
     files: list[Path] = []
     if store_path is not None and store_url is None:
@@ -232,7 +240,7 @@ def private_paths(
         dirs += [Path(p) for p in _postgres_socket_dirs(store_url)]
         if home:
             files.append(Path(home) / ".pgpass")
-    for path in (config_path, token_file, socket):
+    for path in (config_path, token_file, socket, *secrets):
         if path is not None:
             files.append(path)
     if cgroup_subtree is not None:
@@ -297,13 +305,15 @@ class Sandbox:
         hidden: Iterable[Path] = (),
         network: Network = "host",
         installation: Iterable[str] = (),
+        read_only: Iterable[Path] = (),
     ) -> tuple[str, ...]:
         """The argv to start one turn's program behind (``bwrap ... --``); () when inactive.
 
         ``installation`` is the agent's configured ``command`` and ``args`` (never the prompt:
         a stranger writes that): the folder of every file they name under a private folder
         (``/tmp``) stays in sight, read-only — the agent's own installation, wherever it lives —
-        unless it lies in corral's private state.
+        unless it lies in corral's private state. ``read_only``: files in its own folders it may
+        read and never change (its login files, see ``credentials``).
 
         Raises :class:`SandboxRefused` when the mode is ``required`` and there is no sandbox.
         """
@@ -330,6 +340,7 @@ class Sandbox:
             hidden_dirs=tuple(str(p) for p in dirs if _is_dir(p)),
             hidden_files=tuple(str(p) for p in files if _is_other(p)),
             network=network,
+            pinned=tuple(str(p) for p in read_only),
         )
         return (self.support.bwrap, *bwrap_args(reach), "--")
 

@@ -11,8 +11,11 @@ checked against:
 ``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N (``&limit=``)
 ``GET  /v1/channels/{channel}/events?after=N``   the same, then live, as Server-Sent Events
 ``POST /v1/channels/{channel}/wait?timeout=S``   200 when idle, 408 on timeout
+``POST /v1/channels/{channel}/reset``            ``{"agent"?, "stop"?}`` → 200 its entry; 409 while a turn runs
+``POST /v1/channels/{channel}/resend``           ``{"seq"}``: a message a stop dropped, once → 202 as ``messages``
 ``GET  /v1/status``                              daemon, agents, channels, running turns
 ``POST /v1/shutdown``                            202, then an orderly shutdown
+``GET  /metrics``                                what runs and waits, limits, stops, turns (Prometheus text)
 ===============================================  =============================================
 
 On the loopback TCP listener (the one with a token) the same application serves the web
@@ -41,11 +44,14 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote
 
 from ..core.errors import ShuttingDown, UsageError
+from ..core.restart import ChannelBusy
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import Draft, StoreError
 from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
 from .http import PEER_TURN
-from .routes import OPERATIONS, Operation, Param, author_of
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import render as render_metrics
+from .routes import MAX_SEQ, OPERATIONS, Operation, Param, author_of
 
 log = logging.getLogger("corral.api")
 
@@ -244,6 +250,8 @@ class ControlAPI:
             status, code, message = 400, "bad_request", str(exc)
         except ShuttingDown as exc:
             status, code, message = 503, "shutting_down", str(exc)
+        except ChannelBusy as exc:
+            status, code, message = 409, "busy", str(exc)
         except StoreError as exc:
             status, code, message = 500, "store_failed", str(exc)
         except _Gone:
@@ -281,6 +289,11 @@ class ControlAPI:
             if await self.dashboard.answer(method, parts, query, scope, peer):
                 return
             raise HTTPError(404, "not_found", f"no route {method} {path}")
+        if parts == ["metrics"] and method == "GET":
+            page = render_metrics(self.sup.status(), self.sup.metrics).encode()
+            await peer.send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", METRICS_TYPE), (b"content-length", str(len(page)).encode())]})
+            return await peer.send({"type": "http.response.body", "body": page})
         if parts[:1] != ["v1"]:
             raise HTTPError(404, "not_found", f"no route {method} {path}; the API lives under /v1/")
         elsewhere = False  # the path is an operation's, of another method
@@ -330,6 +343,24 @@ class ControlAPI:
         if not isinstance(author, str) or not author:
             raise HTTPError(400, "bad_field", "'author' must be a non-empty string")
         accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author_of(author))
+        await peer.respond(202, accepted.to_json())
+
+    async def _reset(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        fields = _json_object(body)
+        agent = fields.get("agent", op.param("agent").default)
+        if agent is not None and not isinstance(agent, str):
+            raise HTTPError(400, "bad_field", "'agent' must be a string")
+        stop = fields.get("stop", op.param("stop").default)
+        if not isinstance(stop, bool):
+            raise HTTPError(400, "bad_field", "'stop' must be true or false")
+        entry = await self.sup.reset(path["channel"], agent=agent, stop=stop)
+        await peer.respond(200, entry.to_json())
+
+    async def _resend(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        seq = _json_object(body).get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq <= MAX_SEQ:
+            raise HTTPError(400, "missing_field", "'seq' (the dropped message's seq, a positive integer) is required")
+        accepted = await self.sup.resend(path["channel"], seq)
         await peer.respond(202, accepted.to_json())
 
     async def _stop(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:

@@ -77,6 +77,14 @@ class AsyncioSupervisor:
         """See :meth:`Supervisor.stop_all`."""
         return await self._call(self.supervisor.stop_all)
 
+    async def reset(self, channel: str, *, agent: str | None = None, stop: bool = False) -> Entry:
+        """See :meth:`Supervisor.reset`."""
+        return await self._call(lambda: self.supervisor.reset(channel, agent=agent, stop=stop))
+
+    async def resend(self, channel: str, seq: int) -> Accepted:
+        """See :meth:`Supervisor.resend`."""
+        return await self._call(lambda: self.supervisor.resend(channel, seq))
+
     async def wait_idle(self, channel: str, timeout: float | None = None) -> bool:
         """See :meth:`Supervisor.wait_idle`."""
         return await self._call(lambda: self.supervisor.wait_idle(channel, timeout))

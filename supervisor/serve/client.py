@@ -159,6 +159,19 @@ class Client:
         """Stop every busy channel; the result lists each under ``channels``."""
         return self.stop(None)
 
+    def reset(self, channel: str, *, agent: str | None = None, stop: bool = False) -> dict[str, Any]:
+        """Start the channel over (for ``agent``, else every agent); the entry that records it."""
+        payload: dict[str, Any] = {"stop": stop}
+        if agent:
+            payload["agent"] = agent
+        entry: dict[str, Any] = self._call("reset", path={"channel": channel}, json_body=payload)
+        return entry
+
+    def resend(self, channel: str, seq: int) -> dict[str, Any]:
+        """Send again, once, the message ``seq`` a stop dropped; ``{"seq": …}`` of the new one."""
+        accepted: dict[str, Any] = self._call("resend", path={"channel": channel}, json_body={"seq": seq})
+        return accepted
+
     def status(self) -> dict[str, Any]:
         """The daemon's status."""
         status: dict[str, Any] = self._call("status")

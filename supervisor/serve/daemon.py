@@ -211,6 +211,17 @@ async def run_daemon(
                     " (sockets from systemd)" if passed.control or passed.tcp else "",
                     len(config.agents), restored,
                 )
+                bridges_scope = trio.CancelScope()
+                if config.bridges:
+                    # Each bridge is contained (it fails alone, and is started again); the
+                    # daemon does not wait for a chat server to answer before it serves.
+                    from ..bridges.runner import run_bridges
+
+                    async def bridges() -> None:
+                        with bridges_scope:
+                            await run_bridges(sup, list(config.bridges.values()))
+
+                    nursery.start_soon(bridges, name="corral-bridges")
                 status_scope = trio.CancelScope()
                 if notifying:
                     send(f"READY=1\nSTATUS={systemd.status_line(sup.status())}")
@@ -222,6 +233,7 @@ async def run_daemon(
                 send("STOPPING=1\nSTATUS=shutting down: ending the running turns")
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
+                bridges_scope.cancel()
                 closed.set()
                 signal_scope.cancel()
                 # The servers are closing too (same event); open followers get the graceful time.

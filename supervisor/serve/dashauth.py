@@ -11,14 +11,20 @@ its history, its cache or a screenshot of its address bar:
   restart (the open page reconnects by itself), and every session ends when the token
   changes. It is ``HttpOnly`` (no script reads it) and ``SameSite=Strict``.
 * With a cookie the page may do only what it needs: read the status and channels, send,
-  stop one channel or all. Never shut down, never mint codes: those need the token.
+  stop one channel or all, start a channel over, send a dropped message again. Never shut
+  down, never mint codes: those need the token.
 * A browser sends a cookie to **every port** of a host, and another port of ``127.0.0.1`` is
   the same *site*, so ``SameSite`` alone does not keep out a page that some other local
   program serves. A request that changes state must therefore carry an ``Origin`` equal to
   the listener's own, and a script's read (``Sec-Fetch-Site``) must be same-origin.
-* Every request without the token must name a loopback ``Host`` with the listener's port
-  (a DNS-rebinding page names its own host). One with neither the token nor a session is
-  told it needs one (401) before anything else.
+* Every request without the token must name a loopback ``Host`` (a DNS-rebinding page names
+  its own host): ``127.0.0.1``, ``localhost`` or ``[::1]``, with a port. Any port: a browser
+  puts in ``Host`` the authority it connected to, so a loopback name with another port reaches
+  this listener only through a forwarder on a loopback port, an ssh tunnel (``ssh -L
+  9000:127.0.0.1:8765``: ``Host: localhost:9000``) above all. That loosens nothing of the
+  same-origin rule: ``Origin`` must still equal ``http://`` + that ``Host``, so a page of
+  another port (another origin) still cannot change anything nor read the API. One with
+  neither the token nor a session is told it needs one (401) before anything else.
 
 Everything here is pure: the clock and the randomness are arguments; :func:`decide` is the
 one decision, the control API's one auth site calls it.
@@ -141,11 +147,20 @@ SESSION_ROUTES = frozenset(
         ("GET", ("v1", "channels", "*", "events")),
         ("POST", ("v1", "channels", "*", "messages")),
         ("POST", ("v1", "channels", "*", "stop")),
+        ("POST", ("v1", "channels", "*", "reset")),
+        ("POST", ("v1", "channels", "*", "resend")),
         ("POST", ("v1", "stop")),
     }
 )
 #: What anyone who reaches the listener may fetch: the page's own files, and the login URL.
 PUBLIC_PREFIXES = (("dashboard", "static"), ("dashboard", "login"))
+
+
+def loopback_host(host: str) -> bool:
+    """``Host`` names a loopback name and a port: ``localhost:8765``, ``[::1]:9000`` (see the module)."""
+    name, colon, port = host.rpartition(":")
+    return (bool(colon) and name in LOOPBACK_HOSTS and port.isascii() and port.isdigit()
+            and not port.startswith("0") and 0 < int(port) < 65536)
 
 
 def _shape(parts: list[str]) -> tuple[str, ...]:
@@ -176,10 +191,11 @@ def decide(
                 "run `corral dashboard` and open the URL it prints",
             )
     host = fields.get(b"host", b"").decode("latin-1")
-    if host not in {f"{name}:{port}" for name in LOOPBACK_HOSTS}:
+    if not loopback_host(host):
         return Refusal(
             403, "bad_host",
-            f"the Host {host[:80]!r} is not this loopback listener; open the URL `corral dashboard` prints",
+            f"the Host {host[:80]!r} is not a loopback name (127.0.0.1, localhost, [::1]) with a port; open the URL "
+            "`corral dashboard` prints (through an ssh tunnel: `corral dashboard --port LOCAL_PORT`)",
         )
     if public:
         return None

@@ -156,7 +156,8 @@ def last_event_id(headers: list[tuple[bytes, bytes]]) -> int:
 
 
 def agent_states(channel: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each agent's state in a channel of ``status()``: idle, queued N, running turn T since S, stopping.
+    """Each agent's state in a channel of ``status()``: idle, queued N, running since S (turn T), stopping;
+    and, while it waits for a slot, its place in the admission queue and why (``waiting``).
 
     Reads a per-agent list (``"agents"``: a list, or an object keyed by agent) where status
     has one, else today's one-turn-per-channel shape.
@@ -182,8 +183,9 @@ def _agent_state(item: dict[str, Any]) -> dict[str, Any]:
     state = item.get("state")
     if state not in ("idle", "queued", "running", "stopping"):
         state = "stopping" if item.get("stopping") else "running" if turn_id else "queued" if queued else "idle"
+    waiting = item.get("waiting")
     return {"agent": item.get("agent") or item.get("name"), "state": state, "queued": queued, "turn": turn_id,
-            "since": since}
+            "since": since, **({"waiting": dict(waiting)} if isinstance(waiting, Mapping) else {})}
 
 
 def list_view(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -192,7 +194,9 @@ def list_view(status: Mapping[str, Any]) -> dict[str, Any]:
         {"name": name, "agents": agent_states(channel)} for name, channel in sorted(status["channels"].items())
     ]
     running = sum(1 for c in channels for a in c["agents"] if a["state"] in ("running", "stopping"))
-    return {"running": running, "channels": channels, "shutting_down": bool(status.get("shutting_down"))}
+    capacity = status.get("capacity") or {}
+    return {"running": running, "channels": channels, "shutting_down": bool(status.get("shutting_down")),
+            "waiting": len(capacity.get("waiting") or ()), "max_turns": capacity.get("max_turns")}
 
 
 # ---------------------------------------------------------------- pages
@@ -218,7 +222,8 @@ def list_page() -> bytes:
         "corral — channels",
         "data-view=\"list\"",
         "<h1>Channels</h1>"
-        "<div class=\"toolbar\"><p class=\"running\"><span id=\"running\">0</span> running</p>"
+        "<div class=\"toolbar\"><p class=\"running\"><span id=\"running\">0</span> running"
+        "<span id=\"waiting\"></span></p>"
         "<button id=\"stop-all\" type=\"button\" class=\"stop\">Stop all</button></div>"
         "<p id=\"ack\" class=\"ack\" role=\"status\"></p>"
         "<table id=\"channels\"><thead><tr><th scope=\"col\">Channel</th><th scope=\"col\">Agents</th></tr></thead>"
@@ -244,6 +249,8 @@ def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
         f"data-view=\"channel\" data-channel=\"{html.escape(channel)}\"",
         f"<h1>{html.escape(channel)}</h1>"
         "<div class=\"toolbar\"><button id=\"stop\" type=\"button\" class=\"stop\">Stop</button>"
+        "<button id=\"reset\" type=\"button\" title=\"Forget this channel's sessions and plans: the next message "
+        "starts a new conversation\">Start over</button>"
         "<p id=\"ack\" class=\"ack\" role=\"status\"></p></div>"
         "<ol id=\"transcript\" class=\"transcript\" aria-label=\"Transcript\"></ol>"
         "<form id=\"send\" class=\"send\">"

@@ -1,7 +1,7 @@
 """The control API's operations, declared once: method, path, parameters, what each returns.
 
-Every face of a supervisor offers the same eight operations — send, stop, stop-all, wait,
-entries, follow, status, shutdown — and this table is where they are written down. The
+Every face of a supervisor offers the same ten operations — send, stop, stop-all, reset,
+resend, wait, entries, follow, status, shutdown — and this table is where they are written down. The
 control API (:mod:`.api`) routes by it and reads its parameters' defaults and bounds from it;
 the client (:mod:`.client`) builds its requests from it; the asyncio host
 (:mod:`.asyncio_host`) and the CLI are checked against it by a test (``tests/test_routes.py``),
@@ -118,6 +118,12 @@ OPERATIONS: Final[dict[str, Operation]] = {
                   "the stop result once the stop is complete (500: it could not be carried out)"),
         Operation("stop_all", "POST", "/v1/stop", (), (200, 500),
                   "the stop result of every busy channel, under \"channels\""),
+        Operation("reset", "POST", "/v1/channels/{channel}/reset",
+                  (_CHANNEL, Param("agent", str, "body", None, optional=True), Param("stop", bool, "body", False)),
+                  (200,), "the entry that records the reset (409 busy while a turn runs there, unless `stop`)"),
+        Operation("resend", "POST", "/v1/channels/{channel}/resend",
+                  (_CHANNEL, Param("seq", int, "body", REQUIRED, MAX_SEQ)), (202,),
+                  "the message a stop dropped, accepted again (once) as `send` answers"),
         Operation("wait", "POST", "/v1/channels/{channel}/wait",
                   (_CHANNEL, Param("timeout", float, "query", None, MAX_WAIT, optional=True)), (200, 408),
                   "{channel, idle}: 200 when idle, 408 on timeout"),

@@ -165,6 +165,7 @@
     const item = element("li", `entry kind-${kind} author-${["human", "agent", "system"].includes(who) ? who : "other"}`);
     item.dataset.seq = String(entry.seq);
     item.dataset.kind = kind;
+    item.__entry = entry; // (re-rendered when a later stop's notice says it was dropped)
     if (entry.turn) item.dataset.turn = String(entry.turn);
     const head = element("div", "head");
     head.append(element("span", "author", entry.author), element("span", "kind", entry.kind),
@@ -194,7 +195,18 @@
     } else {
       item.append(element("p", "text", entry.text));
     }
-    if (entry.meta && entry.meta.dropped_by_stop) item.append(element("p", "dropped", "not run: dropped by a stop"));
+    if (entry.meta && entry.meta.dropped_by_stop) {
+      const note = element("p", "dropped", "not run: dropped by a stop");
+      if (entry.meta.resent_as != null) {
+        note.append(` — sent again as ${entry.meta.resent_as}`);
+      } else if (who === "human") {
+        const again = element("button", "run-again", "Run again");
+        again.type = "button";
+        again.dataset.seq = String(entry.seq);
+        note.append(" ", again);
+      }
+      item.append(note);
+    }
     if (entry.meta && entry.meta.cut_off) {
       item.append(element("p", "cut-off", `saved as it stood: cut off by the ${entry.meta.cut_off}`));
     }
@@ -222,11 +234,15 @@
     const shown = new Set();
     const drafts = new Map(); // draft id -> its element, until the saved entry replaces it
     const saved = new Set(); // drafts whose entry came: a late draft of them is not shown again
+    // The newest entries and the send box are what a person looks at: the page stays at the
+    // end as entries come, until they scroll up to read (and again once back at the end).
+    let pinned = true;
+    const atEnd = () => window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+    window.addEventListener("scroll", () => { pinned = atEnd(); }, { passive: true });
     function place(item, old) {
-      const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
       if (old) old.replaceWith(item);
       else transcript.append(item);
-      if (atBottom) transcript.lastElementChild.scrollIntoView({ block: "end" });
+      if (pinned) document.getElementById("send").scrollIntoView({ block: "end" });
     }
     const stream = follow(
       () => `${path}/events?after=${last}&drafts=1`,
@@ -245,6 +261,14 @@
             saved.add(id);
           }
           place(renderEntry(entry), old);
+          // A stop's notice names the messages it dropped: shown before it, they say so now.
+          for (const seq of (entry.kind === "notice" && entry.meta && entry.meta.dropped_entries) || []) {
+            const item = transcript.querySelector(`li[data-seq="${Number(seq)}"]`);
+            if (item && !item.querySelector(".dropped")) {
+              const meta = { ...item.__entry.meta, dropped_by_stop: entry.meta.stop_seq };
+              place(renderEntry({ ...item.__entry, meta }), item);
+            }
+          }
         },
         // A reconnect: a draft shown before it was either saved (its entry comes again, after
         // `last`, and replaces it) or lost with the daemon; it never passes for saved.
@@ -269,6 +293,54 @@
       const ms = result.elapsed_ms.toFixed(1);
       if (result.repeat) return ["repeat", `Already stopped: nothing new ran since the last stop (a repeat; ${ms} ms).`];
       return ["stopped", `Stopped in ${ms} ms: ${counts(result)}`];
+    });
+
+    // Start over: refused while a turn runs (the answer says so); a second press then stops
+    // the turn and starts over. Nothing is done without the server's word on it.
+    const reset = document.getElementById("reset");
+    const ack = document.getElementById("ack");
+    let armed = false;
+    reset.addEventListener("click", async () => {
+      reset.disabled = true;
+      showAck(ack, "pending", armed ? "Stopping, then starting over…" : "Starting over…");
+      try {
+        const { response, result } = await post(`${path}/reset`, { stop: armed });
+        if (response.ok) {
+          armed = false;
+          reset.textContent = "Start over";
+          showAck(ack, "stopped", result.text);
+        } else if (response.status === 409) {
+          armed = true;
+          reset.textContent = "Stop and start over";
+          showAck(ack, "repeat", "A turn is running here: press “Stop and start over” to stop it first.");
+        } else {
+          showAck(ack, "failed", `Not started over: ${result ? apiError(result, response) : response.status}`);
+        }
+      } catch (err) {
+        showAck(ack, "failed", `Not started over: the daemon did not answer (${err.message})`);
+      } finally {
+        reset.disabled = false;
+      }
+    });
+
+    // Run again: a message a stop dropped, sent again once (the server refuses a second time).
+    transcript.addEventListener("click", async (event) => {
+      const again = event.target.closest("button.run-again");
+      if (!again) return;
+      again.disabled = true;
+      const seq = Number(again.dataset.seq);
+      try {
+        const { response, result } = await post(`${path}/resend`, { seq });
+        if (response.ok) {
+          again.replaceWith(`sent again as ${result.seq}`);
+          stream.now();
+        } else {
+          again.replaceWith(`not sent again: ${result ? apiError(result, response) : response.status}`);
+        }
+      } catch (err) {
+        again.disabled = false;
+        showAck(ack, "failed", `Not sent again: the daemon did not answer (${err.message})`);
+      }
     });
 
     const form = document.getElementById("send");
@@ -308,16 +380,20 @@
     const queued = agent.queued ? `, ${agent.queued} queued` : "";
     if (agent.state === "running") {
       const since = agent.since ? ` since ${clock(agent.since)}` : "";
-      return `${name}running turn ${agent.turn}${since}${queued}`;
+      return `${name}running${since}${queued}`;
     }
     if (agent.state === "stopping") return `${name}stopping${queued}`;
-    if (agent.state === "queued") return `${name}queued ${agent.queued}`;
+    if (agent.state === "queued") {
+      const waiting = agent.waiting ? `, waiting #${agent.waiting.position} (${agent.waiting.why})` : "";
+      return `${name}queued ${agent.queued}${waiting}`;
+    }
     return `${name}idle`;
   }
 
   function listView() {
     const tbody = document.querySelector("#channels tbody");
     const running = document.getElementById("running");
+    const waiting = document.getElementById("waiting");
     const empty = document.getElementById("empty");
     const rows = new Map(); // channel name -> {row, cell, shown}
 
@@ -340,6 +416,8 @@
 
     function render(view) {
       running.textContent = String(view.running);
+      waiting.textContent = view.waiting
+        ? `, ${view.waiting} waiting for a slot (at most ${view.max_turns} turns at once)` : "";
       const names = new Set();
       view.channels.forEach((channel, index) => {
         names.add(channel.name);

@@ -439,7 +439,7 @@ class PostgresEngine(Engine):
             import psycopg  # noqa: F401 - the optional extra; checked here, used below
         except ImportError:
             raise StoreError(
-                f"the store {self.name} is on PostgreSQL, which needs the driver: pip install 'corral[postgres]'"
+                f"the store {self.name} is on PostgreSQL, which needs the driver: pip install 'psycopg[binary]>=3.2'"
             ) from None
         self._conn = self._connect()
 
@@ -600,7 +600,7 @@ class PostgresEngine(Engine):
         message (a multi-statement simple query, values inlined as literals): the server runs
         it to the end without waiting for this process, so a host paused (SIGSTOP) or cut
         off can never hold the fleet's commits up with the lock. Its answers are read after.
-        The notice is an ``entries`` one (:class:`supervisor.fleet.notices.Entries`), written
+        The notice is an ``entries`` one (:class:`supervisor.core.notices.Entries`), written
         in SQL: its ``last`` is read in this transaction."""
         assert self._pipeline is None, "commit_in_order runs after the batch's pipeline"
         script = self._order_scripts.get(notice)

@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..fleet.notices import CHANNEL, Beat
+from ..core.notices import CHANNEL, Beat
 from .engines import Engine, PostgresEngine
 from .store import NOTIFY, newest_seq
 
@@ -55,7 +55,7 @@ _FORCE = (
 )
 #: A lease given back (it runs out now), if it is still the host's with the token.
 _GIVE_BACK = "UPDATE leases SET expires = 0 WHERE channel = ? AND owner = ? AND token = ?"
-_HOSTS = "SELECT host, heartbeat, pid, started FROM hosts ORDER BY host"
+_HOSTS = "SELECT host, heartbeat, pid, started, room FROM hosts ORDER BY host"
 _LEASES = "SELECT channel, owner, expires, token FROM leases ORDER BY channel"
 
 
@@ -89,7 +89,7 @@ class Renewal:
     now: float
     """The database's clock."""
     hosts: list[tuple[Any, ...]]
-    """Every host's row: host, heartbeat, pid, started."""
+    """Every host's row: host, heartbeat, pid, started, room (free slots less waiting turns)."""
     leases: list[tuple[Any, ...]]
     """Every lease's row: channel, owner, expires, token."""
 
@@ -164,7 +164,7 @@ class Leases:
         """Let every lease of ``held`` (channel → token) run out now (a clean shutdown)."""
         db.executemany(_GIVE_BACK, [(c, self.host, t) for c, t in held.items()])
 
-    def beat(self, db: Engine, held: list[str]) -> Renewal:
+    def beat(self, db: Engine, held: list[str], room: int | None = None) -> Renewal:
         """(A transaction of its own: it begins and commits it) one heartbeat as ONE round trip:
         the host's row, every held lease whose token is still this host's, the channels with
         work under an expired lease not held here, the queued messages of the held ones, the
@@ -174,7 +174,7 @@ class Leases:
         answers = db.pipelined([
             ("BEGIN", ()),
             (f"SET LOCAL lock_timeout = {self._lock_ms}", ()),
-            (f"UPDATE hosts SET heartbeat = {now} WHERE host = ?", (self.host,)),
+            (f"UPDATE hosts SET heartbeat = {now}, room = ? WHERE host = ?", (room, self.host)),
             (f"UPDATE leases SET expires = {now} + ? WHERE owner = ? AND channel = ANY(?) RETURNING channel, token",
              (self.lease, self.host, channels)),
             (  # (work under no lease at all: queued through a host that may not run it; or under

@@ -89,16 +89,16 @@ import secrets
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, overload
 
 import trio
 
+from ..core.notices import CHANNEL as FLEET_NOTICES
+from ..core.notices import Notice, Queued
 from ..core.text import repair
-from ..fleet.notices import CHANNEL as FLEET_NOTICES
-from ..fleet.notices import Notice, Queued
 from .engines import (
     LOCK_SPACE,
     ORDER_LOCK,
@@ -170,6 +170,18 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE entries ADD COLUMN pos INTEGER;
     CREATE INDEX IF NOT EXISTS entries_pos ON entries (pos);
+    """,
+    # 4: chat bridges. Every outside event a bridge has acted on (its origin, e.g. a Matrix
+    # event id), with the seq of the message it was accepted as (NULL: a command, or ignored),
+    # written in the message's own transaction: an event replayed by a sync, a reconnect or a
+    # restart is found here and runs at most once. A bridge's cursors live in ``meta``.
+    """
+    CREATE TABLE IF NOT EXISTS origins (origin TEXT PRIMARY KEY, seq INTEGER, ts REAL NOT NULL);
+    """,
+    # 5: a fleet places by capacity. Each host's room at its last heartbeat: free slots less
+    # the turns waiting for one (negative: more waits than fits; NULL: not said).
+    """
+    ALTER TABLE hosts ADD COLUMN room INTEGER;
     """,
 )
 
@@ -1039,13 +1051,16 @@ class Store:
 
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
-        to: tuple[str, ...] = (), hops: int = 0,
+        to: tuple[str, ...] = (), hops: int = 0, also: Callable[[Engine, int], None] | None = None,
+        origin: str | None = None,
     ) -> Pending:
         """A message for ``agent`` (and ``to``, its other targets): its entry and its place in
         each target's queue, in one transaction (stored and queued, or neither). Its seq is
         final at once (``pending.entry.seq``); the other targets' queue rows take the seqs
         right after it (``pending.entry.seq + i * seq_step``). A human's message lifts the channel's
-        routing rest in the same transaction. ``agent`` None: stored, queued nowhere.
+        routing rest in the same transaction. ``agent`` None: stored, queued nowhere. ``origin``
+        (a bridge's event id) is recorded in ``origins`` in the same transaction: a second
+        message of the same origin fails to commit.
         """
         targets = ((agent,) if agent is not None else ()) + tuple(t for t in to if t != agent)
         extra: list[int] = []  # the other targets' seqs: taken right after the entry's, below
@@ -1058,17 +1073,73 @@ class Store:
                 self.queue_insert(db, row)
             if author.startswith("human:"):
                 db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
+            if also is not None:
+                also(db, seq)
+            if origin is not None:
+                db.execute("INSERT INTO origins (origin, seq, ts) VALUES (?, ?, ?)", (origin, seq, time.time()))
 
         meta: dict[str, Any] = {"agent": agent, **({"nudge": True} if nudge else {})}
         if len(targets) > 1:
             meta["to"] = list(targets)
         if hops:
             meta["hops"] = hops
+        if origin is not None:
+            meta["origin"] = origin
         pending = self.submit_entry(
             channel, author, "message", text, generation=generation, meta=meta, also=keep_queued
         )
         extra.extend(self.next_seq() for _ in targets[1:])  # (keep_queued runs at commit, later)
         return pending
+
+    def reset_conversation(self, channel: str, agents: Sequence[str], text: str, *, generation: int) -> Pending:
+        """Forget ``agents``' session ids (keeping each one's working folder) and todo plans in
+        ``channel``, with the ``status`` entry ``text`` that records it: one transaction."""
+        for agent in agents:
+            known = self._sessions.get((channel, agent))
+            if known is not None:
+                self._sessions[(channel, agent)] = (None, known[1])
+            if (channel, agent) in self._todos:
+                self._todos[(channel, agent)] = []
+        stamp = time.time()
+
+        def forget(db: Engine, seq: int) -> None:
+            for agent in agents:
+                db.execute("UPDATE sessions SET session_id = NULL, updated = ? WHERE channel = ? AND agent = ?",
+                           (stamp, channel, agent))
+                db.execute("UPDATE todos SET items = '[]', updated = ? WHERE channel = ? AND agent = ?",
+                           (stamp, channel, agent))
+
+        return self.submit_entry(channel, "system", "status", text, generation=generation,
+                                 meta={"reset": list(agents)}, also=forget)
+
+    @staticmethod
+    def mark_resent(db: Engine, seq: int, meta: Mapping[str, Any], resent_as: int) -> None:
+        """(In the new message's transaction) entry ``seq`` was sent again as ``resent_as``."""
+        db.execute("UPDATE entries SET meta = ? WHERE seq = ?",
+                   (json.dumps({**meta, "resent_as": resent_as}, ensure_ascii=False), seq))
+
+    async def origin_seq(self, origin: str) -> int | None:
+        """The seq ``origin`` was accepted as (0: handled without a message); None: never seen."""
+        rows = await self.query("SELECT coalesce(seq, 0) FROM origins WHERE origin = ?", (origin,))
+        return int(rows[0][0]) if rows else None
+
+    def mark_origin(self, origin: str) -> Pending:
+        """Record ``origin`` as handled without a message (a command, an event ignored)."""
+        return self.submit_write(
+            "INSERT INTO origins (origin, seq, ts) VALUES (?, NULL, ?) ON CONFLICT (origin) DO NOTHING",
+            (origin, time.time()),
+        )
+
+    async def cursor(self, key: str) -> str | None:
+        """A bridge's cursor (a sync token, the last entry posted), kept in ``meta``."""
+        rows = await self.query("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def save_cursor(self, key: str, value: str) -> Pending:
+        return self.submit_write(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     def accept_routed(
         self, channel: str, agents: tuple[str, ...], author: str, text: str, *, generation: int, hops: int,
@@ -1086,12 +1157,15 @@ class Store:
 
     def submit_stop_notice(
         self, channel: str, text: str, *, stop_seq: int, turn: str | None, generation: int, result: Mapping[str, Any],
-        turns: tuple[str, ...] = (),
+        turns: tuple[str, ...] = (), dropped_entries: tuple[int, ...] = (),
     ) -> Pending:
         """A stop's notice, last: it completes the stop's record (its final ``result``, with
         ``notice_seq``) and ends its turns' rows (``turn`` and ``turns``), in the notice's
-        own transaction."""
+        own transaction. ``dropped_entries``: the entries of the messages it dropped (a page
+        that showed them before the stop marks them "not run" by it)."""
         meta: dict[str, Any] = {"stop_seq": stop_seq, "ok": result.get("ok"), "dropped": result.get("dropped")}
+        if dropped_entries:
+            meta["dropped_entries"] = list(dropped_entries)
         if len(turns) > 1:
             meta["turns"] = list(turns)
 

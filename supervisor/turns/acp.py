@@ -128,6 +128,7 @@ class AcpTurn(BaseTurn):
             idle_timeout=self.settings.idle_timeout or float("inf"),
             sandbox=self._sandbox(launch, request.home),
             state_dir=self.ports.places.state_dir,
+            credentials=self.agent.credentials,
         )
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:

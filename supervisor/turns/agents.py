@@ -58,7 +58,7 @@ from adapters.acp import (
     SessionReady,
 )
 
-from ..procs.files import write_home_files
+from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import LineReader
 from ..procs.tree import (
     MarkerScanner,
@@ -636,6 +636,8 @@ class AcpSpec:
     """The argv the agent starts behind (:meth:`supervisor.procs.sandbox.Sandbox.prefix`), or ()."""
     state_dir: Path | None = None
     """corral's state folder, which holds ``home`` (its folders down to it are tightened)."""
+    credentials: tuple[tuple[Path, str], ...] = ()
+    """Login files copied, read-only, into ``home`` before each start (the agent's ``credentials``)."""
 
 
 class AcpAgentPool:
@@ -649,12 +651,18 @@ class AcpAgentPool:
     with ``pool = AcpAgentPool(nursery)``.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, *, on_gone: Callable[[tuple[str, str]], None] | None = None) -> None:
         self._nursery = nursery
+        self._on_gone = on_gone
+        """Told (synchronously) when an agent's process has ended for good: idle timeout, close, failure."""
         self._agents: dict[tuple[str, str], AcpAgent] = {}
         self._closers: dict[tuple[str, str], trio.Event] = {}
         self._gone: dict[tuple[str, str], trio.Event] = {}
         self._starting: dict[tuple[str, str], trio.Event] = {}
+
+    def get(self, key: tuple[str, str]) -> AcpAgent | None:
+        """The agent of ``key`` if one is up (no start): an idle one still holds a slot."""
+        return self._agents.get(key)
 
     async def agent(self, key: tuple[str, str], spec: AcpSpec) -> AcpAgent:
         """The running agent of ``key``, started (or restarted with session/load) if needed."""
@@ -674,6 +682,8 @@ class AcpAgentPool:
 
     async def _host(self, key: tuple[str, str], spec: AcpSpec, task_status: trio.TaskStatus[AcpAgent]) -> None:
         close, gone = trio.Event(), trio.Event()
+        if spec.home is not None and spec.credentials:
+            await trio.to_thread.run_sync(place_credentials, Path(spec.home), spec.credentials)
         try:
             async with open_acp_agent(
                 spec.launch,
@@ -699,6 +709,8 @@ class AcpAgentPool:
             if self._agents.get(key) is not None and self._closers.get(key) is close:
                 del self._agents[key], self._closers[key], self._gone[key]
             gone.set()
+            if self._on_gone is not None:
+                self._on_gone(key)
 
     async def close(self, key: tuple[str, str]) -> bool:
         """End the agent of ``key`` and its tree; was there one?"""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import ClassVar
 
 import trio
@@ -39,6 +40,8 @@ from adapters._base import Event, Launch, TurnRequest
 from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
+from ..core.login import login_help
+from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import SandboxRefused
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
 from ..store.store import Draft, Pending, StoreError
@@ -46,6 +49,18 @@ from .ports import TurnLimit, TurnOutcome, TurnPorts
 
 log = logging.getLogger("corral.turn")
 
+
+
+def start_failure(agent: AgentConfig, exc: OSError) -> str:
+    """Why a turn's CLI could not start, naming the path that failed and the fix.
+
+    An ``OSError`` from the spawn (the program gone since the config was checked, a folder
+    missing) carries the path it was about; without one, the agent's program is the suspect.
+    """
+    path = exc.filename or (agent.command[0] if agent.command else None)
+    what = f"{path}: {exc.strerror or exc}" if path else f"{exc.strerror or exc}"
+    return (f"could not start {agent.name}: {what} — fix: install it there, or set command = [\"/path/to/it\"]"
+            f" in [agents.{agent.name}]")
 
 class BaseTurn:
     """What every kind of turn shares (see the module's theory). Created and driven by the supervisor."""
@@ -70,7 +85,9 @@ class BaseTurn:
         self.cwd: str | None = None
         """The working folder, once prepared (it is created then)."""
         self.ended: str | None = None
-        self._account = TurnAccount(self.author, self.turn_id)
+        self._account = TurnAccount(self.author, self.turn_id, login_help=login_help(agent.name, agent.adapter))
+        self._limited = False
+        """A stall or turn timeout ended the turn: from then on only corral's line is stored."""
         self._last: Pending | None = None
         self._draft: ShowDraft | None = None
         """The open run's latest draft, not yet shown (a kind that shows each as it comes keeps none)."""
@@ -164,10 +181,12 @@ class BaseTurn:
 
     def _handle(self, event: Event) -> None:
         """Decide what the event adds (pure), then carry it out."""
-        self._carry_out(self._account.on_event(event, silenced=self._silenced(), now=trio.current_time()))
+        self._carry_out(
+            self._account.on_event(event, silenced=self._silenced() or self._limited, now=trio.current_time())
+        )
 
     def _flush_text(self) -> None:
-        self._carry_out(self._account.close_text(silenced=self._silenced()))
+        self._carry_out(self._account.close_text(silenced=self._silenced() or self._limited))
 
     def _cwd(self) -> str:
         assert self.cwd is not None, "a turn's output comes only once it is prepared"
@@ -181,15 +200,20 @@ class BaseTurn:
             with self.scope:
                 await self._prepare_and_stream(session_id)
         except TurnLimit as exc:
+            # corral ended it: what the CLI says on its way out ("Request interrupted by user")
+            # would tell the wrong story, so only corral's own line is stored (the session id
+            # is still kept, as after a stop).
+            self._flush_text()  # what it said before the limit stands
+            self._limited = True
             self.outcome.error = str(exc)
         except StoreError as exc:
             self.outcome.error = f"could not store the turn's output: {exc}"
         except self.own_errors as exc:
             self.outcome.error = f"{self.agent.name}: {exc}"
-        except SandboxRefused as exc:
+        except (SandboxRefused, CredentialsUnreadable) as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc}"
         except OSError as exc:
-            self.outcome.error = f"could not start {self.agent.name}: {exc.strerror or exc}"
+            self.outcome.error = start_failure(self.agent, exc)
         finally:
             with trio.CancelScope(shield=True):
                 await self._teardown()
@@ -260,9 +284,10 @@ class BaseTurn:
         return agent_environment(launch.env, home=str(home), marker=marker, extra=self._extra_env())
 
     def _sandbox(self, launch: Launch, home: str) -> tuple[str, ...]:
-        """The argv the agent starts behind (empty: no sandbox)."""
+        """The argv the agent starts behind (empty: no sandbox); its login files read-only."""
         return tuple(self.ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
             installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
+            read_only=[Path(home) / rel for _, rel in self.agent.credentials],
         ))

@@ -30,7 +30,7 @@ from adapters._base import Parser
 from ..config.settings import AgentConfig
 from ..core.account import Post, ShowDraft
 from ..core.ledger import TurnTicket
-from ..procs.files import write_home_files
+from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import Line, LineReader
 from ..procs.tree import ProcessTree, wait_exited
 from ..store.store import StoreError
@@ -104,6 +104,7 @@ class Turn(BaseTurn):
         await trio.to_thread.run_sync(
             partial(write_home_files, Path(request.home), launch.files, state_dir=ports.places.state_dir)
         )
+        await trio.to_thread.run_sync(place_credentials, Path(request.home), self.agent.credentials)
         sandbox = self._sandbox(launch, request.home)
         if ports.preparing is not None:
             await ports.preparing(self.channel, self.turn_id)

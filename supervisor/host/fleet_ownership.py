@@ -23,6 +23,15 @@ lease (:mod:`supervisor.fleet.fleet`). This is the supervisor's side of it, behi
 * **A lost lease** (the watchdog's local deadline, or a renewal that finds the row taken)
   kills the channel's turns at once, through the stopper's one kill step, with SIGKILL.
 * **Orphans and queued work** the heartbeat finds are taken up in tasks of their own.
+* **Placement by capacity.** Each heartbeat stores this host's room (free slots less the
+  turns waiting for one: :meth:`~supervisor.host.capacity.Capacity.room`). Before a turn, a
+  host with no room leaves a *free* channel to a live host that said it has room (the
+  message stays in the store's queue; that host takes it up as unowned work), unless the
+  lane already holds a slot here or the channel is pinned here; a host takes it when no
+  other has room. After each heartbeat (:meth:`FleetOwnership._place`), a host with more
+  turns waiting than slots gives back the leases of channels that only wait here — nothing
+  of theirs runs — as many as the others have room, the last in its queue first: their
+  rows stay in the store and the next owner takes them with a new token.
 """
 
 from __future__ import annotations
@@ -39,15 +48,15 @@ import trio
 
 from ..config.settings import Config
 from ..core.ledger import OutputKind, StopLedger
-from ..host.results import HOST_LOST_NOTICE, STOP_SLACK, StopResult
+from ..core.notices import Entries, Notice, Queued, Stop, Stopped, Stopping
+from ..core.results import HOST_LOST_NOTICE, STOP_SLACK, StopResult
+from ..fleet.fleet import Fleet, Found
 from ..store.store import Store, StoreError
 from ..turns.ports import TurnLedger
-from .fleet import Fleet, Found
-from .notices import Entries, Notice, Queued, Stop, Stopped, Stopping
 
 if TYPE_CHECKING:
-    from ..host.lanes import Lanes
-    from ..host.stopper import Stopper
+    from .lanes import Lanes
+    from .stopper import Stopper
 
 log = logging.getLogger("corral")
 
@@ -69,6 +78,8 @@ class FleetOwnership:
         """Channels being taken over from the store right now (set when done)."""
         self._taking: set[str] = set()
         """Channels a heartbeat is taking up right now."""
+        self._handing: set[str] = set()
+        """Channels whose waiting work this host is giving to hosts with room."""
         self._answers: dict[str, _Answer] = {}
         """Stops this host asked other hosts to carry out, by request id."""
         self._unconfirmed: dict[str, dict[str, float]] = {}
@@ -79,12 +90,13 @@ class FleetOwnership:
         """The lanes it queues taken-up work in, and the stopper it stops and kills through."""
         self._lanes = lanes
         self._stopper = stopper
+        self.fleet.room = lanes.capacity.room
 
     # ------------------------------------------------------------ the port
 
-    async def take(self, channel: str) -> bool:
+    async def take(self, channel: str, agent: str) -> bool:
         """Hold the channel's lease before a turn; then wait out a forced takeover's old lease."""
-        if not await self._own(channel):
+        if not await self._own(channel, placing=agent):
             return False
         await self.fleet.wait_ready(channel)  # (taken by force: the old owner's lease runs out first)
         return True
@@ -129,22 +141,29 @@ class FleetOwnership:
             self._lost(channel, why)
         if found.orphans or found.queued:
             self._orphans(list(found.orphans), list(found.queued))
+        if found.beat:
+            self._place()
 
     def _placed_elsewhere(self, channel: str) -> str | None:
         """The host the channel is pinned to, if it is not this one."""
         table = self._config.channels.get(channel)
         return table.host if table is not None and table.pinned_elsewhere(self.fleet.host) else None
 
-    async def _own(self, channel: str) -> bool:
+    async def _own(self, channel: str, *, placing: str | None = None) -> bool:
         """(A fleet) hold the channel's lease before a turn: keep it, or take it if placement
         allows and it is free or expired; a channel new to this host (a new token) is first
-        taken over from the store (its stop state, queue, plans, and what moves of its sessions)."""
+        taken over from the store (its stop state, queue, plans, and what moves of its sessions).
+        ``placing``: for work (the lane's agent, or "" for a channel's), not a stop: a free
+        channel is left to another host when this one has no room and another has."""
         fleet = self.fleet
-        if self._placed_elsewhere(channel) is not None:
+        if self._placed_elsewhere(channel) is not None or (placing is not None and channel in self._handing):
             return False  # (even if held: a stop may take a pinned channel's lease, never its turns)
         await self._taken_over(channel)
         if fleet.holds(channel):
             return True
+        if placing is not None and self._no_room_here(channel, placing):
+            log.info("[%s] left to a host with room: this one has none (%d)", channel, self._lanes.capacity.room())
+            return False
         try:
             token = await fleet.acquire(channel)
         except StoreError as exc:
@@ -156,6 +175,56 @@ class FleetOwnership:
             self._last_token[channel] = token
             await self._take_over(channel)
         return True
+
+    def _no_room_here(self, channel: str, agent: str) -> bool:
+        """Should a free channel be left to another host? Yes when this host has no room (no
+        free slot for what waits) and another live host said it has, unless the lane already
+        holds a slot here or the channel is pinned here. A host takes it when nobody else has room."""
+        capacity = self._lanes.capacity
+        if agent and capacity.admission.holds(channel, agent):
+            return False
+        table = self._config.channels.get(channel)
+        if table is not None and table.host == self.fleet.host:
+            return False
+        return capacity.room() <= 0 and self.fleet.room_elsewhere() > 0
+
+    def _place(self) -> None:
+        """(After each heartbeat; synchronous) move waiting work to hosts with room: a channel
+        held here with nothing running and its lanes waiting for a slot is given back, the last
+        in this host's queue first, as many as this host has waiting beyond its free slots and
+        the others have room. Its queue stays in the store, where a host with room takes it up
+        (with a new token: the leases' fencing as for any move)."""
+        fleet, capacity = self.fleet, self._lanes.capacity
+        room, excess = fleet.room_elsewhere(), -capacity.room()
+        if room <= 0 or excess <= 0 or self._lanes.closing:
+            return
+        busy = {channel for channel, _ in self._lanes.turns}
+        moving: list[str] = []
+        for channel, _ in reversed(list(capacity.waiting())):
+            table = self._config.channels.get(channel)
+            if (channel in moving or channel in busy or channel in self._handing or self._stopper.recording(channel)
+                    or channel in self._stopper.stops or channel in self._taking or channel in self._taking_over
+                    or not fleet.holds(channel) or self._ledger.current_turns(channel)
+                    or (table is not None and table.host == fleet.host)):
+                continue
+            moving.append(channel)
+            if len(moving) >= min(room, excess):
+                break
+        for channel in moving:
+            self._handing.add(channel)
+            self._lanes.forget(channel)  # (its waiters wake; queued again if retaken)
+            self._ledger.lose(channel)  # (nothing runs: its queue is forgotten here, the store keeps it)
+            log.info("[%s] its waiting work goes to a host with room (%d waiting beyond the slots here, "
+                     "room for %d elsewhere)", channel, excess, room)
+            self._nursery.start_soon(self._give_back, channel)
+
+    async def _give_back(self, channel: str) -> None:
+        try:
+            await self.fleet.give_back(channel)
+        except StoreError as exc:
+            log.warning("[%s] could not give the lease back (it runs out instead): %s", channel, exc)
+        finally:
+            self._handing.discard(channel)
 
     async def _taken_over(self, channel: str) -> None:
         """(A fleet) wait for this host's acquisition of the channel's lease and its take-over
@@ -224,7 +293,7 @@ class FleetOwnership:
 
     async def _take_orphan(self, channel: str) -> None:
         try:
-            if await self._own(channel):
+            if await self._own(channel, placing=""):
                 await self.pick_up(channel)
                 for agent in self._ledger.lanes(channel):  # (restored here before the lease was free)
                     if self._ledger.queued(channel, agent):

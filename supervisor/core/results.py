@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.errors import UsageError
-from ..core.fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
+from .errors import UsageError
+from .fields import OMITTED_IF_NONE, ROUNDED, from_json, to_json
 
 STOP_NOTICE = "Execution stopped by user."
 SHUTDOWN_NOTICE = "Task interrupted — corral was shut down. Send another message to continue."
@@ -50,6 +50,8 @@ class Accepted:
     """Messages ahead of it in the first agent's lane (including a running turn)."""
     to: tuple[str, ...] = ()
     """Every agent it went to (empty: stored only)."""
+    hints: tuple[str, ...] = ()
+    """What the sender may not have meant: a mention of no agent close to one (``@revewer``)."""
 
     def to_json(self) -> dict[str, Any]:
         """As the API and ``corral send --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""

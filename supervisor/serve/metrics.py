@@ -1,0 +1,136 @@
+"""``GET /metrics``: what runs and waits, the limits, stops and turns, in Prometheus' text format.
+
+The counters live in :class:`Metrics` (the supervisor counts turns and stops into it, in
+the step that decides them); the gauges are read from ``Supervisor.status()`` when the page
+is asked for. The text format (``# HELP``, ``# TYPE``, one sample a line, a histogram's
+cumulative ``_bucket{le=…}`` lines with ``_sum`` and ``_count``) is written here directly: it
+is a few lines of code, and the client library would add a dependency and a registry of its
+own for them. No label has a channel's name: a fleet's thousands of channels would be as
+many series; channels are counted instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Seconds: the stop histogram's upper bounds (a stop is tens of milliseconds; a stuck one, seconds).
+STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, math.inf)
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative counts of observations by upper bound, their sum and count."""
+
+    bounds: tuple[float, ...] = STOP_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * len(STOP_BUCKETS))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+
+@dataclass(slots=True)
+class Metrics:
+    """corral's counters since start."""
+
+    turns_begun: Counter[str] = field(default_factory=Counter)
+    """By agent: turns that took their message off the queue."""
+    turns_ended: Counter[str] = field(default_factory=Counter)
+    stops: Counter[str] = field(default_factory=Counter)
+    """By result: ``ok`` or ``failed``."""
+    stop_seconds: Histogram = field(default_factory=Histogram)
+
+    def stopped(self, ok: bool, elapsed_ms: float) -> None:
+        self.stops["ok" if ok else "failed"] += 1
+        self.stop_seconds.observe(elapsed_ms / 1000)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if value == math.inf:
+        return "+Inf"
+    return repr(float(value)) if isinstance(value, float) and not value.is_integer() else str(int(value))
+
+
+class _Page:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def metric(self, name: str, kind: str, help_: str, samples: Iterable[tuple[Mapping[str, str], float]]) -> None:
+        self.lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+        for labels, value in samples:
+            self.sample(name, labels, value)
+
+    def sample(self, name: str, labels: Mapping[str, str], value: float) -> None:
+        text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        self.lines.append(f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}")
+
+
+def render(status: Mapping[str, Any], metrics: Metrics) -> str:
+    """The page, from ``Supervisor.status()`` and the counters."""
+    page = _Page()
+    capacity = status.get("capacity") or {}
+    agents = sorted(status.get("agents") or {})
+    running: Counter[str] = Counter()
+    waiting: Counter[str] = Counter()
+    channels_running = channels_waiting = 0
+    for channel in (status.get("channels") or {}).values():
+        lanes = (channel.get("agents") or {}).items()
+        busy = [a for a, lane in lanes if lane.get("turn")]
+        held = [a for a, lane in lanes if lane.get("waiting")]
+        running.update(busy)
+        waiting.update(held)
+        channels_running += bool(busy)
+        channels_waiting += bool(held)
+    page.metric("corral_turns_running", "gauge", "Turns running now, by agent.",
+                (({"agent": a}, running[a]) for a in agents))
+    page.metric("corral_turns_waiting", "gauge", "Turns waiting for a slot now, by agent.",
+                (({"agent": a}, waiting[a]) for a in agents))
+    page.metric("corral_channels_running", "gauge", "Channels with a turn running.", [({}, channels_running)])
+    page.metric("corral_channels_waiting", "gauge", "Channels with a turn waiting for a slot.",
+                [({}, channels_waiting)])
+    if capacity:
+        page.metric("corral_max_turns", "gauge", "The host's turn limit ([server] max_turns).",
+                    [({}, capacity["max_turns"])])
+        page.metric("corral_slots_used", "gauge", "Slots taken: running turns and idle ACP agents.",
+                    [({}, capacity["used"])])
+        page.metric("corral_acp_agents_idle", "gauge", "Idle ACP agents holding a slot.",
+                    [({}, capacity["residents"])])
+        limited = [(name, a["max_concurrent"]) for name, a in sorted(capacity.get("agents", {}).items())
+                   if a.get("max_concurrent") is not None]
+        page.metric("corral_agent_max_concurrent", "gauge", "An agent's limit (max_concurrent), where set.",
+                    (({"agent": name}, cap) for name, cap in limited))
+        page.metric("corral_memory_reserve_bytes", "gauge", "[server] memory_reserve.",
+                    [({}, capacity["memory_reserve"])])
+        memory = capacity.get("memory")
+        if memory:
+            page.metric("corral_memory_available_bytes", "gauge", "Memory a new turn could use, at the last reading.",
+                        [({"source": memory["source"]}, memory["available"])])
+    page.metric("corral_turns_begun_total", "counter", "Turns begun (their message taken off the queue), by agent.",
+                (({"agent": a}, metrics.turns_begun[a]) for a in sorted(set(agents) | set(metrics.turns_begun))))
+    page.metric("corral_turns_ended_total", "counter", "Turns ended, by agent.",
+                (({"agent": a}, metrics.turns_ended[a]) for a in sorted(set(agents) | set(metrics.turns_ended))))
+    page.metric("corral_stops_total", "counter", "Stops answered, by result.",
+                (({"result": r}, metrics.stops[r]) for r in ("ok", "failed")))
+    histogram = metrics.stop_seconds
+    page.lines += ["# HELP corral_stop_seconds How long a stop took, from the call to its answer.",
+                   "# TYPE corral_stop_seconds histogram"]
+    for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
+        page.sample("corral_stop_seconds_bucket", {"le": _number(bound)}, count)
+    page.sample("corral_stop_seconds_sum", {}, histogram.total)
+    page.sample("corral_stop_seconds_count", {}, histogram.n)
+    return "\n".join(page.lines) + "\n"
