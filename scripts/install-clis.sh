@@ -7,7 +7,7 @@
 #
 # Needs Node.js >= 20 (Gemini CLI and Qwen Code require it; Claude Code needs >= 18, Codex
 # >= 16) and npm, and for the PyPI agents a Python 3.12 or 3.13 (see find_python). About
-# 2.7 GB lands in the cache: the CLIs ship native binaries (Codex 424 MB, Claude Code 235 MB)
+# 3.6 GB lands in the cache: the CLIs ship native binaries (Codex 424 MB, Claude Code 235 MB)
 # or many dependencies (Aider 666 MB). npm's download cache goes to a temporary folder that is
 # removed afterwards (set npm_config_cache to keep one) and pip keeps none, so nothing else is
 # left behind.
@@ -27,6 +27,8 @@ declare -A pkg=(
   [copilot]="@github/copilot@1.0.102"
   # 7.8.x has no linux-x64 build in the registry; the platform package is named with it.
   [kilo]="@kilocode/cli@7.7.7 @kilocode/cli-linux-x64@7.7.7"
+  # pi coding agent: a native adapter (adapters/pi.py; it speaks no ACP itself).
+  [pi]="@mariozechner/pi-coding-agent@0.73.1"
 )
 # PyPI agents: NAME -> "PACKAGE==VERSION BINARY MIN-PYTHON MAX-PYTHON".
 declare -A pypkg=(
@@ -74,7 +76,7 @@ find_python() {
 }
 
 status=0
-names=(claude codex gemini qwen claude-agent-acp codex-acp opencode copilot kilo)
+names=(claude codex gemini qwen claude-agent-acp codex-acp opencode copilot kilo pi)
 pynames=(vibe kimi aider)
 pids=()
 

@@ -63,6 +63,12 @@ CLIS = [
         lambda url, cli: {"adapter": "aider", "command": [str(cli)], "model": f"openai/{openai_chat.MODEL}", "env": openai_chat.aider_env(url)},
         shell=False,
     ),
+    CLI(
+        "pi",
+        openai_chat.PiChatServer,
+        lambda url, cli: {"adapter": "pi", "command": [str(cli)], "model": openai_chat.MODEL, "env": openai_chat.PI_ENV,
+                          **openai_chat.pi_options(url)},
+    ),
 ]
 
 
@@ -224,8 +230,8 @@ def test_background_process_of_a_normal_turn_is_swept(rig: Rig) -> None:
 
 #: The CLIs that stream their answer as it is written (partial messages, or delta events);
 #: codex exec prints each agent message whole (no delta events in its --json stream); aider
-#: prints its answer as it streams (plain text lines).
-STREAMING = {"claude", "gemini", "qwen", "aider"}
+#: prints its answer as it streams (plain text lines); pi prints text deltas.
+STREAMING = {"claude", "gemini", "qwen", "aider", "pi"}
 #: Of those, the CLIs that print whole lines as they come (aider): a one-line answer's draft, if
 #: the line shows before the turn ends, is the whole line; whether it does is a race.
 LINE_STREAMING = {"aider"}

@@ -12,6 +12,7 @@ PACKAGES: dict[str, str] = {
     "gemini": "@google/gemini-cli@0.61.0",
     "qwen": "@qwen-code/qwen-code@0.15.10",
     "aider": "pypi:aider-chat==0.86.2",
+    "pi": "@mariozechner/pi-coding-agent@0.73.1",
 }
 
 

@@ -399,6 +399,44 @@ def kimi_config(server_url: str) -> str:
     )
 
 
+class PiChatServer(OpenAIChatServer):
+    """The same API as spoken by the pi coding agent (``pi --mode json``, a provider of its
+    ``models.json``): shell tool ``bash`` (``command``, an optional ``timeout``)."""
+
+    main_system_prompt = "You are an expert coding assistant operating inside pi"
+    shell_tool = "bash"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """pi's ``bash`` takes the command alone."""
+        return {"command": command}
+
+
+def pi_options(server_url: str) -> dict[str, str]:
+    """The ``[agents.NAME]`` keys that point the ``pi`` adapter at the fake server."""
+    return {"base_url": server_url.rstrip("/") + "/v1", "env_key": "FAKE_API_KEY"}
+
+
+#: The key ``pi_options`` names, in the agent's environment.
+PI_ENV = {"FAKE_API_KEY": "sk-fake-corral"}
+
+
+class FastAgentChatServer(OpenAIChatServer):
+    """The same API as spoken by fast-agent (``fast-agent acp --shell``, its ``generic``
+    provider): shell tool ``bash`` (``command``, ``run_in_background``)."""
+
+    main_system_prompt = ""
+    shell_tool = "bash"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """fast-agent's ``bash`` runs ``command`` in the foreground."""
+        return {"command": command}
+
+
+def fast_agent_env(server_url: str) -> dict[str, str]:
+    """The environment that points fast-agent's ``generic`` provider at the fake server."""
+    return {"GENERIC_BASE_URL": server_url.rstrip("/") + "/v1", "GENERIC_API_KEY": "sk-fake-corral"}
+
+
 class AiderChatServer(OpenAIChatServer):
     """The same API as spoken by Aider (through LiteLLM): no tools, the answer is the text."""
 
