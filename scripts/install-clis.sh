@@ -7,7 +7,7 @@
 #
 # Needs Node.js >= 20 (Gemini CLI and Qwen Code require it; Claude Code needs >= 18, Codex
 # >= 16) and npm, and for the PyPI agents a Python 3.12 or 3.13 (see find_python). About
-# 3.6 GB lands in the cache: the CLIs ship native binaries (Codex 424 MB, Claude Code 235 MB)
+# 3.9 GB lands in the cache: the CLIs ship native binaries (Codex 424 MB, Claude Code 235 MB)
 # or many dependencies (Aider 666 MB). npm's download cache goes to a temporary folder that is
 # removed afterwards (set npm_config_cache to keep one) and pip keeps none, so nothing else is
 # left behind.
@@ -36,6 +36,9 @@ declare -A pypkg=(
   # 1.52.0 is a tombstone that pipes an install script from the internet into bash: keep 1.51.0.
   [kimi]="kimi-cli==1.51.0 kimi (3,12,2) (4,)"
   [aider]="aider-chat==0.86.2 aider (3,10) (3,13)"
+  # fast-agent's own ACP launcher package (fast-agent-acp 0.10.48) ships no module: the
+  # ``fast-agent acp`` of fast-agent-mcp is the ACP server.
+  [fast-agent]="fast-agent-mcp==0.10.48 fast-agent (3,12,2) (3,16)"
 )
 
 missing() {
@@ -77,7 +80,7 @@ find_python() {
 
 status=0
 names=(claude codex gemini qwen claude-agent-acp codex-acp opencode copilot kilo pi)
-pynames=(vibe kimi aider)
+pynames=(vibe kimi aider fast-agent)
 pids=()
 
 install_npm() {  # NAME: install into the cache unless there; prints nothing

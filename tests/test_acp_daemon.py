@@ -165,6 +165,9 @@ def test_a_permission_request_is_answered_by_the_policy(rig: Rig) -> None:
     prompt = "[[shell:touch rejected.txt]] [[say:Done or not.]] Touch a file."
     entries = rig.send_and_wait("ask", prompt, "--agent", "strict")
     decisions = [e["text"] for e in entries if e["kind"] == "status" and e["text"].startswith("permission for")]
-    assert decisions and all(": rejected (reject" in d for d in decisions), entries
+    if rig.name == "fast-agent":  # asks nothing over ACP: an attended fast-agent has no shell tool
+        assert decisions == [], entries
+    else:
+        assert decisions and all(": rejected (reject" in d for d in decisions), entries
     work = rig.folder / "corral.d" / "work" / "strict"
     assert not list(work.glob("*/rejected.txt")), "the rejected tool did not run"

@@ -1,4 +1,5 @@
-"""Real ACP agents (gemini --acp, qwen --acp, claude-agent-acp, codex-acp, opencode acp) driven by corral's ACP driver,
+"""Real ACP agents (gemini --acp, qwen --acp, claude-agent-acp, codex-acp, opencode acp, copilot, vibe, kilo, kimi,
+fast-agent) driven by corral's ACP driver,
 offline against the fake model servers: a text turn and its session id; a cancel mid-tool
 (the tool and its setsid grandchild dead, the agent serving the next prompt); a resume with
 session/load in a fresh process; a cancel while the model stream is silent; a permission
@@ -42,6 +43,9 @@ CANCEL_GRACE = 15.0
 #: the same id *before* reading it, so the saved conversation is emptied and the load fails
 #: with "No previous sessions found for this project." (headless ``--resume`` works).
 LOAD_BROKEN = {"gemini"}
+#: Agents that run their shell tool without asking over ACP, and why: an attended agent of
+#: theirs gets no shell tool at all (the preset's ``unattended_args``).
+ASKS_NOTHING = {"fast-agent": "its local shell asks no permission; only a client's ACP terminal is asked for"}
 
 
 class Rig:
@@ -57,7 +61,8 @@ class Rig:
 
     @asynccontextmanager
     async def agent(self, *, saved: str | None = None, unattended: bool = True) -> AsyncIterator[AcpAgent]:
-        launch = self.spec.launch(self.server.url, str(self.work), self.home)
+        make = self.spec.attended if not unattended and self.spec.attended is not None else self.spec.launch
+        launch = make(self.server.url, str(self.work), self.home)
         async with open_acp_agent(
             launch,
             marker=f"acp-real-{self.spec.name}-{id(self)}",
@@ -132,7 +137,8 @@ async def test_cancel_mid_tool_kills_the_tool_tree_and_the_agent_serves_on(rig: 
                 report = await agent.cancel(grace=CANCEL_GRACE)
         assert report.ended == "cancelled", report
         assert not alive(child) and not alive(grandchild) and not report.survivors
-        assert [e.kind for e in seen if isinstance(e, PermissionDecided)] == ["allow_once"]
+        asked = [] if rig.spec.name in ASKS_NOTHING else ["allow_once"]
+        assert [e.kind for e in seen if isinstance(e, PermissionDecided)] == asked
         assert seen[-1].stop_reason == "cancelled"  # type: ignore[union-attr]
         assert "never said" not in text_of(seen)
         before = agent.pid
@@ -178,7 +184,10 @@ async def test_attended_agent_has_its_tool_rejected_by_the_policy(rig: Rig) -> N
     async with rig.agent(unattended=False) as agent:
         events = await collect(agent.prompt("[[shell:touch rejected.txt]] [[say:Done or not.]] Touch a file."))
         decided = [e for e in events if isinstance(e, PermissionDecided)]
-        assert decided and all((d.kind or "").startswith("reject") for d in decided)
-        assert any(isinstance(e, ToolUse) for e in events) or decided
+        if rig.spec.name in ASKS_NOTHING:  # no shell tool to ask for: the model's call fails
+            assert decided == []
+        else:
+            assert decided and all((d.kind or "").startswith("reject") for d in decided)
+            assert any(isinstance(e, ToolUse) for e in events) or decided
         assert isinstance(events[-1], PromptEnded)
         assert not (rig.work / "rejected.txt").exists()

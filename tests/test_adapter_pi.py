@@ -54,7 +54,9 @@ def session_of(name: str) -> str:
     return str(json.loads(lines(name)[0])["id"])
 
 
-def replay(name: str, *, session_id: str | None = None, returncode: int | None = 0, interrupted: bool = False) -> list[Event]:
+def replay(
+    name: str, *, session_id: str | None = None, returncode: int | None = 0, interrupted: bool = False
+) -> list[Event]:
     """Feed a capture's stdout and stderr to a fresh parser, then finish it."""
     parser = new_parser(request(session_id=session_id))
     events: list[Event] = []
@@ -101,7 +103,8 @@ def test_a_model_of_ones_own_is_a_provider_whose_key_stays_in_the_environment() 
 
 
 def test_a_builtin_model_is_passed_as_is() -> None:
-    assert build_launch(request(model="anthropic/claude-sonnet-4-5")).argv[-2:] == ("--model", "anthropic/claude-sonnet-4-5")
+    model = "anthropic/claude-sonnet-4-5"
+    assert build_launch(request(model=model)).argv[-2:] == ("--model", model)
 
 
 def test_resume_and_attended_and_args() -> None:
@@ -185,8 +188,8 @@ def test_a_failed_model_request_is_one_error_after_pis_retries() -> None:
 
 def test_an_error_without_a_retry_is_reported_at_exit() -> None:
     parser = PiParser()
-    parser.feed(json.dumps({"type": "message_end", "message": {"role": "assistant", "content": [], "stopReason": "error",
-                                                               "errorMessage": "400 bad request"}}))
+    failed = {"role": "assistant", "content": [], "stopReason": "error", "errorMessage": "400 bad request"}
+    parser.feed(json.dumps({"type": "message_end", "message": failed}))
     assert parser.feed(json.dumps({"type": "agent_end", "messages": []})) == []
     assert parser.finish(0, interrupted=False) == [Error("400 bad request")]
 

@@ -30,6 +30,7 @@ ACP_PACKAGES: dict[str, tuple[str, str]] = {
     "vibe": ("pypi:mistral-vibe==2.26.1", "vibe-acp"),
     "kilo": ("@kilocode/cli@7.7.7", "kilo"),
     "kimi": ("pypi:kimi-cli==1.51.0", "kimi"),
+    "fast-agent": ("pypi:fast-agent-mcp==0.10.48", "fast-agent"),
 }
 
 
@@ -165,6 +166,21 @@ def _kimi(url: str, cwd: str, home: str) -> Launch:
     return preset_launch("kimi", cwd=cwd, command=[str(acp_binary("kimi"))], files=files)
 
 
+def fast_agent_env(url: str, home: str) -> dict[str, str]:
+    """fast-agent's ``generic`` provider at the fake server, its model, its state under ``home``."""
+    return {**openai_chat.fast_agent_env(url), "FAST_AGENT_MODEL": f"generic.{openai_chat.MODEL}",
+            "FAST_AGENT_HOME": f"{home}/.fast-agent"}
+
+
+def _fast_agent(url: str, cwd: str, home: str, *, unattended: bool = True) -> Launch:
+    return preset_launch("fast-agent", cwd=cwd, command=[str(acp_binary("fast-agent"))], env=fast_agent_env(url, home),
+                         unattended=unattended)
+
+
+def _fast_agent_attended(url: str, cwd: str, home: str) -> Launch:
+    return _fast_agent(url, cwd, home, unattended=False)
+
+
 def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
     """The ``[agents.NAME]`` table of a daemon's ``adapter = "acp"`` agent: the preset, the
     installed binary, the environment that points it at the fake server at ``url``. What the
@@ -227,6 +243,8 @@ def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
             target.write_text(content)
         (share / "config.toml").write_text(openai_chat.kimi_config(url))
         table["env"] = {"KIMI_SHARE_DIR": str(share)}
+    elif name == "fast-agent":
+        table["env"] = fast_agent_env(url, str(folder))
     return table
 
 
@@ -238,6 +256,8 @@ class AcpAgentSpec:
     server: Callable[[], FakeModelServer]
     launch: Callable[[str, str, str], Launch]
     """``(server_url, cwd, home) -> Launch``: ``home`` is the agent's private HOME."""
+    attended: Callable[[str, str, str], Launch] | None = None
+    """The launch of an attended agent (``unattended = false``), where the preset's differs."""
 
     @property
     def restart_after_cancel(self) -> bool:
@@ -255,4 +275,5 @@ ACP_AGENTS: dict[str, AcpAgentSpec] = {
     "vibe": AcpAgentSpec("vibe", openai_chat.VibeChatServer, _vibe),
     "kilo": AcpAgentSpec("kilo", openai_chat.KiloChatServer, _kilo),
     "kimi": AcpAgentSpec("kimi", openai_chat.KimiChatServer, _kimi),
+    "fast-agent": AcpAgentSpec("fast-agent", openai_chat.FastAgentChatServer, _fast_agent, _fast_agent_attended),
 }
