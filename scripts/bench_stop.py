@@ -100,6 +100,7 @@ from scripts._bench import (
 from supervisor.procs.cgroup import open_root
 from supervisor.procs.tree import scrubbed_environment
 from supervisor.serve.client import Client
+from supervisor.testing import read_pid
 from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.clis import cache_dir as cli_cache_dir
@@ -549,7 +550,10 @@ class CliSetup:
 
     def config_text(self) -> str:
         """The daemon's config: this CLI as the only agent."""
-        table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options}
+        # The tool and its pid files live in the folder: granted, as a user grants a folder it
+        # points an agent at (the sandbox shows a turn nothing else of /tmp).
+        table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options,
+                 "sandbox_write": [str(self.folder)]}
         return (
             SERVER_TOML
             + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\n'
@@ -571,12 +575,17 @@ def cli_setup(spec: CliSpec, folder: Path) -> Iterator[CliSetup]:
 
 
 def tool_pids(pidfile: Path) -> tuple[int, int] | None:
-    """(long process, setsid grandchild) once the tool wrote both pid files, else None."""
+    """(long process, setsid grandchild) once the tool wrote both pid files, else None.
+
+    The pids are host pids: a sandboxed tool writes ``PID NAMESPACE`` (``read_pid`` maps it).
+    """
+    setsid = Path(f"{pidfile}.setsid")
     try:
-        main, grandchild = pidfile.read_text().strip(), Path(f"{pidfile}.setsid").read_text().strip()
-    except FileNotFoundError:
+        if not pidfile.read_text().strip() or not setsid.read_text().strip():
+            return None
+        return read_pid(pidfile), read_pid(setsid)
+    except (FileNotFoundError, ValueError, LookupError):
         return None
-    return (int(main), int(grandchild)) if main and grandchild else None
 
 
 def alive_tool(pid: int) -> str | None:
