@@ -1,6 +1,6 @@
 # The commands of the README's quick start:
 #   make demo       set up a virtualenv and run the demo (the main job, on the bundled demo agent)
-#   make test       set up, install the real agent CLIs (pinned, seven packages, about 1.5 GB cached in
+#   make test       set up, install the real agent CLIs (pinned, about 3.9 GB cached in
 #                   ~/.cache/corral; needs Node.js >= 20 and npm), run every test
 #   make test-core  set up and run every test that needs no agent CLI (no Node.js needed)
 # Both test targets run `make check` (lint + types) before the tests: a check that fails fails the build.

@@ -37,6 +37,7 @@ KNOWN_ADAPTERS: dict[str, str] = {
     "gemini": "adapters.gemini",
     "qwen": "adapters.qwen",
     "aider": "adapters.aider",
+    "pi": "adapters.pi",
     "acp": "adapters.acp",
 }
 

@@ -834,6 +834,9 @@ class Preset:
     """The private files a bare install needs in the agent's HOME (settings that keep it quiet)."""
     home_env: Mapping[str, str] = field(default_factory=dict)
     """Variables naming a place under the agent's HOME (the value is relative to it)."""
+    unattended_args: tuple[str, ...] = ()
+    """Arguments only an unattended agent gets: a tool the agent runs without asking over ACP,
+    which an attended agent (``unattended = false``) must not have."""
 
 
 def _gemini_files(request: TurnRequest) -> Mapping[str, str]:
@@ -855,6 +858,13 @@ def _codex_files(request: TurnRequest) -> Mapping[str, str]:
     # answers; full access, or its sandbox refuses what the policy allowed.
     config = codex.config_toml(request).replace('approval_policy = "never"', 'approval_policy = "untrusted"')
     return {f"{codex.CODEX_DIR}/config.toml": config}
+
+
+def _kimi_files(request: TurnRequest) -> Mapping[str, str]:
+    # kimi acp refuses every session/new ("Authentication required") until a Kimi Code login
+    # is stored, even when the configured model is one's own: an empty login that never
+    # expires lets a bring-your-own model run (the vendor's models then fail, as without one).
+    return {".kimi/credentials/kimi-code.json": json_file({"access_token": "corral-no-login", "token_type": "none"})}
 
 
 #: Known ACP agents. ``binary`` is the default command; a configured ``command`` replaces it.
@@ -893,6 +903,35 @@ PRESETS: dict[str, Preset] = {
         restart_after_cancel=True,
     ),
     "codex": Preset("codex-acp", (), {}, "the Zed bridge", files=_codex_files, home_env={"CODEX_HOME": ".codex"}),
+    # GitHub Copilot CLI: a model of your own (COPILOT_PROVIDER_BASE_URL, COPILOT_MODEL) needs
+    # no GitHub login; COPILOT_OFFLINE=true then keeps it off the network altogether.
+    "copilot": Preset(
+        "copilot",
+        ("--acp",),
+        {"COPILOT_AUTO_UPDATE": "false", "USE_TGREP": "false", "NO_COLOR": "1"},
+        "copilot >= 1.0: --acp",
+    ),
+    # Mistral Vibe: its ACP server is a binary of its own; the provider is ~/.vibe/config.toml
+    # (or $VIBE_HOME/config.toml).
+    "vibe": Preset("vibe-acp", (), {"NO_COLOR": "1"}, "mistral-vibe 2.26: vibe-acp"),
+    # Kilo Code CLI, an opencode fork: the provider in KILO_CONFIG_CONTENT (or its config file).
+    "kilo": Preset(
+        "kilo",
+        ("acp",),
+        {"KILO_DISABLE_AUTOUPDATE": "1", "KILO_DISABLE_SHARE": "1", "KILO_DISABLE_MODELS_FETCH": "1", "NO_COLOR": "1"},
+        "kilo 7.7: kilo acp",
+    ),
+    # Kimi CLI: the provider is ~/.kimi/config.toml (or --config-file before ``acp``).
+    "kimi": Preset("kimi", ("acp",), {"NO_COLOR": "1"}, "kimi-cli 1.51: kimi acp", files=_kimi_files),
+    # fast-agent (PyPI fast-agent-mcp): ``--shell`` gives it its local shell tool (corral offers
+    # no ``terminal``); its state (sessions, process records) goes under HOME, not the cwd.
+    # The model: FAST_AGENT_MODEL or ``--model`` (e.g. ``generic.M`` with GENERIC_BASE_URL).
+    # Its local shell asks no permission over ACP (only a client's terminal is asked for), so
+    # an attended agent does without it.
+    "fast-agent": Preset(
+        "fast-agent", ("acp",), {"NO_COLOR": "1"}, "fast-agent-mcp 0.10: fast-agent acp --shell",
+        home_env={"FAST_AGENT_HOME": ".fast-agent"}, unattended_args=("--shell",),
+    ),
 }
 
 
@@ -904,8 +943,10 @@ def preset_launch(
     args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     files: Mapping[str, str] | None = None,
+    unattended: bool = True,
 ) -> Launch:
-    """The launch of preset ``name``: its command (or ``command``), its args, then ``args``.
+    """The launch of preset ``name``: its command (or ``command``), its args (and those of an
+    unattended agent, when it is one), then ``args``.
 
     The preset's environment comes first, so a configured ``env`` overrides a quirk.
     ``KeyError`` names the known presets.
@@ -914,7 +955,7 @@ def preset_launch(
         preset = PRESETS[name]
     except KeyError:
         raise KeyError(f"unknown ACP preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
-    argv = (*(command or (preset.binary,)), *preset.args, *args)
+    argv = (*(command or (preset.binary,)), *preset.args, *(preset.unattended_args if unattended else ()), *args)
     return Launch(argv=argv, env={**preset.env, **(env or {})}, cwd=cwd, stdin=b"", files=dict(files or {}))
 
 
@@ -983,7 +1024,7 @@ def build_launch(request: TurnRequest) -> Launch:
     files = preset.files(request) if preset.files is not None else {}
     env = {key: f"{request.home.rstrip('/')}/{rel}" for key, rel in preset.home_env.items()}
     return preset_launch(settings.preset, cwd=request.cwd, command=request.command, args=request.args, env=env,
-                         files=files)
+                         files=files, unattended=request.unattended)
 
 
 def _no_line_parser(request: TurnRequest) -> Parser:

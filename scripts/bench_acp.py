@@ -5,7 +5,9 @@ fake model server through corral's ACP driver and prints, per agent:
 
 * **cancel mid-tool**: a prompt whose tool runs ``sleep`` plus a ``setsid sleep`` grandchild;
   once both run, ``cancel()``: the time to the typed acknowledgement (the prompt answered
-  ``cancelled``) and to every process of the turn confirmed dead (median and max of N);
+  ``cancelled``), what the agent's own cancel left running (**own left**: the processes corral
+  killed after the acknowledgement, most of N) and the time to every process of the turn
+  confirmed dead (median and max of N);
 * **next prompt**: the time from ``prompt()`` to the end of a one-line answer in the running
   agent (persistent), against a fresh agent process that starts, loads the session and
   answers (what starting the CLI anew for each message costs) — and their ratio.
@@ -62,7 +64,7 @@ async def _answer(agent: AcpAgent, text: str) -> float:
 
 async def bench(spec: AcpAgentSpec, runs: int) -> dict[str, list[float]]:
     """Every figure of one agent, ``runs`` times each."""
-    figures: dict[str, list[float]] = {"ack": [], "dead": [], "persistent": [], "fresh": []}
+    figures: dict[str, list[float]] = {"ack": [], "dead": [], "own_left": [], "persistent": [], "fresh": []}
     server = spec.server().start()
     try:
         with tempfile.TemporaryDirectory(prefix="acp-bench-") as root:
@@ -91,6 +93,8 @@ async def bench(spec: AcpAgentSpec, runs: int) -> dict[str, list[float]]:
                         report = await agent.cancel()
                     if report.acknowledged_after is not None:
                         figures["ack"].append(report.acknowledged_after)
+                        # What the agent's own cancel left running: what corral killed after it.
+                        figures["own_left"].append(float(len(report.killed)))
                     figures["dead"].append(report.dead_after)
                     await agent.ensure_running()
                 for _ in range(runs):
@@ -222,12 +226,15 @@ def main() -> int:
     parser.add_argument("--no-daemon", action="store_true", help="only the driver rows")
     args = parser.parse_args()
     print(f"ACP agents through corral's driver, median of {args.runs}:")
-    print(f"{'agent':8} {'cancel ack':>24} {'tree dead':>24} {'next prompt':>24} {'fresh CLI':>24} {'ratio':>6}")
+    print(f"{'agent':10} {'cancel ack':>24} {'own left':>8} {'tree dead':>24} {'next prompt':>24} {'fresh CLI':>24}"
+          f" {'ratio':>6}")
     for name in args.agents:
         f = trio.run(bench, ACP_AGENTS[name], args.runs)
         ratio = statistics.median(f["fresh"]) / statistics.median(f["persistent"])
+        left = f"{max(f['own_left']):.0f}" if f["own_left"] else "-"
         cells = [_fmt(f[key]) for key in ("ack", "dead", "persistent", "fresh")]
-        print(f"{name:8} " + " ".join(f"{cell:>24}" for cell in cells) + f" {ratio:5.1f}x")
+        rest = " ".join(f"{cell:>24}" for cell in cells[1:])
+        print(f"{name:10} {cells[0]:>24} {left:>8} {rest} {ratio:5.1f}x")
         sys.stdout.flush()
     if args.no_daemon:
         return 0

@@ -36,7 +36,7 @@ threads, from the call to the return) and the load average when the row ended. T
 ``setsid sleep``: the lightest tree, so what is measured is corral, not the agent).
 ``--spawn`` measures what spawning into a cgroup costs (the shell pre-exec step).
 
-Then, for each real CLI (claude, codex, gemini, qwen; ``--cli``), against its fake model
+Then, for each real CLI (claude, codex, gemini, qwen, pi; ``--cli``), against its fake model
 server of tests/fakemodel/, each turn running a tool that starts a long process plus a setsid
 grandchild and writes their pids (ready = both pid files written):
 
@@ -48,7 +48,9 @@ grandchild and writes their pids (ready = both pid files written):
   its adapter builds (same argv, env, cwd, HOME files), in its own session; once its tool
   runs, ``os.killpg(pgid, SIGTERM)``, wait up to 5 s for the leader, then count what is alive
   1 s later (by the pid files and by a ``CORRAL_BENCH_TREE`` marker). All of it is then
-  killed by pid.
+  killed by pid;
+* **SIGINT group** (the adapter's interrupt signal): the CLI's own stop, what corral sends
+  first, with nothing after it: the same count of what it leaves.
 
 The demo rows are skipped with ``--no-demo``. Adding a demo-like agent: write a ``*_setup``
 context manager like :func:`demo_setup` and add it to ``SETUPS``; a real CLI goes in ``CLIS``.
@@ -76,6 +78,7 @@ import psutil
 from adapters import claude as claude_adapter
 from adapters import codex as codex_adapter
 from adapters import gemini as gemini_adapter
+from adapters import pi as pi_adapter
 from adapters import qwen as qwen_adapter
 from adapters._base import Adapter, TurnRequest
 from scripts._bench import (
@@ -97,6 +100,7 @@ from scripts._bench import (
 from supervisor.procs.cgroup import open_root
 from supervisor.procs.tree import scrubbed_environment
 from supervisor.serve.client import Client
+from supervisor.testing import read_pid
 from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.clis import cache_dir as cli_cache_dir
@@ -523,6 +527,8 @@ CLIS: dict[str, CliSpec] = {
                      openai_responses.agent_options),
     "gemini": CliSpec("gemini", gemini_adapter.ADAPTER, gemini_api.FakeGeminiServer, gemini_api.agent_env),
     "qwen": CliSpec("qwen", qwen_adapter.ADAPTER, openai_chat.OpenAIChatServer, openai_chat.agent_env),
+    "pi": CliSpec("pi", pi_adapter.ADAPTER, openai_chat.PiChatServer, lambda url: dict(openai_chat.PI_ENV),
+                  openai_chat.pi_options),
 }
 
 
@@ -544,7 +550,10 @@ class CliSetup:
 
     def config_text(self) -> str:
         """The daemon's config: this CLI as the only agent."""
-        table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options}
+        # The tool and its pid files live in the folder: granted, as a user grants a folder it
+        # points an agent at (the sandbox shows a turn nothing else of /tmp).
+        table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options,
+                 "sandbox_write": [str(self.folder)]}
         return (
             SERVER_TOML
             + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\n'
@@ -566,12 +575,17 @@ def cli_setup(spec: CliSpec, folder: Path) -> Iterator[CliSetup]:
 
 
 def tool_pids(pidfile: Path) -> tuple[int, int] | None:
-    """(long process, setsid grandchild) once the tool wrote both pid files, else None."""
+    """(long process, setsid grandchild) once the tool wrote both pid files, else None.
+
+    The pids are host pids: a sandboxed tool writes ``PID NAMESPACE`` (``read_pid`` maps it).
+    """
+    setsid = Path(f"{pidfile}.setsid")
     try:
-        main, grandchild = pidfile.read_text().strip(), Path(f"{pidfile}.setsid").read_text().strip()
-    except FileNotFoundError:
+        if not pidfile.read_text().strip() or not setsid.read_text().strip():
+            return None
+        return read_pid(pidfile), read_pid(setsid)
+    except (FileNotFoundError, ValueError, LookupError):
         return None
-    return (int(main), int(grandchild)) if main and grandchild else None
 
 
 def alive_tool(pid: int) -> str | None:
@@ -626,9 +640,11 @@ def row_cli_corral(daemon: Daemon, setup: CliSetup, n: int, tag: str) -> StopRow
 
 @dataclass
 class TermRow:
-    """The figures of the "SIGTERM to the CLI's group alone" comparison."""
+    """The figures of the "a signal to the CLI's group alone" comparisons (SIGTERM, or the
+    adapter's interrupt signal: the CLI's own exit on a stop, without corral's kill)."""
 
     trees: int
+    sig: signal.Signals = signal.SIGTERM
     exit_ms: list[float] = field(default_factory=list)
     """SIGTERM until the leader was reaped, for the leaders that exited within the wait."""
     returncodes: list[int] = field(default_factory=list)
@@ -641,9 +657,9 @@ class TermRow:
     cleaned: int = 0
 
 
-def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
-    """The CLI started directly with its adapter's launch; SIGTERM to its group, then count."""
-    row = TermRow(n)
+def row_cli_sigterm(setup: CliSetup, n: int, tag: str, sig: signal.Signals = signal.SIGTERM) -> TermRow:
+    """The CLI started directly with its adapter's launch; ``sig`` to its group, then count."""
+    row = TermRow(n, sig)
     base = setup.folder / f"direct-{tag}"
     home = base / "home"
     procs: list[subprocess.Popen[bytes]] = []
@@ -698,7 +714,7 @@ def row_cli_sigterm(setup: CliSetup, n: int, tag: str) -> TermRow:
         row.tool_pids_total = len(pids)
         for proc in procs:
             t0 = time.perf_counter()
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, sig)
             try:
                 proc.wait(timeout=SIGTERM_WAIT)
                 row.exit_ms.append((time.perf_counter() - t0) * 1000)
@@ -742,7 +758,7 @@ def print_term_row(row: TermRow) -> None:
     """The comparison row, human-readable."""
     exits = (f"leader exited in median {statistics.median(row.exit_ms):.0f} / max {max(row.exit_ms):.0f} ms"
              if row.exit_ms else "no leader exited")
-    print(f"  {'SIGTERM group':<15} {row.trees:>3} ch: {exits}, rc {sorted(set(row.returncodes))};"
+    print(f"  {row.sig.name + ' group':<15} {row.trees:>3} ch: {exits}, rc {sorted(set(row.returncodes))};"
           f" still running after {SIGTERM_WAIT:g} s: {row.still_running}")
     print(f"  {'':<15} {'':>3}     alive after 1 s: tool pids {row.tool_pids_alive}/{row.tool_pids_total},"
           f" marked processes {len(row.left_detail)}{kinds_text(row.left_detail)};"
@@ -784,9 +800,13 @@ def run_cli(name: str, root: Path, n: int, failures: list[str]) -> None:
             failures.append(f"{name} corral: {one.left_after_1s} leftover process(es) after 1 s: {one.left_detail[:4]}")
         term = row_cli_sigterm(setup, n, "t")
         print_term_row(term)
+        # The CLI's own stop: its interrupt signal (what corral sends first), and nothing after.
+        own = row_cli_sigterm(setup, n, "i", setup.adapter.interrupt_signal)
+        print_term_row(own)
         print(f"  corral leftovers after 1 s: {one.left_after_1s}"
               f" -> {'meets' if one.left_after_1s == 0 else 'MISSES'} (target 0;"
-              f" alive at return {one.alive_at_return}); SIGTERM to the group alone left {len(term.left_detail)}")
+              f" alive at return {one.alive_at_return}); SIGTERM to the group alone left {len(term.left_detail)},"
+              f" the CLI's own {own.sig.name} exit left {len(own.left_detail)}")
 
 
 # ---------------------------------------------------------------- main

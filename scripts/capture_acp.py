@@ -153,8 +153,10 @@ async def capture(spec: AcpAgentSpec, out: Path) -> dict[str, Any]:
             rec.write(out / "stale.jsonl")
 
             rec = Recorder(root)
+            # An agent whose attended launch differs (no tool that never asks) starts with that.
+            attended = spec.attended(server.url, str(work), home) if spec.attended is not None else launch
             async with open_acp_agent(
-                launch, marker=f"acp-capture-{spec.name}", home=home, unattended=False, tap=rec.tap
+                attended, marker=f"acp-capture-{spec.name}", home=home, unattended=False, tap=rec.tap
             ) as agent:
                 manifest["attended"] = await _turn(
                     agent, rec, "attended", "[[shell:touch rejected.txt]] [[say:Done or not.]] Touch a file."

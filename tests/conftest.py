@@ -126,12 +126,54 @@ def script_agent(code: str, **extra: Any) -> dict[str, Any]:
     return {"adapter": "generic", "command": [PYTHON, "-c", code], **extra}
 
 
+class Supervisors(set[int]):
+    """The pids of the supervisors this test run started, each with its start time.
+
+    A turn id names its supervisor by pid only (``t<pid hex>-…``). pids are reused (here
+    ``pid_max`` is 32768, and a real-CLI run spends tens of thousands), and other engineers'
+    suites run on the same machine: a daemon of theirs can get the pid one of ours had, and
+    its turns' markers then name a pid of this run. A pid is this run's only while no other
+    process holds it: alive with another start time, it is someone else's.
+    """
+
+    def __init__(self, *pids: int) -> None:
+        super().__init__()
+        self.born: dict[int, float] = {}
+        for pid in pids:
+            self.add(pid)
+
+    def add(self, pid: int) -> None:
+        """Record ``pid`` (a process just started, so still the one meant) and its start time."""
+        super().add(pid)
+        try:
+            self.born[pid] = psutil.Process(pid).create_time()
+        except psutil.Error:
+            self.born.pop(pid, None)
+
+    def owns(self, pid: int) -> bool:
+        """Is ``pid`` one of this run's supervisors: recorded, and not since reused?"""
+        if pid not in self:
+            return False
+        born = self.born.get(pid)
+        try:
+            now = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return True  # gone: its turns' leftovers are this run's
+        return born is None or abs(now - born) < 0.5
+
+
 #: Supervisors started by this test run: this process, and every daemon it launched.
-SUPERVISOR_PIDS: set[int] = {os.getpid()}
+SUPERVISOR_PIDS = Supervisors(os.getpid())
 
 
 def _ours(turn_id: str) -> bool:
-    return any(turn_id.startswith(f"t{pid:x}-") for pid in SUPERVISOR_PIDS)
+    head = turn_id.split("-", 1)[0]
+    if not head.startswith("t"):
+        return False
+    try:
+        return SUPERVISOR_PIDS.owns(int(head[1:], 16))
+    except ValueError:
+        return False
 
 
 def turn_processes(turn_ids: list[str] | None = None) -> list[psutil.Process]:

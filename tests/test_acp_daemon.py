@@ -1,10 +1,11 @@
 """Real ACP agents as ``adapter = "acp"`` agents of a real `corral run` daemon, offline against
-the fake model servers (gemini --acp, qwen --acp, claude-agent-acp, codex-acp, opencode acp):
+the fake model servers (gemini --acp, qwen --acp, claude-agent-acp, codex-acp, opencode acp, copilot, vibe,
+kilo, kimi, fast-agent):
 
 * a text turn stores its answer and the session id; a stop mid-tool kills the tool and its
   setsid grandchild before it returns (``ended``: the agent acknowledged the typed cancel), the
   notice is last, the agent process serves the next message, which resumes the conversation;
-* a stop while the model stream is silent lands within the stop budget;
+* then, in the same warm agent, a stop while the model stream is silent lands within the stop budget;
 * a permission request of an attended agent is answered by the policy (rejected) and stored.
 
 The agents are installed by scripts/install-clis.sh. A missing agent fails, never skips.
@@ -118,7 +119,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_text_then_stop_mid_tool_then_the_agent_resumes(rig: Rig) -> None:
+def test_text_then_stop_mid_tool_then_the_agent_resumes_then_a_stop_on_a_silent_stream(rig: Rig) -> None:
     first = rig.send_and_wait("work", "[[say:I will remember.]] Remember the word pelican.")
     assert "I will remember." in _messages(first), first
     assert not [e for e in first if e["kind"] == "error"], first
@@ -148,23 +149,24 @@ def test_text_then_stop_mid_tool_then_the_agent_resumes(rig: Rig) -> None:
     later = [r.raw.decode("utf-8", "replace") for r in rig.server.requests[before:]]
     assert any("pelican" in body.split("Which word")[0] for body in later), "the conversation went on"
     assert rig.json("status")["channels"]["work"]["sessions"]["cli"] == session
-
-
-def test_stop_on_a_silent_stream_lands_within_the_budget(rig: Rig) -> None:
-    seq = rig.json("send", "quiet", "[[silent]] Think very hard.")["seq"]
+    # Then a stop on a silent stream, in the same (warm) agent: one cold start fewer a test.
+    seq = rig.json("send", "work", "[[silent]] Think very hard.")["seq"]
     rig.wait_for(lambda: rig.saw("Think very hard."), "the model request")
     begun = time.monotonic()
-    result = rig.json("stop", "quiet")
+    result = rig.json("stop", "work")
     elapsed = time.monotonic() - begun
     assert result["ok"] and result["stopped_turns"] and result["ended"] in ("cancelled", "killed"), result
     assert elapsed < CANCEL_GRACE + STOP_MARGIN, f"stop took {elapsed:.2f} s"
-    assert rig.entries("quiet", after=seq - 1)[-1]["kind"] == "notice"
+    assert rig.entries("work", after=seq - 1)[-1]["kind"] == "notice"
 
 
 def test_a_permission_request_is_answered_by_the_policy(rig: Rig) -> None:
     prompt = "[[shell:touch rejected.txt]] [[say:Done or not.]] Touch a file."
     entries = rig.send_and_wait("ask", prompt, "--agent", "strict")
     decisions = [e["text"] for e in entries if e["kind"] == "status" and e["text"].startswith("permission for")]
-    assert decisions and all(": rejected (reject" in d for d in decisions), entries
+    if rig.name == "fast-agent":  # asks nothing over ACP: an attended fast-agent has no shell tool
+        assert decisions == [], entries
+    else:
+        assert decisions and all(": rejected (reject" in d for d in decisions), entries
     work = rig.folder / "corral.d" / "work" / "strict"
     assert not list(work.glob("*/rejected.txt")), "the rejected tool did not run"

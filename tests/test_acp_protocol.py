@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from adapters._base import SessionId, Text, TodoItem, Todos, ToolResult, ToolUse, Unparsed
+from adapters._base import SessionId, Text, TodoItem, Todos, ToolResult, ToolUse, TurnRequest, Unparsed
 from adapters._jsonrpc import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -35,6 +35,7 @@ from adapters.acp import (
     PromptEnded,
     RequestFailed,
     SessionReady,
+    build_launch,
     decide_permission,
     preset_launch,
 )
@@ -424,9 +425,38 @@ def test_presets_fill_in_the_command_and_the_quirks() -> None:
     assert launch.env["GEMINI_CLI_NO_RELAUNCH"] == "true" and launch.env["NO_COLOR"] == "0"
     assert preset_launch("opencode", cwd="/w", command=["/x/opencode"]).argv == ("/x/opencode", "acp")
     assert preset_launch("claude", cwd="/w").argv == ("claude-agent-acp",)
-    with pytest.raises(KeyError, match="known: claude, codex, gemini, opencode, qwen"):
+    assert preset_launch("copilot", cwd="/w").argv == ("copilot", "--acp")
+    assert preset_launch("vibe", cwd="/w").argv == ("vibe-acp",)
+    assert preset_launch("kilo", cwd="/w").argv == ("kilo", "acp")
+    assert preset_launch("kimi", cwd="/w").argv == ("kimi", "acp")
+    assert preset_launch("fast-agent", cwd="/w").argv == ("fast-agent", "acp", "--shell")
+    known = ["claude", "codex", "copilot", "fast-agent", "gemini", "kilo", "kimi", "opencode", "qwen", "vibe"]
+    with pytest.raises(KeyError, match="known: " + ", ".join(known)):
         preset_launch("nope", cwd="/w")
-    assert set(PRESETS) == {"claude", "codex", "gemini", "opencode", "qwen"}
+    assert sorted(PRESETS) == known
+
+
+def test_an_attended_fast_agent_has_no_shell_tool_and_keeps_its_state_in_home() -> None:
+    """fast-agent's local shell asks nothing over ACP: only an unattended agent gets it."""
+    def launch(unattended: bool) -> tuple[str, ...]:
+        request = TurnRequest(prompt="", channel="c", turn_id="t", agent="fa", command=(), home="/h", cwd="/w",
+                              options={"preset": "fast-agent"}, unattended=unattended)
+        built = build_launch(request)
+        assert built.env["FAST_AGENT_HOME"] == "/h/.fast-agent"
+        return built.argv
+
+    assert launch(True) == ("fast-agent", "acp", "--shell")
+    assert launch(False) == ("fast-agent", "acp")
+
+
+def test_the_kimi_preset_stores_a_login_placeholder_that_never_expires() -> None:
+    """kimi acp refuses session/new without a stored Kimi Code login, even for a model of
+    one's own: the preset's file is one it accepts (an access token, no expiry)."""
+    request = TurnRequest(prompt="", channel="c", turn_id="t", agent="kimi", command=("kimi",), home="/h",
+                          options={"preset": "kimi"})
+    files = build_launch(request).files
+    token = json.loads(files[".kimi/credentials/kimi-code.json"])
+    assert token["access_token"] and "expires_at" not in token
 
 
 # ---------------------------------------------------------------- replays of real agents
@@ -494,13 +524,23 @@ def test_replay_text_turn_joins_into_one_answer(agent: str) -> None:
     assert events["text"][-1] == PromptEnded("end_turn")
 
 
+#: Agents whose shell tool asks no permission over ACP (an attended agent of theirs has none).
+ASKS_NOTHING = {"fast-agent"}
+#: Agents that announce a tool call ``pending`` with no input and never update it: no tool
+#: entry to show (fast-agent 0.10.48's local shell; the answer carries the output).
+TOOLS_UNREPORTED = {"fast-agent"}
+
+
 def test_replay_tool_turn_is_tool_use_and_one_result(agent: str) -> None:
     events = replay(CAPTURES / f"acp-{agent}" / "session.jsonl")["tool"]
     # gemini deems ``echo`` safe and asks no permission; the others ask, and are allowed once.
     assert all(e.kind == "allow_once" for e in events if isinstance(e, PermissionDecided))
     uses = [e for e in events if isinstance(e, ToolUse)]
     results = [e for e in events if isinstance(e, ToolResult)]
-    assert uses and len(results) == 1 and not results[0].is_error
+    if agent in TOOLS_UNREPORTED:
+        assert uses == [] and results == []
+    else:
+        assert uses and len(results) == 1 and not results[0].is_error
     assert "hi-from-tool" in text_of(events)
     assert events[-1] == PromptEnded("end_turn")
 
@@ -509,7 +549,8 @@ def test_replay_tool_turn_is_tool_use_and_one_result(agent: str) -> None:
 def test_replay_cancel_is_acknowledged_and_nothing_after_it_is_kept(agent: str, scenario: str) -> None:
     events = replay(CAPTURES / f"acp-{agent}" / "session.jsonl")[scenario]
     if scenario == "cancel-tool":  # the tool script is not deemed safe: the policy allowed it
-        assert [e.kind for e in events if isinstance(e, PermissionDecided)] == ["allow_once"]
+        asked = [] if agent in ASKS_NOTHING else ["allow_once"]
+        assert [e.kind for e in events if isinstance(e, PermissionDecided)] == asked
     assert events[-1] == PromptEnded("cancelled", cancelled=True)
     assert not [e for e in events if isinstance(e, Text | ToolResult)]
 
@@ -523,7 +564,10 @@ def test_replay_the_next_prompt_after_a_cancel_runs_in_the_same_process(agent: s
 def test_replay_attended_agent_rejects_the_tool(agent: str) -> None:
     events = replay(CAPTURES / f"acp-{agent}" / "attended.jsonl", unattended=False)["attended"]
     decided = [e for e in events if isinstance(e, PermissionDecided)]
-    assert decided and all(d.kind is not None and d.kind.startswith("reject") for d in decided)
+    if agent in ASKS_NOTHING:  # no shell tool at all when attended: nothing to ask for
+        assert decided == []
+    else:
+        assert decided and all(d.kind is not None and d.kind.startswith("reject") for d in decided)
     assert isinstance(events[-1], PromptEnded)
 
 

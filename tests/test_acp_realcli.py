@@ -1,4 +1,5 @@
-"""Real ACP agents (gemini --acp, qwen --acp, claude-agent-acp, codex-acp, opencode acp) driven by corral's ACP driver,
+"""Real ACP agents (gemini --acp, qwen --acp, claude-agent-acp, codex-acp, opencode acp, copilot, vibe, kilo, kimi,
+fast-agent) driven by corral's ACP driver,
 offline against the fake model servers: a text turn and its session id; a cancel mid-tool
 (the tool and its setsid grandchild dead, the agent serving the next prompt); a resume with
 session/load in a fresh process; a cancel while the model stream is silent; a permission
@@ -43,6 +44,9 @@ CANCEL_GRACE = 15.0
 #: the same id *before* reading it, so the saved conversation is emptied and the load fails
 #: with "No previous sessions found for this project." (headless ``--resume`` works).
 LOAD_BROKEN = {"gemini"}
+#: Agents that run their shell tool without asking over ACP, and why: an attended agent of
+#: theirs gets no shell tool at all (the preset's ``unattended_args``).
+ASKS_NOTHING = {"fast-agent": "its local shell asks no permission; only a client's ACP terminal is asked for"}
 
 
 class Rig:
@@ -58,7 +62,8 @@ class Rig:
 
     @asynccontextmanager
     async def agent(self, *, saved: str | None = None, unattended: bool = True) -> AsyncIterator[AcpAgent]:
-        launch = self.spec.launch(self.server.url, str(self.work), self.home)
+        make = self.spec.attended if not unattended and self.spec.attended is not None else self.spec.launch
+        launch = make(self.server.url, str(self.work), self.home)
         async with open_acp_agent(
             launch,
             marker=f"acp-real-{self.spec.name}-{id(self)}",
@@ -105,43 +110,67 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
             await trio.sleep(0.05)
 
 
-async def test_text_turn_and_session_id(rig: Rig) -> None:
+async def test_text_then_a_cancel_mid_tool_then_one_on_a_silent_stream_in_one_agent(rig: Rig) -> None:
+    """Three scenarios in one agent process, in turn (one cold start, not three: a start is
+    most of these tests' time): a text turn and its session id; a cancel mid-tool (the tool
+    and its setsid grandchild dead, the agent serving the next prompt); a cancel while the
+    model stream is silent, acknowledged within the grace, and the next prompt answered."""
     async with rig.agent() as agent:
-        assert agent.session_id
-        events = await collect(agent.prompt("[[say:Hello from ACP.]] Say hello."))
-        assert text_of(events) == "Hello from ACP."
-        assert events[-1] == PromptEnded("end_turn")
+        await _text_turn(agent)
+        await _cancel_mid_tool(rig, agent)
+        await _cancel_on_a_silent_stream(rig, agent)
 
 
-async def test_cancel_mid_tool_kills_the_tool_tree_and_the_agent_serves_on(rig: Rig) -> None:
+async def _text_turn(agent: AcpAgent) -> None:
+    assert agent.session_id
+    events = await collect(agent.prompt("[[say:Hello from ACP.]] Say hello."))
+    assert text_of(events) == "Hello from ACP."
+    assert events[-1] == PromptEnded("end_turn")
+
+
+async def _cancel_mid_tool(rig: Rig, agent: AcpAgent) -> None:
     tool = write_tool_script(rig.folder)
     pid_file = rig.folder / "pid"
-    async with rig.agent() as agent:
-        stream = agent.prompt(f"[[shell:sh {tool} {pid_file}]] [[say:never said]] Run the tool.")
-        seen: list[AcpEvent] = []
-        async with trio.open_nursery() as nursery:
+    stream = agent.prompt(f"[[shell:sh {tool} {pid_file}]] [[say:never said]] Run the tool.")
+    seen: list[AcpEvent] = []
+    async with trio.open_nursery() as nursery:
 
-            async def consume() -> None:
-                seen.extend(await collect(stream))
+        async def consume() -> None:
+            seen.extend(await collect(stream))
 
-            nursery.start_soon(consume)
-            await wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
-            child = read_pid(pid_file)
-            grandchild = read_pid(Path(f"{pid_file}.setsid"))
-            assert alive(child) and alive(grandchild)
-            with trio.fail_after(CANCEL_GRACE + 10):
-                report = await agent.cancel(grace=CANCEL_GRACE)
-        assert report.ended == "cancelled", report
-        assert not alive(child) and not alive(grandchild) and not report.survivors
-        assert [e.kind for e in seen if isinstance(e, PermissionDecided)] == ["allow_once"]
-        assert seen[-1].stop_reason == "cancelled"  # type: ignore[union-attr]
-        assert "never said" not in text_of(seen)
-        before = agent.pid
-        restarted = await agent.ensure_running()
-        assert restarted == rig.spec.restart_after_cancel
-        assert (agent.pid == before) != restarted, "the same process serves on unless the preset restarts it"
-        events = await collect(agent.prompt("[[say:Still here.]] Are you there?"))
-        assert text_of(events) == "Still here."
+        nursery.start_soon(consume)
+        await wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+        child = read_pid(pid_file)
+        grandchild = read_pid(Path(f"{pid_file}.setsid"))
+        assert alive(child) and alive(grandchild)
+        with trio.fail_after(CANCEL_GRACE + 10):
+            report = await agent.cancel(grace=CANCEL_GRACE)
+    assert report.ended == "cancelled", report
+    assert not alive(child) and not alive(grandchild) and not report.survivors
+    asked = [] if rig.spec.name in ASKS_NOTHING else ["allow_once"]
+    assert [e.kind for e in seen if isinstance(e, PermissionDecided)] == asked
+    assert seen[-1].stop_reason == "cancelled"  # type: ignore[union-attr]
+    assert "never said" not in text_of(seen)
+    before = agent.pid
+    restarted = await agent.ensure_running()
+    assert restarted == rig.spec.restart_after_cancel
+    assert (agent.pid == before) != restarted, "the same process serves on unless the preset restarts it"
+    events = await collect(agent.prompt("[[say:Still here.]] Are you there?"))
+    assert text_of(events) == "Still here."
+
+
+async def _cancel_on_a_silent_stream(rig: Rig, agent: AcpAgent) -> None:
+    stream = agent.prompt("[[silent]] Think forever.")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collect, stream)
+        await wait_until(lambda: rig.saw("Think forever."))
+        with trio.fail_after(CANCEL_GRACE + 10):
+            report = await agent.cancel(grace=CANCEL_GRACE)
+    assert report.ended == "cancelled", report
+    assert report.acknowledged_after is not None and report.acknowledged_after < CANCEL_GRACE
+    await agent.ensure_running()
+    events = await collect(agent.prompt("[[say:Back again.]] And now?"))
+    assert text_of(events) == "Back again."
 
 
 async def test_resume_with_session_load_in_a_fresh_process(rig: Rig) -> None:
@@ -160,27 +189,15 @@ async def test_resume_with_session_load_in_a_fresh_process(rig: Rig) -> None:
             assert "pelican" in last.split("Which word")[0], "the model saw the earlier conversation"
 
 
-async def test_cancel_during_a_silent_stream(rig: Rig) -> None:
-    async with rig.agent() as agent:
-        stream = agent.prompt("[[silent]] Think forever.")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(collect, stream)
-            await wait_until(lambda: rig.saw("Think forever."))
-            with trio.fail_after(CANCEL_GRACE + 10):
-                report = await agent.cancel(grace=CANCEL_GRACE)
-        assert report.ended == "cancelled", report
-        assert report.acknowledged_after is not None and report.acknowledged_after < CANCEL_GRACE
-        await agent.ensure_running()
-        events = await collect(agent.prompt("[[say:Back again.]] And now?"))
-        assert text_of(events) == "Back again."
-
-
 async def test_attended_agent_has_its_tool_rejected_by_the_policy(rig: Rig) -> None:
     async with rig.agent(unattended=False) as agent:
         events = await collect(agent.prompt("[[shell:touch rejected.txt]] [[say:Done or not.]] Touch a file."))
         decided = [e for e in events if isinstance(e, PermissionDecided)]
-        assert decided and all((d.kind or "").startswith("reject") for d in decided)
-        assert any(isinstance(e, ToolUse) for e in events) or decided
+        if rig.spec.name in ASKS_NOTHING:  # no shell tool to ask for: the model's call fails
+            assert decided == []
+        else:
+            assert decided and all((d.kind or "").startswith("reject") for d in decided)
+            assert any(isinstance(e, ToolUse) for e in events) or decided
         assert isinstance(events[-1], PromptEnded)
         assert not (rig.work / "rejected.txt").exists()
 

@@ -121,3 +121,40 @@ def test_every_folder_of_package_data_is_a_package_setuptools_finds() -> None:
             if folder.is_dir() and folder.name != "__pycache__" and any(f.is_file() for f in folder.iterdir()):
                 name = ".".join(folder.relative_to(ROOT).parts)
                 assert name in found, f"{name} ships files but is no package setuptools finds"
+
+
+def test_a_turn_of_another_run_whose_supervisor_got_a_pid_of_ours_is_not_ours() -> None:
+    """The leftover check counts only this run's turns, though pids are reused.
+
+    Another suite on the machine (the engineers share it) can start a daemon under a pid that
+    a daemon of this run had: its turns then carry ``t<that pid>-…``. Counting them as ours
+    made a teardown "find" a foreign sandbox (bwrap, bwrap, node) still alive, and kill it.
+    """
+    import time
+
+    import psutil
+    from conftest import SUPERVISOR_PIDS, turn_processes
+
+    from supervisor.procs.tree import TURN_MARKER
+
+    theirs = subprocess.Popen(["sleep", "60"])  # stands in for the other run's daemon
+    turn = None
+    try:
+        SUPERVISOR_PIDS.add(theirs.pid)
+        born = SUPERVISOR_PIDS.born[theirs.pid]
+        SUPERVISOR_PIDS.born[theirs.pid] = born - 100  # ours had this pid, earlier, and died
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), TURN_MARKER: f"t{theirs.pid:x}-acp-0"}
+        turn = subprocess.Popen(["sleep", "60"], env=env)
+        deadline = time.monotonic() + 30
+        while psutil.Process(turn.pid).environ().get(TURN_MARKER) is None:  # until it has exec'd
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert turn.pid not in {p.pid for p in turn_processes()}, "a reused pid's turns are not ours"
+        SUPERVISOR_PIDS.born[theirs.pid] = born  # the very process we started: its turns are ours
+        assert turn.pid in {p.pid for p in turn_processes()}
+    finally:
+        for proc in (turn, theirs):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+        SUPERVISOR_PIDS.discard(theirs.pid)

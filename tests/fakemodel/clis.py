@@ -11,6 +11,8 @@ PACKAGES: dict[str, str] = {
     "codex": "@openai/codex@0.171.0",
     "gemini": "@google/gemini-cli@0.61.0",
     "qwen": "@qwen-code/qwen-code@0.15.10",
+    "aider": "pypi:aider-chat==0.86.2",
+    "pi": "@mariozechner/pi-coding-agent@0.73.1",
 }
 
 
@@ -22,11 +24,23 @@ def cache_dir() -> Path:
     return Path(base) / "corral" / "clis"
 
 
+def installed_binary(spec: str, binary: str) -> Path:
+    """Where install-clis.sh put ``binary`` of package ``spec``; raises with the fix when missing.
+
+    ``spec`` is an npm spec (``@scope/name@1.2.3``: under ``node_modules/.bin`` of a folder
+    named by it) or a PyPI one (``pypi:name==1.2.3``: the ``bin/`` of a virtualenv named
+    ``pypi_name_1.2.3``).
+    """
+    if spec.startswith("pypi:"):
+        name, version = spec.removeprefix("pypi:").split("==")
+        path = cache_dir() / f"pypi_{name}_{version}" / "bin" / binary
+    else:
+        path = cache_dir() / spec.replace("@", "_").replace("/", "_") / "node_modules" / ".bin" / binary
+    if not path.exists():
+        raise FileNotFoundError(f"{binary} is not installed at {path}; run scripts/install-clis.sh")
+    return path
+
+
 def cli_path(name: str) -> Path:
     """The installed binary of CLI ``name``; raises with the fix when it is missing."""
-    spec = PACKAGES[name]
-    folder = spec.replace("@", "_").replace("/", "_")
-    path = cache_dir() / folder / "node_modules" / ".bin" / name
-    if not path.exists():
-        raise FileNotFoundError(f"{name} is not installed at {path}; run scripts/install-clis.sh")
-    return path
+    return installed_binary(PACKAGES[name], name)

@@ -290,3 +290,164 @@ class OpenCodeChatServer(OpenAIChatServer):
     def shell_arguments(self, command: str) -> dict[str, Any]:
         """opencode's ``bash`` tool takes the command and a short description."""
         return {"command": command, "description": "Run the requested command"}
+
+
+class CopilotChatServer(OpenAIChatServer):
+    """The same API as spoken by GitHub Copilot CLI (``copilot --acp``, a model of your own):
+    its shell tool is ``bash`` (``command``, ``description``; ``mode`` sync waits for it)."""
+
+    main_system_prompt = "You are GitHub Copilot"
+    shell_tool = "bash"
+    todo_tool = "update_todo"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """copilot's ``bash`` runs ``command`` synchronously in a fresh process."""
+        return {"command": command, "description": "Run the requested command", "mode": "sync"}
+
+
+def copilot_env(server_url: str) -> dict[str, str]:
+    """The environment that points ``copilot`` at the fake server with no GitHub login."""
+    return {
+        "COPILOT_OFFLINE": "true",
+        "COPILOT_PROVIDER_BASE_URL": server_url.rstrip("/") + "/v1",
+        "COPILOT_PROVIDER_TYPE": "openai",
+        "COPILOT_PROVIDER_API_KEY": "sk-fake-corral",
+        "COPILOT_MODEL": MODEL,
+    }
+
+
+class VibeChatServer(OpenAIChatServer):
+    """The same API as spoken by Mistral Vibe (``vibe-acp``): shell tool ``bash`` (``command``)."""
+
+    main_system_prompt = "You help users get complex tasks done"
+    shell_tool = "bash"
+    todo_tool = "todo"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """vibe's ``bash`` takes the command (and an optional timeout)."""
+        return {"command": command}
+
+
+def vibe_config(server_url: str) -> str:
+    """A ``config.toml`` for Mistral Vibe whose only model is the fake server's (key in
+    ``FAKE_API_KEY``), with telemetry and update checks off."""
+    return (
+        'active_model = "fake"\n'
+        "enable_telemetry = false\n"
+        "enable_update_checks = false\n"
+        "enable_auto_update = false\n"
+        "enable_notifications = false\n"
+        "[[providers]]\n"
+        'name = "fake"\n'
+        f'api_base = "{server_url.rstrip("/")}/v1"\n'
+        'api_key_env_var = "FAKE_API_KEY"\n'
+        'api_style = "openai"\n'
+        'backend = "generic"\n'
+        "[[models]]\n"
+        f'name = "{MODEL}"\n'
+        'provider = "fake"\n'
+        'alias = "fake"\n'
+    )
+
+
+class KiloChatServer(OpenCodeChatServer):
+    """The same API as spoken by Kilo Code CLI (``kilo acp``, an opencode fork)."""
+
+    main_system_prompt = ""
+
+
+class KimiChatServer(OpenAIChatServer):
+    """The same API as spoken by Kimi CLI (``kimi acp``, provider ``openai_legacy``): shell
+    tool ``Shell`` (``command``, ``timeout``), todos ``SetTodoList``."""
+
+    main_system_prompt = "You are Kimi Code CLI"
+    shell_tool = "Shell"
+    todo_tool = "SetTodoList"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """kimi's ``Shell`` runs ``command`` in the foreground, with a timeout it kills at
+        (at most 300 s in the foreground)."""
+        return {"command": command, "timeout": 300}
+
+    def chat(self, body: dict[str, Any], out: Responder) -> None:
+        """After a cancelled prompt kimi sends the next one as a second text part of the same
+        user message (the cancelled turn got no answer): the newest part is what was typed."""
+        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        start = user_prompt_index(messages)
+        if start is None:
+            super().chat(body, out)
+            return
+        content = messages[start].get("content")
+        if isinstance(content, list) and len(content) > 1:
+            messages[start] = {**messages[start], "content": content[-1:]}
+            body = {**body, "messages": messages}
+        super().chat(body, out)
+
+
+def kimi_config(server_url: str) -> str:
+    """A Kimi CLI ``config.toml`` whose only model is the fake server's."""
+    return (
+        'default_model = "fake"\n'
+        "[providers.fake]\n"
+        'type = "openai_legacy"\n'
+        f'base_url = "{server_url.rstrip("/")}/v1"\n'
+        'api_key = "sk-fake-corral"\n'
+        "[models.fake]\n"
+        'provider = "fake"\n'
+        f'model = "{MODEL}"\n'
+        "max_context_size = 128000\n"
+    )
+
+
+class PiChatServer(OpenAIChatServer):
+    """The same API as spoken by the pi coding agent (``pi --mode json``, a provider of its
+    ``models.json``): shell tool ``bash`` (``command``, an optional ``timeout``)."""
+
+    main_system_prompt = "You are an expert coding assistant operating inside pi"
+    shell_tool = "bash"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """pi's ``bash`` takes the command alone."""
+        return {"command": command}
+
+
+def pi_options(server_url: str) -> dict[str, str]:
+    """The ``[agents.NAME]`` keys that point the ``pi`` adapter at the fake server."""
+    return {"base_url": server_url.rstrip("/") + "/v1", "env_key": "FAKE_API_KEY"}
+
+
+#: The key ``pi_options`` names, in the agent's environment.
+PI_ENV = {"FAKE_API_KEY": "sk-fake-corral"}
+
+
+class FastAgentChatServer(OpenAIChatServer):
+    """The same API as spoken by fast-agent (``fast-agent acp --shell``, its ``generic``
+    provider): shell tool ``bash`` (``command``, ``run_in_background``)."""
+
+    main_system_prompt = ""
+    shell_tool = "bash"
+
+    def shell_arguments(self, command: str) -> dict[str, Any]:
+        """fast-agent's ``bash`` runs ``command`` in the foreground."""
+        return {"command": command}
+
+
+def fast_agent_env(server_url: str) -> dict[str, str]:
+    """The environment that points fast-agent's ``generic`` provider at the fake server."""
+    return {"GENERIC_BASE_URL": server_url.rstrip("/") + "/v1", "GENERIC_API_KEY": "sk-fake-corral"}
+
+
+class AiderChatServer(OpenAIChatServer):
+    """The same API as spoken by Aider (through LiteLLM): no tools, the answer is the text."""
+
+    main_system_prompt = "Act as an expert software developer"
+
+
+def aider_env(server_url: str) -> dict[str, str]:
+    """The environment that points ``aider --model openai/M`` at the fake server; LiteLLM's
+    cost map is read from its package, not fetched."""
+    return {
+        "OPENAI_API_BASE": server_url.rstrip("/") + "/v1",
+        "OPENAI_API_KEY": "sk-fake-corral",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
