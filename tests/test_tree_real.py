@@ -209,11 +209,22 @@ async def reported(sup: Supervisor, channel: str, *labels: str) -> tuple[dict[st
     raise AssertionError("the follow ended")
 
 
+#: ``/proc/PID/stat``'s flag of a task in the kernel's exit path (``PF_EXITING``).
+PF_EXITING = 0x4
+
+
 def alive(pid: int) -> bool:
+    """Can the process still run code? Not if it is gone, a zombie, or already in the kernel's
+    exit path (PF_EXITING, set as ``do_exit`` begins: it never returns to user space). A SIGKILLed
+    task leaves its cgroup before it is a zombie — bwrap's init, exiting, first waits in the
+    kernel for its pid namespace's other processes to go — so under load a stop that returned
+    once the turn's cgroup was empty could find it there for a moment (seen once in a full run)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
         return False
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return fields[0] not in (b"Z", b"X") and not int(fields[6]) & PF_EXITING
 
 
 def descendants_of(pid: int) -> set[int]:
