@@ -264,8 +264,9 @@ async def test_a_host_that_loses_its_lease_kills_the_channels_turn_at_once_and_s
 ) -> None:
     url = postgres_url
     async with host(short_tmp, url, "h1") as one:
-        # h1 alone when the turn begins: placement by capacity may otherwise leave a free channel
-        # to a host that said it has more room (seen once under load: h2 ran the turn).
+        # h1 alone when the turn begins: with h2 up, a lease h1 is slow to take (a loaded machine)
+        # leaves the queued message to whichever host takes the channel up first (seen once in a
+        # fresh-clone run: h2 ran the turn, and h1 had none to lose).
         await one.send("ch", f"flush gate={gate}")  # on SIGINT it prints, plans and answers at once
         await until("h1's turn to be ready", lambda: "ready" in texts(url))
         turn = one._lanes.turns[("ch", "bot")]
