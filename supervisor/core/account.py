@@ -260,3 +260,11 @@ def _todo_summary(items: list[dict[str, str]]) -> str:
 def unfinished(items: list[dict[str, str]]) -> int:
     """How many todos are pending or in progress."""
     return sum(1 for i in items if i.get("status") in ("pending", "in_progress"))
+
+
+def cancelled(items: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The plan with every unfinished todo cancelled (what a stop or an interrupt stores);
+    None when nothing in it is unfinished (the plan does not change)."""
+    if not unfinished(items):
+        return None
+    return [{**i, "status": "cancelled"} if i.get("status") in ("pending", "in_progress") else i for i in items]

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..core.account import cancelled
 from ..core.ledger import InterruptDecision, Phase, StopLedger
 from ..core.results import Accepted
 from ..store.store import QueuedRow, Store, StoreError
@@ -98,12 +99,9 @@ class Delivery:
                 continue
             if (turn := self._lanes.built(channel, decision.turn_id)) is not None:
                 turn.cut_off("interrupt")
-            plan = self._store.todos(channel, decision.agent)
-            if any(item["status"] in ("pending", "in_progress") for item in plan):
-                plans[decision.agent] = [
-                    {**item, "status": "cancelled"} if item["status"] in ("pending", "in_progress") else item
-                    for item in plan
-                ]
+            plan = cancelled(self._store.todos(channel, decision.agent))
+            if plan is not None:
+                plans[decision.agent] = plan
         return plans
 
     def _kill(

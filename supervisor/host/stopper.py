@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from ..config.settings import Config
-from ..core.account import unfinished
+from ..core.account import cancelled
 from ..core.ledger import QueuedMessage, StopDecision, StopLedger
 from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult
 from ..procs.cgroup import CgroupRoot
@@ -326,13 +326,9 @@ class Stopper:
         """The channel's plans with every unfinished todo cancelled (only plans that change)."""
         plans: dict[str, list[dict[str, str]]] = {}
         for agent in self._store.todo_agents(channel):
-            items = self._store.todos(channel, agent)
-            if not unfinished(items):
-                continue
-            for item in items:
-                if item["status"] in ("pending", "in_progress"):
-                    item["status"] = "cancelled"
-            plans[agent] = items
+            items = cancelled(self._store.todos(channel, agent))
+            if items is not None:
+                plans[agent] = items
         return plans
 
     def _plan_entries(self, channel: str, generation: int, plans: dict[str, list[dict[str, str]]]) -> list[Pending]:
