@@ -64,6 +64,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
+from .confine import probe_hardening
+
 log = logging.getLogger("corral.sandbox")
 
 SandboxMode = Literal["auto", "required", "off"]
@@ -93,6 +95,11 @@ PRIVATE_DIRS = ("/tmp",)
 STORE_COMPANIONS = ("", "-wal", "-shm", "-journal", ".lock")
 
 
+#: The fix when the seccomp filter cannot be had (:func:`.confine.probe_hardening`).
+HARDENING_FIX = ("run corral on x86_64 or aarch64, on a kernel with seccomp filters (CONFIG_SECCOMP_FILTER); "
+                 'or, knowing the turns then run unconfined, [server] sandbox = "off"')
+
+
 class SandboxRefused(Exception):
     """``sandbox = "required"`` and this machine cannot sandbox: what is missing, the fix."""
 
@@ -108,6 +115,9 @@ class Support:
     """The protections that cannot be had, each with why (empty when the sandbox works)."""
     fix: str | None = None
     """What would give them."""
+    hardening: tuple[str, ...] = ()
+    """bwrap options the probe found this bwrap and kernel take, added to every turn's
+    (``--disable-userns``, the covers of ``/proc/keys``: :func:`.confine.probe_hardening`)."""
 
     @property
     def available(self) -> bool:
@@ -134,6 +144,8 @@ class Reach:
     """Files inside its own (writable) folders bound read-only over themselves: the login
     files ``credentials`` hands it, which it may read and never change."""
     network: Network = "host"
+    hardening: tuple[str, ...] = ()
+    """:attr:`Support.hardening`: right after the base, before any folder is mounted."""
 
 
 def bwrap_args(reach: Reach) -> list[str]:
@@ -142,7 +154,7 @@ def bwrap_args(reach: Reach) -> list[str]:
     Mounts are ordered by depth, shallow first, so the deeper of two nested rules wins; at
     one path, hiding wins over writing, and writing over reading.
     """
-    args = list(BASE_ARGS)
+    args = [*BASE_ARGS, *reach.hardening]
     if reach.network == "none":
         args.append("--unshare-net")
     ops: list[tuple[int, int, str, list[str]]] = []
@@ -203,7 +215,11 @@ def probe(bwrap: str | None = None) -> Support:
             fix="allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
                 "user.max_user_namespaces > 0; Ubuntu 24.04+: an AppArmor profile for bwrap)",
         )
-    return Support(found, version=version or None)
+    # Less kernel to attack: the seccomp filter, no nested user namespaces (:mod:`.confine`).
+    hardening, refused = probe_hardening(found, BASE_ARGS, HIDDEN_FILE_SOURCE)
+    if refused is not None:
+        return Support(None, version=version, missing=(refused,), fix=HARDENING_FIX)
+    return Support(found, version=version or None, hardening=hardening)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +357,7 @@ class Sandbox:
             hidden_files=tuple(str(p) for p in files if _is_other(p)),
             network=network,
             pinned=tuple(str(p) for p in read_only),
+            hardening=self.support.hardening,
         )
         return (self.support.bwrap, *bwrap_args(reach), "--")
 

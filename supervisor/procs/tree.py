@@ -40,6 +40,7 @@ import psutil
 import trio
 
 from .cgroup import TurnCgroup, entering_argv, read_small, resolve_program
+from .confine import fresh_session_keyring, sealed
 
 log = logging.getLogger("corral.tree")
 
@@ -395,23 +396,33 @@ async def spawn(
 ) -> trio.Process:
     """Start ``argv`` in a new session with piped stdout/stderr (inside ``cgroup`` if given,
     before the program runs: see :mod:`supervisor.procs.cgroup`; behind ``sandbox``, the argv
-    of :meth:`supervisor.procs.sandbox.Sandbox.prefix`, if given: then inside the cgroup too).
+    of :meth:`supervisor.procs.sandbox.Sandbox.prefix`, if given: then inside the cgroup too,
+    with bwrap's options and the seccomp filter passed in memfds), with a session keyring of
+    its own (:mod:`supervisor.procs.confine`).
 
     The caller must register the result before its next checkpoint and kill it in a
     ``finally``: the spawn itself cannot be cancelled half-way.
     """
-    if sandbox:
-        argv = (*sandbox, resolve_program(argv[0], env.get("PATH"), cwd), *argv[1:])
-    command = list(argv) if cgroup is None else entering_argv(cgroup, argv, env.get("PATH"), cwd)
-    return await trio.lowlevel.open_process(
-        command,
-        stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=True,
-    )
+    with contextlib.ExitStack() as stack:
+        fds: tuple[int, ...] = ()
+        if sandbox:  # its options and seccomp filter handed over in memfds (see .confine)
+            words, fds = stack.enter_context(sealed(sandbox))
+            argv = (*words, resolve_program(argv[0], env.get("PATH"), cwd), *argv[1:])
+        command = list(argv) if cgroup is None else entering_argv(cgroup, argv, env.get("PATH"), cwd)
+        try:
+            return await trio.lowlevel.open_process(
+                command,
+                stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                pass_fds=fds,
+                preexec_fn=fresh_session_keyring,  # a session keyring of its own (see .confine)
+            )
+        except subprocess.SubprocessError as exc:  # (only the preexec step raises it)
+            raise OSError(f"the turn's own session keyring could not be made: {exc}") from exc
 
 
 async def wait_exited(process: trio.Process) -> None:

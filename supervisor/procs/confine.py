@@ -1,0 +1,154 @@
+"""What a turn may ask of the kernel, beyond what the sandbox lets it see.
+
+Theory of operation
+-------------------
+
+:mod:`.sandbox` plans a turn's *view* and hands bubblewrap the arguments that build it. This
+module adds, at the spawn (:func:`supervisor.procs.tree.spawn`), what limits the turn's reach
+into the kernel itself and keeps the plan out of its sight:
+
+* **No new user namespaces** (``--disable-userns``, bubblewrap 0.8+): a user namespace is
+  where an unprivileged process gets capabilities again, the door most Linux privilege
+  escalations of recent years came through, and what a nested cgroup2 or tmpfs mount needs.
+  The probe (:func:`probe_hardening`) tries it; a bwrap without it still gets the seccomp
+  filter, which refuses ``unshare``/``clone`` with namespace flags on its own.
+* **A seccomp filter** (``--seccomp FD``, built by :mod:`.seccomp`): bwrap loads it into its
+  init in the sandbox and into the program, right before they run.
+* **Its arguments out of sight** (``--args FD``): bwrap's command line is ``/proc/1/cmdline``
+  inside the sandbox, and it would name every path the turn may not see. The options go to
+  bwrap NUL-separated in a memfd instead; bwrap reads it and closes it before the program
+  runs, so ``/proc/1/cmdline`` says ``bwrap --args N -- PROGRAM ...`` and no descriptor is
+  left to read. (Mount points still show in ``/proc/self/mountinfo``: see docs/security.md.)
+* **A session keyring of its own** (:func:`fresh_session_keyring`): every process starts
+  with the keyring of whoever started it, so every turn shared the daemon's session keyring
+  (systemd gives a service one, a login shell its own): one turn could read another's keys
+  and plant keys a later turn would find. The spawn's child joins a new anonymous session
+  keyring before the program runs (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``), and the
+  filter then refuses the keyring calls outright; ``/proc/keys``, which lists every key of
+  the same uid by name, is covered in the sandbox.
+
+The keyring is joined in ``preexec_fn``, the one place code runs in the child before it
+execs (the cgroup's shell step cannot call ``keyctl``, and a helper binary would be a
+compiled thing to ship). ``preexec_fn`` is unsafe in a threaded program in general because
+the child may need a lock another thread held at the fork; this one is a single system call
+through a ctypes function bound at import, with no import, no I/O and no lock, and CPython
+re-initialises the interpreter's own locks in the child. Its cost: the child is made with
+``fork`` instead of ``vfork`` (measured in docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+
+from .seccomp import ARCHES, UnknownArchitecture, program_for
+
+#: bwrap's option that refuses new user namespaces inside the sandbox (0.8.0 and later).
+DISABLE_USERNS = "--disable-userns"
+#: Files of the sandbox's own ``/proc`` covered like corral's private files: ``/proc/keys``
+#: names every key of the turn's uid (the daemon's, another turn's) whatever keyring it is in.
+PROC_HIDDEN = ("/proc/keys", "/proc/key-users")
+#: ``keyctl`` operation: join (here: make) a session keyring (linux/keyctl.h).
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def machine() -> str:
+    """This machine's architecture, as the kernel names it (``uname -m``)."""
+    return os.uname().machine
+
+
+def probe_hardening(bwrap: str, base: Sequence[str], hide: str) -> tuple[tuple[str, ...], str | None]:
+    """What this bwrap adds to ``base`` for every turn, tried once: ``(options, None)``, or
+    ``((), why)`` when the filter cannot be had here (an architecture corral has no table
+    for, or a bwrap or kernel that refuses it) — then there is no sandbox, never a weaker one
+    that looks the same. ``hide`` is the node bound over :data:`PROC_HIDDEN`."""
+    try:
+        program_for(machine())
+    except UnknownArchitecture as exc:
+        return (), str(exc)
+    covers = tuple(word for path in PROC_HIDDEN if os.path.exists(path) for word in ("--ro-bind", hide, path))
+    why = None
+    for options in ((DISABLE_USERNS, *covers), covers):
+        why = _trial(bwrap, [*base, *options])
+        if why is None:
+            return options, None
+        if DISABLE_USERNS not in why:  # (an older bwrap: "Unknown option --disable-userns")
+            break
+    return (), f"bubblewrap ({bwrap}) cannot load corral's seccomp filter ({why})"
+
+
+def _trial(bwrap: str, options: Sequence[str]) -> str | None:
+    """Run ``/bin/true`` behind ``options`` the way a turn starts (sealed): None, or why not."""
+    try:
+        with sealed((bwrap, *options, "--chdir", "/", "--")) as (words, fds):
+            trial = subprocess.run(
+                [*words, "/bin/true"], capture_output=True, text=True, timeout=10,
+                stdin=subprocess.DEVNULL, pass_fds=fds,
+            )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if trial.returncode == 0:
+        return None
+    return (trial.stderr.strip().splitlines() or [f"exit status {trial.returncode}"])[-1]
+
+
+@contextlib.contextmanager
+def sealed(words: Sequence[str]) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """bwrap's argv for ``words`` (``(bwrap, *options, "--")``, :meth:`.Sandbox.prefix`) with
+    the options and the seccomp filter in memfds: ``(argv, fds to pass)``, the fds closed
+    on exit (the child keeps its copies). Raises :class:`.UnknownArchitecture` where there
+    is no filter to give (the probe has said so before any turn gets here)."""
+    if not words or words[-1] != "--":
+        raise ValueError(f"not a sandbox prefix: {list(words)!r}")
+    bwrap, options = words[0], words[1:-1]
+    with contextlib.ExitStack() as stack:
+        rules = stack.enter_context(_memfd("corral-seccomp", program_for(machine())))
+        args = stack.enter_context(_memfd(
+            "corral-bwrap-args", b"".join(word.encode() + b"\0" for word in (*options, "--seccomp", str(rules)))
+        ))
+        yield (bwrap, "--args", str(args), "--"), (rules, args)
+
+
+@contextlib.contextmanager
+def _memfd(name: str, data: bytes) -> Iterator[int]:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)  # (close-on-exec here: only pass_fds hands it on)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _keyctl_function() -> tuple[Callable[[int, int, int], int], int] | None:
+    arch = ARCHES.get(machine())
+    if arch is None:
+        return None
+    function = ctypes.CDLL(None, use_errno=True).syscall
+    function.restype = ctypes.c_long
+    function.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_long)
+    return function, arch.numbers["keyctl"]  # (bound here, at import: nothing to look up in the child)
+
+
+_KEYCTL = _keyctl_function()
+
+
+def fresh_session_keyring() -> None:
+    """Join a new anonymous session keyring (``preexec_fn`` of a turn's spawn: see above).
+
+    Where the kernel refuses keyrings to this process too (``ENOSYS``: built without them;
+    ``EPERM``: the daemon itself runs under a filter, Docker's default one) there is no
+    keyring a turn could share, and the spawn goes on; any other failure fails the spawn."""
+    if _KEYCTL is None:
+        return
+    function, number = _KEYCTL
+    if function(number, KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
+        code = ctypes.get_errno()
+        if code not in (errno.ENOSYS, errno.EPERM):
+            raise OSError(code, os.strerror(code))
