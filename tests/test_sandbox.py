@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import stat
+import sys
 import threading
 import time
 import tomllib
@@ -26,6 +27,7 @@ from typing import Any
 
 import psutil
 import pytest
+from _kernel import check_outcomes, kernel_attempts, kernel_facts_hold
 from conftest import PYTHON, DaemonProcess, cgroup_missing, turn_processes
 
 from supervisor.config.settings import ConfigError, parse_config
@@ -33,6 +35,8 @@ from supervisor.procs.sandbox import Reach, bwrap_args, probe
 from supervisor.turns.ports import channel_slug
 
 PROBE = str(Path(__file__).parent / "fakes" / "escape_probe.py")
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
+import keyring_probe  # noqa: E402  (a script of the fakes, and the tests' keyring calls)
 FAKE_ACP = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 VICTIM = """# VICTIM-AGENT
 import os, pathlib, sys, time
@@ -171,9 +175,10 @@ def loopback() -> Iterator[str]:
 
 
 def attempts(
-    rig: Rig, victim: psutil.Process, loopback: str, channel: str = "A"
+    rig: Rig, victim: psutil.Process, loopback: str, channel: str = "A", key_serial: int | None = None
 ) -> tuple[list[list[Any]], dict[str, Any]]:
-    """Every attempt, and the outcome expected of each (a refusal's errno, or a check)."""
+    """Every attempt, and the outcome expected of each (a refusal's errno, or a check);
+    ``key_serial``: a key in the daemon's session keyring."""
     b_cwd, b_home = rig.folders("victim", "B")
     a_cwd, a_home = rig.folders("hostile", channel)
     daemon = rig.daemon.proc.pid
@@ -227,6 +232,8 @@ def attempts(
         ("loopback TCP", "tcp", loopback, "ok:hello"),
         ("its own tree", "own-child", None, "ok:-15"),
         ("B's secret in its env", "env", "VICTIM_API_KEY", ("ok:",)),
+        # the kernel: seccomp, no nested user namespaces, a keyring of its own
+        *kernel_attempts(key_serial=key_serial),
     ]
     return [[name, kind, arg] for name, kind, arg, _ in tries], {name: want for name, *_, want in tries}
 
@@ -236,23 +243,6 @@ def tmp_listing(*paths: str | Path) -> str:
     (those put back in it: its grant, its installation)."""
     names = {Path(p).relative_to("/tmp").parts[0] for p in paths if Path(p).is_relative_to("/tmp")}
     return "ok:" + ",".join(sorted(names))
-
-
-def check_outcomes(got: dict[str, str], want: dict[str, Any]) -> None:
-    """Each outcome as expected: a tuple lists the exact outcomes allowed, ``"ok:TEXT"`` asks
-    for a success whose detail starts with TEXT, anything else for exactly that."""
-    wrong = {}
-    for name, expected in want.items():
-        outcome = got.get(name, "missing")
-        if isinstance(expected, tuple):
-            ok = outcome in expected
-        elif expected.startswith("ok:"):
-            ok = outcome.startswith(expected)
-        else:
-            ok = outcome == expected
-        if not ok:
-            wrong[name] = (outcome, expected)
-    assert not wrong, f"escapes (outcome, expected): {json.dumps(wrong, indent=1)}"
 
 
 def victim_unharmed(rig: Rig, victim: psutil.Process) -> None:
@@ -266,18 +256,37 @@ def victim_unharmed(rig: Rig, victim: psutil.Process) -> None:
     assert rig.json("status")["channels"]["B"]["agents"]["victim"]["state"] == "running"
 
 
-def test_an_agent_reaches_nothing_beyond_its_own_channel(short_tmp: Path, loopback: str) -> None:
+@pytest.fixture
+def daemon_keyring() -> Iterator[int]:
+    """A session keyring of this test's (the daemons it starts inherit it), holding a key: its serial."""
+    try:
+        keyring_probe.join_session("corral-escape-suite")
+        serial = keyring_probe.add_user_key("daemon-secret", b"s3cret-key")
+    except OSError as exc:
+        pytest.skip(f"no keyrings here: {exc}")
+    try:
+        yield serial
+    finally:
+        assert keyring_probe.read(serial) == b"s3cret-key"  # (still the daemon's, unchanged)
+        with pytest.raises(OSError):
+            keyring_probe.search("planted-by-a-turn")
+        keyring_probe.revoke(serial)
+
+
+def test_an_agent_reaches_nothing_beyond_its_own_channel(short_tmp: Path, loopback: str, daemon_keyring: int) -> None:
     _needs_sandbox()
     if cgroup_missing():
         pytest.skip(f"no writable cgroup v2: {cgroup_missing()}")
     rig = Rig(short_tmp, daemon_config(short_tmp))
     try:
         victim = rig.start_victim()
-        tries, want = attempts(rig, victim, loopback)
+        tries, want = attempts(rig, victim, loopback, key_serial=daemon_keyring)
         seq = rig.json("send", "A", json.dumps(tries))["seq"]
         assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
         answer = next(e for e in rig.entries("A") if e["seq"] > seq and e["text"].startswith("{"))
-        check_outcomes(json.loads(answer["text"]), want)
+        got = json.loads(answer["text"])
+        check_outcomes(got, want)
+        kernel_facts_hold(got, [rig.state, rig.folder / "corral.db", rig.folder / "corral.toml"])
         victim_unharmed(rig, victim)
         assert rig.json("stop", "B")["ok"]
     finally:
@@ -317,7 +326,9 @@ acp_cancel_grace = 1.0
         tool = [e for e in rig.entries("A")
                 if e["seq"] > seq and e["kind"] == "tool" and "list B's folder" in e["text"]]
         assert tool, rig.entries("A")
-        check_outcomes(json.loads((a_cwd / "escape-results.json").read_text()), want)
+        got = json.loads((a_cwd / "escape-results.json").read_text())
+        check_outcomes(got, want)
+        kernel_facts_hold(got, [rig.state, rig.folder / "corral.db", rig.folder / "corral.toml"])
         victim_unharmed(rig, victim)
         # The agent process itself is inside too: its pid namespace is not the daemon's.
         agent = next(p for p in psutil.process_iter(["cmdline"])

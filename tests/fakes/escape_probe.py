@@ -20,6 +20,68 @@ import sys
 from typing import Any
 
 
+#: The system calls the seccomp attempts name, by architecture: this probe's own table (never
+#: corral's), so a wrong number in either shows.
+SYSCALLS = {
+    "x86_64": {
+        "io_uring_setup": 425, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298, "keyctl": 250,
+        "add_key": 248, "kexec_load": 246, "init_module": 175, "finit_module": 313, "mount": 165,
+        "open_tree": 428, "fsopen": 430, "unshare": 272, "clone": 56, "clone3": 435, "setns": 308,
+        "personality": 135, "syslog": 103, "modify_ldt": 154, "getpid": 39,
+    },
+    "aarch64": {
+        "io_uring_setup": 425, "bpf": 280, "userfaultfd": 282, "perf_event_open": 241, "keyctl": 219,
+        "add_key": 217, "kexec_load": 104, "init_module": 105, "finit_module": 273, "mount": 40,
+        "open_tree": 428, "fsopen": 430, "unshare": 97, "clone": 220, "clone3": 435, "setns": 268,
+        "personality": 92, "syslog": 116, "getpid": 172,
+    },
+}
+
+
+def syscall(name: str, *args: int | bytes | None) -> str:
+    """One raw system call: ``"ok"`` (with its result) or the errno name."""
+    numbers = SYSCALLS[os.uname().machine]
+    if name == "x32:getpid":  # x86_64's x32 ABI: the number with bit 30 set
+        number = 0x40000000 | numbers["getpid"]
+    else:
+        number = numbers[name]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    result = libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    if result == 0 and name == "clone":  # (the child of a clone that was let through: gone at once)
+        os._exit(0)
+    if result < 0:
+        return errno.errorcode.get(ctypes.get_errno(), "?")
+    return f"ok:{result}"
+
+
+def cgroup2_nest() -> str:
+    """Lift its own limits as 41.11 did: a user, mount and cgroup namespace, cgroup2 mounted
+    in it, its own ``memory.max`` written. Where the first step fails, and how."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x10000000 | 0x00020000 | 0x02000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP
+            code = 10 + ctypes.get_errno()
+        if code == 0:
+            try:
+                os.makedirs("/tmp/cg", exist_ok=True)
+                if libc.mount(b"none", b"/tmp/cg", b"cgroup2", 0, None) != 0:
+                    code = 100 + ctypes.get_errno()
+                else:
+                    with open("/tmp/cg/memory.max", "w") as fh:
+                        fh.write("max")
+            except OSError as exc:
+                code = 200 + (exc.errno or 0)
+        os._exit(code)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if status == 0:
+        return "ok"
+    step, code = ("unshare", status - 10) if status < 100 else ("mount", status - 100) if status < 200 else ("write", status - 200)
+    return f"{step}:{errno.errorcode.get(code, code)}"
+
+
 def _err(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, str(exc))
 
@@ -90,6 +152,31 @@ def attempt(kind: str, arg: Any) -> str:
             return f"ok:{child.wait()}"
         if kind == "env":
             return "ok:" + os.environ.get(arg, "")
+        if kind == "syscall":  # [name, args...]: strings are passed as C strings
+            name, *args = arg
+            return syscall(name, *(a.encode() if isinstance(a, str) else a for a in args))
+        if kind == "cgroup2-nest":
+            return cgroup2_nest()
+        if kind == "run":  # a command (a positive control: Node, git, a pipeline, strace)
+            done = subprocess.run(arg, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            if done.returncode != 0:
+                return f"exit:{done.returncode}:{(done.stdout + done.stderr).strip()[-300:]}"
+            return "ok:" + done.stdout.strip()[-300:]
+        if kind == "threads":  # a few threads that each do some work
+            import threading
+            found: list[int] = []
+            workers = [threading.Thread(target=lambda n=n: found.append(sum(range(n * 1000)))) for n in range(int(arg))]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            return f"ok:{len(found)}"
+        if kind == "cmdline":  # the whole of a process's command line, NULs as spaces
+            with open(arg, "rb") as fh:
+                return "ok:" + fh.read().replace(b"\0", b" ").decode(errors="replace")
+        if kind == "fds":  # what its open descriptors are (a memfd left behind would show)
+            return "ok:" + ",".join(sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                                           if os.path.exists(f"/proc/self/fd/{fd}")))
     except OSError as exc:
         return _err(exc)
     return f"unknown attempt {kind}"
