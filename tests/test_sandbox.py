@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import stat
-import sys
 import threading
 import time
 import tomllib
@@ -33,10 +32,9 @@ from conftest import PYTHON, DaemonProcess, cgroup_missing, turn_processes
 from supervisor.config.settings import ConfigError, parse_config
 from supervisor.procs.sandbox import Reach, bwrap_args, probe
 from supervisor.turns.ports import channel_slug
+from tests.fakes import keyring_probe
 
 PROBE = str(Path(__file__).parent / "fakes" / "escape_probe.py")
-sys.path.insert(0, str(Path(__file__).parent / "fakes"))
-import keyring_probe  # noqa: E402  (a script of the fakes, and the tests' keyring calls)
 FAKE_ACP = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 VICTIM = """# VICTIM-AGENT
 import os, pathlib, sys, time

@@ -19,21 +19,26 @@ into the kernel itself and keeps the plan out of its sight:
   bwrap NUL-separated in a memfd instead; bwrap reads it and closes it before the program
   runs, so ``/proc/1/cmdline`` says ``bwrap --args N -- PROGRAM ...`` and no descriptor is
   left to read. (Mount points still show in ``/proc/self/mountinfo``: see docs/security.md.)
-* **A session keyring of its own** (:func:`fresh_session_keyring`): every process starts
-  with the keyring of whoever started it, so every turn shared the daemon's session keyring
-  (systemd gives a service one, a login shell its own): one turn could read another's keys
-  and plant keys a later turn would find. The spawn's child joins a new anonymous session
-  keyring before the program runs (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``), and the
-  filter then refuses the keyring calls outright; ``/proc/keys``, which lists every key of
-  the same uid by name, is covered in the sandbox.
+* **A session keyring of its own** (:func:`open_process`): every process starts with the
+  keyring of whoever started it, so every turn shared the daemon's session keyring (systemd
+  gives a service one, a login shell its own): one turn could read another's keys and plant
+  keys a later turn would find. Each turn's process now starts in a new anonymous session
+  keyring (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``), and the filter then refuses the
+  keyring calls outright; ``/proc/keys``, which lists every key of the same uid by name, is
+  covered in the sandbox.
 
-The keyring is joined in ``preexec_fn``, the one place code runs in the child before it
-execs (the cgroup's shell step cannot call ``keyctl``, and a helper binary would be a
-compiled thing to ship). ``preexec_fn`` is unsafe in a threaded program in general because
-the child may need a lock another thread held at the fork; this one is a single system call
-through a ctypes function bound at import, with no import, no I/O and no lock, and CPython
-re-initialises the interpreter's own locks in the child. Its cost: the child is made with
-``fork`` instead of ``vfork`` (measured in docs/performance.md).
+Where the keyring is joined. A session keyring belongs to a *thread* (the kernel's
+credentials are per task), and a child starts with the credentials of the thread that forked
+it; Trio runs ``subprocess.Popen`` in a worker thread, so a join in the Trio thread would not
+reach the child. ``preexec_fn`` would (it runs in the child), but it makes Python ``fork``
+instead of ``vfork``, which copies the daemon's page tables: measured here 4 → 24 ms per
+spawn for a 43 MiB process under load (1.3 → 4.3 ms at 15 MiB), against a 5 ms budget for the
+whole sandbox; and it runs Python in a child of a threaded process. So :func:`open_process`
+starts the child itself, in a worker thread that joins a new keyring right before
+``Popen`` (the child inherits it) and another right after (so nothing the thread starts later
+shares the turn's), then hands the ``Popen`` to Trio as ``trio.lowlevel.open_process`` would.
+That last step is Trio's own constructor (``Process._create``, not public API; Trio is pinned
+in constraints.txt, and every spawn's test fails at once if it changes).
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ import ctypes
 import errno
 import os
 import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import trio
 
 from .seccomp import ARCHES, UnknownArchitecture, program_for
 
@@ -133,22 +140,60 @@ def _keyctl_function() -> tuple[Callable[[int, int, int], int], int] | None:
     function = ctypes.CDLL(None, use_errno=True).syscall
     function.restype = ctypes.c_long
     function.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_long)
-    return function, arch.numbers["keyctl"]  # (bound here, at import: nothing to look up in the child)
+    return function, arch.numbers["keyctl"]
 
 
 _KEYCTL = _keyctl_function()
 
 
-def fresh_session_keyring() -> None:
-    """Join a new anonymous session keyring (``preexec_fn`` of a turn's spawn: see above).
+def join_fresh_session_keyring() -> None:
+    """Give the calling *thread* a new anonymous session keyring (its children inherit it).
 
     Where the kernel refuses keyrings to this process too (``ENOSYS``: built without them;
     ``EPERM``: the daemon itself runs under a filter, Docker's default one) there is no
-    keyring a turn could share, and the spawn goes on; any other failure fails the spawn."""
-    if _KEYCTL is None:
+    keyring a turn could share, and nothing is done; any other failure raises ``OSError``
+    (the spawn fails: fail closed)."""
+    if _KEYCTL is None:  # (no table for this machine: no sandbox either, the probe said so)
         return
     function, number = _KEYCTL
     if function(number, KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
         code = ctypes.get_errno()
         if code not in (errno.ENOSYS, errno.EPERM):
-            raise OSError(code, os.strerror(code))
+            raise OSError(code, f"a session keyring of the turn's own: {os.strerror(code)}")
+
+
+async def open_process(
+    command: Sequence[str], *, stdin_pipe: bool, cwd: str, env: Mapping[str, str], pass_fds: Sequence[int] = ()
+) -> trio.Process:
+    """``trio.lowlevel.open_process`` for a turn (stdout and stderr piped, stdin piped or
+    ``/dev/null``, a new session), its child in a session keyring of its own (see above)."""
+    with contextlib.ExitStack() as child_ends, contextlib.ExitStack() as on_failure:
+        ours: list[trio.lowlevel.FdStream | None] = []
+        theirs: list[int] = []
+        for wanted, to_child in ((stdin_pipe, True), (True, False), (True, False)):
+            if not wanted:
+                ours.append(None)
+                theirs.append(subprocess.DEVNULL)
+                continue
+            read, write = os.pipe()  # (both close-on-exec: Popen puts the child's on 0, 1, 2)
+            mine, child = (write, read) if to_child else (read, write)
+            child_ends.callback(os.close, child)
+            stream = trio.lowlevel.FdStream(mine)  # (non-blocking from here)
+            on_failure.callback(stream.close)
+            ours.append(stream)
+            theirs.append(child)
+
+        def start() -> subprocess.Popen[bytes]:
+            join_fresh_session_keyring()  # the child's
+            try:
+                return subprocess.Popen(
+                    list(command), stdin=theirs[0], stdout=theirs[1], stderr=theirs[2], cwd=cwd, env=dict(env),
+                    start_new_session=True, pass_fds=tuple(pass_fds),
+                )
+            finally:
+                join_fresh_session_keyring()  # and this thread's next one
+
+        popen = await trio.to_thread.run_sync(start)
+        on_failure.pop_all()
+    stdin, stdout, stderr = ours
+    return trio.Process._create(popen, stdin, stdout, stderr)

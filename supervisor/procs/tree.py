@@ -30,7 +30,6 @@ import functools
 import logging
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ import psutil
 import trio
 
 from .cgroup import TurnCgroup, entering_argv, read_small, resolve_program
-from .confine import fresh_session_keyring, sealed
+from .confine import open_process, sealed
 
 log = logging.getLogger("corral.tree")
 
@@ -409,20 +408,8 @@ async def spawn(
             words, fds = stack.enter_context(sealed(sandbox))
             argv = (*words, resolve_program(argv[0], env.get("PATH"), cwd), *argv[1:])
         command = list(argv) if cgroup is None else entering_argv(cgroup, argv, env.get("PATH"), cwd)
-        try:
-            return await trio.lowlevel.open_process(
-                command,
-                stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=dict(env),
-                start_new_session=True,
-                pass_fds=fds,
-                preexec_fn=fresh_session_keyring,  # a session keyring of its own (see .confine)
-            )
-        except subprocess.SubprocessError as exc:  # (only the preexec step raises it)
-            raise OSError(f"the turn's own session keyring could not be made: {exc}") from exc
+        # (in a session keyring of its own: see .confine)
+        return await open_process(command, stdin_pipe=stdin_pipe, cwd=cwd, env=env, pass_fds=fds)
 
 
 async def wait_exited(process: trio.Process) -> None:

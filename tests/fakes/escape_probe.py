@@ -19,7 +19,6 @@ import subprocess
 import sys
 from typing import Any
 
-
 #: The system calls the seccomp attempts name, by architecture: this probe's own table (never
 #: corral's), so a wrong number in either shows.
 SYSCALLS = {
@@ -41,10 +40,8 @@ SYSCALLS = {
 def syscall(name: str, *args: int | bytes | None) -> str:
     """One raw system call: ``"ok"`` (with its result) or the errno name."""
     numbers = SYSCALLS[os.uname().machine]
-    if name == "x32:getpid":  # x86_64's x32 ABI: the number with bit 30 set
-        number = 0x40000000 | numbers["getpid"]
-    else:
-        number = numbers[name]
+    # (x86_64's x32 ABI: the number with bit 30 set)
+    number = 0x40000000 | numbers["getpid"] if name == "x32:getpid" else numbers[name]
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     words = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
