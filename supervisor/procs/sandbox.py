@@ -32,6 +32,11 @@ nothing of the agent runs outside either. What it builds, per turn:
   turns have no pid it could name, so it cannot signal, ptrace or read the ``environ`` or
   ``mem`` of any of them. Its own tree it can. ``--unshare-ipc`` too, and with ``network =
   "none"`` a network namespace of its own (loopback only, nothing listening).
+* **Less kernel to attack** (:mod:`.confine`, :mod:`.seccomp`): a seccomp filter refusing
+  io_uring, eBPF, userfaultfd, perf events, the keyrings, module loading, the mount family,
+  new namespaces and personality changes; no nested user namespaces (``--disable-userns``);
+  ``/proc/keys`` covered; a session keyring of its own; and these arguments handed to bwrap
+  in a memfd, so its command line (``/proc/1/cmdline`` inside) names none of the hidden paths.
 
 bwrap's own process stays outside as the turn's leader: it waits for the program and exits
 with its status, while bwrap's init inside the namespace reaps everything else — a kept
