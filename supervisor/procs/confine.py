@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,6 +54,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import trio
 
 from .seccomp import ARCHES, UnknownArchitecture, program_for
+
+log = logging.getLogger("corral.sandbox")
 
 #: bwrap's option that refuses new user namespaces inside the sandbox (0.8.0 and later).
 DISABLE_USERNS = "--disable-userns"
@@ -191,7 +194,10 @@ async def open_process(
                     start_new_session=True, pass_fds=tuple(pass_fds),
                 )
             finally:
-                join_fresh_session_keyring()  # and this thread's next one
+                try:
+                    join_fresh_session_keyring()  # and this thread another: nothing it starts later shares the turn's
+                except OSError as exc:  # (the child is started and must not be lost for this; its own is its own)
+                    log.warning("the spawning thread keeps the turn's session keyring: %s", exc)
 
         popen = await trio.to_thread.run_sync(start)
         on_failure.pop_all()
