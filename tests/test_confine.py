@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from _kernel import check_outcomes, kernel_attempts
+from _kernel import check_outcomes, kernel_attempts, kernel_facts_hold
 from conftest import PYTHON
 
 from supervisor.procs import confine
@@ -70,6 +70,7 @@ def test_every_refused_class_is_refused_behind_each_bwrap(bwrap: str, short_tmp:
     spec = json.dumps([[name, kind, arg] for name, kind, arg, _ in tries])
     got = json.loads(sandboxed(bwrap, (PYTHON, PROBE, spec), short_tmp))
     check_outcomes(got, {name: want for name, _, _, want in tries})
+    kernel_facts_hold(got, [])  # (bwrap's command line is --args; no memfd is left open)
     # The control: the same calls behind the same bwrap with no filter, no --disable-userns.
     plain = subprocess.run([bwrap, *BASE_ARGS, "--tmpfs", "/tmp", "--chdir", "/", "--", PYTHON, PROBE, spec],
                            capture_output=True, text=True, timeout=120, check=True)
