@@ -110,6 +110,10 @@ def test_a_bwrap_without_disable_userns_still_gets_the_filter(short_tmp: Path) -
     support = probe(str(old))
     assert support.available and DISABLE_USERNS not in support.hardening, support
     assert DISABLE_USERNS in probe(real).hardening
+    older = Sandbox("required", support, Private()).describe()["kernel"]  # (what status and check say)
+    newer = Sandbox("required", probe(real), Private()).describe()["kernel"]
+    assert isinstance(older, list) and any("this bwrap has no --disable-userns" in w for w in older), older
+    assert isinstance(newer, list) and any("--disable-userns, and the filter" in w for w in newer), newer
     spec = json.dumps([["unshare", "syscall", ["unshare", 0x10000000]],
                        ["unshare -r", "run", ["unshare", "-r", "true"]]])
     got = json.loads(sandboxed(str(old), (PYTHON, PROBE, spec), short_tmp))

@@ -91,6 +91,19 @@ def probe_hardening(bwrap: str, base: Sequence[str], hide: str) -> tuple[tuple[s
     return (), f"bubblewrap ({bwrap}) cannot load corral's seccomp filter ({why})"
 
 
+def describe_hardening(options: Sequence[str]) -> list[str]:
+    """What a sandboxed turn gets of the above, in words (``status``/``check``'s ``kernel``),
+    from :func:`probe_hardening`'s options."""
+    said = [f"seccomp filter ({machine()})", "a session keyring of its own", "bwrap's arguments in a memfd"]
+    if DISABLE_USERNS in options:
+        said.insert(1, "no new user namespaces (--disable-userns, and the filter)")
+    else:
+        said.insert(1, "no new user namespaces (the filter; this bwrap has no --disable-userns)")
+    if any(path in options for path in PROC_HIDDEN):
+        said.append("/proc/keys covered")
+    return said
+
+
 def _trial(bwrap: str, options: Sequence[str]) -> str | None:
     """Run ``/bin/true`` behind ``options`` the way a turn starts (sealed): None, or why not."""
     try:

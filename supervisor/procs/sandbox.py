@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
-from .confine import probe_hardening
+from .confine import describe_hardening, probe_hardening
 
 log = logging.getLogger("corral.sandbox")
 
@@ -307,6 +307,7 @@ class Sandbox:
             "mechanism": (self.support.version or "bubblewrap") if self.active else None,
             "missing": list(self.support.missing) if self.mode != "off" else [],
             "fix": self.support.fix if self.mode != "off" and not self.active else None,
+            "kernel": describe_hardening(self.support.hardening) if self.active else [],
         }
 
     def refusal(self) -> str | None:
