@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import inspect
 import logging
 import os
 import subprocess
@@ -178,11 +179,38 @@ def join_fresh_session_keyring() -> None:
             raise OSError(code, f"a session keyring of the turn's own: {os.strerror(code)}")
 
 
+def _adopter() -> Callable[..., trio.Process] | None:
+    """Trio's constructor of a :class:`trio.Process` around a started ``Popen``, if this Trio
+    has the one :func:`open_process` was written against (``Process._create(popen, stdin,
+    stdout, stderr)``, private: 0.25 to 0.35 at least); else None, and turns are started by
+    ``trio.lowlevel.open_process`` with the keyring joined in ``preexec_fn`` — correct, only
+    slower (Python forks instead of vforking: 5 to 20 ms a spawn for a large daemon)."""
+    create = getattr(trio.Process, "_create", None)
+    try:
+        params = list(inspect.signature(trio.Process.__init__).parameters)
+    except (TypeError, ValueError):
+        return None
+    if create is None or params != ["self", "popen", "stdin", "stdout", "stderr"]:
+        log.warning("this Trio (%s) builds processes differently: turns get their session keyrings "
+                    "through preexec_fn (slower spawns)", trio.__version__)
+        return None
+    return create  # type: ignore[no-any-return]
+
+
+_ADOPT = _adopter()
+
+
 async def open_process(
     command: Sequence[str], *, stdin_pipe: bool, cwd: str, env: Mapping[str, str], pass_fds: Sequence[int] = ()
 ) -> trio.Process:
     """``trio.lowlevel.open_process`` for a turn (stdout and stderr piped, stdin piped or
     ``/dev/null``, a new session), its child in a session keyring of its own (see above)."""
+    if _ADOPT is None:
+        return await trio.lowlevel.open_process(
+            list(command), stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=cwd, env=dict(env), start_new_session=True, pass_fds=tuple(pass_fds),
+            preexec_fn=join_fresh_session_keyring,
+        )
     with contextlib.ExitStack() as child_ends, contextlib.ExitStack() as on_failure:
         ours: list[trio.lowlevel.FdStream | None] = []
         theirs: list[int] = []
@@ -215,4 +243,4 @@ async def open_process(
         popen = await trio.to_thread.run_sync(start)
         on_failure.pop_all()
     stdin, stdout, stderr = ours
-    return trio.Process._create(popen, stdin, stdout, stderr)
+    return _ADOPT(popen, stdin, stdout, stderr)
