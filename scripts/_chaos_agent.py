@@ -29,9 +29,10 @@ also mentions the next agent: stored, it would be handed on (it never may be).
 
 Every job first appends ``{"turn", "pid", "t", "id", "job"}`` to ``$CHAOS_DIR/started.jsonl``
 (``t`` is ``time.monotonic()``, the clock the instrumented daemon traces with): the proof a
-turn's process ran its own code. On SIGINT it flushes ``FLUSHED-ON-SIGINT <ID>`` as text, a
-session id and a plan update, then exits 130 — leftover output the supervisor must discard,
-except the session id. Run it under ``sh -c "trap '' INT; exec ..."`` and SIGINT is ignored from
+turn's process ran its own code; and as it exits by itself, ``{"turn", "t"}`` to
+``ended.jsonl``. On SIGINT it flushes ``FLUSHED-ON-SIGINT <ID>`` as text, a session id and a
+plan update, then exits 130 — leftover output the supervisor must discard, except the session
+id. Run it under ``sh -c "trap '' INT; exec ..."`` and SIGINT is ignored from
 exec on (inherited ``SIG_IGN``): then only SIGKILL ends it.
 """
 
@@ -124,7 +125,25 @@ def double_fork() -> None:
         os.execvp("sleep", ["sleep", "300"])
 
 
+def ended() -> None:
+    """Append this turn's end by itself (``{"turn", "t"}``) to ``$CHAOS_DIR/ended.jsonl``, as it exits:
+    a late-registered turn whose leader's status is its own must have ended before the kill."""
+    line = json.dumps({"turn": os.environ.get("CORRAL_TURN", ""), "t": time.monotonic()}) + "\n"
+    fd = os.open(os.path.join(os.environ["CHAOS_DIR"], "ended.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def main() -> int:
+    code = run()
+    ended()
+    return code
+
+
+def run() -> int:
+    """The job the prompt names; its exit status."""
     prompt = sys.stdin.read() if os.environ.get("CHAOS_STDIN") == "1" else sys.argv[-1]
     words = answered(prompt).split()
     while words and words[0].startswith("@"):  # the mentions that addressed it

@@ -14,7 +14,10 @@ agent stamps its start with, so the two can be compared):
   violation of contract line 12);
 * ``preparing`` — a turn reached its point of no return (channel, turn);
 * ``spawn`` — the turn passed it and its process is being spawned (turn);
-* ``register`` — a process was registered (turn, pid, whether the turn was already stale);
+* ``register`` — a process was registered (turn, pid, whether the turn was already stale, whether
+  the leader had exited, whether it is sandboxed; for a stale sandboxed one, bwrap's ``init``, pid 1
+  of its namespace, and whether that was alive);
+* ``registered`` — a stale turn's registration is over: the registry's kill or freeze is sent;
 * ``signal`` — a signal sent, once sent: to a process group (``pgid``, sig: ``killpg``, or a
   ``cgroup.kill`` traced as one SIGKILL of each member) or to one process by pid (``pid``, sig:
   ``kill``, as the sweep, the interrupt of a cgroup's other members and Trio do);
@@ -74,6 +77,40 @@ def _exited(pid: int) -> bool:
     lets a quick agent finish before it is registered: then there is nothing left to kill."""
     stat = _tree.read_stat(pid)
     return stat is None or stat.state == "Z"
+
+
+def _ns_pid(pid: int) -> int | None:
+    """The pid of ``pid`` in its own (innermost) pid namespace, from ``NSpid``; None if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _namespace_init(tree: _tree.ProcessTree, turn: str) -> dict[str, Any]:
+    """A sandboxed tree's bwrap init (pid 1 of the turn's pid namespace), as this process's pid,
+    and whether it is alive: ``{"init": PID, "init_alive": bool}``, or ``{}`` if none is seen.
+
+    The monitor (the leader) exits with its program's status the moment its init reports it,
+    before the init itself (which stays for whatever the program left): a registration can
+    find the leader gone and the init alive. The init is the leader's child while the leader
+    runs; after, the one of the turn's processes (its cgroup's, else its marker's) that is
+    pid 1 in its namespace. The kernel ends every process of a pid namespace when its init
+    dies, so a kill of the init is a kill of the whole sandbox.
+    """
+    candidates = _tree.child_pids(tree.pid)
+    if not candidates and tree.cgroup is not None:
+        candidates = tree.cgroup.procs()
+    if not candidates:
+        candidates = [p.pid for p in _tree.scan_markers([turn]).get(turn, set())]
+    for pid in candidates:
+        if pid != tree.pid and _ns_pid(pid) == 1:
+            return {"init": pid, "init_alive": not _exited(pid)}
+    return {}
 
 
 def install_trace(path: str) -> None:
@@ -165,9 +202,14 @@ def install_trace(path: str) -> None:
     register = _registry.ProcessRegistry.register
 
     def traced_register(self: _registry.ProcessRegistry, channel: str, turn_id: str, tree: _tree.ProcessTree) -> bool:
-        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=self._ledger.is_stale(channel, turn_id),
-              exited=_exited(tree.pid))
-        return register(self, channel, turn_id, tree)
+        stale = self._ledger.is_stale(channel, turn_id)
+        trace("register", channel=channel, turn=turn_id, pid=tree.pid, stale=stale, exited=_exited(tree.pid),
+              sandboxed=tree.sandboxed, **(_namespace_init(tree, turn_id) if stale and tree.sandboxed else {}))
+        kept = register(self, channel, turn_id, tree)
+        if stale:
+            # Once the registry's kill (or freeze) is sent: what ran before this is not "after".
+            trace("registered", turn=turn_id, pid=tree.pid, kept=kept)
+        return kept
 
     _registry.ProcessRegistry.register = traced_register  # type: ignore[method-assign]
 

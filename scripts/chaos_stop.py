@@ -33,7 +33,12 @@ the same time. Every trial checks every line of the stop contract it can observe
   (unless it had exited already: the widened spawn window lets a quick agent finish before its
   registration), or frozen then SIGKILLed while its stop is being stored (or, frozen as it was
   exiting, ended by itself: its returncode at release), the trace counting kills by pid as well
-  as by group, and never runs its code after the registration (its start stamp);
+  as by group, and never runs its code after the registration (its start stamp). Sandboxed, a
+  SIGKILL of bwrap's init (pid 1 of the turn's pid namespace: the kernel ends the namespace with
+  it) counts for the leader, bwrap's monitor; the monitor exits with its program's status as
+  soon as the init reports it, the init staying for what the program left, so a leader found
+  gone at the kill is fine only if no init of its lives, and a status of the program's own
+  (0-127) only if the agent stamped its end before the registration's kill was sent;
 * nothing of the stopped turn alive when the stop returns; nothing of the trial at its end
   (``CORRAL_TURN`` marker, or a cwd in the channel's working folder);
 * the follow-up ran under the stop's generation; the other channel was untouched.
@@ -48,7 +53,11 @@ interrupted turn — its own, or the stop's that came after — and no entry of 
 interrupt notice for a turn no interrupt named, and none after a stop came first; a message
 the interrupt (or a second interrupt, or a stop after it) dropped never starts once that was
 decided (the start stamps); the last interrupting message runs unless a stop came after it;
-the SIGINT flush is never stored; nothing of the trial alive at its end.
+the SIGINT flush is never stored; nothing of the trial alive at its end. They run in rounds of
+``RESTART_EVERY``, the daemon restarted (SIGTERM, an orderly shutdown, then a fresh start on the
+same store) after each: then no turn of the round's channels may be ``running`` in the store —
+every turn's row is ended once its notice is stored, whoever ended it — and the fresh start
+stores no "Task interrupted — corral restarted" notice in any of them.
 
 **Multi-agent trials** (``--kinds``: ``single``, ``multi``, or both, the default) run in a
 channel of three ring agents ``ma``, ``mb``, ``mc`` (the chaos agent plain, on stdin and
@@ -79,9 +88,11 @@ import json
 import random
 import shutil
 import signal
+import sqlite3
 import sys
 import time
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +104,7 @@ import trio
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 from scripts._chaos_agent import FLUSH_TEXT
 from scripts._chaos_daemon import SEEDED_BUGS
+from supervisor.procs.recovery import RESTART_NOTICE
 from supervisor.turns.ports import channel_slug
 
 #: Trials running at once (on different channels).
@@ -101,6 +113,10 @@ CONCURRENCY = 8
 WAIT_S = 60.0
 #: The stubborn agent's SIGINT is ignored: the stop waits this long before SIGKILL.
 STOP_GRACE = 1.0
+#: Interrupt trials run in rounds of this many, the daemon restarted (orderly) after each.
+RESTART_EVERY = 40
+#: The words the start after a crash stores for each turn the store still calls running.
+RESTART_NOTICE_START = RESTART_NOTICE.split(".")[0]
 
 AGENTS = ("plain", "stdin", "stubborn")
 #: The agents of a multi-agent trial, in ring order (each hands on to the next).
@@ -267,7 +283,8 @@ class Evidence:
     def __init__(self, folder: Path) -> None:
         self.trace = JsonLog(folder / "trace.jsonl")
         self.stamps = JsonLog(folder / "started.jsonl")
-        self._seen = (0, 0)
+        self.ends = JsonLog(folder / "ended.jsonl")
+        self._seen = (0, 0, 0)
         self.stops: dict[str, list[dict[str, Any]]] = {}
         self.prepared: dict[str, list[dict[str, Any]]] = {}
         self.spawned: dict[str, float] = {}
@@ -279,6 +296,10 @@ class Evidence:
         """Signals sent to each process group or process (a leader's pid is its group's id), in order."""
         self.released: dict[str, dict[str, Any]] = {}
         """Each turn's tree as it was released, by turn: the leader's returncode."""
+        self.late_done: dict[str, float] = {}
+        """When a stale turn's registration was over (its kill or freeze sent), by turn."""
+        self.ended_turn: dict[str, list[float]] = {}
+        """When each turn's agent exited by itself (its end stamps), by turn."""
         self.accepts: dict[str, list[dict[str, Any]]] = {}
         """The ledger's accepted messages, by channel."""
 
@@ -286,7 +307,8 @@ class Evidence:
         """Index whatever was appended since the last call."""
         self.trace.refresh()
         self.stamps.refresh()
-        t0, s0 = self._seen
+        self.ends.refresh()
+        t0, s0, e0 = self._seen
         for r in self.trace.records[t0:]:
             if r["ev"] == "stop":
                 self.stops.setdefault(r["channel"], []).append(r)
@@ -296,6 +318,8 @@ class Evidence:
                 self.spawned.setdefault(r["turn"], r["t"])
             elif r["ev"] == "register":
                 self.registered[r["turn"]] = r
+            elif r["ev"] == "registered":
+                self.late_done[r["turn"]] = r["t"]
             elif r["ev"] == "signal":
                 self.signals.setdefault(r["pgid"] if "pgid" in r else r["pid"], []).append(r)
             elif r["ev"] == "release":
@@ -305,7 +329,9 @@ class Evidence:
         for r in self.stamps.records[s0:]:
             self.started.setdefault(r["id"], []).append(r)
             self.started_turn.setdefault(r["turn"], []).append(r)
-        self._seen = (len(self.trace.records), len(self.stamps.records))
+        for r in self.ends.records[e0:]:
+            self.ended_turn.setdefault(r["turn"], []).append(r["t"])
+        self._seen = (len(self.trace.records), len(self.stamps.records), len(self.ends.records))
 
 
 # ---------------------------------------------------------------- one trial
@@ -425,6 +451,12 @@ def choose_interrupt(index: int, rng: random.Random) -> Trial:
                  kind="interrupt")
 
 
+def _turn_rows(db: Path) -> list[tuple[str, str, str]]:
+    """Every turn row of the store: (id, channel, state). Read while no daemon runs."""
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return [(str(a), str(b), str(c)) for a, b, c in conn.execute("SELECT id, channel, state FROM turns")]
+
+
 def _hand_off_of(ident: str) -> Any:
     """True for an agent's message that hands work of trial job ``ident`` on (it mentions a ring agent)."""
     return lambda e: (
@@ -453,6 +485,8 @@ class Runner:
         self.home = str(folder)
         self.work = folder / "corral.d" / "work"
         self.restarts = 0
+        self.planned_restarts = 0
+        """Orderly restarts after each round of interrupt trials (see :meth:`restart_and_check`)."""
         self._restarting = trio.Lock()
 
     def cwd_of(self, agent: str, channel: str) -> str:
@@ -470,6 +504,30 @@ class Runner:
             self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, self.config, self.command)
             self.api = API(self.daemon.socket)
             self.restarts += 1
+
+    async def restart_and_check(self, trials: list[Trial]) -> None:
+        """An orderly restart of the daemon after a round of interrupt trials (``trials``), and
+        what it must find: every turn of their channels ended in the store (whoever ended it:
+        the turn, a stop, an interrupt — a turn left ``running`` makes the next start post a
+        false "Task interrupted — corral restarted" notice), and after the start, no such notice."""
+        async with self._restarting:
+            await self.api.aclose()
+            code = await trio.to_thread.run_sync(self.daemon.stop)
+            channels = {f"c{t.index}": t for t in trials}
+            if code != 0:
+                trials[0].violate("daemon-exit", f"the planned restart's shutdown: {code}; see {self.daemon.log_path}")
+            for turn, channel, state in await trio.to_thread.run_sync(_turn_rows, self.folder / "corral.db"):
+                if channel in channels and state == "running":
+                    channels[channel].violate(
+                        "turn-left-running", f"turn {turn} of {channel} is 'running' in the store after the shutdown"
+                    )
+            self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, self.config, self.command)
+            self.api = API(self.daemon.socket)
+            self.planned_restarts += 1
+        for channel, trial in channels.items():
+            false = [e for e in await self.api.entries(channel) if e["text"].startswith(RESTART_NOTICE_START)]
+            if false:
+                trial.violate("false-restart-notice", f"{channel} after the restart: {_brief(false)}")
 
     async def wait_trace(self, channel: str, phase: str) -> None:
         """Until the trace shows the channel's first turn preparing (or spawning), or WAIT_S."""
@@ -823,23 +881,52 @@ class Runner:
             killed = first is not None and (
                 first["sig"] == signal.SIGKILL or (frozen and any(s["sig"] == signal.SIGKILL for s in after))
             )
+            # Sandboxed, the leader is bwrap's monitor and the program runs under bwrap's init
+            # (pid 1 of the turn's pid namespace): a SIGKILL of the init ends every process of
+            # the namespace (the kernel's doing), so it counts as the kill. The monitor exits
+            # with the status the init reports for the program, the moment the program ends,
+            # and the init stays for what the program left: so the registration can find the
+            # monitor gone and the init alive — then the init must be killed.
+            init = reg.get("init")
+            init_alive = bool(reg.get("sandboxed") and reg.get("init_alive"))
+            via_init = init is not None and any(
+                s["sig"] == signal.SIGKILL for s in ev.signals.get(init, []) if s["t"] >= reg["t"]
+            )
+            resumed = any(s["sig"] == signal.SIGCONT for s in after)
+            # The leader's own status (not a signal's: negative, or 128+N as bwrap reports one):
+            # the agent ended by itself, which it stamps as it exits. Before the registration's
+            # kill was sent, that was allowed (nothing was left to kill); after, it ran on.
+            released = ev.released.get(p["turn"], {}).get("returncode")
+            own_status = isinstance(released, int) and 0 <= released < 128 and not resumed
+            done = ev.late_done.get(p["turn"], reg["t"])  # (none: a seeded bug's registration)
+            ended_before = any(t <= done for t in ev.ended_turn.get(p["turn"], []))
             # Frozen at once, never resumed, and yet it exited by itself (its returncode, read
             # as its tree was released, is no signal's): it was already exiting when the SIGSTOP
             # came, which a process in exit does not obey, and by the kill nothing was left.
-            released = ev.released.get(p["turn"], {}).get("returncode")
-            exiting = (
-                frozen and not killed and isinstance(released, int) and released >= 0
-                and not any(s["sig"] == signal.SIGCONT for s in after)
-            )
+            exiting = frozen and not killed and own_status
+            # Nothing left to kill: the leader had exited (seen by the trace, or by its own
+            # status and end stamp, though it raced the trace), and no init of its sandbox lives.
+            gone = (bool(reg.get("exited")) or (own_status and ended_before)) and not init_alive
             trial.late.append(
-                "had exited" if reg.get("exited") and not killed else "exited as frozen" if exiting
-                else "frozen, killed" if killed and frozen else "killed" if killed else "not killed"
+                "had exited" if gone and not killed and not via_init else "exited as frozen" if exiting
+                else "frozen, killed" if killed and frozen else "killed" if killed
+                else ("init killed, program had ended" if own_status else "init killed") if via_init
+                else "not killed"
             )
-            if not killed and not reg.get("exited") and not exiting:
+            if not (killed or via_init or gone or exiting):
                 trial.violate(
                     "late-registration-not-killed",
                     f"pid {reg['pid']} registered for stopped turn {p['turn']}; signals after: "
-                    f"{[signal.Signals(s['sig']).name for s in after]}; returncode at release: {released}",
+                    f"{[signal.Signals(s['sig']).name for s in after]}"
+                    + (f", to its init {init}: {[signal.Signals(s['sig']).name for s in ev.signals.get(init, [])]}"
+                       if init is not None else "")
+                    + f"; returncode at release: {released}",
+                )
+            elif own_status and not ended_before and not reg.get("exited"):
+                trial.violate(
+                    "late-registration-ran-to-its-end",
+                    f"pid {reg['pid']} registered for stopped turn {p['turn']} exited {released} by itself, "
+                    f"and its agent's end was not stamped before the registration's kill",
                 )
             # Its code may run between the registration and the signal's sending (on another
             # core): not after it.
@@ -1095,9 +1182,20 @@ async def run_all(runner: Runner, trials: list[Trial], concurrency: int, quiet: 
                     flush=True,
                 )
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
+    # Interrupt trials come in rounds, the daemon restarted after each (the restart must find
+    # nothing of them running); the other kinds run on one daemon as before.
+    rounds = (
+        [trials[i:i + RESTART_EVERY] for i in range(0, len(trials), RESTART_EVERY)]
+        if any(t.kind == "interrupt" for t in trials) else [trials]
+    )
+    for batch in rounds:
+        pending = iter(batch)
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(worker)
+        interrupts = [t for t in batch if t.kind == "interrupt"]
+        if interrupts:
+            await runner.restart_and_check(interrupts)
     await runner.api.aclose()
 
 
@@ -1206,6 +1304,7 @@ def main() -> int:
                     "by_kind": dict(by_kind),
                     "phases": dict(phases),
                     "late_registrations": dict(Counter(how for t in trials for how in t.late)),
+                    "planned_restarts": runner.planned_restarts if runner else None,
                     "examples": [[t.describe(), *[f"{k}: {d}" for k, d in t.violations[:3]]] for t in bad[:3]]
                     + failures,
                 }
@@ -1217,7 +1316,8 @@ def main() -> int:
         multi = [t for t in trials if t.kind == "multi"]
         print(
             f"\ntrials: {count} in {elapsed:.1f} s ({count / elapsed:.1f}/s); daemon restarts: "
-            f"{runner.restarts if runner else '?'}"
+            f"{runner.restarts if runner else '?'} after a death, "
+            f"{runner.planned_restarts if runner else '?'} planned (after each {RESTART_EVERY} interrupt trials)"
         )
         print(
             f"mix: {', '.join(f'{k} {n}' for k, n in sorted(mix.items()))}; agents "

@@ -151,15 +151,29 @@ def subreaper_restored() -> Iterator[bool]:
 
 @dataclass
 class Recorder:
-    """``Hooks.spawn``: the real spawner, remembering each turn (shielded like the real one)."""
+    """``Hooks.spawn``: the real spawner, remembering each turn (shielded like the real one).
+
+    With ``park``, each spawn, its process started, waits for ``go`` before it returns (and so
+    before its registration): ``parked`` is set meanwhile, with the leader's pid in ``pids``.
+    """
 
     sup: Supervisor | None = None
     turns: list[Turn] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    park: bool = False
+    parked: trio.Event = field(default_factory=trio.Event)
+    go: trio.Event = field(default_factory=trio.Event)
+    turn_ids: list[str] = field(default_factory=list)
 
     async def __call__(self, argv: tuple[str, ...], *, env: Any, cwd: str, stdin_pipe: bool, **kw: Any) -> trio.Process:
         with trio.CancelScope(shield=True):
             process = await real_spawn(argv, env=env, cwd=cwd, stdin_pipe=stdin_pipe, **kw)
+            self.turn_ids.append(env[TURN_MARKER])
+            if self.park:
+                self.pids.append(process.pid)
+                self.parked.set()
+                await self.go.wait()
+                self.pids.pop()
         assert self.sup is not None
         self.turns += [t for t in self.sup._lanes.turns.values() if t.turn_id == env[TURN_MARKER]]
         self.pids.append(process.pid)
@@ -168,16 +182,19 @@ class Recorder:
 
 @asynccontextmanager
 async def running(
-    folder: Path, *, subreaper: bool = False, sandbox: str = "auto", **agent: Any
+    folder: Path, *, subreaper: bool = False, sandbox: str = "auto", park: bool = False, **agent: Any
 ) -> AsyncIterator[tuple[Supervisor, Recorder]]:
     script = folder / "tree_agent.py"
     script.write_text(TREE_AGENT)
     config = make_config(folder, {"bot": {"adapter": "generic", "command": [PYTHON, str(script)], **agent}})
     config = replace(config, server=replace(config.server, sandbox=sandbox))
-    recorder = Recorder()
+    recorder = Recorder(park=park)
     async with open_supervisor(config, subreaper=subreaper, hooks=Hooks(spawn=recorder)) as sup:
         recorder.sup = sup
-        yield sup, recorder
+        try:
+            yield sup, recorder
+        finally:
+            recorder.go.set()  # a test that failed while a spawn is parked: the shutdown ends it
 
 
 async def pids_of(sup: Supervisor, channel: str, *labels: str) -> dict[str, int]:
@@ -529,6 +546,119 @@ async def test_tree_stop_while_a_kept_background_turn_finishes_still_kills_its_t
         finally:
             if alive(bg):
                 await kill_and_wait(bg)
+
+
+# ---------------------------------------------------------------- a late registration, sandboxed
+#
+# A stop that lands while a turn's process is being spawned finds nothing to kill; the
+# registration that follows kills the tree (contract line 6). Sandboxed, the leader is bwrap's
+# monitor, its child bwrap's init (pid 1 of the turn's namespace), and the program the init's
+# child. Each test parks the spawn once its process is started, stops the channel meanwhile,
+# then lets the registration happen: first with the program running, then with the program
+# already ended by itself (what the chaos trial of issue 39 saw: the monitor had exited 0, the
+# registration's kill found only the init).
+
+
+async def stop_while_parked(sup: Supervisor, rec: Recorder) -> Any:
+    """Stop ``ch`` while its turn's spawn is parked, then let the spawn return (and register)."""
+    results = []
+
+    async def stop() -> None:
+        results.append(await sup.stop("ch"))
+
+    with trio.fail_after(SLOW):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop)
+            await trio.testing.wait_all_tasks_blocked()
+            assert sup._registry.get("ch", rec.turn_ids[0]) is None  # nothing to kill yet
+            rec.go.set()
+    assert await sup.wait_idle("ch", timeout=SLOW)
+    result = results[0]
+    assert result.ok, result.error
+    assert (await sup.entries("ch"))[-1].text == STOP_NOTICE
+    return result
+
+
+def late_kill_log(caplog: pytest.LogCaptureFixture) -> str:
+    """The registry's one line about the late registration it killed."""
+    lines = [r.getMessage() for r in caplog.records if "registered for stopped turn" in r.getMessage()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def pids_in(line: str) -> set[int]:
+    """The pids a registry line says were killed (``processes [..]``)."""
+    if "processes [" not in line:
+        return set()
+    inner = line.split("processes [", 1)[1].split("]", 1)[0]
+    return {int(p) for p in inner.split(", ") if p}
+
+
+def program_runs(leader: int) -> bool:
+    """Has the agent's program (not bwrap's init, a fork of bwrap with its argv) started under ``leader``?"""
+    try:
+        return any("tree_agent.py" in " ".join(argv := p.cmdline()) and "--unshare-pid" not in argv
+                   for p in psutil.Process(leader).children(recursive=True))
+    except psutil.NoSuchProcess:  # one of them exec'ing or gone this instant: ask again
+        return False
+
+
+async def test_tree_late_registration_of_a_running_sandboxed_program_kills_its_namespace(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The program ignores SIGINT and the grace is long: only the registration's SIGKILL ends it.
+    caplog.set_level("INFO", logger="corral.registry")
+    async with running(short_tmp, park=True, stop_grace=60) as (sup, rec):
+        await sup.send("ch", "ignore")
+        with trio.fail_after(SLOW):
+            await rec.parked.wait()
+            leader = rec.pids[0]
+            while not program_runs(leader):
+                await trio.sleep(0.01)  # the program starting inside the sandbox: an outside event
+        inside = descendants_of(leader)  # bwrap's init and the program
+        assert len(inside) == 2
+
+        result = await stop_while_parked(sup, rec)
+
+        tree = rec.turns[0].tree
+        assert tree is not None and tree.sandboxed
+        assert tree.process.returncode == -signal.SIGKILL
+        assert not any(alive(p) for p in {leader} | inside)
+        assert set(result.killed) | set(result.swept) == {leader} | inside
+        assert pids_in(late_kill_log(caplog)) == {leader} | inside
+        assert not turn_processes([rec.turn_ids[0]])
+
+
+async def test_tree_late_registration_after_the_sandboxed_program_ended_kills_what_it_left(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture, kill_mechanism: str
+) -> None:
+    # The program starts a background process and exits 0 before the spawn returns. bwrap's
+    # monitor exits at once with that 0 (its init reports the program's status over an eventfd
+    # the moment it reaps it), while the init stays for the background process: the
+    # registration finds the leader gone and must still end the rest — and say which pids.
+    caplog.set_level("INFO", logger="corral.registry")
+    async with running(short_tmp, park=True) as (sup, rec):
+        await sup.send("ch", "bg exit")
+        with trio.fail_after(SLOW):
+            await rec.parked.wait()
+        leader = rec.pids[0]
+        await wait_exit(leader)  # not reaped: Trio's process sees its status at the registration
+        left = {p.pid for p in turn_processes([rec.turn_ids[0]])}
+        assert len(left) == 2  # bwrap's init and the background process
+
+        result = await stop_while_parked(sup, rec)
+
+        tree = rec.turns[0].tree
+        assert tree is not None and tree.process.returncode == 0  # the program's own status
+        assert not any(alive(p) for p in left)
+        assert not turn_processes([rec.turn_ids[0]])
+        assert set(result.killed) | set(result.swept) == left
+        line = late_kill_log(caplog)
+        assert f"its leader {leader} had exited (status 0)" in line
+        # The registration's kill named what the stop's result names. Without a cgroup it
+        # knows nothing of a leader gone before it registered: its sweep ends the rest.
+        assert pids_in(line) == (left if kill_mechanism == "cgroup" else set())
+        assert kill_mechanism == "cgroup" or "the rest is its sweep's" in line
 
 
 def test_tree_agent_compiles() -> None:

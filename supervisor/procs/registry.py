@@ -27,6 +27,20 @@ from .tree import ProcessTree, signal_group
 log = logging.getLogger("corral.registry")
 
 
+def _kill_late(channel: str, turn_id: str, tree: ProcessTree) -> None:
+    """SIGKILL a stale turn's tree, then log the processes the kill found alive — the pids its
+    stop's result names (killed, or swept: of another group). Its leader may have ended by
+    itself first: sandboxed, bwrap's monitor exits with its program's status as soon as its
+    init reports it, and the init, still there for what the program left, is what dies."""
+    killed = tree.kill_group()
+    leader = "" if tree.pid in killed else f"; its leader {tree.pid} had exited (status {tree.process.returncode})"
+    rest = "" if tree.cgroup is not None or tree.pid in killed else ", the rest is its sweep's"
+    log.info(
+        "killed %s registered for stopped turn %s in %r%s%s",
+        f"processes {killed}" if killed else "nothing", turn_id, channel, leader, rest,
+    )
+
+
 class ProcessRegistry:
     """Live process trees by (channel, turn id)."""
 
@@ -55,8 +69,7 @@ class ProcessRegistry:
             signal_group(tree.pgid, signal.SIGSTOP)  # just spawned, unreaped: the group id is its own
             self._deferred.add((channel, turn_id))
             return True
-        log.info("killing process %d registered for stopped turn %s in %r", tree.pid, turn_id, channel)
-        tree.kill_group()
+        _kill_late(channel, turn_id, tree)
         return False
 
     def settle(self, channel: str) -> None:
@@ -65,8 +78,7 @@ class ProcessRegistry:
             self._deferred.discard(key)
             tree = self._trees.get(key)
             if tree is not None and not self._ledger.keep_process(*key):
-                log.info("killing process %d registered for stopped turn %s in %r", tree.pid, key[1], channel)
-                tree.kill_group()
+                _kill_late(channel, key[1], tree)
             elif tree is not None and tree.process.returncode is None:
                 signal_group(tree.pgid, signal.SIGCONT)  # the stop was undone: the turn runs on
 

@@ -556,15 +556,22 @@ class ProcessTree:
         (Never asked of SIGKILL: with no grace to keep, the group gets it, monitor included.)"""
         return self.sandboxed and sum(1 for pid in pids if pid != self.pid) >= 2
 
-    def kill_group(self) -> None:
+    def kill_group(self) -> list[int]:
         """Snapshot again, then SIGKILL the whole group — while that is still safe.
 
         Once the leader is reaped its pid, and so the group id, may be reused by an unrelated
         process group; from then on only processes known by identity are killed (``sweep``).
         That is why nothing here reaps the leader before the sweep is over.
+
+        Returns the processes this call found alive and killed — those its report then names
+        (killed, or swept: of another group) — so a caller can say exactly what died. The
+        leader is among them only if it was still running: sandboxed, bwrap's monitor exits
+        as soon as its init reports the program's end, and its init may outlive it (for what
+        the program left behind), so the kill may find the init and not the leader.
         """
         self._interrupted = True
         if self.cgroup is not None:
+            found: list[int] = []
             if not self._cgroup_killed:
                 # Once is enough: cgroup.kill also ends what forks while it runs.
                 self._cgroup_killed = True
@@ -572,6 +579,8 @@ class ProcessTree:
                 for pid in self.cgroup.procs():
                     if pid not in self._members:
                         self._members[pid] = self._stat(pid, unreaped)
+                        if self._members[pid] is not None:
+                            found.append(pid)
                 self.cgroup.kill()
             # Right after the spawn the leader may not be in its cgroup yet (the shell step
             # enters it after exec): cgroup.kill misses it, so its group is killed too, while
@@ -579,12 +588,20 @@ class ProcessTree:
             if self.process.returncode is None:
                 if self.pid not in self._members:
                     self._members[self.pid] = self._stat(self.pid, True)
+                    found.append(self.pid)
                 signal_group(self.pgid, signal.SIGKILL)
-            return
+            return sorted(found)
         if self.process.returncode is not None:
-            return
+            return []
         self._remember()
-        signal_group(self.pgid, signal.SIGKILL)
+        # Read before the signal, as the interrupt reads them: a process that dies of it at
+        # once is still reported as killed.
+        living = {p.pid for p in self.known if _in_group(p, self.pgid)} | {self.pid}
+        if not signal_group(self.pgid, signal.SIGKILL):
+            return []
+        fresh = sorted(living - set(self.report.killed))
+        self.report.killed = sorted(set(self.report.killed) | living)
+        return fresh
 
     async def terminate(self, sig: int, grace: float) -> None:
         """Interrupt, wait up to ``grace`` for the leader to exit, then SIGKILL the group.
@@ -628,7 +645,7 @@ class ProcessTree:
         killed: set[int] = set(self.report.killed)
         swept: set[int] = set(self._interrupt_swept)
         for _ in range(20):
-            self.kill_group()
+            killed.update(self.kill_group())
             started = time.monotonic()
             candidates = set(self.known) | await scanner.scan(self.marker, not_before=started)
             self.known |= candidates
