@@ -595,9 +595,9 @@ def pids_in(line: str) -> set[int]:
 
 
 def program_runs(leader: int) -> bool:
-    """Has the agent's program (not bwrap's init, a fork of bwrap with its argv) started under ``leader``?"""
+    """Has the agent's program (not bwrap's init: a fork of bwrap, which since --args shows only its program after bwrap's own name) started under ``leader``?"""
     try:
-        return any("tree_agent.py" in " ".join(argv := p.cmdline()) and "--unshare-pid" not in argv
+        return any("tree_agent.py" in " ".join(argv := p.cmdline()) and "bwrap" not in os.path.basename(argv[0])
                    for p in psutil.Process(leader).children(recursive=True))
     except psutil.NoSuchProcess:  # one of them exec'ing or gone this instant: ask again
         return False
