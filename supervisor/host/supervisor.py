@@ -33,6 +33,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -609,6 +610,16 @@ def check_channel(channel: object) -> None:
         raise UsageError(str(exc)) from None
 
 
+def _passwd_home() -> str | None:
+    """The daemon user's HOME as the passwd database says (its environment's may differ)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return None
+
+
 @asynccontextmanager
 async def open_supervisor(
     config: Config, *, subreaper: bool = False, owns_children: bool = False, hooks: Hooks | None = None
@@ -638,12 +649,14 @@ async def open_supervisor(
                 config_path=config.path, token_file=config.server.token_file, socket=config.server.socket,
                 cgroup_subtree=cgroups.path if cgroups is not None else None,
                 agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
-                home=os.environ.get("HOME"),
+                home=os.environ.get("HOME"), runtime_dir=os.environ.get("XDG_RUNTIME_DIR"),
+                user_home=_passwd_home(),
                 secrets=[path for bridge in config.bridges.values() for path in (
                     bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
                     if path is not None],
             )
-            sandbox = await trio.to_thread.run_sync(open_sandbox, config.server.sandbox, private)
+            sandbox = await trio.to_thread.run_sync(
+                partial(open_sandbox, config.server.sandbox, private, bwrap=config.server.bwrap))
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, sandbox=sandbox, subreaper=subreaper,
                 owns_children=owns_children,
