@@ -39,6 +39,7 @@ from typing import Any, Literal, overload
 
 import trio
 
+from ..config.preflight import private_of
 from ..config.settings import AgentConfig, Config
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
@@ -65,7 +66,7 @@ from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
 from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
-from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
+from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, turn_of_peer
 from ..procs.teardown import CollectorPause
 from ..procs.tree import (
     MarkerScanner,
@@ -610,16 +611,6 @@ def check_channel(channel: object) -> None:
         raise UsageError(str(exc)) from None
 
 
-def _passwd_home() -> str | None:
-    """The daemon user's HOME as the passwd database says (its environment's may differ)."""
-    import pwd
-
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return None
-
-
 @asynccontextmanager
 async def open_supervisor(
     config: Config, *, subreaper: bool = False, owns_children: bool = False, hooks: Hooks | None = None
@@ -644,17 +635,7 @@ async def open_supervisor(
         lease = config.cluster.lease
         async with open_store(config.store_location, host=host, lease=lease) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
-            private = private_paths(
-                state_dir=config.state_dir, store_path=config.store_path, store_url=config.store_url,
-                config_path=config.path, token_file=config.server.token_file, socket=config.server.socket,
-                cgroup_subtree=cgroups.path if cgroups is not None else None,
-                agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
-                home=os.environ.get("HOME"), runtime_dir=os.environ.get("XDG_RUNTIME_DIR"),
-                user_home=_passwd_home(),
-                secrets=[path for bridge in config.bridges.values() for path in (
-                    bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
-                    if path is not None],
-            )
+            private = private_of(config, cgroups.path if cgroups is not None else None)
             sandbox = await trio.to_thread.run_sync(
                 partial(open_sandbox, config.server.sandbox, private, bwrap=config.server.bwrap))
             sup = Supervisor(

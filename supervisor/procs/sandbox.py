@@ -110,7 +110,7 @@ OUT_OF_SIGHT = ("/home", "/root", "/run/user", "/media", "/mnt", "/run/screen", 
 HIDDEN_SOCKETS = ("/run/docker.sock", "/var/run/docker.sock")
 #: Suffixes of the SQLite store's companions, next to the store itself.
 STORE_COMPANIONS = ("", "-wal", "-shm", "-journal", ".lock")
-#: Where bwrap may live besides PATH, for the ``unshare`` step too (a service's PATH may be bare).
+#: Where util-linux's ``unshare`` may live besides PATH (a service's PATH may be bare).
 SYSTEM_BIN = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 
@@ -268,7 +268,7 @@ def bwrap_candidates(configured: str | None) -> list[tuple[str, str]]:
     bundled = bundled_bwrap()
     if bundled is not None:
         found.append((bundled, "bundled"))
-    system = shutil.which("bwrap", path=f"{os.environ.get('PATH', '')}:{SYSTEM_BIN}")
+    system = shutil.which("bwrap", path=os.environ.get("PATH", os.defpath))
     if system is not None and (bundled is None or os.path.realpath(system) != os.path.realpath(bundled)):
         found.append((system, "PATH"))
     return found
@@ -604,6 +604,17 @@ class Sandbox:
             if any(_within(Path(path), folder) for folder in opaque):
                 shown.append(path)
         return shown
+
+
+def exec_failure(agent: str, line: str) -> str | None:
+    """corral's words for bwrap's own "cannot run the program" line on a turn's stderr (pure;
+    None for any other line): what the plan could not foresee (a file replaced since)."""
+    if not line.startswith("bwrap: execvp "):
+        return None
+    path, _, why = line[len("bwrap: execvp "):].rpartition(": ")
+    folder = os.path.dirname(path) or path
+    return (f"could not start {agent}: {path} cannot be run inside the sandbox ({why}) — fix: show its folder,"
+            f' sandbox_show = ["{folder}"] in [agents.{agent}], or install it where the sandbox shows it')
 
 
 def _hidden_problem(agent: str, path: str, rule: str, folder: Path) -> Problem:

@@ -42,6 +42,7 @@ from ..core.account import Post, ShowDraft
 from ..core.ledger import TurnTicket
 from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import Line, LineReader
+from ..procs.sandbox import exec_failure
 from ..procs.stdin import CLOSED, AgentInput
 from ..procs.tree import ProcessTree, wait_exited
 from ..store.store import StoreError
@@ -278,6 +279,8 @@ class Turn(BaseTurn):
             for line in lines:
                 text = line.text()
                 log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
+                if self.tree is not None and self.tree.sandboxed and self.outcome.error is None:
+                    self.outcome.error = exec_failure(self.agent.name, text)
                 for event in parser.feed_stderr(text):
                     self._handle(event)
             self._show()
