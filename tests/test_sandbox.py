@@ -102,10 +102,10 @@ env = {{ VICTIM_API_KEY = "{SECRET_ENV}" }}
 class Rig:
     """A daemon with a victim mid-turn in channel B; the hostile agent answers in channel A."""
 
-    def __init__(self, folder: Path, config: str) -> None:
+    def __init__(self, folder: Path, config: str, prefix: tuple[str, ...] = ()) -> None:
         Path("/tmp/corral-escape-probe.txt").unlink(missing_ok=True)  # what an escape would leave
         self.folder = folder
-        self.daemon = DaemonProcess(folder, config)
+        self.daemon = DaemonProcess(folder, config, prefix)
         self.state = folder / "corral.d"
 
     def json(self, *args: str) -> Any:
@@ -380,7 +380,8 @@ def _fake_bwrap(folder: Path, error: str) -> Path:
     fake_bin = folder / "bin"
     fake_bin.mkdir(exist_ok=True)
     bwrap = fake_bin / "bwrap"
-    bwrap.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "bubblewrap 0.8.0"; exit 0; }}\necho "{error}" >&2; exit 1\n')
+    bwrap.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "bubblewrap 0.8.0"; exit 0; }\n'
+                     f'echo "{error}" >&2; exit 1\n')
     bwrap.chmod(0o755)
     return bwrap
 
