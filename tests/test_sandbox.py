@@ -562,9 +562,12 @@ def test_the_docs_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch
     (bin_dir / "claude").write_text("#!/bin/sh\n")
     (bin_dir / "claude").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    config = parse_config(tomllib.loads(block.replace("/srv/shared/notes", str(shared))), base=short_tmp)
+    docs = short_tmp / "docs"
+    docs.mkdir()
+    config = parse_config(tomllib.loads(block.replace("/srv/shared/notes", str(shared)).replace(
+        "/srv/shared/docs", str(docs))), base=short_tmp)
     agent = config.agents["claude"]
-    assert agent.sandbox_write == (shared,) and agent.network == "none"
+    assert agent.sandbox_write == (shared,) and agent.network == "none" and agent.sandbox_show == (docs,)
     assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")), Path(os.path.expanduser("~/.aws")))
 
 
