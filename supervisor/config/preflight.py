@@ -157,14 +157,14 @@ def private_of(config: Config, cgroup_subtree: Path | None = None) -> Private:
         config_path=config.path, token_file=config.server.token_file, socket=config.server.socket,
         cgroup_subtree=cgroup_subtree,
         agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
-        home=os.environ.get("HOME"), runtime_dir=os.environ.get("XDG_RUNTIME_DIR"), user_home=_passwd_home(),
+        home=os.environ.get("HOME"), runtime_dir=os.environ.get("XDG_RUNTIME_DIR"), user_home=passwd_home(),
         secrets=[path for bridge in config.bridges.values() for path in (
             bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
             if path is not None],
     )
 
 
-def _passwd_home() -> str | None:
+def passwd_home() -> str | None:
     """The daemon user's HOME as the passwd database says (its environment's may differ)."""
     try:
         return pwd.getpwuid(os.getuid()).pw_dir

@@ -39,7 +39,7 @@ from typing import Any, Literal, overload
 
 import trio
 
-from ..config.preflight import private_of
+from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
@@ -66,7 +66,7 @@ from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
 from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
-from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, turn_of_peer
+from ..procs.sandbox import Sandbox, instances_folder, open_sandbox, own_pid_namespace, peer_facts, turn_of_peer
 from ..procs.teardown import CollectorPause
 from ..procs.tree import (
     MarkerScanner,
@@ -637,7 +637,8 @@ async def open_supervisor(
             cgroups = open_root(config.server.cgroup, store.store_id)
             private = private_of(config, cgroups.path if cgroups is not None else None)
             sandbox = await trio.to_thread.run_sync(
-                partial(open_sandbox, config.server.sandbox, private, bwrap=config.server.bwrap))
+                partial(open_sandbox, config.server.sandbox, private, bwrap=config.server.bwrap,
+                        instances=instances_folder(os.environ.get("HOME") or passwd_home()), store_id=store.store_id))
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, sandbox=sandbox, subreaper=subreaper,
                 owns_children=owns_children,

@@ -53,6 +53,7 @@ arguments; :class:`Sandbox` gathers the facts (which paths exist, and as what) a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -426,6 +427,82 @@ def private_paths(
                    out_of_sight=tuple(dict.fromkeys(veiled)))
 
 
+#: Where a user's corral instances say what is private to each, under the user's HOME (which
+#: every turn's sandbox hides): ``~/.local/state/corral/instances/STORE_ID.json``.
+INSTANCES = Path(".local") / "state" / "corral" / "instances"
+
+
+def instances_folder(home: str | None) -> Path | None:
+    """This user's registry of corral instances (None without a HOME to keep it in)."""
+    if not home or not os.path.isabs(home) or Path(home) == Path("/"):
+        return None
+    return Path(home) / INSTANCES
+
+
+def register_instance(folder: Path, store_id: str, private: Private) -> None:
+    """Say what is private to this instance, so every other instance of the same user hides it
+    from its turns too (a second corral's store, config, token and channels' HOMEs). Written
+    atomically, 0600 in a 0700 folder; a user without a writable HOME only loses this wall
+    (logged)."""
+    import json
+    import tempfile
+
+    # What lies in a private /tmp is out of every turn's sight already (and a test suite's
+    # thousand daemons there would otherwise fill the registry).
+    # A cgroup subtree is read-only in every sandbox, and the turns' own cgroup namespace.
+    def seen(paths: Iterable[Path]) -> list[str]:
+        return [str(p) for p in paths if str(p) not in HIDDEN_SOCKETS and not _within(p, Path("/sys"))
+                and not any(_within(p, Path(d)) for d in PRIVATE_DIRS)]
+
+    record = {"dirs": seen(private.dirs[:1]) + seen(private.dirs[1:]), "files": seen(private.files)}
+    entry = folder / f"{store_id}.json"
+    try:
+        if not record["dirs"] and not record["files"]:
+            entry.unlink(missing_ok=True)
+            return
+        if not record["dirs"] or record["dirs"][0] != str(private.dirs[0]):
+            record["dirs"].insert(0, str(private.dirs[0]))  # (the state folder first: what says it lives)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".new-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, entry)
+    except OSError as exc:
+        log.warning("could not register this instance in %s (%s): another corral of this user will not hide "
+                    "this one's files from its turns unless they lie under a HOME", folder, exc)
+
+
+def other_instances(folder: Path | None, store_id: str) -> tuple[list[Path], list[Path]]:
+    """The private folders and files of this user's other corral instances (registered by
+    :func:`register_instance`; one whose state folder is gone is forgotten)."""
+    import json
+
+    dirs: list[Path] = []
+    files: list[Path] = []
+    if folder is None:
+        return dirs, files
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return dirs, files
+    for name in names:
+        if not name.endswith(".json") or name == f"{store_id}.json":
+            continue
+        try:
+            record = json.loads((folder / name).read_text())
+            their_dirs = [Path(p) for p in record.get("dirs", []) if isinstance(p, str) and os.path.isabs(p)]
+            their_files = [Path(p) for p in record.get("files", []) if isinstance(p, str) and os.path.isabs(p)]
+        except (OSError, ValueError, AttributeError):
+            continue
+        if their_dirs and not their_dirs[0].exists():
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+            continue
+        dirs += [p for p in their_dirs if not any(_within(p, Path(d)) for d in PRIVATE_DIRS)]
+        files += their_files
+    return dirs, files
+
+
 def _postgres_socket_dirs(url: str) -> list[str]:
     """The Unix-socket folders a libpq URL names (``host=/run/postgresql``): a turn that
     could reach one might log in as the daemon's user (peer authentication)."""
@@ -446,10 +523,16 @@ class Sandbox:
     """The sandbox of one supervisor: its mode, this machine's :class:`Support`, and what
     is private. :meth:`prefix` is the argv a turn's program is started behind."""
 
-    def __init__(self, mode: SandboxMode, support: Support, private: Private) -> None:
+    def __init__(
+        self, mode: SandboxMode, support: Support, private: Private, *,
+        instances: Path | None = None, store_id: str = "",
+    ) -> None:
         self.mode = mode
         self.support = support
         self.private = private
+        self.instances = instances
+        """This user's registry of corral instances: their private paths are hidden too."""
+        self.store_id = store_id
 
     @property
     def active(self) -> bool:
@@ -539,9 +622,10 @@ class Sandbox:
         shown = [p for p in shown if p.exists()]
         hidden = list(hidden)
         own = [Path(cwd), Path(home), *writable]
-        dirs = list(self.private.dirs)
+        their_dirs, their_files = other_instances(self.instances, self.store_id)
+        dirs = [*self.private.dirs, *their_dirs]
         # (A cover goes on the file itself: a symlink's target, /var/run's /run.)
-        files = [Path(os.path.realpath(p)) for p in self.private.files]
+        files = [Path(os.path.realpath(p)) for p in (*self.private.files, *their_files)]
         others: list[Path] = []
         for name, folder in self.private.agent_dirs.items():
             if name != agent and not any(_within(mine, folder) for mine in own):
@@ -550,7 +634,7 @@ class Sandbox:
             (dirs if path.is_dir() else files).append(path)
         words = list(installation)
         needed = self._installed(agent, program or (words[0] if words else None), words, path_env, cwd,
-                                 rules=[*(("private", p) for p in self.private.dirs),
+                                 rules=[*(("private", p) for p in (*self.private.dirs, *their_dirs)),
                                         *(("other", p) for p in others),
                                         *(("hide", p) for p in hidden)])
         given = [*own, *shown, *(Path(p) for p in needed)]
@@ -680,14 +764,18 @@ def _is_other(path: Path) -> bool:
 
 
 def open_sandbox(
-    mode: SandboxMode, private: Private, support: Support | None = None, *, bwrap: str | None = None
+    mode: SandboxMode, private: Private, support: Support | None = None, *, bwrap: str | None = None,
+    instances: Path | None = None, store_id: str = "",
 ) -> Sandbox:
     """The supervisor's sandbox: probe this machine (unless ``off``; ``bwrap``: the configured
-    one) and log once what is missing."""
+    one) and log once what is missing. ``instances``: this user's registry of corral
+    instances, where this one (``store_id``) is registered (see :func:`register_instance`)."""
     if mode == "off":
         return Sandbox(mode, support or Support(None), private)
+    if instances is not None:
+        register_instance(instances, store_id, private)
     support = support or probe(bwrap)
-    sandbox = Sandbox(mode, support, private)
+    sandbox = Sandbox(mode, support, private, instances=instances, store_id=store_id)
     if sandbox.active:
         log.info("turns run in a sandbox (%s, %s: %s)", support.version or "bubblewrap", support.source, support.bwrap)
         if not support.unshare:
