@@ -219,6 +219,12 @@ env = {{ CODEX_HOME = {toml_str(str(h / ".codex"))}, XDG_CONFIG_HOME = "/etc", L
     assert f'sandbox_write = ["{h / ".codex"}"]' in done.stderr
     assert "agents.codex.env.XDG_CONFIG_HOME: /etc is read-only in its turns" in done.stderr
     assert "LANG" not in done.stderr
+    # An agent working in the folder that holds corral's config and token: covered one by one.
+    (short_tmp / "corral.toml").write_text(config.replace("[agents.codex]\n", '[agents.codex]\ncwd = "."\n'))
+    done = subprocess.run([PYTHON, "-m", "supervisor.cli", "check", "-c", "corral.toml"], cwd=short_tmp,
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert f"agents.codex: its turns see {short_tmp}, which holds corral's corral.toml" in done.stderr, done.stderr
+    assert "keep corral's files in a folder of their own" in done.stderr
     # An env HOME is refused: corral gives each (agent, channel) its own.
     (short_tmp / "corral.toml").write_text(config.replace('LANG = "C.UTF-8"', 'HOME = "/srv/x"'))
     done = subprocess.run([PYTHON, "-m", "supervisor.cli", "check", "-c", "corral.toml"], cwd=short_tmp,
