@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import venv
@@ -50,6 +51,13 @@ out = {"home": listing(H), "ssh": read(H + "/.ssh/id_rsa"), "keyring": read(H + 
        "root": listing("/root"), "prefix": sys.prefix, "me": os.path.realpath(sys.argv[0])}
 if os.environ.get("MARKER"):
     out["marker"] = read(os.environ["MARKER"])
+if os.environ.get("RUNTIME_SOCK"):
+    import socket
+    try:
+        socket.socket(socket.AF_UNIX).connect(os.environ["RUNTIME_SOCK"])
+        out["runtime socket"] = "ok"
+    except OSError as e:
+        out["runtime socket"] = errno.errorcode[e.errno]
 if os.environ.get("SHOWN"):
     out["shown"] = read(os.environ["SHOWN"] + "/notes.txt")
     out["shown write"] = write(os.environ["SHOWN"] + "/evil.txt")
@@ -143,7 +151,15 @@ def test_the_operators_homes_are_hidden_and_each_layout_starts(short_tmp: Path, 
                 f"sandbox_show = [{toml_str(str(h / 'shared'))}]")
     )
     config = daemon_config(short_tmp, hostile='network = "host"') + agents
-    rig = _with_env(short_tmp, config, HOME=str(h), PATH=f"{short_tmp / 'pathbin'}:{os.environ['PATH']}")
+    # The operator's session sockets (ssh-agent, D-Bus, systemd --user) in XDG_RUNTIME_DIR.
+    runtime = Path(tempfile.mkdtemp(prefix="corral-r-", dir="/var/tmp"))
+    agent_socket = socket.socket(socket.AF_UNIX)
+    agent_socket.bind(str(runtime / "ssh-agent.sock"))
+    agent_socket.listen()
+    shown = f'SHOWN = {toml_str(str(h / "shared"))}'
+    config = config.replace(shown, f'{shown}, RUNTIME_SOCK = {toml_str(str(runtime / "ssh-agent.sock"))}')
+    rig = _with_env(short_tmp, config, HOME=str(h), PATH=f"{short_tmp / 'pathbin'}:{os.environ['PATH']}",
+                    XDG_RUNTIME_DIR=str(runtime))
     try:
         for name in ("npm", "uv", "venv", "onpath"):
             rig.json("send", name, "go", "--agent", name)
@@ -151,6 +167,9 @@ def test_the_operators_homes_are_hidden_and_each_layout_starts(short_tmp: Path, 
                ("npm", "uv", "venv", "onpath")}
     finally:
         rig.close()
+        agent_socket.close()
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert got["onpath"]["runtime socket"] == "ENOENT", got["onpath"]
     for name, seen in got.items():
         assert seen["ssh"] == "ENOENT" and seen["keyring"] == "ENOENT", (name, seen)
         assert (".ssh" not in seen["home"] and "shared" not in seen["home"]) or name == "onpath", (name, seen)
