@@ -438,3 +438,12 @@ def test_a_second_instance_of_the_same_user_is_hidden_from_the_first_ones_turns(
         assert seen["folder"] in ([], ["corral.d"], "ENOENT"), seen
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_the_unshare_step_is_left_out_only_where_no_mount_propagates() -> None:
+    from supervisor.procs.sandbox import propagates
+
+    private = "22 27 0:21 / /proc rw,relatime - proc proc rw\n27 1 0:30 / / rw - overlay overlay rw\n"
+    shared = "27 1 0:30 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+    slave = "27 1 0:30 / / rw,relatime master:5 - ext4 /dev/sda1 rw\n"
+    assert not propagates(private) and propagates(shared) and propagates(slave)
