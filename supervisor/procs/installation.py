@@ -116,8 +116,8 @@ class _Walk:
         try:
             info = os.stat(final)
         except OSError as exc:
-            self.problems.append(Problem(path, f"cannot be run: {exc.strerror}",
-                                         "install it there, or point command at where it is"))
+            fix = f'install it there, or set command = ["/path/to/it"] in [agents.{self.agent}]'
+            self.problems.append(Problem(path, f"cannot be run: {exc.strerror}", fix))
             return
         if stat.S_ISDIR(info.st_mode):
             self.problems.append(Problem(path, "is a folder",
