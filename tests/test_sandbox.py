@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -276,12 +277,18 @@ def path_without_bwrap(folder: Path) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("bwrap", ["bundled, no bwrap on PATH", "system"])
+@pytest.mark.parametrize("bwrap", ["bundled, no bwrap on PATH", "system", "bundled, shared mounts"])
 def test_an_agent_reaches_nothing_beyond_its_own_channel(short_tmp: Path, loopback: str, bwrap: str) -> None:
+    """With corral's bwrap on a machine without another, with the system's, and on a host
+    whose mounts propagate (systemd's shared ``/``: then behind the ``unshare`` step)."""
     _needs_sandbox()
     if cgroup_missing():
         pytest.skip(f"no writable cgroup v2: {cgroup_missing()}")
-    if bwrap == "system":
+    if bwrap == "bundled, shared mounts":
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            pytest.skip("needs root to give the daemon a mount namespace with shared propagation")
+        rig = Rig(short_tmp, daemon_config(short_tmp), prefix=("unshare", "-m", "--propagation", "shared", "--"))
+    elif bwrap == "system":
         system = "/usr/bin/bwrap"
         if not os.access(system, os.X_OK):
             pytest.skip("no system bubblewrap here (corral's own is tested beside)")
@@ -293,6 +300,15 @@ def test_an_agent_reaches_nothing_beyond_its_own_channel(short_tmp: Path, loopba
         assert sandbox["active"] and sandbox["bwrap_source"] == ("configured" if bwrap == "system" else "bundled")
         assert sandbox["propagation"] == "private"
         victim = rig.start_victim()
+        if bwrap == "bundled, shared mounts":
+            # The unshare step ran: bwrap's monitor (the victim's grandparent, outside bwrap's own
+            # namespaces) is in a user namespace that is not the daemon's.
+            monitor = victim.parent().parent()
+            assert monitor is not None and "bwrap" in monitor.name(), monitor
+            def userns(pid: int) -> int:
+                return os.stat(f"/proc/{pid}/ns/user").st_ino
+
+            assert userns(monitor.pid) != userns(rig.daemon.proc.pid)
         tries, want = attempts(rig, victim, loopback)
         seq = rig.json("send", "A", json.dumps(tries))["seq"]
         assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
