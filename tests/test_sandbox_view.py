@@ -447,3 +447,32 @@ def test_the_unshare_step_is_left_out_only_where_no_mount_propagates() -> None:
     shared = "27 1 0:30 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
     slave = "27 1 0:30 / / rw,relatime master:5 - ext4 /dev/sda1 rw\n"
     assert not propagates(private) and propagates(shared) and propagates(slave)
+
+
+def test_a_daemon_in_a_project_under_the_operators_home(operator_home: Path) -> None:
+    """The quick start's layout: corral's folder is a project under the operator's HOME. Its
+    own folders stay writable inside the hidden HOME; the rest of the HOME, and corral's files
+    beside the agent's state, stay out of reach."""
+    _needs_sandbox()
+    project = operator_home / "proj"
+    project.mkdir()
+    rig = _with_env(project, daemon_config(project, hostile='network = "host"'), HOME=str(operator_home))
+    try:
+        a_cwd, a_home = rig.folders("hostile", "A")
+        tries = [
+            ["own folder", "write", str(a_cwd / "mine.txt")],
+            ["own HOME", "write", str(a_home / "mine.txt")],
+            ["the operator's HOME", "list", str(operator_home)],
+            ["the operator's key", "read", str(operator_home / ".ssh" / "id_rsa")],
+            ["the config", "read", str(project / "corral.toml")],
+            ["the store", "read", str(project / "corral.db")],
+        ]
+        seq = rig.json("send", "A", json.dumps(tries))["seq"]
+        assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
+        answer = next(e for e in rig.entries("A") if e["seq"] > seq and e["text"].startswith("{"))
+        got = json.loads(answer["text"])
+    finally:
+        rig.close()
+    assert got["own folder"] == "ok" and got["own HOME"] == "ok", got
+    assert got["the operator's HOME"] == "ok:proj" and got["the operator's key"] == "ENOENT", got
+    assert got["the config"] in ("ENOENT", "EACCES") and got["the store"] in ("ENOENT", "EACCES"), got
