@@ -476,3 +476,25 @@ def test_a_daemon_in_a_project_under_the_operators_home(operator_home: Path) -> 
     assert got["own folder"] == "ok" and got["own HOME"] == "ok", got
     assert got["the operator's HOME"] == "ok:proj" and got["the operator's key"] == "ENOENT", got
     assert got["the config"] in ("ENOENT", "EACCES") and got["the store"] in ("ENOENT", "EACCES"), got
+
+
+def test_bwraps_own_execvp_failure_reaches_the_transcript_in_corrals_words(short_tmp: Path) -> None:
+    """What the plan could not foresee (a program replaced between the plan and the spawn):
+    bwrap's ``execvp`` line, alone and first, with its exit status 1, is corral's error; the
+    same words from a program that already printed (a nested bwrap of its own) are not."""
+    _needs_sandbox()
+    said = 'import sys; print("bwrap: execvp /gone/agent: No such file or directory", file=sys.stderr); sys.exit(1)'
+    later = 'print("hello", flush=True); ' + said
+    agents = (agent("first", [PYTHON, "-c", said], {}) + agent("later", [PYTHON, "-c", later], {}))
+    rig = Rig(short_tmp, daemon_config(short_tmp, hostile='network = "host"') + agents)
+    try:
+        for name in ("first", "later"):
+            rig.json("send", name, "go", "--agent", name)
+        first = rig.wait_entry("first", "could not start first")
+        rig.wait_entry("later", "hello")
+        assert rig.daemon.cli("wait", "later", "--timeout", "60").returncode == 0
+        later_entries = rig.entries("later")
+    finally:
+        rig.close()
+    assert first["kind"] == "error" and 'sandbox_show = ["/gone"]' in first["text"], first
+    assert not any("cannot be run inside the sandbox" in e["text"] for e in later_entries), later_entries

@@ -82,6 +82,10 @@ class Turn(BaseTurn):
         self._steerable = False
         """The prompt is written (or there was none) and the launch keeps the input open: a
         steered message may follow, until the input closes."""
+        self._said = False
+        """A line came on stdout or stderr (the program ran, or bwrap said why it could not)."""
+        self._unstartable: str | None = None
+        """corral's words for bwrap's own first (and only) stderr line: it could not run the program."""
 
     def _posted(self, post: Post) -> None:
         if post.meta and "draft" in post.meta and isinstance(self._parser, _LineTextRuns):
@@ -279,8 +283,9 @@ class Turn(BaseTurn):
             for line in lines:
                 text = line.text()
                 log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
-                if self.tree is not None and self.tree.sandboxed and self.outcome.error is None:
-                    self.outcome.error = exec_failure(self.agent.name, text)
+                if not self._said and self.tree is not None and self.tree.sandboxed:
+                    self._unstartable = exec_failure(self.agent.name, text)
+                self._said = True
                 for event in parser.feed_stderr(text):
                     self._handle(event)
             self._show()
@@ -314,6 +319,9 @@ class Turn(BaseTurn):
                     await stream.aclose()
             self.outcome.report = tree.report
             ports.registry.release(self.channel, self.turn_id, tree)
+            if self._unstartable is not None and tree.process.returncode == 1 and self.outcome.error is None:
+                # bwrap's own failure, before the program ran (a program that printed first is not).
+                self.outcome.error = self._unstartable
             if self._parser is not None:
                 for event in self._parser.finish(tree.process.returncode, interrupted=interrupted):
                     self._handle(event)
@@ -333,6 +341,7 @@ class Turn(BaseTurn):
 
     def _feed(self, line: Line) -> None:
         assert self._parser is not None
+        self._said = True
         for event in self._parser.feed(line.text()):
             if isinstance(event, Result):
                 # The CLI's turn is over: a later message would start another (Claude Code
