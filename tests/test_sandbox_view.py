@@ -219,15 +219,17 @@ def test_check_warns_for_env_paths_the_sandbox_hides_or_shows_read_only(short_tm
     _needs_sandbox()
     h = operator_home
     (h / ".codex").mkdir()
+    (h / ".cargo" / "bin").mkdir(parents=True)  # (rg, fd...: the operator's tools on the agent's PATH)
     (short_tmp / "corral.token").write_text("t\n")
     (short_tmp / "corral.token").chmod(0o600)
+    path = toml_str(f"{h / '.cargo' / 'bin'}:/usr/bin:/bin")
     config = f"""
 [server]
 socket = "corral.sock"
 [agents.codex]
 adapter = "generic"
 command = [{toml_str(PYTHON)}, "-c", "print(1)"]
-env = {{ CODEX_HOME = {toml_str(str(h / ".codex"))}, XDG_CONFIG_HOME = "/etc", LANG = "C.UTF-8" }}
+env = {{ CODEX_HOME = {toml_str(str(h / ".codex"))}, XDG_CONFIG_HOME = "/etc", LANG = "C.UTF-8", PATH = {path} }}
 """
     (short_tmp / "corral.toml").write_text(config)
     env = {**os.environ, "HOME": str(h)}
@@ -238,6 +240,8 @@ env = {{ CODEX_HOME = {toml_str(str(h / ".codex"))}, XDG_CONFIG_HOME = "/etc", L
     assert f'sandbox_write = ["{h / ".codex"}"]' in done.stderr
     assert "agents.codex.env.XDG_CONFIG_HOME: /etc is read-only in its turns" in done.stderr
     assert "LANG" not in done.stderr
+    assert f"agents.codex.env.PATH: its PATH has folders its turns cannot see ({h / '.cargo' / 'bin'})" in done.stderr
+    assert f'sandbox_show = ["{h / ".cargo" / "bin"}"]' in done.stderr
     # An agent working in the folder that holds corral's config and token: covered one by one.
     (short_tmp / "corral.toml").write_text(config.replace("[agents.codex]\n", '[agents.codex]\ncwd = "."\n'))
     done = subprocess.run([PYTHON, "-m", "supervisor.cli", "check", "-c", "corral.toml"], cwd=short_tmp,

@@ -12,6 +12,7 @@ file system can only tell by trying is reported by ``corral run`` when it tries.
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import sqlite3
@@ -210,6 +211,14 @@ def sandbox_warnings(config: Config, sandbox: Sandbox) -> list[Problem]:
                 found.append(Problem(file, f"{prefix}.env.{key}", f"{path} is read-only in its turns",
                                      f'if the CLI writes there (a home, config or cache folder), grant it: '
                                      f'sandbox_write = ["{path}"] in [{prefix}]'))
+        unseen = [entry for entry in path_env.split(os.pathsep) if os.path.isabs(entry) and os.path.isdir(entry)
+                  and seen_as(reach, entry) == "hidden"]
+        if unseen:
+            found.append(Problem(
+                file, f"{prefix}.env.PATH" if "PATH" in agent.env else prefix,
+                f"its PATH has folders its turns cannot see ({', '.join(unseen)}): the tools there will not be found",
+                f"let them in, read-only: sandbox_show = [{', '.join(json.dumps(e) for e in unseen)}]"
+                f" in [{prefix}] (its own program is shown already)"))
         if agent.cwd is not None and seen_as(reach, agent.cwd) != "writable":
             found.append(Problem(file, f"{prefix}.cwd", f"{agent.cwd} is {seen_as(reach, agent.cwd)} in its turns",
                                  "choose a working folder outside corral's state"))
