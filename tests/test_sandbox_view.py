@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import venv
@@ -502,3 +503,54 @@ def test_bwraps_own_execvp_failure_reaches_the_transcript_in_corrals_words(short
         rig.close()
     assert first["kind"] == "error" and 'sandbox_show = ["/gone"]' in first["text"], first
     assert not any("cannot be run inside the sandbox" in e["text"] for e in later_entries), later_entries
+
+
+def test_a_bundled_bwrap_that_cannot_sandbox_here_gives_way_to_the_systems(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ubuntu's AppArmor may allow only its own profiled /usr/bin/bwrap: then that one runs, and
+    the log says why."""
+    from supervisor.procs import sandbox
+
+    system = script(tmp_path / "bin" / "bwrap", "/bin/sh", "exit 0\n")
+    monkeypatch.setattr(sandbox, "bundled_bwrap", lambda: "/opt/corral/bwrap")
+    monkeypatch.setenv("PATH", str(system.parent))
+
+    def trial(found: str, source: str, unshare: str | None) -> sandbox.Support:
+        if source == "bundled":
+            return sandbox.Support(None, missing=("user and PID namespaces are not available (AppArmor)",),
+                                   source=source, tried=found)
+        return sandbox.Support(found, version="bubblewrap 0.9.0", source=source, tried=found)
+
+    monkeypatch.setattr(sandbox, "_trial", trial)
+    support = sandbox.probe()
+    assert support.available and support.bwrap == str(system) and support.source == "PATH"
+    # A configured bwrap is the only one tried.
+    assert sandbox.bwrap_candidates("/srv/bwrap") == [("/srv/bwrap", "configured")]
+
+
+def test_the_instance_registry_forgets_an_instance_whose_state_is_gone(tmp_path: Path) -> None:
+    from supervisor.procs.sandbox import other_instances, private_paths, register_instance
+
+    registry = tmp_path / "registry"
+    alive, gone = Path("/var/tmp") / f"corral-alive-{os.getpid()}", Path("/var/tmp") / f"corral-gone-{os.getpid()}"
+    alive.mkdir()
+    try:
+        for name, state in (("a", alive), ("b", gone)):
+            register_instance(registry, name, private_paths(
+                state_dir=state / "corral.d", store_path=state / "corral.db", store_url=None,
+                config_path=state / "corral.toml", token_file=None, socket=None, cgroup_subtree=None,
+                agent_dirs={}))
+        (alive / "corral.d").mkdir()
+        dirs, files = other_instances(registry, "me")
+        assert dirs == [alive / "corral.d"] and alive / "corral.toml" in files
+        assert not (registry / "b.json").exists()  # forgotten
+        assert other_instances(registry, "a") == ([], [])  # its own is not another's
+        # An instance whose files all lie in /tmp (out of every turn's sight anyway) registers nothing.
+        register_instance(registry, "t", private_paths(
+            state_dir=Path("/tmp/x/corral.d"), store_path=Path("/tmp/x/corral.db"), store_url=None,
+            config_path=None, token_file=None, socket=None, cgroup_subtree=None, agent_dirs={}))
+        assert not (registry / "t.json").exists()
+        assert stat.S_IMODE(registry.stat().st_mode) == 0o700
+    finally:
+        shutil.rmtree(alive, ignore_errors=True)
