@@ -15,12 +15,20 @@ floor measured in the same run.
 * **stop-one**: an embedded supervisor running a ``sh`` agent with a ``sleep`` in its group
   and a ``setsid sleep`` (the lightest tree, so what is measured is corral), stopped mid-turn;
   time of ``Supervisor.stop``. Target: unchanged within noise.
+* **the steps** (``--steps``): what each part of the sandbox costs, the variants in a random
+  order each round: bwrap alone (corral's bundled one; the system's where installed) with
+  corral's state hidden, then every HOME, ``/run/user``, ``/media``, ``/mnt`` out of sight
+  too (what a turn gets), then behind the ``unshare`` step (private propagation, where the
+  host's mounts propagate); and the plan itself (:meth:`~supervisor.procs.sandbox.Sandbox.plan`
+  with the installation walk of a venv's Python), in the parent.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -34,7 +42,7 @@ from scripts._bench import pct, short_tmp, spread
 from supervisor import open_supervisor
 from supervisor.config.settings import parse_config
 from supervisor.procs.cgroup import open_root
-from supervisor.procs.sandbox import open_sandbox, private_paths
+from supervisor.procs.sandbox import Sandbox, open_sandbox, private_paths
 from supervisor.procs.tree import spawn
 
 LIGHT = "sleep 300 & setsid sleep 300 & echo ready; wait"
@@ -88,6 +96,64 @@ def bench_spawn(folder: Path, rounds: int) -> tuple[list[float], list[float]]:
     return plain, boxed
 
 
+def bench_steps(folder: Path, rounds: int) -> dict[str, list[float]]:
+    """Spawn to first output behind each variant of the sandbox (see the module's docstring)."""
+    state = folder / "corral.d"
+    home = state / "home" / "a" / "c"
+    (home / "tmp").mkdir(parents=True, exist_ok=True)
+    (state / "work").mkdir(parents=True, exist_ok=True)
+    private = private_paths(state_dir=state, store_path=folder / "corral.db", store_url=None,
+                            config_path=folder / "corral.toml", token_file=None, socket=folder / "corral.sock",
+                            cgroup_subtree=None, agent_dirs={}, home=os.environ.get("HOME"))
+    sandbox = open_sandbox("required", private)
+    support = dataclasses.replace(sandbox.support, unshare=None)
+    bare = dataclasses.replace(private, out_of_sight=())
+    unshare = shutil.which("unshare")
+
+    def prefix(priv: Any, sup: Any) -> tuple[str, ...]:
+        return Sandbox("required", sup, priv).prefix("a", cwd=str(folder), home=str(home))
+
+    variants: dict[str, tuple[str, ...]] = {
+        "floor (no sandbox)": (),
+        "bwrap, corral's state hidden": prefix(bare, support),
+        "+ HOMEs, /run/user, /media, /mnt hidden": prefix(private, support),
+    }
+    if unshare:
+        variants["+ the unshare step"] = prefix(private, dataclasses.replace(support, unshare=unshare))
+    if os.access("/usr/bin/bwrap", os.X_OK):
+        variants["the system's bwrap, corral's state hidden"] = prefix(
+            bare, dataclasses.replace(support, bwrap="/usr/bin/bwrap"))
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    root = open_root("auto", f"bench-steps-{os.getpid()}")
+
+    async def run() -> None:
+        for i in range(rounds + 5):
+            order = list(variants.items())
+            random.shuffle(order)  # (a fixed order puts each variant always after the same one)
+            for n, (name, words) in enumerate(order):
+                cg = root.create(f"s{i}-{n}") if root is not None else None
+                took = await first_output(words, folder, {"cgroup": cg} if cg is not None else {})
+                if cg is not None:
+                    await cg.wait_empty(trio.current_time() + 5)
+                    cg.remove()
+                if i >= 5:
+                    samples[name].append(took)
+
+    try:
+        trio.run(run)
+    finally:
+        if root is not None:
+            root.close()
+    plans: list[float] = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        sandbox.plan("a", cwd=str(folder), home=str(home), program=sys.executable,
+                     installation=(sys.executable, "-c", "pass"), path_env=os.defpath)
+        plans.append((time.perf_counter() - t0) * 1000)
+    samples["the plan, in the parent"] = plans
+    return samples
+
+
 def bench_stop(folder: Path, stops: int) -> tuple[list[float], list[float]]:
     results: dict[str, list[float]] = {"off": [], "auto": []}
 
@@ -123,9 +189,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=200, help="spawns of each kind (default 200)")
     parser.add_argument("--stops", type=int, default=40, help="stops of each kind (default 40)")
+    parser.add_argument("--steps", action="store_true", help="what each step of the sandbox costs instead")
     args = parser.parse_args()
     folder = short_tmp("corral-bsbx-")
     try:
+        if args.steps:
+            load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+            print(f"spawn to first output by step, {args.rounds} rounds each, in a random order, load {load}:")
+            for name, sample in bench_steps(folder, args.rounds).items():
+                print(f"  {name:42} {spread(sample)}")
+            return 0
         return report(folder, args.rounds, args.stops)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

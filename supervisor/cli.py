@@ -334,20 +334,21 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """
     import dataclasses
 
-    from .config.preflight import preflight
+    from .config.preflight import preflight, private_of, sandbox_warnings
     from .config.settings import ConfigError, Problem, load_config
-    from .procs.sandbox import probe
+    from .procs.sandbox import Sandbox, Support, probe
 
     file = obj.config_file(config_path)
     sandbox: dict[str, Any] = {}
+    warnings: list[Problem] = []
     try:
         config = load_config(file)
         problems = preflight(config)
         mode = config.server.sandbox
-        support = probe() if mode != "off" else None
-        sandbox = {"mode": mode, "active": bool(support and support.available),
-                   "mechanism": support.version if support and support.available else None,
-                   "missing": list(support.missing) if support else [], "fix": support.fix if support else None}
+        support = probe(config.server.bwrap) if mode != "off" else None
+        view = Sandbox(mode, support or Support(None), private_of(config))
+        sandbox = view.describe()
+        warnings = sandbox_warnings(config, view)
         if mode == "required" and support is not None and not support.available:
             problems.append(Problem(file, "server.sandbox",
                                     f"is \"required\", and this machine cannot sandbox: {'; '.join(support.missing)}",
@@ -366,8 +367,11 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     connected = " (connected)" if config.store_url else ""
     if obj.json or as_json:
         _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
-                     "store": config.store_name, "sandbox": sandbox})
+                     "store": config.store_name, "sandbox": sandbox,
+                     "warnings": [dataclasses.asdict(w) for w in warnings]})
     else:
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
         click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
         click.echo(sandbox_line(sandbox))
@@ -376,7 +380,9 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
 def sandbox_line(sandbox: dict[str, Any]) -> str:
     """How ``status`` and ``check`` say whether turns are sandboxed (and if not, why and the fix)."""
     if sandbox.get("active"):
-        return f"sandbox: on ({sandbox.get('mechanism') or 'bubblewrap'})"
+        known = sandbox.get("bwrap") and sandbox.get("bwrap_source")
+        where = f", {sandbox['bwrap_source']} {sandbox['bwrap']}" if known else ""
+        return f"sandbox: on ({sandbox.get('mechanism') or 'bubblewrap'}{where})"
     if sandbox.get("mode") == "off":
         return 'sandbox: off (sandbox = "off"): agents can reach corral\'s state and other channels'
     return (f"sandbox: turns run WITHOUT a sandbox (sandbox = {sandbox.get('mode')!r}): missing "

@@ -223,7 +223,7 @@ def _die_with_parent() -> None:
 class DaemonProcess:
     """A real `corral run` subprocess in ``folder``, ready once it has logged that it serves."""
 
-    def __init__(self, folder: Path, config_text: str) -> None:
+    def __init__(self, folder: Path, config_text: str, prefix: tuple[str, ...] = ()) -> None:
         import subprocess
         import time
 
@@ -231,7 +231,7 @@ class DaemonProcess:
         self.socket = folder / "corral.sock"
         (folder / "corral.toml").write_text(config_text)
         self.proc = subprocess.Popen(
-            [*CORRAL, "run", "-c", "corral.toml"],
+            [*prefix, *CORRAL, "run", "-c", "corral.toml"],
             cwd=folder,
             stderr=subprocess.PIPE,
             text=True,

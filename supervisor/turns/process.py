@@ -42,6 +42,7 @@ from ..core.account import Post, ShowDraft
 from ..core.ledger import TurnTicket
 from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import Line, LineReader
+from ..procs.sandbox import exec_failure
 from ..procs.stdin import CLOSED, AgentInput
 from ..procs.tree import ProcessTree, wait_exited
 from ..store.store import StoreError
@@ -81,6 +82,10 @@ class Turn(BaseTurn):
         self._steerable = False
         """The prompt is written (or there was none) and the launch keeps the input open: a
         steered message may follow, until the input closes."""
+        self._said = False
+        """A line came on stdout or stderr (the program ran, or bwrap said why it could not)."""
+        self._unstartable: str | None = None
+        """corral's words for bwrap's own first (and only) stderr line: it could not run the program."""
 
     def _posted(self, post: Post) -> None:
         if post.meta and "draft" in post.meta and isinstance(self._parser, _LineTextRuns):
@@ -278,6 +283,9 @@ class Turn(BaseTurn):
             for line in lines:
                 text = line.text()
                 log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
+                if not self._said and self.tree is not None and self.tree.sandboxed:
+                    self._unstartable = exec_failure(self.agent.name, text)
+                self._said = True
                 for event in parser.feed_stderr(text):
                     self._handle(event)
             self._show()
@@ -311,6 +319,9 @@ class Turn(BaseTurn):
                     await stream.aclose()
             self.outcome.report = tree.report
             ports.registry.release(self.channel, self.turn_id, tree)
+            if self._unstartable is not None and tree.process.returncode == 1 and self.outcome.error is None:
+                # bwrap's own failure, before the program ran (a program that printed first is not).
+                self.outcome.error = self._unstartable
             if self._parser is not None:
                 for event in self._parser.finish(tree.process.returncode, interrupted=interrupted):
                     self._handle(event)
@@ -330,6 +341,7 @@ class Turn(BaseTurn):
 
     def _feed(self, line: Line) -> None:
         assert self._parser is not None
+        self._said = True
         for event in self._parser.feed(line.text()):
             if isinstance(event, Result):
                 # The CLI's turn is over: a later message would start another (Claude Code
