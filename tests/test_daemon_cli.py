@@ -338,3 +338,39 @@ def test_send_interrupt_replaces_the_running_turn_and_a_steer_falls_back_with_it
     # The demo daemon's channel is idle now: a steer has nothing to go into, and runs as a message.
     steered = json.loads(corral(daemon.folder, "send", "--steer", "work", "and this", "--json", check=True).stdout)
     assert steered["delivery"] == "queue" and steered["fallback"] == "demo is not running a turn"
+
+
+def test_an_interrupted_turn_is_ended_on_the_record_so_a_restart_recovers_nothing(daemon: Daemon) -> None:
+    """Issue 32's sequence: a long task, ``send --interrupt``, ``wait``, ``shutdown``, ``run``
+    again. The interrupted turn's row was ended with its notice, so the next start finds no
+    interrupted turn: no recovery warning, no false "corral restarted" notice."""
+    import sqlite3
+
+    corral(daemon.folder, "send", "general", "Please do a long task", check=True)
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.folder / "corral.sock")}
+    follower = subprocess.Popen([*CORRAL, "tail", "general", "--follow", "--json"], cwd=daemon.folder, env=env,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None
+        while "tool running" not in json.loads(follower.stdout.readline() or '{"text": "ended"}')["text"]:
+            assert follower.poll() is None, "the follow stream ended early"
+    finally:
+        follower.terminate()
+        follower.wait(timeout=10)
+    corral(daemon.folder, "send", "--interrupt", "general", "hello there", check=True)
+    assert corral(daemon.folder, "wait", "general", "--timeout", "30").returncode == 0
+    assert corral(daemon.folder, "shutdown").returncode == 0
+    assert daemon.proc.wait(timeout=60) == 0
+    with sqlite3.connect(daemon.folder / "corral.db") as db:
+        states = [s for (s,) in db.execute("SELECT state FROM turns ORDER BY began")]
+    assert len(states) == 2 and set(states) == {"ended"}, states
+    second = Daemon(daemon.folder)
+    try:
+        log = "".join(second.log)
+        assert "recovered after an abrupt end" not in log, log
+        entries = [json.loads(line) for line in
+                   corral(daemon.folder, "tail", "general", "--json", check=True).stdout.splitlines()]
+        notices = [e["text"] for e in entries if e["kind"] == "notice"]
+        assert notices == ["Interrupted by a new message."], notices
+    finally:
+        second.stop()

@@ -459,7 +459,12 @@ class Lanes:
             if self._by_id.get(turn_id) is turn:
                 del self._by_id[turn_id]
             turn.done.set()
-            if turn.stop_reason is None:
+            # A stopped turn's row is ended by its stop's notice, a shut-down one's by the
+            # shutdown's, a lost one's by the host that takes the channel over. An interrupted
+            # one's notice (this lane's) ended it already, unless the turn failed before it
+            # was owed: ending it again is a no-op, and a row left running would be taken
+            # for a crash's at the next start.
+            if turn.stop_reason is None or turn.stop_reason == "interrupt":
                 self._store.end_turn(turn_id)
             self.reap_adoptees()
 
@@ -477,9 +482,8 @@ class Lanes:
             if info.dropped:
                 meta["dropped_entries"] = list(info.dropped)
         text = stop_notice_text(INTERRUPT_NOTICE, len(info.dropped) if info else 0)
-        self._store.submit_entry(
-            channel, "system", "notice", text, turn=turn.turn_id, generation=turn.generation, meta=meta
-        )
+        # The notice and the turn's row ended, in one transaction (as a stop's and a shutdown's).
+        self._store.submit_turn_notice(channel, text, turn=turn.turn_id, generation=turn.generation, meta=meta)
 
     async def _contain(self, channel: str, ticket: TurnTicket, exc: Exception) -> None:
         """A turn failed in corral itself: log it, say so, and free the channel."""

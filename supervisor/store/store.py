@@ -1187,10 +1187,14 @@ class Store:
             channel, "system", "notice", text, turn=turn, generation=generation, meta=meta, also=complete,
         )
 
-    def submit_turn_notice(self, channel: str, text: str, *, turn: str, generation: int) -> Pending:
-        """A notice that ends a turn (a shutdown's): the entry and the turn's row ended, together."""
+    def submit_turn_notice(
+        self, channel: str, text: str, *, turn: str, generation: int, meta: Mapping[str, Any] | None = None,
+    ) -> Pending:
+        """A notice that ends a turn (a shutdown's, an interrupt's, a take-over's): the entry and
+        the turn's row ended, together. A notice stored with its row still ``running`` would
+        make the next start take the turn for a crash's and post a false "restarted" notice."""
         return self.submit_entry(
-            channel, "system", "notice", text, turn=turn, generation=generation,
+            channel, "system", "notice", text, turn=turn, generation=generation, meta=meta,
             also=lambda db, _: Store.mark_turn_ended(db, turn),
         )
 
