@@ -33,6 +33,9 @@ DEFAULT_CONFIG_NAME = "corral.toml"
 EXIT_ERROR = 1
 EXIT_NO_DAEMON = 3
 EXIT_TIMEOUT = 4
+EXIT_UNSANDBOXED = 5
+"""``check``: the config is valid, but turns would run without a sandbox (``sandbox = "auto"``
+on a machine that cannot sandbox): not "ok" to a script that gates on it."""
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
@@ -336,7 +339,7 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
 
     from .config.preflight import preflight
     from .config.settings import ConfigError, Problem, load_config
-    from .procs.sandbox import probe
+    from .procs.sandbox import Private, Sandbox, Support, probe
 
     file = obj.config_file(config_path)
     sandbox: dict[str, Any] = {}
@@ -344,13 +347,13 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         config = load_config(file)
         problems = preflight(config)
         mode = config.server.sandbox
-        support = probe() if mode != "off" else None
-        sandbox = {"mode": mode, "active": bool(support and support.available),
-                   "mechanism": support.version if support and support.available else None,
-                   "missing": list(support.missing) if support else [], "fix": support.fix if support else None}
-        if mode == "required" and support is not None and not support.available:
+        # The supervisor's own description (every field it has), as `status` would say it.
+        support = probe() if mode != "off" else Support(None)
+        sandbox = Sandbox(mode, support, Private()).describe()
+        if sandbox["state"] == "refused":
             problems.append(Problem(file, "server.sandbox",
-                                    f"is \"required\", and this machine cannot sandbox: {'; '.join(support.missing)}",
+                                    f"is \"required\", and this machine cannot sandbox "
+                                    f"({'; '.join(support.missing)}): every turn would be refused",
                                     support.fix or 'write sandbox = "auto"'))
     except ConfigError as exc:
         problems = exc.problems
@@ -364,23 +367,29 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         sys.exit(EXIT_ERROR)
     # (A PostgreSQL store was connected to by the preflight: say so.)
     connected = " (connected)" if config.store_url else ""
+    # "auto" that cannot sandbox is valid, and not ok: turns would run unsandboxed unasked
+    # ("off" asked for it: warned, and ok).
+    unsandboxed = sandbox["state"] == "unsandboxed"
     if obj.json or as_json:
-        _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
-                     "store": config.store_name, "sandbox": sandbox})
+        _print_json({"ok": not unsandboxed, "valid": True, "agents": list(config.agents),
+                     "socket": str(config.server.socket), "store": config.store_name, "sandbox": sandbox,
+                     "warnings": [sandbox["summary"]] if sandbox["state"] != "on" else []})
     else:
-        click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
+        answer = "valid, but turns would run WITHOUT a sandbox" if unsandboxed else "ok"
+        click.echo(f"{file}: {answer} — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
         click.echo(sandbox_line(sandbox))
+    if unsandboxed:
+        sys.exit(EXIT_UNSANDBOXED)
 
 
 def sandbox_line(sandbox: dict[str, Any]) -> str:
-    """How ``status`` and ``check`` say whether turns are sandboxed (and if not, why and the fix)."""
-    if sandbox.get("active"):
-        return f"sandbox: on ({sandbox.get('mechanism') or 'bubblewrap'})"
-    if sandbox.get("mode") == "off":
-        return 'sandbox: off (sandbox = "off"): agents can reach corral\'s state and other channels'
-    return (f"sandbox: turns run WITHOUT a sandbox (sandbox = {sandbox.get('mode')!r}): missing "
-            f"{'; '.join(sandbox.get('missing') or [])}. Fix: {sandbox.get('fix')}")
+    """How ``status`` and ``check`` say whether turns are sandboxed: the supervisor's own
+    sentence for its state (``summary``), marked as a warning when turns run without one and
+    as an error when every turn is refused."""
+    state = sandbox.get("state")
+    mark = "sandbox" if state == "on" else "ERROR: sandbox" if state == "refused" else "WARNING: sandbox"
+    return f"{mark}: {sandbox.get('summary', '')}"
 
 
 @main.command(short_help="Send TEXT to CHANNEL (\"-\": from stdin); prints the accepted seq.")

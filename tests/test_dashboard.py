@@ -206,6 +206,11 @@ async def test_pages_carry_a_strict_csp_and_hold_no_inline_script(short_tmp: Pat
             assert "img" not in {tag for tag, _ in tags}, "the channel name is escaped"
         channel = (await http.get("/dashboard/channels/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E", headers=cookie)).text
         assert "&lt;img src=x onerror=alert(1)&gt;" in channel
+        # Each page's header says whether turns are sandboxed: the daemon's own state.
+        sandbox = (await http.get("/v1/status", headers=_bearer())).json()["sandbox"]
+        for text in (channel, (await http.get("/dashboard/", headers=cookie)).text):
+            (badge,) = [attrs for tag, attrs in _tags(text) if attrs.get("id") == "sandbox"]
+            assert badge["data-state"] == sandbox["state"] and badge["title"] == sandbox["summary"]
 
 
 def _tags(text: str) -> list[tuple[str, dict[str, str | None]]]:

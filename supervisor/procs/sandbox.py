@@ -44,8 +44,10 @@ that is a process of a turn (:func:`turn_of_peer`: its cgroup, its pid namespace
 
 Where the kernel or the machine lacks what this needs, :func:`probe` says exactly what is
 missing and how to fix it; ``[server] sandbox = "auto"`` then runs turns without it and says
-so (log, ``status``, ``check``), ``"required"`` refuses to start a turn, ``"off"`` never
-sandboxes. Never a silent half-sandbox: it is all of the above or nothing.
+so as a warning wherever people look (the log, ``check``, ``status``, the demo's summary, the
+dashboard's header: one sentence, :func:`sandbox_summary`), ``"required"`` refuses every turn
+(and says that, not "without a sandbox"), ``"off"`` never sandboxes. Never a silent
+half-sandbox: it is all of the above or nothing.
 
 Decisions are pure: :class:`Reach` is one turn's plan and :func:`bwrap_args` turns it into
 arguments; :class:`Sandbox` gathers the facts (which paths exist, and as what) and the probe.
@@ -279,14 +281,20 @@ class Sandbox:
         return self.mode != "off" and self.support.available
 
     def describe(self) -> dict[str, object]:
-        """For ``status`` and ``check``: the mode, whether turns are sandboxed, and if not why."""
-        return {
+        """For ``status``, ``check``, the demo and the dashboard: the mode, whether turns are
+        sandboxed, and if not why; ``state`` and ``summary`` say it (see :func:`sandbox_summary`)."""
+        state = "on" if self.active else "off" if self.mode == "off" else "refused" if self.mode == "required" \
+            else "unsandboxed"
+        described: dict[str, object] = {
             "mode": self.mode,
             "active": self.active,
+            "state": state,
             "mechanism": (self.support.version or "bubblewrap") if self.active else None,
             "missing": list(self.support.missing) if self.mode != "off" else [],
             "fix": self.support.fix if self.mode != "off" and not self.active else None,
         }
+        described["summary"] = sandbox_summary(described)
+        return described
 
     def refusal(self) -> str | None:
         """Why a turn may not start (``required`` without a sandbox), else None."""
@@ -378,20 +386,40 @@ def _is_other(path: Path) -> bool:
         return False
 
 
+#: What an agent can reach when its turn runs without the sandbox.
+UNSANDBOXED_REACH = "an agent can read corral's store and config and other channels' folders, and signal the daemon"
+
+
+def sandbox_summary(described: Mapping[str, object]) -> str:
+    """The one sentence every face (log, ``check``, ``status``, the demo, the dashboard) says
+    of :meth:`Sandbox.describe`'s ``state``: sandboxed, run without one (and what that
+    opens), refused (``required`` cannot be met: no turn runs), or off by the config."""
+    state, mode = described.get("state"), described.get("mode")
+    missing = described.get("missing")
+    why = "; ".join(str(m) for m in missing) if isinstance(missing, list) and missing else "it cannot sandbox"
+    fix = described.get("fix")
+    if state == "on":
+        return f"turns run in a sandbox ({described.get('mechanism') or 'bubblewrap'})"
+    if state == "off":
+        return f'turns run WITHOUT a sandbox (sandbox = "off" in the config): {UNSANDBOXED_REACH}'
+    if state == "refused":
+        return (f'every turn is refused (sandbox = "required"), because this machine cannot sandbox: {why}.'
+                f" Fix: {fix}")
+    return (f"turns run WITHOUT a sandbox (sandbox = {mode!r}), because {why}: {UNSANDBOXED_REACH}."
+            f' Fix: {fix}; or write sandbox = "off" under [server] to accept it')
+
+
 def open_sandbox(mode: SandboxMode, private: Private, support: Support | None = None) -> Sandbox:
     """The supervisor's sandbox: probe this machine (unless ``off``) and log once what is missing."""
     if mode == "off":
         return Sandbox(mode, support or Support(None), private)
     support = support or probe()
     sandbox = Sandbox(mode, support, private)
+    described = sandbox.describe()
     if sandbox.active:
-        log.info("turns run in a sandbox (%s)", support.version or "bubblewrap")
+        log.info("%s", described["summary"])
     else:
-        log.warning(
-            "turns run WITHOUT a sandbox (sandbox = %r): missing %s. Fix: %s. An agent can then read "
-            "corral's store and config, other channels' folders, and signal the daemon",
-            mode, "; ".join(support.missing), support.fix,
-        )
+        log.warning("%s", described["summary"])
     return sandbox
 
 

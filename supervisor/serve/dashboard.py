@@ -202,7 +202,24 @@ def list_view(status: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- pages
 
 
-def _page(title: str, body_attrs: str, main: str) -> bytes:
+#: The header's word for each sandbox state of :meth:`~supervisor.procs.sandbox.Sandbox.describe`.
+SANDBOX_BADGES = {"on": "sandboxed", "unsandboxed": "NOT sandboxed", "off": "NOT sandboxed (off)",
+                  "refused": "turns refused: no sandbox"}
+
+
+def sandbox_badge(sandbox: Mapping[str, Any] | None) -> str:
+    """The header's sandbox state: a word, and the supervisor's whole sentence on hover and
+    for screen readers (a warning's colour when turns run unsandboxed or are refused)."""
+    if not sandbox:
+        return ""
+    state = str(sandbox.get("state") or "")
+    summary = str(sandbox.get("summary") or "")
+    return (f"<span id=\"sandbox\" class=\"sandbox\" data-state=\"{html.escape(state)}\" "
+            f"title=\"{html.escape(summary)}\" aria-label=\"{html.escape(summary)}\">"
+            f"{html.escape(SANDBOX_BADGES.get(state, state))}</span>")
+
+
+def _page(title: str, body_attrs: str, main: str, sandbox: Mapping[str, Any] | None = None) -> bytes:
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -210,14 +227,15 @@ def _page(title: str, body_attrs: str, main: str) -> bytes:
         "<link rel=\"icon\" href=\"/dashboard/static/favicon.svg\">"
         "<link rel=\"stylesheet\" href=\"/dashboard/static/dashboard.css\">"
         "<script src=\"/dashboard/static/dashboard.js\" defer></script></head>"
-        f"<body {body_attrs}><header><a class=\"home\" href=\"/dashboard/\">corral</a>"
+        f"<body {body_attrs}><header><a class=\"home\" href=\"/dashboard/\">corral</a>{sandbox_badge(sandbox)}"
         "<span id=\"connection\" class=\"connection\" aria-live=\"polite\">Connecting…</span></header>"
         f"<main>{main}</main></body></html>\n"
     ).encode()
 
 
-def list_page() -> bytes:
-    """The channel list: filled in live by the script from ``/dashboard/events``."""
+def list_page(sandbox: Mapping[str, Any] | None = None) -> bytes:
+    """The channel list: filled in live by the script from ``/dashboard/events``; the header
+    says whether turns are sandboxed (``sandbox``: the supervisor's ``describe()``)."""
     return _page(
         "corral — channels",
         "data-view=\"list\"",
@@ -229,10 +247,13 @@ def list_page() -> bytes:
         "<table id=\"channels\"><thead><tr><th scope=\"col\">Channel</th><th scope=\"col\">Agents</th></tr></thead>"
         "<tbody></tbody></table>"
         "<p id=\"empty\" class=\"empty\" hidden>No channels yet: send a message with <code>corral send</code>.</p>",
+        sandbox,
     )
 
 
-def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
+def channel_page(
+    channel: str, agents: list[str], default: str | None, sandbox: Mapping[str, Any] | None = None
+) -> bytes:
     """One channel: the transcript (filled in live), the send box and the channel's Stop.
 
     The agent chooser's first choice sends no target: the server then addresses the
@@ -265,6 +286,7 @@ def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
         "</select>"
         "<button type=\"submit\">Send</button></div>"
         "<p id=\"send-error\" class=\"send-error\" role=\"alert\"></p></form>",
+        sandbox,
     )
 
 
@@ -297,11 +319,11 @@ class Dashboard:
         """Answer a ``/dashboard`` request (already authorized); False if there is no such route."""
         rest = parts[1:]
         if method == "GET" and rest in ([], [""]):
-            await _send(peer, 200, PAGE_HEADERS, list_page())
+            await _send(peer, 200, PAGE_HEADERS, list_page(self.sup.sandbox.describe()))
         elif method == "GET" and len(rest) == 2 and rest[0] == "channels":
             config = self.sup.config
             members = list(config.members(rest[1]))  # the channel's default agent first
-            page = channel_page(rest[1], members, members[0] if members else None)
+            page = channel_page(rest[1], members, members[0] if members else None, self.sup.sandbox.describe())
             await _send(peer, 200, PAGE_HEADERS, page)
         elif method == "GET" and rest == ["events"]:
             await stream_events(peer, self._status_events, keepalive=KEEPALIVE_SECONDS)
