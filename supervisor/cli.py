@@ -14,13 +14,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from .serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
+from .serve.routes import DEFAULT_AUTHOR, MAX_LIMIT
 
 if TYPE_CHECKING:
     from .config.settings import Config, Problem
@@ -529,20 +529,27 @@ def wait(obj: _Context, channel: str, timeout: float | None, config_path: str | 
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
-@click.option("--limit", type=click.IntRange(0), default=DEFAULT_LIMIT, show_default=True, metavar="N",
-              help="At most N entries (without --follow).")
+@click.option("--limit", type=click.IntRange(0), default=None, metavar="N",
+              help="The newest N entries, as `tail -n` [default: a screenful; with --json, every entry].")
+@click.option("--all", "everything", is_flag=True, help="Every entry, oldest first.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
 @_client_options
 @click.pass_obj
 def tail(
-    obj: _Context, channel: str, after: int, limit: int, follow: bool, config_path: str | None, as_json: bool
+    obj: _Context, channel: str, after: int, limit: int | None, everything: bool, follow: bool,
+    config_path: str | None, as_json: bool,
 ) -> None:
-    """Print CHANNEL's entries (JSON lines with --json)."""
+    """Print CHANNEL's newest entries, a screenful unless --limit or --all (JSON lines with --json)."""
     ctx = _merge(obj, as_json, config_path)
     import shutil
 
+    if everything and limit is not None:
+        raise click.UsageError("--all and --limit say different things: give one of them")
     view = DraftView(sys.stdout.isatty(), shutil.get_terminal_size().columns)
+    # A person gets a screenful of the newest; a program (--json) every entry unless it asks.
+    if limit is None and not everything and not ctx.json:
+        limit = max(5, shutil.get_terminal_size().lines - 2)
 
     def show(item: dict[str, Any]) -> None:
         if ctx.json:
@@ -550,8 +557,24 @@ def tail(
         else:
             sys.stdout.write(view.draft(item) if item.get("kind") == "draft" else view.entry(item))
 
+    def newest(client: Client, n: int) -> Iterator[dict[str, Any]]:
+        found = client.entries(channel, after, n + 1, newest=True)  # (one more: were earlier ones left out?)
+        if len(found) > n and not ctx.json:
+            click.echo(f"(the newest {n} entries; earlier ones: --limit N, or --all)", err=True)
+        return iter(found[1:] if len(found) > n else found)
+
+    def every(client: Client) -> Iterator[dict[str, Any]]:
+        last = after
+        while True:
+            page = client.entries(channel, last, MAX_LIMIT)
+            yield from page
+            if len(page) < MAX_LIMIT:
+                return
+            last = page[-1]["seq"]
+
     def run(client: Client) -> None:
-        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after, limit)
+        entries = (client.follow(channel, after, drafts=True) if follow
+                   else newest(client, limit) if limit is not None else every(client))
         for entry in entries:
             show(entry)
             sys.stdout.flush()

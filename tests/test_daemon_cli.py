@@ -374,3 +374,27 @@ def test_an_interrupted_turn_is_ended_on_the_record_so_a_restart_recovers_nothin
         assert notices == ["Interrupted by a new message."], notices
     finally:
         second.stop()
+
+
+def test_tail_shows_the_newest_entries_a_screenful_by_default_and_all_with_all(daemon: Daemon) -> None:
+    """Issue 32: ``tail --limit N`` is the newest N, as ``tail -n``; without it a person gets a
+    screenful of the newest (and is told earlier ones were left out), ``--all`` everything."""
+    for n in range(4):
+        corral(daemon.folder, "send", "many", f"message {n}", check=True)
+    assert corral(daemon.folder, "wait", "many", "--timeout", "60").returncode == 0
+    every = [json.loads(line) for line in corral(daemon.folder, "tail", "many", "--json", check=True).stdout.splitlines()]
+    assert len(every) >= 8 and [e["seq"] for e in every] == sorted(e["seq"] for e in every)
+    two = [json.loads(line) for line in
+           corral(daemon.folder, "tail", "many", "--limit", "2", "--json", check=True).stdout.splitlines()]
+    assert two == every[-2:]
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.folder / "corral.sock"), "LINES": "7", "COLUMNS": "200"}
+    screen = subprocess.run([*CORRAL, "tail", "many"], cwd=daemon.folder, env=env, capture_output=True, text=True,
+                            timeout=60, check=True)
+    shown = [line for line in screen.stdout.splitlines() if line.startswith("[")]  # (an entry may take more lines)
+    assert [int(line[1:6]) for line in shown] == [e["seq"] for e in every[-5:]], screen.stdout
+    assert "the newest 5 entries; earlier ones: --limit N, or --all" in screen.stderr
+    everything = subprocess.run([*CORRAL, "tail", "many", "--all"], cwd=daemon.folder, env=env,
+                                capture_output=True, text=True, timeout=60, check=True)
+    assert "message 0" in everything.stdout.splitlines()[0] and not everything.stderr
+    both = corral(daemon.folder, "tail", "many", "--all", "--limit", "3")
+    assert both.returncode == 2 and "--all and --limit" in both.stderr

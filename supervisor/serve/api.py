@@ -376,7 +376,8 @@ class ControlAPI:
         channel = path["channel"]
         after = _query_number(query, op.param("after"))
         limit = _query_number(query, op.param("limit"))
-        entries = await self.sup.entries(channel, after=after, limit=limit)
+        newest = _query_flag(query, "newest")
+        entries = await self.sup.entries(channel, after=after, limit=limit, newest=newest)
         await peer.respond(200, {"channel": channel, "entries": [e.to_json() for e in entries]})
 
     async def _wait(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:

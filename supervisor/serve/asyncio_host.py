@@ -91,9 +91,11 @@ class AsyncioSupervisor:
         """See :meth:`Supervisor.wait_idle`."""
         return await self._call(lambda: self.supervisor.wait_idle(channel, timeout))
 
-    async def entries(self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT) -> list[Entry]:
+    async def entries(
+        self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT, newest: bool = False
+    ) -> list[Entry]:
         """See :meth:`Supervisor.entries`."""
-        return await self._call(lambda: self.supervisor.entries(channel, after, limit))
+        return await self._call(lambda: self.supervisor.entries(channel, after, limit, newest))
 
     async def status(self) -> dict[str, Any]:
         """See :meth:`Supervisor.status`."""
