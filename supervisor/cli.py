@@ -132,7 +132,9 @@ def format_entry(entry: dict[str, Any]) -> str:
         again = (f"; sent again as {meta['resent_as']}" if meta.get("resent_as") is not None
                  else f"; `corral resend {entry['channel']} {entry['seq']}` sends it again"
                  if str(entry.get("author", "")).startswith("human:") and entry.get("channel") else "")
-        dropped = f" (not run: dropped by a stop{again})"
+        by = (f"an interrupt (message {meta['dropped_by_interrupt']})" if meta.get("dropped_by_interrupt")
+              else "a stop")
+        dropped = f" (not run: dropped by {by}{again})"
     cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
 

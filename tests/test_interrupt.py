@@ -103,7 +103,16 @@ async def test_contract_19_an_interrupt_ends_the_turn_and_its_tree_and_runs_the_
     assert not any(e.text == "done: queued before the interrupt" for e in entries)
     dropped = next(e for e in entries if e.seq == queued.seq)
     assert dropped.meta.get("dropped_by_stop") == accepted.seq
+    # ... by an interrupt, and said so (not "dropped by a stop").
+    assert dropped.meta.get("dropped_by_interrupt") == accepted.seq
+    from supervisor.cli import format_entry
+    assert f"(not run: dropped by an interrupt (message {accepted.seq});" in format_entry(dropped.to_json())
     assert [i["status"] for i in sup.todos("ch", "bot")] == ["completed", "cancelled", "cancelled"]
+    # The cancelled plan is said in the transcript, as a stop says it, just before the notice:
+    # no room or page keeps the plan shown as live.
+    (plan,) = [e for e in entries if e.kind == "todos" and e.text.startswith("Plan cancelled")]
+    assert plan.text == "Plan cancelled (bot)." and entries[entries.index(notice) - 1] == plan
+    assert [i["status"] for i in plan.meta["todos"]] == ["completed", "cancelled", "cancelled"]
     assert [c.turn_id for c in spawned.calls][:2] == [first, second]
     # Only one notice: the interrupt's (no stop happened).
     assert [e.text for e in entries if e.kind == "notice"] == [notice.text]

@@ -1379,9 +1379,12 @@ class Store:
         self, db: Engine, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
     ) -> None:
         """(In the interrupting message's transaction, ``seq``) its record: the lanes' queued
-        messages it dropped dequeued and marked (as a stop marks them), the plans cancelled."""
+        messages it dropped dequeued and marked (as a stop marks them, and as an interrupt's:
+        their pages say "dropped by an interrupt"), the plans cancelled."""
         db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in dropped])
         db.executemany(f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?", [(seq, s) for s in dropped])
+        db.executemany(f"UPDATE entries SET meta = {db.mark_dropped('dropped_by_interrupt')} WHERE seq = ?",
+                       [(seq, s) for s in dropped])
         db.execute("UPDATE queue SET delivery = NULL WHERE seq = ?", (seq,))  # (a fleet's: carried out now)
         stamp = time.time()
         for agent, items in plans.items():
