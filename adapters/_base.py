@@ -150,6 +150,9 @@ class TurnRequest:
     """Adapter-specific keys from the agent's config (e.g. ``resume_args``, ``prompt``)."""
     unattended: bool = True
     """Run without permission prompts: nobody in a chat can answer one."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The agent's configured ``env`` (the supervisor adds it to the environment itself): a
+    parser may read it to name what the CLI was pointed at (a gateway's base URL)."""
 
 
 @dataclass(frozen=True, slots=True)

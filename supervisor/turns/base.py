@@ -280,6 +280,7 @@ class BaseTurn:
             home=str(home),
             options=dict(self.agent.options),
             unattended=self.agent.unattended,
+            env=dict(self.agent.env),
         )
 
     def _extra_env(self) -> Mapping[str, str]:
