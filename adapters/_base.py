@@ -215,6 +215,9 @@ class Adapter:
     steer: Callable[[str], bytes] | None = None
     """How one message handed to the running turn is written on its stdin (a launch with
     ``keep_stdin``); None: this CLI cannot take a message mid-turn, and it is queued."""
+    install: str | None = None
+    """The command that installs the CLI (``npm install -g …``): what the config check says
+    when its default command is not on PATH."""
 
 
 def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:

@@ -425,6 +425,7 @@ def new_parser(request: TurnRequest) -> ClaudeParser:
 
 ADAPTER = Adapter(
     name="claude",
+    install="npm install -g @anthropic-ai/claude-code",
     default_command=("claude",),
     build_launch=build_launch,
     new_parser=new_parser,

@@ -112,7 +112,11 @@ def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None
     except DaemonUnavailable:
         _fail(f"no daemon is running on {client.where}; {ctx.start_hint()}", EXIT_NO_DAEMON)
     except APIError as exc:
-        _fail(f"{exc.message} ({exc.status} {exc.code})")
+        # The HTTP status and the API's code are for programs (--json); a person reads the message.
+        if ctx.json:
+            _print_json({"ok": False, "error": {"status": exc.status, "code": exc.code, "message": exc.message}})
+            _fail(f"{exc.message} ({exc.status} {exc.code})")
+        _fail(exc.message)
     finally:
         client.close()
 
@@ -605,7 +609,11 @@ def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
     for name, ch in result["channels"].items():
-        rests = ", routing rests until a human speaks" if ch.get("rests") else ""
+        # Only where hand-offs can happen (two agents or more): in a one-agent channel the rest
+        # after a stop changes nothing, and "rests" there read as something wrong.
+        handing = len(ch.get("members") or ()) > 1
+        rests = ", after its stop agent-to-agent hand-offs wait for a human's message" if ch.get("rests") \
+            and handing else ""
         click.echo(f"  channel {name}: generation {ch['generation']}{rests}")
         for agent_name, lane in (ch.get("agents") or {}).items():
             click.echo(f"    {agent_name}: {_lane_state(lane)}")

@@ -398,3 +398,24 @@ def test_tail_shows_the_newest_entries_a_screenful_by_default_and_all_with_all(d
     assert "message 0" in everything.stdout.splitlines()[0] and not everything.stderr
     both = corral(daemon.folder, "tail", "many", "--all", "--limit", "3")
     assert both.returncode == 2 and "--all and --limit" in both.stderr
+
+
+def test_status_says_hand_offs_wait_after_a_stop_only_where_there_are_hand_offs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32: after a plain stop in a one-agent channel, "routing rests until a human
+    speaks" read as something wrong: there is no routing to rest there."""
+    from click.testing import CliRunner
+
+    from supervisor import cli
+
+    lane = {"state": "idle", "queued": 0, "waiting": None, "turn": None}
+    answer = {"pid": 1, "uptime": 5.0, "running": 0, "agents": {}, "channels": {
+        "solo": {"generation": 1, "rests": True, "members": ["demo"], "agents": {"demo": lane}},
+        "pair": {"generation": 1, "rests": True, "members": ["demo", "reviewer"], "agents": {"demo": lane}},
+    }}
+    monkeypatch.setattr(cli, "_call", lambda ctx, fn, client=None: answer)
+    out = CliRunner().invoke(cli.main, ["status"]).output
+    solo, pair = (next(line for line in out.splitlines() if f"channel {name}:" in line) for name in ("solo", "pair"))
+    assert solo == "  channel solo: generation 1"
+    assert pair == "  channel pair: generation 1, after its stop agent-to-agent hand-offs wait for a human's message"

@@ -233,3 +233,13 @@ def test_the_example_configs_pointers_reach_their_sections_and_its_installs_are_
     assert "see README" not in text and "(README:" not in text, "a pointer names its section"
     assert "'corral[" not in text, "corral is installed from its checkout, not by name"
     assert "pip install -c constraints.txt '.[postgres]'" in text
+
+
+def test_the_agents_guide_says_how_the_services_user_renews_a_read_only_login() -> None:
+    """Issue 32: a subscription login handed in read-only by ``credentials`` cannot refresh its
+    token; the guide says how the user the service runs as renews it (the unit's ``User=``)."""
+    unit = (ROOT / "scripts" / "corral.service").read_text()
+    (user,) = re.findall(r"^User=(\S+)$", unit, re.M)
+    guide = (ROOT / "docs" / "agents.md").read_text()
+    assert "**Renewing it for a service user.**" in guide
+    assert f"sudo -u {user} -H claude /login" in guide

@@ -548,6 +548,7 @@ class Supervisor:
                 "generation": self._ledger.generation(name),
                 "queued": len(self._ledger.queued(name)),
                 "rests": self._ledger.rests(name),
+                "members": list(self.config.members(name)),
                 "sessions": sessions.get(name, {}),
                 "turn": first,
                 "agents": agents,

@@ -172,7 +172,15 @@ async def open_asyncio_supervisor(config: Config, **options: Any) -> AsyncIterat
         done_callback=done,
         host_uses_signal_set_wakeup_fd=True,
     )
-    host = await ready
+    try:
+        host = await ready
+    except BaseException:
+        if ready.done() and not ready.cancelled():
+            # The guest ended before it was ready (a store in use, say): its end carries the
+            # same error. Take it, or asyncio logs it with a traceback as "never retrieved".
+            await asyncio.wait([finished])
+            finished.exception()
+        raise
     try:
         yield host
     finally:
