@@ -23,7 +23,7 @@ import click
 from .serve.routes import DEFAULT_AUTHOR, MAX_LIMIT
 
 if TYPE_CHECKING:
-    from .config.settings import Config, Problem
+    from .config.settings import Config, Problem, ServerConfig
     from .serve.client import Client
 
 #: ``config.settings.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast
@@ -670,13 +670,16 @@ def shutdown(obj: _Context, config_path: str | None, as_json: bool) -> None:
 
 @main.command(short_help="Print a one-time login URL for the web dashboard.")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file (its [server] tcp and token_file).")
-@click.option("--open", "open_browser", is_flag=True, help="Also open the URL in a web browser.")
+@click.option("--open", "open_browser", is_flag=True,
+              help="Also open the URL in a web browser (none here: the URL is printed, as without it).")
+@click.option("--write-token", is_flag=True,
+              help="Create the config's token_file with a new secret (mode 0600) if it does not exist.")
 @click.option("--port", "tunnel_port", type=click.IntRange(1, 65535), metavar="PORT",
               help="The URL for another machine: the local port of its ssh tunnel (ssh -L PORT:127.0.0.1:TCP_PORT).")
 @_json_option
 @click.pass_obj
-def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel_port: int | None,
-              as_json: bool) -> None:
+def dashboard(obj: _Context, config_path: str | None, open_browser: bool, write_token: bool,
+              tunnel_port: int | None, as_json: bool) -> None:
     """Print a login URL for the dashboard, served on the daemon's loopback TCP listener.
 
     The URL holds a code that works once, for two minutes: visiting it sets a session
@@ -692,11 +695,20 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel
     try:
         server = load_server_config(file)
     except ConfigError as exc:
-        _problems(exc.problems, file)
+        missing = [p for p in exc.problems if p.key == "server.token_file" and p.message.endswith("does not exist")]
+        if not (write_token and missing and len(missing) == len(exc.problems)):
+            if missing and not write_token:
+                click.echo(f"(`corral -c {file} dashboard --write-token` creates it with a new secret)", err=True)
+            _problems(exc.problems, file)
+        server = _write_token(file)
     if server.tcp is None or server.token_file is None:
+        # Everything the dashboard needs, said once (issue 32: it took two errors and a restart).
         _fail(
-            f"{file}: server.tcp: the dashboard is served on the loopback TCP listener, and there is none — "
-            'fix: add tcp = "127.0.0.1:8765" and token_file = "corral.token" to [server], then restart the daemon'
+            f"{file}: server.tcp: the dashboard is served on a loopback TCP listener with a token, and [server] has "
+            'none — fix: add these two lines to [server]:\n    tcp = "127.0.0.1:8765"\n'
+            '    token_file = "corral.token"\n'
+            f"  then run `corral -c {file} dashboard --write-token` (it writes the token file, mode 0600) and restart "
+            "the daemon (`corral shutdown`, then `corral run`): it opens the listener at start"
         )
     try:
         token = server.token_file.read_text().strip()
@@ -713,8 +725,36 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel
     if open_browser:
         import webbrowser
 
-        if not webbrowser.open(login):
-            _fail("no web browser could be opened here; open the URL above yourself")
+        try:
+            opened = webbrowser.open(login)
+        except webbrowser.Error:
+            opened = False
+        if not opened:  # (a server over ssh, say): the URL is printed above; that is the answer
+            click.echo("(no web browser here: open the URL above in one)", err=True)
+
+
+def _write_token(file: str) -> ServerConfig:
+    """``dashboard --write-token``: create the config's missing ``token_file`` (a new secret,
+    0600, never overwriting a file), then read the config again."""
+    import secrets
+    from pathlib import Path
+
+    from .config.settings import ConfigError, _read_toml, load_server_config
+
+    named = Path(os.path.expanduser(str(_read_toml(Path(file)).get("server", {}).get("token_file"))))
+    path = named if named.is_absolute() else Path(file).resolve().parent / named  # (as the config resolves it)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        _fail(f"{path}: cannot create the token file: {exc.strerror or exc}")
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32) + "\n")
+    click.echo(f"wrote a new token to {path} (mode 0600); restart the daemon if it runs, so that it reads it",
+               err=True)
+    try:
+        return load_server_config(file)
+    except ConfigError as exc:
+        _problems(exc.problems, file)
 
 
 @main.command(short_help="Show the main job with no setup.")

@@ -219,14 +219,17 @@ def sandbox_badge(sandbox: Mapping[str, Any] | None) -> str:
             f"{html.escape(SANDBOX_BADGES.get(state, state))}</span>")
 
 
-def _page(title: str, body_attrs: str, main: str, sandbox: Mapping[str, Any] | None = None) -> bytes:
+def _page(
+    title: str, body_attrs: str, main: str, sandbox: Mapping[str, Any] | None = None, *, script: bool = True
+) -> bytes:
+    live = "<script src=\"/dashboard/static/dashboard.js\" defer></script>" if script else ""
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>{html.escape(title)}</title>"
         "<link rel=\"icon\" href=\"/dashboard/static/favicon.svg\">"
         "<link rel=\"stylesheet\" href=\"/dashboard/static/dashboard.css\">"
-        "<script src=\"/dashboard/static/dashboard.js\" defer></script></head>"
+        f"{live}</head>"
         f"<body {body_attrs}><header><a class=\"home\" href=\"/dashboard/\">corral</a>{sandbox_badge(sandbox)}"
         "<span id=\"connection\" class=\"connection\" aria-live=\"polite\">Connecting…</span></header>"
         f"<main>{main}</main></body></html>\n"
@@ -290,6 +293,27 @@ def channel_page(
     )
 
 
+def signed_out_page() -> bytes:
+    """What a browser opening a page without a valid session gets (its cookie expired, the
+    token changed, or it never logged in): how to log in, not the API's JSON 401."""
+    return _page(
+        "corral — log in",
+        "data-view=\"signed-out\"",
+        "<h1>Log in to the dashboard</h1>"
+        "<p id=\"signed-out\">This browser has no dashboard session here (a session lasts 24 hours, and ends "
+        "when the daemon's token changes). On the daemon's machine run <code>corral dashboard</code> and open the "
+        "login URL it prints: it works once, for 2 minutes, and brings you back to the channel list.</p>",
+        script=False,
+    )
+
+
+def is_page(method: str, parts: list[str]) -> bool:
+    """A dashboard page a browser navigates to (HTML), not one of the script's requests."""
+    rest = parts[1:]
+    return method == "GET" and parts[:1] == ["dashboard"] and (
+        rest in ([], [""]) or (len(rest) == 2 and rest[0] == "channels"))
+
+
 def _static(name: str) -> bytes:
     return (resources.files("supervisor") / "static" / name).read_bytes()
 
@@ -342,6 +366,10 @@ class Dashboard:
         else:
             return False
         return True
+
+    async def signed_out(self, peer: Peer) -> None:
+        """Answer a page request refused for want of a session with the login page (401)."""
+        await _send(peer, 401, PAGE_HEADERS, signed_out_page())
 
     async def _login(self, query: Mapping[str, list[str]], scope: Mapping[str, Any], peer: Peer) -> None:
         code = (query.get("code") or [""])[-1]
