@@ -531,7 +531,7 @@ def wait(obj: _Context, channel: str, timeout: float | None, config_path: str | 
     sys.exit(0 if idle else EXIT_TIMEOUT)
 
 
-@main.command()
+@main.command(short_help="Print CHANNEL's newest entries (a screenful; --limit N, --all).")
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
