@@ -150,6 +150,9 @@ class TurnRequest:
     """Adapter-specific keys from the agent's config (e.g. ``resume_args``, ``prompt``)."""
     unattended: bool = True
     """Run without permission prompts: nobody in a chat can answer one."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The agent's configured ``env`` (the supervisor adds it to the environment itself): a
+    parser may read it to name what the CLI was pointed at (a gateway's base URL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,9 @@ class Adapter:
     steer: Callable[[str], bytes] | None = None
     """How one message handed to the running turn is written on its stdin (a launch with
     ``keep_stdin``); None: this CLI cannot take a message mid-turn, and it is queued."""
+    install: str | None = None
+    """The command that installs the CLI (``npm install -g …``): what the config check says
+    when its default command is not on PATH."""
 
 
 def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:

@@ -357,6 +357,7 @@ def new_parser(request: TurnRequest) -> AiderParser:
 
 ADAPTER = Adapter(
     name="aider",
+    install="pip install aider-chat",
     default_command=("aider",),
     build_launch=build_launch,
     new_parser=new_parser,

@@ -140,6 +140,20 @@ PREVIEW_KEYS: Mapping[str, str] = {
 QUIET_SYSTEM: frozenset[str] = frozenset({"hook_started", "hook_response", "status", "task_started", "task_progress",
                                           "task_notification", "files_persisted"})
 #: Line types that carry nothing for the transcript.
+#: The API Claude Code calls when the agent's ``env`` sets no ``ANTHROPIC_BASE_URL``.
+DEFAULT_API = "https://api.anthropic.com"
+#: What Claude Code's "API Error: Unable to connect to API (…)" names, in words (captured:
+#: ``tests/data/captures/claude/api-unreachable.jsonl``; Node's error codes for the rest).
+UNREACHABLE_REASONS: tuple[tuple[str, str], ...] = (
+    ("ConnectionRefused", "the connection was refused (nothing listens there)"),
+    ("ECONNREFUSED", "the connection was refused (nothing listens there)"),
+    ("ENOTFOUND", "its host name did not resolve (DNS)"),
+    ("EAI_AGAIN", "its host name did not resolve (DNS)"),
+    ("ETIMEDOUT", "the connection timed out"),
+    ("Timeout", "the connection timed out"),
+    ("ECONNRESET", "the connection was reset"),
+    ("CERT", "its TLS certificate was not accepted"),
+)
 QUIET_TYPES: frozenset[str] = frozenset({"rate_limit_event", "keep_alive", "tool_progress"})
 #: Stream text as the model writes it (``stream_event`` lines): what a follower sees at once.
 PARTIAL_ARGS: tuple[str, ...] = ("--include-partial-messages",)
@@ -218,6 +232,9 @@ class ClaudeParser:
     """Error texts already reported (the result line repeats the synthetic message's)."""
     _partial: PartialText = field(default_factory=PartialText)
     """The messages whose text came as ``stream_event`` deltas."""
+    api: str = DEFAULT_API
+    """The model API the CLI calls (``ANTHROPIC_BASE_URL`` of the agent's ``env``, else Anthropic's):
+    named when a call fails, so "which endpoint, and why" is said while it retries."""
 
     # ------------------------------------------------------------ entry points
 
@@ -256,7 +273,7 @@ class ClaudeParser:
         if text in self._errors:
             return []
         self._errors.add(text)
-        return [self.end.error(text)]
+        return [self.end.error(self._explained(text))]
 
     def _quiet(self, obj: dict[str, Any], line: str) -> list[Event]:
         return []
@@ -268,9 +285,13 @@ class ClaudeParser:
         if subtype == "api_retry":
             status = obj.get("error_status")
             what = obj.get("error") or "error"
-            code = f" {status}" if status is not None else ""
             attempt = f"attempt {obj.get('attempt')} of {obj.get('max_retries')}"
-            return [Status(f"model API{code} ({what}); retrying, {attempt}")]
+            if status is None and what == "unknown":
+                # No HTTP answer at all; Claude Code says which failure only when it gives up.
+                return [Status(f"model API at {self.api} unreachable (no answer: the connection was refused, "
+                               f"its name did not resolve, or it timed out); retrying, {attempt}")]
+            code = f" {status}" if status is not None else ""
+            return [Status(f"model API at {self.api} answered{code} ({what}); retrying, {attempt}")]
         if subtype == "compact_boundary":
             return [Status("conversation compacted")]
         if subtype in QUIET_SYSTEM:
@@ -361,6 +382,18 @@ class ClaudeParser:
         events.append(Result("", ok=False))
         return events
 
+    def _explained(self, text: str) -> str:
+        """A failed model call's words with the reason in plain words and the API it tried
+        ("API Error: Unable to connect to API (ConnectionRefused)" says neither plainly)."""
+        if not text.startswith("API Error:"):
+            return text
+        if text.startswith("API Error: Unable to connect"):
+            for marker, reason in UNREACHABLE_REASONS:
+                if marker in text:
+                    return f"Claude Code could not reach the model API at {self.api}: {reason} ({text})"
+            return f"Claude Code could not reach the model API at {self.api} ({text})"
+        return f"{text} (model API at {self.api})"
+
     @staticmethod
     def _failure_text(obj: dict[str, Any], errors: list[str]) -> str:
         """Words for a failed turn whose result line has no text of its own."""
@@ -386,12 +419,13 @@ _HANDLERS: dict[str, Callable[[ClaudeParser, dict[str, Any], str], list[Event]]]
 
 
 def new_parser(request: TurnRequest) -> ClaudeParser:
-    """A fresh parser for one turn."""
-    return ClaudeParser()
+    """A fresh parser for one turn (it names the API the agent's ``env`` points it at)."""
+    return ClaudeParser(api=request.env.get("ANTHROPIC_BASE_URL") or DEFAULT_API)
 
 
 ADAPTER = Adapter(
     name="claude",
+    install="npm install -g @anthropic-ai/claude-code",
     default_command=("claude",),
     build_launch=build_launch,
     new_parser=new_parser,

@@ -345,6 +345,7 @@ def new_parser(request: TurnRequest) -> CodexParser:
 
 ADAPTER = Adapter(
     name="codex",
+    install="npm install -g @openai/codex",
     default_command=("codex",),
     build_launch=build_launch,
     new_parser=new_parser,

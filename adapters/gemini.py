@@ -282,6 +282,7 @@ def new_parser(request: TurnRequest) -> GeminiParser:
 
 ADAPTER = Adapter(
     name="gemini",
+    install="npm install -g @google/gemini-cli",
     default_command=("gemini",),
     build_launch=build_launch,
     new_parser=new_parser,

@@ -276,6 +276,7 @@ def new_parser(request: TurnRequest) -> PiParser:
 
 ADAPTER = Adapter(
     name="pi",
+    install="npm install -g @mariozechner/pi-coding-agent",
     default_command=("pi",),
     build_launch=build_launch,
     new_parser=new_parser,

@@ -339,6 +339,7 @@ def new_parser(request: TurnRequest) -> QwenParser:
 
 ADAPTER = Adapter(
     name="qwen",
+    install="npm install -g @qwen-code/qwen-code",
     default_command=("qwen",),
     build_launch=build_launch,
     new_parser=new_parser,

@@ -2,7 +2,7 @@
 
 import trio
 
-from supervisor import load_config, open_supervisor
+from supervisor import CorralError, load_config, open_supervisor
 
 
 async def main() -> None:
@@ -21,4 +21,7 @@ async def main() -> None:
         print(f"stopped in {result.elapsed_ms:.1f} ms: killed {result.killed}, swept {result.swept}")
 
 
-trio.run(main)
+try:
+    trio.run(main)
+except CorralError as exc:  # a store another corral is using, a bad config: the message says the fix
+    raise SystemExit(f"corral: {exc}") from None

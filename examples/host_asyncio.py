@@ -3,7 +3,7 @@ in a Trio guest loop on top of asyncio's, in the same thread."""
 
 import asyncio
 
-from supervisor import load_config, open_asyncio_supervisor
+from supervisor import CorralError, load_config, open_asyncio_supervisor
 
 
 async def main() -> None:
@@ -22,4 +22,7 @@ async def main() -> None:
         print(f"stopped in {result.elapsed_ms:.1f} ms: killed {result.killed}, swept {result.swept}")
 
 
-asyncio.run(main())
+try:
+    asyncio.run(main())
+except CorralError as exc:  # a store another corral is using, a bad config: the message says the fix
+    raise SystemExit(f"corral: {exc}") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +121,7 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
     checks = Checks()
     say(f"corral demo — a supervisor with the demo agent in {folder}\n")
     async with open_supervisor(config, subreaper=True) as sup:
+        sandbox = sup.sandbox.describe()
         with steps:
             say("1. A message; the reply streams into the transcript.")
             await _turn(sup, say, channel, "Hello! Who are you?")
@@ -180,8 +181,17 @@ async def run_demo(folder: Path, say: Callable[[str], None], steps: trio.CancelS
         for failure in checks.failed:
             say(f"  - {failure}")
         return False
-    say("demo finished: every step did what it should.")
+    say(verdict(sandbox))
     return True
+
+
+def verdict(sandbox: Mapping[str, object]) -> str:
+    """The demo's last line when every step passed: with the sandbox's state (``describe()``),
+    a warning when its turns ran without one: said where the eye lands, not only among the
+    log lines at the start."""
+    if sandbox.get("state") != "on":
+        return f"demo finished: every step did what it should — but WARNING: {sandbox.get('summary')}."
+    return f"demo finished: every step did what it should ({sandbox.get('summary')})."
 
 
 async def _hand_offs(sup: Supervisor, say: Callable[[str], None], channel: str, checks: Checks) -> None:

@@ -14,16 +14,16 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from .serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
+from .serve.routes import DEFAULT_AUTHOR, MAX_LIMIT
 
 if TYPE_CHECKING:
-    from .config.settings import Config, Problem
+    from .config.settings import Config, Problem, ServerConfig
     from .serve.client import Client
 
 #: ``config.settings.DEFAULT_CONFIG_NAME``, not imported from there so that ``--version`` stays fast
@@ -33,6 +33,9 @@ DEFAULT_CONFIG_NAME = "corral.toml"
 EXIT_ERROR = 1
 EXIT_NO_DAEMON = 3
 EXIT_TIMEOUT = 4
+EXIT_UNSANDBOXED = 5
+"""``check``: the config is valid, but turns would run without a sandbox (``sandbox = "auto"``
+on a machine that cannot sandbox): not "ok" to a script that gates on it."""
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
@@ -109,7 +112,11 @@ def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None
     except DaemonUnavailable:
         _fail(f"no daemon is running on {client.where}; {ctx.start_hint()}", EXIT_NO_DAEMON)
     except APIError as exc:
-        _fail(f"{exc.message} ({exc.status} {exc.code})")
+        # The HTTP status and the API's code are for programs (--json); a person reads the message.
+        if ctx.json:
+            _print_json({"ok": False, "error": {"status": exc.status, "code": exc.code, "message": exc.message}})
+            _fail(f"{exc.message} ({exc.status} {exc.code})")
+        _fail(exc.message)
     finally:
         client.close()
 
@@ -129,7 +136,9 @@ def format_entry(entry: dict[str, Any]) -> str:
         again = (f"; sent again as {meta['resent_as']}" if meta.get("resent_as") is not None
                  else f"; `corral resend {entry['channel']} {entry['seq']}` sends it again"
                  if str(entry.get("author", "")).startswith("human:") and entry.get("channel") else "")
-        dropped = f" (not run: dropped by a stop{again})"
+        by = (f"an interrupt (message {meta['dropped_by_interrupt']})" if meta.get("dropped_by_interrupt")
+              else "a stop")
+        dropped = f" (not run: dropped by {by}{again})"
     cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
     return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
 
@@ -347,12 +356,14 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         mode = config.server.sandbox
         support = probe(config.server.bwrap) if mode != "off" else None
         view = Sandbox(mode, support or Support(None), private_of(config))
+        # The supervisor's own description (every field it has), as `status` would say it.
         sandbox = view.describe()
         warnings = sandbox_warnings(config, view)
-        if mode == "required" and support is not None and not support.available:
+        if sandbox["state"] == "refused":
             problems.append(Problem(file, "server.sandbox",
-                                    f"is \"required\", and this machine cannot sandbox: {'; '.join(support.missing)}",
-                                    support.fix or 'write sandbox = "auto"'))
+                                    f"is \"required\", and this machine cannot sandbox "
+                                    f"({'; '.join(view.support.missing)}): every turn would be refused",
+                                    view.support.fix or 'write sandbox = "auto"'))
     except ConfigError as exc:
         problems = exc.problems
     if problems:
@@ -365,28 +376,31 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         sys.exit(EXIT_ERROR)
     # (A PostgreSQL store was connected to by the preflight: say so.)
     connected = " (connected)" if config.store_url else ""
+    # "auto" that cannot sandbox is valid, and not ok: turns would run unsandboxed unasked
+    # ("off" asked for it: warned, and ok).
+    unsandboxed = sandbox["state"] == "unsandboxed"
     if obj.json or as_json:
-        _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
-                     "store": config.store_name, "sandbox": sandbox,
+        _print_json({"ok": not unsandboxed, "valid": True, "agents": list(config.agents),
+                     "socket": str(config.server.socket), "store": config.store_name, "sandbox": sandbox,
                      "warnings": [dataclasses.asdict(w) for w in warnings]})
     else:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
-        click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
+        answer = "valid, but turns would run WITHOUT a sandbox" if unsandboxed else "ok"
+        click.echo(f"{file}: {answer} — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
         click.echo(sandbox_line(sandbox))
+    if unsandboxed:
+        sys.exit(EXIT_UNSANDBOXED)
 
 
 def sandbox_line(sandbox: dict[str, Any]) -> str:
-    """How ``status`` and ``check`` say whether turns are sandboxed (and if not, why and the fix)."""
-    if sandbox.get("active"):
-        known = sandbox.get("bwrap") and sandbox.get("bwrap_source")
-        where = f", {sandbox['bwrap_source']} {sandbox['bwrap']}" if known else ""
-        return f"sandbox: on ({sandbox.get('mechanism') or 'bubblewrap'}{where})"
-    if sandbox.get("mode") == "off":
-        return 'sandbox: off (sandbox = "off"): agents can reach corral\'s state and other channels'
-    return (f"sandbox: turns run WITHOUT a sandbox (sandbox = {sandbox.get('mode')!r}): missing "
-            f"{'; '.join(sandbox.get('missing') or [])}. Fix: {sandbox.get('fix')}")
+    """How ``status`` and ``check`` say whether turns are sandboxed: the supervisor's own
+    sentence for its state (``summary``), marked as a warning when turns run without one and
+    as an error when every turn is refused."""
+    state = sandbox.get("state")
+    mark = "sandbox" if state == "on" else "ERROR: sandbox" if state == "refused" else "WARNING: sandbox"
+    return f"{mark}: {sandbox.get('summary', '')}"
 
 
 @main.command(short_help="Send TEXT to CHANNEL (\"-\": from stdin); prints the accepted seq.")
@@ -522,24 +536,31 @@ def wait(obj: _Context, channel: str, timeout: float | None, config_path: str | 
     sys.exit(0 if idle else EXIT_TIMEOUT)
 
 
-@main.command()
+@main.command(short_help="Print CHANNEL's newest entries (a screenful; --limit N, --all).")
 @click.argument("channel")
 @click.option("--after", type=int, default=0, metavar="SEQ",
               help="Only entries after the entry SEQ (in a fleet: committed after it).")
-@click.option("--limit", type=click.IntRange(0), default=DEFAULT_LIMIT, show_default=True, metavar="N",
-              help="At most N entries (without --follow).")
+@click.option("--limit", type=click.IntRange(0), default=None, metavar="N",
+              help="The newest N entries, as `tail -n` [default: a screenful; with --json, every entry].")
+@click.option("--all", "everything", is_flag=True, help="Every entry, oldest first.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new entries as they are stored, and the text agents are writing before it is.")
 @_client_options
 @click.pass_obj
 def tail(
-    obj: _Context, channel: str, after: int, limit: int, follow: bool, config_path: str | None, as_json: bool
+    obj: _Context, channel: str, after: int, limit: int | None, everything: bool, follow: bool,
+    config_path: str | None, as_json: bool,
 ) -> None:
-    """Print CHANNEL's entries (JSON lines with --json)."""
+    """Print CHANNEL's newest entries, a screenful unless --limit or --all (JSON lines with --json)."""
     ctx = _merge(obj, as_json, config_path)
     import shutil
 
+    if everything and limit is not None:
+        raise click.UsageError("--all and --limit say different things: give one of them")
     view = DraftView(sys.stdout.isatty(), shutil.get_terminal_size().columns)
+    # A person gets a screenful of the newest; a program (--json) every entry unless it asks.
+    if limit is None and not everything and not ctx.json:
+        limit = max(5, shutil.get_terminal_size().lines - 2)
 
     def show(item: dict[str, Any]) -> None:
         if ctx.json:
@@ -547,8 +568,24 @@ def tail(
         else:
             sys.stdout.write(view.draft(item) if item.get("kind") == "draft" else view.entry(item))
 
+    def newest(client: Client, n: int) -> Iterator[dict[str, Any]]:
+        found = client.entries(channel, after, n + 1, newest=True)  # (one more: were earlier ones left out?)
+        if len(found) > n and not ctx.json:
+            click.echo(f"(the newest {n} entries; earlier ones: --limit N, or --all)", err=True)
+        return iter(found[1:] if len(found) > n else found)
+
+    def every(client: Client) -> Iterator[dict[str, Any]]:
+        last = after
+        while True:
+            page = client.entries(channel, last, MAX_LIMIT)
+            yield from page
+            if len(page) < MAX_LIMIT:
+                return
+            last = page[-1]["seq"]
+
     def run(client: Client) -> None:
-        entries = client.follow(channel, after, drafts=True) if follow else client.entries(channel, after, limit)
+        entries = (client.follow(channel, after, drafts=True) if follow
+                   else newest(client, limit) if limit is not None else every(client))
         for entry in entries:
             show(entry)
             sys.stdout.flush()
@@ -577,7 +614,11 @@ def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
     for name, ch in result["channels"].items():
-        rests = ", routing rests until a human speaks" if ch.get("rests") else ""
+        # Only where hand-offs can happen (two agents or more): in a one-agent channel the rest
+        # after a stop changes nothing, and "rests" there read as something wrong.
+        handing = len(ch.get("members") or ()) > 1
+        rests = ", after its stop agent-to-agent hand-offs wait for a human's message" if ch.get("rests") \
+            and handing else ""
         click.echo(f"  channel {name}: generation {ch['generation']}{rests}")
         for agent_name, lane in (ch.get("agents") or {}).items():
             click.echo(f"    {agent_name}: {_lane_state(lane)}")
@@ -634,13 +675,16 @@ def shutdown(obj: _Context, config_path: str | None, as_json: bool) -> None:
 
 @main.command(short_help="Print a one-time login URL for the web dashboard.")
 @click.option("-c", "--config", "config_path", metavar="FILE", help="Config file (its [server] tcp and token_file).")
-@click.option("--open", "open_browser", is_flag=True, help="Also open the URL in a web browser.")
+@click.option("--open", "open_browser", is_flag=True,
+              help="Also open the URL in a web browser (none here: the URL is printed, as without it).")
+@click.option("--write-token", is_flag=True,
+              help="Create the config's token_file with a new secret (mode 0600) if it does not exist.")
 @click.option("--port", "tunnel_port", type=click.IntRange(1, 65535), metavar="PORT",
               help="The URL for another machine: the local port of its ssh tunnel (ssh -L PORT:127.0.0.1:TCP_PORT).")
 @_json_option
 @click.pass_obj
-def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel_port: int | None,
-              as_json: bool) -> None:
+def dashboard(obj: _Context, config_path: str | None, open_browser: bool, write_token: bool,
+              tunnel_port: int | None, as_json: bool) -> None:
     """Print a login URL for the dashboard, served on the daemon's loopback TCP listener.
 
     The URL holds a code that works once, for two minutes: visiting it sets a session
@@ -656,11 +700,20 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel
     try:
         server = load_server_config(file)
     except ConfigError as exc:
-        _problems(exc.problems, file)
+        missing = [p for p in exc.problems if p.key == "server.token_file" and p.message.endswith("does not exist")]
+        if not (write_token and missing and len(missing) == len(exc.problems)):
+            if missing and not write_token:
+                click.echo(f"(`corral -c {file} dashboard --write-token` creates it with a new secret)", err=True)
+            _problems(exc.problems, file)
+        server = _write_token(file)
     if server.tcp is None or server.token_file is None:
+        # Everything the dashboard needs, said once (issue 32: it took two errors and a restart).
         _fail(
-            f"{file}: server.tcp: the dashboard is served on the loopback TCP listener, and there is none — "
-            'fix: add tcp = "127.0.0.1:8765" and token_file = "corral.token" to [server], then restart the daemon'
+            f"{file}: server.tcp: the dashboard is served on a loopback TCP listener with a token, and [server] has "
+            'none — fix: add these two lines to [server]:\n    tcp = "127.0.0.1:8765"\n'
+            '    token_file = "corral.token"\n'
+            f"  then run `corral -c {file} dashboard --write-token` (it writes the token file, mode 0600) and restart "
+            "the daemon (`corral shutdown`, then `corral run`): it opens the listener at start"
         )
     try:
         token = server.token_file.read_text().strip()
@@ -677,8 +730,36 @@ def dashboard(obj: _Context, config_path: str | None, open_browser: bool, tunnel
     if open_browser:
         import webbrowser
 
-        if not webbrowser.open(login):
-            _fail("no web browser could be opened here; open the URL above yourself")
+        try:
+            opened = webbrowser.open(login)
+        except webbrowser.Error:
+            opened = False
+        if not opened:  # (a server over ssh, say): the URL is printed above; that is the answer
+            click.echo("(no web browser here: open the URL above in one)", err=True)
+
+
+def _write_token(file: str) -> ServerConfig:
+    """``dashboard --write-token``: create the config's missing ``token_file`` (a new secret,
+    0600, never overwriting a file), then read the config again."""
+    import secrets
+    from pathlib import Path
+
+    from .config.settings import ConfigError, _read_toml, load_server_config
+
+    named = Path(os.path.expanduser(str(_read_toml(Path(file)).get("server", {}).get("token_file"))))
+    path = named if named.is_absolute() else Path(file).resolve().parent / named  # (as the config resolves it)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        _fail(f"{path}: cannot create the token file: {exc.strerror or exc}")
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32) + "\n")
+    click.echo(f"wrote a new token to {path} (mode 0600); restart the daemon if it runs, so that it reads it",
+               err=True)
+    try:
+        return load_server_config(file)
+    except ConfigError as exc:
+        _problems(exc.problems, file)
 
 
 @main.command(short_help="Show the main job with no setup.")

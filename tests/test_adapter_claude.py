@@ -101,6 +101,7 @@ EXPECTED: dict[str, tuple[dict[str, object], list[str]]] = {
     "bad-session": ({"returncode": 1}, ["StaleSession"]),
     "api-error-400": ({"returncode": 1}, ["SessionId", "Error", "Result"]),
     "api-error-500": ({"returncode": 1}, ["SessionId", "Status", "Status", "Error", "Result"]),
+    "api-unreachable": ({"returncode": 1}, ["SessionId", "Status", "Status", "Error", "Result"]),
 }
 
 
@@ -213,13 +214,32 @@ def test_stale_session_from_stderr_alone(name: str) -> None:
 def test_api_errors_are_reported_once() -> None:
     """The synthetic "API Error" message and the result line say the same: one Error."""
     events = replay("api-error-400", returncode=1)
-    assert events[1:] == [Error("API Error: 400 fake says no"), Result("", ok=False)]
+    assert events[1:] == [Error("API Error: 400 fake says no (model API at https://api.anthropic.com)"),
+                          Result("", ok=False)]
 
 
 def test_api_retries_are_statuses() -> None:
-    """Each retry of a failed model call is a status line."""
+    """Each retry of a failed model call is a status line, naming the API it called."""
     statuses = [e for e in replay("api-error-500", returncode=1) if isinstance(e, Status)]
-    assert statuses[0] == Status("model API 500 (server_error); retrying, attempt 1 of 2")
+    assert statuses[0] == Status(
+        "model API at https://api.anthropic.com answered 500 (server_error); retrying, attempt 1 of 2"
+    )
+
+
+def test_an_unreachable_api_is_said_with_its_url_while_retrying_and_its_reason_at_the_end() -> None:
+    """Issue 32: an unreachable base URL showed "model API (unknown); retrying" for minutes.
+    The retries name the URL and what "no answer" can be; the end names the CLI's reason."""
+    parser = ADAPTER.new_parser(request(env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}))
+    events: list[Event] = []
+    for line in (CAPTURES / "api-unreachable.jsonl").read_text().splitlines():
+        events += parser.feed(line)
+    statuses = [e.text for e in events if isinstance(e, Status)]
+    assert statuses[0] == ("model API at http://127.0.0.1:9 unreachable (no answer: the connection was refused, "
+                           "its name did not resolve, or it timed out); retrying, attempt 1 of 2")
+    assert "unknown" not in " ".join(statuses)
+    (error,) = [e for e in events if isinstance(e, Error)]
+    assert error.text == ("Claude Code could not reach the model API at http://127.0.0.1:9: the connection was "
+                          "refused (nothing listens there) (API Error: Unable to connect to API (ConnectionRefused))")
 
 
 # ---------------------------------------------------------------- finish

@@ -29,11 +29,6 @@ def test_chaos_slice_finds_no_violation_in_multi_agent_channels() -> None:
     assert summary["violations"] == 0, summary
 
 
-@pytest.mark.xfail(
-    reason="an interrupted turn stays 'running' in the store until issue 32's fix (branch i32, supervisor/host/"
-    "lanes.py) is merged; remove this mark then (with it applied, seed 3901's 80 trials find 0 violations)",
-    strict=True,
-)
 def test_chaos_slice_interrupt_trials_leave_no_turn_running_for_the_restart() -> None:
     # Interrupts at random moments (some doubled, some with a stop after or before), then an
     # orderly restart: every turn's row ended in the store, no "corral restarted" notice after.

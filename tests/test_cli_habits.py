@@ -126,7 +126,10 @@ def test_reset_and_resend_from_the_cli(daemon: DaemonProcess) -> None:
     long = json.loads(run(folder, "-c", "mine.toml", "--json", "send", "general", "please do a long task").stdout)
     _running(folder)
     busy = run(folder, "reset", "general", "-c", "mine.toml")
-    assert busy.returncode == 1 and "409 busy" in busy.stderr and "corral stop general" in busy.stderr, busy.stderr
+    assert busy.returncode == 1 and "corral stop general" in busy.stderr, busy.stderr
+    assert "409" not in busy.stderr and "busy)" not in busy.stderr, "the API's code is for --json, not for people"
+    coded = run(folder, "reset", "general", "-c", "mine.toml", "--json")
+    assert coded.returncode == 1 and json.loads(coded.stdout)["error"]["code"] == "busy", coded.stdout
     queued = json.loads(run(folder, "-c", "mine.toml", "--json", "send", "general", "queued").stdout)
     assert run(folder, "-c", "mine.toml", "stop", "general").returncode == 0
     shown = run(folder, "-c", "mine.toml", "tail", "general").stdout

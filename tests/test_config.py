@@ -321,6 +321,23 @@ def test_command_name_not_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "not on PATH" in problem.message
 
 
+def test_a_missing_cli_is_named_with_the_command_that_installs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32: the hint said "install it" without the package. Each adapter's install
+    command is the one docs/agents.md gives."""
+    from adapters import get_adapter
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    problem = by_key(problems_of(tmp_path, '[agents.c]\nadapter = "claude"\n'), "agents.c.adapter")
+    assert problem.fix.startswith("install it (npm install -g @anthropic-ai/claude-code), or set command")
+    problem = by_key(problems_of(tmp_path, '[agents.c]\nadapter = "codex"\ncommand = ["codex", "-x"]\n'),
+                     "agents.c.command")
+    assert problem.fix.startswith("install it (npm install -g @openai/codex)")
+    guide = (Path(__file__).parent.parent / "docs" / "agents.md").read_text()
+    for name in ("claude", "codex", "gemini", "qwen", "aider", "pi"):
+        install = get_adapter(name).install
+        assert install and f"Install: `{install}`" in guide, name
+
+
 def test_command_name_on_path_is_kept_as_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_exe(tmp_path / "bin" / "myagent")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))

@@ -338,3 +338,84 @@ def test_send_interrupt_replaces_the_running_turn_and_a_steer_falls_back_with_it
     # The demo daemon's channel is idle now: a steer has nothing to go into, and runs as a message.
     steered = json.loads(corral(daemon.folder, "send", "--steer", "work", "and this", "--json", check=True).stdout)
     assert steered["delivery"] == "queue" and steered["fallback"] == "demo is not running a turn"
+
+
+def test_an_interrupted_turn_is_ended_on_the_record_so_a_restart_recovers_nothing(daemon: Daemon) -> None:
+    """Issue 32's sequence: a long task, ``send --interrupt``, ``wait``, ``shutdown``, ``run``
+    again. The interrupted turn's row was ended with its notice, so the next start finds no
+    interrupted turn: no recovery warning, no false "corral restarted" notice."""
+    import sqlite3
+
+    corral(daemon.folder, "send", "general", "Please do a long task", check=True)
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.folder / "corral.sock")}
+    follower = subprocess.Popen([*CORRAL, "tail", "general", "--follow", "--json"], cwd=daemon.folder, env=env,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None
+        while "tool running" not in json.loads(follower.stdout.readline() or '{"text": "ended"}')["text"]:
+            assert follower.poll() is None, "the follow stream ended early"
+    finally:
+        follower.terminate()
+        follower.wait(timeout=10)
+    corral(daemon.folder, "send", "--interrupt", "general", "hello there", check=True)
+    assert corral(daemon.folder, "wait", "general", "--timeout", "30").returncode == 0
+    assert corral(daemon.folder, "shutdown").returncode == 0
+    assert daemon.proc.wait(timeout=60) == 0
+    with sqlite3.connect(daemon.folder / "corral.db") as db:
+        states = [s for (s,) in db.execute("SELECT state FROM turns ORDER BY began")]
+    assert len(states) == 2 and set(states) == {"ended"}, states
+    second = Daemon(daemon.folder)
+    try:
+        log = "".join(second.log)
+        assert "recovered after an abrupt end" not in log, log
+        entries = [json.loads(line) for line in
+                   corral(daemon.folder, "tail", "general", "--json", check=True).stdout.splitlines()]
+        notices = [e["text"] for e in entries if e["kind"] == "notice"]
+        assert notices == ["Interrupted by a new message."], notices
+    finally:
+        second.stop()
+
+
+def test_tail_shows_the_newest_entries_a_screenful_by_default_and_all_with_all(daemon: Daemon) -> None:
+    """Issue 32: ``tail --limit N`` is the newest N, as ``tail -n``; without it a person gets a
+    screenful of the newest (and is told earlier ones were left out), ``--all`` everything."""
+    for n in range(4):
+        corral(daemon.folder, "send", "many", f"message {n}", check=True)
+    assert corral(daemon.folder, "wait", "many", "--timeout", "60").returncode == 0
+    every = [json.loads(line) for line in corral(daemon.folder, "tail", "many", "--json", check=True).stdout.splitlines()]
+    assert len(every) >= 8 and [e["seq"] for e in every] == sorted(e["seq"] for e in every)
+    two = [json.loads(line) for line in
+           corral(daemon.folder, "tail", "many", "--limit", "2", "--json", check=True).stdout.splitlines()]
+    assert two == every[-2:]
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.folder / "corral.sock"), "LINES": "7", "COLUMNS": "200"}
+    screen = subprocess.run([*CORRAL, "tail", "many"], cwd=daemon.folder, env=env, capture_output=True, text=True,
+                            timeout=60, check=True)
+    shown = [line for line in screen.stdout.splitlines() if line.startswith("[")]  # (an entry may take more lines)
+    assert [int(line[1:6]) for line in shown] == [e["seq"] for e in every[-5:]], screen.stdout
+    assert "the newest 5 entries; earlier ones: --limit N, or --all" in screen.stderr
+    everything = subprocess.run([*CORRAL, "tail", "many", "--all"], cwd=daemon.folder, env=env,
+                                capture_output=True, text=True, timeout=60, check=True)
+    assert "message 0" in everything.stdout.splitlines()[0] and not everything.stderr
+    both = corral(daemon.folder, "tail", "many", "--all", "--limit", "3")
+    assert both.returncode == 2 and "--all and --limit" in both.stderr
+
+
+def test_status_says_hand_offs_wait_after_a_stop_only_where_there_are_hand_offs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32: after a plain stop in a one-agent channel, "routing rests until a human
+    speaks" read as something wrong: there is no routing to rest there."""
+    from click.testing import CliRunner
+
+    from supervisor import cli
+
+    lane = {"state": "idle", "queued": 0, "waiting": None, "turn": None}
+    answer = {"pid": 1, "uptime": 5.0, "running": 0, "agents": {}, "channels": {
+        "solo": {"generation": 1, "rests": True, "members": ["demo"], "agents": {"demo": lane}},
+        "pair": {"generation": 1, "rests": True, "members": ["demo", "reviewer"], "agents": {"demo": lane}},
+    }}
+    monkeypatch.setattr(cli, "_call", lambda ctx, fn, client=None: answer)
+    out = CliRunner().invoke(cli.main, ["status"]).output
+    solo, pair = (next(line for line in out.splitlines() if f"channel {name}:" in line) for name in ("solo", "pair"))
+    assert solo == "  channel solo: generation 1"
+    assert pair == "  channel pair: generation 1, after its stop agent-to-agent hand-offs wait for a human's message"

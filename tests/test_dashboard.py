@@ -102,9 +102,18 @@ async def test_without_a_cookie_or_the_token_nothing_is_served_but_the_pages_fil
                              ("GET", "/v1/status"), ("POST", "/v1/stop"), ("POST", "/dashboard/codes")]:
             response = await http.request(method, path, headers={"origin": f"http://127.0.0.1:{port}"})
             assert response.status_code == 401, (path, response.text)
-            assert "corral dashboard" in response.json()["error"]["message"]
+            if path in ("/dashboard/", "/dashboard/channels/c"):
+                # A page a browser opens gets the login page (issue 32), not the API's JSON.
+                assert response.headers["content-type"] == "text/html; charset=utf-8"
+                assert response.headers["content-security-policy"] == CSP
+                assert "<h1>Log in to the dashboard</h1>" in response.text and "corral dashboard" in response.text
+                assert "<script" not in response.text
+            else:
+                assert "corral dashboard" in response.json()["error"]["message"]
         forged = {"cookie": f"corral-session-{port}=9999999999.abc.{'0' * 64}"}
         assert (await http.get("/v1/status", headers=forged)).status_code == 401
+        expired = await http.get("/dashboard/channels/c", headers=forged)
+        assert expired.status_code == 401 and "Log in to the dashboard" in expired.text
         script = await http.get("/dashboard/static/dashboard.js")
         assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
         assert script.headers["x-content-type-options"] == "nosniff"
@@ -206,6 +215,11 @@ async def test_pages_carry_a_strict_csp_and_hold_no_inline_script(short_tmp: Pat
             assert "img" not in {tag for tag, _ in tags}, "the channel name is escaped"
         channel = (await http.get("/dashboard/channels/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E", headers=cookie)).text
         assert "&lt;img src=x onerror=alert(1)&gt;" in channel
+        # Each page's header says whether turns are sandboxed: the daemon's own state.
+        sandbox = (await http.get("/v1/status", headers=_bearer())).json()["sandbox"]
+        for text in (channel, (await http.get("/dashboard/", headers=cookie)).text):
+            (badge,) = [attrs for tag, attrs in _tags(text) if attrs.get("id") == "sandbox"]
+            assert badge["data-state"] == sandbox["state"] and badge["title"] == sandbox["summary"]
 
 
 def _tags(text: str) -> list[tuple[str, dict[str, str | None]]]:
@@ -357,6 +371,53 @@ def test_corral_dashboard_without_a_tcp_listener_says_how_to_fix_it(short_tmp: P
                           timeout=60)
     assert done.returncode == 1
     assert "corral.toml: server.tcp:" in done.stderr and "token_file" in done.stderr and "fix:" in done.stderr
+    # Issue 32: everything it takes, in one message: both lines, the token, the restart.
+    assert 'tcp = "127.0.0.1:8765"\n    token_file = "corral.token"\n' in done.stderr
+    assert "dashboard --write-token" in done.stderr and "restart the daemon" in done.stderr
+
+
+def test_corral_dashboard_writes_a_missing_token_file_when_asked_and_only_then(short_tmp: Path) -> None:
+    import stat
+
+    port = _free_port()
+    (short_tmp / "corral.toml").write_text(
+        f'[server]\nsocket = "corral.sock"\ntcp = "127.0.0.1:{port}"\ntoken_file = "corral.token"\n'
+    )
+
+    def dashboard(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CORRAL, "-c", "corral.toml", "dashboard", *args], cwd=short_tmp,
+                              capture_output=True, text=True, timeout=60)
+
+    told = dashboard()
+    assert told.returncode == 1 and "does not exist" in told.stderr and "--write-token` creates it" in told.stderr
+    assert not (short_tmp / "corral.token").exists()
+    wrote = dashboard("--write-token")
+    token = short_tmp / "corral.token"
+    assert f"wrote a new token to {token} (mode 0600)" in wrote.stderr
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and re.fullmatch(r"[0-9a-f]{64}\n", token.read_text())
+    assert wrote.returncode == 3 and "no daemon" in wrote.stderr  # (none runs here: the next step is `corral run`)
+    secret = token.read_text()
+    again = dashboard("--write-token")  # never overwritten
+    assert token.read_text() == secret and again.returncode == 3
+
+
+async def test_dashboard_open_without_a_browser_prints_the_url_and_exits_0(short_tmp: Path) -> None:
+    import os
+
+    empty = short_tmp / "nobrowser"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")}
+    async with _daemon(short_tmp) as (http, port):
+        (short_tmp / "corral.toml").write_text(
+            f'[server]\nsocket = "corral.sock"\ntcp = "127.0.0.1:{port}"\ntoken_file = "token"\n')
+        done = await trio.run_process(
+            [*CORRAL, "-c", "corral.toml", "dashboard", "--open"], cwd=short_tmp, capture_stdout=True,
+            capture_stderr=True, check=False, env={**env, "PATH": str(empty)},
+        )
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, err
+    assert re.fullmatch(rf"http://127\.0\.0\.1:{port}/dashboard/login\?code=[\w-]+\n", out), out
+    assert "no web browser here: open the URL above in one" in err
 
 
 def test_corral_dashboard_without_a_daemon_exits_3(short_tmp: Path) -> None:

@@ -615,9 +615,10 @@ def test_a_message_chosen_to_interrupt_replaces_the_running_turn(browser: Browse
         expect(page.locator("#transcript > li.kind-notice .text")).to_have_text(
             ["Interrupted by a new message. 1 queued message was not run."]
         )
-        # The message it dropped says so on the open page, as a stop's does.
+        # The message it dropped says so on the open page, as a stop's does, naming the interrupt.
+        dropped_by = re.compile(rf"^not run: dropped by an interrupt \(message {result['seq']}\)")
         expect(page.locator("#transcript > li.author-human").filter(has_text="queued behind it").locator(".dropped")
-               ).to_have_text(re.compile("^not run"))
+               ).to_have_text(dropped_by)
         expect(page.locator("#transcript > li.author-agent.kind-message .text").last).to_have_text(
             re.compile("You said: do this instead")
         )
@@ -625,6 +626,37 @@ def test_a_message_chosen_to_interrupt_replaces_the_running_turn(browser: Browse
         notice = next(i for i, e in enumerate(shown) if e["kind"] == "notice")
         (interrupted,) = result["interrupted"]
         assert not [e for e in shown[notice + 1:] if e["turn"] == interrupted], "nothing of it after its notice"
+        # The cancelled plan is said just before the notice; a page opened later says the same.
+        assert shown[notice - 1]["kind"] == "todos" and "Plan cancelled (demo)." in str(shown[notice - 1]["text"])
+        page.reload()
+        expect(page.locator("#transcript > li.author-human").filter(has_text="queued behind it").locator(".dropped")
+               ).to_have_text(dropped_by)
     finally:
         daemon.cli("stop", "swap")
+        context.close()
+
+
+def test_a_browser_whose_session_expired_gets_the_login_page_and_a_new_url_brings_it_back(
+    browser: Browser, daemon: DashboardDaemon
+) -> None:
+    """Issue 32: an expired session showed the API's raw JSON 401 on a reload."""
+    context, page = _logged_in(browser, daemon)
+    try:
+        # The session as it is after its 24 hours: a cookie the daemon signed, two days ago.
+        import time
+
+        from supervisor.serve import dashauth
+
+        key = dashauth.session_key((daemon.folder / "corral.token").read_text().strip())
+        (cookie,) = context.cookies()
+        context.clear_cookies()
+        context.add_cookies([{**cookie, "value": dashauth.new_session(key, time.time() - 2 * 86400)}])  # type: ignore[list-item]
+        page.reload()
+        expect(page.get_by_role("heading", name="Log in to the dashboard")).to_be_visible()
+        expect(page.locator("#signed-out")).to_contain_text("corral dashboard")
+        assert "unauthorized" not in page.content()
+        page.goto(daemon.login_url())
+        expect(page).to_have_url(f"{daemon.base}/dashboard/")
+        expect(page.get_by_role("heading", name="Channels")).to_be_visible()
+    finally:
         context.close()

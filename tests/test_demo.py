@@ -81,7 +81,7 @@ async def test_demo_passes_while_another_supervisors_turn_process_is_alive() -> 
             )
         out = done.stdout.decode()
         assert done.returncode == 0, out + done.stderr.decode()
-        assert "demo finished: every step did what it should." in out
+        assert "demo finished: every step did what it should" in out
         # The README's demo transcript is what the demo prints: its lines, in order, among the demo's.
         shown = iter(out.splitlines())
         for line in readme_demo_transcript():

@@ -217,3 +217,29 @@ def test_the_guides_say_how_many_clis_make_test_installs() -> None:
     words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
     quick = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
     assert f"{words.get(count, count)} npm packages" in " ".join(quick.split()), f"install-clis.sh installs {count}"
+
+
+def test_the_example_configs_pointers_reach_their_sections_and_its_installs_are_from_the_checkout() -> None:
+    """Issue 32: config.example.toml sent readers to README sections that moved to docs/, and
+    said `pip install 'corral[…]'` while corral is installed from a checkout."""
+    text = (ROOT / "config.example.toml").read_text()
+    pointers = re.findall(r'(README|docs/[\w-]+\.md), "([^"]+)"', text.replace("\n# ", " "))
+    assert len(pointers) >= 6, pointers
+    for page, heading in pointers:
+        lines = (ROOT / (page + ".md" if page == "README" else page)).read_text().splitlines()
+        # A heading (its start: "Any agent that speaks ACP: `adapter = …`"), or a bold paragraph head.
+        assert any(line.lstrip("#").strip().startswith(heading) for line in lines if line.startswith("#")) or any(
+            line.startswith(f"**{heading}.**") for line in lines), f"{page} has no section {heading!r}"
+    assert "see README" not in text and "(README:" not in text, "a pointer names its section"
+    assert "'corral[" not in text, "corral is installed from its checkout, not by name"
+    assert "pip install -c constraints.txt '.[postgres]'" in text
+
+
+def test_the_agents_guide_says_how_the_services_user_renews_a_read_only_login() -> None:
+    """Issue 32: a subscription login handed in read-only by ``credentials`` cannot refresh its
+    token; the guide says how the user the service runs as renews it (the unit's ``User=``)."""
+    unit = (ROOT / "scripts" / "corral.service").read_text()
+    (user,) = re.findall(r"^User=(\S+)$", unit, re.M)
+    guide = (ROOT / "docs" / "agents.md").read_text()
+    assert "**Renewing it for a service user.**" in guide
+    assert f"sudo -u {user} -H claude /login" in guide

@@ -127,3 +127,27 @@ def test_the_readmes_configuration_is_a_whole_config(tmp_path: Path) -> None:
     # The README's one config block is a whole config, as config.example.toml is.
     config = parse_config(tomllib.loads(blocks[0]), file="README.md", base=tmp_path)
     assert config.default_agent == "demo"
+
+
+@pytest.mark.parametrize("example", ["embed_trio.py", "host_asyncio.py"])
+def test_an_embedding_example_beside_a_running_daemon_says_one_line_not_a_traceback(
+    example: str, short_tmp: Path
+) -> None:
+    """Issue 32: run beside a daemon on the same store, the example printed a 40-line
+    traceback before its good StoreInUse message (and the asyncio host logged the error
+    again as "Future exception was never retrieved")."""
+    import subprocess
+
+    from conftest import DaemonProcess
+
+    daemon = DaemonProcess(short_tmp, (ROOT / "config.example.toml").read_text())
+    try:
+        done = subprocess.run([sys.executable, str(EXAMPLES / example)], cwd=short_tmp, env=run_env(),
+                              capture_output=True, text=True, timeout=SLOW)
+    finally:
+        daemon.stop()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"corral: store {short_tmp / 'corral.db'} is in use by pid {daemon.proc.pid}; stop that corral first "
+        "(`corral shutdown`), or give this one another [store] path"
+    ], done.stderr

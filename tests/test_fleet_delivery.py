@@ -39,7 +39,8 @@ async def test_contract_19_an_interrupt_through_a_host_that_does_not_own_the_cha
     assert notice.text == f"{INTERRUPT_NOTICE} 1 queued message was not run."
     assert all(e.seq < notice.seq or e.turn != turn for e in entries if e is not notice)
     assert "done: queued on h1" not in [e.text for e in entries]
-    assert next(e for e in entries if e.seq == queued.seq).meta.get("dropped_by_stop") == accepted.seq
+    marked = next(e for e in entries if e.seq == queued.seq).meta
+    assert marked.get("dropped_by_stop") == accepted.seq and marked.get("dropped_by_interrupt") == accepted.seq
     assert count(url, "SELECT count(*) FROM queue") == 0
     assert count(url, "SELECT count(*) FROM queue WHERE delivery IS NOT NULL") == 0
 

@@ -56,6 +56,13 @@ def answered(text: str) -> Any:
     return lambda e: e.kind == "message" and e.text == f"done: {text}"
 
 
+async def running_rows(sup: Supervisor) -> list[str]:
+    """The turns the store still holds as ``running``: what the next start would recover as
+    interrupted by a crash (every turn whose notice is stored must be ended, whoever ended it)."""
+    await sup._store.flush()  # (the writes submitted so far, committed: a turn's end is not awaited)
+    return [turn_id for turn_id, *_ in (await sup._store.unfinished())[0]]
+
+
 async def test_contract_19_an_interrupt_ends_the_turn_and_its_tree_and_runs_the_message_next(
     short_tmp: Path, gates: Any
 ) -> None:
@@ -74,12 +81,15 @@ async def test_contract_19_an_interrupt_ends_the_turn_and_its_tree_and_runs_the_
         assert accepted.dropped == (queued.seq,)
 
         notice = await wait_entry(sup, "ch", lambda e: e.kind == "notice")
-        # When the notice is stored, nothing of the interrupted turn is alive.
+        # When the notice is stored, nothing of the interrupted turn is alive, and its row is
+        # ended (in the notice's own transaction: a restart must not take it for a crash's).
         assert not any(alive(pid) for pid in (agent_pid, child, escaped))
         assert not turn_processes([first])
+        assert first not in await running_rows(sup)
         answer = await wait_entry(sup, "ch", answered("instead"))
         await idle(sup, "ch")
         entries = await sup.entries("ch")
+        assert await running_rows(sup) == []
     assert notice.text == f"{INTERRUPT_NOTICE} 1 queued message was not run."
     assert notice.turn == first and notice.meta["interrupted_by"] == accepted.seq
     assert agent_pid in notice.meta["killed"]
@@ -93,7 +103,16 @@ async def test_contract_19_an_interrupt_ends_the_turn_and_its_tree_and_runs_the_
     assert not any(e.text == "done: queued before the interrupt" for e in entries)
     dropped = next(e for e in entries if e.seq == queued.seq)
     assert dropped.meta.get("dropped_by_stop") == accepted.seq
+    # ... by an interrupt, and said so (not "dropped by a stop").
+    assert dropped.meta.get("dropped_by_interrupt") == accepted.seq
+    from supervisor.cli import format_entry
+    assert f"(not run: dropped by an interrupt (message {accepted.seq});" in format_entry(dropped.to_json())
     assert [i["status"] for i in sup.todos("ch", "bot")] == ["completed", "cancelled", "cancelled"]
+    # The cancelled plan is said in the transcript, as a stop says it, just before the notice:
+    # no room or page keeps the plan shown as live.
+    (plan,) = [e for e in entries if e.kind == "todos" and e.text.startswith("Plan cancelled")]
+    assert plan.text == "Plan cancelled (bot)." and entries[entries.index(notice) - 1] == plan
+    assert [i["status"] for i in plan.meta["todos"]] == ["completed", "cancelled", "cancelled"]
     assert [c.turn_id for c in spawned.calls][:2] == [first, second]
     # Only one notice: the interrupt's (no stop happened).
     assert [e.text for e in entries if e.kind == "notice"] == [notice.text]
@@ -114,6 +133,7 @@ async def test_contract_19_two_interrupts_in_a_row_the_second_interrupts_the_fir
         await wait_entry(sup, "ch", answered("two"))
         await idle(sup, "ch")
         entries = await sup.entries("ch")
+        assert await running_rows(sup) == []
     notices = [e for e in entries if e.kind == "notice"]
     assert [n.turn for n in notices] == [one.interrupted[0], two.interrupted[0]]
     for notice in notices:
@@ -135,6 +155,7 @@ async def test_contract_19_a_second_interrupt_before_the_first_runs_drops_the_fi
         await wait_entry(sup, "ch", answered("two"))
         await idle(sup, "ch")
         entries = await sup.entries("ch")
+        assert await running_rows(sup) == []
     assert len(spawned.calls) == 2
     assert not any(e.text == "done: one" for e in entries)
     assert [e.turn for e in entries if e.kind == "notice"] == [spawned.calls[0].turn_id]
@@ -187,6 +208,7 @@ async def test_contract_19_a_stop_while_an_interrupt_winds_the_turn_down_drops_i
             windup.open()
         await idle(sup, "ch")
         entries = await sup.entries("ch")
+        assert await running_rows(sup) == []
     result = stopped[0]
     assert result.ok and tuple(result.stopped_turns) == interrupting.interrupted and result.dropped == 1
     # One notice, the stop's, last; the interrupting message never ran.
@@ -313,6 +335,7 @@ async def test_contract_19_an_interrupt_of_an_acp_turn_cancels_its_prompt_kills_
         assert len(accepted.interrupted) == 1
         notice = await wait_entry(sup, "c", lambda e: e.kind == "notice")
         assert not alive(child) and not alive(grandchild), "the fake leaves its tool running: corral kills it"
+        assert accepted.interrupted[0] not in await running_rows(sup)
         answer = await wait_entry(sup, "c", lambda e: e.kind == "message" and e.text.startswith("instead"))
         await idle(sup, "c")
         assert agent_pid(sup, "c") == pid  # the agent acknowledged its cancel: the same process serves on
@@ -369,3 +392,26 @@ async def test_contract_19_a_stop_after_a_steer_into_an_acp_turn_cancels_both_pr
         await idle(sup, "c")
         assert agent_pid(sup, "c") == pid
     assert answer.seq > after.seq  # the cancelled prompts' late answers ended nothing of the next turn
+
+
+async def test_an_interrupted_turn_that_fails_before_its_notice_is_still_ended_on_the_record(
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in corral between the interrupted turn's end and its notice (contained, said as an
+    internal error) must not leave its row ``running`` for the next start to call a crash's."""
+    from supervisor.host.lanes import Lanes
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("a bug before the notice")
+
+    monkeypatch.setattr(Lanes, "_interrupted", broken)
+    gate = gates()
+    async with running(short_tmp) as (sup, spawned):
+        await sup.send("ch", f"gate={gate}")
+        await wait_entry(sup, "ch", is_ready)
+        accepted = await sup.send("ch", "instead", delivery="interrupt")
+        await wait_entry(sup, "ch", lambda e: e.kind == "error" and "a bug before the notice" in e.text)
+        await wait_entry(sup, "ch", answered("instead"))
+        await idle(sup, "ch")
+        assert accepted.interrupted == (spawned.calls[0].turn_id,)
+        assert await running_rows(sup) == []

@@ -158,10 +158,13 @@ def test_the_cli_offers_every_operation_with_the_tables_defaults() -> None:
         if flag is not None:
             assert isinstance(params[flag], click.Option) and params[flag].is_flag, (name, flag)
         for p in OPERATIONS[name].params:
-            assert p.name in params or (name, p.name) == ("follow", "drafts"), (name, p.name)
-            if (name, p.name) == ("follow", "drafts"):
-                continue  # not an option: `tail --follow` always shows the drafts
+            assert p.name in params or (name, p.name) in (("follow", "drafts"), ("entries", "newest")), (name, p.name)
+            if (name, p.name) in (("follow", "drafts"), ("entries", "newest")):
+                continue  # not options: `tail --follow` always shows the drafts, `tail` the newest entries
             default = _cli_default(cmd, params[p.name])
+            if (name, p.name) == ("entries", "limit"):
+                assert default is None  # a screenful for a person, every entry for --json (`tail --all`)
+                continue
             if (name, p.name) == ("stop", "channel"):
                 assert default is None  # optional there: `--all` instead
                 continue
@@ -195,6 +198,8 @@ async def test_the_client_limits_entries_and_a_wrong_method_is_405(short_tmp: Pa
             assert len(everything) > 2
             first = await trio.to_thread.run_sync(lambda: c.entries("c", limit=1))
             assert first == everything[:1]
+            last_two = await trio.to_thread.run_sync(lambda: c.entries("c", limit=2, newest=True))
+            assert last_two == everything[-2:]
             assert [e["author"] for e in everything if e["author"].startswith("human:")] == ["human:user", "human:alice"]
             for method, path in (("GET", "/v1/stop"), ("POST", "/v1/status"), ("GET", "/v1/shutdown")):
                 with pytest.raises(APIError) as caught:

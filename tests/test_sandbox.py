@@ -31,7 +31,7 @@ from _kernel import check_outcomes, kernel_attempts, kernel_facts_hold
 from conftest import PYTHON, DaemonProcess, cgroup_missing, turn_processes
 
 from supervisor.config.settings import ConfigError, parse_config
-from supervisor.procs.sandbox import Reach, bwrap_args, probe
+from supervisor.procs.sandbox import Private, Reach, Sandbox, Support, bwrap_args, probe
 from supervisor.turns.ports import channel_slug
 from tests.fakes import keyring_probe
 
@@ -426,11 +426,19 @@ def test_where_the_kernel_refuses_namespaces_auto_runs_turns_and_says_so_everywh
         rig.json("send", "A", json.dumps([["env", "env", "HOME"]]))
         rig.wait_entry("A", '"env": "ok:')
         human = rig.daemon.cli("status").stdout
-        assert "WITHOUT a sandbox" in human and "max_user_namespaces" in human
+        assert "WARNING: sandbox: turns run WITHOUT a sandbox" in human and "max_user_namespaces" in human
+        # `check` says it as a warning, not "ok", and exits 5 (valid, but unsandboxed).
+        check = rig.daemon.cli("check", "-c", "corral.toml")
+        assert check.returncode == 5, check.stdout + check.stderr
+        assert ": ok" not in check.stdout and "valid, but turns would run WITHOUT a sandbox" in check.stdout
+        assert "WARNING: sandbox: turns run WITHOUT a sandbox" in check.stdout
+        checked = json.loads(rig.daemon.cli("check", "-c", "corral.toml", "--json").stdout)
+        assert checked["ok"] is False and checked["valid"] is True and checked["sandbox"]["state"] == "unsandboxed"
     finally:
         rig.close()
     warnings = [line for line in rig.daemon.log if "WITHOUT a sandbox" in line]
-    assert len(warnings) == 1 and "max_user_namespaces" in warnings[0]
+    assert len(warnings) == 1 and "because user and PID namespaces" in warnings[0]
+    assert "max_user_namespaces" in warnings[0] and "missing " not in warnings[0]
 
 
 def test_no_bwrap_anywhere_is_said_with_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -471,9 +479,14 @@ def test_required_refuses_a_turn_with_the_missing_feature_and_the_fix(short_tmp:
         assert 'sandbox = "required"' in error_entry["text"] and error in error_entry["text"]
         assert namespace_refusal(error, kernel_facts(), str(bwrap))[1] in error_entry["text"]  # the fix for this case
         check = rig.daemon.cli("check", "-c", "corral.toml")
-        assert "sandbox" in check.stdout + check.stderr
+        assert check.returncode == 1 and "every turn would be refused" in check.stderr, check.stdout + check.stderr
+        # Every turn is refused, and `status` and the log say that, not "run WITHOUT a sandbox".
+        human = rig.daemon.cli("status").stdout
+        assert "ERROR: sandbox: every turn is refused" in human and "WITHOUT" not in human
     finally:
         rig.close()
+    said = [line for line in rig.daemon.log if "corral.sandbox" in line]
+    assert len(said) == 1 and "every turn is refused" in said[0] and "WITHOUT" not in said[0]
 
 
 def test_each_refusal_of_the_namespaces_gets_its_own_fix() -> None:
@@ -654,3 +667,44 @@ def test_an_agent_installed_under_tmp_runs_from_its_venv(short_tmp: Path, loopba
         assert got["prefix"] == str(env_dir), got  # it found its pyvenv.cfg: the venv is whole
     finally:
         rig.close()
+
+
+NO_BWRAP = Support(None, missing=("bubblewrap (bwrap) is not installed",), fix="install bubblewrap")
+
+
+@pytest.mark.parametrize(("mode", "support", "state", "says", "never"), [
+    ("auto", Support("/usr/bin/bwrap", version="bubblewrap 0.8.0"), "on",
+     "turns run in a sandbox (bubblewrap 0.8.0)", "WITHOUT"),
+    ("auto", NO_BWRAP, "unsandboxed",
+     "turns run WITHOUT a sandbox (sandbox = 'auto'), because bubblewrap (bwrap) is not installed: an agent can read",
+     "refused"),
+    ("required", NO_BWRAP, "refused",
+     'every turn is refused (sandbox = "required"), because this machine cannot sandbox: '
+     "bubblewrap (bwrap) is not installed. Fix: install bubblewrap", "WITHOUT"),
+    ("off", Support(None), "off", 'turns run WITHOUT a sandbox (sandbox = "off" in the config)', "Fix"),
+])
+def test_each_sandbox_state_is_said_in_one_sentence_true_to_its_mode(
+    mode: Any, support: Support, state: str, says: str, never: str
+) -> None:
+    """Issue 32: ``required`` with no bwrap refuses every turn (never "run WITHOUT a sandbox"),
+    ``auto`` says what an unsandboxed agent can reach and both fixes, and no sentence reads
+    "missing bubblewrap (bwrap) is not installed"."""
+    from supervisor._demo import verdict
+    from supervisor.cli import sandbox_line
+    from supervisor.serve.dashboard import list_page
+
+    described = Sandbox(mode, support, Private()).describe()
+    assert described["state"] == state
+    summary = str(described["summary"])
+    assert summary.startswith(says) and never not in summary and "missing bubblewrap" not in summary
+    line = sandbox_line(described)
+    demo = verdict(described)
+    header = list_page(described).decode()
+    if state == "on":
+        assert line == f"sandbox: {summary}" and demo.endswith(f"({summary}).")
+        assert 'data-state="on"' in header and ">sandboxed<" in header
+    else:  # said as a warning (an error when every turn is refused) in every face
+        assert line == f"{'ERROR' if state == 'refused' else 'WARNING'}: sandbox: {summary}"
+        assert demo == f"demo finished: every step did what it should — but WARNING: {summary}."
+        assert f'data-state="{state}"' in header and ("NOT sandboxed" in header or "turns refused" in header)
+    assert summary.replace("'", "&#x27;").replace('"', "&quot;") in header

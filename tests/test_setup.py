@@ -158,3 +158,19 @@ def test_a_turn_of_another_run_whose_supervisor_got_a_pid_of_ours_is_not_ours() 
                 proc.kill()
                 proc.wait()
         SUPERVISOR_PIDS.discard(theirs.pid)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_installs_corrals_runtime_only_and_the_test_targets_add_the_test_tools() -> None:
+    """Issue 32: a fresh clone's `make demo` virtualenv holds no test tools (pytest, mypy,
+    ruff, Playwright); `make test` and `make test-core` install them on top."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+
+    def installs(target: str) -> list[str]:
+        done = subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60, check=True)
+        return [line for line in done.stdout.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+
+    assert installs("demo") == [".venv/bin/pip install --quiet -c constraints.txt -e ."]
+    for target in ("test-core", "setup"):
+        assert installs(target)[-1] == ".venv/bin/pip install --quiet -c constraints.txt -e '.[test,postgres,matrix]'"

@@ -556,3 +556,19 @@ async def test_completing_a_stop_ends_every_turn_its_record_names(store_at: str)
         await store.append("c", "system", "notice", "stopped", also=lambda db, _: Store.complete_stop(
             db, stop_seq, {"ok": True}, "t1"))
         assert await store.query("SELECT id, state FROM turns ORDER BY id") == [("t1", "ended"), ("t2", "ended")]
+
+
+async def test_a_turn_notice_ends_its_turns_row_in_its_own_commit_and_keeps_its_meta(store_at: str) -> None:
+    """An interrupt's (or a shutdown's) notice: once it is committed, the turn's row is ended,
+    so a restart does not take the turn for a crash's (issue 32); the notice keeps its meta."""
+    async with open_store(store_at) as store:
+        first = store.accept_message("c", "bot", "human:u", "long task", generation=0, nudge=False)
+        assert first.entry is not None
+        await store.begin_turn("t1", "c", "bot", 0, first.entry.seq).committed()
+        notice = await store.submit_turn_notice(
+            "c", "Interrupted by a new message.", turn="t1", generation=0, meta={"interrupted": "t1", "killed": [7]}
+        ).committed()
+        assert notice is not None and notice.meta == {"interrupted": "t1", "killed": [7]}
+        assert await store.query("SELECT state FROM turns WHERE id = ?", ("t1",)) == [("ended",)]
+    async with open_store(store_at) as store:  # what a restart finds: nothing to recover
+        assert (await store.unfinished())[0] == []

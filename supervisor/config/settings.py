@@ -479,12 +479,16 @@ class _Checker:
         return value
 
 
-def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: bool) -> tuple[str, ...]:
+def _check_command(
+    check: _Checker, argv: tuple[str, ...], key: str, explicit: bool, install: str | None = None,
+) -> tuple[str, ...]:
+    """``install``: the command that installs the adapter's CLI, said in the fix."""
     program = argv[0]
+    how = f"install it ({install})" if install else "install it"
     if "/" in program:
         resolved = check.path(program)
         if not resolved.exists():
-            check.add(key, f"{program!r} does not exist (looked at {resolved})", "install it, or give the right path")
+            check.add(key, f"{program!r} does not exist (looked at {resolved})", f"{how}, or give the right path")
         elif not os.access(resolved, os.X_OK):
             check.add(key, f"{resolved} is not executable", f"chmod +x {resolved}")
         return (str(resolved), *argv[1:])
@@ -493,7 +497,7 @@ def _check_command(check: _Checker, argv: tuple[str, ...], key: str, explicit: b
         check.add(
             key,
             f"{program!r}{origin} is not on PATH",
-            "install it, or set command = [\"/path/to/it\"] on this agent",
+            f"{how}, or set command = [\"/path/to/it\"] on this agent",
         )
     return argv
 
@@ -600,9 +604,10 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
                           'add command = ["program"]')
             command = ()
         elif command is not None:
-            command = _check_command(check, command, f"{prefix}command", True)
+            same = adapter.default_command[:1] == command[:1]  # (the CLI's own name: its install applies)
+            command = _check_command(check, command, f"{prefix}command", True, adapter.install if same else None)
         else:
-            command = _check_command(check, adapter.default_command, f"{prefix}adapter", False)
+            command = _check_command(check, adapter.default_command, f"{prefix}adapter", False, adapter.install)
         env_raw = raw.get("env", {})
         if not isinstance(env_raw, dict) or not all(isinstance(v, str) for v in env_raw.values()):
             check.add(f"{prefix}env", f"expected a table of strings, got {env_raw!r}",

@@ -20,6 +20,14 @@ HOST_LOST_NOTICE = (
     "Task interrupted — its host stopped answering and another host took the channel over. "
     "Send another message to continue."
 )
+
+
+def plan_cancelled_text(agent: str) -> str:
+    """The ``todos`` entry a stop or an interrupt stores for the plan it cancelled (bridges and
+    the dashboard show a plan as over by it)."""
+    return f"Plan cancelled ({agent})."
+
+
 NUDGE_TEXT = "You have {n} remaining task(s) in your plan. Please continue working on them."
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_CHANNEL_CHARS = 200

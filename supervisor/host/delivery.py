@@ -114,7 +114,9 @@ class Delivery:
         for decision in decisions:
             if decision.turn_id is None:
                 continue
-            self._lanes.interruptions[decision.turn_id] = Interruption(seq, dropped_entries(decision.dropped))
+            self._lanes.interruptions[decision.turn_id] = Interruption(
+                seq, dropped_entries(decision.dropped), plans.get(decision.agent),
+            )
             interrupted.append(decision.turn_id)
         self._stopper.kill(((channel, turn_id) for turn_id in interrupted), "interrupt")
         dropped = [m.id for d in decisions for m in d.dropped]

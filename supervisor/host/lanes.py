@@ -47,7 +47,7 @@ from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
-from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted
+from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelled_text
 from ..core.router import route
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
@@ -74,6 +74,9 @@ class Interruption:
     """The interrupting message's seq."""
     dropped: tuple[int, ...]
     """The entries of the lane's queued messages it dropped."""
+    plan: list[dict[str, str]] | None = None
+    """The agent's plan it cancelled (stored with its record), said in the transcript before
+    the notice as a stop says it ("Plan cancelled"), so no page keeps it shown as live."""
 
 
 @dataclass(slots=True)
@@ -459,7 +462,12 @@ class Lanes:
             if self._by_id.get(turn_id) is turn:
                 del self._by_id[turn_id]
             turn.done.set()
-            if turn.stop_reason is None:
+            # A stopped turn's row is ended by its stop's notice, a shut-down one's by the
+            # shutdown's, a lost one's by the host that takes the channel over. An interrupted
+            # one's notice (this lane's) ended it already, unless the turn failed before it
+            # was owed: ending it again is a no-op, and a row left running would be taken
+            # for a crash's at the next start.
+            if turn.stop_reason is None or turn.stop_reason == "interrupt":
                 self._store.end_turn(turn_id)
             self.reap_adoptees()
 
@@ -476,10 +484,14 @@ class Lanes:
             meta["interrupted_by"] = info.by
             if info.dropped:
                 meta["dropped_entries"] = list(info.dropped)
+        if info is not None and info.plan is not None:
+            self._store.submit_entry(
+                channel, "system", "todos", plan_cancelled_text(turn.agent.name), generation=turn.generation,
+                meta={"todos": info.plan, "agent": turn.agent.name},
+            )
         text = stop_notice_text(INTERRUPT_NOTICE, len(info.dropped) if info else 0)
-        self._store.submit_entry(
-            channel, "system", "notice", text, turn=turn.turn_id, generation=turn.generation, meta=meta
-        )
+        # The notice and the turn's row ended, in one transaction (as a stop's and a shutdown's).
+        self._store.submit_turn_notice(channel, text, turn=turn.turn_id, generation=turn.generation, meta=meta)
 
     async def _contain(self, channel: str, ticket: TurnTicket, exc: Exception) -> None:
         """A turn failed in corral itself: log it, say so, and free the channel."""

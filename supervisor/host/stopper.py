@@ -40,7 +40,7 @@ import trio
 from ..config.settings import Config
 from ..core.account import cancelled
 from ..core.ledger import QueuedMessage, StopDecision, StopLedger
-from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult
+from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult, plan_cancelled_text
 from ..procs.cgroup import CgroupRoot
 from ..procs.recovery import stop_notice_text
 from ..procs.registry import ProcessRegistry
@@ -335,7 +335,7 @@ class Stopper:
         """The transcript's account of the cancelled plans (the plans were stored with the record)."""
         return [
             self._store.submit_entry(
-                channel, "system", "todos", f"Plan cancelled ({agent}).", generation=generation,
+                channel, "system", "todos", plan_cancelled_text(agent), generation=generation,
                 meta={"todos": items, "agent": agent},
             )
             for agent, items in plans.items()

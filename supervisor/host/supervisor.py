@@ -480,10 +480,11 @@ class Supervisor:
         """
         return self._store.follow(channel, after, drafts=drafts)
 
-    async def entries(self, channel: str, after: int = 0, limit: int = 10_000) -> list[Entry]:
-        """Committed entries of a channel after ``after``."""
+    async def entries(self, channel: str, after: int = 0, limit: int = 10_000, newest: bool = False) -> list[Entry]:
+        """Committed entries of a channel after ``after``, at most ``limit``, oldest first
+        (``newest``: the newest ``limit`` of them, as ``tail -n`` shows)."""
         await self.require_channel(channel)
-        return await self._store.entries(channel, after=after, limit=limit)
+        return await self._store.entries(channel, after=after, limit=limit, newest=newest)
 
     def session(self, channel: str, agent: str) -> str | None:
         """The agent's session id in the channel (the next turn resumes it), if any."""
@@ -549,6 +550,7 @@ class Supervisor:
                 "generation": self._ledger.generation(name),
                 "queued": len(self._ledger.queued(name)),
                 "rests": self._ledger.rests(name),
+                "members": list(self.config.members(name)),
                 "sessions": sessions.get(name, {}),
                 "turn": first,
                 "agents": agents,

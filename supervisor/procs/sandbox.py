@@ -61,8 +61,10 @@ that is a process of a turn (:func:`turn_of_peer`: its cgroup, its pid namespace
 
 Where the kernel or the machine lacks what this needs, :func:`probe` says exactly what is
 missing and how to fix it; ``[server] sandbox = "auto"`` then runs turns without it and says
-so (log, ``status``, ``check``), ``"required"`` refuses to start a turn, ``"off"`` never
-sandboxes. Never a silent half-sandbox: it is all of the above or nothing.
+so as a warning wherever people look (the log, ``check``, ``status``, the demo's summary, the
+dashboard's header: one sentence, :func:`sandbox_summary`), ``"required"`` refuses every turn
+(and says that, not "without a sandbox"), ``"off"`` never sandboxes. Never a silent
+half-sandbox: it is all of the above or nothing.
 
 A program the plan shows cannot start inside (not executable, its interpreter missing or
 hidden by a rule) is :class:`NotStartable` before the spawn, with the path and the key that
@@ -600,11 +602,15 @@ class Sandbox:
         return self.mode != "off" and self.support.available
 
     def describe(self) -> dict[str, object]:
-        """For ``status`` and ``check``: the mode, whether turns are sandboxed, and if not why;
-        which bwrap (its path, where it came from) and its version."""
-        return {
+        """For ``status``, ``check``, the demo and the dashboard: the mode, whether turns are
+        sandboxed, and if not why; which bwrap (its path, where it came from) and its version;
+        ``state`` and ``summary`` say it (see :func:`sandbox_summary`)."""
+        state = "on" if self.active else "off" if self.mode == "off" else "refused" if self.mode == "required" \
+            else "unsandboxed"
+        described: dict[str, object] = {
             "mode": self.mode,
             "active": self.active,
+            "state": state,
             "mechanism": (self.support.version or "bubblewrap") if self.active else None,
             "missing": list(self.support.missing) if self.mode != "off" else [],
             "fix": self.support.fix if self.mode != "off" and not self.active else None,
@@ -614,6 +620,8 @@ class Sandbox:
             "bwrap_source": self.support.source if self.mode != "off" else None,
             "propagation": self.support.propagation if self.active else None,
         }
+        described["summary"] = sandbox_summary(described)
+        return described
 
     def refusal(self) -> str | None:
         """Why a turn may not start (``required`` without a sandbox), else None."""
@@ -825,6 +833,30 @@ def _is_other(path: Path) -> bool:
         return False
 
 
+#: What an agent can reach when its turn runs without the sandbox.
+UNSANDBOXED_REACH = "an agent can read corral's store and config and other channels' folders, and signal the daemon"
+
+
+def sandbox_summary(described: Mapping[str, object]) -> str:
+    """The one sentence every face (log, ``check``, ``status``, the demo, the dashboard) says
+    of :meth:`Sandbox.describe`'s ``state``: sandboxed, run without one (and what that
+    opens), refused (``required`` cannot be met: no turn runs), or off by the config."""
+    state, mode = described.get("state"), described.get("mode")
+    missing = described.get("missing")
+    why = "; ".join(str(m) for m in missing) if isinstance(missing, list) and missing else "it cannot sandbox"
+    fix = described.get("fix")
+    if state == "on":
+        where = f", {described['bwrap_source']}: {described['bwrap']}" if described.get("bwrap") else ""
+        return f"turns run in a sandbox ({described.get('mechanism') or 'bubblewrap'}{where})"
+    if state == "off":
+        return f'turns run WITHOUT a sandbox (sandbox = "off" in the config): {UNSANDBOXED_REACH}'
+    if state == "refused":
+        return (f'every turn is refused (sandbox = "required"), because this machine cannot sandbox: {why}.'
+                f" Fix: {fix}")
+    return (f"turns run WITHOUT a sandbox (sandbox = {mode!r}), because {why}: {UNSANDBOXED_REACH}."
+            f' Fix: {fix}; or write sandbox = "off" under [server] to accept it')
+
+
 def open_sandbox(
     mode: SandboxMode, private: Private, support: Support | None = None, *, bwrap: str | None = None,
     instances: Path | None = None, store_id: str = "",
@@ -838,17 +870,14 @@ def open_sandbox(
         register_instance(instances, store_id, private)
     support = support or probe(bwrap)
     sandbox = Sandbox(mode, support, private, instances=instances, store_id=store_id)
+    described = sandbox.describe()
     if sandbox.active:
-        log.info("turns run in a sandbox (%s, %s: %s)", support.version or "bubblewrap", support.source, support.bwrap)
+        log.info("%s", described["summary"])
         if support.propagation != "private":
             log.warning("util-linux's unshare is not installed: a file system mounted on the host after a turn "
                         "starts can appear in it (outside the folders hidden wholesale). Fix: install util-linux")
     else:
-        log.warning(
-            "turns run WITHOUT a sandbox (sandbox = %r): missing %s. Fix: %s. An agent can then read "
-            "corral's store and config, other channels' folders, and signal the daemon",
-            mode, "; ".join(support.missing), support.fix,
-        )
+        log.warning("%s", described["summary"])
     return sandbox
 
 

@@ -49,7 +49,7 @@ from ..core.restart import ChannelBusy
 from ..core.results import DELIVERIES
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import Draft, StoreError
-from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, last_event_id, sse_event, stream_events
+from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, is_page, last_event_id, sse_event, stream_events
 from .http import PEER_TURN
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render as render_metrics
@@ -235,7 +235,9 @@ class ControlAPI:
             log.debug("client went away during %s %s", scope.get("method"), scope.get("path"))
 
     async def _answer(self, scope: Scope, peer: _Exchange) -> None:
-        """Route one request and map every error to JSON: the one error-mapping site."""
+        """Route one request and map every error to JSON: the one error-mapping site (a
+        browser's page without a session gets the dashboard's login page instead)."""
+        request: Request | None = None
         try:
             # The whole request is read before anything is answered (a 401 included), so
             # the answer never races hypercorn's own reply to a half-sent body.
@@ -245,6 +247,10 @@ class ControlAPI:
             await self._route(request, scope, body, peer)
             return
         except HTTPError as exc:
+            if exc.status == 401 and self.dashboard is not None and request is not None \
+                    and is_page(request.method, request.parts) and not peer.started:
+                await self.dashboard.signed_out(peer)
+                return
             status, code, message = exc.status, exc.code, exc.message
         except UnknownChannel as exc:
             status, code, message = 404, "unknown_channel", str(exc)
@@ -376,7 +382,8 @@ class ControlAPI:
         channel = path["channel"]
         after = _query_number(query, op.param("after"))
         limit = _query_number(query, op.param("limit"))
-        entries = await self.sup.entries(channel, after=after, limit=limit)
+        newest = _query_flag(query, "newest")
+        entries = await self.sup.entries(channel, after=after, limit=limit, newest=newest)
         await peer.respond(200, {"channel": channel, "entries": [e.to_json() for e in entries]})
 
     async def _wait(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:

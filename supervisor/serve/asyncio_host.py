@@ -91,9 +91,11 @@ class AsyncioSupervisor:
         """See :meth:`Supervisor.wait_idle`."""
         return await self._call(lambda: self.supervisor.wait_idle(channel, timeout))
 
-    async def entries(self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT) -> list[Entry]:
+    async def entries(
+        self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT, newest: bool = False
+    ) -> list[Entry]:
         """See :meth:`Supervisor.entries`."""
-        return await self._call(lambda: self.supervisor.entries(channel, after, limit))
+        return await self._call(lambda: self.supervisor.entries(channel, after, limit, newest))
 
     async def status(self) -> dict[str, Any]:
         """See :meth:`Supervisor.status`."""
@@ -170,7 +172,15 @@ async def open_asyncio_supervisor(config: Config, **options: Any) -> AsyncIterat
         done_callback=done,
         host_uses_signal_set_wakeup_fd=True,
     )
-    host = await ready
+    try:
+        host = await ready
+    except BaseException:
+        if ready.done() and not ready.cancelled():
+            # The guest ended before it was ready (a store in use, say): its end carries the
+            # same error. Take it, or asyncio logs it with a traceback as "never retrieved".
+            await asyncio.wait([finished])
+            finished.exception()
+        raise
     try:
         yield host
     finally:

@@ -180,11 +180,12 @@ class Client:
         status: dict[str, Any] = self._call("status")
         return status
 
-    def entries(self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
-        """Committed entries after ``after``, at most ``limit`` of them."""
-        entries: list[dict[str, Any]] = self._call(
-            "entries", path={"channel": channel}, params={"after": after, "limit": limit}
-        )["entries"]
+    def entries(
+        self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT, newest: bool = False
+    ) -> list[dict[str, Any]]:
+        """Committed entries after ``after``, at most ``limit`` of them (``newest``: the last ones), oldest first."""
+        params: dict[str, Any] = {"after": after, "limit": limit, **({"newest": 1} if newest else {})}
+        entries: list[dict[str, Any]] = self._call("entries", path={"channel": channel}, params=params)["entries"]
         return entries
 
     def wait(self, channel: str, timeout: float | None = None) -> bool:

@@ -202,22 +202,43 @@ def list_view(status: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- pages
 
 
-def _page(title: str, body_attrs: str, main: str) -> bytes:
+#: The header's word for each sandbox state of :meth:`~supervisor.procs.sandbox.Sandbox.describe`.
+SANDBOX_BADGES = {"on": "sandboxed", "unsandboxed": "NOT sandboxed", "off": "NOT sandboxed (off)",
+                  "refused": "turns refused: no sandbox"}
+
+
+def sandbox_badge(sandbox: Mapping[str, Any] | None) -> str:
+    """The header's sandbox state: a word, and the supervisor's whole sentence on hover and
+    for screen readers (a warning's colour when turns run unsandboxed or are refused)."""
+    if not sandbox:
+        return ""
+    state = str(sandbox.get("state") or "")
+    summary = str(sandbox.get("summary") or "")
+    return (f"<span id=\"sandbox\" class=\"sandbox\" data-state=\"{html.escape(state)}\" "
+            f"title=\"{html.escape(summary)}\" aria-label=\"{html.escape(summary)}\">"
+            f"{html.escape(SANDBOX_BADGES.get(state, state))}</span>")
+
+
+def _page(
+    title: str, body_attrs: str, main: str, sandbox: Mapping[str, Any] | None = None, *, script: bool = True
+) -> bytes:
+    live = "<script src=\"/dashboard/static/dashboard.js\" defer></script>" if script else ""
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>{html.escape(title)}</title>"
         "<link rel=\"icon\" href=\"/dashboard/static/favicon.svg\">"
         "<link rel=\"stylesheet\" href=\"/dashboard/static/dashboard.css\">"
-        "<script src=\"/dashboard/static/dashboard.js\" defer></script></head>"
-        f"<body {body_attrs}><header><a class=\"home\" href=\"/dashboard/\">corral</a>"
+        f"{live}</head>"
+        f"<body {body_attrs}><header><a class=\"home\" href=\"/dashboard/\">corral</a>{sandbox_badge(sandbox)}"
         "<span id=\"connection\" class=\"connection\" aria-live=\"polite\">Connecting…</span></header>"
         f"<main>{main}</main></body></html>\n"
     ).encode()
 
 
-def list_page() -> bytes:
-    """The channel list: filled in live by the script from ``/dashboard/events``."""
+def list_page(sandbox: Mapping[str, Any] | None = None) -> bytes:
+    """The channel list: filled in live by the script from ``/dashboard/events``; the header
+    says whether turns are sandboxed (``sandbox``: the supervisor's ``describe()``)."""
     return _page(
         "corral — channels",
         "data-view=\"list\"",
@@ -229,10 +250,13 @@ def list_page() -> bytes:
         "<table id=\"channels\"><thead><tr><th scope=\"col\">Channel</th><th scope=\"col\">Agents</th></tr></thead>"
         "<tbody></tbody></table>"
         "<p id=\"empty\" class=\"empty\" hidden>No channels yet: send a message with <code>corral send</code>.</p>",
+        sandbox,
     )
 
 
-def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
+def channel_page(
+    channel: str, agents: list[str], default: str | None, sandbox: Mapping[str, Any] | None = None
+) -> bytes:
     """One channel: the transcript (filled in live), the send box and the channel's Stop.
 
     The agent chooser's first choice sends no target: the server then addresses the
@@ -265,7 +289,29 @@ def channel_page(channel: str, agents: list[str], default: str | None) -> bytes:
         "</select>"
         "<button type=\"submit\">Send</button></div>"
         "<p id=\"send-error\" class=\"send-error\" role=\"alert\"></p></form>",
+        sandbox,
     )
+
+
+def signed_out_page() -> bytes:
+    """What a browser opening a page without a valid session gets (its cookie expired, the
+    token changed, or it never logged in): how to log in, not the API's JSON 401."""
+    return _page(
+        "corral — log in",
+        "data-view=\"signed-out\"",
+        "<h1>Log in to the dashboard</h1>"
+        "<p id=\"signed-out\">This browser has no dashboard session here (a session lasts 24 hours, and ends "
+        "when the daemon's token changes). On the daemon's machine run <code>corral dashboard</code> and open the "
+        "login URL it prints: it works once, for 2 minutes, and brings you back to the channel list.</p>",
+        script=False,
+    )
+
+
+def is_page(method: str, parts: list[str]) -> bool:
+    """A dashboard page a browser navigates to (HTML), not one of the script's requests."""
+    rest = parts[1:]
+    return method == "GET" and parts[:1] == ["dashboard"] and (
+        rest in ([], [""]) or (len(rest) == 2 and rest[0] == "channels"))
 
 
 def _static(name: str) -> bytes:
@@ -297,11 +343,11 @@ class Dashboard:
         """Answer a ``/dashboard`` request (already authorized); False if there is no such route."""
         rest = parts[1:]
         if method == "GET" and rest in ([], [""]):
-            await _send(peer, 200, PAGE_HEADERS, list_page())
+            await _send(peer, 200, PAGE_HEADERS, list_page(self.sup.sandbox.describe()))
         elif method == "GET" and len(rest) == 2 and rest[0] == "channels":
             config = self.sup.config
             members = list(config.members(rest[1]))  # the channel's default agent first
-            page = channel_page(rest[1], members, members[0] if members else None)
+            page = channel_page(rest[1], members, members[0] if members else None, self.sup.sandbox.describe())
             await _send(peer, 200, PAGE_HEADERS, page)
         elif method == "GET" and rest == ["events"]:
             await stream_events(peer, self._status_events, keepalive=KEEPALIVE_SECONDS)
@@ -320,6 +366,10 @@ class Dashboard:
         else:
             return False
         return True
+
+    async def signed_out(self, peer: Peer) -> None:
+        """Answer a page request refused for want of a session with the login page (401)."""
+        await _send(peer, 401, PAGE_HEADERS, signed_out_page())
 
     async def _login(self, query: Mapping[str, list[str]], scope: Mapping[str, Any], peer: Peer) -> None:
         code = (query.get("code") or [""])[-1]

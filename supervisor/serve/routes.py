@@ -129,8 +129,10 @@ OPERATIONS: Final[dict[str, Operation]] = {
                   (_CHANNEL, Param("timeout", float, "query", None, MAX_WAIT, optional=True)), (200, 408),
                   "{channel, idle}: 200 when idle, 408 on timeout"),
         Operation("entries", "GET", "/v1/channels/{channel}/entries",
-                  (_CHANNEL, _AFTER, Param("limit", int, "query", DEFAULT_LIMIT, MAX_LIMIT)), (200,),
-                  "{channel, entries}: committed entries after seq `after`, at most `limit`"),
+                  (_CHANNEL, _AFTER, Param("limit", int, "query", DEFAULT_LIMIT, MAX_LIMIT),
+                   Param("newest", bool, "query", False)), (200,),
+                  "{channel, entries}: committed entries after seq `after`, at most `limit`, oldest first "
+                  "(`newest`: the newest `limit` of them, as `tail -n` shows)"),
         Operation("follow", "GET", "/v1/channels/{channel}/events",
                   (_CHANNEL, _AFTER, Param("drafts", bool, "query", False)), (200,),
                   "the entries after `after`, then live ones, as Server-Sent Events (`drafts`: also the "

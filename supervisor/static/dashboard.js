@@ -196,7 +196,9 @@
       item.append(element("p", "text", entry.text));
     }
     if (entry.meta && entry.meta.dropped_by_stop) {
-      const note = element("p", "dropped", "not run: dropped by a stop");
+      const by = entry.meta.dropped_by_interrupt != null
+        ? `an interrupt (message ${entry.meta.dropped_by_interrupt})` : "a stop";
+      const note = element("p", "dropped", `not run: dropped by ${by}`);
       if (entry.meta.resent_as != null) {
         note.append(` — sent again as ${entry.meta.resent_as}`);
       } else if (who === "human") {
@@ -267,7 +269,8 @@
             const item = transcript.querySelector(`li[data-seq="${Number(seq)}"]`);
             if (item && !item.querySelector(".dropped")) {
               const by = entry.meta.stop_seq ?? entry.meta.interrupted_by;
-              const meta = { ...item.__entry.meta, dropped_by_stop: by };
+              const meta = { ...item.__entry.meta, dropped_by_stop: by,
+                ...(entry.meta.stop_seq == null ? { dropped_by_interrupt: by } : {}) };
               place(renderEntry({ ...item.__entry, meta }), item);
             }
           }

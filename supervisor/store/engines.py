@@ -290,8 +290,10 @@ class Engine(abc.ABC):
     """How :meth:`json_get` of a JSON ``true`` compares."""
 
     @abc.abstractmethod
-    def mark_dropped(self) -> str:
-        """SQL for ``meta`` with ``dropped_by_stop`` set to the one parameter."""
+    def mark_dropped(self, key: str = "dropped_by_stop") -> str:
+        """SQL for ``meta`` with ``key`` (a constant of corral's, never text from outside) set
+        to the one parameter: ``dropped_by_stop``, and for an interrupt's drops also
+        ``dropped_by_interrupt``."""
 
     now: str
     """SQL for the database's clock in seconds since the epoch (one clock for every host)."""
@@ -380,9 +382,9 @@ class SQLiteEngine(Engine):
         """``json_extract``."""
         return f"json_extract({column}, '$.{key}')"
 
-    def mark_dropped(self) -> str:
+    def mark_dropped(self, key: str = "dropped_by_stop") -> str:
         """``json_set``."""
-        return "json_set(meta, '$.dropped_by_stop', ?)"
+        return f"json_set(meta, '$.{key}', ?)"
 
 
 #: The advisory lock's first key: corral's namespace in the database ("corr").
@@ -721,10 +723,10 @@ class PostgresEngine(Engine):
         the one read can change (corral reads its own numbers and booleans this way)."""
         return f"(replace({column}, '\\u0000', '\\ufffd')::json ->> '{key}')"
 
-    def mark_dropped(self) -> str:
+    def mark_dropped(self, key: str = "dropped_by_stop") -> str:
         """Text surgery on the JSON object: appends the key as ``json_set`` does, with no parse."""
         return ("CASE WHEN meta = '{}' THEN '{' ELSE left(meta, -1) || ', ' END"
-                " || '\"dropped_by_stop\": ' || CAST(? AS BIGINT) || '}'")
+                f" || '\"{key}\": ' || CAST(? AS BIGINT) || '}}'")
 
 
 def open_engine(where: str, *, synchronous: str = "FULL", lease: float | None = None) -> Engine:

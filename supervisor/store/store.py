@@ -959,12 +959,15 @@ class Store:
 
     # ------------------------------------------------------------ reading
 
-    async def entries(self, channel: str | None, *, after: int = 0, limit: int = 100_000) -> list[Entry]:
+    async def entries(
+        self, channel: str | None, *, after: int = 0, limit: int = 100_000, newest: bool = False
+    ) -> list[Entry]:
         """Committed entries after the entry ``after`` (a seq), oldest first (in a fleet: in
-        commit order, so a resume point misses no other host's later commit)."""
+        commit order, so a resume point misses no other host's later commit); at most
+        ``limit``: the first ones, or with ``newest`` the last ones."""
         if self.host is None:
-            return await self._rows(channel, "seq", after, limit)
-        return await self._rows(channel, "pos", await self._read(lambda: self._position(after)), limit)
+            return await self._rows(channel, "seq", after, limit, newest)
+        return await self._rows(channel, "pos", await self._read(lambda: self._position(after)), limit, newest)
 
     def _position(self, after: int) -> int:
         """(A fleet, in the store's thread) the commit position of entry ``after``; for a seq
@@ -977,14 +980,17 @@ class Store:
         ((pos,),) = self._db.query("SELECT coalesce(max(pos), 0) FROM entries WHERE seq <= ?", (after,))
         return int(pos)
 
-    async def _rows(self, channel: str | None, column: str, after: int, limit: int) -> list[Entry]:
+    async def _rows(
+        self, channel: str | None, column: str, after: int, limit: int, newest: bool = False
+    ) -> list[Entry]:
         where, params = (f"{column} > ?", (after,)) if channel is None else (
             f"channel = ? AND {column} > ?", (channel, after))
+        order = f"{column} DESC" if newest else column
 
         def read() -> list[Entry]:
-            return [_entry(row) for row in self._db.query(
-                f"SELECT {_COLUMNS} FROM entries WHERE {where} ORDER BY {column} LIMIT ?", (*params, limit)
-            )]
+            rows = self._db.query(f"SELECT {_COLUMNS} FROM entries WHERE {where} ORDER BY {order} LIMIT ?",
+                                  (*params, limit))
+            return [_entry(row) for row in (reversed(rows) if newest else rows)]
 
         return await self._read(read)
 
@@ -1187,10 +1193,14 @@ class Store:
             channel, "system", "notice", text, turn=turn, generation=generation, meta=meta, also=complete,
         )
 
-    def submit_turn_notice(self, channel: str, text: str, *, turn: str, generation: int) -> Pending:
-        """A notice that ends a turn (a shutdown's): the entry and the turn's row ended, together."""
+    def submit_turn_notice(
+        self, channel: str, text: str, *, turn: str, generation: int, meta: Mapping[str, Any] | None = None,
+    ) -> Pending:
+        """A notice that ends a turn (a shutdown's, an interrupt's, a take-over's): the entry and
+        the turn's row ended, together. A notice stored with its row still ``running`` would
+        make the next start take the turn for a crash's and post a false "restarted" notice."""
         return self.submit_entry(
-            channel, "system", "notice", text, turn=turn, generation=generation,
+            channel, "system", "notice", text, turn=turn, generation=generation, meta=meta,
             also=lambda db, _: Store.mark_turn_ended(db, turn),
         )
 
@@ -1369,9 +1379,12 @@ class Store:
         self, db: Engine, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
     ) -> None:
         """(In the interrupting message's transaction, ``seq``) its record: the lanes' queued
-        messages it dropped dequeued and marked (as a stop marks them), the plans cancelled."""
+        messages it dropped dequeued and marked (as a stop marks them, and as an interrupt's:
+        their pages say "dropped by an interrupt"), the plans cancelled."""
         db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in dropped])
         db.executemany(f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?", [(seq, s) for s in dropped])
+        db.executemany(f"UPDATE entries SET meta = {db.mark_dropped('dropped_by_interrupt')} WHERE seq = ?",
+                       [(seq, s) for s in dropped])
         db.execute("UPDATE queue SET delivery = NULL WHERE seq = ?", (seq,))  # (a fleet's: carried out now)
         stamp = time.time()
         for agent, items in plans.items():

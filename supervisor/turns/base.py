@@ -62,7 +62,9 @@ def start_failure(agent: AgentConfig, exc: OSError) -> str:
     """
     path = exc.filename or (agent.command[0] if agent.command else None)
     what = f"{path}: {exc.strerror or exc}" if path else f"{exc.strerror or exc}"
-    return (f"could not start {agent.name}: {what} — fix: install it there, or set command = [\"/path/to/it\"]"
+    install = get_adapter(agent.adapter).install
+    how = f"install it there ({install})" if install else "install it there"
+    return (f"could not start {agent.name}: {what} — fix: {how}, or set command = [\"/path/to/it\"]"
             f" in [agents.{agent.name}]")
 
 class BaseTurn:
@@ -280,6 +282,7 @@ class BaseTurn:
             home=str(home),
             options=dict(self.agent.options),
             unattended=self.agent.unattended,
+            env=dict(self.agent.env),
         )
 
     def _extra_env(self) -> Mapping[str, str]:
