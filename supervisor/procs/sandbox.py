@@ -846,7 +846,8 @@ def sandbox_summary(described: Mapping[str, object]) -> str:
     why = "; ".join(str(m) for m in missing) if isinstance(missing, list) and missing else "it cannot sandbox"
     fix = described.get("fix")
     if state == "on":
-        where = f", {described['bwrap_source']}: {described['bwrap']}" if described.get("bwrap") else ""
+        known = described.get("bwrap") and described.get("bwrap_source")
+        where = f", {described['bwrap_source']}: {described['bwrap']}" if known else ""
         return f"turns run in a sandbox ({described.get('mechanism') or 'bubblewrap'}{where})"
     if state == "off":
         return f'turns run WITHOUT a sandbox (sandbox = "off" in the config): {UNSANDBOXED_REACH}'
