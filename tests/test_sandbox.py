@@ -355,6 +355,29 @@ def test_the_control_socket_refuses_a_turns_processes_even_without_the_sandbox(s
     assert len(refusals) == 1, refusals  # once per turn
 
 
+def test_a_peer_that_exits_before_its_check_is_refused_not_served(short_tmp: Path) -> None:
+    """The race on the second wall (issue 41.6): a turn's process connects, forks and exits; once
+    it is reaped its child posts into another channel as the human on that connection. Corral
+    cannot read the peer's /proc any more, and refuses it (before, facts it could not read
+    counted as "not a turn"). Checked from outside: nothing reached channel B; the operator's
+    own client is served (the positive control)."""
+    rig = Rig(short_tmp, daemon_config(short_tmp, sandbox="off", cgroup="off"))
+    try:
+        sock = str(short_tmp / "corral.sock")
+        tries = [[f"orphan {n}", "http-unix-orphan", [sock, "B"]] for n in range(3)]
+        seq = rig.json("send", "A", json.dumps(tries))["seq"]
+        assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
+        answer = next(e for e in rig.entries("A") if e["seq"] > seq and e["text"].startswith("{"))
+        got = json.loads(answer["text"])
+        for name, _, _ in tries:
+            assert got[name].startswith("http:403:"), got
+            assert ('"peer_unknown"' in got[name] or '"turn_process"' in got[name]), got
+        assert not [e for e in rig.entries("B") if "forged by an orphan" in e["text"]]
+        assert rig.json("send", "B", "from the operator", "--agent", "victim")["seq"] > seq  # served
+    finally:
+        rig.close()
+
+
 def test_without_bubblewrap_auto_runs_turns_and_says_so_everywhere(short_tmp: Path) -> None:
     empty = short_tmp / "bin"
     empty.mkdir()

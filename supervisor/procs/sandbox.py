@@ -40,7 +40,7 @@ which would cut the CLI's grace short; so :class:`~.tree.ProcessTree` sends a sa
 tree's interrupt to the processes inside it, not to the leader (see ``interrupt`` there).
 
 The control socket is not in the sandbox's view, and as a second wall it refuses any peer
-that is a process of a turn (:func:`turn_of_peer`: its cgroup, its pid namespace, its marker).
+that is a process of a turn (:mod:`.peers`: its cgroup, its pid namespace, its marker).
 
 Where the kernel or the machine lacks what this needs, :func:`probe` says exactly what is
 missing and how to fix it; ``[server] sandbox = "auto"`` then runs turns without it and says
@@ -393,71 +393,3 @@ def open_sandbox(mode: SandboxMode, private: Private, support: Support | None = 
             mode, "; ".join(support.missing), support.fix,
         )
     return sandbox
-
-
-# ------------------------------------------------------------------ whose peer is this
-
-
-@dataclass(frozen=True, slots=True)
-class PeerFacts:
-    """What ``/proc`` says of a peer process (gathered by :func:`peer_facts`)."""
-
-    cgroup: str | None
-    pid_ns: int | None
-    environ: Mapping[str, str]
-
-
-def peer_facts(pid: int) -> PeerFacts:
-    """Read a peer's cgroup, pid namespace and environment (each None/empty if unreadable)."""
-    cgroup = None
-    try:
-        with open(f"/proc/{pid}/cgroup", "rb") as fh:
-            for line in fh.read().decode(errors="replace").splitlines():
-                if line.startswith("0::"):
-                    cgroup = line[3:]
-    except OSError:
-        pass
-    try:
-        pid_ns: int | None = os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
-        pid_ns = None
-    env: dict[str, str] = {}
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            for item in fh.read().split(b"\0"):
-                key, sep, value = item.partition(b"=")
-                if sep and key.startswith(b"CORRAL_"):
-                    env[key.decode(errors="replace")] = value.decode(errors="replace")
-    except OSError:
-        pass
-    return PeerFacts(cgroup, pid_ns, env)
-
-
-def turn_of_peer(
-    facts: PeerFacts, *, subtree: str | None, store_id: str, own_pid_ns: int | None
-) -> str | None:
-    """Is the peer a process of one of this store's turns? Its turn (or ``"a turn"``), else None.
-
-    Three signs, any one enough: its cgroup is below the store's subtree (a process cannot
-    leave it: the cgroup file system is read-only in the sandbox); it lives in a pid
-    namespace other than the daemon's (every sandboxed process does; a client in a container
-    is not a turn, but it has no business on a 0600 socket either); or it carries the
-    store's marker (what an unsandboxed, uncontained turn still shows, unless it cleared it).
-    """
-    if subtree is not None and facts.cgroup is not None:
-        prefix = subtree.rstrip("/") + "/"
-        if facts.cgroup.startswith(prefix):
-            return facts.cgroup[len(prefix):].split("/", 1)[0] or "a turn"
-    if facts.environ.get("CORRAL_STORE") == store_id:
-        return facts.environ.get("CORRAL_TURN") or "a turn"
-    if own_pid_ns is not None and facts.pid_ns is not None and facts.pid_ns != own_pid_ns:
-        return facts.environ.get("CORRAL_TURN") or "a sandboxed process"
-    return None
-
-
-def own_pid_namespace() -> int | None:
-    """This process's pid namespace (its inode), if the kernel says."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
