@@ -123,8 +123,12 @@ def _store(file: str, path: Path) -> list[Problem]:
         return []  # an empty file becomes a new store
     if header != _SQLITE_HEADER:
         return [Problem(file, "store.path", f"{path} is not a database (damaged, or another kind of file)", fix)]
+    # A rollback journal beside a WAL store is not corral's: a read-only open would refuse to
+    # replay it and call the store damaged, and `corral run` moves it aside unread (the store
+    # engine's quarantine), so the catalog is read from the file alone.
+    planted = os.path.lexists(f"{path}-journal")
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{'&immutable=1' if planted else ''}", uri=True)
         try:
             tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:

@@ -643,6 +643,8 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         check.add("defaults.agent", f"no agent is called {default_agent!r}",
                   f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
 
+    if store_url is None:
+        _store_outside_working_folders(check, store_path, agents)
     channels = _channels(check, data, set(agents_raw))
     cluster = _cluster(check, data)
     if "cluster" in data and store_url is None:
@@ -675,6 +677,22 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         cluster=cluster,
         bridges=bridges,
     )
+
+
+def _store_outside_working_folders(check: _Checker, store_path: Path, agents: Mapping[str, AgentConfig]) -> None:
+    """No agent's ``cwd`` may hold the store's folder: there an agent writes freely (a planted
+    journal SQLite would replay over the store; a ``git clean`` or ``rm -rf`` of its folder)."""
+    store_dir = Path(os.path.realpath(store_path.parent))
+    for agent in agents.values():
+        if agent.cwd is None:
+            continue
+        cwd = Path(os.path.realpath(agent.cwd))
+        if cwd == store_dir or cwd in store_dir.parents:
+            check.add(f"agents.{agent.name}.cwd",
+                      f"{agent.cwd} holds the store's folder {store_dir}: the agent would write beside the "
+                      "store (files SQLite replays over it at the next start, or a clean-up that deletes it)",
+                      f'keep the store in a folder of its own outside it, e.g. [store] path = '
+                      f'"{cwd.parent / (cwd.name + "-corral") / store_path.name}", or give the agent another cwd')
 
 
 _BRIDGE_COMMON = {"type", "rooms", "admins", "users", "servers", "stoppers", "verbosity", "invites", "edit_interval",
