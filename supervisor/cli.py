@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from .core.text import shown
 from .serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
 
 if TYPE_CHECKING:
@@ -131,7 +132,9 @@ def format_entry(entry: dict[str, Any]) -> str:
                  if str(entry.get("author", "")).startswith("human:") and entry.get("channel") else "")
         dropped = f" (not run: dropped by a stop{again})"
     cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
-    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
+    # An agent's text is not trusted with the operator's terminal (see supervisor.core.text.shown).
+    author, kind = shown(str(entry["author"]), lines=False), shown(str(entry["kind"]), lines=False)
+    return f"[{entry['seq']:>5}] {stamp} {author:<16} {kind:<7} {shown(str(entry['text']))}{dropped}{cut}"
 
 
 class DraftView:
@@ -152,17 +155,17 @@ class DraftView:
         import time
 
         stamp = time.strftime("%H:%M:%S", time.localtime(draft["ts"]))
-        head = f"[draft] {stamp} {draft['author']:<16} writing…"
+        head = f"[draft] {stamp} {shown(str(draft['author']), lines=False):<16} writing…"
         text = str(draft["text"])
         if self.terminal:
-            flat = text.replace("\n", " ⏎ ")
+            flat = shown(text.replace("\n", " ⏎ "), lines=False)
             room = self.width - len(head) - 2
             self.line = True
             return f"\r\x1b[2K{head} {flat[-room:] if room > 0 else ''}"
         done = self.shown.get(draft["draft"], 0)
         self.shown[draft["draft"]] = len(text)
         fresh = text[done:] if len(text) >= done else text
-        return f"{head} (not saved yet) {fresh}\n" if fresh else ""
+        return f"{head} (not saved yet) {shown(fresh)}\n" if fresh else ""
 
     def entry(self, entry: dict[str, Any]) -> str:
         """What to write for one saved entry."""

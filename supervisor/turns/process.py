@@ -40,6 +40,7 @@ from adapters._base import Launch, Parser, Result
 from ..config.settings import AgentConfig
 from ..core.account import Post, ShowDraft
 from ..core.ledger import TurnTicket
+from ..core.text import shown
 from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import Line, LineReader
 from ..procs.stdin import CLOSED, AgentInput
@@ -277,7 +278,8 @@ class Turn(BaseTurn):
         while lines := await reader.read_lines():
             for line in lines:
                 text = line.text()
-                log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
+                # An agent's stderr cannot forge corral's own log lines (nor drive the reader's terminal).
+                log.info("[%s %s] stderr: %s", self.channel, self.turn_id, shown(text[:STDERR_LOG_CHARS], lines=False))
                 for event in parser.feed_stderr(text):
                     self._handle(event)
             self._show()
