@@ -35,8 +35,15 @@ def judge(f: PeerFacts) -> str | None:
 def test_the_judgement_fails_closed() -> None:
     assert judge(facts()) is None  # a live client of the daemon's user, every fact read
     assert judge(facts(cgroup="")) is None  # no cgroup v2 line is a fact, not a failure
-    assert judge(facts(uid=0)) is None or OWN != 0  # root is served
-    assert judge(facts(uid=OWN + 1 if OWN else 65534)) == "peer_uid"
+    assert judge(facts(uid=0)) is None  # root is served
+    # Root is served by a daemon of another user even though it cannot read root's /proc.
+    assert judge_peer(facts(uid=0, environ=None, pid_ns=None), own_uid=1000, subtree=None, store_id="S1",
+                      own_pid_ns=NS) is None
+    other = OWN + 1 if OWN else 65534
+    assert judge(facts(uid=other)) == "peer_uid"
+    # An operator of the socket's group is served: not the daemon's user, so not a turn's.
+    assert judge_peer(facts(uid=other, environ=None, pid_ns=None), own_uid=OWN, subtree=None, store_id="S1",
+                      own_pid_ns=NS, group_socket=True) is None
     assert judge(facts(cgroup="/corral/store1/turn-7/sub")) == "turn_process"
     assert judge(facts(environ={"CORRAL_STORE": "S1", "CORRAL_TURN": "t9"})) == "turn_process"
     assert judge(facts(pid_ns=(NS or 0) + 1)) == "turn_process"

@@ -83,7 +83,9 @@ def test_plain_sqlite_replays_the_planted_journal(tmp_path: Path) -> None:
     assert FORGED in _texts(store)
 
 
-def test_the_store_moves_a_planted_journal_aside_and_keeps_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_store_moves_a_planted_journal_aside_and_keeps_itself(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = tmp_path / "corral.db"
     trio.run(_store_with_an_entry, store)
     plant_journal(store)

@@ -194,7 +194,9 @@ class Supervisor:
         """Refuse a control-socket peer that is a process of a turn, another user's, or one that
         cannot be identified (see :mod:`supervisor.procs.peers`); logged once per turn; else None."""
         refusal = judge_peer(facts, own_uid=os.geteuid(), subtree=self._cgroup_subtree,
-                             store_id=self._store.store_id, own_pid_ns=self._own_pid_ns)
+                             store_id=self._store.store_id, own_pid_ns=self._own_pid_ns,
+                             group_socket=self.config.server.socket_group is not None
+                             or bool(self.config.server.socket_mode & 0o066))
         if refusal is None:
             return None
         if refusal.turn is None:

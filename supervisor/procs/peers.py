@@ -15,8 +15,10 @@ child send the request. Then ``/proc/PID`` is gone (or, once the pid is reused, 
 process's), and facts that cannot be read used to count as "not a turn" — the check failed
 open. So it **fails closed**:
 
-* the peer's uid must be the daemon's own or root's (the socket is 0600: nobody else should
-  be able to connect; a descriptor handed on is refused);
+* a peer of another uid is not a turn's (every turn runs as the daemon's user): root is
+  served, another user only where ``socket_group`` or ``socket_mode`` opens the socket to
+  others (else it is 0600 and such a peer holds a descriptor handed on: refused, ``peer_uid``). The
+  rest applies to the daemon's own user, whose processes the daemon can read;
 * every fact is read, and a fact that cannot be read refuses the peer (``peer_unknown``);
 * after reading, the pidfd must still name a live process (``pidfd_send_signal(fd, 0)``) that
   was not a zombie while it was read: then the pid was not reused while ``/proc`` was read, and
@@ -74,7 +76,8 @@ class PeerRefusal:
 
 
 def judge_peer(
-    facts: PeerFacts, *, own_uid: int, subtree: str | None, store_id: str, own_pid_ns: int | None
+    facts: PeerFacts, *, own_uid: int, subtree: str | None, store_id: str, own_pid_ns: int | None,
+    group_socket: bool = False,
 ) -> PeerRefusal | None:
     """Refuse the peer (a turn's process, another user's, or one that cannot be identified), or None.
 
@@ -84,9 +87,13 @@ def judge_peer(
     container is not a turn, but it has no business on a 0600 socket either); or it carries
     the store's marker. A fact that could not be read, or a peer that exited, refuses too.
     """
-    if facts.uid not in (own_uid, 0):
-        return PeerRefusal("peer_uid", f"the control API serves only its own user (uid {own_uid}) "
-                           f"and root; this peer is uid {facts.uid}")
+    if facts.uid != own_uid:
+        # Not a turn's: every turn runs as the daemon's user. Root is trusted; another user only
+        # where the socket is given to a group (socket_group), whose members the file lets in.
+        if facts.uid == 0 or group_socket:
+            return None
+        return PeerRefusal("peer_uid", f"the control API serves only its own user (uid {own_uid}), "
+                           f"root and its socket_group; this peer is uid {facts.uid}")
     turn = _turn_of(facts, subtree=subtree, store_id=store_id, own_pid_ns=own_pid_ns)
     if turn is not None:
         return PeerRefusal("turn_process", f"the control API refuses the processes of turns "
