@@ -83,6 +83,12 @@ class ServerConfig:
     """A turn waits while memory pressure (PSI ``full avg10``, percent) is at least this."""
 
 
+#: A turn's memory unless its config says otherwise (where the memory controller is delegated).
+DEFAULT_MEMORY_MAX = "4G"
+#: A turn's processes and threads unless its config says otherwise (where pids is delegated).
+DEFAULT_PIDS_MAX = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Times and policies that ``[defaults]`` sets and each agent may override."""
@@ -97,10 +103,13 @@ class Limits:
     """Leave processes a normal turn started in the background running."""
     max_nudges: int = 3
     """Remind the agent of unfinished todos at most this many times in a row (0: never)."""
-    memory_max: str | None = None
-    """A turn's cgroup ``memory.max`` (bytes, or with a K/M/G/T suffix), where delegated."""
-    pids_max: int | None = None
-    """A turn's cgroup ``pids.max``, where delegated."""
+    memory_max: str | None = DEFAULT_MEMORY_MAX
+    """A turn's cgroup ``memory.max`` (bytes, or with a K/M/G/T suffix; ``"max"``: none), where
+    delegated. A default, so one turn (its processes, its ``/tmp`` and ``/dev/shm``) cannot take
+    the machine's memory from the others."""
+    pids_max: int | None = DEFAULT_PIDS_MAX
+    """A turn's cgroup ``pids.max`` (``"max"``: none), where delegated. A default, so one turn's
+    fork burst cannot use up the user's process limit and stop other turns from starting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,7 +428,7 @@ class _Checker:
 
     def memory(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None) -> str | None:
         value = data.get(key, default)
-        if value is None:
+        if value is None or value == "max":
             return None
         text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
         if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
@@ -455,10 +464,11 @@ class _Checker:
 
     def pids(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
         value = data.get(key, default)
-        if value is None:
+        if value is None or value == "max":
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.add(f"{prefix}{key}", f"expected a whole number >= 1, got {value!r}", f"write {key} = 512")
+            self.add(f"{prefix}{key}", f"expected a whole number >= 1 (or \"max\"), got {value!r}",
+                     f"write {key} = 512")
             return default
         return value
 

@@ -29,6 +29,7 @@ A kind says only how it starts, streams and ends: :class:`~supervisor.turns.proc
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Mapping
@@ -60,6 +61,13 @@ def start_failure(agent: AgentConfig, exc: OSError) -> str:
     An ``OSError`` from the spawn (the program gone since the config was checked, a folder
     missing) carries the path it was about; without one, the agent's program is the suspect.
     """
+    if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+        # Not a missing program: the kernel refused a new process (the user's process limit,
+        # RLIMIT_NPROC, or memory) — often another turn's processes using it all up.
+        return (f"could not start {agent.name}: the system refused a new process ({exc.strerror or exc}): "
+                "this user's process limit (ulimit -u) or memory is used up, often by another turn's "
+                "processes — fix: stop the channel whose turn is forking (corral status shows what runs), "
+                "and keep pids_max / memory_max set for every agent (their defaults bound each turn)")
     path = exc.filename or (agent.command[0] if agent.command else None)
     what = f"{path}: {exc.strerror or exc}" if path else f"{exc.strerror or exc}"
     return (f"could not start {agent.name}: {what} — fix: install it there, or set command = [\"/path/to/it\"]"
