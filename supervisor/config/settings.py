@@ -87,6 +87,8 @@ class ServerConfig:
 DEFAULT_MEMORY_MAX = "4G"
 #: A turn's processes and threads unless its config says otherwise (where pids is delegated).
 DEFAULT_PIDS_MAX = 4096
+#: Bytes of output (stdout and stderr) one turn may print before it is ended.
+DEFAULT_MAX_OUTPUT = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,9 @@ class Limits:
     pids_max: int | None = DEFAULT_PIDS_MAX
     """A turn's cgroup ``pids.max`` (``"max"``: none), where delegated. A default, so one turn's
     fork burst cannot use up the user's process limit and stop other turns from starting."""
+    max_output: int | None = DEFAULT_MAX_OUTPUT
+    """Bytes of output (stdout and stderr lines) a turn may print; past it the turn is ended
+    with a notice, so one turn cannot grow the store (or the log) without end (``"max"``: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +305,8 @@ _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "max_turns",
            "memory_reserve", "memory_pressure"}
 _STORE = {"path", "url"}
-_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
+_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max",
+               "max_output"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops", "host", "delivery"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
@@ -424,6 +430,7 @@ class _Checker:
             max_nudges=self.count(data, "max_nudges", prefix, base.max_nudges),
             memory_max=self.memory(data, "memory_max", prefix, base.memory_max),
             pids_max=self.pids(data, "pids_max", prefix, base.pids_max),
+            max_output=self.byte_count(data, "max_output", prefix, base.max_output),
         )
 
     def memory(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None) -> str | None:
@@ -436,6 +443,16 @@ class _Checker:
                      f'write {key} = "2G"')
             return default
         return text
+
+    def byte_count(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
+        """Bytes (a whole number, or with K/M/G/T), ``"max"`` for none."""
+        if key not in data:
+            return default
+        text = self.memory(data, key, prefix, None)
+        if text is None:
+            return default if data[key] != "max" else None
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+        return int(text[:-1]) * scale[text[-1]] if text[-1] in scale else int(text)
 
     def limit(self, data: Mapping[str, Any], key: str, prefix: str, example: int) -> int | None:
         """A limit of things at once: absent (None), or a whole number of at least 1."""

@@ -82,6 +82,12 @@ class Turn(BaseTurn):
         self._steerable = False
         """The prompt is written (or there was none) and the launch keeps the input open: a
         steered message may follow, until the input closes."""
+        self._printed = 0
+        """Bytes of output lines read so far (stdout and stderr), against ``max_output``."""
+        self._overflow: TurnLimit | None = None
+        """Set once the output passed ``max_output``: the reason the turn is ended."""
+        self._reading: trio.CancelScope | None = None
+        """The stdout read, cancelled when stderr alone passes ``max_output``."""
 
     def _posted(self, post: Post) -> None:
         if post.meta and "draft" in post.meta and isinstance(self._parser, _LineTextRuns):
@@ -220,7 +226,9 @@ class Turn(BaseTurn):
                 nursery.start_soon(self._pump_stderr, process)
                 nursery.start_soon(self._drain_after_exit, process, drain)
                 with drain:
-                    failure = await self._read_stdout(reader)
+                    with trio.CancelScope() as self._reading:
+                        failure = await self._read_stdout(reader)
+                    failure = failure or self._overflow
                 if failure is None:
                     await wait_exited(process)  # not reaped: the teardown may still signal its group
                 nursery.cancel_scope.cancel()
@@ -241,6 +249,8 @@ class Turn(BaseTurn):
             if not lines:
                 return None
             for line in lines:
+                if self._count(line):
+                    return self._overflow
                 if line.truncated:
                     log.warning("[%s %s] line over %d bytes truncated", self.channel, self.turn_id, len(line.data))
                 self._feed(line)
@@ -277,6 +287,8 @@ class Turn(BaseTurn):
         assert parser is not None
         while lines := await reader.read_lines():
             for line in lines:
+                if self._overflow is not None or self._count(line):
+                    continue  # drained, not logged nor parsed: the turn is being ended
                 text = line.text()
                 # An agent's stderr cannot forge corral's own log lines (nor drive the reader's terminal).
                 log.info("[%s %s] stderr: %s", self.channel, self.turn_id, shown(text[:STDERR_LOG_CHARS], lines=False))
@@ -329,6 +341,18 @@ class Turn(BaseTurn):
             while lines := await reader.read_lines():
                 for line in lines:
                     self._feed(line)
+
+    def _count(self, line: Line) -> bool:
+        """Count a line of output; True (and the turn's end decided) once past ``max_output``."""
+        self._printed += len(line.data) + 1
+        cap = self.agent.limits.max_output
+        if cap is None or self._printed <= cap or self._overflow is not None:
+            return self._overflow is not None
+        self._overflow = TurnLimit(f"Turn ended: it printed more than {cap} bytes (max_output); "
+                                   "the rest of its output was not stored.")
+        if self._reading is not None:
+            self._reading.cancel()  # (stderr passed it while stdout was quiet)
+        return True
 
     def _feed(self, line: Line) -> None:
         assert self._parser is not None
