@@ -337,7 +337,7 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """
     import dataclasses
 
-    from .config.preflight import preflight
+    from .config.preflight import notes, preflight
     from .config.settings import ConfigError, Problem, load_config
     from .procs.sandbox import probe
 
@@ -367,13 +367,16 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         sys.exit(EXIT_ERROR)
     # (A PostgreSQL store was connected to by the preflight: say so.)
     connected = " (connected)" if config.store_url else ""
+    told = notes(config)
     if obj.json or as_json:
         _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
-                     "store": config.store_name, "sandbox": sandbox})
+                     "store": config.store_name, "sandbox": sandbox, "notes": told})
     else:
         click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
         click.echo(sandbox_line(sandbox))
+        for note in told:
+            click.echo(f"note: {note}")
 
 
 def sandbox_line(sandbox: dict[str, Any]) -> str:

@@ -157,3 +157,23 @@ def test_an_agent_whose_cwd_holds_the_stores_folder_is_refused(tmp_path: Path, w
     (tmp_path / "beside").mkdir()
     ok = {"store": {"path": store}, "agents": {"a": {"adapter": "demo", "cwd": "beside"}}}
     assert preflight(parse_config(ok, file="c.toml", base=tmp_path)) == []
+
+
+def test_corral_check_says_a_configured_cwd_is_shared_by_every_channel(short_tmp: Path) -> None:
+    """Issue 41.11: docs/security.md promised a working folder per (agent, channel); a configured
+    ``cwd`` is one for all its channels, and ``corral check`` says exactly that."""
+    (short_tmp / "repo").mkdir()
+    (short_tmp / "corral.toml").write_text(
+        '[server]\nsocket = "corral.sock"\n[store]\npath = "state/corral.db"\n'
+        '[defaults]\nagent = "shared"\n[agents.shared]\nadapter = "demo"\ncwd = "repo"\n'
+        '[agents.own]\nadapter = "demo"\n'
+    )
+    (short_tmp / "state").mkdir()
+    check = subprocess.run([PYTHON, "-m", "supervisor.cli", "check", "-c", "corral.toml"],
+                           capture_output=True, text=True, cwd=short_tmp)
+    assert check.returncode == 0, check.stderr
+    [note] = [line for line in check.stdout.splitlines() if line.startswith("note: ")]
+    assert "agents.shared.cwd" in note and "shared by every channel" in note and "Remove cwd" in note
+    as_json = subprocess.run([PYTHON, "-m", "supervisor.cli", "check", "-c", "corral.toml", "--json"],
+                             capture_output=True, text=True, cwd=short_tmp)
+    assert [n[:18] for n in json.loads(as_json.stdout)["notes"]] == ["agents.shared.cwd:"]

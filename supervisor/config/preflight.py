@@ -48,6 +48,20 @@ def preflight(config: Config) -> list[Problem]:
     return problems
 
 
+def notes(config: Config) -> list[str]:
+    """What ``corral check`` tells about a valid config that an operator must know (not problems)."""
+    out = []
+    for agent in config.agents.values():
+        if agent.cwd is not None:
+            out.append(
+                f"agents.{agent.name}.cwd: {agent.cwd} is shared by every channel {agent.name} serves: a turn "
+                "in one channel reads and changes what a turn in another wrote there, and turns of two "
+                "channels may run in it at once (each keeps its own HOME and TMPDIR). Remove cwd for a "
+                "folder per channel"
+            )
+    return out
+
+
 #: How long ``corral check`` waits for the PostgreSQL server to answer.
 CONNECT_TIMEOUT = 5
 
