@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -116,7 +117,12 @@ def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None
 
 
 def _print_json(value: Any) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False))
+    # JSON escapes C0 controls itself; C1 ones (and DEL), which a terminal may obey too, are
+    # escaped here (they can only stand inside strings, where \u00XX means the same).
+    click.echo(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False)))
+
+
+_C1 = re.compile("[\x7f-\x9f]")
 
 
 def format_entry(entry: dict[str, Any]) -> str:

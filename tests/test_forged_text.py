@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from conftest import PYTHON, DaemonProcess
 
 from supervisor.cli import DraftView, format_entry
@@ -89,3 +90,14 @@ command = [{json.dumps(PYTHON)}, "-c", {json.dumps(AGENT)}]
     log = "".join(daemon.log)
     assert "\x1b" not in log and "\r" not in log
     assert "stderr: warming up\\x0d2026-01-01 00:00:00 INFO corral: forged log line\\x1b[2K" in log
+
+
+def test_json_output_escapes_c1_controls_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--json`` is JSON: C0 controls are escaped by JSON itself, C1 ones (a terminal may obey
+    ``\\x9b`` as CSI) and DEL by corral; it reads back as the same text."""
+    from supervisor.cli import _print_json
+
+    _print_json({"text": "a\x9b31m\x1b[2K\x7f ü"})
+    out = capsys.readouterr().out
+    assert not any(0x7f <= ord(c) <= 0x9f or (ord(c) < 0x20 and c != "\n") for c in out)
+    assert json.loads(out) == {"text": "a\x9b31m\x1b[2K\x7f ü"}
