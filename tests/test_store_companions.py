@@ -177,3 +177,18 @@ def test_corral_check_says_a_configured_cwd_is_shared_by_every_channel(short_tmp
     as_json = subprocess.run([PYTHON, "-m", "supervisor.cli", "check", "-c", "corral.toml", "--json"],
                              capture_output=True, text=True, cwd=short_tmp)
     assert [n[:18] for n in json.loads(as_json.stdout)["notes"]] == ["agents.shared.cwd:"]
+
+
+def test_corral_check_says_what_a_grant_of_the_stores_folder_allows(tmp_path: Path) -> None:
+    """A grant that holds the store's folder is not refused (the sandbox covers the store's
+    files; a planted journal is moved aside), and check says what it does and does not hold."""
+    from supervisor.config.preflight import notes
+
+    config = parse_config({"agents": {"a": {"adapter": "demo", "sandbox_write": ["."]}}}, file="c.toml",
+                          base=tmp_path)
+    [note] = notes(config)
+    assert note.startswith("agents.a.sandbox_write:") and "moved aside" in note and "folder of its own" in note
+    (tmp_path / "elsewhere").mkdir()
+    apart = parse_config({"agents": {"a": {"adapter": "demo", "sandbox_write": ["elsewhere"]}}}, file="c.toml",
+                         base=tmp_path)
+    assert notes(apart) == []

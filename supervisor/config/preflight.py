@@ -51,7 +51,17 @@ def preflight(config: Config) -> list[Problem]:
 def notes(config: Config) -> list[str]:
     """What ``corral check`` tells about a valid config that an operator must know (not problems)."""
     out = []
+    store_dir = Path(os.path.realpath(config.store_path.parent)) if config.store_url is None else None
     for agent in config.agents.values():
+        granted = [g for g in agent.sandbox_write if store_dir is not None and
+                   (store_dir == Path(os.path.realpath(g)) or Path(os.path.realpath(g)) in store_dir.parents)]
+        if granted:
+            out.append(
+                f"agents.{agent.name}.sandbox_write: {granted[0]} holds the store's folder {store_dir}: the "
+                "sandbox covers the store's files, and a journal planted beside them is moved aside unread "
+                "at the next start; without the sandbox the agent could write the store itself. Keep the "
+                "store in a folder of its own for a wall that needs neither"
+            )
         if agent.cwd is not None:
             out.append(
                 f"agents.{agent.name}.cwd: {agent.cwd} is shared by every channel {agent.name} serves: a turn "
