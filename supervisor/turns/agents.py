@@ -626,7 +626,7 @@ class AcpAgent:
             event = await self._events.receive()
             if isinstance(event, SessionClosed | RequestFailed | _Exited):
                 if isinstance(event, RequestFailed):
-                    log.info("agent %d: session/close failed: %s", self.pid, event.reason)
+                    log.info("agent %d: session/close failed: %s", self.pid, shown(event.reason, lines=False))
                 return
 
     async def kill_unopened(self) -> tuple[list[int], list[int]]:

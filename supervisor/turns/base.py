@@ -45,6 +45,7 @@ from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
 from ..core.login import login_help
+from ..core.text import shown
 from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import SandboxRefused
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
@@ -155,8 +156,9 @@ class BaseTurn:
             elif isinstance(effect, ShowDraft):
                 self._drafted(effect)
             else:
-                log.warning(
-                    "[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line
+                log.warning(  # (an agent's line: shown, never obeyed, in the log)
+                    "[%s %s] unparsed line (%s): %s", self.channel, self.turn_id,
+                    shown(effect.reason, lines=False), shown(effect.line[:200], lines=False),
                 )
 
     def _post(self, kind: str, text: str, meta: dict[str, object] | None = None) -> None:
