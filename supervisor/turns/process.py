@@ -333,14 +333,16 @@ class Turn(BaseTurn):
         reader = self._reader
         if reader is None or reader.eof:
             return
+        # Past max_output nothing more is stored: the leftovers are read and dropped.
+        feed = self._feed if self._overflow is None else (lambda line: None)
         for line in reader.read_ready():  # what is there already, and the EOF: no wake-up
-            self._feed(line)
+            feed(line)
         if reader.eof:
             return
         with trio.move_on_after(DRAIN_SECONDS):
             while lines := await reader.read_lines():
                 for line in lines:
-                    self._feed(line)
+                    feed(line)
 
     def _count(self, line: Line) -> bool:
         """Count a line of output; True (and the turn's end decided) once past ``max_output``."""
