@@ -92,10 +92,8 @@ PRIVATE_DIRS = ("/tmp",)
 #: Bytes of a turn's private ``/tmp`` (a tmpfs without a size may take half the RAM; its pages
 #: are charged to the turn's cgroup, so ``memory_max`` bounds it too where delegated).
 PRIVATE_DIR_BYTES = 1 << 30
-#: Bytes of the turn's ``/dev/shm``; the rest of bwrap's ``/dev`` tmpfs is made read-only.
-SHM_BYTES = 256 << 20
-#: Bytes of a hidden folder's empty tmpfs (read-only once its mount points are made).
-HIDDEN_DIR_BYTES = 1 << 20
+#: (A hidden folder's tmpfs has no size: it is read-only once its mount points are made, and a
+#: size of 1 MiB there kept a real CLI, kilo, from opening its session.)
 #: Suffixes of the SQLite store's companions, next to the store itself.
 STORE_COMPANIONS = ("", "-wal", "-shm", "-journal", ".lock")
 
@@ -163,7 +161,7 @@ def bwrap_args(reach: Reach) -> list[str]:
     for path in reach.pinned:  # (deeper than the HOME it is in: it wins over that bind)
         ops.append((_depth(path), 0, path, ["--ro-bind", path, path]))
     for path in reach.hidden_dirs:
-        ops.append((_depth(path), 1, path, ["--size", str(HIDDEN_DIR_BYTES), "--tmpfs", path]))
+        ops.append((_depth(path), 1, path, ["--tmpfs", path]))
     for path in reach.hidden_files:
         ops.append((_depth(path), 1, path, ["--ro-bind", HIDDEN_FILE_SOURCE, path]))
     seen: set[tuple[int, str]] = set()
@@ -175,8 +173,6 @@ def bwrap_args(reach: Reach) -> list[str]:
     # folder is empty *and* read-only (a write there would only land in the sandbox's tmpfs).
     for path in sorted(set(reach.hidden_dirs)):
         args += ["--remount-ro", path]
-    # bwrap's /dev is a tmpfs without a size: its /dev/shm gets one, the rest is read-only.
-    args += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     args += ["--chdir", reach.cwd]
     return args
 
