@@ -110,11 +110,13 @@ class GenericParser:
             return [Text(line)] if stripped else []
         try:
             obj = json.loads(stripped)
-        except ValueError:
+            if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+                return [Text(line)]
+            return self._event(obj)
+        except (ValueError, RecursionError):
+            # Not JSON, or nested deeper than Python recurses (in the decoder, or in what reads
+            # or re-encodes the object): an agent's text, never an error of corral's.
             return [Text(line)]
-        if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
-            return [Text(line)]
-        return self._event(obj)
 
     def _event(self, obj: dict[str, object]) -> list[Event]:
         kind = obj["type"]

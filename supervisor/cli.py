@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from .core.text import shown
 from .serve.routes import DEFAULT_AUTHOR, MAX_LIMIT
 
 if TYPE_CHECKING:
@@ -122,7 +124,12 @@ def _call(ctx: _Context, fn: Callable[[Client], T], client: Client | None = None
 
 
 def _print_json(value: Any) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False))
+    # JSON escapes C0 controls itself; C1 ones (and DEL), which a terminal may obey too, are
+    # escaped here (they can only stand inside strings, where \u00XX means the same).
+    click.echo(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False)))
+
+
+_C1 = re.compile("[\x7f-\x9f]")
 
 
 def format_entry(entry: dict[str, Any]) -> str:
@@ -140,7 +147,9 @@ def format_entry(entry: dict[str, Any]) -> str:
               else "a stop")
         dropped = f" (not run: dropped by {by}{again})"
     cut = f" (saved as it stood: cut off by the {meta['cut_off']})" if meta.get("cut_off") else ""
-    return f"[{entry['seq']:>5}] {stamp} {entry['author']:<16} {entry['kind']:<7} {entry['text']}{dropped}{cut}"
+    # An agent's text is not trusted with the operator's terminal (see supervisor.core.text.shown).
+    author, kind = shown(str(entry["author"]), lines=False), shown(str(entry["kind"]), lines=False)
+    return f"[{entry['seq']:>5}] {stamp} {author:<16} {kind:<7} {shown(str(entry['text']))}{dropped}{cut}"
 
 
 class DraftView:
@@ -161,17 +170,17 @@ class DraftView:
         import time
 
         stamp = time.strftime("%H:%M:%S", time.localtime(draft["ts"]))
-        head = f"[draft] {stamp} {draft['author']:<16} writing…"
+        head = f"[draft] {stamp} {shown(str(draft['author']), lines=False):<16} writing…"
         text = str(draft["text"])
         if self.terminal:
-            flat = text.replace("\n", " ⏎ ")
+            flat = shown(text.replace("\n", " ⏎ "), lines=False)
             room = self.width - len(head) - 2
             self.line = True
             return f"\r\x1b[2K{head} {flat[-room:] if room > 0 else ''}"
         done = self.shown.get(draft["draft"], 0)
         self.shown[draft["draft"]] = len(text)
         fresh = text[done:] if len(text) >= done else text
-        return f"{head} (not saved yet) {fresh}\n" if fresh else ""
+        return f"{head} (not saved yet) {shown(fresh)}\n" if fresh else ""
 
     def entry(self, entry: dict[str, Any]) -> str:
         """What to write for one saved entry."""
@@ -343,7 +352,7 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     """
     import dataclasses
 
-    from .config.preflight import preflight, private_of, sandbox_warnings
+    from .config.preflight import notes, preflight, private_of, sandbox_warnings
     from .config.settings import ConfigError, Problem, load_config
     from .procs.sandbox import Sandbox, Support, probe
 
@@ -379,10 +388,11 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     # "auto" that cannot sandbox is valid, and not ok: turns would run unsandboxed unasked
     # ("off" asked for it: warned, and ok).
     unsandboxed = sandbox["state"] == "unsandboxed"
+    told = notes(config)
     if obj.json or as_json:
         _print_json({"ok": not unsandboxed, "valid": True, "agents": list(config.agents),
                      "socket": str(config.server.socket), "store": config.store_name, "sandbox": sandbox,
-                     "warnings": [dataclasses.asdict(w) for w in warnings]})
+                     "warnings": [dataclasses.asdict(w) for w in warnings], "notes": told})
     else:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
@@ -390,6 +400,8 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         click.echo(f"{file}: {answer} — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
         click.echo(sandbox_line(sandbox))
+        for note in told:
+            click.echo(f"note: {note}")
     if unsandboxed:
         sys.exit(EXIT_UNSANDBOXED)
 

@@ -13,6 +13,7 @@ unsandboxed (``sandbox = "off"``), each beside a sandboxed counterpart.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -542,3 +543,112 @@ async def test_watcher_changes_says_which_watched_files_changed(tmp_path: Path) 
         for wd in wds:
             watcher.remove(wd)
         nursery.cancel_scope.cancel()
+
+
+def test_a_turns_sub_cgroups_are_bounded_and_removed_with_it() -> None:
+    """Issue 41.7: a turn that makes sub-cgroups (3,000 made every later rmdir fail with EBUSY)
+    gets at most TURN_DESCENDANTS of them, TURN_DEPTH deep, and they go with its cgroup."""
+    from supervisor.procs.cgroup import TURN_DEPTH, TURN_DESCENDANTS
+
+    if MISSING is not None:
+        pytest.skip(f"no writable cgroup v2: {MISSING}")
+    root = CgroupRoot(cgroup2_base(), "test-" + os.urandom(4).hex())
+    root.setup()
+    try:
+        cgroup = root.create("t1")
+        made, refused = 0, None
+        for i in range(TURN_DESCENDANTS + 5):
+            try:
+                (Path(cgroup.path) / f"s{i}").mkdir()
+                made += 1
+            except OSError as exc:
+                refused = exc.errno
+                break
+        assert made == TURN_DESCENDANTS and refused == errno.EAGAIN
+        for i in range(1, made):
+            (Path(cgroup.path) / f"s{i}").rmdir()
+        deep, depth = Path(cgroup.path) / "s0", 1
+        with pytest.raises(OSError) as too_deep:
+            while depth <= TURN_DEPTH:
+                deep = deep / f"d{depth}"
+                deep.mkdir()
+                depth += 1
+        assert depth == TURN_DEPTH and too_deep.value.errno == errno.EAGAIN
+        for i in range(1, made - TURN_DEPTH + 1):  # a wide tree beside the deep one: all of it goes
+            (Path(cgroup.path) / f"w{i}").mkdir()
+        assert cgroup.remove() and not Path(cgroup.path).exists()
+    finally:
+        root.close()
+    assert not root.path.exists()
+
+
+CGROUP_MAKER = r"""
+import json, os, subprocess, sys
+mount = next(l.split()[4] for l in open("/proc/self/mountinfo") if " - cgroup2 " in l)
+own = mount + open("/proc/self/cgroup").read().split("0::", 1)[1].strip()
+made = 0
+for i in range(200):
+    try:
+        os.mkdir(os.path.join(own, f"s{i}"))
+        made += 1
+    except OSError:
+        break
+# A process of the turn in a sub-cgroup of its own, still running at the end of the turn.
+child = subprocess.Popen(["sleep", "300"])
+with open(os.path.join(own, "s0", "cgroup.procs"), "w") as fh:
+    fh.write(str(child.pid))
+print(json.dumps({"type": "result", "text": f"made {made}"}), flush=True)
+"""
+
+
+def test_a_turns_sub_cgroups_do_not_outlive_it(short_tmp: Path) -> None:
+    """A hostile agent (no sandbox, which would keep it off the cgroup file system) makes all the
+    sub-cgroups it can and leaves a process in one: it gets 32, the turn's end kills that
+    process and removes every one, and the next turn runs and is removed the same way."""
+    if MISSING is not None:
+        pytest.skip(f"no writable cgroup v2: {MISSING}")
+    config = f"""
+[server]
+socket = "corral.sock"
+sandbox = "off"
+[store]
+path = "corral.db"
+[agents.maker]
+adapter = "generic"
+command = [{json.dumps(PYTHON)}, "-c", {json.dumps(CGROUP_MAKER)}]
+"""
+    daemon = DaemonProcess(short_tmp, config)
+    try:
+        for _ in range(2):
+            assert daemon.cli("send", "c", "go").returncode == 0
+            assert daemon.cli("wait", "c", "--timeout", "60").returncode == 0
+        texts = [json.loads(line)["text"] for line in daemon.cli("tail", "c", "--json").stdout.splitlines()]
+        assert texts.count("made 32") == 2, texts
+        said = next(line for line in daemon.log if "kill mechanism: cgroup, turns in " in line)
+        subtree = Path(said.split("turns in ", 1)[1].split(" (limits", 1)[0])
+        assert [p.name for p in subtree.iterdir() if p.is_dir()] == []  # every turn's cgroup is gone
+        assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]]
+    finally:
+        assert daemon.stop() == 0
+    assert not any("cannot remove cgroup" in line for line in daemon.log), daemon.log
+
+
+def test_a_spawn_the_kernel_refuses_says_the_real_cause_not_install_it(tmp_path: Path) -> None:
+    """EAGAIN from fork (the user's process limit, used up by another turn's burst) is not a
+    missing program: the error says so, and its fix is not "install it"."""
+    from supervisor.turns.base import start_failure
+
+    agent = make_config(tmp_path).agents["demo"]
+    said = start_failure(agent, BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN)))
+    assert "install it" not in said and "process limit" in said and "pids_max" in said
+    missing = start_failure(agent, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "/nope/cli"))
+    assert "/nope/cli" in missing and "install it" in missing  # a missing program: as before
+
+
+def test_every_agent_has_memory_and_pids_limits_by_default(tmp_path: Path) -> None:
+    """Issue 41.7: a turn is bounded unless its config lifts the bound (``"max"``)."""
+    config = parse_config({"defaults": {"agent": "a"}, "agents": {"a": {"adapter": "demo"},
+                                      "b": {"adapter": "demo", "memory_max": "max", "pids_max": "max"}}},
+                          base=tmp_path)
+    assert config.agents["a"].cgroup_limits == {"memory_max": "4G", "pids_max": 4096}
+    assert config.agents["b"].cgroup_limits == {"memory_max": None, "pids_max": None}

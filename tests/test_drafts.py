@@ -107,7 +107,7 @@ def test_tail_on_a_terminal_rewrites_the_draft_line_then_clears_it_for_the_entry
     assert first.startswith("\r\x1b[2K") and "writing" in first and first.endswith("one ⏎ two")
     assert "\n" not in first
     saved = view.entry(_entry("one\ntwo", "t.1"))
-    assert saved.startswith("\r\x1b[2K") and saved.endswith("one\ntwo\n")
+    assert saved.startswith("\r\x1b[2K") and saved.endswith("one\n    two\n")  # continuation indented
     assert not view.entry(_entry("next", None)).startswith("\r")
 
 

@@ -303,3 +303,17 @@ async def test_a_run_is_one_entry_and_shown_when_the_agent_goes_quiet(short_tmp:
             assert await sup.wait_idle("c")
         messages = [e.text for e in await sup.entries("c", after=accepted.seq) if e.kind == "message"]
     assert messages == ["first line\nsecond line", "after the wait\nand its second line"]
+
+
+@pytest.mark.parametrize("depth", [100_000, 5_000])
+def test_a_line_nested_deeper_than_python_recurses_is_text_not_an_internal_error(depth: int) -> None:
+    """Issue 41.11: such a line raised RecursionError past the parser and ended the turn with
+    "Internal error in corral"; it is the agent's text."""
+    line = '{"type": "tool", "name": "x", "input": ' + "[" * depth + "]" * depth + "}"
+    assert feed(line) == [Text(line, delta=True)]
+
+
+def test_a_deep_line_python_can_still_read_is_parsed_as_before() -> None:
+    line = '{"type": "tool", "name": "x", "input": ' + "[" * 50 + "]" * 50 + "}"
+    [event] = feed(line)
+    assert isinstance(event, ToolUse) and event.name == "x"

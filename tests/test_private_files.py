@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from conftest import CORRAL, PYTHON, SUPERVISOR_PIDS, make_config, script_agent
 
@@ -140,6 +139,20 @@ def test_without_corral_an_agent_of_the_same_user_can_read_its_parents_environme
     assert json.loads(out.stdout)["text"] == "read", out
 
 
+CLIENT = """
+import json, sys
+import httpx
+transport = httpx.HTTPTransport(uds=sys.argv[1])
+slow = float(sys.argv[2])
+with httpx.Client(transport=transport, base_url="http://corral", timeout=slow) as http:
+    sent = http.post("/v1/channels/c/messages", json={"text": "peek"})
+    idle = http.post("/v1/channels/c/wait", params={"timeout": slow}).json().get("idle")
+    entries = http.get("/v1/channels/c/entries").json().get("entries", sent.text)
+    http.post("/v1/shutdown")
+print(json.dumps([sent.status_code, idle, entries]))
+"""
+
+
 def test_an_agent_cannot_read_the_daemons_environment(short_tmp: Path, unprivileged: list[str]) -> None:
     folder = short_tmp
     (folder / "corral.toml").write_text(
@@ -162,14 +175,16 @@ def test_an_agent_cannot_read_the_daemons_environment(short_tmp: Path, unprivile
             assert line and time.monotonic() < deadline, "".join(log)
         status = Path(f"/proc/{proc.pid}/status").read_text()
         assert "\nUmask:\t0077\n" in status
-        transport = httpx.HTTPTransport(uds=str(folder / "corral.sock"))
-        with httpx.Client(transport=transport, base_url="http://corral", timeout=SLOW) as http:
-            assert http.post("/v1/channels/c/messages", json={"text": "peek"}).status_code == 202
-            assert http.post("/v1/channels/c/wait", params={"timeout": SLOW}).json()["idle"]
-            entries = http.get("/v1/channels/c/entries").json()["entries"]
-            answers = [e["text"] for e in entries if e["author"] == "agent:peek"]
-            assert answers == ["denied: Permission denied"], entries
-            http.post("/v1/shutdown")
+        # The client runs with the daemon's own credentials, as an operator of its user does: a
+        # client with capabilities the daemon lacks has a /proc the daemon cannot read, and the
+        # control socket refuses a peer it cannot identify (it fails closed).
+        client = subprocess.run([*unprivileged, PYTHON, "-c", CLIENT, str(folder / "corral.sock"), str(SLOW)],
+                                capture_output=True, text=True, timeout=SLOW * 3, check=False)
+        assert client.returncode == 0, client.stderr
+        sent, idle, entries = json.loads(client.stdout)
+        assert sent == 202 and idle, entries
+        answers = [e["text"] for e in entries if e["author"] == "agent:peek"]
+        assert answers == ["denied: Permission denied"], entries
         assert proc.wait(timeout=SLOW) == 0
         state = folder / "corral.d"
         for path in (state, *state.rglob("*")):
@@ -206,8 +221,8 @@ async def test_an_acp_agents_home_and_files_are_written_as_a_turns_are(short_tmp
     """An ACP agent's HOME, TMPDIR and launch files go through the same path as a per-turn CLI's:
     looser folders and files corral left are tightened, and a symlink planted where a file goes
     is not followed (an agent could plant one in its own HOME, aimed at corral's files)."""
-    from supervisor.turns.agents import open_acp_agent
     from adapters._base import Launch
+    from supervisor.turns.agents import open_acp_agent
 
     fake = str(Path(__file__).parent / "fakes" / "fake_acp.py")
     state = short_tmp / "corral.d"

@@ -209,6 +209,8 @@ def attempts(
         # there: the probe script and the venv's python): nothing else of the host's /tmp.
         ("the host's /tmp", "list", "/tmp", (tmp_listing(rig.folder, PROBE, PYTHON),)),
         ("write its private /tmp", "write", "/tmp/corral-escape-probe.txt", "ok"),
+        # Its private /tmp has a size (issue 41.7): not half the RAM.
+        ("its /tmp's size", "statvfs", "/tmp", f"ok:{1 << 30}"),
         ("mkdir in the state folder", "mkdir", str(rig.state / "home" / "victim"), "EROFS"),
         ("symlink to the store", "symlink-read", [str(a_cwd / "link"), str(rig.folder / "corral.db")], "EACCES"),
         # the control socket
@@ -402,6 +404,29 @@ def test_the_control_socket_refuses_a_turns_processes_even_without_the_sandbox(s
     assert len(refusals) == 1, refusals  # once per turn
 
 
+def test_a_peer_that_exits_before_its_check_is_refused_not_served(short_tmp: Path) -> None:
+    """The race on the second wall (issue 41.6): a turn's process connects, forks and exits; once
+    it is reaped its child posts into another channel as the human on that connection. Corral
+    cannot read the peer's /proc any more, and refuses it (before, facts it could not read
+    counted as "not a turn"). Checked from outside: nothing reached channel B; the operator's
+    own client is served (the positive control)."""
+    rig = Rig(short_tmp, daemon_config(short_tmp, sandbox="off", cgroup="off"))
+    try:
+        sock = str(short_tmp / "corral.sock")
+        tries = [[f"orphan {n}", "http-unix-orphan", [sock, "B"]] for n in range(3)]
+        seq = rig.json("send", "A", json.dumps(tries))["seq"]
+        assert rig.daemon.cli("wait", "A", "--timeout", "60").returncode == 0
+        answer = next(e for e in rig.entries("A") if e["seq"] > seq and e["text"].startswith("{"))
+        got = json.loads(answer["text"])
+        for name, _, _ in tries:
+            assert got[name].startswith("http:403:"), got
+            assert ('"peer_unknown"' in got[name] or '"turn_process"' in got[name]), got
+        assert not [e for e in rig.entries("B") if "forged by an orphan" in e["text"]]
+        assert rig.json("send", "B", "from the operator", "--agent", "victim")["seq"] > seq  # served
+    finally:
+        rig.close()
+
+
 def _fake_bwrap(folder: Path, error: str) -> Path:
     """A bwrap that fails as one the kernel refuses namespaces to would."""
     fake_bin = folder / "bin"
@@ -543,7 +568,9 @@ def test_bwrap_args_put_deeper_rules_on_top_and_hide_read_only() -> None:
     assert "--unshare-net" in args and "--unshare-pid" in args and args[-2:] == ["--chdir", "/srv/work"]
     remounts = [args[i + 1] for i, word in enumerate(args) if word == "--remount-ro"]
     assert remounts == ["/srv/work/corral.d", "/state"]  # hidden folders; the private /tmp stays writable
-    assert args[args.index("/tmp") - 3: args.index("/tmp")] == ["--perms", "1777", "--tmpfs"]
+    assert args[args.index("/tmp") - 5: args.index("/tmp")] == ["--perms", "1777", "--size", str(1 << 30), "--tmpfs"]
+    # The writable tmpfs has a size (issue 41.7): it does not take half the RAM.
+    assert args[args.index("/tmp") - 3] == "--size"
     # An installation folder is put back read-only, unless a grant already makes it writable.
     both = bwrap_args(Reach(cwd="/tmp/t", writable=("/tmp/t",), readable=("/tmp/t", "/tmp/agent")))
     pairs = list(itertools.pairwise(both))

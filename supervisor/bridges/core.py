@@ -204,6 +204,9 @@ class Post:
     channel: str | None = None
     seq: int | None = None
     """The entry it shows (the runner's cursor moves past it once posted)."""
+    speaker: str | None = None
+    """Who ``text`` is from, where it starts ``"speaker: "`` (an agent without a user of its
+    own, a human relayed): a platform that posts each line apart (IRC) names them on each."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,16 +654,17 @@ class BridgeCore:
                     return [Edit(room, f"{key}e", self._drafts.pop(draft), clip(text), agent=self._as(agent),
                                  turn=turn, final=True, seq=seq)]
                 parts = split_text(self._prefixed(agent, text))
+                speaker = None if agent in self.agent_users else agent
                 return [
                     Post(room, key if i == 0 else f"{key}p{i}", part, agent=self._as(agent), turn=turn,
-                         channel=channel, seq=seq)
+                         channel=channel, seq=seq, speaker=speaker)
                     for i, part in enumerate(parts)
                 ]
             origin = meta.get("origin")
             if isinstance(origin, str) and origin.startswith(f"{self.name}:"):
                 return []  # it came from a room of this bridge: members saw it there
             who = author.removeprefix("human:") if author.startswith("human:") else author
-            return [Post(room, key, clip(f"{who}: {text}"), notice=True, channel=channel, seq=seq)]
+            return [Post(room, key, clip(f"{who}: {text}"), notice=True, channel=channel, seq=seq, speaker=who)]
         if kind == "error":
             return [Post(room, key, clip(f"⚠ {text}"), notice=True, turn=turn, channel=channel, seq=seq)]
         if kind == "todos":

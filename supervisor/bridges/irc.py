@@ -9,7 +9,8 @@ reactions. What follows from that:
   bridge was away is not seen (IRC has no backlog).
 * **Posts** are at most once (the room's cursor moves before the line is written: a crash
   between loses a line rather than repeating it). Long text is split into lines of at most
-  400 bytes; an agent speaks as ``name: text`` through the bridge's nick.
+  400 bytes; an agent speaks as ``name: text`` through the bridge's nick, its name on every
+  line (a bare second line could pass for a relayed human's), and its controls made visible.
 * **No edits, no reactions**: drafts are not shown (the saved message is posted), status
   lines are posted once per turn (``verbose``: each one), and Stop is ``!stop`` only.
 * **Who**: a sender is ``nick!user@host``; allowlists match it exactly or as a glob
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ..core.text import shown
 from .core import Edit, Inbound, Post, React, Said, Unreadable, safe
 from .platform import Batch, Refused, Transient
 
@@ -42,12 +44,14 @@ BURST = 5
 PACE = 0.3
 
 
-def split_lines(text: str) -> list[str]:
+def split_lines(text: str, budget: int = LINE_BYTES) -> list[str]:
+    """``text`` as PRIVMSG lines of at most ``budget`` bytes, controls made visible (an agent's
+    ``\\x01`` would start a CTCP request in every client, ``\\x03`` recolour the room)."""
     out: list[str] = []
-    for line in safe(text).replace("\r", "").split("\n"):
+    for line in shown(safe(text).replace("\r", ""), indent=None).split("\n"):
         raw = line.encode("utf-8")
-        while len(raw) > LINE_BYTES:
-            cut = raw[:LINE_BYTES].decode("utf-8", errors="ignore")
+        while len(raw) > budget:
+            cut = raw[:budget].decode("utf-8", errors="ignore")
             out.append(cut)
             raw = raw[len(cut.encode("utf-8")):]
         out.append(raw.decode("utf-8"))
@@ -174,8 +178,11 @@ class IrcPlatform:
 
     async def post(self, op: Post) -> str:
         command = "NOTICE" if op.notice else "PRIVMSG"
-        for line in split_lines(op.text):
-            await self._write(f"{command} {op.room} :{line}", paced=True)
+        # Each line names its author: a bare second line could pass for someone else's message.
+        head = f"{op.speaker}: " if op.speaker else ""
+        text = op.text.removeprefix(head)
+        for line in split_lines(text, LINE_BYTES - len(head.encode("utf-8"))):
+            await self._write(f"{command} {op.room} :{head}{line}", paced=True)
         return f"{self.connection}.out.{op.key}"
 
     async def edit(self, op: Edit, target: str) -> str:

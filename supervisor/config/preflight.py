@@ -51,6 +51,30 @@ def preflight(config: Config) -> list[Problem]:
     return problems
 
 
+def notes(config: Config) -> list[str]:
+    """What ``corral check`` tells about a valid config that an operator must know (not problems)."""
+    out = []
+    store_dir = Path(os.path.realpath(config.store_path.parent)) if config.store_url is None else None
+    for agent in config.agents.values():
+        granted = [g for g in agent.sandbox_write if store_dir is not None and
+                   (store_dir == Path(os.path.realpath(g)) or Path(os.path.realpath(g)) in store_dir.parents)]
+        if granted:
+            out.append(
+                f"agents.{agent.name}.sandbox_write: {granted[0]} holds the store's folder {store_dir}: the "
+                "sandbox covers the store's files, and a journal planted beside them is moved aside unread "
+                "at the next start; without the sandbox the agent could write the store itself. Keep the "
+                "store in a folder of its own for a wall that needs neither"
+            )
+        if agent.cwd is not None:
+            out.append(
+                f"agents.{agent.name}.cwd: {agent.cwd} is shared by every channel {agent.name} serves: a turn "
+                "in one channel reads and changes what a turn in another wrote there, and turns of two "
+                "channels may run in it at once (each keeps its own HOME and TMPDIR). Remove cwd for a "
+                "folder per channel"
+            )
+    return out
+
+
 #: How long ``corral check`` waits for the PostgreSQL server to answer.
 CONNECT_TIMEOUT = 5
 
@@ -126,8 +150,12 @@ def _store(file: str, path: Path) -> list[Problem]:
         return []  # an empty file becomes a new store
     if header != _SQLITE_HEADER:
         return [Problem(file, "store.path", f"{path} is not a database (damaged, or another kind of file)", fix)]
+    # A rollback journal beside a WAL store is not corral's: a read-only open would refuse to
+    # replay it and call the store damaged, and `corral run` moves it aside unread (the store
+    # engine's quarantine), so the catalog is read from the file alone.
+    planted = os.path.lexists(f"{path}-journal")
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{'&immutable=1' if planted else ''}", uri=True)
         try:
             tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:

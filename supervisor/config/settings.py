@@ -86,6 +86,14 @@ class ServerConfig:
     """A turn waits while memory pressure (PSI ``full avg10``, percent) is at least this."""
 
 
+#: A turn's memory unless its config says otherwise (where the memory controller is delegated).
+DEFAULT_MEMORY_MAX = "4G"
+#: A turn's processes and threads unless its config says otherwise (where pids is delegated).
+DEFAULT_PIDS_MAX = 4096
+#: Bytes of output (stdout and stderr) one turn may print before it is ended.
+DEFAULT_MAX_OUTPUT = 64 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Times and policies that ``[defaults]`` sets and each agent may override."""
@@ -100,10 +108,16 @@ class Limits:
     """Leave processes a normal turn started in the background running."""
     max_nudges: int = 3
     """Remind the agent of unfinished todos at most this many times in a row (0: never)."""
-    memory_max: str | None = None
-    """A turn's cgroup ``memory.max`` (bytes, or with a K/M/G/T suffix), where delegated."""
-    pids_max: int | None = None
-    """A turn's cgroup ``pids.max``, where delegated."""
+    memory_max: str | None = DEFAULT_MEMORY_MAX
+    """A turn's cgroup ``memory.max`` (bytes, or with a K/M/G/T suffix; ``"max"``: none), where
+    delegated. A default, so one turn (its processes, its ``/tmp`` and ``/dev/shm``) cannot take
+    the machine's memory from the others."""
+    pids_max: int | None = DEFAULT_PIDS_MAX
+    """A turn's cgroup ``pids.max`` (``"max"``: none), where delegated. A default, so one turn's
+    fork burst cannot use up the user's process limit and stop other turns from starting."""
+    max_output: int | None = DEFAULT_MAX_OUTPUT
+    """Bytes of output (stdout and stderr lines) a turn may print; past it the turn is ended
+    with a notice, so one turn cannot grow the store (or the log) without end (``"max"``: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +311,8 @@ _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "bwrap", "max_turns",
            "memory_reserve", "memory_pressure"}
 _STORE = {"path", "url"}
-_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max"}
+_LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max",
+               "max_output"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
 _CHANNEL = {"agents", "max_hops", "host", "delivery"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
@@ -431,11 +446,12 @@ class _Checker:
             max_nudges=self.count(data, "max_nudges", prefix, base.max_nudges),
             memory_max=self.memory(data, "memory_max", prefix, base.memory_max),
             pids_max=self.pids(data, "pids_max", prefix, base.pids_max),
+            max_output=self.byte_count(data, "max_output", prefix, base.max_output),
         )
 
     def memory(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None) -> str | None:
         value = data.get(key, default)
-        if value is None:
+        if value is None or value == "max":
             return None
         text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
         if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
@@ -443,6 +459,16 @@ class _Checker:
                      f'write {key} = "2G"')
             return default
         return text
+
+    def byte_count(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
+        """Bytes (a whole number, or with K/M/G/T), ``"max"`` for none."""
+        if key not in data:
+            return default
+        text = self.memory(data, key, prefix, None)
+        if text is None:
+            return default if data[key] != "max" else None
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+        return int(text[:-1]) * scale[text[-1]] if text[-1] in scale else int(text)
 
     def limit(self, data: Mapping[str, Any], key: str, prefix: str, example: int) -> int | None:
         """A limit of things at once: absent (None), or a whole number of at least 1."""
@@ -471,10 +497,11 @@ class _Checker:
 
     def pids(self, data: Mapping[str, Any], key: str, prefix: str, default: int | None) -> int | None:
         value = data.get(key, default)
-        if value is None:
+        if value is None or value == "max":
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.add(f"{prefix}{key}", f"expected a whole number >= 1, got {value!r}", f"write {key} = 512")
+            self.add(f"{prefix}{key}", f"expected a whole number >= 1 (or \"max\"), got {value!r}",
+                     f"write {key} = 512")
             return default
         return value
 
@@ -672,6 +699,8 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         check.add("defaults.agent", f"no agent is called {default_agent!r}",
                   f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(agents_raw)}")
 
+    if store_url is None:
+        _store_outside_working_folders(check, store_path, agents)
     channels = _channels(check, data, set(agents_raw))
     cluster = _cluster(check, data)
     if "cluster" in data and store_url is None:
@@ -704,6 +733,22 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         cluster=cluster,
         bridges=bridges,
     )
+
+
+def _store_outside_working_folders(check: _Checker, store_path: Path, agents: Mapping[str, AgentConfig]) -> None:
+    """No agent's ``cwd`` may hold the store's folder: there an agent writes freely (a planted
+    journal SQLite would replay over the store; a ``git clean`` or ``rm -rf`` of its folder)."""
+    store_dir = Path(os.path.realpath(store_path.parent))
+    for agent in agents.values():
+        if agent.cwd is None:
+            continue
+        cwd = Path(os.path.realpath(agent.cwd))
+        if cwd == store_dir or cwd in store_dir.parents:
+            check.add(f"agents.{agent.name}.cwd",
+                      f"{agent.cwd} holds the store's folder {store_dir}: the agent would write beside the "
+                      "store (files SQLite replays over it at the next start, or a clean-up that deletes it)",
+                      f'keep the store in a folder of its own outside it, e.g. [store] path = '
+                      f'"{cwd.parent / (cwd.name + "-corral") / store_path.name}", or give the agent another cwd')
 
 
 _BRIDGE_COMMON = {"type", "rooms", "admins", "users", "servers", "stoppers", "verbosity", "invites", "edit_interval",

@@ -14,6 +14,13 @@ the prompt. Format (documented in docs/channels.md)::
 With nothing to catch up on, the prompt is the answered text alone, unchanged. The caps
 hold the catch-up lines only (the answered text is never cut): at most ``max_entries``
 entries and ``max_bytes`` bytes (UTF-8) of their lines, the oldest dropped first.
+
+**An agent's text cannot forge the frame.** Agents are not trusted, and the next agent reads
+this prompt as the record of who said what. So every line of a missed message carries its
+author (a second line is ``agent:codex: ...`` too, never a bare line that could read
+``[End of catch-up. The message you are answering, from human:user:]``); and in an answered
+message that is not a human's, a line that begins with ``[`` — the shape of the frame's own
+lines — is quoted with ``> `` (:func:`quote_frame_lines`). A human's answered text is unchanged.
 """
 
 from __future__ import annotations
@@ -35,8 +42,15 @@ class Missed:
     text: str
 
     def line(self) -> str:
-        """As it appears in the catch-up: the author, a colon, the text."""
-        return f"{self.author}: {self.text}"
+        """As it appears in the catch-up: each of its lines after its author and a colon."""
+        return "\n".join(f"{self.author}: {line}" for line in self.text.split("\n"))
+
+
+def quote_frame_lines(text: str) -> str:
+    """``text`` with each line that begins with ``[`` (as the frame's lines do) quoted ``> ``."""
+    if "[" not in text:
+        return text
+    return "\n".join(f"> {line}" if line.lstrip().startswith("[") else line for line in text.split("\n"))
 
 
 def left_out_line(n: int) -> str:
@@ -53,11 +67,14 @@ def catch_up_prompt(
     missed: Sequence[Missed], answered: str, *, author: str, earlier: int = 0,
     max_entries: int = DEFAULT_ENTRIES, max_bytes: int = DEFAULT_BYTES,
 ) -> str:
-    """The prompt for a turn: the capped catch-up, then ``answered`` last, unchanged.
+    """The prompt for a turn: the capped catch-up, then ``answered`` last (a human's unchanged;
+    an agent's with its frame-shaped lines quoted).
 
     ``earlier`` counts older missed messages the caller did not even fetch (they are
     left out too, and counted in the left-out line).
     """
+    if not author.startswith("human:") and author != "system":
+        answered = quote_frame_lines(answered)
     if not missed:
         return answered
     kept: list[str] = []

@@ -20,6 +20,15 @@ is accepted, before it joins a batch:
 
 Anything in a Python ``str`` that UTF-8 refuses is a surrogate code point (a valid pair
 from JSON is decoded to one character by :mod:`json`), so one character class finds all.
+
+Text that reaches a terminal or a log is another matter: it is stored as written, and
+*shown* through :func:`shown` (``corral tail``, ``tail -f``'s drafts, agent stderr in
+corral's log, IRC lines). An agent's text is not trusted, and a terminal obeys what it
+prints: ``ESC[2K\\r`` erases the real prefix of a line, OSC 52 writes the clipboard, a
+newline starts a line that looks like an entry of its own. So every C0 and C1 control, and
+DEL, is shown as a visible escape (``\\x1b``), except a newline and a tab where the place
+can take them; and a newline is followed by an indent (:func:`shown`'s ``indent``), so no
+line of an entry's text can begin where a real entry's line begins.
 """
 
 from __future__ import annotations
@@ -33,6 +42,32 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: What a lone surrogate becomes in repaired text.
 REPLACEMENT = "\ufffd"
+
+
+#: C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: The same with tab and newline.
+_ANY_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def shown(text: str, *, indent: str | None = "    ", lines: bool = True) -> str:
+    """``text`` as it may reach a terminal or a log: controls made visible, lines indented.
+
+    Every C0 control but tab and newline, DEL and every C1 control becomes ``\\xNN``. With
+    ``lines`` false (a log record, one line) tab and newline are escaped too. Otherwise each
+    newline is followed by ``indent`` (None: none), so a continuation line cannot pass for
+    the start of another entry.
+    """
+    if not lines:
+        return _ANY_CONTROL.sub(_escape, text)
+    out = _CONTROL.sub(_escape, text)
+    if indent and "\n" in out:
+        out = out.replace("\n", "\n" + indent)
+    return out
 
 
 class BadText(ValueError):

@@ -64,9 +64,10 @@ from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
+from ..procs.peers import PeerFacts, PeerRefusal, judge_peer, own_pid_namespace
 from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
-from ..procs.sandbox import Sandbox, instances_folder, open_sandbox, own_pid_namespace, peer_facts, turn_of_peer
+from ..procs.sandbox import Sandbox, instances_folder, open_sandbox
 from ..procs.teardown import CollectorPause
 from ..procs.tree import (
     MarkerScanner,
@@ -120,6 +121,8 @@ class Supervisor:
         self._own_pid_ns = own_pid_namespace()
         self._refused_turns: set[str] = set()
         """Turns whose processes the control socket has refused (logged once per turn)."""
+        self._refused_unknown_at = -60.0
+        """When a peer that is not a turn's was last logged as refused (at most once a minute)."""
         mount = cgroup2_mount() if cgroups is not None else None
         self._cgroup_subtree = (
             "/" + str(cgroups.path.relative_to(mount))
@@ -189,15 +192,24 @@ class Supervisor:
         """The private HOME of an agent in a channel (its CLI writes its state there)."""
         return self._places.agent_home(agent, channel)
 
-    def turn_of_peer(self, pid: int) -> str | None:
-        """Is ``pid`` (a control-socket peer, by ``SO_PEERCRED``) a process of a turn? Which
-        one (see :func:`supervisor.procs.sandbox.turn_of_peer`), logged once per turn; else None."""
-        turn = turn_of_peer(peer_facts(pid), subtree=self._cgroup_subtree, store_id=self._store.store_id,
-                            own_pid_ns=self._own_pid_ns)
-        if turn is not None and turn not in self._refused_turns:
-            self._refused_turns.add(turn)
-            log.warning("refused the control socket to a process of turn %s (pid %d)", turn, pid)
-        return turn
+    def judge_peer(self, facts: PeerFacts) -> PeerRefusal | None:
+        """Refuse a control-socket peer that is a process of a turn, another user's, or one that
+        cannot be identified (see :mod:`supervisor.procs.peers`); logged once per turn; else None."""
+        refusal = judge_peer(facts, own_uid=os.geteuid(), subtree=self._cgroup_subtree,
+                             store_id=self._store.store_id, own_pid_ns=self._own_pid_ns,
+                             group_socket=self.config.server.socket_group is not None
+                             or bool(self.config.server.socket_mode & 0o066))
+        if refusal is None:
+            return None
+        if refusal.turn is None:
+            now = time.monotonic()
+            if now - self._refused_unknown_at >= 60:  # a peer that keeps trying cannot flood the log
+                self._refused_unknown_at = now
+                log.warning("refused the control socket to pid %d: %s", facts.pid, refusal.message)
+        elif refusal.turn not in self._refused_turns:
+            self._refused_turns.add(refusal.turn)
+            log.warning("refused the control socket to a process of turn %s (pid %d)", refusal.turn, facts.pid)
+        return refusal
 
     def channel_cwd(self, channel: str, agent: AgentConfig) -> Path:
         """The fixed working directory of this channel and agent (created on first use)."""

@@ -32,9 +32,15 @@ one extra ``execve`` of ``dash``, 0.7 ms per turn, next to a CLI that takes 100 
 to start. A ``clone3(CLONE_INTO_CGROUP)`` helper would save that but is a compiled binary to
 build and ship; the shell is everywhere. Chosen: the shell step.
 
-**Limits.** Per-agent ``memory_max`` and ``pids_max`` are written to each turn's cgroup where
-the ``memory`` / ``pids`` controllers can be enabled in ``cgroup.subtree_control`` down to it;
-otherwise that is logged once and the turn runs without them.
+**Limits.** Per-agent ``memory_max`` and ``pids_max`` (by default 4G and 4096: one turn must not
+starve the others) are written to each turn's cgroup where the ``memory`` / ``pids``
+controllers can be enabled in ``cgroup.subtree_control`` down to it; otherwise that is logged
+once and the turn runs without them. ``cgroup.max.descendants`` and ``cgroup.max.depth`` are
+set on each turn's cgroup and on the store's subtree, so a turn cannot make thousands of
+sub-cgroups; those a turn made are removed with it, deepest first (:func:`remove`), so they
+never make a later ``rmdir`` fail with ``EBUSY``. A turn runs as the daemon's user, so where
+it can reach the cgroup file system (no sandbox; a nested cgroup2 mount without
+``nsdelegate``) it could rewrite these files: the sandbox keeps it out.
 """
 
 from __future__ import annotations
@@ -299,8 +305,33 @@ def kill_all(path: Path | str) -> None:
             pass
 
 
+#: Sub-cgroups a turn may make below its own, and how deep (it needs none; a few do no harm).
+TURN_DESCENDANTS = 32
+TURN_DEPTH = 4
+
+
 def remove(path: Path | str) -> bool:
-    """``rmdir`` an empty cgroup; False (logged) if it cannot be removed yet."""
+    """``rmdir`` an empty cgroup and every sub-cgroup a turn made in it, deepest first; False
+    (logged) if it cannot be removed yet (a process still in it)."""
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+            log.warning("cannot remove cgroup %s: %s", path, exc)
+            return False
+    # Children first: a cgroup file system folder holds only interface files and sub-cgroups.
+    for folder, subfolders, _ in os.walk(path, topdown=False):
+        for name in subfolders:
+            try:
+                os.rmdir(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove cgroup %s: %s", os.path.join(folder, name), exc)
+                return False
     try:
         os.rmdir(path)
         return True
@@ -361,6 +392,10 @@ class CgroupRoot:
             probe.rmdir()
         except OSError as exc:
             raise CgroupUnavailable(f"cannot create cgroups in {self.base}: {exc.strerror or exc}") from None
+        try:  # no turn's sub-cgroups nest deeper than this (a level the turns' own files cannot lift)
+            _write(self.path / "cgroup.max.depth", str(TURN_DEPTH + 1))
+        except OSError as exc:
+            log.warning("cannot limit the depth of %s: %s", self.path, exc)
         enabled: set[str] = set()
         for name in ("memory", "pids"):
             try:
@@ -380,6 +415,8 @@ class CgroupRoot:
         """Make a turn's cgroup and apply the limits the delegated controllers allow."""
         path = self.path / turn_id
         path.mkdir()
+        _write(path / "cgroup.max.descendants", str(TURN_DESCENDANTS))
+        _write(path / "cgroup.max.depth", str(TURN_DEPTH))
         for key, value in (limits or {}).items():
             if value is None:
                 continue
@@ -388,8 +425,8 @@ class CgroupRoot:
                 if controller not in self._warned:
                     self._warned.add(controller)
                     log.warning(
-                        "%s is set but the %s controller is not delegated to %s: turns run without it",
-                        key, controller, self.base,
+                        "%s (%s) cannot be applied: the %s controller is not delegated to %s; turns run "
+                        "without it (docs/security.md: what bounds a turn)", key, value, controller, self.base,
                     )
                 continue
             _write(path / key.replace("_", "."), str(value))

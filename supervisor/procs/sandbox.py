@@ -57,7 +57,7 @@ which would cut the CLI's grace short; so :class:`~.tree.ProcessTree` sends a sa
 tree's interrupt to the processes inside it, not to the leader (see ``interrupt`` there).
 
 The control socket is not in the sandbox's view, and as a second wall it refuses any peer
-that is a process of a turn (:func:`turn_of_peer`: its cgroup, its pid namespace, its marker).
+that is a process of a turn (:mod:`.peers`: its cgroup, its pid namespace, its marker).
 
 Where the kernel or the machine lacks what this needs, :func:`probe` says exactly what is
 missing and how to fix it; ``[server] sandbox = "auto"`` then runs turns without it and says
@@ -134,6 +134,11 @@ PRIVATE_DIRS = ("/tmp",)
 OUT_OF_SIGHT = ("/home", "/root", "/run/user", "/media", "/mnt", "/run/screen", "/var/run/screen")
 #: Sockets out of every turn's reach: Docker's daemon (root on the host, to whoever connects).
 HIDDEN_SOCKETS = ("/run/docker.sock", "/var/run/docker.sock")
+#: Bytes of a turn's private ``/tmp`` (a tmpfs without a size may take half the RAM; its pages
+#: are charged to the turn's cgroup, so ``memory_max`` bounds it too where delegated).
+PRIVATE_DIR_BYTES = 1 << 30
+#: (A hidden folder's tmpfs has no size: it is read-only once its mount points are made, and a
+#: size of 1 MiB there kept a real CLI, kilo, from opening its session.)
 #: Suffixes of the SQLite store's companions, next to the store itself.
 STORE_COMPANIONS = ("", "-wal", "-shm", "-journal", ".lock")
 #: Where util-linux's ``unshare`` may live besides PATH (a service's PATH may be bare).
@@ -218,7 +223,8 @@ def _ops(reach: Reach) -> list[tuple[int, int, str, str, list[str]]]:
     """Every mount of ``reach``: (depth, precedence, path, view, bwrap's words), unsorted."""
     ops: list[tuple[int, int, str, str, list[str]]] = []
     for path in reach.private_dirs:
-        ops.append((_depth(path), 0, path, "private", ["--perms", "1777", "--tmpfs", path]))
+        ops.append((_depth(path), 0, path, "private",
+                    ["--perms", "1777", "--size", str(PRIVATE_DIR_BYTES), "--tmpfs", path]))
     for path in reach.readable:
         if not any(_within(Path(path), Path(w)) for w in reach.writable):  # (a grant covers it)
             ops.append((_depth(path), -1, path, "read-only", ["--ro-bind", path, path]))
@@ -880,72 +886,3 @@ def open_sandbox(
     else:
         log.warning("%s", described["summary"])
     return sandbox
-
-
-
-# ------------------------------------------------------------------ whose peer is this
-
-
-@dataclass(frozen=True, slots=True)
-class PeerFacts:
-    """What ``/proc`` says of a peer process (gathered by :func:`peer_facts`)."""
-
-    cgroup: str | None
-    pid_ns: int | None
-    environ: Mapping[str, str]
-
-
-def peer_facts(pid: int) -> PeerFacts:
-    """Read a peer's cgroup, pid namespace and environment (each None/empty if unreadable)."""
-    cgroup = None
-    try:
-        with open(f"/proc/{pid}/cgroup", "rb") as fh:
-            for line in fh.read().decode(errors="replace").splitlines():
-                if line.startswith("0::"):
-                    cgroup = line[3:]
-    except OSError:
-        pass
-    try:
-        pid_ns: int | None = os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
-        pid_ns = None
-    env: dict[str, str] = {}
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            for item in fh.read().split(b"\0"):
-                key, sep, value = item.partition(b"=")
-                if sep and key.startswith(b"CORRAL_"):
-                    env[key.decode(errors="replace")] = value.decode(errors="replace")
-    except OSError:
-        pass
-    return PeerFacts(cgroup, pid_ns, env)
-
-
-def turn_of_peer(
-    facts: PeerFacts, *, subtree: str | None, store_id: str, own_pid_ns: int | None
-) -> str | None:
-    """Is the peer a process of one of this store's turns? Its turn (or ``"a turn"``), else None.
-
-    Three signs, any one enough: its cgroup is below the store's subtree (a process cannot
-    leave it: the cgroup file system is read-only in the sandbox); it lives in a pid
-    namespace other than the daemon's (every sandboxed process does; a client in a container
-    is not a turn, but it has no business on a 0600 socket either); or it carries the
-    store's marker (what an unsandboxed, uncontained turn still shows, unless it cleared it).
-    """
-    if subtree is not None and facts.cgroup is not None:
-        prefix = subtree.rstrip("/") + "/"
-        if facts.cgroup.startswith(prefix):
-            return facts.cgroup[len(prefix):].split("/", 1)[0] or "a turn"
-    if facts.environ.get("CORRAL_STORE") == store_id:
-        return facts.environ.get("CORRAL_TURN") or "a turn"
-    if own_pid_ns is not None and facts.pid_ns is not None and facts.pid_ns != own_pid_ns:
-        return facts.environ.get("CORRAL_TURN") or "a sandboxed process"
-    return None
-
-
-def own_pid_namespace() -> int | None:
-    """This process's pid namespace (its inode), if the kernel says."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None

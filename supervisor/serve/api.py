@@ -50,7 +50,7 @@ from ..core.results import DELIVERIES
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
 from ..store.store import Draft, StoreError
 from .dashboard import KEEPALIVE_SECONDS, Dashboard, Emit, is_page, last_event_id, sse_event, stream_events
-from .http import PEER_TURN
+from .http import PEER_REFUSAL
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render as render_metrics
 from .routes import MAX_SEQ, OPERATIONS, Operation, Param, author_of
@@ -272,12 +272,11 @@ class ControlAPI:
             await peer.respond(status, {"error": {"code": code, "message": message}})
 
     def _authorize(self, scope: Scope, method: str, parts: list[str]) -> None:
-        """The one auth site: never a turn's process; the bearer token, or a dashboard
+        """The one auth site: never a turn's process (nor a peer not identified); the bearer token, or a dashboard
         session (see :mod:`.dashauth`)."""
-        turn = scope.get("state", {}).get(PEER_TURN)
-        if turn is not None:
-            raise HTTPError(403, "turn_process",
-                            f"the control API refuses the processes of turns (this one is of turn {turn})")
+        refusal = scope.get("state", {}).get(PEER_REFUSAL)
+        if refusal is not None:
+            raise HTTPError(403, refusal.code, refusal.message)
         if self.token is None:
             return
         headers = dict(scope.get("headers", []))

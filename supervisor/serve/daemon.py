@@ -195,14 +195,14 @@ async def run_daemon(
                 # shutdown still answers its caller.
                 closed = trio.Event()
                 # Only the Unix socket knows its peer: the TCP listener's wall is its token.
-                for sock, app, peer_turn in (
-                    (unix_sock, ControlAPI(sup, shutdown=stopping.set), sup.turn_of_peer),
+                for sock, app, judge_peer in (
+                    (unix_sock, ControlAPI(sup, shutdown=stopping.set), sup.judge_peer),
                     (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token), None),
                 ):
                     if sock is not None:
                         await nursery.start(
                             partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS,
-                                    peer_turn=peer_turn)
+                                    judge_peer=judge_peer)
                         )
                 log.info(
                     "corral %d ready on %s%s%s; %d agent(s); %d channel(s) with queued messages restored",

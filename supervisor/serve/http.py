@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -26,6 +25,8 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
+
+from ..procs.peers import PeerFacts, PeerRefusal, read_peer
 
 log = logging.getLogger("corral.http")
 
@@ -38,15 +39,9 @@ RETRY_SECONDS = 0.5
 _serve_listeners = trio.serve_listeners
 
 
-#: The request scope's ``state`` key that names the turn a Unix-socket peer is a process of.
-PEER_TURN = "corral.peer_turn"
-
-
-def peer_pid(sock: trio.socket.SocketType) -> int:
-    """The pid of a Unix socket's peer, as the kernel recorded it at ``connect`` (0 if unknown)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, _, _ = struct.unpack("3i", creds)
-    return int(pid)
+#: The request scope's ``state`` key that holds why a Unix-socket peer is refused
+#: (a :class:`~supervisor.procs.peers.PeerRefusal`: a turn's process, or one not identified).
+PEER_REFUSAL = "corral.peer_refusal"
 
 
 def _hypercorn_config() -> HypercornConfig:
@@ -63,14 +58,15 @@ async def serve_socket(
     *,
     stopping: trio.Event,
     graceful: float,
-    peer_turn: Callable[[int], str | None] | None = None,
+    judge_peer: Callable[[PeerFacts], PeerRefusal | None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (ASGI) on the bound ``sock`` until ``stopping`` is set.
 
-    ``peer_turn`` (a Unix socket's): given the peer's pid (``SO_PEERCRED``), the turn it is a
-    process of, or None. The app finds the answer in the request scope's ``state`` under
-    ``PEER_TURN`` and refuses such a peer (the decision stays at the app's one error site).
+    ``judge_peer`` (a Unix socket's): given the peer's facts, read as it is accepted
+    (:func:`~supervisor.procs.peers.read_peer`), why it is refused, or None. The app finds the
+    answer in the request scope's ``state`` under ``PEER_REFUSAL`` and refuses such a peer (the
+    decision stays at the app's one error site).
     Returns once every connection has ended (or was cancelled after ``graceful`` seconds).
     The socket stays open: its owner closes it.
     """
@@ -82,11 +78,11 @@ async def serve_socket(
 
     async def connection(stream: trio.SocketStream) -> None:
         try:
-            state: dict[str, str] = {}
-            if peer_turn is not None:
-                turn = peer_turn(peer_pid(stream.socket))
-                if turn is not None:
-                    state[PEER_TURN] = turn
+            state: dict[str, PeerRefusal] = {}
+            if judge_peer is not None:
+                refusal = judge_peer(read_peer(stream.socket))
+                if refusal is not None:
+                    state[PEER_REFUSAL] = refusal
             # hypercorn types the stream as an SSLStream, yet handles a plain SocketStream (no TLS:
             # the missing do_handshake tells it so) and its own serve_listeners passes one.
             await TCPServer(wrapped, hc, context, ConnectionState(state), stream)  # type: ignore[arg-type]

@@ -28,6 +28,15 @@ catalog of a SQLite file no store has opened (:mod:`supervisor.config.preflight`
 * **Failures that are not the write's fault** (:meth:`Engine.fatal`): a full disk, an I/O
   error, a lost database connection. The store does not retry such a batch write by write
   (every write would fail the same way); it fails the batch visibly.
+* **Companions corral did not write** (SQLite, :func:`quarantine_companions`). The store is
+  in WAL mode, so corral never leaves a rollback journal (``<store>-journal``); SQLite replays
+  a hot one at the next read-write open, whoever wrote it — an image of any store an agent
+  likes, written over the real one, where an agent could write the store's folder. So before
+  SQLite opens the file, a ``-journal`` beside it is renamed aside (``<store>-journal.untrusted-
+  <UTC time>``), never replayed, and so is a companion that is a symlink (``-wal``, ``-shm``,
+  ``.lock``: SQLite and the lock would follow it); the log says what was moved, where and why.
+  Nothing of the store is lost: its file and its own ``-wal`` are kept. (Config validation
+  refuses an agent that may write the store's folder: this is the wall behind that one.)
 * **The owner lock.** SQLite: ``flock`` on ``<store>.lock`` (:func:`lock_store`).
   PostgreSQL: a session-level advisory lock keyed from the store id, held by the store's
   connection; a second daemon on the same database is refused with :class:`StoreInUse`
@@ -77,6 +86,7 @@ import os
 import re
 import socket
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -114,6 +124,45 @@ def redact(url: str) -> str:
     return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
 
 
+#: Companions of a SQLite store that SQLite or the lock would open, follow or replay.
+STORE_COMPANIONS = ("-journal", "-wal", "-shm", ".lock")
+
+
+def quarantine_companions(path: str, *, now: float | None = None) -> list[tuple[str, str]]:
+    """Move aside, before SQLite opens ``path``, the companions corral did not write.
+
+    A ``-journal`` (a WAL store never has one: SQLite would replay it over the store), and a
+    companion that is a symlink. Each is renamed to ``NAME.untrusted-<UTC time>`` in the
+    same folder (nothing is deleted: the operator may look); returns the (from, to) pairs,
+    each logged as a warning.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    moved = []
+    for suffix in STORE_COMPANIONS:
+        name = path + suffix
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        if suffix != "-journal" and not stat.S_ISLNK(st.st_mode):
+            continue
+        aside = f"{name}.untrusted-{stamp}"
+        n = 1
+        while os.path.lexists(aside):
+            aside = f"{name}.untrusted-{stamp}.{n}"
+            n += 1
+        os.rename(name, aside)
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "a rollback journal"
+        log.warning(
+            "moved %s aside to %s, unread: it is %s beside the store that corral did not write "
+            "(the store is in WAL mode; SQLite would have replayed or followed it over the store). "
+            "The store itself is kept. An agent that may write %s can plant one: see docs/security.md",
+            name, aside, what, os.path.dirname(os.path.abspath(path)),
+        )
+        moved.append((name, aside))
+    return moved
+
+
 def lock_store(path: str) -> int:
     """Take the store's lock (``<path>.lock``, 0600) for this process; return its descriptor.
 
@@ -122,7 +171,7 @@ def lock_store(path: str) -> int:
     naming the owner's pid.
     """
     lock_path = path + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -308,12 +357,16 @@ class SQLiteEngine(Engine):
 
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.name = path
+        if path != ":memory:":
+            quarantine_companions(path)  # before the lock (a symlinked .lock) and before SQLite
         self._lock_fd = lock_store(path) if path != ":memory:" else -1
         try:
+            if path != ":memory:":
+                quarantine_companions(path)  # again, under the lock: nothing planted since
             if path != ":memory:" and not os.path.exists(path):
                 # Transcripts can hold secrets: the file (and SQLite's -wal/-shm, which copy its
                 # mode) is readable by its owner only.
-                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")

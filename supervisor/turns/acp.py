@@ -96,6 +96,8 @@ class AcpTurn(BaseTurn):
         super().__init__(ports, channel, ticket, agent, prompt)
         self.pool = pool
         self.settings = acp_settings(agent.options)
+        self._printed = 0
+        """Bytes of text this turn's events carried, against ``max_output``."""
         self.ended: str | None = None
         """How a stopped prompt ended: ``"cancelled"`` (the agent acknowledged the typed cancel)
         or ``"killed"`` (it did not, or died: its whole tree was killed). None: not stopped
@@ -135,6 +137,8 @@ class AcpTurn(BaseTurn):
     def _handle(self, event: AcpEvent) -> None:
         mapped = turn_event(event)
         if mapped is not None:
+            # What it would store counts against max_output, as a per-turn CLI's lines do.
+            self._printed += sum(len(getattr(mapped, name, "") or "") for name in ("text", "preview", "line"))
             super()._handle(mapped)
 
     # ------------------------------------------------------------ the turn
@@ -195,6 +199,10 @@ class AcpTurn(BaseTurn):
                 self._handle(event)
                 if self._last is not None and self._last.failed:
                     raise StoreError("an entry of this turn could not be stored")
+                cap = limits.max_output
+                if cap is not None and self._printed > cap:
+                    raise TurnLimit(f"Turn ended: it printed more than {cap} bytes (max_output); "
+                                    "the rest of its output was not stored.")
         if turn_scope.cancelled_caught:
             raise TurnLimit(f"Turn ended: it ran longer than {limits.turn_timeout:g} s (turn_timeout).")
 

@@ -79,6 +79,7 @@ from adapters.acp import (
     auth_problem,
 )
 
+from ..core.text import shown
 from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import LineReader
 from ..procs.tree import (
@@ -313,7 +314,7 @@ class AcpAgent:
             for line in lines:
                 text = line.text()
                 self.stderr_tail.append(text)
-                log.debug("agent %d stderr: %s", process.pid, text)
+                log.debug("agent %d stderr: %s", process.pid, shown(text, lines=False))
 
     async def _until(self, *kinds: type) -> AcpEvent:
         """The next event of one of ``kinds`` (or RequestFailed); setup only, no prompt running.
@@ -625,7 +626,7 @@ class AcpAgent:
             event = await self._events.receive()
             if isinstance(event, SessionClosed | RequestFailed | _Exited):
                 if isinstance(event, RequestFailed):
-                    log.info("agent %d: session/close failed: %s", self.pid, event.reason)
+                    log.info("agent %d: session/close failed: %s", self.pid, shown(event.reason, lines=False))
                 return
 
     async def kill_unopened(self) -> tuple[list[int], list[int]]:

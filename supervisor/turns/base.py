@@ -29,6 +29,7 @@ A kind says only how it starts, streams and ends: :class:`~supervisor.turns.proc
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Mapping
@@ -44,6 +45,7 @@ from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
 from ..core.ledger import OutputKind, TurnTicket
 from ..core.login import login_help
+from ..core.text import shown
 from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import NotStartable, SandboxRefused
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
@@ -60,6 +62,13 @@ def start_failure(agent: AgentConfig, exc: OSError) -> str:
     An ``OSError`` from the spawn (the program gone since the config was checked, a folder
     missing) carries the path it was about; without one, the agent's program is the suspect.
     """
+    if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+        # Not a missing program: the kernel refused a new process (the user's process limit,
+        # RLIMIT_NPROC, or memory) — often another turn's processes using it all up.
+        return (f"could not start {agent.name}: the system refused a new process ({exc.strerror or exc}): "
+                "this user's process limit (ulimit -u) or memory is used up, often by another turn's "
+                "processes — fix: stop the channel whose turn is forking (corral status shows what runs), "
+                "and keep pids_max / memory_max set for every agent (their defaults bound each turn)")
     path = exc.filename or (agent.command[0] if agent.command else None)
     what = f"{path}: {exc.strerror or exc}" if path else f"{exc.strerror or exc}"
     install = get_adapter(agent.adapter).install
@@ -149,8 +158,9 @@ class BaseTurn:
             elif isinstance(effect, ShowDraft):
                 self._drafted(effect)
             else:
-                log.warning(
-                    "[%s %s] unparsed line (%s): %.200s", self.channel, self.turn_id, effect.reason, effect.line
+                log.warning(  # (an agent's line: shown, never obeyed, in the log)
+                    "[%s %s] unparsed line (%s): %s", self.channel, self.turn_id,
+                    shown(effect.reason, lines=False), shown(effect.line[:200], lines=False),
                 )
 
     def _post(self, kind: str, text: str, meta: dict[str, object] | None = None) -> None:

