@@ -387,6 +387,18 @@ def test_installation_follows_path_symlinks_and_interpreters(tmp_path: Path) -> 
     assert missing.program is None and "not found on the agent's PATH" in str(missing.problems[0])
 
 
+def test_a_program_a_wrapper_runs_is_followed_like_the_command(tmp_path: Path) -> None:
+    """``command = ["env", "--ignore-signal=INT", "/venv/bin/python", ...]``: the venv's python
+    is a link to an interpreter under a HOME (pyenv's), which must be shown, as it is when the
+    python is the command itself (a chaos trial's agent ran into status 127 without this)."""
+    interpreter = script(tmp_path / "home" / ".pyenv" / "versions" / "3.11" / "bin" / "python3.11", "/bin/sh")
+    venv_python = link(tmp_path / "venv" / "bin" / "python", interpreter)
+    found = installation("env", ["env", "--ignore-signal=INT", str(venv_python), "agent.py"],
+                         path_env="/usr/bin:/bin", cwd="/", opaque=[str(tmp_path / "home")])
+    assert not found.problems, found.problems
+    assert str(tmp_path / "home" / ".pyenv" / "versions" / "3.11") in found.shown, found.shown
+
+
 def test_seen_as_takes_the_deepest_rule() -> None:
     reach = Reach(cwd="/s/w", writable=("/s/w",), readable=("/home/op/.nvm",), hidden_dirs=("/home", "/s"),
                   hidden_files=("/s/w/corral.toml",))

@@ -85,7 +85,12 @@ def installation(
         walk.run(found, depth=0)
     for word in words:
         if os.path.isabs(word) and os.path.exists(word) and word != found:
-            walk.show(word)
+            if os.path.isfile(word) and os.access(word, os.X_OK):
+                # A program a wrapper runs (``env --ignore-signal=INT /venv/bin/python``,
+                # ``nice``, ``timeout``): walked as the kernel would run it, links and all.
+                walk.run(word, depth=0)
+            else:
+                walk.show(word)
     return Installation(found, tuple(dict.fromkeys(walk.shown)), tuple(dict.fromkeys(walk.needed)),
                         tuple(walk.problems))
 
