@@ -358,6 +358,8 @@ def new_parser(request: TurnRequest) -> AiderParser:
 ADAPTER = Adapter(
     name="aider",
     default_command=("aider",),
+    model_hosts=("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com", "openrouter.ai",
+                 "api.deepseek.com"),
     build_launch=build_launch,
     new_parser=new_parser,
 )

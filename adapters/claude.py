@@ -393,6 +393,7 @@ def new_parser(request: TurnRequest) -> ClaudeParser:
 ADAPTER = Adapter(
     name="claude",
     default_command=("claude",),
+    model_hosts=("api.anthropic.com", "statsig.anthropic.com", "console.anthropic.com"),
     build_launch=build_launch,
     new_parser=new_parser,
     # Measured: SIGINT makes the CLI kill its tool tree (in a session of its own) and exit

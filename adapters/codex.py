@@ -346,6 +346,7 @@ def new_parser(request: TurnRequest) -> CodexParser:
 ADAPTER = Adapter(
     name="codex",
     default_command=("codex",),
+    model_hosts=("api.openai.com", "chatgpt.com", "auth.openai.com"),
     build_launch=build_launch,
     new_parser=new_parser,
     # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (docs/agents.md, "Codex").

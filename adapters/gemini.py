@@ -283,6 +283,7 @@ def new_parser(request: TurnRequest) -> GeminiParser:
 ADAPTER = Adapter(
     name="gemini",
     default_command=("gemini",),
+    model_hosts=("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"),
     build_launch=build_launch,
     new_parser=new_parser,
     option_keys=OPTION_KEYS,

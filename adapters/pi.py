@@ -277,6 +277,7 @@ def new_parser(request: TurnRequest) -> PiParser:
 ADAPTER = Adapter(
     name="pi",
     default_command=("pi",),
+    model_hosts=("api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com", "openrouter.ai"),
     build_launch=build_launch,
     new_parser=new_parser,
     interrupt_signal=signal.SIGINT,

@@ -186,8 +186,8 @@ addresses = st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6))
 def test_the_default_allows_an_address_exactly_when_it_is_public(address: ipaddress.IPv4Address, port: int) -> None:
     decision = decide(INTERNET, str(address), port, address)
     assert isinstance(decision, Allowed) == public(address)
-    if not public(address):
-        assert not address.is_global or address.is_multicast or address.version == 6
+    if not address.is_global:  # never more than is_global allows
+        assert not public(address) or address.version == 6
 
 
 @given(addresses)
@@ -219,3 +219,19 @@ def test_a_listed_name_allows_that_name_only(listed: str, asked: str) -> None:
     assert isinstance(decision, Allowed) == (asked == listed)
     wild = parse_policy([f"*.{listed}"])
     assert isinstance(decide(wild, asked, 443, A("8.8.8.8")), Allowed) == asked.endswith("." + listed)
+
+
+def test_a_list_refuses_an_unlisted_name_before_it_is_resolved() -> None:
+    from supervisor.core.netpolicy import screen
+
+    policy = parse_policy(["api.anthropic.com", "*.example.com"], ["git.internal:443"])
+    assert screen(policy, "api.anthropic.com", 443) is None
+    assert screen(policy, "x.example.com", 80) is None
+    assert screen(policy, "git.internal", 443) is None
+    assert isinstance(screen(policy, "git.internal", 22), Refused)
+    assert isinstance(screen(policy, "evil.org", 443), Refused)
+    assert screen(policy, "1.2.3.4", 443) is None  # an address: judged once known (decide)
+    assert screen(INTERNET, "anything.org", 443) is None  # judged by its address
+    assert isinstance(screen(parse_policy("none"), "x", 1), Refused)
+    with_net = parse_policy(["api.anthropic.com", "203.0.113.0/24"])
+    assert screen(with_net, "elsewhere.org", 443) is None  # it might resolve into the network

@@ -442,9 +442,16 @@ def test_the_sandbox_keys_are_checked_with_the_fix(tmp_path: Path) -> None:
         parse_config({**base, "server": {"sandbox": "maybe"}}, file="c.toml", base=tmp_path)
     assert "server.sandbox" in str(bad.value) and '"required"' in str(bad.value)
     with pytest.raises(ConfigError) as bad:
-        parse_config({"agents": {"a": {"adapter": "demo", "network": ["api.example:443"]}}},
+        parse_config({"agents": {"a": {"adapter": "demo", "network": ["api.example:443", "a b"]}}},
                      file="c.toml", base=tmp_path)
-    assert "agents.a.network" in str(bad.value) and "not supported" in str(bad.value)
+    assert "agents.a.network" in str(bad.value) and "not a host name" in str(bad.value)
+    with pytest.raises(ConfigError) as bad:
+        parse_config({"agents": {"a": {"adapter": "demo", "network_allow": ["10.0.0.0/33"]}}},
+                     file="c.toml", base=tmp_path)
+    assert "agents.a.network_allow" in str(bad.value), str(bad.value)
+    listed = parse_config({"agents": {"a": {"adapter": "demo", "network": ["api.example:443"],
+                                            "network_allow": ["127.0.0.1:8080"]}}}, file="c.toml", base=tmp_path)
+    assert listed.agents["a"].network.label == "1 name" and str(listed.agents["a"].network.grants[0]) == "127.0.0.1:8080"
     with pytest.raises(ConfigError) as bad:
         parse_config({"agents": {"a": {"adapter": "demo", "sandbox_write": ["nope"]}}}, file="c.toml", base=tmp_path)
     assert "agents.a.sandbox_write" in str(bad.value) and "mkdir -p" in str(bad.value)
@@ -455,7 +462,7 @@ def test_the_sandbox_keys_are_checked_with_the_fix(tmp_path: Path) -> None:
         file="c.toml", base=tmp_path,
     )
     agent = config.agents["a"]
-    assert agent.sandbox_write == (tmp_path / "shared",) and agent.network == "none"
+    assert agent.sandbox_write == (tmp_path / "shared",) and agent.network.kind == "none"
     assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")),)
     assert config.server.sandbox == "auto"
 
@@ -488,7 +495,7 @@ def test_the_docs_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     config = parse_config(tomllib.loads(block.replace("/srv/shared/notes", str(shared))), base=short_tmp)
     agent = config.agents["claude"]
-    assert agent.sandbox_write == (shared,) and agent.network == "none"
+    assert agent.sandbox_write == (shared,) and agent.network.kind == "none"
     assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")), Path(os.path.expanduser("~/.aws")))
 
 

@@ -374,6 +374,21 @@ def decide(policy: Policy, host: str, port: int, address: IPAddress) -> Decision
                    f"addresses only; grant it if meant: network_allow = [\"{_grant_word(str(address), port)}\"]")
 
 
+def screen(policy: Policy, host: str, port: int) -> Refused | None:
+    """Before resolving: a refusal no address could change (``"none"``, a name no rule of a
+    list could match), so the proxy asks no resolver about a name it would refuse anyway."""
+    if policy.kind == "none":
+        return Refused('network = "none": this agent has no network')
+    if policy.kind != "list" or parse_address(host) is not None:
+        return None
+    name = normalise_host(host)
+    rules = (*policy.names, *policy.grants)
+    if any(isinstance(r, NetRule) or r.matches(name, port) for r in rules):
+        return None
+    return Refused(f"{name}:{port} is not in this agent's network ({policy.label}); "
+                   f"add it: network_allow = [\"{_grant_word(name, port)}\"]")
+
+
 def _rule_matches(rule: Rule, name: str, port: int, address: IPAddress) -> bool:
     if isinstance(rule, NetRule):
         return rule.matches(address, port)

@@ -41,6 +41,7 @@ import trio
 from ..config.settings import AgentConfig, Config
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
+from ..core.netpolicy import Policy
 from ..core.restart import check_resend, resend_targets, reset_refusal, reset_text
 from ..core.results import (
     DELIVERIES,
@@ -58,10 +59,12 @@ from ..core.results import (
 from ..core.router import AddressError, address, near_misses
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
+from ..net.proxy import NetworkService
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
+from ..procs.netns import NetnsPool
 from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox, open_sandbox, own_pid_namespace, peer_facts, private_paths, turn_of_peer
@@ -105,11 +108,14 @@ class Supervisor:
         sandbox: Sandbox,
         subreaper: bool = False,
         owns_children: bool = False,
+        network: NetworkService | None = None,
     ) -> None:
         hooks = hooks or Hooks()
         self.config = config
         self.sandbox = sandbox
         """What every turn starts behind (:mod:`supervisor.procs.sandbox`)."""
+        self.network = network
+        """The proxy turns under a network policy reach the network through (:mod:`supervisor.net.proxy`)."""
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self.started = time.time()
@@ -148,6 +154,7 @@ class Supervisor:
                 ledger=self._ownership.turn_ledger(self._ledger), store=turn_store, registry=self._registry,
                 scanner=self.scanner, spawn=hooks.spawn or spawn, places=self._places, cgroups=cgroups,
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
+                network=network,
             )
 
         self._capacity = Capacity(
@@ -558,7 +565,8 @@ class Supervisor:
             "config": str(self.config.path) if self.config.path else None,
             "store": self.config.store_name,
             "agents": {
-                name: {"adapter": a.adapter, "command": list(a.command), "model": a.model}
+                name: {"adapter": a.adapter, "command": list(a.command), "model": a.model,
+                       "network": self._network_status(a.network)}
                 for name, a in self.config.agents.items()
             },
             "channels": channels,
@@ -569,6 +577,11 @@ class Supervisor:
             "sandbox": self.sandbox.describe(),
             "fleet": self._ownership.status(),
         }
+
+    def _network_status(self, policy: Policy) -> dict[str, object]:
+        """An agent's network for ``status``: its policy, and whether it is enforced here."""
+        enforced = policy.kind in ("host", "none") or (self.sandbox.active and self.network is not None)
+        return {**policy.describe(), "enforced": enforced}
 
     # ------------------------------------------------------------ restart and shutdown
 
@@ -644,9 +657,15 @@ async def open_supervisor(
                     if path is not None],
             )
             sandbox = await trio.to_thread.run_sync(open_sandbox, config.server.sandbox, private)
+            network = None
+            if sandbox.active and any(a.network.proxied for a in config.agents.values()):
+                netns_pool = NetnsPool(nursery)
+                network = NetworkService(nursery, netns_pool)
+                if network.available is not None:
+                    log.warning("network policies cannot be enforced: %s", network.available)
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, sandbox=sandbox, subreaper=subreaper,
-                owns_children=owns_children,
+                owns_children=owns_children, network=network,
             )
             if cgroups is not None and cgroups.watcher is not None:
                 nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")
@@ -660,6 +679,8 @@ async def open_supervisor(
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
                     await sup._ownership.close()
+                    if network is not None:
+                        await netns_pool.aclose()
                 nursery.cancel_scope.cancel()
                 if sup.cgroups is not None:
                     sup.cgroups.close()

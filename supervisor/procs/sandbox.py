@@ -31,7 +31,9 @@ nothing of the agent runs outside either. What it builds, per turn:
 * **Its own processes only** (``--unshare-pid`` and a fresh ``/proc``): the daemon and other
   turns have no pid it could name, so it cannot signal, ptrace or read the ``environ`` or
   ``mem`` of any of them. Its own tree it can. ``--unshare-ipc`` too, and with ``network =
-  "none"`` a network namespace of its own (loopback only, nothing listening).
+  "none"`` a network namespace of its own (loopback only, nothing listening); under a network
+  policy (``"internet"``, a list: :mod:`supervisor.core.netpolicy`) the namespace made for
+  the turn by :mod:`.netns`, entered before bwrap, whose one listener is the daemon's proxy.
 
 bwrap's own process stays outside as the turn's leader: it waits for the program and exits
 with its status, while bwrap's init inside the namespace reaps everything else — a kept
@@ -68,11 +70,13 @@ log = logging.getLogger("corral.sandbox")
 
 SandboxMode = Literal["auto", "required", "off"]
 """``[server] sandbox``: on where possible, on or refuse, or never."""
-Network = Literal["host", "none"]
-"""An agent's ``network``: the host's (loopback and the model APIs), or none at all."""
+Network = Literal["host", "none", "proxied"]
+"""A sandbox's network: the host's, none at all (a namespace of its own, loopback only), or
+``proxied``: the namespace the turn is entered into before bwrap (:mod:`.netns`), whose only
+way out is the daemon's proxy — bwrap then makes no network namespace of its own."""
 
 MODES: tuple[SandboxMode, ...] = ("auto", "required", "off")
-NETWORKS: tuple[Network, ...] = ("host", "none")
+NETWORKS: tuple[Network, ...] = ("host", "none", "proxied")
 
 #: What every sandbox is built of, whatever the turn.
 BASE_ARGS = (
@@ -306,6 +310,7 @@ class Sandbox:
         network: Network = "host",
         installation: Iterable[str] = (),
         read_only: Iterable[Path] = (),
+        entering: Sequence[str] = (),
     ) -> tuple[str, ...]:
         """The argv to start one turn's program behind (``bwrap ... --``); () when inactive.
 
@@ -313,7 +318,8 @@ class Sandbox:
         a stranger writes that): the folder of every file they name under a private folder
         (``/tmp``) stays in sight, read-only — the agent's own installation, wherever it lives —
         unless it lies in corral's private state. ``read_only``: files in its own folders it may
-        read and never change (its login files, see ``credentials``).
+        read and never change (its login files, see ``credentials``). ``entering``: the words
+        that put it into its network namespace first (``network = "proxied"``, :mod:`.netns`).
 
         Raises :class:`SandboxRefused` when the mode is ``required`` and there is no sandbox.
         """
@@ -342,7 +348,9 @@ class Sandbox:
             network=network,
             pinned=tuple(str(p) for p in read_only),
         )
-        return (self.support.bwrap, *bwrap_args(reach), "--")
+        if network == "proxied" and not entering:
+            raise SandboxRefused("a proxied network needs the namespace to enter (supervisor.procs.netns)")
+        return (*entering, self.support.bwrap, *bwrap_args(reach), "--")
 
 
     def _installed(self, words: Iterable[str]) -> list[str]:

@@ -1,0 +1,232 @@
+"""A turn reaches the network its policy allows, and nothing else: real sandboxed turns.
+
+The agent is ``tests/fakes/net_probe.py`` (a ``generic`` agent): it tries connections
+directly and through the proxy its environment names, and says how each went. Every server
+here listens on the host's loopback; no address outside this machine is ever connected to:
+a private or link-local refusal is proved by the proxy's decision, made before any connect —
+a guard on the proxy's sockets fails the test if it would connect anywhere but loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from conftest import PYTHON, make_config
+
+from supervisor.host.supervisor import open_supervisor
+from supervisor.net import proxy as proxy_module
+from supervisor.procs.sandbox import probe
+
+PROBE = str(Path(__file__).parent / "fakes" / "net_probe.py")
+
+
+@pytest.fixture(autouse=True)
+def _needs_sandbox() -> None:
+    support = probe()
+    if not support.available:
+        pytest.skip(f"no sandbox here: {'; '.join(support.missing)}")
+
+
+class Greeter:
+    """A TCP server on the host's loopback that greets each connection (or streams, for a download)."""
+
+    def __init__(self, stream: bool = False) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.2)
+        self.port = int(self.server.getsockname()[1])
+        self.stream = stream
+        self.done = threading.Event()
+        self.accepted = 0
+        self.closed_by_peer = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                if not self.stream:
+                    conn.sendall(b"hello")
+                    return
+                conn.settimeout(0.2)
+                while not self.done.is_set():  # a download that never ends, 4 KiB a tick
+                    conn.sendall(b"x" * 4096)
+                    try:
+                        if conn.recv(1) == b"":
+                            break
+                    except TimeoutError:
+                        continue
+            except OSError:
+                pass
+            self.closed_by_peer.set()
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self.server.close()
+
+
+@pytest.fixture
+def greeter() -> Iterator[Greeter]:
+    server = Greeter()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def guard(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every address the proxy connects to; a connect beyond loopback fails the test first."""
+    seen: list[tuple[str, int]] = []
+    real = proxy_module.connect_to
+
+    async def guarded(address: Any, port: int) -> trio.SocketStream:
+        seen.append((str(address), port))
+        assert str(address) in ("127.0.0.1", "::1"), f"the proxy would have connected to {address}"
+        return await real(address, port)
+
+    monkeypatch.setattr(proxy_module, "connect_to", guarded)
+    return seen
+
+
+def probe_agent(network: object = "internet", allow: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    agent: dict[str, Any] = {"adapter": "generic", "command": [PYTHON, PROBE], "network": network, **extra}
+    if allow is not None:
+        agent["network_allow"] = allow
+    return agent
+
+
+async def run_probe(folder: Path, agent: dict[str, Any], tries: list[list[Any]]) -> dict[str, str]:
+    config = make_config(folder, {"probe": agent}, stop_grace=1)
+    async with open_supervisor(config) as sup:
+        await sup.send("net", json.dumps(tries))
+        assert await sup.wait_idle("net", timeout=90)
+        entries = await sup.entries("net")
+        assert sup.network is None or not sup.network.turns, "a turn's network outlived it"
+    answer = next((e.text for e in entries if e.kind == "message" and e.text.startswith("{")), None)
+    assert answer is not None, [(e.kind, e.text) for e in entries]
+    return dict(json.loads(answer))
+
+
+async def test_the_default_refuses_loopback_and_a_name_for_it_and_a_grant_opens_one_port(
+    short_tmp: Path, greeter: Greeter, guard: list[tuple[str, int]]
+) -> None:
+    other = Greeter()
+    try:
+        port = greeter.port
+        got = await run_probe(short_tmp, probe_agent("internet", [f"127.0.0.1:{port}"]), [
+            ["granted, CONNECT", "connect", "127.0.0.1", port],
+            ["granted, SOCKS", "socks", "127.0.0.1", port],
+            ["granted, plain HTTP", "get", "127.0.0.1", port],
+            ["granted, ignoring the proxy", "direct", "127.0.0.1", port],
+            ["another loopback port", "connect", "127.0.0.1", other.port],
+            ["another port by SOCKS", "socks", "127.0.0.1", other.port],
+            ["a name for loopback", "connect", "localhost", other.port],
+            ["the granted port, by a name for its address", "connect", "localhost", port],
+        ])
+    finally:
+        other.close()
+    assert got["granted, CONNECT"] == "ok:hello", got
+    assert got["granted, SOCKS"] == "ok:hello", got
+    # (the greeter is no HTTP server: the proxy forwarded the request and relayed its answer)
+    assert got["granted, plain HTTP"] == "reached:BadStatusLine", got
+    # A tool that ignores the proxy has no network: the namespace's own loopback has nothing.
+    assert got["granted, ignoring the proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
+    status, reason = got["another loopback port"].split(":", 1)
+    assert status == "403" and "loopback" in reason and "network_allow" in reason, got
+    assert got["another port by SOCKS"] == "socks:2", got  # "not allowed by ruleset"
+    status, reason = got["a name for loopback"].split(":", 1)
+    assert status == "403" and "localhost" in reason and "loopback" in reason, got
+    assert got["the granted port, by a name for its address"] == "ok:hello", got  # a grant of the address
+    assert other.accepted == 0, "a refused connection reached its server"
+    assert {addr for addr in guard} <= {("127.0.0.1", greeter.port)}
+
+
+async def test_private_and_link_local_addresses_are_refused_before_any_connect(
+    short_tmp: Path, guard: list[tuple[str, int]]
+) -> None:
+    got = await run_probe(short_tmp, probe_agent("internet"), [
+        ["metadata", "connect", "169.254.169.254", 80],
+        ["metadata by SOCKS", "socks", "169.254.169.254", 80],
+        ["metadata v6", "connect", "[fd00:ec2::254]", 80],
+        ["link-local v6", "connect", "[fe80::1]", 80],
+        ["rfc1918", "connect", "10.1.2.3", 5432],
+        ["rfc1918 b", "connect", "192.168.1.1", 80],
+        ["cgnat", "connect", "100.64.0.1", 80],
+        ["mapped loopback", "connect", "[::ffff:127.0.0.1]", 80],
+        ["ignoring the proxy", "direct", "169.254.169.254", 80],
+    ])
+    for name in ("metadata", "metadata v6", "link-local v6", "rfc1918", "rfc1918 b", "cgnat", "mapped loopback"):
+        assert got[name].startswith("403:") and "network_allow" in got[name], (name, got)
+    assert "link-local" in got["metadata"] and "CGNAT" in got["cgnat"], got
+    assert got["metadata by SOCKS"] == "socks:2", got
+    # No route anywhere from the namespace: the kernel refuses before a packet leaves.
+    assert got["ignoring the proxy"] == "ENETUNREACH", got
+    assert guard == [], "the proxy connected somewhere"
+
+
+async def test_a_domain_list_allows_exactly_its_names(
+    short_tmp: Path, greeter: Greeter, guard: list[tuple[str, int]]
+) -> None:
+    # "localhost" is listed, and resolves to loopback: a listed name still may not reach a
+    # non-public address unless granted. Granted by name and port, it works.
+    got = await run_probe(short_tmp, probe_agent(["localhost", "*.example.com"], [f"localhost:{greeter.port}"]), [
+        ["the granted name", "connect", "localhost", greeter.port],
+        ["the listed name, another port", "connect", "localhost", greeter.port + 1 if greeter.port < 65535 else 1],
+        ["an unlisted name", "connect", "example.org", 443],
+        ["its address", "connect", "127.0.0.1", greeter.port],
+    ])
+    assert got["the granted name"] == "ok:hello", got
+    assert got["the listed name, another port"].startswith("403:") and "resolves to" in got[
+        "the listed name, another port"], got
+    assert got["an unlisted name"].startswith("403:") and "not in this agent's network" in got["an unlisted name"], got
+    assert got["its address"].startswith("403:"), got
+    assert all(addr == ("127.0.0.1", greeter.port) or addr == ("::1", greeter.port) for addr in guard), guard
+
+
+async def test_none_has_no_network_at_all(short_tmp: Path, greeter: Greeter) -> None:
+    agent = probe_agent("none", env={"HTTPS_PROXY": "http://127.0.0.1:3128", "ALL_PROXY": "socks5h://127.0.0.1:3128"})
+    got = await run_probe(short_tmp, agent, [
+        ["loopback", "direct", "127.0.0.1", greeter.port],
+        ["a proxy", "connect", "127.0.0.1", greeter.port],
+    ])
+    assert got["loopback"] in ("ECONNREFUSED", "ENETUNREACH"), got
+    assert got["a proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
+    assert greeter.accepted == 0
+
+
+async def test_a_stop_mid_download_ends_the_connection(short_tmp: Path) -> None:
+    server = Greeter(stream=True)
+    progress = short_tmp / "progress"
+    try:
+        agent = probe_agent("internet", [f"127.0.0.1:{server.port}"], env={"NET_PROBE_PROGRESS": str(progress)})
+        config = make_config(short_tmp, {"probe": agent}, stop_grace=1)
+        async with open_supervisor(config) as sup:
+            await sup.send("dl", json.dumps([["download", "download", "127.0.0.1", server.port]]))
+            with trio.fail_after(60):
+                while not progress.exists() or int(progress.read_text() or 0) < 64 * 1024:
+                    await trio.sleep(0.05)  # polling a file a real process writes
+            assert sup.network is not None and len(sup.network.turns) == 1
+            result = await sup.stop("dl")
+            assert result.ok and result.stopped_turns
+            assert not sup.network.turns and sup.network.open_connections == 0
+            with trio.fail_after(10):
+                await trio.to_thread.run_sync(server.closed_by_peer.wait)
+    finally:
+        server.close()
