@@ -364,13 +364,33 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         sys.exit(EXIT_ERROR)
     # (A PostgreSQL store was connected to by the preflight: say so.)
     connected = " (connected)" if config.store_url else ""
+    from .config.settings import network_notes
+
+    notes = network_notes(config)
+    networks = {name: a.network.describe() for name, a in config.agents.items()}
     if obj.json or as_json:
         _print_json({"ok": True, "agents": list(config.agents), "socket": str(config.server.socket),
-                     "store": config.store_name, "sandbox": sandbox})
+                     "store": config.store_name, "sandbox": sandbox, "networks": networks, "notes": notes})
     else:
         click.echo(f"{file}: ok — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
         click.echo(sandbox_line(sandbox))
+        for name, network in networks.items():
+            click.echo(f"network of {name}: {network_line(network)}")
+        for note in notes:
+            click.echo(f"note: {note}")
+
+
+def network_line(network: dict[str, Any]) -> str:
+    """An agent's network as ``status`` and ``check`` print it."""
+    words = str(network.get("policy"))
+    if network.get("names"):
+        words += f" ({', '.join(network['names'])})"
+    if network.get("allow"):
+        words += f"; allowed: {', '.join(network['allow'])}"
+    if network.get("enforced") is False:
+        words += " — NOT enforced: turns run without the sandbox"
+    return words
 
 
 def sandbox_line(sandbox: dict[str, Any]) -> str:
@@ -570,6 +590,8 @@ def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
         click.echo(f"  {_capacity_line(result['capacity'])}")
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
+        if agent.get("network"):
+            click.echo(f"    network: {network_line(agent['network'])}")
     for name, ch in result["channels"].items():
         rests = ", routing rests until a human speaks" if ch.get("rests") else ""
         click.echo(f"  channel {name}: generation {ch['generation']}{rests}")

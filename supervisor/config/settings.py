@@ -987,6 +987,34 @@ def _mib(n: int) -> str:
     return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n // 1024**2} MiB"
 
 
+def network_notes(config: Config) -> list[str]:
+    """What ``corral check`` says of the default network, once per agent it concerns: an agent
+    that names no ``network`` and whose ``env`` or options point its CLI at a loopback or
+    private address the default refuses — with the line to add."""
+    from ..core.netpolicy import Refused, decide, grant_for, local_urls, parse_address
+
+    notes = []
+    for agent in config.agents.values():
+        if not agent.network_implicit or not agent.network.proxied:
+            continue
+        refused = []
+        for url in local_urls(configured_urls(agent.env, agent.options)):
+            grant = grant_for(url)
+            host, _, port = grant.rpartition(":")
+            address = parse_address(host)
+            if address is None or isinstance(decide(agent.network, host, int(port), address), Refused):
+                refused.append((url, grant))
+        if refused:
+            urls = ", ".join(url for url, _ in refused)
+            grants = ", ".join(f'"{g}"' for g in dict.fromkeys(g for _, g in refused))
+            notes.append(
+                f"agents.{agent.name}: network is {agent.network.label!r} by default now (public addresses only), "
+                f"and its config names {urls}, which that refuses. Add to [agents.{agent.name}]: "
+                f"network_allow = [{grants}]  (or network = \"host\" for everything, as before)"
+            )
+    return notes
+
+
 def _network_words(check: _Checker, table: Mapping[str, Any], prefix: str) -> tuple[object, tuple[str, ...]]:
     """A table's ``network`` (a word or a list of strings, None if absent) and ``network_allow``."""
     network = table.get("network")

@@ -310,18 +310,18 @@ class BaseTurn:
         self._net = await network.open(self.turn_id, self.agent.network)
         return self._net.env
 
-    def _sandbox(self, launch: Launch, home: str) -> tuple[str, ...]:
-        """The argv the agent starts behind (empty: no sandbox); its login files read-only."""
+    def _sandbox(self, launch: Launch, home: str, net: TurnNetwork | None = None) -> tuple[str, ...]:
+        """The argv the agent starts behind (empty: no sandbox); its login files read-only;
+        in ``net``'s namespace (the turn's own unless given), if it has one."""
+        net = net or self._net
         policy = self.agent.network
-        if policy.proxied and self._net is None and self.ports.sandbox.active:
-            # (a persistent ACP agent's process outlives its turns: its namespace is not built yet)
-            raise SandboxRefused(f"network = {policy.label!r} is not built for ACP agents yet; "
-                                 'write network = "host" or "none" for this agent')
-        mode: Network = "proxied" if self._net is not None else "none" if policy.kind == "none" else "host"
+        if policy.proxied and net is None and self.ports.sandbox.active:
+            raise SandboxRefused(f"network = {policy.label!r} needs the turn's network opened first")
+        mode: Network = "proxied" if net is not None else "none" if policy.kind == "none" else "host"
         return tuple(self.ports.sandbox.prefix(
             self.agent.name, cwd=launch.cwd, home=home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=mode,
             installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
             read_only=[Path(home) / rel for _, rel in self.agent.credentials],
-            entering=self._net.entering if self._net is not None else (),
+            entering=net.entering if net is not None else (),
         ))
