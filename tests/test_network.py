@@ -230,3 +230,154 @@ async def test_a_stop_mid_download_ends_the_connection(short_tmp: Path) -> None:
                 await trio.to_thread.run_sync(server.closed_by_peer.wait)
     finally:
         server.close()
+
+
+async def test_an_acp_agents_tools_reach_the_network_through_the_proxy_too(
+    short_tmp: Path, greeter: Greeter, guard: list[tuple[str, int]]
+) -> None:
+    fake_acp = str(Path(__file__).parent / "fakes" / "fake_acp.py")
+    other = Greeter()
+    plan, out = short_tmp / "plan.json", short_tmp / "net-results.json"
+    plan.write_text(json.dumps([
+        ["granted", "connect", "127.0.0.1", greeter.port],
+        ["refused", "connect", "127.0.0.1", other.port],
+        ["ignoring the proxy", "direct", "127.0.0.1", greeter.port],
+    ]))
+    state = short_tmp / "fake-state"
+    state.mkdir()
+    agent = {"adapter": "acp", "command": [PYTHON, fake_acp], "network": "internet",
+             "network_allow": [f"127.0.0.1:{greeter.port}"],
+             "env": {"FAKE_ACP_STATE": str(state), "NET_PROBE_OUT": str(out)}}
+    try:
+        config = make_config(short_tmp, {"acp": agent}, stop_grace=1)
+        async with open_supervisor(config) as sup:
+            await sup.send("net", f"[[tool:{PYTHON} {PROBE} @{plan}]]")
+            assert await sup.wait_idle("net", timeout=90)
+            assert sup.network is not None and len(sup.network.turns) == 1  # the agent's, while it lives
+        assert sup.network is not None and not sup.network.turns  # closed with the agent
+    finally:
+        other.close()
+    got = json.loads(out.read_text())
+    assert got["granted"] == "ok:hello", got
+    assert got["refused"].startswith("403:") and "loopback" in got["refused"], got
+    assert got["ignoring the proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
+    assert other.accepted == 0
+
+
+# ---------------------------------------------------------------- the proxy under load
+
+
+class _LoopbackNamespace(proxy_module.NetNamespace):
+    """A stand-in namespace whose listener is on the host's loopback (the proxy cannot tell):
+    so 200 turns' proxies are driven from this process without 200 sandboxes."""
+
+    async def aclose(self) -> None:
+        self.listener.close()
+
+    def entering(self, nsenter: str) -> tuple[str, ...]:
+        return ()
+
+
+class _LoopbackPool:
+    def __init__(self) -> None:
+        self.handed: list[_LoopbackNamespace] = []
+
+    async def take(self) -> _LoopbackNamespace:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        ns = _LoopbackNamespace(holder=None, listener=listener)  # type: ignore[arg-type]
+        self.handed.append(ns)
+        return ns
+
+
+def _open_fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_the_proxy_holds_200_concurrent_turns_bounded_and_leaves_nothing(guard: list[tuple[str, int]]) -> None:
+    from supervisor.core.netpolicy import parse_policy
+
+    upstream = Greeter(stream=True)
+    turns, per_turn = 200, 2
+    before = _open_fds()
+    try:
+        policy = parse_policy("internet", [f"127.0.0.1:{upstream.port}"])
+        async with trio.open_nursery() as nursery:
+            pool = _LoopbackPool()
+            service = proxy_module.NetworkService(nursery, pool, max_connections=turns * per_turn,  # type: ignore[arg-type]
+                                                  per_turn=per_turn)
+            service.nsenter = "nsenter"
+            nets = [await service.open(f"turn-{i}", policy) for i in range(turns)]
+            clients: list[trio.SocketStream] = []
+
+            async def tunnel(net: proxy_module.TurnNetwork) -> bytes:
+                stream = await trio.open_tcp_stream(*net.netns.listener.getsockname()[:2])
+                clients.append(stream)
+                await stream.send_all(f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\n\r\n".encode())
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    got += await stream.receive_some(4096)
+                return got
+
+            with trio.fail_after(120):
+                async with trio.open_nursery() as clients_nursery:
+                    for net in nets:
+                        for _ in range(per_turn):
+                            clients_nursery.start_soon(tunnel, net)
+                # Every turn has its connections, streaming; one more for a turn is refused at once.
+                assert service.open_connections == turns * per_turn
+                assert all(net.connections == per_turn for net in nets)
+                extra = await tunnel(nets[0])
+                assert extra.startswith(b"HTTP/1.1 503"), extra
+                # The turns end (their teardown): every connection of each ends with it.
+                async with trio.open_nursery() as closing:
+                    for net in nets:
+                        closing.start_soon(net.aclose)
+            assert service.open_connections == 0 and not service.turns
+            for stream in clients:  # each client sees its end: EOF or a reset, never a hang
+                with trio.fail_after(10):
+                    try:
+                        while await stream.receive_some(65536):
+                            pass
+                    except trio.BrokenResourceError:
+                        pass
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+    finally:
+        upstream.close()
+    assert _open_fds() <= before + 2, "the proxy leaked sockets"
+
+
+async def test_namespaces_are_made_ahead_and_none_outlives_its_close() -> None:
+    import psutil
+
+    from supervisor.procs.netns import open_netns_pool
+
+    async with open_netns_pool(spares=2) as pool:
+        first = await pool.take()  # none ready yet: made now, and two spares start
+        with trio.fail_after(60):
+            while len(pool._ready) < 2:
+                await trio.sleep(0.02)  # waiting for real helper processes
+        made = pool.made
+        taken = [first, await pool.take(), await pool.take()]
+        assert pool.made == made, "the two spares were handed out, none made on the spot"
+        holders = [ns.holder.pid for ns in taken]
+        assert len(set(holders)) == 3 and all(psutil.pid_exists(pid) for pid in holders)
+        namespaces = {os_readlink(f"/proc/{pid}/ns/net") for pid in holders}
+        assert len(namespaces) == 3 and os_readlink("/proc/self/ns/net") not in namespaces
+        for ns in taken:
+            await ns.aclose()
+        assert all(ns.holder.returncode is not None for ns in taken)
+        with trio.fail_after(60):
+            while len(pool._ready) < 2:
+                await trio.sleep(0.02)
+        spares = [ns.holder for ns in pool._ready]
+    assert all(holder.returncode is not None for holder in spares), "a spare outlived the pool"
+
+
+def os_readlink(path: str) -> str:
+    import os
+
+    return os.readlink(path)

@@ -1,6 +1,7 @@
 """An agent that tries the network: directly, and through the proxy its environment names.
 
-Run as a ``generic`` agent: the prompt (the last argument) is a JSON list of attempts
+Run as a ``generic`` agent, or as an ACP agent's tool (``net_probe.py @FILE``, the outcomes also
+written to ``NET_PROBE_OUT``): the prompt (the last argument) is a JSON list of attempts
 ``[name, kind, host, port]``; the answer is one ``result`` line, a JSON object of outcomes:
 
 * ``direct``: a plain TCP connect, ignoring the proxy — ``"ok:<greeting>"`` or the errno name;
@@ -103,8 +104,15 @@ def attempt(kind: str, host: str, port: int) -> str:
 
 
 def main() -> None:
-    tries = json.loads(sys.argv[-1])
-    results = {name: attempt(kind, host, int(port)) for name, kind, host, port in tries}
+    """Run the attempts (``@FILE``: read from a file, as an ACP agent's tool is given them)."""
+    arg = sys.argv[-1]
+    if arg.startswith("@"):
+        with open(arg[1:]) as fh:
+            arg = fh.read()
+    results = {name: attempt(kind, host, int(port)) for name, kind, host, port in json.loads(arg)}
+    if "NET_PROBE_OUT" in os.environ:
+        with open(os.environ["NET_PROBE_OUT"], "w") as fh:
+            json.dump(results, fh)
     print(json.dumps({"type": "result", "text": json.dumps(results)}), flush=True)
 
 
