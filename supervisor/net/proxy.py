@@ -23,17 +23,20 @@ SOCKS reply 2, "not allowed by ruleset" — never a hang, and logged once per tu
 
 **Bounds.** At most ``max_connections`` connections in all and ``per_turn`` per turn (past
 either, 503 / SOCKS 1 at once); a request head of at most 16 KiB, read within 30 s; relayed
-in chunks of 64 KiB, one chunk in flight per direction: memory is bounded by the connection
-count. **A turn's connections end with it**: each turn's are tasks of its own cancel scope,
+in the kernel (``splice`` through a pipe of at most 256 KiB per direction, never copied into
+Python): memory is bounded by the connection count. **A turn's connections end with it**: each turn's are tasks of its own cancel scope,
 and :meth:`TurnNetwork.aclose` (the turn's teardown, after its processes are ended) cancels
 it, closes every socket and ends the namespace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import ipaddress
 import logging
+import os
 import socket as stdsocket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,7 +49,8 @@ from . import wire
 
 log = logging.getLogger("corral.proxy")
 
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 HEAD_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 15.0
 #: Defaults of the bounds (see the module's docstring).
@@ -55,14 +59,17 @@ PER_TURN = 128
 
 
 def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
-    """What a turn behind the proxy gets: every proxy variable the common tools read.
+    """What a turn behind the proxy gets: every proxy variable the common tools read
+    (``docs/agents.md`` says, per CLI, which it honours).
 
     ``NO_PROXY`` is set empty on purpose: an inherited ``localhost`` entry would send a
     tool's loopback requests to the namespace's own ``lo``, where nothing of the host is.
     """
     url = f"http://127.0.0.1:{port}"
     env = {"HTTPS_PROXY": url, "HTTP_PROXY": url, "ALL_PROXY": f"socks5h://127.0.0.1:{port}", "NO_PROXY": ""}
-    return {**env, **{key.lower(): value for key, value in env.items()}}
+    # Node's own fetch (undici) reads them only when told to (Node 24.5+, 22.21+; older ones
+    # ignore the variable): a bare fetch in a tool then works, where otherwise it fails closed.
+    return {**env, **{key.lower(): value for key, value in env.items()}, "NODE_USE_ENV_PROXY": "1"}
 
 
 @dataclass(eq=False)
@@ -298,13 +305,46 @@ async def connect_to(address: IPAddress, port: int) -> trio.SocketStream:
 
 
 async def _pump(source: trio.SocketStream, sink: trio.SocketStream) -> None:
-    """Copy one direction until its end, then pass the end on (a half-close)."""
+    """Copy one direction until its end, then pass the end on (a half-close).
+
+    The bytes move inside the kernel (``splice`` through a pipe: never copied into Python),
+    which is what keeps a stream's throughput near a direct connection's; the pipe holds at
+    most one chunk, so memory stays bounded per connection."""
     try:
-        while data := await source.receive_some(CHUNK):
-            await sink.send_all(data)
+        try:
+            await _splice(source, sink)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                raise
+            while data := await source.receive_some(CHUNK):  # (no splice for these sockets)
+                await sink.send_all(data)
         await sink.send_eof()
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         await trio.aclose_forcefully(source)
         await trio.aclose_forcefully(sink)
 
 
+async def _splice(source: trio.SocketStream, sink: trio.SocketStream) -> None:
+    src, dst = source.socket, sink.socket
+    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    with contextlib.suppress(OSError):  # a pipe of one chunk (64 KiB otherwise; a limit may refuse it)
+        fcntl.fcntl(write_end, F_SETPIPE_SZ, CHUNK)
+    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(src)
+            try:
+                moved = os.splice(src.fileno(), write_end, CHUNK, flags=flags)
+            except BlockingIOError:
+                continue
+            if moved == 0:
+                return
+            while moved:
+                await trio.lowlevel.wait_writable(dst)
+                try:
+                    moved -= os.splice(read_end, dst.fileno(), moved, flags=flags)
+                except BlockingIOError:
+                    continue
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -22,7 +22,8 @@ Why not ``bwrap --unshare-net`` and a relay inside? Something inside must bind t
 and every way to run code there is a program's start on the turn's critical path (a Python
 relay: 10 to 20 ms here); ``nsenter`` is one ``execve`` of a small C program (about 1 ms), and
 the helper's own start is off the critical path: :class:`NetnsPool` keeps ``spares``
-namespaces made ahead, and makes the next while a turn runs. A tool that ignores the proxy
+namespaces made ahead, and makes the next while a turn runs (at ``nice 19``, so that making
+it does not slow the turn's own start on a busy machine). A tool that ignores the proxy
 variables finds a network with no route anywhere: it fails closed.
 
 The holder is ended (its pipe closed, then the process reaped) when the turn's network is
@@ -94,8 +95,11 @@ async def make_netns(port: int = PROXY_PORT) -> NetNamespace:
     """Make one namespace (see the module's docstring); raises :class:`NetnsUnavailable`."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        # At the lowest priority: a spare is made while a turn starts, and must not slow it.
+        nice = shutil.which("nice")
         holder = await trio.lowlevel.open_process(
-            [sys.executable, "-I", "-S", str(_HELPER), str(theirs.fileno()), str(port)],
+            [*((nice, "-n", "19") if nice else ()), sys.executable, "-I", "-S", str(_HELPER),
+             str(theirs.fileno()), str(port)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),), start_new_session=True,
         )
