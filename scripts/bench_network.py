@@ -42,7 +42,8 @@ from supervisor.procs.tree import spawn
 #: The client each measurement runs (a separate process, inside the namespace or not).
 CLIENT = r"""
 import json, socket, sys, time
-host, port, target_port, firsts, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+host = sys.argv[1]
+port, target_port, firsts, mib = (int(word) for word in sys.argv[2:6])
 def open_stream():
     sock = socket.create_connection((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -24,9 +24,10 @@ SOCKS reply 2, "not allowed by ruleset" — never a hang, and logged once per tu
 **Bounds.** At most ``max_connections`` connections in all and ``per_turn`` per turn (past
 either, 503 / SOCKS 1 at once); a request head of at most 16 KiB, read within 30 s; relayed
 in the kernel (``splice`` through a pipe of at most 256 KiB per direction, never copied into
-Python): memory is bounded by the connection count. **A turn's connections end with it**: each turn's are tasks of its own cancel scope,
-and :meth:`TurnNetwork.aclose` (the turn's teardown, after its processes are ended) cancels
-it, closes every socket and ends the namespace.
+Python): memory is bounded by the connection count. **A turn's connections end with it**:
+each turn's are tasks of its own cancel scope, and :meth:`TurnNetwork.aclose` (the turn's
+teardown, after its processes are ended) cancels it, closes every socket and ends the
+namespace.
 """
 
 from __future__ import annotations
