@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -92,7 +93,10 @@ while True:
 """
 
 
-async def bench(folder: Path, rounds: int, firsts: int, mib: int) -> dict[str, object]:
+Runs = dict[str, list[dict[str, Any]]]
+
+
+async def bench(folder: Path, rounds: int, firsts: int, mib: int) -> tuple[list[float], list[float], Runs]:
     nsenter = nsenter_program()
     assert nsenter, "nsenter (util-linux) is needed"
     state = folder / "corral.d"
@@ -106,7 +110,6 @@ async def bench(folder: Path, rounds: int, firsts: int, mib: int) -> dict[str, o
     assert server.stdout is not None
     port = int(server.stdout.readline())
     policy = parse_policy("internet", [f"127.0.0.1:{port}"])
-    result: dict[str, object] = {}
     async with trio.open_nursery() as nursery:
         pool = NetnsPool(nursery)
         service = NetworkService(nursery, pool)
@@ -135,14 +138,13 @@ async def bench(folder: Path, rounds: int, firsts: int, mib: int) -> dict[str, o
                 with trio.move_on_after(0.5):  # let the pool make the next spare, as between turns
                     while not pool._ready and kind == "internet":
                         await trio.sleep(0.005)
-        result["spawn"] = (plain, proxied)
         # The stream: directly, and from inside a namespace through the proxy.
         net = await service.open("stream", policy)
         holder = net.netns.holder.pid
         direct_cmd = [sys.executable, "-c", CLIENT, "127.0.0.1", str(port), str(port), str(firsts), str(mib)]
         proxy_cmd = [nsenter, f"--target={holder}", "--user", "--net", "--preserve-credentials", "--",
                      sys.executable, "-c", CLIENT, "127.0.0.1", "3128", str(port), str(firsts), str(mib)]
-        runs: dict[str, list[dict[str, object]]] = {"direct": [], "proxy": []}
+        runs: Runs = {"direct": [], "proxy": []}
         for _ in range(3):
             for name, cmd in (("direct", direct_cmd), ("proxy", proxy_cmd)):
                 done = await trio.run_process(cmd, capture_stdout=True)
@@ -152,8 +154,7 @@ async def bench(folder: Path, rounds: int, firsts: int, mib: int) -> dict[str, o
         nursery.cancel_scope.cancel()
     server.kill()
     server.wait()
-    result["runs"] = runs
-    return result
+    return plain, proxied, runs
 
 
 def main() -> int:
@@ -164,17 +165,15 @@ def main() -> int:
     args = parser.parse_args()
     folder = short_tmp("corral-bnet-")
     try:
-        got = trio.run(bench, folder, args.rounds, args.firsts, args.mib)
+        plain, proxied, runs = trio.run(bench, folder, args.rounds, args.firsts, args.mib)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-    plain, proxied = got["spawn"]  # type: ignore[misc]
     added = statistics.median(proxied) - statistics.median(plain)
     print(f"spawn to first output, sandboxed, {args.rounds} rounds each, alternating, load {load}:")
     print(f"  network = \"host\"              {spread(plain)}")
     print(f"  network = \"internet\" (proxy)  {spread(proxied)}")
     print(f"  added: {added:+.2f} ms median (target: at most +5 ms)")
-    runs = got["runs"]  # type: ignore[index]
     firsts = {name: [x for run in runs[name] for x in run["firsts"]] for name in ("direct", "proxy")}
     speed = {name: statistics.median(run["mib_s"] for run in runs[name]) for name in ("direct", "proxy")}
     later = statistics.median(firsts["proxy"]) - statistics.median(firsts["direct"])
