@@ -381,3 +381,54 @@ def os_readlink(path: str) -> str:
     import os
 
     return os.readlink(path)
+
+
+# ---------------------------------------------------------------- the migration, and what is shown
+
+
+def test_check_names_each_agent_the_new_default_cuts_off_with_the_line_to_add(short_tmp: Path) -> None:
+    import subprocess
+
+    from conftest import CORRAL
+
+    (short_tmp / "corral.toml").write_text(
+        '[agents.local]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+        'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000", OTHER_URL = "http://localhost:11434/v1" }\n'
+        '[agents.granted]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+        'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000" }\nnetwork_allow = ["127.0.0.1:4000"]\n'
+        '[agents.chosen]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+        'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000" }\nnetwork = "host"\n'
+        '[agents.public]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+        'env = { ANTHROPIC_BASE_URL = "https://api.anthropic.com" }\n'
+        '[defaults]\nagent = "local"\n'
+    )
+    out = subprocess.run([*CORRAL, "check", "-c", "corral.toml"], cwd=short_tmp, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    notes = [line for line in out.stdout.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1, out.stdout  # once, for the one agent concerned
+    assert "agents.local" in notes[0] and 'network_allow = ["127.0.0.1:4000", "127.0.0.1:11434"]' in notes[0]
+    assert 'network = "host"' in notes[0]
+    assert 'network of local: internet' in out.stdout and "network of chosen: host" in out.stdout
+    assert "network of granted: internet; allowed: 127.0.0.1:4000" in out.stdout
+    as_json = json.loads(subprocess.run([*CORRAL, "check", "-c", "corral.toml", "--json"], cwd=short_tmp,
+                                        capture_output=True, text=True).stdout)
+    assert as_json["networks"]["granted"]["allow"] == ["127.0.0.1:4000"] and len(as_json["notes"]) == 1
+
+
+async def test_status_and_the_dashboard_show_each_agents_network(short_tmp: Path) -> None:
+    from supervisor.serve.dashboard import list_view
+
+    config = make_config(short_tmp, {"a": {"adapter": "demo"}, "b": {"adapter": "demo", "network": "none"},
+                                     "c": {"adapter": "demo", "network": ["pypi.org:443"],
+                                           "network_allow": ["10.0.0.0/8"]}}, agent="a")
+    async with open_supervisor(config) as sup:
+        await sup.send("chat", "hi")
+        assert await sup.wait_idle("chat", timeout=60)
+        status = sup.status()
+    networks = {name: agent["network"] for name, agent in status["agents"].items()}
+    assert networks["a"]["policy"] == "internet" and networks["a"]["enforced"] is True
+    assert networks["b"]["policy"] == "none"
+    assert networks["c"] == {"policy": "1 name", "kind": "list", "names": ["pypi.org:443"], "allow": ["10.0.0.0/8"],
+                             "enforced": True}
+    row = list_view(status)["channels"][0]["agents"][0]
+    assert row["agent"] == "a" and row["network"] == "internet"
