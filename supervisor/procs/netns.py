@@ -55,6 +55,16 @@ _HELPER = Path(__file__).with_name("_netns_helper.py")
 MAKE_TIMEOUT = 30.0
 
 
+#: The helpers and holders alive now, children Trio waits for itself: the subreaper's pass
+#: over dead children (:func:`supervisor.procs.tree.reap_orphans`) must leave them alone.
+_OURS: set[int] = set()
+
+
+def holder_pids() -> set[int]:
+    """The pids of every helper and holder this process runs now."""
+    return set(_OURS)
+
+
 class NetnsUnavailable(OSError):
     """No network namespace could be made here (the reason, and the fix)."""
 
@@ -84,6 +94,7 @@ class NetNamespace:
         if self.holder.returncode is None:
             self.holder.kill()
             await self.holder.wait()
+        _OURS.discard(self.holder.pid)
 
 
 def nsenter_program() -> str | None:
@@ -103,6 +114,7 @@ async def make_netns(port: int = PROXY_PORT) -> NetNamespace:
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),), start_new_session=True,
         )
+        _OURS.add(holder.pid)
         theirs.close()
         try:
             with trio.fail_after(MAKE_TIMEOUT):
@@ -112,11 +124,13 @@ async def make_netns(port: int = PROXY_PORT) -> NetNamespace:
             holder.kill()
             with trio.CancelScope(shield=True):
                 await holder.wait()
+            _OURS.discard(holder.pid)
             raise
         if not fds:
             holder.kill()
             with trio.CancelScope(shield=True):
                 await holder.wait()
+            _OURS.discard(holder.pid)
             why = message.decode(errors="replace").removeprefix("error ").strip() or "the helper exited"
             raise NetnsUnavailable(f"cannot make a network namespace: {why}")
         listener = socket.socket(fileno=fds[0])
