@@ -94,11 +94,12 @@ class TurnNetwork:
     closed: trio.Event = field(default_factory=trio.Event)
 
     async def aclose(self) -> None:
-        """End every connection of the turn and its namespace (shielded; idempotent)."""
+        """End every connection of the turn (shielded; idempotent); its namespace's holder
+        ends right after, in the proxy's own task (it is corral's process, not the turn's:
+        a stop need not wait for it)."""
         self.scope.cancel()
         with trio.CancelScope(shield=True):
             await self.closed.wait()
-            await self.netns.aclose()
 
 
 class NetworkService:
@@ -150,6 +151,8 @@ class NetworkService:
             listener.close()
             self.turns.pop(net.turn_id, None)
             net.closed.set()
+            with trio.CancelScope(shield=True):
+                await net.netns.aclose()
 
     async def _busy(self, stream: trio.SocketStream) -> None:
         with trio.move_on_after(5):

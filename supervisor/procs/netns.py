@@ -87,8 +87,11 @@ class NetNamespace:
             return
         self._closed = True
         self.listener.close()
-        if self.holder.stdin is not None:
-            await self.holder.stdin.aclose()  # cat reads EOF and exits
+        stdin = self.holder.stdin
+        if isinstance(stdin, trio.lowlevel.FdStream):
+            stdin.close()  # cat reads EOF and exits (no checkpoint: a stop of many turns waits on these)
+        elif stdin is not None:
+            await stdin.aclose()
         with trio.move_on_after(5):
             await self.holder.wait()
         if self.holder.returncode is None:
