@@ -25,9 +25,9 @@ SOCKS reply 2, "not allowed by ruleset" — never a hang, and logged once per tu
 either, 503 / SOCKS 1 at once); a request head of at most 16 KiB, read within 30 s; relayed
 in the kernel (``splice`` through a pipe of 64 KiB per direction, never copied into Python):
 at most 128 KiB in flight per connection, 128 MiB at the default bound. **A turn's
-connections end with it**: each turn's are tasks of its own cancel scope, and :meth:`TurnNetwork.aclose` (the turn's
-teardown, after its processes are ended) cancels it, closes every socket and ends the
-namespace.
+connections end with it**: each turn's are tasks of its own cancel scope, and
+:meth:`TurnNetwork.aclose` (the turn's teardown, after its processes are ended) cancels it
+and waits until every socket is closed; the namespace's holder ends right after.
 """
 
 from __future__ import annotations
