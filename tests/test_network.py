@@ -432,3 +432,34 @@ async def test_status_and_the_dashboard_show_each_agents_network(short_tmp: Path
                              "enforced": True}
     row = list_view(status)["channels"][0]["agents"][0]
     assert row["agent"] == "a" and row["network"] == "internet"
+
+
+def test_the_metadata_service_and_a_lan_address_in_a_namespace_of_the_tests_own(short_tmp: Path) -> None:
+    """A real listener on 169.254.169.254 and on 10.0.0.1 — the addresses of a namespace this test
+    makes for itself (``unshare``), where they are its own loopback: the default refuses both,
+    through the proxy and directly, and a grant reaches them. No packet can leave that namespace."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs util-linux's unshare and iproute2's ip")
+    script = Path(__file__).parent / "fakes" / "own_network.py"
+    setup = ("ip link set lo up && ip addr add 169.254.169.254/32 dev lo && ip addr add 10.0.0.1/32 dev lo"
+             f' && exec "$0" {script} {short_tmp}')
+    repo = Path(__file__).parent.parent
+    out = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "sh", "-c", setup, PYTHON],
+                         cwd=repo, capture_output=True, text=True, timeout=300,
+                         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(repo), "HOME": str(short_tmp)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    default, granted = got["default"], got["granted"]
+    for name in ("metadata", "lan"):
+        assert default[f"{name} by proxy"].startswith("403:"), default
+        assert default[f"{name} by SOCKS"] == "socks:2", default
+        assert default[f"{name} directly"] == "ENETUNREACH", default
+        assert granted[f"{name} by proxy"] == f"ok:hello from {name}", granted
+        assert granted[f"{name} by SOCKS"] == f"ok:hello from {name}", granted
+        assert granted[f"{name} directly"] == "ENETUNREACH", granted  # a grant is the proxy's, never a route
+    assert "link-local" in default["metadata by proxy"] and "private" in default["lan by proxy"], default
+    assert got["default accepted"] == {"metadata": 0, "lan": 0}, "a refused connection reached its listener"
+    assert got["granted accepted"] == {"metadata": 2, "lan": 2}
