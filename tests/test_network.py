@@ -125,8 +125,11 @@ async def run_probe(folder: Path, agent: dict[str, Any], tries: list[list[Any]])
 
 
 async def test_the_default_refuses_loopback_and_a_name_for_it_and_a_grant_opens_one_port(
-    short_tmp: Path, greeter: Greeter, guard: list[tuple[str, int]]
+    short_tmp: Path, greeter: Greeter, guard: list[tuple[str, int]], caplog: pytest.LogCaptureFixture
 ) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="corral.proxy")
     other = Greeter()
     try:
         port = greeter.port
@@ -156,6 +159,12 @@ async def test_the_default_refuses_loopback_and_a_name_for_it_and_a_grant_opens_
     assert got["the granted port, by a name for its address"] == "ok:hello", got  # a grant of the address
     assert other.accepted == 0, "a refused connection reached its server"
     assert {addr for addr in guard} <= {("127.0.0.1", greeter.port)}
+    # 127.0.0.1:PORT refused twice (CONNECT, then SOCKS), logged once for the turn and host;
+    # localhost:PORT, another host, once of its own.
+    logged = [r.getMessage().split("network refused: ", 1)[1] for r in caplog.records
+              if "network refused" in r.getMessage()]
+    assert sum(m.startswith("127.0.0.1 is") and f":{other.port}" in m for m in logged) == 1, logged
+    assert sum(m.startswith("localhost (127.0.0.1)") and f":{other.port}" in m for m in logged) == 1, logged
 
 
 async def test_private_and_link_local_addresses_are_refused_before_any_connect(
