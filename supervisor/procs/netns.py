@@ -51,6 +51,10 @@ log = logging.getLogger("corral.netns")
 #: The port the proxy listens on inside every turn's namespace (its own loopback: no clash).
 PROXY_PORT = 3128
 _HELPER = Path(__file__).with_name("_netns_helper.py")
+#: Namespaces kept ready: one, so a turn's start waits for none while turns come one at a
+#: time; a burst makes the rest on the spot (about 40 ms of CPU each), and none is wasted
+#: by a supervisor that runs few turns.
+SPARES = 1
 #: How long a helper may take to make its namespace before the turn fails to start.
 MAKE_TIMEOUT = 30.0
 
@@ -148,7 +152,7 @@ async def make_netns(port: int = PROXY_PORT) -> NetNamespace:
 class NetnsPool:
     """Namespaces made ahead (``spares``), so a turn's start waits for none; see the module."""
 
-    def __init__(self, nursery: trio.Nursery, spares: int = 2) -> None:
+    def __init__(self, nursery: trio.Nursery, spares: int = SPARES) -> None:
         self._nursery = nursery
         self._spares = spares
         self._ready: list[NetNamespace] = []
@@ -198,7 +202,7 @@ class NetnsPool:
 
 
 @asynccontextmanager
-async def open_netns_pool(spares: int = 2) -> AsyncIterator[NetnsPool]:
+async def open_netns_pool(spares: int = SPARES) -> AsyncIterator[NetnsPool]:
     """A :class:`NetnsPool` whose helpers run in a nursery of its own, closed on exit."""
     async with trio.open_nursery() as nursery:
         pool = NetnsPool(nursery, spares)
