@@ -395,39 +395,59 @@ def os_readlink(path: str) -> str:
 # ---------------------------------------------------------------- the migration, and what is shown
 
 
-def test_check_names_each_agent_the_new_default_cuts_off_with_the_line_to_add(short_tmp: Path) -> None:
+MIGRATION = (
+    '[agents.local]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+    'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000", OTHER_URL = "http://localhost:11434/v1" }\n'
+    '[agents.granted]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+    'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000" }\nnetwork_allow = ["127.0.0.1:4000"]\n'
+    '[agents.chosen]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+    'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000" }\nnetwork = "host"\n'
+    '[agents.public]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
+    'env = { ANTHROPIC_BASE_URL = "https://api.anthropic.com" }\n'
+    '[agents.listed]\nadapter = "claude"\ncommand = ["/bin/true"]\nnetwork = ["pypi.org"]\n'
+    'network_allow = ["10.0.0.0/8"]\n'
+    '[defaults]\nagent = "local"\n'
+)
+
+
+def test_check_shows_each_agents_network(short_tmp: Path) -> None:
     import subprocess
 
     from conftest import CORRAL
 
-    (short_tmp / "corral.toml").write_text(
-        '[agents.local]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
-        'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000", OTHER_URL = "http://localhost:11434/v1" }\n'
-        '[agents.granted]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
-        'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000" }\nnetwork_allow = ["127.0.0.1:4000"]\n'
-        '[agents.chosen]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
-        'env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:4000" }\nnetwork = "host"\n'
-        '[agents.public]\nadapter = "claude"\ncommand = ["/bin/true"]\n'
-        'env = { ANTHROPIC_BASE_URL = "https://api.anthropic.com" }\n'
-        '[defaults]\nagent = "local"\n'
-    )
+    (short_tmp / "corral.toml").write_text(MIGRATION)
     out = subprocess.run([*CORRAL, "check", "-c", "corral.toml"], cwd=short_tmp, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    notes = [line for line in out.stdout.splitlines() if line.startswith("note:")]
-    assert len(notes) == 1, out.stdout  # once, for the one agent concerned
-    assert "agents.local" in notes[0] and 'network_allow = ["127.0.0.1:4000", "127.0.0.1:11434"]' in notes[0]
-    assert 'network = "host"' in notes[0]
-    assert 'network of local: internet' in out.stdout and "network of chosen: host" in out.stdout
-    assert "network of granted: internet; allowed: 127.0.0.1:4000" in out.stdout
+    assert "network of local: host" in out.stdout and "network of chosen: host" in out.stdout
+    assert "network of listed: 1 name (pypi.org); allowed: 10.0.0.0/8" in out.stdout, out.stdout
     as_json = json.loads(subprocess.run([*CORRAL, "check", "-c", "corral.toml", "--json"], cwd=short_tmp,
                                         capture_output=True, text=True).stdout)
-    assert as_json["networks"]["granted"]["allow"] == ["127.0.0.1:4000"] and len(as_json["notes"]) == 1
+    assert as_json["networks"]["listed"]["allow"] == ["10.0.0.0/8"]
+    # The default is still "host": no agent is cut off by it, so nothing to say.
+    assert as_json["notes"] == [] and "note:" not in out.stdout
+
+
+def test_under_the_internet_default_check_names_each_agent_it_cuts_off_with_the_line_to_add(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tomllib
+
+    from supervisor.config import settings
+
+    monkeypatch.setattr(settings, "DEFAULT_NETWORK", "internet")
+    config = settings.parse_config(tomllib.loads(MIGRATION), file=str(short_tmp / "corral.toml"), base=short_tmp)
+    notes = settings.network_notes(config)
+    assert len(notes) == 1, notes  # once, for the one agent concerned (granted, chosen and public are not)
+    assert notes[0].startswith("agents.local:") and 'network_allow = ["127.0.0.1:4000", "127.0.0.1:11434"]' in notes[0]
+    assert 'network = "host"' in notes[0]
+    assert config.agents["granted"].network.label == "internet" and config.agents["chosen"].network.label == "host"
 
 
 async def test_status_and_the_dashboard_show_each_agents_network(short_tmp: Path) -> None:
     from supervisor.serve.dashboard import list_view
 
-    config = make_config(short_tmp, {"a": {"adapter": "demo"}, "b": {"adapter": "demo", "network": "none"},
+    config = make_config(short_tmp, {"a": {"adapter": "demo", "network": "internet"},
+                                     "b": {"adapter": "demo", "network": "none"},
                                      "c": {"adapter": "demo", "network": ["pypi.org:443"],
                                            "network_allow": ["10.0.0.0/8"]}}, agent="a")
     async with open_supervisor(config) as sup:

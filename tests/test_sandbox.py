@@ -146,7 +146,7 @@ class Rig:
 
 @pytest.fixture
 def loopback() -> Iterator[str]:
-    """A TCP server on the host's 127.0.0.1 that greets each connection (what the default network refuses)."""
+    """A TCP server on the host's 127.0.0.1 that greets each connection (reachable on the default network)."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
     done = threading.Event()
@@ -224,9 +224,9 @@ def attempts(
         ("own TMPDIR", "write", str(a_home / "tmp" / "mine.txt"), "ok"),
         ("system files", "read", "/etc/passwd", "ok:root"),
         ("its installation", "read", os.__file__, "ok:"),
-        # The default network ("internet"): the host's loopback is not the turn's (tests/test_network.py
-        # has the proxy's side of it: refused unless granted).
-        ("loopback TCP", "tcp", loopback, ("ECONNREFUSED", "ENETUNREACH")),
+        # The default network ("host"); under "internet" the host's loopback is refused
+        # (tests/test_network.py).
+        ("loopback TCP", "tcp", loopback, "ok:hello"),
         ("its own tree", "own-child", None, "ok:-15"),
         ("B's secret in its env", "env", "VICTIM_API_KEY", ("ok:",)),
     ]

@@ -65,7 +65,9 @@ def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
     tool's loopback requests to the namespace's own ``lo``, where nothing of the host is.
     """
     url = f"http://127.0.0.1:{port}"
-    env = {"HTTPS_PROXY": url, "HTTP_PROXY": url, "ALL_PROXY": f"socks5h://127.0.0.1:{port}", "NO_PROXY": ""}
+    # ALL_PROXY names the HTTP proxy too, not SOCKS (which the same port also speaks): httpx
+    # refuses a socks5h:// ALL_PROXY unless its optional socksio is installed (Mistral Vibe).
+    env = {"HTTPS_PROXY": url, "HTTP_PROXY": url, "ALL_PROXY": url, "NO_PROXY": ""}
     # Node's own fetch (undici) reads them only when told to (Node 24.5+, 22.21+; older ones
     # ignore the variable): a bare fetch in a tool then works, where otherwise it fails closed.
     return {**env, **{key.lower(): value for key, value in env.items()}, "NODE_USE_ENV_PROXY": "1"}

@@ -41,7 +41,8 @@ async def probe(folder: Path, allow: list[str]) -> dict[str, str]:
     config = parse_config({
         "server": {"socket": "corral.sock", "cgroup": "off", "sandbox": "required"},
         "store": {"path": "corral.db"},
-        "agents": {"probe": {"adapter": "generic", "command": [sys.executable, PROBE], "network_allow": allow}},
+        "agents": {"probe": {"adapter": "generic", "command": [sys.executable, PROBE], "network": "internet",
+                             "network_allow": allow}},
     }, file=str(folder / "corral.toml"), base=folder)
     async with open_supervisor(config) as sup:
         await sup.send("net", json.dumps(tries))
