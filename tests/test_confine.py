@@ -28,6 +28,7 @@ from supervisor.procs.tree import spawn
 FAKES = Path(__file__).parent / "fakes"
 PROBE = str(FAKES / "escape_probe.py")
 KEYRING_PROBE = str(FAKES / "keyring_probe.py")
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
 
 
 def bwraps() -> list[str]:
@@ -48,7 +49,10 @@ BWRAPS = pytest.mark.parametrize("bwrap", bwraps() or [pytest.param(None, marks=
 def sandboxed(bwrap: str, argv: tuple[str, ...], folder: Path) -> str:
     """Run ``argv`` as a turn's program behind ``bwrap`` (the real spawn): its stdout."""
     sandbox = Sandbox("required", probe(bwrap), Private())
-    prefix = sandbox.prefix("a", cwd=str(folder), home=str(folder))
+    # The program and its files stay in sight as a turn's installation does (a checkout under
+    # /tmp — CI's may be — is otherwise under the turn's private /tmp).
+    prefix = sandbox.prefix("a", cwd=str(folder), home=str(folder), program=argv[0],
+                            installation=tuple(word for word in argv if os.path.isabs(word)))
 
     async def run() -> str:
         process = await spawn(argv, env={"PATH": os.environ["PATH"], "HOME": str(folder)},
@@ -72,7 +76,8 @@ def test_every_refused_class_is_refused_behind_each_bwrap(bwrap: str, short_tmp:
     check_outcomes(got, {name: want for name, _, _, want in tries})
     kernel_facts_hold(got, [])  # (bwrap's command line is --args; no memfd is left open)
     # The control: the same calls behind the same bwrap with no filter, no --disable-userns.
-    plain = subprocess.run([bwrap, *BASE_ARGS, "--tmpfs", "/tmp", "--chdir", "/", "--", PYTHON, PROBE, spec],
+    plain = subprocess.run([bwrap, *BASE_ARGS, "--tmpfs", "/tmp", "--ro-bind", CHECKOUT, CHECKOUT, "--chdir", "/", "--",
+                            PYTHON, PROBE, spec],
                            capture_output=True, text=True, timeout=120, check=True)
     bare = json.loads(plain.stdout)
     assert bare["io_uring_setup"] == "EFAULT" and bare["setns"] == "EBADF", bare

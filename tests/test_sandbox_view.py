@@ -366,6 +366,8 @@ def test_stand_ins_follow_the_prefix_rule_but_never_show_a_home() -> None:
     assert stand_in(home / ".local/bin/claude", opaque) == home / ".local/bin"  # not ~/.local: keyrings, state
     assert stand_in(home / "bin/agent", opaque) == home / "bin"  # not the HOME itself
     assert stand_in(home / "agent.py", opaque) == home / "agent.py"  # the file alone
+    # pyenv's shim execs $PYENV_ROOT/libexec/pyenv and a python of $PYENV_ROOT/versions.
+    assert stand_in(home / ".pyenv/shims/python3", opaque) == home / ".pyenv"
 
 
 def test_installation_follows_path_symlinks_and_interpreters(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ sandbox can put them back, read-only, and nothing else of the HOME:
 * a venv's ``pyvenv.cfg`` ``home``, where its base Python lives (a ``--copies`` venv).
 
 Each file stands for a folder: the folder it is in, and where that is a ``bin/`` (or
-``node_modules/.bin``) of a prefix, the whole prefix (a venv's ``lib``, an npm prefix's
+``node_modules/.bin``, or a version manager's ``shims/``: pyenv's, rbenv's) of a prefix,
+the whole prefix (a venv's ``lib``, an npm prefix's
 ``lib/node_modules``, nvm's ``versions/node/vX``) — except ``~/.local``, which holds the
 user's data (keyrings, state) beside ``bin``: there only ``bin`` itself. A folder that is,
 or holds, one of the folders hidden wholesale (a HOME, ``/home``) never stands in: then the
@@ -201,7 +202,9 @@ def stand_in(path: Path, opaque: Sequence[Path] = ()) -> Path:
     folder = path.parent
     candidates = [folder]
     node_bin = folder.name == ".bin" and folder.parent.name == "node_modules"
-    if node_bin or (folder.name == "bin" and folder.parent.name != ".local"):
+    # A version manager's shims (pyenv, rbenv, nodenv, asdf) exec its root's own programs
+    # (``libexec/``, ``versions/``): the root is the prefix.
+    if node_bin or folder.name == "shims" or (folder.name == "bin" and folder.parent.name != ".local"):
         candidates.insert(0, folder.parent)
     candidates.append(path)
     for candidate in candidates:
