@@ -216,7 +216,9 @@ def test_what_cannot_start_inside_is_corrals_error_with_the_path_and_the_key(
     assert "agents.nointerp.command" in check.stderr and "agents.hidden.command" in check.stderr, check.stderr
 
 
-def test_check_warns_for_env_paths_the_sandbox_hides_or_shows_read_only(short_tmp: Path, operator_home: Path) -> None:
+def test_check_warns_for_env_paths_the_sandbox_hides_or_shows_read_only(
+    short_tmp: Path, operator_home: Path, tmp_path: Path
+) -> None:
     _needs_sandbox()
     h = operator_home
     (h / ".codex").mkdir()
@@ -244,7 +246,11 @@ env = {{ CODEX_HOME = {toml_str(str(h / ".codex"))}, XDG_CONFIG_HOME = "/etc", L
     assert f"agents.codex.env.PATH: its PATH has folders its turns cannot see ({h / '.cargo' / 'bin'})" in done.stderr
     assert f'sandbox_show = ["{h / ".cargo" / "bin"}"]' in done.stderr
     # An agent working in the folder that holds corral's config and token: covered one by one.
-    (short_tmp / "corral.toml").write_text(config.replace("[agents.codex]\n", '[agents.codex]\ncwd = "."\n'))
+    # (The store in a folder of its own: a cwd holding the store's folder is refused outright.)
+    store = toml_str(str(tmp_path / "store" / "corral.db"))
+    (tmp_path / "store").mkdir()
+    (short_tmp / "corral.toml").write_text(config.replace("[agents.codex]\n", '[agents.codex]\ncwd = "."\n')
+                                           + f"[store]\npath = {store}\n")
     done = subprocess.run([PYTHON, "-m", "supervisor.cli", "check", "-c", "corral.toml"], cwd=short_tmp,
                           capture_output=True, text=True, env=env, timeout=60)
     assert f"agents.codex: its turns see {short_tmp}, which holds corral's corral.toml" in done.stderr, done.stderr
