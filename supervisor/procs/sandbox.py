@@ -89,7 +89,6 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
-from .confine import describe_hardening, probe_hardening
 from .installation import Problem, installation
 
 log = logging.getLogger("corral.sandbox")
@@ -379,6 +378,8 @@ def _trial(found: str, source: str, unshare: str | None) -> Support:
         return Support(None, version=version or None, missing=(f"{missing} ({why})",), fix=fix,
                        source=source, tried=found, unshare=unshare)
     # Less kernel to attack: the seccomp filter, no nested user namespaces (:mod:`.confine`).
+    from .confine import probe_hardening  # (here: confine starts processes with Trio; the config reads this module)
+
     hardening, refused = probe_hardening(found, BASE_ARGS, HIDDEN_FILE_SOURCE)
     if refused is not None:
         return Support(None, version=version or None, missing=(refused,), fix=HARDENING_FIX,
@@ -587,6 +588,13 @@ def _postgres_socket_dirs(url: str) -> list[str]:
     return found
 
 
+def _kernel_words(hardening: tuple[str, ...]) -> list[str]:
+    """:func:`.confine.describe_hardening`, imported when asked (it is a Trio module)."""
+    from .confine import describe_hardening
+
+    return describe_hardening(hardening)
+
+
 class Sandbox:
     """The sandbox of one supervisor: its mode, this machine's :class:`Support`, and what
     is private. :meth:`prefix` is the argv a turn's program is started behind."""
@@ -620,7 +628,7 @@ class Sandbox:
             "mechanism": (self.support.version or "bubblewrap") if self.active else None,
             "missing": list(self.support.missing) if self.mode != "off" else [],
             "fix": self.support.fix if self.mode != "off" and not self.active else None,
-            "kernel": describe_hardening(self.support.hardening) if self.active else [],
+            "kernel": _kernel_words(self.support.hardening) if self.active else [],
             "bwrap": (self.support.bwrap or self.support.tried) if self.mode != "off" else None,
             "version": self.support.version if self.mode != "off" else None,
             "bwrap_source": self.support.source if self.mode != "off" else None,

@@ -87,6 +87,8 @@ class Turn(BaseTurn):
         """A line came on stdout or stderr (the program ran, or bwrap said why it could not)."""
         self._unstartable: str | None = None
         """corral's words for bwrap's own first (and only) stderr line: it could not run the program."""
+        self._stderr_done = trio.Event()
+        """The stderr pump reached EOF (set in its ``finally``)."""
         self._printed = 0
         """Bytes of output lines read so far (stdout and stderr), against ``max_output``."""
         self._overflow: TurnLimit | None = None
@@ -236,6 +238,11 @@ class Turn(BaseTurn):
                     failure = failure or self._overflow
                 if failure is None:
                     await wait_exited(process)  # not reaped: the teardown may still signal its group
+                    # What it wrote to stderr as it exited (bwrap's own "execvp" line among it) is
+                    # read before the pump is cancelled: its EOF, or the drain's deadline (a kept
+                    # background process may hold stderr open).
+                    with trio.move_on_after(DRAIN_SECONDS):
+                        await self._stderr_done.wait()
                 nursery.cancel_scope.cancel()
         if failure is not None:
             raise failure
@@ -288,6 +295,12 @@ class Turn(BaseTurn):
     async def _pump_stderr(self, process: trio.Process) -> None:
         assert process.stderr is not None
         reader = LineReader(process.stderr, max_line=64 * 1024)
+        try:
+            await self._pump_stderr_lines(reader)
+        finally:
+            self._stderr_done.set()
+
+    async def _pump_stderr_lines(self, reader: LineReader) -> None:
         parser = self._parser
         assert parser is not None
         while lines := await reader.read_lines():
