@@ -87,6 +87,8 @@ class Turn(BaseTurn):
         """A line came on stdout or stderr (the program ran, or bwrap said why it could not)."""
         self._unstartable: str | None = None
         """corral's words for bwrap's own first (and only) stderr line: it could not run the program."""
+        self._stdout_seen = False
+        """A line came on stdout: the program ran (whatever order the two pipes are read in)."""
         self._stderr_done = trio.Event()
         """The stderr pump reached EOF (set in its ``finally``)."""
         self._printed = 0
@@ -346,7 +348,8 @@ class Turn(BaseTurn):
                     await stream.aclose()
             self.outcome.report = tree.report
             ports.registry.release(self.channel, self.turn_id, tree)
-            if self._unstartable is not None and tree.process.returncode == 1 and self.outcome.error is None:
+            if (self._unstartable is not None and not self._stdout_seen and tree.process.returncode == 1
+                    and self.outcome.error is None):
                 # bwrap's own failure, before the program ran (a program that printed first is not).
                 self.outcome.error = self._unstartable
             if self._parser is not None:
@@ -383,6 +386,7 @@ class Turn(BaseTurn):
     def _feed(self, line: Line) -> None:
         assert self._parser is not None
         self._said = True
+        self._stdout_seen = True
         for event in self._parser.feed(line.text()):
             if isinstance(event, Result):
                 # The CLI's turn is over: a later message would start another (Claude Code
