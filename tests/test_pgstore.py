@@ -347,7 +347,7 @@ def test_the_database_restarted_under_a_running_daemon(
         postgres_server.stop()
         refused = daemon.cli("send", "ch", "sent while the database is down")
         assert refused.returncode != 0
-        assert "store_failed" in refused.stderr and "database connection failed" in refused.stderr, refused.stderr
+        assert "could not store" in refused.stderr and "database connection failed" in refused.stderr, refused.stderr
         assert daemon.cli("status").returncode == 0  # the daemon serves on
         down = json.loads(daemon.cli("--json", "stop", "ch").stdout or "{}")
         assert down.get("ok") is not True  # a stop that cannot be stored says so
