@@ -313,33 +313,30 @@ TURN_DEPTH = 4
 def remove(path: Path | str) -> bool:
     """``rmdir`` an empty cgroup and every sub-cgroup a turn made in it, deepest first; False
     (logged) if it cannot be removed yet (a process still in it)."""
-    try:
-        os.rmdir(path)
-        return True
-    except FileNotFoundError:
-        return True
-    except OSError as exc:
-        if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-            log.warning("cannot remove cgroup %s: %s", path, exc)
-            return False
+    first = _rmdir(str(path), quiet=(errno.EBUSY, errno.ENOTEMPTY))
+    if first is not None:
+        return first
     # Children first: a cgroup file system folder holds only interface files and sub-cgroups.
     for folder, subfolders, _ in os.walk(path, topdown=False):
         for name in subfolders:
-            try:
-                os.rmdir(os.path.join(folder, name))
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("cannot remove cgroup %s: %s", os.path.join(folder, name), exc)
+            if not _rmdir(os.path.join(folder, name)):
                 return False
+    return bool(_rmdir(str(path)))
+
+
+def _rmdir(path: str, quiet: tuple[int, ...] = ()) -> bool | None:
+    """``rmdir`` one cgroup: True once it is gone, False if it cannot be (logged), None for an
+    errno of ``quiet`` (not logged: the caller has another way)."""
     try:
         os.rmdir(path)
-        return True
     except FileNotFoundError:
-        return True
+        pass
     except OSError as exc:
+        if exc.errno in quiet:
+            return None
         log.warning("cannot remove cgroup %s: %s", path, exc)
         return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
