@@ -11,7 +11,10 @@ floor measured in the same run.
   one is writable — with and without the sandbox prefix a turn gets
   (:meth:`supervisor.procs.sandbox.Sandbox.prefix`: the state folder, store, config and socket
   hidden, the turn's folder and HOME writable); time from the call to the first byte read.
-  Target: the sandbox adds at most 5 ms to the median.
+  Target: the sandbox adds at most 5 ms to the median. A third row, alternating with both,
+  is bwrap alone with its namespaces, ``/dev`` and ``/proc`` and nothing of corral's
+  (:data:`~supervisor.procs.sandbox.BASE_ARGS`): the floor of any bwrap sandbox on this
+  machine, so what corral's own steps add is read beside it.
 * **stop-one**: an embedded supervisor running a ``sh`` agent with a ``sleep`` in its group
   and a ``setsid sleep`` (the lightest tree, so what is measured is corral), stopped mid-turn;
   time of ``Supervisor.stop``. Target: unchanged within noise.
@@ -42,7 +45,7 @@ from scripts._bench import pct, short_tmp, spread
 from supervisor import open_supervisor
 from supervisor.config.settings import parse_config
 from supervisor.procs.cgroup import open_root
-from supervisor.procs.sandbox import Sandbox, open_sandbox, private_paths
+from supervisor.procs.sandbox import BASE_ARGS, Sandbox, open_sandbox, private_paths
 from supervisor.procs.tree import spawn
 
 LIGHT = "sleep 300 & setsid sleep 300 & echo ready; wait"
@@ -62,7 +65,7 @@ async def first_output(prefix: tuple[str, ...], folder: Path, cgroup: Any) -> fl
     return took
 
 
-def bench_spawn(folder: Path, rounds: int) -> tuple[list[float], list[float]]:
+def bench_spawn(folder: Path, rounds: int) -> tuple[list[float], list[float], list[float]]:
     state = folder / "corral.d"
     (state / "work").mkdir(parents=True)
     home = state / "home" / "a" / "c"
@@ -73,13 +76,16 @@ def bench_spawn(folder: Path, rounds: int) -> tuple[list[float], list[float]]:
                             cgroup_subtree=None, agent_dirs={})
     sandbox = open_sandbox("required", private)
     prefix = sandbox.prefix("a", cwd=str(folder), home=str(home))
+    assert sandbox.support.bwrap is not None
+    bare = (sandbox.support.bwrap, *BASE_ARGS, "--chdir", str(folder), "--")
     root = open_root("auto", f"bench-sandbox-{os.getpid()}")
     plain: list[float] = []
     boxed: list[float] = []
+    namespaces: list[float] = []
 
     async def run() -> None:
         for i in range(rounds + 5):  # 5 warm-up rounds, not counted
-            for sample, words in ((plain, ()), (boxed, prefix)):
+            for sample, words in ((plain, ()), (boxed, prefix), (namespaces, bare)):
                 cg = root.create(f"s{i}-{len(words)}") if root is not None else None
                 took = await first_output(words, folder, {"cgroup": cg} if cg is not None else {})
                 if cg is not None:
@@ -93,7 +99,7 @@ def bench_spawn(folder: Path, rounds: int) -> tuple[list[float], list[float]]:
     finally:
         if root is not None:
             root.close()
-    return plain, boxed
+    return plain, boxed, namespaces
 
 
 def bench_steps(folder: Path, rounds: int) -> dict[str, list[float]]:
@@ -206,15 +212,18 @@ def main() -> int:
 
 def report(folder: Path, rounds: int, stops: int) -> int:
     """Run both benchmarks in ``folder`` and print their figures; 1 if the spawn target is missed."""
-    plain, boxed = bench_spawn(folder, rounds)
+    plain, boxed, namespaces = bench_spawn(folder, rounds)
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     added = statistics.median(boxed) - statistics.median(plain)
+    own = statistics.median(boxed) - statistics.median(namespaces)
     print(f"spawn to first output, {rounds} rounds each, alternating, load {load}:")
     print(f"  without the sandbox (floor)  {spread(plain)}")
     print(f"  with the sandbox             {spread(boxed)}")
+    print(f"  bwrap's namespaces alone     {spread(namespaces)}")
     print(f"  ratio to the floor: median {statistics.median(boxed) / statistics.median(plain):.2f} x, "
           f"p95 {pct(boxed, 0.95) / pct(plain, 0.95):.2f} x; the sandbox adds {added:.2f} ms to the median "
-          f"(target <= 5 ms: {'met' if added <= 5 else 'MISSED'})")
+          f"(target <= 5 ms: {'met' if added <= 5 else 'MISSED'}), of which bwrap's own namespaces "
+          f"{statistics.median(namespaces) - statistics.median(plain):.2f} ms and corral's steps {own:.2f} ms")
     off, on = bench_stop(folder, stops)
     print(f"stop-one of a light tree (sh + sleep + setsid sleep), {stops} stops each, alternating:")
     print(f"  without the sandbox (floor)  {spread(off)}")
