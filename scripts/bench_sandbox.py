@@ -24,6 +24,9 @@ floor measured in the same run.
   too (what a turn gets), then behind the ``unshare`` step (private propagation, where the
   host's mounts propagate); and the plan itself (:meth:`~supervisor.procs.sandbox.Sandbox.plan`
   with the installation walk of a venv's Python), in the parent.
+* **a replaced cover** (``--covers``): from ``os.replace`` over a covered file to the cover
+  watch's call back (:mod:`supervisor.procs.covers`; the turn's kill follows in the same
+  step): the window in which a turn could read the new file.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import shutil
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +164,39 @@ def bench_steps(folder: Path, rounds: int) -> dict[str, list[float]]:
     return samples
 
 
+def _seen_at(at: list[float], seen: trio.Event, _path: str) -> None:
+    at.append(time.perf_counter())
+    seen.set()
+
+
+def bench_covers(folder: Path, rounds: int) -> list[float]:
+    """Milliseconds from a rename over a watched file to the watch's call back, ``rounds`` times."""
+    from supervisor.procs.covers import open_cover_watch
+
+    target = folder / "corral.toml"
+    target.write_text("old")
+    watch = open_cover_watch()
+    assert watch is not None, "no inotify here"
+    took: list[float] = []
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run)
+            for _ in range(rounds):
+                seen = trio.Event()
+                at: list[float] = []
+                watch.register([str(target)], partial(_seen_at, at, seen))
+                (folder / "new").write_text("new")
+                t0 = time.perf_counter()
+                os.replace(folder / "new", target)
+                await seen.wait()
+                took.append((at[0] - t0) * 1000)
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+    return took
+
+
 def bench_stop(folder: Path, stops: int) -> tuple[list[float], list[float]]:
     results: dict[str, list[float]] = {"off": [], "auto": []}
 
@@ -196,9 +233,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=200, help="spawns of each kind (default 200)")
     parser.add_argument("--stops", type=int, default=40, help="stops of each kind (default 40)")
     parser.add_argument("--steps", action="store_true", help="what each step of the sandbox costs instead")
+    parser.add_argument("--covers", action="store_true", help="rename over a covered file to the watch's call back")
     args = parser.parse_args()
     folder = short_tmp("corral-bsbx-")
     try:
+        if args.covers:
+            print(f"a replaced cover: rename to the watch's call back, {args.rounds} renames:")
+            print(f"  {'rename -> call back':42} {spread(bench_covers(folder, args.rounds))}")
+            return 0
         if args.steps:
             load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
             print(f"spawn to first output by step, {args.rounds} rounds each, in a random order, load {load}:")

@@ -205,7 +205,7 @@ def sandbox_warnings(config: Config, sandbox: Sandbox) -> list[Problem]:
     """What the sandbox will do to each agent that its config may not expect (``corral check``):
     a program it cannot start inside, an ``env`` value or ``cwd`` naming a path its turns
     cannot see or cannot write, and corral's own files covered one by one inside a folder an
-    agent is given (replacing one while a turn runs shows the new file to that turn)."""
+    agent is given (replacing one while a turn runs ends that turn: :mod:`..procs.covers`)."""
     file = str(config.path) if config.path else "<config>"
     found: list[Problem] = []
     if not sandbox.active:
@@ -256,7 +256,8 @@ def sandbox_warnings(config: Config, sandbox: Sandbox) -> list[Problem]:
             if holder is not None and not covered.endswith(".sock"):
                 found.append(Problem(
                     file, prefix, f"its turns see {holder}, which holds corral's {Path(covered).name}: it is covered, "
-                    "but replacing it while a turn runs (sed -i, an editor's save, mv) shows the new file to that turn",
+                    "and replacing it while a turn runs (sed -i, an editor's save, mv) ends that turn, a window of "
+                    "about a millisecond in which the turn could read the new file",
                     f"keep corral's files in a folder of their own (e.g. {holder / 'corral'}/), which is hidden whole"))
     return found
 

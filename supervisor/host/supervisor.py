@@ -61,6 +61,7 @@ from ..core.router import AddressError, address, near_misses
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
+from ..procs.covers import CoverWatch, open_cover_watch
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
@@ -108,11 +109,14 @@ class Supervisor:
         sandbox: Sandbox,
         subreaper: bool = False,
         owns_children: bool = False,
+        covers: CoverWatch | None = None,
     ) -> None:
         hooks = hooks or Hooks()
         self.config = config
         self.sandbox = sandbox
         """What every turn starts behind (:mod:`supervisor.procs.sandbox`)."""
+        self.covers = covers
+        """The watch that ends a turn whose cover was replaced on the host (:mod:`supervisor.procs.covers`)."""
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self.started = time.time()
@@ -153,6 +157,7 @@ class Supervisor:
                 ledger=self._ownership.turn_ledger(self._ledger), store=turn_store, registry=self._registry,
                 scanner=self.scanner, spawn=hooks.spawn or spawn, places=self._places, cgroups=cgroups,
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
+                covers=covers,
             )
 
         self._capacity = Capacity(
@@ -653,12 +658,15 @@ async def open_supervisor(
             sandbox = await trio.to_thread.run_sync(
                 partial(open_sandbox, config.server.sandbox, private, bwrap=config.server.bwrap,
                         instances=instances_folder(os.environ.get("HOME") or passwd_home()), store_id=store.store_id))
+            covers = open_cover_watch() if sandbox.active else None
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, sandbox=sandbox, subreaper=subreaper,
-                owns_children=owns_children,
+                owns_children=owns_children, covers=covers,
             )
             if cgroups is not None and cgroups.watcher is not None:
                 nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")
+            if covers is not None:
+                nursery.start_soon(covers.run, name="corral-cover-watch")
             # Orphans of an abrupt end die before anything is re-queued or served.
             await sup.recover()
             await sup.restore()

@@ -277,6 +277,18 @@ def seen_as(reach: Reach, path: str | Path) -> View:
     return "hidden" if view == "private" else view  # type: ignore[return-value]
 
 
+def detachable(reach: Reach) -> tuple[str, ...]:
+    """The covers of ``reach`` a replacement on the host would detach while the turn runs
+    (pure): every hidden file and folder whose own folder the turn sees — a path inside a
+    folder hidden wholesale is not seen whatever becomes of it (see :mod:`.covers`)."""
+    found = []
+    for path in (*reach.hidden_files, *reach.hidden_dirs):
+        parent = os.path.dirname(path.rstrip("/")) or "/"
+        if path != "/" and seen_as(reach, parent) != "hidden":
+            found.append(path)
+    return tuple(dict.fromkeys(found))
+
+
 def _depth(path: str) -> int:
     return len(Path(path).parts)
 
@@ -672,15 +684,40 @@ class Sandbox:
 
         Raises :class:`SandboxRefused` when the mode is ``required`` and there is no sandbox.
         """
+        reach = self.reach(agent, cwd=cwd, home=home, writable=writable, hidden=hidden, network=network,
+                           installation=installation, read_only=read_only, shown=shown, program=program,
+                           path_env=path_env)
+        return self.argv(reach) if reach is not None else ()
+
+    def reach(
+        self,
+        agent: str,
+        *,
+        cwd: str,
+        home: str,
+        writable: Iterable[Path] = (),
+        hidden: Iterable[Path] = (),
+        network: Network = "host",
+        installation: Iterable[str] = (),
+        read_only: Iterable[Path] = (),
+        shown: Iterable[Path] = (),
+        program: str | None = None,
+        path_env: str | None = None,
+    ) -> Reach | None:
+        """The :class:`Reach` a turn starts in (see :meth:`prefix`, which is :meth:`argv` of
+        it), or None when inactive; raises :class:`SandboxRefused` as :meth:`prefix` does."""
         refused = self.refusal()
         if refused is not None:
             raise SandboxRefused(refused)
         if not self.active:
-            return ()
+            return None
+        return self.plan(agent, cwd=cwd, home=home, writable=writable, hidden=hidden, network=network,
+                         installation=installation, read_only=read_only, shown=shown, program=program,
+                         path_env=path_env)
+
+    def argv(self, reach: Reach) -> tuple[str, ...]:
+        """The argv that starts a program in ``reach`` (``unshare ... bwrap ... --``)."""
         assert self.support.bwrap is not None
-        reach = self.plan(agent, cwd=cwd, home=home, writable=writable, hidden=hidden, network=network,
-                          installation=installation, read_only=read_only, shown=shown, program=program,
-                          path_env=path_env)
         front = (self.support.unshare, *UNSHARE_ARGS) if self.support.unshare else ()
         return (*front, self.support.bwrap, *bwrap_args(reach), "--")
 

@@ -169,7 +169,21 @@ class AcpTurn(BaseTurn):
     async def _prepare_and_stream(self, session_id: str | None) -> None:
         ports = self.ports
         spec = self._spec(session_id)
-        agent = await self.pool.agent((self.channel, self.agent.name), spec)
+        self._watch_covers()
+        key = (self.channel, self.agent.name)
+        watch = ports.covers
+        idle = self.pool.get(key)
+        if (watch is not None and idle is not None and idle.covers_epoch is not None
+                and watch.replaced_after(idle.covers, idle.covers_epoch) is not None):
+            # Started before a cover of its sandbox was replaced on the host: it sees the
+            # new file, so it is closed, and this turn starts a fresh one.
+            log.warning("[%s %s] closing %s: a file hidden from it was replaced on the host since it started",
+                        self.channel, self.turn_id, self.agent.name)
+            await self.pool.close(key)
+        epoch = watch.epoch if watch is not None else 0
+        agent = await self.pool.agent(key, spec)
+        if agent.covers_epoch is None:
+            agent.covers, agent.covers_epoch = self._covered, epoch
         self._agent = agent
         if ports.preparing is not None:
             await ports.preparing(self.channel, self.turn_id)

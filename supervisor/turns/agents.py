@@ -213,6 +213,11 @@ class AcpAgent:
         self.unattended = unattended
         self.conn = AcpConnection(unattended=unattended)
         self.tree: ProcessTree | None = None
+        self.covers: tuple[str, ...] = ()
+        """The covers of its sandbox a replacement on the host would detach (its first turn
+        records them: :mod:`supervisor.procs.covers`)."""
+        self.covers_epoch: int | None = None
+        """The cover watch's epoch when it was planned (None: not recorded yet)."""
         self.info: Initialized | None = None
         self.notices: list[str] = []
         """Things the owner should store as status entries (e.g. a session that could not load)."""

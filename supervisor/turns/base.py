@@ -46,8 +46,9 @@ from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnA
 from ..core.ledger import OutputKind, TurnTicket
 from ..core.login import login_help
 from ..core.text import shown
+from ..procs.covers import replaced_text
 from ..procs.files import CredentialsUnreadable
-from ..procs.sandbox import NotStartable, SandboxRefused
+from ..procs.sandbox import NotStartable, SandboxRefused, detachable
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
 from ..store.store import Draft, Pending, StoreError
 from .ports import TurnLimit, TurnOutcome, TurnPorts
@@ -102,6 +103,12 @@ class BaseTurn:
         self._account = TurnAccount(self.author, self.turn_id, login_help=login_help(agent.name, agent.adapter))
         self._limited = False
         """A stall or turn timeout ended the turn: from then on only corral's line is stored."""
+        self._early: TurnLimit | None = None
+        """Why corral ended the turn from outside it (a cover replaced on the host)."""
+        self._early_scope = trio.CancelScope()
+        self._covered: tuple[str, ...] = ()
+        """The covers of its sandbox a replacement on the host would detach."""
+        self._covers_token: object | None = None
         self._last: Pending | None = None
         self._draft: ShowDraft | None = None
         """The open run's latest draft, not yet shown (a kind that shows each as it comes keeps none)."""
@@ -217,7 +224,10 @@ class BaseTurn:
         """Run the turn to its end; never raises for the turn's own failures."""
         try:
             with self.scope:
-                await self._prepare_and_stream(session_id)
+                with self._early_scope:
+                    await self._prepare_and_stream(session_id)
+                if self._early is not None:
+                    raise self._early
         except TurnLimit as exc:
             # corral ended it: what the CLI says on its way out ("Request interrupted by user")
             # would tell the wrong story, so only corral's own line is stored (the session id
@@ -236,6 +246,8 @@ class BaseTurn:
         finally:
             with trio.CancelScope(shield=True):
                 await self._teardown()
+            if self._covers_token is not None and self.ports.covers is not None:
+                self.ports.covers.unregister(self._covers_token)
         return self.outcome
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:
@@ -306,11 +318,33 @@ class BaseTurn:
     def _sandbox(self, launch: Launch, home: str) -> tuple[str, ...]:
         """The argv the agent starts behind (empty: no sandbox); its login files read-only, its
         program found on the PATH it gets, as the kernel will run it."""
-        return tuple(self.ports.sandbox.prefix(
+        sandbox = self.ports.sandbox
+        reach = sandbox.reach(
             self.agent.name, cwd=launch.cwd, home=home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
             installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
             read_only=[Path(home) / rel for _, rel in self.agent.credentials],
             shown=self.agent.sandbox_show, program=launch.argv[0],
             path_env=self._environment(launch, "").get("PATH"),
-        ))
+        )
+        if reach is None:
+            return ()
+        self._covered = detachable(reach)
+        return sandbox.argv(reach)
+
+    def _watch_covers(self) -> None:
+        """Register the sandbox's detachable covers, before the spawn (see :mod:`..procs.covers`)."""
+        watch = self.ports.covers
+        if watch is not None and self._covered and self._covers_token is None:
+            self._covers_token = watch.register(self._covered, self._cover_replaced)
+
+    def _cover_replaced(self, path: str) -> None:
+        """A covered path was replaced on the host: the tree is killed in this step (no
+        checkpoint from the event), and the turn ends with corral's words."""
+        self._early = TurnLimit(replaced_text(path))
+        tree = self.tree
+        if tree is not None:
+            tree.kill_group()
+        self._early_scope.cancel()
+        log.warning("[%s %s] ended: %s was replaced on the host while the turn ran (its cover detached)",
+                    self.channel, self.turn_id, shown(path, lines=False))

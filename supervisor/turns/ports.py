@@ -28,6 +28,7 @@ from adapters import Adapter
 from ..config.settings import AgentConfig
 from ..core.ledger import OutputKind
 from ..procs.cgroup import CgroupRoot
+from ..procs.covers import CoverWatch
 from ..procs.files import private_folder
 from ..procs.hooks import Spawner, TurnHook
 from ..procs.registry import ProcessRegistry
@@ -180,6 +181,9 @@ class TurnPorts:
     """Keep a normal turn's background processes (``keep_background``), reaping them later."""
     preparing: TurnHook | None = None
     """A test's hook, awaited right before the point of no return."""
+    covers: CoverWatch | None = None
+    """Where a turn registers the covers a replacement on the host would detach (sandboxed
+    turns; :mod:`supervisor.procs.covers`)."""
 
 
 class RunningTurn(Protocol):

@@ -140,6 +140,7 @@ class Turn(BaseTurn):
         )
         await trio.to_thread.run_sync(place_credentials, Path(request.home), self.agent.credentials)
         sandbox = self._sandbox(launch, request.home)
+        self._watch_covers()
         if ports.preparing is not None:
             await ports.preparing(self.channel, self.turn_id)
         # The point of no return: the ledger is asked, then the spawn follows at once.
@@ -171,6 +172,8 @@ class Turn(BaseTurn):
         # landed during the spawn is seen here and the process dies at once.
         self.tree = ProcessTree(process, self.turn_id, cgroup, sandboxed=bool(sandbox))
         ports.registry.register(self.channel, self.turn_id, self.tree)
+        if self._early is not None:  # (a cover was replaced during the spawn: it dies now)
+            self.tree.kill_group()
         leader = self.tree.leader
         ports.store.turn_spawned(self.turn_id, process.pid, leader.started if leader else None)
         log.info("[%s %s] started %s (pid %d)", self.channel, self.turn_id, self.agent.name, process.pid)
