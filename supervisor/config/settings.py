@@ -31,6 +31,8 @@ DEFAULT_MAX_HOPS = 6
 DEFAULT_SOCKET_MODE = 0o600
 #: ``[server] memory_reserve`` unless set: what corral itself, the store and the system keep.
 DEFAULT_MEMORY_RESERVE = 512 * 1024 * 1024
+#: Bytes of the state folder's disk corral keeps in reserve for the store (``[server] disk_reserve``).
+DEFAULT_DISK_RESERVE = 64 << 20
 #: ``[server] memory_pressure`` unless set: 20% of ten seconds with every task stalled on memory.
 DEFAULT_MEMORY_PRESSURE = 20.0
 
@@ -84,6 +86,10 @@ class ServerConfig:
     """Bytes a turn may not start into: it waits while available memory would fall below this."""
     memory_pressure: float = DEFAULT_MEMORY_PRESSURE
     """A turn waits while memory pressure (PSI ``full avg10``, percent) is at least this."""
+    disk_reserve: int = DEFAULT_DISK_RESERVE
+    """Bytes corral holds on the state folder's disk (a reserve file): below them free, the
+    running turns end and none starts, so a turn filling its HOME cannot fill the store's disk
+    (0: off; :mod:`supervisor.host.disk`)."""
 
 
 #: A turn's memory unless its config says otherwise (where the memory controller is delegated).
@@ -309,7 +315,7 @@ class ClusterConfig:
 _TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges"}
 _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "bwrap", "max_turns",
-           "memory_reserve", "memory_pressure"}
+           "memory_reserve", "memory_pressure", "disk_reserve"}
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max",
                "max_output"}
@@ -1003,11 +1009,13 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         check.add("server.bwrap", f"{bwrap} is not an executable file",
                   "name bubblewrap's program (e.g. /usr/bin/bwrap), or remove bwrap to use the one corral ships")
     max_turns, memory_reserve, memory_pressure = _capacity(check, server)
+    disk_reserve = check.size(server, "disk_reserve", "server.", "64M")
     return ServerConfig(
         socket=socket_path, tcp=tcp, token_file=token_file,
         socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
         sandbox=cast(SandboxMode, sandbox), bwrap=bwrap, max_turns=max_turns, memory_reserve=memory_reserve,
         memory_pressure=memory_pressure,
+        disk_reserve=DEFAULT_DISK_RESERVE if disk_reserve is None else disk_reserve,
     )
 
 

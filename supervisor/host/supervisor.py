@@ -82,6 +82,7 @@ from ..store.store import Draft, Entry, Store, open_store
 from ..turns.ports import Places, TurnPorts
 from .capacity import Capacity
 from .delivery import Delivery
+from .disk import DiskGuard
 from .fleet_ownership import FleetOwnership
 from .lanes import Lanes, _TurnStore
 from .ownership import Ownership, SingleHost
@@ -147,6 +148,10 @@ class Supervisor:
             within=os.getpid() if subreaper else None, elsewhere=lambda wanted: self._registry.leader_pids()
         )
         self._places = Places(config.state_dir, store.session)
+        self.disk = (DiskGuard(config.state_dir, config.server.disk_reserve, turns=lambda: self._lanes.turns.values())
+                     if config.server.disk_reserve else None)
+        """The reserve on the state folder's disk and its guard (:mod:`.disk`); None: off."""
+        refusal = self.disk.refusal if self.disk is not None else None
         fleet = FleetOwnership(config, store, self._ledger, nursery) if store.host is not None else None
         self._ownership: Ownership = fleet if fleet is not None else SingleHost()
         self.fleet: Fleet | None = self._ownership.fleet
@@ -157,7 +162,7 @@ class Supervisor:
                 ledger=self._ownership.turn_ledger(self._ledger), store=turn_store, registry=self._registry,
                 scanner=self.scanner, spawn=hooks.spawn or spawn, places=self._places, cgroups=cgroups,
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
-                covers=covers,
+                covers=covers, refusal=refusal,
             )
 
         self._capacity = Capacity(
@@ -667,6 +672,9 @@ async def open_supervisor(
                 nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")
             if covers is not None:
                 nursery.start_soon(covers.run, name="corral-cover-watch")
+            if sup.disk is not None:
+                await trio.to_thread.run_sync(sup.disk.take)
+                nursery.start_soon(sup.disk.run, name="corral-disk-guard")
             # Orphans of an abrupt end die before anything is re-queued or served.
             await sup.recover()
             await sup.restore()
@@ -680,6 +688,8 @@ async def open_supervisor(
                 nursery.cancel_scope.cancel()
                 if sup.cgroups is not None:
                     sup.cgroups.close()
+                if sup.disk is not None:
+                    sup.disk.close()
     finally:
         if restore_subreaper:
             set_child_subreaper(False)

@@ -9,11 +9,14 @@ its read-only root. A turn's plan cannot prevent an edit made after its start, s
 watches: every turn registers the paths its sandbox covers (:func:`.sandbox.detachable`, only
 those whose folder the turn sees) before its program starts, and an inotify watch on their
 folders (:class:`CoverWatch`) calls the turn back, in the same step the event is read, when
-one of them is created, deleted or renamed; the turn's tree is killed there and then (no
+a file of one of their names appears (created, or renamed over it; a delete alone shows the turn
+nothing, the path is gone, and the next create is seen); the turn's tree is killed there and then (no
 checkpoint from the event to the signal) and the turn ends with corral's words. An idle
 persistent agent asks :meth:`CoverWatch.replaced_after` before its next turn.
 
-What it does not close: the time from the rename to the kill (the kernel's event, one read,
+What it does not see: a folder *above* a covered path moved away and made again (its new
+entries are not watched; the watch of the old one is dropped, and logged). What it does not
+close: the time from the rename to the kill (the kernel's event, one read,
 one signal: measured in the escape suite, well under a millisecond on a quiet machine) — a
 turn that spins on the path may read the new file in it. The way to have no window at all is
 a folder of corral's own for its files (``/etc/corral``, the state folder): a folder holding
@@ -49,8 +52,9 @@ IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x1000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
-#: What replaces an entry of a folder, or the folder itself.
-WATCHED = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+#: A name that appears in a folder (a file created, or renamed over another): what shows a
+#: turn a new file where its cover was. (A delete alone shows it nothing: the path is gone.)
+WATCHED = IN_MOVED_TO | IN_CREATE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 _HEADER = struct.Struct("iIII")
 
 
@@ -153,7 +157,10 @@ class CoverWatch:
             if folder is None:
                 continue
             if event.whole:
-                replaced |= {p for r in self._registrations for p in r.paths if os.path.dirname(p) == folder}
+                # The folder itself went (its covered entries went with it, covers and all):
+                # nothing new shows through yet, but a folder made in its place is not seen.
+                log.warning("%s was moved or deleted: a folder made in its place is not watched for replaced "
+                            "covers", folder)
                 del self._by_wd[event.wd]
                 self._folders.pop(folder, None)
             else:

@@ -224,6 +224,9 @@ class BaseTurn:
         """Run the turn to its end; never raises for the turn's own failures."""
         try:
             with self.scope:
+                refused = self.ports.refusal() if self.ports.refusal is not None else None
+                if refused is not None:
+                    raise NotStartable(refused)
                 with self._early_scope:
                     await self._prepare_and_stream(session_id)
                 if self._early is not None:
@@ -339,12 +342,19 @@ class BaseTurn:
             self._covers_token = watch.register(self._covered, self._cover_replaced)
 
     def _cover_replaced(self, path: str) -> None:
-        """A covered path was replaced on the host: the tree is killed in this step (no
-        checkpoint from the event), and the turn ends with corral's words."""
-        self._early = TurnLimit(replaced_text(path))
+        """A covered path was replaced on the host: the turn ends at once, in corral's words."""
+        log.warning("[%s %s] ending: %s was replaced on the host while the turn ran (its cover detached)",
+                    self.channel, self.turn_id, shown(path, lines=False))
+        self.end_early(replaced_text(path))
+
+    def end_early(self, why: str) -> None:
+        """End the turn from outside it (a replaced cover, a disk below its reserve): its tree
+        is killed in this step — no checkpoint from the caller's decision to the signal — and
+        the turn ends with ``why`` as its last words."""
+        if self._early is not None or self.done.is_set():
+            return
+        self._early = TurnLimit(why)
         tree = self.tree
         if tree is not None:
             tree.kill_group()
         self._early_scope.cancel()
-        log.warning("[%s %s] ended: %s was replaced on the host while the turn ran (its cover detached)",
-                    self.channel, self.turn_id, shown(path, lines=False))

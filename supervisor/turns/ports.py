@@ -181,6 +181,8 @@ class TurnPorts:
     """Keep a normal turn's background processes (``keep_background``), reaping them later."""
     preparing: TurnHook | None = None
     """A test's hook, awaited right before the point of no return."""
+    refusal: Callable[[], str | None] | None = None
+    """Why no turn may start now, if so (the disk guard's: :mod:`supervisor.host.disk`)."""
     covers: CoverWatch | None = None
     """Where a turn registers the covers a replacement on the host would detach (sandboxed
     turns; :mod:`supervisor.procs.covers`)."""
@@ -208,6 +210,10 @@ class RunningTurn(Protocol):
     """The working folder, once prepared."""
     ended: str | None
     """How a stopped persistent agent's prompt ended (``cancelled`` or ``killed``); None otherwise."""
+
+    def end_early(self, why: str) -> None:
+        """Kill the turn's tree now and end it with ``why`` (a decision of corral's from outside it)."""
+        ...
 
     @property
     def generation(self) -> int:
