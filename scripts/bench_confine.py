@@ -30,7 +30,7 @@ from pathlib import Path
 import trio
 
 from scripts._bench import short_tmp, spread
-from supervisor.procs.sandbox import Private, Sandbox, Support, probe
+from supervisor.procs.sandbox import Private, Sandbox, Support, TurnGrants, probe
 from supervisor.procs.tree import spawn
 
 ECHO = ("/bin/echo", "hi")
@@ -54,9 +54,9 @@ def bench(folder: Path, bwrap: str, rounds: int) -> dict[str, list[float]]:
     support = probe(bwrap)
     if not support.available:
         raise SystemExit(f"no sandbox with {bwrap}: {'; '.join(support.missing)}")
-    hardened = Sandbox("required", support, Private()).prefix("a", cwd=str(folder), home=str(folder))
-    bare = Sandbox("required", Support(bwrap, version=support.version), Private()).prefix(
-        "a", cwd=str(folder), home=str(folder))
+    grants = TurnGrants("a", cwd=str(folder), home=str(folder))
+    hardened = Sandbox("required", support, Private()).prefix(grants)
+    bare = Sandbox("required", Support(bwrap, version=support.version), Private()).prefix(grants)
     env = {"PATH": os.defpath}
     rows: dict[str, list[float]] = {"before, plain": [], "after, plain": [], "before, sandboxed": [],
                                     "after, sandboxed": []}

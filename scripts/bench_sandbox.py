@@ -49,7 +49,7 @@ from scripts._bench import pct, short_tmp, spread
 from supervisor import open_supervisor
 from supervisor.config.settings import parse_config
 from supervisor.procs.cgroup import open_root
-from supervisor.procs.sandbox import BASE_ARGS, Sandbox, open_sandbox, private_paths
+from supervisor.procs.sandbox import BASE_ARGS, Sandbox, TurnGrants, open_sandbox, private_paths
 from supervisor.procs.tree import spawn
 
 LIGHT = "sleep 300 & setsid sleep 300 & echo ready; wait"
@@ -79,7 +79,7 @@ def bench_spawn(folder: Path, rounds: int) -> tuple[list[float], list[float], li
                             config_path=folder / "corral.toml", token_file=None, socket=folder / "corral.sock",
                             cgroup_subtree=None, agent_dirs={})
     sandbox = open_sandbox("required", private)
-    prefix = sandbox.prefix("a", cwd=str(folder), home=str(home))
+    prefix = sandbox.prefix(TurnGrants("a", cwd=str(folder), home=str(home)))
     assert sandbox.support.bwrap is not None
     bare = (sandbox.support.bwrap, *BASE_ARGS, "--chdir", str(folder), "--")
     root = open_root("auto", f"bench-sandbox-{os.getpid()}")
@@ -121,7 +121,7 @@ def bench_steps(folder: Path, rounds: int) -> dict[str, list[float]]:
     unshare = shutil.which("unshare")
 
     def prefix(priv: Any, sup: Any) -> tuple[str, ...]:
-        return Sandbox("required", sup, priv).prefix("a", cwd=str(folder), home=str(home))
+        return Sandbox("required", sup, priv).prefix(TurnGrants("a", cwd=str(folder), home=str(home)))
 
     variants: dict[str, tuple[str, ...]] = {
         "floor (no sandbox)": (),
@@ -157,8 +157,8 @@ def bench_steps(folder: Path, rounds: int) -> dict[str, list[float]]:
     plans: list[float] = []
     for _ in range(200):
         t0 = time.perf_counter()
-        sandbox.plan("a", cwd=str(folder), home=str(home), program=sys.executable,
-                     installation=(sys.executable, "-c", "pass"), path_env=os.defpath)
+        sandbox.plan(TurnGrants("a", cwd=str(folder), home=str(home), program=sys.executable,
+                                installation=(sys.executable, "-c", "pass"), path_env=os.defpath))
         plans.append((time.perf_counter() - t0) * 1000)
     samples["the plan, in the parent"] = plans
     return samples

@@ -22,7 +22,7 @@ from conftest import PYTHON
 
 from supervisor.procs import confine
 from supervisor.procs.confine import DISABLE_USERNS
-from supervisor.procs.sandbox import BASE_ARGS, HARDENING_FIX, Private, Sandbox, open_sandbox, probe
+from supervisor.procs.sandbox import BASE_ARGS, HARDENING_FIX, Private, Sandbox, TurnGrants, open_sandbox, probe
 from supervisor.procs.tree import spawn
 
 FAKES = Path(__file__).parent / "fakes"
@@ -51,8 +51,8 @@ def sandboxed(bwrap: str, argv: tuple[str, ...], folder: Path) -> str:
     sandbox = Sandbox("required", probe(bwrap), Private())
     # The program and its files stay in sight as a turn's installation does (a checkout under
     # /tmp — CI's may be — is otherwise under the turn's private /tmp).
-    prefix = sandbox.prefix("a", cwd=str(folder), home=str(folder), program=argv[0],
-                            installation=tuple(word for word in argv if os.path.isabs(word)))
+    prefix = sandbox.prefix(TurnGrants("a", cwd=str(folder), home=str(folder), program=argv[0],
+                                       installation=tuple(word for word in argv if os.path.isabs(word))))
 
     async def run() -> str:
         process = await spawn(argv, env={"PATH": os.environ["PATH"], "HOME": str(folder)},

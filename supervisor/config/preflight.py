@@ -18,7 +18,7 @@ import pwd
 import sqlite3
 from pathlib import Path
 
-from ..procs.sandbox import NotStartable, Private, Sandbox, private_paths, seen_as
+from ..procs.sandbox import NotStartable, Private, Sandbox, TurnGrants, private_paths, seen_as
 from .settings import Config, Problem
 
 #: ``sun_path`` is 108 bytes on Linux, one of them the terminating NUL.
@@ -217,11 +217,11 @@ def sandbox_warnings(config: Config, sandbox: Sandbox) -> list[Problem]:
         command = agent.command or _default_command(agent.adapter)
         path_env = agent.env.get("PATH", os.environ.get("PATH", os.defpath))
         try:
-            reach = sandbox.plan(
+            reach = sandbox.plan(TurnGrants(
                 agent.name, cwd=str(cwd), home=str(home), writable=agent.sandbox_write,
                 hidden=agent.sandbox_hide, network=agent.network, installation=(*command, *agent.args),
                 shown=agent.sandbox_show, program=command[0] if command else None, path_env=path_env,
-            )
+            ))
         except NotStartable as exc:
             found.append(Problem(file, f"{prefix}.command", f"cannot be started inside the sandbox: {exc}",
                                  "see the fix named for each path"))

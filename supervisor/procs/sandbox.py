@@ -607,6 +607,37 @@ def _kernel_words(hardening: tuple[str, ...]) -> list[str]:
     return describe_hardening(hardening)
 
 
+@dataclass(frozen=True, slots=True)
+class TurnGrants:
+    """What one turn's sandbox is planned from (:meth:`Sandbox.plan`): who runs, where, and
+    what its config grants and hides.
+
+    ``program`` is what the turn runs (the command's first word), found on ``path_env`` the way
+    the kernel would run it (:mod:`.installation`); ``installation`` is the agent's configured
+    ``command`` and ``args`` (never the prompt: a stranger writes that). The folders they need
+    stay in sight, read-only, wherever they are hidden (a HOME, ``/tmp``), unless a rule of the
+    config hides them (``sandbox_hide``, corral's private state, another agent's folder): then
+    :class:`NotStartable` says which, and the key that grants it."""
+
+    agent: str
+    cwd: str
+    """Its working folder (writable)."""
+    home: str
+    """Its HOME (writable)."""
+    writable: tuple[Path, ...] = ()
+    """``sandbox_write``."""
+    hidden: tuple[Path, ...] = ()
+    """``sandbox_hide``."""
+    network: Network = "host"
+    installation: tuple[str, ...] = ()
+    read_only: tuple[Path, ...] = ()
+    """Files in its own folders it may read and never change (its login files: ``credentials``)."""
+    shown: tuple[Path, ...] = ()
+    """``sandbox_show``, read-only."""
+    program: str | None = None
+    path_env: str | None = None
+
+
 class Sandbox:
     """The sandbox of one supervisor: its mode, this machine's :class:`Support`, and what
     is private. :meth:`prefix` is the argv a turn's program is started behind."""
@@ -656,64 +687,22 @@ class Sandbox:
                     f"{'; '.join(self.support.missing)}. Fix: {self.support.fix}")
         return None
 
-    def prefix(
-        self,
-        agent: str,
-        *,
-        cwd: str,
-        home: str,
-        writable: Iterable[Path] = (),
-        hidden: Iterable[Path] = (),
-        network: Network = "host",
-        installation: Iterable[str] = (),
-        read_only: Iterable[Path] = (),
-        shown: Iterable[Path] = (),
-        program: str | None = None,
-        path_env: str | None = None,
-    ) -> tuple[str, ...]:
-        """The argv to start one turn's program behind (``unshare ... bwrap ... --``); () when inactive.
-
-        ``program`` is what the turn runs (the command's first word), found on ``path_env`` the
-        way the kernel would run it (:mod:`.installation`); ``installation`` is the agent's
-        configured ``command`` and ``args`` (never the prompt: a stranger writes that). The
-        folders they need stay in sight, read-only, wherever they are hidden (a HOME, ``/tmp``),
-        unless a rule of the config hides them (``sandbox_hide``, corral's private state,
-        another agent's folder): then :class:`NotStartable` says which, and the key that
-        grants it. ``shown``: ``sandbox_show``, read-only. ``read_only``: files in its own
-        folders it may read and never change (its login files, see ``credentials``).
-
-        Raises :class:`SandboxRefused` when the mode is ``required`` and there is no sandbox.
-        """
-        reach = self.reach(agent, cwd=cwd, home=home, writable=writable, hidden=hidden, network=network,
-                           installation=installation, read_only=read_only, shown=shown, program=program,
-                           path_env=path_env)
+    def prefix(self, turn: TurnGrants) -> tuple[str, ...]:
+        """The argv to start one turn's program behind (``unshare ... bwrap ... --``); () when
+        inactive. Raises :class:`SandboxRefused` when the mode is ``required`` and there is no
+        sandbox, :class:`NotStartable` as :meth:`plan` does."""
+        reach = self.reach(turn)
         return self.argv(reach) if reach is not None else ()
 
-    def reach(
-        self,
-        agent: str,
-        *,
-        cwd: str,
-        home: str,
-        writable: Iterable[Path] = (),
-        hidden: Iterable[Path] = (),
-        network: Network = "host",
-        installation: Iterable[str] = (),
-        read_only: Iterable[Path] = (),
-        shown: Iterable[Path] = (),
-        program: str | None = None,
-        path_env: str | None = None,
-    ) -> Reach | None:
-        """The :class:`Reach` a turn starts in (see :meth:`prefix`, which is :meth:`argv` of
-        it), or None when inactive; raises :class:`SandboxRefused` as :meth:`prefix` does."""
+    def reach(self, turn: TurnGrants) -> Reach | None:
+        """The :class:`Reach` a turn starts in (:meth:`prefix` is :meth:`argv` of it), or None
+        when inactive; raises as :meth:`prefix` does."""
         refused = self.refusal()
         if refused is not None:
             raise SandboxRefused(refused)
         if not self.active:
             return None
-        return self.plan(agent, cwd=cwd, home=home, writable=writable, hidden=hidden, network=network,
-                         installation=installation, read_only=read_only, shown=shown, program=program,
-                         path_env=path_env)
+        return self.plan(turn)
 
     def argv(self, reach: Reach) -> tuple[str, ...]:
         """The argv that starts a program in ``reach`` (``unshare ... bwrap ... --``)."""
@@ -721,25 +710,15 @@ class Sandbox:
         front = (self.support.unshare, *UNSHARE_ARGS) if self.support.unshare else ()
         return (*front, self.support.bwrap, *bwrap_args(reach), "--")
 
-    def plan(
-        self,
-        agent: str,
-        *,
-        cwd: str,
-        home: str,
-        writable: Iterable[Path] = (),
-        hidden: Iterable[Path] = (),
-        network: Network = "host",
-        installation: Iterable[str] = (),
-        read_only: Iterable[Path] = (),
-        shown: Iterable[Path] = (),
-        program: str | None = None,
-        path_env: str | None = None,
-    ) -> Reach:
-        """The :class:`Reach` of one turn (see :meth:`prefix`); raises :class:`NotStartable`."""
-        writable = [p for p in writable if p.exists()]
-        shown = [p for p in shown if p.exists()]
-        hidden = list(hidden)
+    def plan(self, turn: TurnGrants) -> Reach:
+        """The :class:`Reach` of one turn, whatever the mode (``check`` plans with it too);
+        raises :class:`NotStartable` when its program cannot be started inside."""
+        agent, cwd, home, network = turn.agent, turn.cwd, turn.home, turn.network
+        program, path_env, read_only = turn.program, turn.path_env, turn.read_only
+        writable = [p for p in turn.writable if p.exists()]
+        shown = [p for p in turn.shown if p.exists()]
+        hidden = list(turn.hidden)
+        installation = turn.installation
         own = [Path(cwd), Path(home), *writable]
         their_dirs, their_files = other_instances(self.instances, self.store_id)
         dirs = [*self.private.dirs, *their_dirs]

@@ -48,7 +48,7 @@ from ..core.login import login_help
 from ..core.text import shown
 from ..procs.covers import replaced_text
 from ..procs.files import CredentialsUnreadable
-from ..procs.sandbox import NotStartable, SandboxRefused, detachable
+from ..procs.sandbox import NotStartable, SandboxRefused, TurnGrants, detachable
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
 from ..store.store import Draft, Pending, StoreError
 from .ports import TurnLimit, TurnOutcome, TurnPorts
@@ -322,14 +322,14 @@ class BaseTurn:
         """The argv the agent starts behind (empty: no sandbox); its login files read-only, its
         program found on the PATH it gets, as the kernel will run it."""
         sandbox = self.ports.sandbox
-        reach = sandbox.reach(
+        reach = sandbox.reach(TurnGrants(
             self.agent.name, cwd=launch.cwd, home=home, writable=self.agent.sandbox_write,
             hidden=self.agent.sandbox_hide, network=self.agent.network,
             installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
-            read_only=[Path(home) / rel for _, rel in self.agent.credentials],
+            read_only=tuple(Path(home) / rel for _, rel in self.agent.credentials),
             shown=self.agent.sandbox_show, program=launch.argv[0],
             path_env=self._environment(launch, "").get("PATH"),
-        )
+        ))
         if reach is None:
             return ()
         self._covered = detachable(reach)
