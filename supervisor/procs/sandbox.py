@@ -43,7 +43,9 @@ bwrap`` names another (see :func:`bwrap_candidates`). It starts behind util-linu
 * **Its own processes only** (``--unshare-pid`` and a fresh ``/proc``): the daemon and other
   turns have no pid it could name, so it cannot signal, ptrace or read the ``environ`` or
   ``mem`` of any of them. Its own tree it can. ``--unshare-ipc`` too, and with ``network =
-  "none"`` a network namespace of its own (loopback only, nothing listening).
+  "none"`` a network namespace of its own (loopback only, nothing listening); under a network
+  policy (``"internet"``, a list: :mod:`supervisor.core.netpolicy`) the namespace made for
+  the turn by :mod:`.netns`, entered before bwrap, whose one listener is the daemon's proxy.
 * **Less kernel to attack** (:mod:`.confine`, :mod:`.seccomp`): a seccomp filter refusing
   io_uring, eBPF, userfaultfd, perf events, the keyrings, module loading, the mount family,
   new namespaces and personality changes; no nested user namespaces (``--disable-userns``);
@@ -95,13 +97,15 @@ log = logging.getLogger("corral.sandbox")
 
 SandboxMode = Literal["auto", "required", "off"]
 """``[server] sandbox``: on where possible, on or refuse, or never."""
-Network = Literal["host", "none"]
-"""An agent's ``network``: the host's (loopback and the model APIs), or none at all."""
+Network = Literal["host", "none", "proxied"]
+"""A sandbox's network: the host's, none at all (a namespace of its own, loopback only), or
+``proxied``: the namespace the turn is entered into before bwrap (:mod:`.netns`), whose only
+way out is the daemon's proxy — bwrap then makes no network namespace of its own."""
 View = Literal["writable", "read-only", "hidden"]
 """How a turn sees a path of the host (see :func:`seen_as`)."""
 
 MODES: tuple[SandboxMode, ...] = ("auto", "required", "off")
-NETWORKS: tuple[Network, ...] = ("host", "none")
+NETWORKS: tuple[Network, ...] = ("host", "none", "proxied")
 
 #: What every sandbox is built of, whatever the turn.
 BASE_ARGS = (
@@ -658,6 +662,7 @@ class Sandbox:
         shown: Iterable[Path] = (),
         program: str | None = None,
         path_env: str | None = None,
+        entering: Sequence[str] = (),
     ) -> tuple[str, ...]:
         """The argv to start one turn's program behind (``unshare ... bwrap ... --``); () when inactive.
 
@@ -669,6 +674,8 @@ class Sandbox:
         another agent's folder): then :class:`NotStartable` says which, and the key that
         grants it. ``shown``: ``sandbox_show``, read-only. ``read_only``: files in its own
         folders it may read and never change (its login files, see ``credentials``).
+        ``entering``: the words that put it into its network namespace first (``network =
+        "proxied"``, :mod:`.netns`), in front of everything else, the ``unshare`` step too.
 
         Raises :class:`SandboxRefused` when the mode is ``required`` and there is no sandbox.
         """
@@ -681,8 +688,12 @@ class Sandbox:
         reach = self.plan(agent, cwd=cwd, home=home, writable=writable, hidden=hidden, network=network,
                           installation=installation, read_only=read_only, shown=shown, program=program,
                           path_env=path_env)
+        if network == "proxied" and not entering:
+            raise SandboxRefused("a proxied network needs the namespace to enter (supervisor.procs.netns)")
+        # nsenter first: the unshare step's user and mount namespaces are then made inside the
+        # turn's network namespace's user namespace, and bwrap's inside those.
         front = (self.support.unshare, *UNSHARE_ARGS) if self.support.unshare else ()
-        return (*front, self.support.bwrap, *bwrap_args(reach), "--")
+        return (*entering, *front, self.support.bwrap, *bwrap_args(reach), "--")
 
     def plan(
         self,

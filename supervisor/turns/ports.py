@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -32,6 +32,9 @@ from ..procs.files import private_folder
 from ..procs.hooks import Spawner, TurnHook
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from ..net.proxy import NetworkService
 from ..procs.tree import KillReport, MarkerScanner, ProcessTree
 from ..store.store import Draft, Pending
 
@@ -180,6 +183,9 @@ class TurnPorts:
     """Keep a normal turn's background processes (``keep_background``), reaping them later."""
     preparing: TurnHook | None = None
     """A test's hook, awaited right before the point of no return."""
+    network: NetworkService | None = None
+    """The proxy a turn under a network policy reaches the network through (None: no
+    sandbox, so no policy can be enforced)."""
 
 
 class RunningTurn(Protocol):
