@@ -92,6 +92,15 @@ def test_a_grant_opens_exactly_its_address_and_port() -> None:
     assert isinstance(decide(policy, "::ffff:127.0.0.1", 8080, A("::ffff:127.0.0.1")), Allowed)
 
 
+def test_only_loopback_ports_granted_one_by_one_are_forwarded_onto_the_turns_loopback() -> None:
+    policy = parse_policy("internet", ["127.0.0.1:8080", "[::1]:9000", "localhost:11434", "127.0.0.2:80",
+                                       "127.0.0.1", "127.0.0.0/8", "10.0.0.1:5432", "git.internal:443",
+                                       "127.0.0.1:8080"])
+    assert policy.forwarded == (("127.0.0.1", 8080), ("::1", 9000), ("127.0.0.1", 11434), ("::1", 11434),
+                                ("127.0.0.2", 80))
+    assert parse_policy("internet", []).forwarded == ()
+
+
 def test_a_domain_list_allows_exactly_its_names() -> None:
     policy = parse_policy(["api.anthropic.com", "*.githubusercontent.com", "pypi.org:443"])
     pub = A("151.101.0.223")

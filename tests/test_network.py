@@ -138,6 +138,7 @@ async def test_the_default_refuses_loopback_and_a_name_for_it_and_a_grant_opens_
             ["granted, SOCKS", "socks", "127.0.0.1", port],
             ["granted, plain HTTP", "get", "127.0.0.1", port],
             ["granted, ignoring the proxy", "direct", "127.0.0.1", port],
+            ["another port, ignoring the proxy", "direct", "127.0.0.1", other.port],
             ["another loopback port", "connect", "127.0.0.1", other.port],
             ["another port by SOCKS", "socks", "127.0.0.1", other.port],
             ["a name for loopback", "connect", "localhost", other.port],
@@ -149,8 +150,11 @@ async def test_the_default_refuses_loopback_and_a_name_for_it_and_a_grant_opens_
     assert got["granted, SOCKS"] == "ok:hello", got
     # (the greeter is no HTTP server: the proxy forwarded the request and relayed its answer)
     assert got["granted, plain HTTP"] == "reached:BadStatusLine", got
-    # A tool that ignores the proxy has no network: the namespace's own loopback has nothing.
-    assert got["granted, ignoring the proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
+    # A granted loopback port is forwarded onto the turn's own loopback, at the same address
+    # (where NO_PROXY sends a tool); nothing else is there: a tool that ignores the proxy
+    # reaches no other port.
+    assert got["granted, ignoring the proxy"] == "ok:hello", got
+    assert got["another port, ignoring the proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
     status, reason = got["another loopback port"].split(":", 1)
     assert status == "403" and "loopback" in reason and "network_allow" in reason, got
     assert got["another port by SOCKS"] == "socks:2", got  # "not allowed by ruleset"
@@ -238,7 +242,7 @@ async def test_a_policy_turn_on_a_host_whose_mounts_propagate_enters_its_namespa
         ["another port", "connect", "127.0.0.1", greeter.port + 1 if greeter.port < 65535 else 1],
     ])
     assert got["granted, CONNECT"] == "ok:hello", got
-    assert got["granted, ignoring the proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
+    assert got["granted, ignoring the proxy"] == "ok:hello", got  # (forwarded onto its loopback)
     assert got["another port"].startswith("403:"), got
     assert len(argvs) == 1, argvs
     names = [Path(word).name for word in argvs[0]]
@@ -286,7 +290,8 @@ async def test_an_acp_agents_tools_reach_the_network_through_the_proxy_too(
     plan.write_text(json.dumps([
         ["granted", "connect", "127.0.0.1", greeter.port],
         ["refused", "connect", "127.0.0.1", other.port],
-        ["ignoring the proxy", "direct", "127.0.0.1", greeter.port],
+        ["granted, ignoring the proxy", "direct", "127.0.0.1", greeter.port],
+        ["another port, ignoring the proxy", "direct", "127.0.0.1", other.port],
     ]))
     state = short_tmp / "fake-state"
     state.mkdir()
@@ -305,7 +310,8 @@ async def test_an_acp_agents_tools_reach_the_network_through_the_proxy_too(
     got = json.loads(out.read_text())
     assert got["granted"] == "ok:hello", got
     assert got["refused"].startswith("403:") and "loopback" in got["refused"], got
-    assert got["ignoring the proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
+    assert got["granted, ignoring the proxy"] == "ok:hello", got  # (forwarded onto its loopback)
+    assert got["another port, ignoring the proxy"] in ("ECONNREFUSED", "ENETUNREACH"), got
     assert other.accepted == 0
 
 
@@ -327,7 +333,8 @@ class _LoopbackPool:
     def __init__(self) -> None:
         self.handed: list[_LoopbackNamespace] = []
 
-    async def take(self) -> _LoopbackNamespace:
+    async def take(self, forwards: tuple[tuple[str, int], ...] = ()) -> _LoopbackNamespace:
+        # (A stand-in on the host's loopback forwards nothing: these turns use the proxy.)
         listener = socket.create_server(("127.0.0.1", 0))
         listener.setblocking(False)
         ns = _LoopbackNamespace(holder=None, listener=listener)  # type: ignore[arg-type]
@@ -403,7 +410,7 @@ async def test_namespaces_are_made_ahead_and_none_outlives_its_close() -> None:
     async with open_netns_pool(spares=2) as pool:
         first = await pool.take()  # none ready yet: made now, and two spares start
         with trio.fail_after(60):
-            while len(pool._ready) < 2:
+            while len(pool._ready.get((), [])) < 2:
                 await trio.sleep(0.02)  # waiting for real helper processes
         made = pool.made
         taken = [first, await pool.take(), await pool.take()]
@@ -416,9 +423,17 @@ async def test_namespaces_are_made_ahead_and_none_outlives_its_close() -> None:
             await ns.aclose()
         assert all(ns.holder.returncode is not None for ns in taken)
         with trio.fail_after(60):
-            while len(pool._ready) < 2:
+            while len(pool._ready.get((), [])) < 2:
                 await trio.sleep(0.02)
-        spares = [ns.holder for ns in pool._ready]
+        spares = [ns.holder for ns in pool._ready[()]]
+        # A turn whose grants forward loopback ports gets a namespace made for them, never a
+        # plain spare; an address the namespace lacks (::1 without IPv6) is left out.
+        forwarded = await pool.take((("127.0.0.1", 4444), ("::1", 4444)))
+        assert [ns.holder for ns in pool._ready[()]] == spares
+        assert ("127.0.0.1", 4444) in forwarded.forwards and set(forwarded.forwards) <= {
+            ("127.0.0.1", 4444), ("::1", 4444)}
+        assert all(sock.getsockname()[1] == 4444 for sock in forwarded.forwards.values())
+        await forwarded.aclose()
     assert all(holder.returncode is not None for holder in spares), "a spare outlived the pool"
 
 

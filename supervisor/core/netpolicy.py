@@ -27,7 +27,9 @@ agent (``network``, ``network_allow``) with a ``[server]`` default. The words:
 
 ``network_allow`` grants, whatever the address: a name (``"git.internal:443"``), an address
 (``"127.0.0.1:8080"``, ``"[::1]:8080"``) or a network (``"10.0.0.0/8"``), each with an optional
-port. A grant is the only way to a loopback or private address.
+port. A grant is the only way to a loopback or private address. A loopback port granted one
+by one (:attr:`Policy.forwarded`) is also forwarded to the turn's own loopback, where a tool
+that keeps loopback off the proxy (``NO_PROXY``) looks for it.
 
 :func:`parse_policy` turns the config's words into a frozen :class:`Policy` (raising
 :class:`PolicyError` with the fix); :func:`decide` is what the proxy asks for each connection
@@ -131,6 +133,24 @@ class Policy:
     def proxied(self) -> bool:
         """Does a turn under this policy reach the network only through the proxy?"""
         return self.kind in ("internet", "list")
+
+    @property
+    def forwarded(self) -> tuple[tuple[str, int], ...]:
+        """The host's loopback ports this policy grants one by one (``"127.0.0.1:11434"``,
+        ``"[::1]:9000"``, ``"localhost:8080"``: an address or ``localhost``, and a port), as
+        (address, port): each is forwarded to the same address on the turn's own loopback,
+        so a tool reaches it directly as well as through the proxy. A network or a portless
+        grant is reached through the proxy only."""
+        found: list[tuple[str, int]] = []
+        for rule in self.grants:
+            if rule.port is None:
+                continue
+            if isinstance(rule, NameRule):
+                if rule.pattern == "localhost":
+                    found += [("127.0.0.1", rule.port), ("::1", rule.port)]
+            elif rule.network.num_addresses == 1 and rule.network.network_address.is_loopback:
+                found.append((str(rule.network.network_address), rule.port))
+        return tuple(dict.fromkeys(found))
 
     def describe(self) -> dict[str, object]:
         """For ``status`` and the dashboard."""

@@ -7,7 +7,11 @@ A turn whose ``network`` is a policy (:mod:`supervisor.core.netpolicy`) runs in 
 namespace of its own (:mod:`supervisor.procs.netns`) whose one listener,
 ``127.0.0.1:PROXY_PORT`` on its own loopback, belongs to this proxy: :meth:`NetworkService.open`
 takes a namespace and serves its listener for that turn (a :class:`TurnNetwork`), and the
-turn gets ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and lower case) pointing there.
+turn gets ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and lower case) pointing there, and
+``NO_PROXY`` its own loopback. A loopback port of the host granted one by one
+(``network_allow = ["127.0.0.1:11434"]``) also has a listener at the same address on the
+turn's loopback, served here: each connection to it is forwarded to the host's, so a tool
+that keeps loopback off the proxy (as ``NO_PROXY`` says) reaches it directly.
 
 One port speaks three ways, told apart by the first byte: SOCKS5 (``0x05``: CONNECT, no
 authentication), HTTP ``CONNECT host:port`` (a tunnel: TLS passes through untouched), and a
@@ -57,17 +61,19 @@ MAX_CONNECTIONS = 1024
 PER_TURN = 128
 
 
+#: What a turn's tools keep off the proxy: loopback is the turn's own (a CLI's own local
+#: server, as opencode's and kilo's ACP agents talk to theirs), where the host's granted
+#: loopback ports are forwarded (:attr:`~supervisor.core.netpolicy.Policy.forwarded`).
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+
 def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
     """What a turn behind the proxy gets: every proxy variable the common tools read
-    (``docs/agents.md`` says, per CLI, which it honours).
-
-    ``NO_PROXY`` is set empty on purpose: an inherited ``localhost`` entry would send a
-    tool's loopback requests to the namespace's own ``lo``, where nothing of the host is.
-    """
+    (``docs/agents.md`` says, per CLI, which it honours), and :data:`NO_PROXY`."""
     url = f"http://127.0.0.1:{port}"
     # ALL_PROXY names the HTTP proxy too, not SOCKS (which the same port also speaks): httpx
     # refuses a socks5h:// ALL_PROXY unless its optional socksio is installed (Mistral Vibe).
-    env = {"HTTPS_PROXY": url, "HTTP_PROXY": url, "ALL_PROXY": url, "NO_PROXY": ""}
+    env = {"HTTPS_PROXY": url, "HTTP_PROXY": url, "ALL_PROXY": url, "NO_PROXY": NO_PROXY}
     # Node's own fetch (undici) reads them only when told to (Node 24.5+, 22.21+; older ones
     # ignore the variable): a bare fetch in a tool then works, where otherwise it fails closed.
     return {**env, **{key.lower(): value for key, value in env.items()}, "NODE_USE_ENV_PROXY": "1"}
@@ -126,33 +132,48 @@ class NetworkService:
         """Take a namespace and serve it for ``turn_id`` under ``policy``."""
         if self.nsenter is None:
             raise OSError(errno.ENOENT, "the network policy needs nsenter (util-linux), which is not installed")
-        netns = await self._pool.take()
+        # (A grant of the proxy's own port stays reached through the proxy.)
+        forwards = tuple(f for f in policy.forwarded if f[1] != PROXY_PORT)
+        netns = await self._pool.take(forwards)
         net = TurnNetwork(turn_id, policy, netns, netns.entering(self.nsenter), proxy_environment())
         self.turns[turn_id] = net
         self._nursery.start_soon(self._serve, net)
         return net
 
     async def _serve(self, net: TurnNetwork) -> None:
-        listener = trio.socket.from_stdlib_socket(net.netns.listener)
+        listeners: list[tuple[trio.socket.SocketType, tuple[str, int] | None]] = [
+            (trio.socket.from_stdlib_socket(net.netns.listener), None),
+            *((trio.socket.from_stdlib_socket(sock), target) for target, sock in net.netns.forwards.items()),
+        ]
         try:
             with net.scope:
                 async with trio.open_nursery() as nursery:
-                    while True:
-                        sock, _ = await listener.accept()
-                        stream = trio.SocketStream(sock)
-                        if self.open_connections >= self.max_connections or net.connections >= self.per_turn:
-                            nursery.start_soon(self._busy, stream)
-                            continue
-                        self.open_connections += 1
-                        net.connections += 1
-                        net.served += 1
-                        nursery.start_soon(self._connection, net, stream)
+                    for listener, target in listeners:
+                        nursery.start_soon(self._accept, net, listener, target, nursery)
         finally:
-            listener.close()
+            for listener, _ in listeners:
+                listener.close()
             self.turns.pop(net.turn_id, None)
             net.closed.set()
             with trio.CancelScope(shield=True):
                 await net.netns.aclose()
+
+    async def _accept(self, net: TurnNetwork, listener: trio.socket.SocketType, target: tuple[str, int] | None,
+                      nursery: trio.Nursery) -> None:
+        """Take ``listener``'s connections: the proxy's (``target`` None), or a forwarded port's."""
+        while True:
+            sock, _ = await listener.accept()
+            stream = trio.SocketStream(sock)
+            if self.open_connections >= self.max_connections or net.connections >= self.per_turn:
+                if target is None:
+                    nursery.start_soon(self._busy, stream)
+                else:
+                    await trio.aclose_forcefully(stream)
+                continue
+            self.open_connections += 1
+            net.connections += 1
+            net.served += 1
+            nursery.start_soon(self._connection, net, stream, target)
 
     async def _busy(self, stream: trio.SocketStream) -> None:
         with trio.move_on_after(5):
@@ -166,9 +187,13 @@ class NetworkService:
                 pass
         await trio.aclose_forcefully(stream)
 
-    async def _connection(self, net: TurnNetwork, client: trio.SocketStream) -> None:
+    async def _connection(self, net: TurnNetwork, client: trio.SocketStream,
+                          target: tuple[str, int] | None = None) -> None:
         try:
-            await self._handle(net, client)
+            if target is None:
+                await self._handle(net, client)
+            else:
+                await self._forward(net, client, *target)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         except Exception:  # one connection's bug must not end the daemon's nursery
@@ -218,6 +243,19 @@ class NetworkService:
                 await upstream.send_all(target.forward)
             if target.rest:
                 await upstream.send_all(target.rest)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pump, client, upstream)
+                nursery.start_soon(_pump, upstream, client)
+        finally:
+            await trio.aclose_forcefully(upstream)
+
+    async def _forward(self, net: TurnNetwork, client: trio.SocketStream, address: str, port: int) -> None:
+        """A connection to a forwarded port on the turn's loopback: to the same address and
+        port on the host's, as the policy's grant allows (asked again: the one decision)."""
+        upstream, _ = await self._connect(net, wire.Target(address, port, tunnel=True))
+        if upstream is None:
+            return  # (refused or unreachable: logged by _connect's refusal; the client sees the close)
+        try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_pump, client, upstream)
                 nursery.start_soon(_pump, upstream, client)

@@ -13,7 +13,10 @@ outside any sandbox): it makes a user namespace owning a network namespace, brin
 up, binds ``127.0.0.1:PROXY_PORT`` there and sends that listening socket to the daemon
 (``SCM_RIGHTS``), then holds the namespaces (it ``exec``\\ s ``cat`` on a pipe the daemon
 keeps). The daemon's proxy accepts on that socket itself: a connection the turn makes to
-``127.0.0.1:PROXY_PORT`` lands in the daemon, with no relay process and no extra hop. The
+``127.0.0.1:PROXY_PORT`` lands in the daemon, with no relay process and no extra hop. It
+binds the turn's forwarded ports the same way (a loopback port of the host its policy grants
+one by one: :attr:`~supervisor.core.netpolicy.Policy.forwarded`), so spares are kept per set
+of forwarded ports (most agents: none). The
 turn's program then starts behind ``nsenter --target HOLDER --user --net
 --preserve-credentials`` in front of bwrap (which makes its own user namespace inside, with
 no capability in the helper's), so nothing of the turn ever runs in the host's network.
@@ -79,6 +82,9 @@ class NetNamespace:
 
     holder: trio.Process
     listener: socket.socket
+    forwards: dict[tuple[str, int], socket.socket] = field(default_factory=dict)
+    """The listeners on the namespace's loopback for the host's granted loopback ports, by
+    (address, port): what the proxy forwards to the same address on the host."""
     _closed: bool = field(default=False, repr=False)
 
     def entering(self, nsenter: str) -> tuple[str, ...]:
@@ -91,6 +97,8 @@ class NetNamespace:
             return
         self._closed = True
         self.listener.close()
+        for sock in self.forwards.values():
+            sock.close()
         stdin = self.holder.stdin
         if isinstance(stdin, trio.lowlevel.FdStream):
             stdin.close()  # cat reads EOF and exits (no checkpoint: a stop of many turns waits on these)
@@ -109,15 +117,16 @@ def nsenter_program() -> str | None:
     return shutil.which("nsenter") or next((p for p in ("/usr/bin/nsenter", "/bin/nsenter") if os.path.exists(p)), None)
 
 
-async def make_netns(port: int = PROXY_PORT) -> NetNamespace:
-    """Make one namespace (see the module's docstring); raises :class:`NetnsUnavailable`."""
+async def make_netns(port: int = PROXY_PORT, forwards: tuple[tuple[str, int], ...] = ()) -> NetNamespace:
+    """Make one namespace (see the module's docstring), with a listener on its loopback for
+    each of ``forwards`` too (an address it lacks is left out); raises :class:`NetnsUnavailable`."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         # At the lowest priority: a spare is made while a turn starts, and must not slow it.
         nice = shutil.which("nice")
         holder = await trio.lowlevel.open_process(
             [*((nice, "-n", "19") if nice else ()), sys.executable, "-I", "-S", str(_HELPER),
-             str(theirs.fileno()), str(port)],
+             str(theirs.fileno()), str(port), *(str(w) for forward in forwards for w in forward)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),), start_new_session=True,
         )
@@ -126,7 +135,7 @@ async def make_netns(port: int = PROXY_PORT) -> NetNamespace:
         try:
             with trio.fail_after(MAKE_TIMEOUT):
                 await trio.lowlevel.wait_readable(ours)
-                message, fds, _, _ = socket.recv_fds(ours, 1024, 1)
+                message, fds, _, _ = socket.recv_fds(ours, 4096, 1 + len(forwards))
         except BaseException:
             holder.kill()
             with trio.CancelScope(shield=True):
@@ -140,9 +149,12 @@ async def make_netns(port: int = PROXY_PORT) -> NetNamespace:
             _OURS.discard(holder.pid)
             why = message.decode(errors="replace").removeprefix("error ").strip() or "the helper exited"
             raise NetnsUnavailable(f"cannot make a network namespace: {why}")
-        listener = socket.socket(fileno=fds[0])
-        listener.setblocking(False)
-        return NetNamespace(holder, listener)
+        listener, *extra = (socket.socket(fileno=fd) for fd in fds)
+        words = message.decode().split()[1:]
+        bound = [(address, int(p)) for address, p in zip(words[::2], words[1::2], strict=True)]
+        for sock in (listener, *extra):
+            sock.setblocking(False)
+        return NetNamespace(holder, listener, dict(zip(bound, extra, strict=True)))
     finally:
         ours.close()
         if theirs.fileno() != -1:
@@ -155,47 +167,50 @@ class NetnsPool:
     def __init__(self, nursery: trio.Nursery, spares: int = SPARES) -> None:
         self._nursery = nursery
         self._spares = spares
-        self._ready: list[NetNamespace] = []
-        self._making = 0
+        self._ready: dict[tuple[tuple[str, int], ...], list[NetNamespace]] = {}
+        """Spares by the loopback ports they forward (most agents: none)."""
+        self._making: dict[tuple[tuple[str, int], ...], int] = {}
         self._closed = False
         self.made = 0
         """Namespaces made so far (for tests and ``status``)."""
 
-    async def take(self) -> NetNamespace:
-        """A fresh namespace for one turn (a spare if there is one), and start making the next."""
+    async def take(self, forwards: tuple[tuple[str, int], ...] = ()) -> NetNamespace:
+        """A fresh namespace for one turn, listening on ``forwards`` too (a spare made for the
+        same ones if there is one), and start making the next."""
         if self._closed:
             raise NetnsUnavailable("the supervisor is shutting down")
-        ns = self._ready.pop() if self._ready else None
-        self._refill()
+        ready = self._ready.get(forwards)
+        ns = ready.pop() if ready else None
+        self._refill(forwards)
         if ns is None:
-            ns = await make_netns()
+            ns = await make_netns(forwards=forwards)
             self.made += 1
         return ns
 
-    def _refill(self) -> None:
-        while not self._closed and len(self._ready) + self._making < self._spares:
-            self._making += 1
-            self._nursery.start_soon(self._make_spare)
+    def _refill(self, forwards: tuple[tuple[str, int], ...]) -> None:
+        while not self._closed and len(self._ready.get(forwards, ())) + self._making.get(forwards, 0) < self._spares:
+            self._making[forwards] = self._making.get(forwards, 0) + 1
+            self._nursery.start_soon(self._make_spare, forwards)
 
-    async def _make_spare(self) -> None:
+    async def _make_spare(self, forwards: tuple[tuple[str, int], ...]) -> None:
         try:
-            ns = await make_netns()
+            ns = await make_netns(forwards=forwards)
         except (OSError, trio.TooSlowError) as exc:
             log.warning("could not make a spare network namespace: %s", exc)
             return
         finally:
-            self._making -= 1
+            self._making[forwards] -= 1
         self.made += 1
         if self._closed:
             with trio.CancelScope(shield=True):
                 await ns.aclose()
         else:
-            self._ready.append(ns)
+            self._ready.setdefault(forwards, []).append(ns)
 
     async def aclose(self) -> None:
         """End the spares (a turn's own namespace is its to close)."""
         self._closed = True
-        spares, self._ready = self._ready, []
+        spares, self._ready = [ns for ready in self._ready.values() for ns in ready], {}
         with trio.CancelScope(shield=True):
             for ns in spares:
                 await ns.aclose()
