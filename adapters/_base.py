@@ -212,6 +212,9 @@ class Adapter:
     """``per_turn``: a CLI process per turn, its stdout parsed line by line (``new_parser``).
     ``persistent``: one long-lived agent process per (channel, agent) that each turn prompts
     (ACP); ``build_launch`` then starts that process and ``new_parser`` is never called."""
+    model_hosts: tuple[str, ...] = ()
+    """The hosts its CLI's model API lives on (names or ``*.domain``): what ``network =
+    "model"`` allows, besides a base URL the agent's config names. Data, like the rest."""
     steer: Callable[[str], bytes] | None = None
     """How one message handed to the running turn is written on its stdin (a launch with
     ``keep_stdin``); None: this CLI cannot take a message mid-turn, and it is queued."""

@@ -359,6 +359,8 @@ ADAPTER = Adapter(
     name="aider",
     install="pip install aider-chat",
     default_command=("aider",),
+    model_hosts=("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com", "openrouter.ai",
+                 "api.deepseek.com"),
     build_launch=build_launch,
     new_parser=new_parser,
 )

@@ -427,6 +427,7 @@ ADAPTER = Adapter(
     name="claude",
     install="npm install -g @anthropic-ai/claude-code",
     default_command=("claude",),
+    model_hosts=("api.anthropic.com", "statsig.anthropic.com", "console.anthropic.com"),
     build_launch=build_launch,
     new_parser=new_parser,
     # Measured: SIGINT makes the CLI kill its tool tree (in a session of its own) and exit

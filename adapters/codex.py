@@ -347,6 +347,7 @@ ADAPTER = Adapter(
     name="codex",
     install="npm install -g @openai/codex",
     default_command=("codex",),
+    model_hosts=("api.openai.com", "chatgpt.com", "auth.openai.com"),
     build_launch=build_launch,
     new_parser=new_parser,
     # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (docs/agents.md, "Codex").

@@ -284,6 +284,7 @@ ADAPTER = Adapter(
     name="gemini",
     install="npm install -g @google/gemini-cli",
     default_command=("gemini",),
+    model_hosts=("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"),
     build_launch=build_launch,
     new_parser=new_parser,
     option_keys=OPTION_KEYS,

@@ -278,6 +278,7 @@ ADAPTER = Adapter(
     name="pi",
     install="npm install -g @mariozechner/pi-coding-agent",
     default_command=("pi",),
+    model_hosts=("api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com", "openrouter.ai"),
     build_launch=build_launch,
     new_parser=new_parser,
     interrupt_signal=signal.SIGINT,

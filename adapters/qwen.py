@@ -341,6 +341,7 @@ ADAPTER = Adapter(
     name="qwen",
     install="npm install -g @qwen-code/qwen-code",
     default_command=("qwen",),
+    model_hosts=("dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com", "chat.qwen.ai", "portal.qwen.ai"),
     build_launch=build_launch,
     new_parser=new_parser,
     # Measured: SIGINT to the group makes qwen cancel the tool and kill its tree (~1 s).

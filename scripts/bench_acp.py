@@ -159,7 +159,9 @@ def _native_table(name: str, url: str) -> dict[str, object] | None:
     env = {"claude": anthropic.agent_env, "codex": openai_responses.agent_env, "gemini": gemini_api.agent_env,
            "qwen": openai_chat.agent_env}[name](url)
     options = openai_responses.agent_options(url) if name == "codex" else {}
-    return {"adapter": name, "command": [str(cli_path(name))], "env": env, **options}
+    from supervisor.core.netpolicy import grant_for
+
+    return {"adapter": name, "command": [str(cli_path(name))], "env": env, **options, "network_allow": [grant_for(url)]}
 
 
 def bench_daemon(spec: AcpAgentSpec, runs: int) -> dict[str, list[float]]:

@@ -49,6 +49,7 @@ from adapters import demo_agent
 from adapters._base import TurnRequest
 from scripts._bench import DEMO_AGENT, REPO, demo_env, pct, short_tmp
 from supervisor.config.settings import Config, parse_config
+from supervisor.core.netpolicy import grant_for
 from supervisor.host.supervisor import Supervisor, open_supervisor
 from supervisor.procs.lines import Line
 from supervisor.procs.tree import scrubbed_environment
@@ -230,7 +231,8 @@ def release(fifo: Path) -> None:
 async def claude_corral(folder: Path, server: TimedServer, runs: int) -> list[float]:
     """Steer call → the first model request carrying the message, ms per run."""
     times: list[float] = []
-    agent = {"adapter": "claude", "command": [str(cli_path("claude"))], "env": agent_env(server.url)}
+    agent = {"adapter": "claude", "command": [str(cli_path("claude"))], "env": agent_env(server.url),
+             "network_allow": [grant_for(server.url)]}
     async with open_supervisor(config(folder, {"cli": agent})) as sup:
         for i in range(runs):
             channel = f"claude-{i}"

@@ -552,8 +552,12 @@ class CliSetup:
         """The daemon's config: this CLI as the only agent."""
         # The tool and its pid files live in the folder: granted, as a user grants a folder it
         # points an agent at (the sandbox shows a turn nothing else of /tmp).
+        # And the fake model server's loopback address, which the default network refuses.
+        from supervisor.core.netpolicy import configured_urls, grant_for, local_urls
+
+        grants = [grant_for(url) for url in local_urls(configured_urls(self.env, self.options))]
         table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options,
-                 "sandbox_write": [str(self.folder)]}
+                 "sandbox_write": [str(self.folder)], "network_allow": grants}
         return (
             SERVER_TOML
             + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\n'

@@ -389,10 +389,13 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
     # ("off" asked for it: warned, and ok).
     unsandboxed = sandbox["state"] == "unsandboxed"
     told = notes(config)
+    # (As status says it: a policy needs the sandbox, so without one it is not enforced.)
+    networks = {name: {**a.network.describe(), "enforced": not a.network.proxied or sandbox["state"] == "on"}
+                for name, a in config.agents.items()}
     if obj.json or as_json:
         _print_json({"ok": not unsandboxed, "valid": True, "agents": list(config.agents),
                      "socket": str(config.server.socket), "store": config.store_name, "sandbox": sandbox,
-                     "warnings": [dataclasses.asdict(w) for w in warnings], "notes": told})
+                     "networks": networks, "warnings": [dataclasses.asdict(w) for w in warnings], "notes": told})
     else:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
@@ -400,10 +403,24 @@ def check(obj: _Context, config_path: str | None, as_json: bool) -> None:
         click.echo(f"{file}: {answer} — {len(config.agents)} agent(s): {', '.join(config.agents)};"
                    f" socket {config.server.socket}; store {config.store_name}{connected}")
         click.echo(sandbox_line(sandbox))
+        for name, network in networks.items():
+            click.echo(f"network of {name}: {network_line(network)}")
         for note in told:
             click.echo(f"note: {note}")
     if unsandboxed:
         sys.exit(EXIT_UNSANDBOXED)
+
+
+def network_line(network: dict[str, Any]) -> str:
+    """An agent's network as ``status`` and ``check`` print it."""
+    words = str(network.get("policy"))
+    if network.get("names"):
+        words += f" ({', '.join(network['names'])})"
+    if network.get("allow"):
+        words += f"; allowed: {', '.join(network['allow'])}"
+    if network.get("enforced") is False:
+        words += " — NOT enforced: turns run without the sandbox"
+    return words
 
 
 def sandbox_line(sandbox: dict[str, Any]) -> str:
@@ -625,6 +642,8 @@ def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
         click.echo(f"  {_capacity_line(result['capacity'])}")
     for name, agent in result["agents"].items():
         click.echo(f"  agent {name}: {agent['adapter']} {' '.join(agent['command'])}")
+        if agent.get("network"):
+            click.echo(f"    network: {network_line(agent['network'])}")
     for name, ch in result["channels"].items():
         # Only where hand-offs can happen (two agents or more): in a one-agent channel the rest
         # after a stop changes nothing, and "rests" there read as something wrong.

@@ -23,6 +23,7 @@ import psutil
 import pytest
 from conftest import CORRAL, DaemonProcess, turn_processes
 
+from supervisor.core.netpolicy import grant_for
 from supervisor.testing import pid_file_alive, read_pid
 from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from tests.fakemodel._http import FakeModelServer
@@ -92,8 +93,11 @@ class Rig:
         self.cli = cli
         self.server = cli.server().start()
         try:
-            # The tools the fake model asks for write pid files in the folder: granted, as a user would.
-            agent = {**cli.agent(self.server.url, cli_path(cli.name)), "sandbox_write": [str(folder)]}
+            # The tools the fake model asks for write pid files in the folder: granted, as a user
+            # would; the network is the proxy's ("internet"), with the fake model's loopback
+            # address granted (that network refuses loopback otherwise).
+            agent = {**cli.agent(self.server.url, cli_path(cli.name)), "sandbox_write": [str(folder)],
+                     "network": "internet", "network_allow": [grant_for(self.server.url)]}
             self.daemon = DaemonProcess(folder, config_text(agent))
         except BaseException:
             self.server.stop()
@@ -318,7 +322,8 @@ def claude_server() -> Iterator[anthropic.FakeAnthropicServer]:
 def _claude_config(folder: Path, server: FakeModelServer) -> Any:
     from conftest import make_config
 
-    agent = {"adapter": "claude", "command": [str(cli_path("claude"))], "env": anthropic.agent_env(server.url)}
+    agent = {"adapter": "claude", "command": [str(cli_path("claude"))], "env": anthropic.agent_env(server.url),
+             "network": "internet", "network_allow": [grant_for(server.url)]}
     return make_config(folder, {"cli": agent}, stop_grace=STOP_GRACE, stall_timeout=120, turn_timeout=300)
 
 

@@ -153,7 +153,7 @@ class Rig:
 
 @pytest.fixture
 def loopback() -> Iterator[str]:
-    """A TCP server on 127.0.0.1 that greets each connection: loopback must stay reachable."""
+    """A TCP server on the host's 127.0.0.1 that greets each connection (reachable on the default network)."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
     done = threading.Event()
@@ -234,6 +234,8 @@ def attempts(
         ("own TMPDIR", "write", str(a_home / "tmp" / "mine.txt"), "ok"),
         ("system files", "read", "/etc/passwd", "ok:root"),
         ("its installation", "read", os.__file__, "ok:"),
+        # The default network ("host"); under "internet" the host's loopback is refused
+        # (tests/test_network.py).
         ("loopback TCP", "tcp", loopback, "ok:hello"),
         ("its own tree", "own-child", None, "ok:-15"),
         ("B's secret in its env", "env", "VICTIM_API_KEY", ("ok:",)),
@@ -589,9 +591,16 @@ def test_the_sandbox_keys_are_checked_with_the_fix(tmp_path: Path) -> None:
         parse_config({**base, "server": {"sandbox": "maybe"}}, file="c.toml", base=tmp_path)
     assert "server.sandbox" in str(bad.value) and '"required"' in str(bad.value)
     with pytest.raises(ConfigError) as bad:
-        parse_config({"agents": {"a": {"adapter": "demo", "network": ["api.example:443"]}}},
+        parse_config({"agents": {"a": {"adapter": "demo", "network": ["api.example:443", "a b"]}}},
                      file="c.toml", base=tmp_path)
-    assert "agents.a.network" in str(bad.value) and "not supported" in str(bad.value)
+    assert "agents.a.network" in str(bad.value) and "not a host name" in str(bad.value)
+    with pytest.raises(ConfigError) as bad:
+        parse_config({"agents": {"a": {"adapter": "demo", "network_allow": ["10.0.0.0/33"]}}},
+                     file="c.toml", base=tmp_path)
+    assert "agents.a.network_allow" in str(bad.value), str(bad.value)
+    listed = parse_config({"agents": {"a": {"adapter": "demo", "network": ["api.example:443"],
+                                            "network_allow": ["127.0.0.1:8080"]}}}, file="c.toml", base=tmp_path)
+    assert listed.agents["a"].network.label == "1 name" and str(listed.agents["a"].network.grants[0]) == "127.0.0.1:8080"
     with pytest.raises(ConfigError) as bad:
         parse_config({"agents": {"a": {"adapter": "demo", "sandbox_write": ["nope"]}}}, file="c.toml", base=tmp_path)
     assert "agents.a.sandbox_write" in str(bad.value) and "mkdir -p" in str(bad.value)
@@ -602,7 +611,7 @@ def test_the_sandbox_keys_are_checked_with_the_fix(tmp_path: Path) -> None:
         file="c.toml", base=tmp_path,
     )
     agent = config.agents["a"]
-    assert agent.sandbox_write == (tmp_path / "shared",) and agent.network == "none"
+    assert agent.sandbox_write == (tmp_path / "shared",) and agent.network.kind == "none"
     assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")),)
     assert config.server.sandbox == "auto"
 
@@ -638,7 +647,7 @@ def test_the_docs_sandbox_example_is_a_valid_config(short_tmp: Path, monkeypatch
     config = parse_config(tomllib.loads(block.replace("/srv/shared/notes", str(shared)).replace(
         "/srv/shared/docs", str(docs))), base=short_tmp)
     agent = config.agents["claude"]
-    assert agent.sandbox_write == (shared,) and agent.network == "none" and agent.sandbox_show == (docs,)
+    assert agent.sandbox_write == (shared,) and agent.network.kind == "none" and agent.sandbox_show == (docs,)
     assert agent.sandbox_hide == (Path(os.path.expanduser("~/.ssh")), Path(os.path.expanduser("~/.aws")))
 
 

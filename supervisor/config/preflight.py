@@ -18,7 +18,8 @@ import pwd
 import sqlite3
 from pathlib import Path
 
-from ..procs.sandbox import NotStartable, Private, Sandbox, TurnGrants, private_paths, seen_as
+from ..core.netpolicy import Refused, configured_urls, decide, grant_for, local_urls, parse_address
+from ..procs.sandbox import Network, NotStartable, Private, Sandbox, TurnGrants, private_paths, seen_as
 from .settings import Config, Problem
 
 #: ``sun_path`` is 108 bytes on Linux, one of them the terminating NUL.
@@ -72,7 +73,33 @@ def notes(config: Config) -> list[str]:
                 "channels may run in it at once (each keeps its own HOME and TMPDIR). Remove cwd for a "
                 "folder per channel"
             )
-    return out
+    return out + network_notes(config)
+
+
+def network_notes(config: Config) -> list[str]:
+    """What ``corral check`` says of the default network, once per agent it concerns: an agent
+    that names no ``network`` and whose ``env`` or options point its CLI at a loopback or
+    private address the default refuses — with the line to add."""
+    notes = []
+    for agent in config.agents.values():
+        if not agent.network_implicit or not agent.network.proxied:
+            continue
+        refused = []
+        for url in local_urls(configured_urls(agent.env, agent.options)):
+            grant = grant_for(url)
+            host, _, port = grant.rpartition(":")
+            address = parse_address(host)
+            if address is None or isinstance(decide(agent.network, host, int(port), address), Refused):
+                refused.append((url, grant))
+        if refused:
+            urls = ", ".join(url for url, _ in refused)
+            grants = ", ".join(f'"{g}"' for g in dict.fromkeys(g for _, g in refused))
+            notes.append(
+                f"agents.{agent.name}: network is {agent.network.label!r} by default now (public addresses only), "
+                f"and its config names {urls}, which that refuses. Add to [agents.{agent.name}]: "
+                f"network_allow = [{grants}]  (or network = \"host\" for everything, as before)"
+            )
+    return notes
 
 
 #: How long ``corral check`` waits for the PostgreSQL server to answer.
@@ -216,10 +243,11 @@ def sandbox_warnings(config: Config, sandbox: Sandbox) -> list[Problem]:
         cwd = agent.cwd or config.state_dir / "work" / agent.name / "_"
         command = agent.command or _default_command(agent.adapter)
         path_env = agent.env.get("PATH", os.environ.get("PATH", os.defpath))
+        network: Network = "none" if agent.network.kind == "none" else "proxied" if agent.network.proxied else "host"
         try:
             reach = sandbox.plan(TurnGrants(
                 agent.name, cwd=str(cwd), home=str(home), writable=agent.sandbox_write,
-                hidden=agent.sandbox_hide, network=agent.network, installation=(*command, *agent.args),
+                hidden=agent.sandbox_hide, network=network, installation=(*command, *agent.args),
                 shown=agent.sandbox_show, program=command[0] if command else None, path_env=path_env,
             ))
         except NotStartable as exc:

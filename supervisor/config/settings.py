@@ -21,8 +21,12 @@ from typing import Any, cast
 
 from ..core.admission import DEFAULT_ESTIMATES, FALLBACK_ESTIMATE
 from ..core.errors import CorralError
+from ..core.netpolicy import HOST, Policy, PolicyError, configured_urls, parse_policy
 from ..core.results import DELIVERIES
-from ..procs.sandbox import MODES, NETWORKS, Network, SandboxMode
+from ..procs.sandbox import MODES, SandboxMode
+
+#: An agent's ``network`` where neither it nor ``[server]`` says (see :mod:`supervisor.core.netpolicy`).
+DEFAULT_NETWORK = "host"
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 DEFAULT_MAX_HOPS = 6
@@ -90,6 +94,10 @@ class ServerConfig:
     """Bytes corral holds on the state folder's disk (a reserve file): below them free, the
     running turns end and none starts, so a turn filling its HOME cannot fill the store's disk
     (0: off; :mod:`supervisor.host.disk`)."""
+    network: str | tuple[str, ...] | None = None
+    """``network``: every agent's unless it says (None: :data:`DEFAULT_NETWORK`)."""
+    network_allow: tuple[str, ...] = ()
+    """``network_allow``: what every agent without its own list is granted."""
 
 
 #: A turn's memory unless its config says otherwise (where the memory controller is delegated).
@@ -147,8 +155,12 @@ class AgentConfig:
     sandbox_show: tuple[Path, ...] = ()
     """``sandbox_show``: paths its turns may read (never write) that the sandbox hides by
     default (in a HOME, ``/tmp``, ``/mnt``...)."""
-    network: Network = "host"
-    """``network``: ``"host"`` (loopback and the model APIs) or ``"none"`` (no network at all)."""
+    network: Policy = HOST
+    """``network`` and ``network_allow``, parsed (:mod:`supervisor.core.netpolicy`): what its
+    turns may reach on the network."""
+    network_implicit: bool = False
+    """Neither the agent nor ``[server]`` named a ``network``: the default applies (``check``
+    says so where that default would refuse an address its config names)."""
     credentials: tuple[tuple[Path, str], ...] = ()
     """``credentials``: login files of the user's own HOME (``~/.claude/.credentials.json``), each
     as (the file, its path relative to a HOME): each turn finds a fresh, read-only copy at that
@@ -315,7 +327,7 @@ class ClusterConfig:
 _TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges"}
 _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "bwrap", "max_turns",
-           "memory_reserve", "memory_pressure", "disk_reserve"}
+           "memory_reserve", "memory_pressure", "disk_reserve", "network", "network_allow"}
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max",
                "max_output"}
@@ -323,7 +335,7 @@ _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT
 _CHANNEL = {"agents", "max_hops", "host", "delivery"}
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
           "sandbox_show",
-          "network", "credentials", "max_concurrent", "memory_estimate", "delivery"} | _LIMIT_KEYS
+          "network", "network_allow", "credentials", "max_concurrent", "memory_estimate", "delivery"} | _LIMIT_KEYS
 
 
 class _Checker:
@@ -684,7 +696,8 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             sandbox_write=check.folders(raw, "sandbox_write", prefix, must_exist=True),
             sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
             sandbox_show=check.shown(raw, prefix),
-            network=_network(check, raw, prefix),
+            network=_network(check, raw, prefix, server_config, adapter.model_hosts, env_raw, options),
+            network_implicit="network" not in raw and server_config.network is None,
             credentials=check.credentials(raw, prefix),
             max_concurrent=check.limit(raw, "max_concurrent", prefix, 4),
             memory_estimate=_estimate(check, raw, prefix),
@@ -1010,12 +1023,19 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
                   "name bubblewrap's program (e.g. /usr/bin/bwrap), or remove bwrap to use the one corral ships")
     max_turns, memory_reserve, memory_pressure = _capacity(check, server)
     disk_reserve = check.size(server, "disk_reserve", "server.", "64M")
+    network, network_allow = _network_words(check, server, "server.")
+    if network is not None:
+        try:
+            parse_policy(cast("str | tuple[str, ...]", network), network_allow, model_hosts=("x.invalid",))
+        except PolicyError as exc:
+            check.add("server.network", str(exc), 'write network = "internet" (public addresses only) or "host"')
+            network = None
     return ServerConfig(
         socket=socket_path, tcp=tcp, token_file=token_file,
         socket_mode=_socket_mode(check, server), socket_group=socket_group, cgroup=cgroup,
         sandbox=cast(SandboxMode, sandbox), bwrap=bwrap, max_turns=max_turns, memory_reserve=memory_reserve,
-        memory_pressure=memory_pressure,
-        disk_reserve=DEFAULT_DISK_RESERVE if disk_reserve is None else disk_reserve,
+        memory_pressure=memory_pressure, network=cast("str | tuple[str, ...] | None", network),
+        network_allow=network_allow, disk_reserve=DEFAULT_DISK_RESERVE if disk_reserve is None else disk_reserve,
     )
 
 
@@ -1053,18 +1073,50 @@ def _mib(n: int) -> str:
     return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n // 1024**2} MiB"
 
 
-def _network(check: _Checker, raw: Mapping[str, Any], prefix: str) -> Network:
-    """An agent's ``network``: "host" or "none" (per-address rules are not built: said so)."""
-    value = raw.get("network", "host")
-    if isinstance(value, list):
-        check.add(f"{prefix}network", "a list of addresses is not supported: the sandbox cannot filter by address",
-                  'write network = "host" (loopback and the model APIs) or "none"')
-        return "host"
-    if value not in NETWORKS:
-        check.add(f"{prefix}network", f"expected \"host\" or \"none\", got {value!r}",
-                  'write network = "host" or network = "none"')
-        return "host"
-    return cast(Network, value)
+def _network_words(check: _Checker, table: Mapping[str, Any], prefix: str) -> tuple[object, tuple[str, ...]]:
+    """A table's ``network`` (a word or a list of strings, None if absent) and ``network_allow``."""
+    network = table.get("network")
+    if isinstance(network, list):
+        if not all(isinstance(v, str) for v in network):
+            check.add(f"{prefix}network", f"expected a list of names, got {network!r}",
+                      'write network = ["api.example.com", "*.example.org:443"]')
+            network = None
+        else:
+            network = tuple(network)
+    elif network is not None and not isinstance(network, str):
+        check.add(f"{prefix}network", f"expected a string or a list, got {network!r}", 'write network = "internet"')
+        network = None
+    allow = check.strings(table, "network_allow", prefix) or ()
+    return network, allow
+
+
+def _network(
+    check: _Checker, raw: Mapping[str, Any], prefix: str, server: ServerConfig,
+    model_hosts: tuple[str, ...], env: Mapping[str, str], options: Mapping[str, Any],
+) -> Policy:
+    """An agent's ``network`` and ``network_allow`` (else ``[server]``'s, else the default), parsed."""
+    network, allow = _network_words(check, raw, prefix)
+    if network is None:
+        network = server.network if server.network is not None else DEFAULT_NETWORK
+    if "network_allow" not in raw:
+        allow = server.network_allow
+    try:
+        return parse_policy(cast("str | tuple[str, ...]", network), allow, model_hosts=model_hosts,
+                            base_urls=configured_urls(env, options))
+    except PolicyError as exc:
+        key = "network_allow" if "network_allow" in str(exc) or _bad_grant(allow) else "network"
+        check.add(f"{prefix}{key}", str(exc),
+                  'write network = "internet" (public addresses), "model", "host", "none" or a list of names; '
+                  'network_allow = ["127.0.0.1:8080", "10.0.0.0/8", "git.internal:443"]')
+        return HOST if network == "host" else parse_policy("none")
+
+
+def _bad_grant(allow: tuple[str, ...]) -> bool:
+    try:
+        parse_policy("none", allow)
+    except PolicyError:
+        return True
+    return False
 
 
 def _socket_mode(check: _Checker, server: Mapping[str, Any]) -> int:

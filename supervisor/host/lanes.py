@@ -51,6 +51,7 @@ from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelle
 from ..core.router import route
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
+from ..procs.netns import holder_pids
 from ..procs.recovery import stop_notice_text
 from ..procs.registry import ProcessRegistry
 from ..procs.tree import ProcessTree, reap_if_child, reap_orphans, wait_pid_exit
@@ -528,7 +529,7 @@ class Lanes:
 
     def reap_now(self) -> None:
         if self.reap_adopted and self._registry.spawning == 0:
-            reaped = reap_orphans(self._registry.leader_pids() | self.acp.pids())
+            reaped = reap_orphans(self._registry.leader_pids() | self.acp.pids() | holder_pids())
             if reaped:
                 log.debug("reaped adopted processes %s", reaped)
 

@@ -43,6 +43,7 @@ from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
+from ..core.netpolicy import Policy
 from ..core.restart import check_resend, resend_targets, reset_refusal, reset_text
 from ..core.results import (
     DELIVERIES,
@@ -60,11 +61,13 @@ from ..core.results import (
 from ..core.router import AddressError, address, near_misses
 from ..core.text import BadText, check_message
 from ..fleet.fleet import Fleet
+from ..net.proxy import NetworkService
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
 from ..procs.covers import CoverWatch, open_cover_watch
 from ..procs.files import private_folder
 from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
+from ..procs.netns import NetnsPool
 from ..procs.peers import PeerFacts, PeerRefusal, judge_peer, own_pid_namespace
 from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
@@ -111,6 +114,7 @@ class Supervisor:
         subreaper: bool = False,
         owns_children: bool = False,
         covers: CoverWatch | None = None,
+        network: NetworkService | None = None,
     ) -> None:
         hooks = hooks or Hooks()
         self.config = config
@@ -118,6 +122,8 @@ class Supervisor:
         """What every turn starts behind (:mod:`supervisor.procs.sandbox`)."""
         self.covers = covers
         """The watch that ends a turn whose cover was replaced on the host (:mod:`supervisor.procs.covers`)."""
+        self.network = network
+        """The proxy turns under a network policy reach the network through (:mod:`supervisor.net.proxy`)."""
         self.cgroups = cgroups
         """The store's cgroup subtree (a cgroup per turn), or None: the sweep fallback."""
         self.started = time.time()
@@ -162,7 +168,7 @@ class Supervisor:
                 ledger=self._ownership.turn_ledger(self._ledger), store=turn_store, registry=self._registry,
                 scanner=self.scanner, spawn=hooks.spawn or spawn, places=self._places, cgroups=cgroups,
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
-                covers=covers, refusal=refusal,
+                covers=covers, refusal=refusal, network=network,
             )
 
         self._capacity = Capacity(
@@ -584,7 +590,8 @@ class Supervisor:
             "config": str(self.config.path) if self.config.path else None,
             "store": self.config.store_name,
             "agents": {
-                name: {"adapter": a.adapter, "command": list(a.command), "model": a.model}
+                name: {"adapter": a.adapter, "command": list(a.command), "model": a.model,
+                       "network": self._network_status(a.network)}
                 for name, a in self.config.agents.items()
             },
             "channels": channels,
@@ -595,6 +602,11 @@ class Supervisor:
             "sandbox": self.sandbox.describe(),
             "fleet": self._ownership.status(),
         }
+
+    def _network_status(self, policy: Policy) -> dict[str, object]:
+        """An agent's network for ``status``: its policy, and whether it is enforced here."""
+        enforced = policy.kind in ("host", "none") or (self.sandbox.active and self.network is not None)
+        return {**policy.describe(), "enforced": enforced}
 
     # ------------------------------------------------------------ restart and shutdown
 
@@ -664,9 +676,15 @@ async def open_supervisor(
                 partial(open_sandbox, config.server.sandbox, private, bwrap=config.server.bwrap,
                         instances=instances_folder(os.environ.get("HOME") or passwd_home()), store_id=store.store_id))
             covers = open_cover_watch() if sandbox.active else None
+            network = None
+            if sandbox.active and any(a.network.proxied for a in config.agents.values()):
+                netns_pool = NetnsPool(nursery)
+                network = NetworkService(nursery, netns_pool)
+                if network.available is not None:
+                    log.warning("network policies cannot be enforced: %s", network.available)
             sup = Supervisor(
                 config, store, nursery, hooks, cgroups=cgroups, sandbox=sandbox, subreaper=subreaper,
-                owns_children=owns_children, covers=covers,
+                owns_children=owns_children, covers=covers, network=network,
             )
             if cgroups is not None and cgroups.watcher is not None:
                 nursery.start_soon(cgroups.watcher.run, name="corral-cgroup-watcher")
@@ -685,6 +703,8 @@ async def open_supervisor(
                 with trio.CancelScope(shield=True):
                     await sup.shutdown()
                     await sup._ownership.close()
+                    if network is not None:
+                        await netns_pool.aclose()
                 nursery.cancel_scope.cancel()
                 if sup.cgroups is not None:
                     sup.cgroups.close()

@@ -43,7 +43,9 @@ bwrap`` names another (see :func:`bwrap_candidates`). It starts behind util-linu
 * **Its own processes only** (``--unshare-pid`` and a fresh ``/proc``): the daemon and other
   turns have no pid it could name, so it cannot signal, ptrace or read the ``environ`` or
   ``mem`` of any of them. Its own tree it can. ``--unshare-ipc`` too, and with ``network =
-  "none"`` a network namespace of its own (loopback only, nothing listening).
+  "none"`` a network namespace of its own (loopback only, nothing listening); under a network
+  policy (``"internet"``, a list: :mod:`supervisor.core.netpolicy`) the namespace made for
+  the turn by :mod:`.netns`, entered before bwrap, whose one listener is the daemon's proxy.
 * **Less kernel to attack** (:mod:`.confine`, :mod:`.seccomp`): a seccomp filter refusing
   io_uring, eBPF, userfaultfd, perf events, the keyrings, module loading, the mount family,
   new namespaces and personality changes; no nested user namespaces (``--disable-userns``);
@@ -95,13 +97,15 @@ log = logging.getLogger("corral.sandbox")
 
 SandboxMode = Literal["auto", "required", "off"]
 """``[server] sandbox``: on where possible, on or refuse, or never."""
-Network = Literal["host", "none"]
-"""An agent's ``network``: the host's (loopback and the model APIs), or none at all."""
+Network = Literal["host", "none", "proxied"]
+"""A sandbox's network: the host's, none at all (a namespace of its own, loopback only), or
+``proxied``: the namespace the turn is entered into before bwrap (:mod:`.netns`), whose only
+way out is the daemon's proxy — bwrap then makes no network namespace of its own."""
 View = Literal["writable", "read-only", "hidden"]
 """How a turn sees a path of the host (see :func:`seen_as`)."""
 
 MODES: tuple[SandboxMode, ...] = ("auto", "required", "off")
-NETWORKS: tuple[Network, ...] = ("host", "none")
+NETWORKS: tuple[Network, ...] = ("host", "none", "proxied")
 
 #: What every sandbox is built of, whatever the turn.
 BASE_ARGS = (
@@ -687,12 +691,12 @@ class Sandbox:
                     f"{'; '.join(self.support.missing)}. Fix: {self.support.fix}")
         return None
 
-    def prefix(self, turn: TurnGrants) -> tuple[str, ...]:
-        """The argv to start one turn's program behind (``unshare ... bwrap ... --``); () when
-        inactive. Raises :class:`SandboxRefused` when the mode is ``required`` and there is no
-        sandbox, :class:`NotStartable` as :meth:`plan` does."""
+    def prefix(self, turn: TurnGrants, entering: Sequence[str] = ()) -> tuple[str, ...]:
+        """The argv to start one turn's program behind (``unshare ... bwrap ... --``, after
+        ``entering``: see :meth:`argv`); () when inactive. Raises :class:`SandboxRefused` when
+        the mode is ``required`` and there is no sandbox, :class:`NotStartable` as :meth:`plan` does."""
         reach = self.reach(turn)
-        return self.argv(reach) if reach is not None else ()
+        return self.argv(reach, entering) if reach is not None else ()
 
     def reach(self, turn: TurnGrants) -> Reach | None:
         """The :class:`Reach` a turn starts in (:meth:`prefix` is :meth:`argv` of it), or None
@@ -704,11 +708,17 @@ class Sandbox:
             return None
         return self.plan(turn)
 
-    def argv(self, reach: Reach) -> tuple[str, ...]:
-        """The argv that starts a program in ``reach`` (``unshare ... bwrap ... --``)."""
+    def argv(self, reach: Reach, entering: Sequence[str] = ()) -> tuple[str, ...]:
+        """The argv that starts a program in ``reach`` (``unshare ... bwrap ... --``).
+        ``entering``: the words that put it into its network namespace first (``network =
+        "proxied"``, :mod:`.netns`), in front of everything else, the ``unshare`` step too."""
         assert self.support.bwrap is not None
+        if reach.network == "proxied" and not entering:
+            raise SandboxRefused("a proxied network needs the namespace to enter (supervisor.procs.netns)")
+        # nsenter first: the unshare step's user and mount namespaces are then made inside the
+        # turn's network namespace's user namespace, and bwrap's inside those.
         front = (self.support.unshare, *UNSHARE_ARGS) if self.support.unshare else ()
-        return (*front, self.support.bwrap, *bwrap_args(reach), "--")
+        return (*entering, *front, self.support.bwrap, *bwrap_args(reach), "--")
 
     def plan(self, turn: TurnGrants) -> Reach:
         """The :class:`Reach` of one turn, whatever the mode (``check`` plans with it too);

@@ -189,9 +189,14 @@ def _agent_state(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def list_view(status: Mapping[str, Any]) -> dict[str, Any]:
-    """What the channel list shows, from ``Supervisor.status()``: channels by name, agents, running turns."""
+    """What the channel list shows, from ``Supervisor.status()``: channels by name, agents (with
+    each one's network policy), running turns."""
+    agents = status.get("agents") or {}
+    networks = {name: (agent.get("network") or {}).get("policy") for name, agent in agents.items()}
     channels = [
-        {"name": name, "agents": agent_states(channel)} for name, channel in sorted(status["channels"].items())
+        {"name": name, "agents": [{**a, "network": networks.get(a["agent"])} if networks.get(a["agent"]) else a
+                                  for a in agent_states(channel)]}
+        for name, channel in sorted(status["channels"].items())
     ]
     running = sum(1 for c in channels for a in c["agents"] if a["state"] in ("running", "stopping"))
     capacity = status.get("capacity") or {}

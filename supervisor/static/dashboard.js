@@ -385,6 +385,10 @@
   // ------------------------------------------------------------------ the channel list
 
   function describeAgent(agent) {
+    return describeState(agent) + (agent.network ? ` (network: ${agent.network})` : "");
+  }
+
+  function describeState(agent) {
     const name = agent.agent ? `${agent.agent}: ` : "";
     const queued = agent.queued ? `, ${agent.queued} queued` : "";
     if (agent.state === "running") {

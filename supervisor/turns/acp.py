@@ -34,16 +34,19 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import ClassVar
 
 import trio
 
-from adapters._base import Event, Result, Status
+from adapters._base import Event, Launch, Result, Status
 from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, PromptEnded, acp_settings
 
 from ..config.settings import AgentConfig
 from ..core.account import SaveSession
 from ..core.ledger import TurnTicket
+from ..procs.sandbox import SandboxRefused
 from ..procs.tree import KillReport, ProcessTree
 from ..store.store import StoreError
 from .agents import (
@@ -51,6 +54,7 @@ from .agents import (
     AcpAgent,
     AcpAgentError,
     AcpAgentPool,
+    AcpNetwork,
     AcpSpec,
     CancelReport,
     PromptStream,
@@ -146,6 +150,7 @@ class AcpTurn(BaseTurn):
     def _spec(self, session_id: str | None) -> AcpSpec:
         request = self._request(session_id, prompt="")
         launch = self.adapter.build_launch(request)
+        network = self._acp_network(launch, request.home)
         return AcpSpec(
             launch,
             # Every process of the agent carries it: the cancel finds the turn's escapees by it
@@ -158,13 +163,34 @@ class AcpTurn(BaseTurn):
             unattended=self.agent.unattended,
             restart_after_cancel=self.settings.restart_after_cancel,
             idle_timeout=self.settings.idle_timeout or float("inf"),
-            sandbox=self._sandbox(launch, request.home),
+            sandbox=self._sandbox(launch, request.home) if network is None else (),
+            network=network,
             state_dir=self.ports.places.state_dir,
             credentials=self.agent.credentials,
             start_timeout=self.settings.start_timeout,
             auth_method=self.settings.auth,
             startup=self.startup,
         )
+
+    def _acp_network(self, launch: Launch, home: str) -> AcpNetwork | None:
+        """Under a network policy, sandboxed: how the agent's process gets its namespace and
+        proxy (opened with the process, closed when it ends: it outlives this turn)."""
+        network, policy = self.ports.network, self.agent.network
+        if not policy.proxied or not self.ports.sandbox.active:
+            return None
+        if network is None:
+            raise SandboxRefused(f"network = {policy.label!r} needs the proxy, which is not running")
+        owner = f"{self.agent.name}@{self.channel}"
+
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[tuple[Mapping[str, str], tuple[str, ...]]]:
+            net = await network.open(owner, policy)
+            try:
+                yield net.env, self._sandbox(launch, home, net)
+            finally:
+                await net.aclose()
+
+        return opened
 
     async def _prepare_and_stream(self, session_id: str | None) -> None:
         ports = self.ports

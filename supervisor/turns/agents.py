@@ -54,7 +54,7 @@ import shlex
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -815,6 +815,14 @@ class AcpSpec:
     """``acp_auth``: the method ``authenticate`` is called with before each session opens."""
     startup: StartupKill | None = None
     """Where a start that does not finish records what its kill ended (the waiting turn's)."""
+    network: AcpNetwork | None = None
+    """Under a network policy: opens the agent's namespace and proxy for as long as its
+    process lives, giving the proxy variables and the sandbox prefix that enters it (which
+    then replace ``sandbox``); None: ``sandbox`` as it is."""
+
+
+AcpNetwork = Callable[[], AbstractAsyncContextManager[tuple[Mapping[str, str], tuple[str, ...]]]]
+"""See :attr:`AcpSpec.network`."""
 
 
 class AcpAgentPool:
@@ -862,21 +870,26 @@ class AcpAgentPool:
         if spec.home is not None and spec.credentials:
             await trio.to_thread.run_sync(place_credentials, Path(spec.home), spec.credentials)
         try:
-            async with open_acp_agent(
-                spec.launch,
-                marker=spec.marker,
-                home=spec.home,
-                extra_env=spec.extra_env,
-                session_cwd=spec.session_cwd,
-                saved_session=spec.saved_session,
-                unattended=spec.unattended,
-                start_timeout=spec.start_timeout,
-                restart_after_cancel=spec.restart_after_cancel,
-                sandbox=spec.sandbox,
-                state_dir=spec.state_dir,
-                auth_method=spec.auth_method,
-                startup=spec.startup,
-            ) as agent:
+            async with AsyncExitStack() as stack:
+                extra_env, sandbox = spec.extra_env, spec.sandbox
+                if spec.network is not None:  # the agent's network lives as long as its process
+                    net_env, sandbox = await stack.enter_async_context(spec.network())
+                    extra_env = {**extra_env, **net_env}
+                agent = await stack.enter_async_context(open_acp_agent(
+                    spec.launch,
+                    marker=spec.marker,
+                    home=spec.home,
+                    extra_env=extra_env,
+                    session_cwd=spec.session_cwd,
+                    saved_session=spec.saved_session,
+                    unattended=spec.unattended,
+                    start_timeout=spec.start_timeout,
+                    restart_after_cancel=spec.restart_after_cancel,
+                    sandbox=sandbox,
+                    state_dir=spec.state_dir,
+                    auth_method=spec.auth_method,
+                    startup=spec.startup,
+                ))
                 agent.idle_timeout = spec.idle_timeout
                 self._agents[key], self._closers[key], self._gone[key] = agent, close, gone
                 task_status.started(agent)

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import trio
 
@@ -48,10 +48,13 @@ from ..core.login import login_help
 from ..core.text import shown
 from ..procs.covers import replaced_text
 from ..procs.files import CredentialsUnreadable
-from ..procs.sandbox import NotStartable, SandboxRefused, TurnGrants, detachable
+from ..procs.sandbox import Network, NotStartable, SandboxRefused, TurnGrants, detachable
 from ..procs.tree import STORE_MARKER, ProcessTree, agent_environment
 from ..store.store import Draft, Pending, StoreError
 from .ports import TurnLimit, TurnOutcome, TurnPorts
+
+if TYPE_CHECKING:
+    from ..net.proxy import TurnNetwork
 
 log = logging.getLogger("corral.turn")
 
@@ -110,6 +113,8 @@ class BaseTurn:
         """The covers of its sandbox a replacement on the host would detach."""
         self._covers_token: object | None = None
         self._last: Pending | None = None
+        self._net: TurnNetwork | None = None
+        """The turn's network under a policy (its namespace, served by the proxy), once opened."""
         self._draft: ShowDraft | None = None
         """The open run's latest draft, not yet shown (a kind that shows each as it comes keeps none)."""
 
@@ -267,7 +272,11 @@ class BaseTurn:
         same order every time."""
         self.outcome.stopped = self._silenced()
         try:
-            await self._end()
+            try:
+                await self._end()
+            finally:
+                if self._net is not None:  # after its processes: their connections end with them
+                    await self._net.aclose()
             self._flush_text()
             self.outcome.stale_session = self._account.stale_session
             if not self._silenced():
@@ -318,13 +327,30 @@ class BaseTurn:
         home = self.ports.places.agent_home(self.agent.name, self.channel)
         return agent_environment(launch.env, home=str(home), marker=marker, extra=self._extra_env())
 
-    def _sandbox(self, launch: Launch, home: str) -> tuple[str, ...]:
+    async def _open_network(self) -> Mapping[str, str]:
+        """Under a network policy, sandboxed: the turn's namespace and proxy (closed by the
+        teardown), and the proxy variables for its environment; else nothing."""
+        network = self.ports.network
+        if not self.agent.network.proxied or not self.ports.sandbox.active:
+            return {}
+        if network is None:
+            raise SandboxRefused(f"network = {self.agent.network.label!r} needs the proxy, which is not running")
+        self._net = await network.open(self.turn_id, self.agent.network)
+        return self._net.env
+
+    def _sandbox(self, launch: Launch, home: str, net: TurnNetwork | None = None) -> tuple[str, ...]:
         """The argv the agent starts behind (empty: no sandbox); its login files read-only, its
-        program found on the PATH it gets, as the kernel will run it."""
+        program found on the PATH it gets, as the kernel will run it; in ``net``'s namespace
+        (the turn's own unless given), if it has one."""
+        net = net or self._net
+        policy = self.agent.network
+        if policy.proxied and net is None and self.ports.sandbox.active:
+            raise SandboxRefused(f"network = {policy.label!r} needs the turn's network opened first")
+        mode: Network = "proxied" if net is not None else "none" if policy.kind == "none" else "host"
         sandbox = self.ports.sandbox
         reach = sandbox.reach(TurnGrants(
             self.agent.name, cwd=launch.cwd, home=home, writable=self.agent.sandbox_write,
-            hidden=self.agent.sandbox_hide, network=self.agent.network,
+            hidden=self.agent.sandbox_hide, network=mode,
             installation=(*(self.agent.command or self.adapter.default_command), *self.agent.args),
             read_only=tuple(Path(home) / rel for _, rel in self.agent.credentials),
             shown=self.agent.sandbox_show, program=launch.argv[0],
@@ -333,7 +359,7 @@ class BaseTurn:
         if reach is None:
             return ()
         self._covered = detachable(reach)
-        return sandbox.argv(reach)
+        return sandbox.argv(reach, net.entering if net is not None else ())
 
     def _watch_covers(self) -> None:
         """Register the sandbox's detachable covers, before the spawn (see :mod:`..procs.covers`)."""

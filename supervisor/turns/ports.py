@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -33,6 +33,9 @@ from ..procs.files import private_folder
 from ..procs.hooks import Spawner, TurnHook
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from ..net.proxy import NetworkService
 from ..procs.tree import KillReport, MarkerScanner, ProcessTree
 from ..store.store import Draft, Pending
 
@@ -186,6 +189,9 @@ class TurnPorts:
     covers: CoverWatch | None = None
     """Where a turn registers the covers a replacement on the host would detach (sandboxed
     turns; :mod:`supervisor.procs.covers`)."""
+    network: NetworkService | None = None
+    """The proxy a turn under a network policy reaches the network through (None: no
+    sandbox, so no policy can be enforced)."""
 
 
 class RunningTurn(Protocol):

@@ -135,6 +135,7 @@ class Turn(BaseTurn):
         self._parser = self.adapter.new_parser(request)
         launch = self.adapter.build_launch(request)
         env = self._environment(launch, self.turn_id)
+        env.update(await self._open_network())
         await trio.to_thread.run_sync(
             partial(write_home_files, Path(request.home), launch.files, state_dir=ports.places.state_dir)
         )
