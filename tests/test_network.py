@@ -228,14 +228,14 @@ async def test_a_policy_turn_on_a_host_whose_mounts_propagate_enters_its_namespa
         pytest.skip("needs util-linux's unshare and nsenter")
     monkeypatch.setattr(sandbox_module, "propagates", lambda mountinfo=None: True)
     argvs: list[tuple[str, ...]] = []
-    real = sandbox_module.Sandbox.prefix
+    real = sandbox_module.Sandbox.argv
 
     def recorded(self: sandbox_module.Sandbox, *args: Any, **kwargs: Any) -> tuple[str, ...]:
         argv = real(self, *args, **kwargs)
         argvs.append(argv)
         return argv
 
-    monkeypatch.setattr(sandbox_module.Sandbox, "prefix", recorded)
+    monkeypatch.setattr(sandbox_module.Sandbox, "argv", recorded)
     got = await run_probe(short_tmp, probe_agent("internet", [f"127.0.0.1:{greeter.port}"]), [
         ["granted, CONNECT", "connect", "127.0.0.1", greeter.port],
         ["granted, ignoring the proxy", "direct", "127.0.0.1", greeter.port],
