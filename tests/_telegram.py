@@ -339,9 +339,16 @@ class FakeBotApi:
                 if status == 429 and answer.get("parameters"):
                     self.send_header("Retry-After", str(answer["parameters"]["retry_after"]))
                 self.end_headers()
-                self.wfile.write(raw)
+                try:
+                    self.wfile.write(raw)
+                except OSError:  # (the client went away mid-poll: a bridge stopped)
+                    self.close_connection = True
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # (a client that hung up mid-answer: nothing to report)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-bot-api", daemon=True)

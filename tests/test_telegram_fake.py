@@ -33,7 +33,7 @@ def test_python_telegram_bot_reads_the_fakes_answers_as_telegrams(telegram_api: 
             assert [e.type for e in update.message.entities] == ["bot_command"]
             chat = await tg.get_chat(42)
             assert chat.type == "private"
-            with pytest.raises(BadRequest, match="(?i)chat not found"):
+            with pytest.raises(BadRequest, match=r"(?i)chat not found"):
                 await tg.get_chat(43)
 
             keyboard = telegram.InlineKeyboardMarkup([[telegram.InlineKeyboardButton("Stop",
@@ -45,11 +45,11 @@ def test_python_telegram_bot_reads_the_fakes_answers_as_telegrams(telegram_api: 
             edited = await tg.edit_message_text("asked", chat_id=42, message_id=sent.message_id)
             assert isinstance(edited, telegram.Message) and edited.text == "asked" and edited.reply_markup is None
             assert edited.edit_date is not None
-            with pytest.raises(BadRequest, match="(?i)message is not modified"):
+            with pytest.raises(BadRequest, match=r"(?i)message is not modified"):
                 await tg.edit_message_text("asked", chat_id=42, message_id=sent.message_id)
-            with pytest.raises(BadRequest, match="(?i)message text is empty"):
+            with pytest.raises(BadRequest, match=r"(?i)message text is empty"):
                 await tg.send_message(42, "  ")
-            with pytest.raises(BadRequest, match="(?i)message is too long"):
+            with pytest.raises(BadRequest, match=r"(?i)message is too long"):
                 await tg.send_message(42, "x" * 4097)
 
             query = fake.press(42, ALICE, sent.message_id, "corral:stop")
@@ -59,7 +59,7 @@ def test_python_telegram_bot_reads_the_fakes_answers_as_telegrams(telegram_api: 
             assert pressed.callback_query.message is not None
             assert pressed.callback_query.message.message_id == sent.message_id
             assert await tg.answer_callback_query(query)
-            with pytest.raises(BadRequest, match="(?i)query is too old"):
+            with pytest.raises(BadRequest, match=r"(?i)query is too old"):
                 await tg.answer_callback_query(query)
 
             # Reactions come only to a poller that asks for them.

@@ -385,7 +385,8 @@ class TelegramPlatform:
 
     async def post(self, op: Post) -> str:
         parts = split_message(neutral(op.text))
-        button = op.notice and op.turn is not None
+        # The turn's first notice (its status message) carries its Stop button; one per chat.
+        button = op.notice and op.turn is not None and self._button.get(op.room, (0, None))[1] != op.turn
         if button:
             await self._take_off(op.room)  # (one Stop button in a chat: the newest turn's)
         else:
