@@ -4,6 +4,7 @@ installed beside it (a distribution of its own on ``sys.path``, as ``pip install
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -118,3 +119,39 @@ def test_a_third_partys_platform_is_found_checked_and_made_without_forking_corra
     assert "bridges.e.colour: expected red or blue, got 'green' — fix: write colour = \"red\"" in text
     assert f"bridges.e.key_file: {tmp_path / 'missing.key'} does not exist" in text
     assert "bridges.e.shape: unknown key" in text
+
+
+def test_every_config_example_of_the_bridges_page_runs(tmp_path: Path) -> None:
+    """docs/bridges.md: the entry points it shows are corral's own, and each config works as written
+    (with the token files it names, which are the user's to make)."""
+    import tomllib
+
+    page = (ROOT / "docs" / "bridges.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```\n", page, re.S)
+    assert len(blocks) == 2
+    points = tomllib.loads(blocks[0])["project"]["entry-points"]["corral.bridges"]
+    assert points == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["corral.bridges"]
+    data = tomllib.loads(page.split("<!-- telegram-config -->", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0])
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{tmp_path / 'corral.toml'}: bridges.tg.token_file: {tmp_path / 'telegram.token'} does not exist — fix: "
+        f"put the secret in {tmp_path / 'telegram.token'} (chmod 600), or fix the path"]
+    (tmp_path / "telegram.token").write_text("123:abc\n")
+    bridge = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path).bridges["tg"]
+    assert bridge.type == "telegram" and bridge.rooms == {"-1001234567890": "dev", "123456789": "alice"}
+    assert bridge.options["api_url"] == "https://api.telegram.org" and bridge.secrets == (tmp_path / "telegram.token",)
+
+
+def test_corral_check_names_what_is_wrong_in_a_telegram_table(tmp_path: Path) -> None:
+    table = {"type": "telegram", "api_url": "ftp://x", "poll_timeout": 90, "admins": ["1"],
+             "rooms": {"#dev": "dev"}, "token": "123:abc"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"agents": {"demo": {"adapter": "demo"}}, "bridges": {"tg": table}},
+                     file=str(tmp_path / "corral.toml"), base=tmp_path)
+    text = "\n".join(str(p) for p in caught.value.problems)
+    assert "bridges.tg.token: unknown key — fix: did you mean 'token_file'?" in text
+    assert "bridges.tg.token_file: missing" in text
+    assert "bridges.tg.api_url: expected the Bot API server's URL, got 'ftp://x'" in text
+    assert "bridges.tg.poll_timeout: expected seconds from 0 to 50, got 90" in text
+    assert "bridges.tg.rooms.#dev: is not a Telegram chat id (a number)" in text
