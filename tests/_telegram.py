@@ -64,7 +64,7 @@ def entities(text: str) -> list[dict[str, Any]]:
 
 @dataclass
 class Fault:
-    kind: str  # "429" | "drop" | "500"
+    kind: str  # "429" | "409" | "drop" | "500"
     retry_after: int = 1
 
 
@@ -139,6 +139,13 @@ class FakeBot:
                                             "date": int(time.time()), "old_reaction": [],
                                             "new_reaction": [{"type": "emoji", "emoji": emoji}]})
 
+    def add_to(self, chat_id: int, user: dict[str, Any]) -> None:
+        """``user`` adds the bot to a group (a ``my_chat_member`` update)."""
+        with self.server.lock:
+            self._push("my_chat_member", {"chat": self.chat(chat_id), "from": user, "date": int(time.time()),
+                                          "old_chat_member": {"user": self.user, "status": "left"},
+                                          "new_chat_member": {"user": self.user, "status": "member"}})
+
     def redeliver(self, update: dict[str, Any]) -> None:
         """Hand an update out again, as Telegram does with one a poller never confirmed."""
         with self.server.lock:
@@ -147,7 +154,8 @@ class FakeBot:
             self.server.changed.notify_all()
 
     def fail(self, method: str, kind: str, retry_after: int = 1) -> None:
-        """The next call of ``method`` fails: ``"429"`` (with ``retry_after``), ``"500"``, or
+        """The next call of ``method`` fails: ``"429"`` (with ``retry_after``), ``"409"`` (another
+        poller), ``"500"``, or
         ``"drop"`` (the connection is closed without an answer: for getUpdates, mid-poll)."""
         with self.server.lock:
             self.faults.setdefault(method, deque()).append(Fault(kind, retry_after))
@@ -389,6 +397,9 @@ class FakeBotApi:
                 return 429, {"ok": False, "error_code": 429,
                              "description": f"Too Many Requests: retry after {fault.retry_after}",
                              "parameters": {"retry_after": fault.retry_after}}
+            if fault is not None and fault.kind == "409":
+                return 409, {"ok": False, "error_code": 409, "description": "Conflict: terminated by other "
+                             "getUpdates request; make sure that only one bot instance is running"}
             if fault is not None:
                 return 500, {"ok": False, "error_code": 500, "description": "Internal Server Error"}
             try:

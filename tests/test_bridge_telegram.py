@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from _telegram import FakeBot, FakeBotApi
-from conftest import KILL, turn_processes
+from conftest import KILL, script_agent, turn_processes
+from test_sandbox import _needs_sandbox
 
 from supervisor import Config, Supervisor, open_supervisor, parse_config
 from supervisor.bridges.core import STOPPING
@@ -102,7 +104,10 @@ def humans(entries: list[Any]) -> list[str]:
     return [e.text for e in entries if e.author.startswith("human:")]
 
 
-async def test_hello_runs_once_and_its_answer_shows_as_plain_text(world: World) -> None:
+async def test_hello_runs_once_and_its_answer_shows_as_plain_text(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # (httpx logs every request's URL, and the token is in it)
     async with world.running() as (sup, _):
         world.bot.say(CHAT, ALICE, "hello")
         reply = await world.wait_for(CHAT, lambda m: "hello" in text(m).lower() and "demo" in text(m))
@@ -110,6 +115,8 @@ async def test_hello_runs_once_and_its_answer_shows_as_plain_text(world: World) 
         entries = await sup.entries("general")
         assert [(e.author, e.text, e.meta.get("origin")) for e in entries if e.author.startswith("human:")] == [
             ("human:101", "hello", f"tg:{CHAT}:1")]
+    assert "HTTP Request: POST" in caplog.text and "/bot<token>/getUpdates" in caplog.text
+    assert world.bot.token not in caplog.text
     # Nothing the bridge sent asked for markup: no parse_mode, no entities of its own.
     sends = [params for method, params, _ in world.bot.calls if method in ("sendMessage", "editMessageText")]
     assert sends and not [p for p in sends if "parse_mode" in p or "entities" in p]
@@ -280,13 +287,15 @@ async def test_a_server_that_drops_the_connection_mid_poll_loses_nothing(
     async with world.running() as (sup, bridge):
         world.bot.fail("getUpdates", "drop")
         world.bot.fail("getUpdates", "500")
+        world.bot.fail("getUpdates", "409")
         with trio.fail_after(30):
-            while len(world.bot.faulted) < 2:
+            while len(world.bot.faulted) < 3:
                 await trio.sleep(0.02)
         world.bot.say(CHAT, ALICE, "hello after the drop")
         await world.wait_for(CHAT, lambda m: "hello after the drop" in text(m) and "demo" in text(m))
         assert humans(await sup.entries("general")) == ["hello after the drop"]
     assert "getUpdates: RemoteProtocolError" in caplog.text
+    assert "getUpdates: 409 Conflict: terminated by other getUpdates request" in caplog.text
     assert world.bot.token not in caplog.text
 
 
@@ -320,3 +329,66 @@ async def test_a_long_answer_arrives_whole_in_messages_telegram_accepts(world: W
                 await trio.sleep(0.02)
     parts = [text(m) for m in world.bot.sent(CHAT)]
     assert "".join(parts).endswith("x" * 9000) and all(len(p) <= 4096 for p in parts) and len(parts) == 3
+
+
+async def test_an_allowed_users_group_becomes_a_channel_and_a_strangers_does_not(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "corral.bridges")
+    async with world.running(invites=True) as (sup, bridge):
+        world.bot.add_to(-100777, MALLORY)
+        world.bot.add_to(-100778, ALICE)
+        with trio.fail_after(30):
+            while "-100778" not in bridge.rooms:
+                await trio.sleep(0.02)
+        world.bot.say(-100778, ALICE, "hello new group")
+        await world.wait_for(-100778, lambda m: "hello new group" in text(m) and "demo" in text(m))
+        assert "-100777" not in bridge.rooms
+        assert "666 may not talk to agents; ignored the invitation to -100777" in caplog.text
+        assert humans(await sup.entries("tg/-100778")) == ["hello new group"]
+
+
+async def test_a_photo_is_answered_with_the_reason_and_runs_nothing(world: World) -> None:
+    async with world.running() as (sup, _):
+        photo = world.bot.say(CHAT, ALICE, None, photo=[{"file_id": "f", "file_unique_id": "u", "width": 1,
+                                                         "height": 1}])
+        answer = await world.wait_for(CHAT, lambda m: "not run" in text(m))
+        assert text(answer) == "not run: agents read text messages, not a photo"
+        assert answer["reply_to_message"]["message_id"] == photo["message_id"]
+        world.bot.say(CHAT, ALICE, "hello")
+        await world.wait_for(CHAT, lambda m: "hello" in text(m) and "demo" in text(m))
+        assert humans(await sup.entries("general")) == ["hello"]
+
+
+async def test_a_turn_cannot_read_the_bots_token(world: World, telegram_api: FakeBotApi) -> None:
+    _needs_sandbox()
+    code = (f"try:\n    print(open({str(world.folder / 'telegram.token')!r}).read().strip())\n"
+            "except OSError as e:\n    print('refused', type(e).__name__)\n")
+    config = telegram_config(world.folder, telegram_api, world.bot)
+    data: dict[str, Any] = {
+        "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]}, "store": {"path": "corral.db"},
+        "agents": {"probe": script_agent(code, sandbox_write=[str(world.folder / "w")])},
+        "bridges": {"tg": {"type": "telegram", "token_file": str(config.bridges["tg"].options["token_file"]),
+                           "admins": ["1"], "rooms": {"1": "general"}}},
+    }
+    (world.folder / "w").mkdir()
+    probe = parse_config(data, file=str(world.folder / "corral.toml"), base=world.folder)
+    async with open_supervisor(probe) as sup:
+        accepted = await sup.send("general", "read it")
+        assert await sup.wait_idle("general", 60)
+        said = " ".join(e.text for e in await sup.entries("general", after=accepted.seq) if e.kind == "message")
+        assert world.bot.token not in said and "refused" in said, said
+
+
+async def test_sends_into_a_group_are_paced_at_telegrams_rate(autojump_clock: trio.testing.MockClock) -> None:
+    from supervisor.bridges.telegram import _Pace
+
+    pace = _Pace()
+    start = trio.current_time()
+    for _ in range(20):
+        await pace.wait("-100500")
+    assert trio.current_time() - start < 1  # (a burst of 20 goes at once)
+    await pace.wait("-100500")  # the 21st waits for the first to leave the minute
+    assert trio.current_time() - start >= 60
+    await pace.wait("101")  # (a private chat has only the bot's own rate)
+    assert trio.current_time() - start < 61

@@ -77,6 +77,16 @@ def test_python_telegram_bot_reads_the_fakes_answers_as_telegrams(telegram_api: 
             [newest] = await tg.get_updates(offset=-1, timeout=0)
             assert newest.message is not None and newest.message.text == "two"
 
+            fake.add_to(-100900, ALICE)
+            # (allowed_updates is kept from the last poll that gave it, as Telegram keeps it)
+            [added] = await tg.get_updates(offset=newest.update_id + 1, timeout=0,
+                                           allowed_updates=["message", "my_chat_member"])
+            assert added.my_chat_member is not None and added.my_chat_member.new_chat_member.status == "member"
+            assert added.my_chat_member.chat.type == "supergroup" and added.my_chat_member.from_user.id == 42
+            fake.say(42, ALICE, None, photo=[{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}])
+            [photo] = await tg.get_updates(offset=added.update_id + 1, timeout=0)
+            assert photo.message is not None and photo.message.photo and photo.message.text is None
+
             fake.fail("sendMessage", "429", retry_after=3)
             with pytest.raises(RetryAfter) as limited:
                 await tg.send_message(42, "too fast")
