@@ -155,3 +155,10 @@ def test_corral_check_names_what_is_wrong_in_a_telegram_table(tmp_path: Path) ->
     assert "bridges.tg.api_url: expected the Bot API server's URL, got 'ftp://x'" in text
     assert "bridges.tg.poll_timeout: expected seconds from 0 to 50, got 90" in text
     assert "bridges.tg.rooms.#dev: is not a Telegram chat id (a number)" in text
+    table = {**table, "api_url": "http://bot-api.example.org:8081", "poll_timeout": 30, "rooms": {"1": "x"}}
+    del table["token"]
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"agents": {"demo": {"adapter": "demo"}}, "bridges": {"tg": table}},
+                     file=str(tmp_path / "corral.toml"), base=tmp_path)
+    assert [p.key for p in caught.value.problems] == ["bridges.tg.token_file", "bridges.tg.api_url"]
+    assert "is plain HTTP: the token is in every request's URL" in caught.value.problems[1].message

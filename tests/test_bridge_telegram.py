@@ -388,7 +388,11 @@ async def test_sends_into_a_group_are_paced_at_telegrams_rate(autojump_clock: tr
     for _ in range(20):
         await pace.wait("-100500")
     assert trio.current_time() - start < 1  # (a burst of 20 goes at once)
+    # Live edits keep out of the minute's last messages: a stop's never wait behind a draft.
+    assert pace.crowded("-100500") and not pace.crowded("101")
     await pace.wait("-100500")  # the 21st waits for the first to leave the minute
     assert trio.current_time() - start >= 60
     await pace.wait("101")  # (a private chat has only the bot's own rate)
     assert trio.current_time() - start < 61
+    await trio.sleep(61)
+    assert not pace.crowded("-100500")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from .registry import BridgeType, ConfigProblem
 
@@ -37,6 +38,9 @@ def _telegram_check(options: Mapping[str, Any], rooms: Mapping[str, str]) -> lis
     if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
         problems.append(ConfigProblem("api_url", f"expected the Bot API server's URL, got {url!r}",
                                       f'write api_url = "{TELEGRAM_API}" (or your local Bot API server\'s)'))
+    elif url.startswith("http://") and urlsplit(url).hostname not in ("localhost", "127.0.0.1", "::1"):
+        problems.append(ConfigProblem("api_url", f"{url} is plain HTTP: the token is in every request's URL",
+                                      "use https://, or plain http:// to a Bot API server on this machine only"))
     poll = options.get("poll_timeout", TELEGRAM_POLL)
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 <= poll <= 50:
         problems.append(ConfigProblem("poll_timeout", f"expected seconds from 0 to 50, got {poll!r}",

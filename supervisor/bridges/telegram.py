@@ -29,8 +29,10 @@ client library reads it.
   4096 UTF-16 code units (Telegram's limit); an edit, which cannot be split, shows the first
   4096 and a final edit posts the rest as messages after it.
 * **Rates**: at most 30 requests a second from the bot and 20 messages a minute into one
-  group (Telegram's published limits), paced here; a ``429`` waits its
-  ``parameters.retry_after``. Drafts are edited at most once per ``edit_interval``.
+  group (Telegram's published limits), paced here; live output's edits use at most
+  :data:`GROUP_LIVE_EDITS` of a group's minute (past it they are skipped, so a stop's messages
+  never wait behind a draft); a ``429`` waits its ``parameters.retry_after``. Drafts are edited
+  at most once per ``edit_interval``.
 * **The token** is read from ``token_file`` (hidden from every turn by the sandbox); it is
   part of every request's URL, so httpx's own log lines are rewritten without it.
 
@@ -75,6 +77,10 @@ COMMANDS = {"stop": "!stop", "new": "!new", "interrupt": "!interrupt", "steer": 
 #: (requests, seconds): the bot's whole rate, and one group's (Telegram's bots FAQ).
 BOT_RATE = (30, 1.0)
 GROUP_RATE = (20, 60.0)
+#: Of a group's 20 a minute, what live output's edits may use: the rest is kept for posts (a
+#: stop's "Stopping…" and notice never wait behind a draft). An edit past it is skipped, not
+#: waited for: the next one carries the newest text, and the saved text is a final edit.
+GROUP_LIVE_EDITS = 14
 _WORD_JOINER = "\u2060"
 
 
@@ -131,14 +137,25 @@ class _Pace:
     def __init__(self) -> None:
         self.sent: dict[str, deque[float]] = {}
 
-    async def wait(self, chat: str | None) -> None:
+    def _windows(self, chat: str | None) -> list[tuple[str, int, float]]:
         windows = [("", *BOT_RATE)]
         if chat is not None and chat.startswith("-"):
             windows.append((chat, *GROUP_RATE))
-        for key, count, period in windows:
+        for key, _, period in windows:
             times = self.sent.setdefault(key, deque())
             while times and times[0] <= trio.current_time() - period:
                 times.popleft()
+        return windows
+
+    def crowded(self, chat: str | None) -> bool:
+        """Whether a group's minute has no room left for a live edit (see :data:`GROUP_LIVE_EDITS`)."""
+        self._windows(chat)
+        return chat is not None and chat.startswith("-") and len(self.sent[chat]) >= GROUP_LIVE_EDITS
+
+    async def wait(self, chat: str | None) -> None:
+        windows = self._windows(chat)
+        for key, count, period in windows:
+            times = self.sent[key]
             if len(times) >= count:
                 await trio.sleep_until(times[0] + period)
         for key, _, _ in windows:
@@ -402,6 +419,9 @@ class TelegramPlatform:
 
     async def edit(self, op: Edit, target: str) -> str:
         chat, message = self._target(target)
+        if not op.final and not op.notice and self.pace.crowded(op.room):
+            log.debug("telegram: %s's minute is full; a live edit of %s is skipped", op.room, target)
+            return target
         parts = split_message(neutral(op.text))
         params: dict[str, Any] = {"chat_id": chat, "message_id": message, "text": parts[0],
                                   "link_preview_options": {"is_disabled": True}}
