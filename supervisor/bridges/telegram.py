@@ -404,22 +404,23 @@ class TelegramPlatform:
         parts = split_message(neutral(op.text))
         # The turn's first notice (its status message) carries its Stop button; one per chat.
         button = op.notice and op.turn is not None and self._button.get(op.room, (0, None))[1] != op.turn
-        if button:
-            await self._take_off(op.room)  # (one Stop button in a chat: the newest turn's)
-        else:
-            await self._unbutton(op.room, op.turn, op.text, saved=op.seq is not None and not op.notice)
-        first = None
+        first, shown = None, None
         for i, part in enumerate(parts):
             shows = button and i == len(parts) - 1
             message = await self._send(op.room, part, reply_to=op.reply_to if i == 0 else None, button=shows)
             first = message if first is None else first
-            if shows:
-                self._button[op.room] = (message, op.turn)
+            shown = message if shows else shown
+        # (after the post: a stop's "Stopping…" is not kept waiting for the button's removal)
+        if shown is not None:
+            await self._take_off(op.room)  # (one Stop button in a chat: the newest turn's)
+            self._button[op.room] = (shown, op.turn)
+        else:
+            await self._unbutton(op.room, op.turn, op.text, saved=op.seq is not None and not op.notice)
         return f"{op.room}:{first}"
 
     async def edit(self, op: Edit, target: str) -> str:
         chat, message = self._target(target)
-        if not op.final and not op.notice and self.pace.crowded(op.room):
+        if not op.final and self.pace.crowded(op.room):
             log.debug("telegram: %s's minute is full; a live edit of %s is skipped", op.room, target)
             return target
         parts = split_message(neutral(op.text))
