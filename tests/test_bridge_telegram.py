@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 from _telegram import FakeBot, FakeBotApi
-from conftest import KILL, script_agent, turn_processes
+from conftest import KILL, DaemonProcess, script_agent, turn_processes
 from test_sandbox import _needs_sandbox
 
 from supervisor import Config, Supervisor, open_supervisor, parse_config
@@ -396,3 +396,71 @@ async def test_sends_into_a_group_are_paced_at_telegrams_rate(autojump_clock: tr
     assert trio.current_time() - start < 61
     await trio.sleep(61)
     assert not pace.crowded("-100500")
+
+
+def _until(found: Callable[[], Any], timeout: float = 60) -> Any:
+    """Polls the fake server (a thread: this test is the daemon's outside) until ``found`` gives something."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not seen in {timeout} s")
+
+
+def test_a_real_daemon_runs_the_bridge_stops_by_button_and_loses_nothing_across_its_restart(
+    world: World, telegram_api: FakeBotApi
+) -> None:
+    """`corral run` finds the platform by its entry point, in a process of its own; a message
+    written while the daemon is down runs once after its restart, and nothing earlier again."""
+    (world.folder / "telegram.token").write_text(world.bot.token + "\n")
+    config = f"""
+[server]
+socket = "corral.sock"
+cgroup = "{KILL['cgroup']}"
+[store]
+path = "corral.db"
+[defaults]
+stop_grace = 2
+[agents.demo]
+adapter = "demo"
+delay = 0.01
+[bridges.tg]
+type = "telegram"
+api_url = "{telegram_api.url}"
+token_file = "telegram.token"
+poll_timeout = 5
+admins = ["{ALICE['id']}"]
+[bridges.tg.rooms]
+"{CHAT}" = "general"
+"""
+
+    def shown(test: Callable[[str], bool]) -> Callable[[], list[dict[str, Any]]]:
+        return lambda: [m for m in world.bot.sent(CHAT) if test(text(m))]
+
+    daemon = DaemonProcess(world.folder, config)
+    try:
+        _until(lambda: world.bot.polls)  # (listening)
+        world.bot.say(CHAT, ALICE, "hello daemon")
+        _until(shown(lambda t: "You said: hello daemon" in t))
+        world.bot.say(CHAT, ALICE, "start a long task")
+        [status] = _until(lambda: [m for m in world.bot.sent(CHAT) if has_button(m) and "tool running" in text(m)])
+        world.bot.press(CHAT, ALICE, status["message_id"], STOP_DATA)
+        _until(shown(lambda t: t.startswith(STOP_NOTICE)))
+        assert [t for t in world.bot.texts(CHAT) if t == STOPPING] == [STOPPING]
+        assert turn_processes() == []
+        assert daemon.stop() == 0
+        world.bot.say(CHAT, ALICE, "hello while you were away")
+        daemon = DaemonProcess(world.folder, config)
+        _until(shown(lambda t: "You said: hello while you were away" in t))
+        out = daemon.cli("tail", "general", "--json")
+        assert "hello daemon" in out.stdout
+    finally:
+        daemon.stop()
+    texts = world.bot.texts(CHAT)
+    assert len([t for t in texts if "You said: hello daemon" in t]) == 1
+    assert len([t for t in texts if "You said: hello while you were away" in t]) == 1
+    assert len([t for t in texts if t.startswith(STOP_NOTICE)]) == 1
