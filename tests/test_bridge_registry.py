@@ -162,3 +162,14 @@ def test_corral_check_names_what_is_wrong_in_a_telegram_table(tmp_path: Path) ->
                      file=str(tmp_path / "corral.toml"), base=tmp_path)
     assert [p.key for p in caught.value.problems] == ["bridges.tg.token_file", "bridges.tg.api_url"]
     assert "is plain HTTP: the token is in every request's URL" in caught.value.problems[1].message
+
+
+def test_the_example_configs_telegram_bridge_works_uncommented(tmp_path: Path) -> None:
+    import tomllib
+
+    lines = (ROOT / "config.example.toml").read_text().split("# [bridges.tg]\n", 1)[1].splitlines()
+    block = "[bridges.tg]\n" + "\n".join(line.removeprefix("# ") for line in lines if line.startswith("# "))
+    (tmp_path / "telegram.token").write_text("123:abc\n")
+    data = {"agents": {"demo": {"adapter": "demo"}}, **tomllib.loads(block)}
+    bridge = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path).bridges["tg"]
+    assert bridge.type == "telegram" and bridge.rooms == {"-1001234567890": "dev"}
