@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from ..bridges import registry
 from ..core.admission import DEFAULT_ESTIMATES, FALLBACK_ESTIMATE
 from ..core.errors import CorralError
 from ..core.results import DELIVERIES
@@ -764,6 +763,8 @@ _BRIDGE_AGENT = {"user", "token_file"}
 
 def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, BridgeConfig]:
     """``[bridges.NAME]`` tables: every key known, token files there, no room mapped twice."""
+    from ..bridges import registry  # (the entry points are read only for a config with bridges)
+
     out: dict[str, BridgeConfig] = {}
     seen_rooms: dict[tuple[str, str], str] = {}
     for name, raw in check.table(data, "bridges").items():
