@@ -153,7 +153,7 @@ def test_corral_check_names_what_is_wrong_in_a_telegram_table(tmp_path: Path) ->
     assert "bridges.tg.token: unknown key — fix: did you mean 'token_file'?" in text
     assert "bridges.tg.token_file: missing" in text
     assert "bridges.tg.api_url: expected the Bot API server's URL, got 'ftp://x'" in text
-    assert "bridges.tg.poll_timeout: expected seconds from 0 to 50, got 90" in text
+    assert "bridges.tg.poll_timeout: expected whole seconds from 1 to 50, got 90" in text
     assert "bridges.tg.rooms.#dev: is not a Telegram chat id (a number)" in text
     table = {**table, "api_url": "http://bot-api.example.org:8081", "poll_timeout": 30, "rooms": {"1": "x"}}
     del table["token"]

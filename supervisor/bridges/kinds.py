@@ -26,7 +26,7 @@ IRC = BridgeType(
 #: Telegram's own Bot API server (a local ``telegram-bot-api`` server is the other real setup).
 TELEGRAM_API = "https://api.telegram.org"
 #: How long one ``getUpdates`` waits for an update, by default (seconds).
-TELEGRAM_POLL = 30.0
+TELEGRAM_POLL = 30
 
 
 def _telegram_check(options: Mapping[str, Any], rooms: Mapping[str, str]) -> list[ConfigProblem]:
@@ -42,8 +42,9 @@ def _telegram_check(options: Mapping[str, Any], rooms: Mapping[str, str]) -> lis
         problems.append(ConfigProblem("api_url", f"{url} is plain HTTP: the token is in every request's URL",
                                       "use https://, or plain http:// to a Bot API server on this machine only"))
     poll = options.get("poll_timeout", TELEGRAM_POLL)
-    if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 <= poll <= 50:
-        problems.append(ConfigProblem("poll_timeout", f"expected seconds from 0 to 50, got {poll!r}",
+    # (0 would be short polling: a request after another, as fast as they come back)
+    if isinstance(poll, bool) or not isinstance(poll, int) or not 1 <= poll <= 50:
+        problems.append(ConfigProblem("poll_timeout", f"expected whole seconds from 1 to 50, got {poll!r}",
                                       f"write poll_timeout = {TELEGRAM_POLL:g}"))
     reaction = options.get("stop_reaction", "🛑")
     if not isinstance(reaction, str) or not reaction.strip() or len(reaction) > 8:

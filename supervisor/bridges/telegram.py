@@ -253,6 +253,7 @@ class TelegramPlatform:
             self._redact = _Redact(self.token)
             for name in ("httpx", "httpcore"):
                 logging.getLogger(name).addFilter(self._redact)
+        self._redact.token = self.token  # (a connect retried after the file changed: the new one)
         try:
             me = await self.call("getMe", {})
         except Refused as exc:
