@@ -464,3 +464,23 @@ admins = ["{ALICE['id']}"]
     assert len([t for t in texts if "You said: hello daemon" in t]) == 1
     assert len([t for t in texts if "You said: hello while you were away" in t]) == 1
     assert len([t for t in texts if t.startswith(STOP_NOTICE)]) == 1
+
+
+async def test_a_dropped_message_is_named_back_with_a_button_that_sends_it_again(world: World) -> None:
+    async with world.running() as (sup, _):
+        world.bot.say(CHAT, ALICE, "start a long task")
+        await world.wait_for(CHAT, has_button)
+        world.bot.say(CHAT, BOB, "then say hello to bob")
+        with trio.fail_after(30):
+            while "then say hello to bob" not in humans(await sup.entries("general")):
+                await trio.sleep(0.02)
+        world.bot.say(CHAT, ALICE, "/stop")
+        answer = await world.wait_for(CHAT, lambda m: "not run" in text(m) and "202" in text(m))
+        assert "> then say hello to bob" in text(answer) and text(answer).endswith("Press 🔁 to send it again.")
+        [[button]] = answer["reply_markup"]["inline_keyboard"]
+        # Only its sender (or an admin) may send it again: mallory's press does nothing.
+        world.bot.press(CHAT, MALLORY, answer["message_id"], button["callback_data"])
+        world.bot.press(CHAT, BOB, answer["message_id"], button["callback_data"])
+        await world.wait_for(CHAT, lambda m: "You said: then say hello to bob" in text(m))
+        sent = [e for e in await sup.entries("general") if e.author == "human:202"]
+        assert len(sent) == 2

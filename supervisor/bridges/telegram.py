@@ -22,7 +22,8 @@ client library reads it.
   may not offer 🛑). A chat shows one Stop button: it is taken off when a newer one is posted,
   when the turn's saved answer is, or when a stop's or interrupt's notice is. ``/new``,
   ``/interrupt TEXT``, ``/steer TEXT`` are the core's ``!`` commands; ``/start`` (what a
-  client sends when a user first opens the bot) is not a message to anyone.
+  client sends when a user first opens the bot) is not a message to anyone. A message a stop
+  dropped is named back with a **🔁 Send again** button (the core's 🔁 reaction).
 * **Text is plain**: no ``parse_mode`` and no entities are ever sent, so an agent cannot
   format, link or hide text; ``@name`` gets a word joiner after its ``@`` so Telegram finds
   no mention in it (an agent cannot notify a member). Long text is split into messages of
@@ -53,7 +54,20 @@ import httpx
 import trio
 
 from ..core.results import INTERRUPT_NOTICE, SHUTDOWN_NOTICE, STOP_NOTICE
-from .core import STOP_REACTION, STOPPING, Edit, Inbound, Invited, Post, React, Reacted, Said, Unreadable, safe
+from .core import (
+    RESEND_REACTION,
+    STOP_REACTION,
+    STOPPING,
+    Edit,
+    Inbound,
+    Invited,
+    Post,
+    React,
+    Reacted,
+    Said,
+    Unreadable,
+    safe,
+)
 from .kinds import TELEGRAM_API, TELEGRAM_POLL
 from .platform import Batch, Refused, Transient
 
@@ -70,6 +84,11 @@ ALLOWED_UPDATES = ("message", "edited_message", "callback_query", "message_react
 STOP_DATA = "corral:stop"
 STOP_BUTTON = {"inline_keyboard": [[{"text": "🛑 Stop", "callback_data": STOP_DATA}]]}
 NO_BUTTON: dict[str, Any] = {"inline_keyboard": []}
+#: The button on a dropped message's answer that sends it again (the core's 🔁 reaction, which
+#: Telegram's standard reactions do not offer).
+RESEND_DATA = "corral:resend"
+RESEND_BUTTON = {"inline_keyboard": [[{"text": f"{RESEND_REACTION} Send again", "callback_data": RESEND_DATA}]]}
+_RESEND_HINT = f"React {RESEND_REACTION} to send it again."
 #: The notices that end a turn: the chat's Stop button goes with them.
 ENDINGS = (STOPPING, STOP_NOTICE, INTERRUPT_NOTICE, SHUTDOWN_NOTICE, "Task interrupted")
 #: Slash commands → the core's commands.
@@ -332,12 +351,12 @@ class TelegramPlatform:
             if isinstance(query.get("id"), str):
                 answers.append(query["id"])
             sender, message = query.get("from") or {}, query.get("message")
-            if (query.get("data") != STOP_DATA or not isinstance(message, dict) or not isinstance(sender, dict)
-                    or sender.get("is_bot")):
+            key = {STOP_DATA: STOP_REACTION, RESEND_DATA: RESEND_REACTION}.get(str(query.get("data")))
+            if key is None or not isinstance(message, dict) or not isinstance(sender, dict) or sender.get("is_bot"):
                 return []
             chat = str((message.get("chat") or {}).get("id"))
             target = f"{chat}:{message.get('message_id')}"
-            return [Reacted(chat, f"u{uid}", str(sender.get("id")), STOP_REACTION, target)]
+            return [Reacted(chat, f"u{uid}", str(sender.get("id")), key, target)]
         reaction = update.get("message_reaction")
         if isinstance(reaction, dict):
             user = reaction.get("user")
@@ -390,25 +409,30 @@ class TelegramPlatform:
         return int(chat), int(message)
 
     async def _send(self, room: str, text: str, *, reply_to: str | None = None,
-                    button: bool = False) -> int:
+                    button: bool = False, markup: Mapping[str, Any] | None = None) -> int:
         params: dict[str, Any] = {"chat_id": int(room), "text": text, "link_preview_options": {"is_disabled": True}}
         if reply_to is not None and reply_to.startswith(f"{room}:"):
             params["reply_parameters"] = {"message_id": self._target(reply_to)[1], "allow_sending_without_reply": True}
-        if button:
-            params["reply_markup"] = STOP_BUTTON
+        if button or markup is not None:
+            params["reply_markup"] = STOP_BUTTON if button else markup
         sent = await self.call("sendMessage", params, chat=room)
         if not isinstance(sent, dict) or not isinstance(sent.get("message_id"), int):
             raise Refused(f"sendMessage: the result is not a message: {sent!r}")
         return int(sent["message_id"])
 
     async def post(self, op: Post) -> str:
-        parts = split_message(neutral(op.text))
+        text, markup = op.text, None
+        if op.notice and op.text.endswith(_RESEND_HINT):  # (a dropped message's answer: a button sends it again)
+            text = op.text.removesuffix(_RESEND_HINT) + f"Press {RESEND_REACTION} to send it again."
+            markup = RESEND_BUTTON
+        parts = split_message(neutral(text))
         # The turn's first notice (its status message) carries its Stop button; one per chat.
         button = op.notice and op.turn is not None and self._button.get(op.room, (0, None))[1] != op.turn
         first, shown = None, None
         for i, part in enumerate(parts):
             shows = button and i == len(parts) - 1
-            message = await self._send(op.room, part, reply_to=op.reply_to if i == 0 else None, button=shows)
+            message = await self._send(op.room, part, reply_to=op.reply_to if i == 0 else None, button=shows,
+                                       markup=markup if i == 0 else None)
             first = message if first is None else first
             shown = message if shows else shown
         # (after the post: a stop's "Stopping…" is not kept waiting for the button's removal)
