@@ -18,6 +18,13 @@ floor measured in the same run, rounds alternating:
   bridge has accepted the last, against ``Supervisor.send`` of as many messages, and against
   the homeserver's own rate (the same burst's sends to a room without the bridge); and the
   bridge's own capacity (1 / the time it spends deciding and accepting one message).
+
+``--platform telegram``: the Telegram bridge against the tests' fake Bot API server
+(``tests/_telegram.py``, a thread on loopback that answers at once and wakes a pending long
+poll the moment an update comes), so the figures are the bridge's own share: a chat message
+→ its turn's first entry (against ``Supervisor.send``), and ``/stop`` → "Stopping…" /
+→ the notice as the server receives them (against the daemon's own stop), and the bridge's
+own part of the acknowledgement (the update read off ``getUpdates`` → "Stopping…" sent).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from supervisor.bridges.runner import run_bridge
 from supervisor.config.settings import parse_config
 from supervisor.host.supervisor import STOP_NOTICE
 from tests._synapse import Synapse
+from tests._telegram import FakeBotApi
 
 
 class Human:
@@ -235,12 +243,106 @@ async def bench(rounds: int, burst: int) -> None:
           f"{floor_rate:8.1f} /s   ratio {capacity / floor_rate:5.2f} x")
 
 
+def _sent_at(calls: list[tuple[str, dict[str, Any], float]], after: float, test: Any) -> float:
+    """When the fake server received the first sendMessage since ``after`` whose text passes ``test``."""
+    return next(at for method, params, at in calls
+                if at >= after and method == "sendMessage" and test(str(params.get("text", ""))))
+
+
+async def bench_telegram(rounds: int) -> None:
+    folder = short_tmp("corral-bt-")
+    api = FakeBotApi()
+    try:
+        bot = api.bot()
+        chat = 101
+        alice = {"id": 101, "is_bot": False, "first_name": "Alice"}
+        bot.chat(chat)
+        (folder / "telegram.token").write_text(bot.token)
+        data = {
+            "server": {"socket": "corral.sock"}, "store": {"path": "corral.db"},
+            "defaults": {"stop_grace": 2},
+            "agents": {"demo": {"adapter": "demo", "delay": 0.01}},
+            "bridges": {"tg": {"type": "telegram", "api_url": api.url, "token_file": str(folder / "telegram.token"),
+                               "admins": ["101"], "rooms": {str(chat): "chat"}}},
+        }
+        config = parse_config(data, file=str(folder / "corral.toml"), base=folder)
+        async with open_supervisor(config) as sup, trio.open_nursery() as nursery:
+            bridge = await nursery.start(run_bridge, sup, config.bridges["tg"])
+            received: list[float] = []
+            handle = bridge.handle
+
+            async def timed_handle(event: Any) -> Any:
+                if getattr(event, "text", None) == "!stop":
+                    received.append(time.monotonic())
+                return await handle(event)
+
+            bridge.handle = timed_handle
+            started: dict[str, list[float]] = {"bridge": [], "floor": []}
+            ack: list[float] = []
+            notice: list[float] = []
+            own: list[float] = []
+            floor_stop: list[float] = []
+            for n in range(rounds):
+                after = await sup.last_seq()
+                t0 = trio.current_time()
+                bot.say(chat, alice, f"hello {n}")
+                started["bridge"].append((await first_entry_of_a_turn(sup, "chat", after) - t0) * 1000)
+                await sup.wait_idle("chat", 60)
+                after = await sup.last_seq()
+                t0 = trio.current_time()
+                await sup.send("direct", f"hello {n}")
+                started["floor"].append((await first_entry_of_a_turn(sup, "direct", after) - t0) * 1000)
+                await sup.wait_idle("direct", 60)
+                after = await sup.last_seq()
+                bot.say(chat, alice, f"long task {n}")
+                await first_entry_of_a_turn(sup, "chat", after)
+                asked = time.monotonic()
+                bot.say(chat, alice, "/stop")
+                with trio.fail_after(60):
+                    while not [e for e in await sup.entries("chat", after=after) if e.kind == "notice"]:
+                        await trio.sleep(0.01)
+                    while True:  # (the notice reaches the server after it is stored)
+                        try:
+                            noticed = _sent_at(bot.calls, asked, lambda t: t.startswith(STOP_NOTICE))
+                            break
+                        except StopIteration:
+                            await trio.sleep(0.01)
+                acked = _sent_at(bot.calls, asked, lambda t: t == "Stopping…")
+                ack.append((acked - asked) * 1000)
+                notice.append((noticed - asked) * 1000)
+                own.append((acked - received[-1]) * 1000)
+                await sup.wait_idle("chat", 60)
+                after = await sup.last_seq()
+                await sup.send("direct", f"long task {n}")
+                await first_entry_of_a_turn(sup, "direct", after)
+                result = await sup.stop("direct")
+                floor_stop.append(result.elapsed_ms)
+            nursery.cancel_scope.cancel()
+    finally:
+        api.close()
+
+    def row(name: str, values: list[float], floor: list[float]) -> None:
+        m, f = statistics.median(values), statistics.median(floor)
+        print(f"{name:<44} median {m:8.1f} ms  p95 {pct(values, 0.95):8.1f} ms   floor median {f:7.1f} ms"
+              f"  p95 {pct(floor, 0.95):7.1f} ms   ratio {m / f:5.2f} x")
+
+    print(f"bench_bridge --platform telegram: {rounds} rounds, the fake Bot API on loopback, demo agent")
+    row("chat message -> turn started", started["bridge"], started["floor"])
+    row("/stop -> 'Stopping…' at the server", ack, floor_stop)
+    row("/stop -> notice at the server", notice, floor_stop)
+    row("  of which the bridge: read -> 'Stopping…' sent", own, floor_stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument("--platform", choices=("matrix", "telegram"), default="matrix")
     args = parser.parse_args(argv)
-    trio.run(bench, args.rounds, args.burst)
+    if args.platform == "telegram":
+        trio.run(bench_telegram, args.rounds)
+    else:
+        trio.run(bench, args.rounds, args.burst)
     return 0
 
 

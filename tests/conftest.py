@@ -14,6 +14,7 @@ import psutil
 import pytest
 from _postgres import PostgresServer
 from _postgres import missing as postgres_missing
+from _telegram import FakeBotApi
 
 from supervisor import Config, parse_config
 from supervisor.procs.tree import TURN_MARKER
@@ -39,6 +40,16 @@ def postgres_server() -> Iterator[PostgresServer]:
     if reason is not None:
         pytest.skip(reason)
     server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def telegram_api() -> Iterator[FakeBotApi]:
+    """One fake Telegram Bot API server for the session (each test makes a bot of its own on it)."""
+    server = FakeBotApi()
     try:
         yield server
     finally:

@@ -463,6 +463,8 @@ class BridgeCore:
     _status_lines: dict[str, list[str]] = field(default_factory=dict)
     _drafts: dict[str, str] = field(default_factory=dict)
     """Draft id → key of the post that shows it."""
+    _draft_posts: dict[str, str] = field(default_factory=dict)
+    """Key of a draft's first post → its draft id, until posted (its saved entry may come first)."""
     _draft_edits: dict[str, int] = field(default_factory=dict)
     _ended: set[str] = field(default_factory=set)
     """Turns a stop's notice has ended: nothing more of them is posted."""
@@ -603,11 +605,9 @@ class BridgeCore:
         return draft in self._drafts
 
     def draft_of(self, key: str) -> str | None:
-        """The draft a post key shows, if it is a draft's first post."""
-        for draft, posted in self._drafts.items():
-            if posted == key:
-                return draft
-        return None
+        """The draft a post key shows, if it is a draft's first post (asked once, as it is posted:
+        also when the draft's saved entry came before the post was made, a fast turn's)."""
+        return self._draft_posts.pop(key, None)
 
     def adopt_draft(self, draft: str, event: str) -> None:
         """A draft shown before a restart, as the platform event ``event``: its saved entry edits it."""
@@ -651,7 +651,8 @@ class BridgeCore:
                 agent = author.removeprefix("agent:")
                 draft = meta.get("draft")
                 if isinstance(draft, str) and draft in self._drafts:
-                    return [Edit(room, f"{key}e", self._drafts.pop(draft), clip(text), agent=self._as(agent),
+                    return [Edit(room, f"{key}e", self._drafts.pop(draft), clip(self._prefixed(agent, text)),
+                                 agent=self._as(agent),
                                  turn=turn, final=True, seq=seq)]
                 parts = split_text(self._prefixed(agent, text))
                 speaker = None if agent in self.agent_users else agent
@@ -708,6 +709,7 @@ class BridgeCore:
         if key is None:
             key = f"d{event.draft}"
             self._drafts[event.draft] = key
+            self._draft_posts[key] = event.draft
             return [Post(room, key, text, agent=self._as(agent), turn=event.turn, channel=event.channel)]
         self._draft_edits[event.draft] = n = self._draft_edits.get(event.draft, 0) + 1
         return [Edit(room, f"{key}e{n}", key, text, agent=self._as(agent), turn=event.turn)]

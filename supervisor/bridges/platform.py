@@ -6,7 +6,8 @@ turns what arrives into :data:`.core.Inbound` events, in batches that end with a
 raises :class:`Transient` for what a retry may cure (the server down, slow, restarted, a
 rate limit with its ``retry_after``) and :class:`Refused` for what it will not (a
 forbidden room, an event the server rejects); the runner (:mod:`.runner`) decides what to
-do with either. Slack, Discord, Mattermost or Telegram would each be one more such class.
+do with either. A platform is found by the ``type`` of its table among the ``corral.bridges``
+entry points (:mod:`.registry`): a third party adds one without forking corral.
 """
 
 from __future__ import annotations

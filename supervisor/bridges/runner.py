@@ -64,6 +64,7 @@ from .core import (
     Verbosity,
 )
 from .platform import Platform, PlatformError, Refused, Transient
+from .registry import bridge_type
 
 if TYPE_CHECKING:
     from ..config.settings import BridgeConfig
@@ -74,16 +75,9 @@ T = TypeVar("T")
 
 
 def make_platform(config: BridgeConfig) -> Platform:
-    """The platform module for a bridge's ``type``."""
-    if config.type == "matrix":
-        from .matrix import MatrixPlatform
-
-        return MatrixPlatform(config)
-    if config.type == "irc":
-        from .irc import IrcPlatform
-
-        return IrcPlatform(config)
-    raise UsageError(f"unknown bridge type {config.type!r}")
+    """The platform a bridge's ``type`` names, found among the ``corral.bridges`` entry points
+    (:mod:`.registry`); :class:`UsageError` for a type none registers."""
+    return bridge_type(config.type).platform_class()(config)
 
 
 class Backoff:

@@ -215,7 +215,8 @@ def private_of(config: Config, cgroup_subtree: Path | None = None) -> Private:
         agent_dirs={a.name: a.cwd for a in config.agents.values() if a.cwd is not None},
         home=os.environ.get("HOME"), runtime_dir=os.environ.get("XDG_RUNTIME_DIR"), user_home=passwd_home(),
         secrets=[path for bridge in config.bridges.values() for path in (
-            bridge.token_file, bridge.password_file, *(a.token_file for a in bridge.agents.values()))
+            bridge.token_file, bridge.password_file, *bridge.secrets,
+            *(a.token_file for a in bridge.agents.values()))
             if path is not None],
     )
 

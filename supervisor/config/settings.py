@@ -8,6 +8,7 @@ before anything starts. ``corral check`` runs exactly this.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shutil
@@ -201,7 +202,7 @@ class BridgeConfig:
 
     name: str
     type: str
-    """``"matrix"`` or ``"irc"``."""
+    """``"matrix"``, ``"irc"``, ``"telegram"``: a name a ``corral.bridges`` entry point registers."""
     rooms: Mapping[str, str]
     """A room (Matrix: id or alias; IRC: ``#channel``) → the corral channel it is."""
     admins: tuple[str, ...] = ()
@@ -222,6 +223,10 @@ class BridgeConfig:
     tls: bool = False
     retry_max: float = 30.0
     """The longest wait between two attempts to reach the server."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """A registered platform's own keys (Telegram's ``api_url``…), as its ``check`` accepted them."""
+    secrets: tuple[Path, ...] = ()
+    """A registered platform's secret files (hidden from every turn, as ``token_file`` is)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -772,15 +777,13 @@ def _store_outside_working_folders(check: _Checker, store_path: Path, agents: Ma
 
 _BRIDGE_COMMON = {"type", "rooms", "admins", "users", "servers", "stoppers", "verbosity", "invites", "edit_interval",
                   "retry_max"}
-_BRIDGE_KEYS = {
-    "matrix": _BRIDGE_COMMON | {"homeserver", "user", "token_file", "agents"},
-    "irc": _BRIDGE_COMMON | {"server", "nick", "password_file", "tls"},
-}
 _BRIDGE_AGENT = {"user", "token_file"}
 
 
 def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, BridgeConfig]:
     """``[bridges.NAME]`` tables: every key known, token files there, no room mapped twice."""
+    from ..bridges import registry  # (the entry points are read only for a config with bridges)
+
     out: dict[str, BridgeConfig] = {}
     seen_rooms: dict[tuple[str, str], str] = {}
     for name, raw in check.table(data, "bridges").items():
@@ -789,12 +792,15 @@ def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) ->
             check.add(f"bridges.{name}", f"expected a table, got {type(raw).__name__}", f"write it as [bridges.{name}]")
             continue
         kind = check.string(raw, "type", prefix)
-        if kind not in _BRIDGE_KEYS:
-            close = difflib.get_close_matches(str(kind), sorted(_BRIDGE_KEYS), n=1)
-            check.add(f"{prefix}type", f"unknown bridge type {kind!r}" if kind else "missing",
-                      f"did you mean {close[0]!r}?" if close else 'write type = "matrix" (or "irc")')
+        if not kind:
+            check.add(f"{prefix}type", "missing", f'write type = one of: {", ".join(registry.known_types())}')
             continue
-        check.unknown(raw, _BRIDGE_KEYS[kind], prefix)
+        try:
+            spec = registry.bridge_type(kind)
+        except registry.UnknownBridgeType as exc:
+            check.add(f"{prefix}type", exc.message, exc.fix)
+            continue
+        check.unknown(raw, _BRIDGE_COMMON | spec.keys, prefix)
         rooms: dict[str, str] = {}
         rooms_raw = check.table(raw, "rooms", prefix)
         if not rooms_raw and not raw.get("invites"):
@@ -833,8 +839,14 @@ def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) ->
         }
         if kind == "matrix":
             out[name] = _matrix_bridge(check, raw, prefix, agent_names, common)
-        else:
+        elif kind == "irc":
             out[name] = _irc_bridge(check, raw, prefix, common)
+        else:  # (a platform of the registry's: its own check reads its keys)
+            options, secrets, problems = registry.platform_options(
+                spec, raw, rooms, functools.partial(_secret_file, check, raw, prefix=prefix, required=False))
+            for problem in problems:
+                check.add(f"{prefix}{problem.key}", problem.message, problem.fix)
+            out[name] = BridgeConfig(**common, options=options, secrets=secrets)
     return out
 
 

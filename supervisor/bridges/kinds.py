@@ -1,0 +1,65 @@
+"""corral's own platforms, as its ``corral.bridges`` entry points name them (``pyproject.toml``).
+
+Light on purpose: the config check loads this module, never a platform's (which imports its
+HTTP client). Matrix's and IRC's tables are read by the config itself (typed fields of
+``BridgeConfig``); Telegram's is read as a third party's would be, through :attr:`BridgeType.check`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from .registry import BridgeType, ConfigProblem
+
+MATRIX = BridgeType(
+    name="matrix", platform="supervisor.bridges.matrix:MatrixPlatform",
+    keys=frozenset({"homeserver", "user", "token_file", "agents"}), secret_keys=frozenset({"token_file"}),
+)
+IRC = BridgeType(
+    name="irc", platform="supervisor.bridges.irc:IrcPlatform",
+    keys=frozenset({"server", "nick", "password_file", "tls"}), secret_keys=frozenset({"password_file"}),
+)
+
+#: Telegram's own Bot API server (a local ``telegram-bot-api`` server is the other real setup).
+TELEGRAM_API = "https://api.telegram.org"
+#: How long one ``getUpdates`` waits for an update, by default (seconds).
+TELEGRAM_POLL = 30
+
+
+def _telegram_check(options: Mapping[str, Any], rooms: Mapping[str, str]) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    if "token_file" not in options:
+        problems.append(ConfigProblem("token_file", "missing",
+                                      'write token_file = "telegram.token" holding the token @BotFather gave'))
+    url = options.get("api_url", TELEGRAM_API)
+    if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
+        problems.append(ConfigProblem("api_url", f"expected the Bot API server's URL, got {url!r}",
+                                      f'write api_url = "{TELEGRAM_API}" (or your local Bot API server\'s)'))
+    elif url.startswith("http://") and urlsplit(url).hostname not in ("localhost", "127.0.0.1", "::1"):
+        problems.append(ConfigProblem("api_url", f"{url} is plain HTTP: the token is in every request's URL",
+                                      "use https://, or plain http:// to a Bot API server on this machine only"))
+    poll = options.get("poll_timeout", TELEGRAM_POLL)
+    # (0 would be short polling: a request after another, as fast as they come back)
+    if isinstance(poll, bool) or not isinstance(poll, int) or not 1 <= poll <= 50:
+        problems.append(ConfigProblem("poll_timeout", f"expected whole seconds from 1 to 50, got {poll!r}",
+                                      f"write poll_timeout = {TELEGRAM_POLL:g}"))
+    reaction = options.get("stop_reaction", "🛑")
+    if not isinstance(reaction, str) or not reaction.strip() or len(reaction) > 8:
+        problems.append(ConfigProblem("stop_reaction", f"expected one emoji, got {reaction!r}",
+                                      'write stop_reaction = "🛑" (or one of Telegram\'s reactions, e.g. "👎")'))
+    for room in rooms:
+        if not re.fullmatch(r"-?[0-9]{1,20}", room):
+            problems.append(ConfigProblem(f"rooms.{room}", "is not a Telegram chat id (a number)",
+                                          'write "-1001234567890" = "dev" (a group) or "123456789" = "me" '
+                                          "(a private chat: the user's id)"))
+    return problems
+
+
+TELEGRAM = BridgeType(
+    name="telegram", platform="supervisor.bridges.telegram:TelegramPlatform",
+    keys=frozenset({"token_file", "api_url", "poll_timeout", "stop_reaction"}),
+    secret_keys=frozenset({"token_file"}), check=_telegram_check,
+)
