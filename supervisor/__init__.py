@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     )
     from .core.errors import CorralError, ShuttingDown, UsageError
     from .core.ledger import LedgerError
+    from .core.records import Draft, Entry
     from .core.restart import ChannelBusy
     from .host.supervisor import (
         SHUTDOWN_NOTICE,
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from .serve.asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
     from .serve.client import APIError, DaemonUnavailable
     from .serve.daemon import DaemonError
-    from .store.store import Draft, Entry, StoreError, StoreInUse
+    from .store.store import StoreError, StoreInUse
 
 #: Where each public name lives: ``from supervisor import X`` imports only X's module.
 _LAZY = {
@@ -69,8 +70,8 @@ _LAZY = {
     "UsageError": ".core.errors",
     "LedgerError": ".core.ledger",
     "ChannelBusy": ".core.restart",
-    "Draft": ".store.store",
-    "Entry": ".store.store",
+    "Draft": ".core.records",
+    "Entry": ".core.records",
     "StoreError": ".store.store",
     "StoreInUse": ".store.store",
     "SHUTDOWN_NOTICE": ".host.supervisor",

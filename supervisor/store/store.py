@@ -91,13 +91,20 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal, TypeVar, overload
 
 import trio
 
 from ..core.notices import CHANNEL as FLEET_NOTICES
 from ..core.notices import Notice, Queued
+from ..core.records import KINDS as KINDS  # (re-exported: the value types are imported from here too)
+from ..core.records import ChannelState as ChannelState
+from ..core.records import Draft as Draft
+from ..core.records import Entry as Entry
+from ..core.records import QueuedRow as QueuedRow
+from ..core.records import StopRecord as StopRecord
+from ..core.records import TakeOver as TakeOver
 from ..core.text import repair
 from .engines import (
     LOCK_SPACE,
@@ -114,8 +121,6 @@ from .engines import StoreInUse as StoreInUse
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
-
-KINDS = ("message", "status", "tool", "todos", "notice", "error")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -265,21 +270,6 @@ def newest_seq(db: Engine) -> int:
 TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
 
 
-@dataclass(frozen=True, slots=True)
-class StopRecord:
-    """What one channel's stop must have on disk before it kills anything."""
-
-    seq: int
-    channel: str
-    generation: int
-    dropped: tuple[int, ...]
-    """Seqs of the queued messages the stop drops: dequeued and marked."""
-    stopped_turns: tuple[str, ...]
-    """Every turn of the channel the stop ends (one per agent running)."""
-    plans: Mapping[str, list[dict[str, str]]]
-    """The cancelled plan, by agent."""
-
-
 #: (Kept importable from here: the disk's failure, as the engines classify it.)
 _disk_failure = disk_failure
 
@@ -308,96 +298,6 @@ def describe_failure(exc: BaseException, path: str) -> str:
     if isinstance(exc, OSError):
         return f"{exc.strerror or type(exc).__name__} (store {path})"
     return f"internal error {type(exc).__name__} (store {path}; see the log)"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One line of a channel's transcript."""
-
-    seq: int
-    channel: str
-    author: str
-    kind: str
-    text: str
-    turn: str | None
-    generation: int
-    ts: float
-    meta: Mapping[str, Any] = field(default_factory=dict)
-    pos: int | None = None
-    """(A fleet) its place in the commit order of every host's entries, once committed."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry as the control API and ``--json`` print it."""
-        return {
-            "seq": self.seq,
-            "channel": self.channel,
-            "author": self.author,
-            "kind": self.kind,
-            "text": self.text,
-            "turn": self.turn,
-            "generation": self.generation,
-            "ts": self.ts,
-            "meta": dict(self.meta),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Draft:
-    """Text an agent is writing now, shown to followers before it is saved: never stored.
-
-    ``text`` is the whole unsaved run so far. The ``message`` entry that saves the run names
-    this ``draft`` in its ``meta`` (``{"draft": ID}``, with ``"cut_off": "stop"`` when a stop
-    saved it) and replaces it; a later draft of the same id replaces an earlier one."""
-
-    channel: str
-    author: str
-    turn: str
-    draft: str
-    text: str
-    ts: float
-
-    def to_json(self) -> dict[str, Any]:
-        """The draft as the control API's ``draft`` event and ``--json`` print it (no ``seq``:
-        it has no place in the transcript)."""
-        return {
-            "kind": "draft",
-            "draft": self.draft,
-            "channel": self.channel,
-            "author": self.author,
-            "turn": self.turn,
-            "text": self.text,
-            "ts": self.ts,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedRow:
-    """An accepted message not yet run, as the store keeps it across restarts."""
-
-    seq: int
-    channel: str
-    agent: str
-    author: str
-    text: str
-    generation: int
-    nudge: bool
-    hops: int = 0
-    """Agent-to-agent hand-offs behind it (0: a human's or a system message)."""
-    routed_from: int | None = None
-    """The seq of the entry it repeats, when it has none of its own: a hand-off's source
-    entry, or the message's entry for its second and later targets."""
-    delivery: str | None = None
-    """(A fleet) ``interrupt`` or ``steer``, for the channel's owner to carry out as it takes
-    the message up from another host; None: an ordinary queued message."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelState:
-    """What a stop leaves on a channel, as stored: generation, routing rest, repeat window."""
-
-    generation: int
-    rests: bool
-    stopped: bool
 
 
 _COLUMNS = "seq, channel, author, kind, text, turn, generation, ts, meta, pos"
@@ -1482,24 +1382,6 @@ class Store:
         """Close the database (after the writer has stopped) and give up the store's lock."""
         self._closed = True
         self._db.close()
-
-
-@dataclass(frozen=True, slots=True)
-class TakeOver:
-    """What a fleet host finds in the store for a channel it has just taken."""
-
-    state: ChannelState | None
-    queue: list[QueuedRow]
-    todos: dict[str, list[dict[str, str]]]
-    sessions: dict[str, tuple[str | None, str]]
-    """By agent: the session id (None: it stayed with the last host) and its folder."""
-    ended: list[tuple[str, int, str | None]]
-    """The last owner's turns (id, generation, host) closed here with a notice: their
-    processes are on that host, out of this one's reach."""
-    heartbeats: dict[str, float]
-    """Every host's last heartbeat at the take-over (the database's clock)."""
-    seen: dict[str, int]
-    """By agent: the last message it took up in the channel (on any host)."""
 
 
 @asynccontextmanager
