@@ -20,8 +20,9 @@ catalog of a SQLite file no store has opened (:mod:`supervisor.config.preflight`
   PRECISION`` in DDL, and four fragments it writes itself — :meth:`Engine.greatest`,
   :meth:`Engine.json_get`, :attr:`Engine.json_true`, :meth:`Engine.mark_dropped`. The
   ``apply(db)`` callbacks of writes get the engine and call :meth:`Engine.execute`.
-* **Transactions.** :meth:`Engine.begin` / :meth:`Engine.commit` / :meth:`Engine.rollback`
-  on one connection used by one worker thread at a time (the store's limiter). A rollback
+* **Transactions.** :meth:`Engine.begin` / :meth:`Engine.commit` / :meth:`Engine.rollback`,
+  written once as :meth:`Engine.transaction` (and :meth:`Engine.rolling_back` for work that
+  begins or commits itself), on one connection used by one worker thread at a time (the store's limiter). A rollback
   after a failure never raises: it would hide the failure. On PostgreSQL a batch's writes
   are pipelined (:meth:`Engine.batch`: one round trip, not one per statement); a read in
   the batch syncs the pipeline first, so it sees the batch's writes and raises their error.
@@ -301,6 +302,26 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def rollback(self) -> None:
         """Roll back if a transaction is open; log (never raise) a rollback that fails."""
+
+    @contextmanager
+    def rolling_back(self) -> Iterator[None]:
+        """Around a transaction's work: roll it back if the work raised (the rollback never
+        raises: it would hide the work's error), then let the error go on."""
+        try:
+            yield
+        except BaseException:
+            self.rollback()
+            raise
+
+    @contextmanager
+    def transaction(self, *, schema: bool = False) -> Iterator[None]:
+        """A transaction around the block: :meth:`begin` (``schema``: under the migration lock),
+        then :meth:`commit` at its end, or :meth:`rollback` if it raised (a rollback with no
+        transaction open does nothing: a ``BEGIN`` that failed leaves none, unless its lock wait did)."""
+        with self.rolling_back():
+            self.begin(schema=schema)
+            yield
+            self.commit()
 
     @abc.abstractmethod
     def own(self, store_id: str, host: str = "") -> None:

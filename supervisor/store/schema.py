@@ -104,25 +104,15 @@ def _version(db: Engine) -> int:
 def migrate(db: Engine) -> None:
     """Create the first schema if missing, then bring it up to date, one version per
     transaction (each under the engine's migration lock, so openers never race)."""
-    db.begin(schema=True)
-    try:
+    with db.transaction(schema=True):
         for statement in [*_statements(_SCHEMA), _VERSIONS]:
             db.execute(db.ddl(statement))
         if _version(db) == 0:  # (a store from before the table: its version is carried over)
             db.executemany("INSERT INTO schema_migrations (version, applied) VALUES (?, ?)",
                            [(n, time.time()) for n in range(1, db.legacy_version() + 1)])
-        db.commit()
-    except BaseException:
-        db.rollback()
-        raise
     for number in range(len(_MIGRATIONS)):
-        db.begin(schema=True)
-        try:
+        with db.transaction(schema=True):
             if _version(db) == number:
                 for statement in _statements(_MIGRATIONS[number]):
                     db.execute(db.ddl(statement))
                 db.execute("INSERT INTO schema_migrations (version, applied) VALUES (?, ?)", (number + 1, time.time()))
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise

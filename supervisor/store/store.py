@@ -327,22 +327,16 @@ class Store:
         daemon, in seq order = commit order) take their seq as their position, once; the
         position every entry committed so far is at or below."""
         db = self._db
-        db.begin()
-        try:
+        with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, ORDER_LOCK))
             db.execute("UPDATE entries SET pos = seq WHERE pos IS NULL")
             top = self._top_position()
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
         return top
 
     def _register(self, host: str) -> int:
         """(At open) this host's row and seq slot: its own if it has one, else the lowest free."""
         db = self._db
-        db.begin()
-        try:
+        with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, _SLOT_LOCK))
             mine = db.query("SELECT slot FROM hosts WHERE host = ?", (host,))
             taken = {k for (k,) in db.query("SELECT slot FROM hosts")}
@@ -355,10 +349,6 @@ class Store:
                 f" ON CONFLICT (host) DO UPDATE SET heartbeat = {db.now}, pid = excluded.pid, started = {db.now}",
                 (host, slot, os.getpid()),
             )
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
         return slot
 
     def next_seq(self) -> int:
@@ -383,15 +373,8 @@ class Store:
         """Run ``work`` in a transaction of its own now, in the store's thread (the fleet's
         lease and heartbeat writes: they must not wait behind a batch of entries)."""
         def run() -> T:
-            db = self._db
-            db.begin()
-            try:
-                out = work(db)
-                db.commit()
-            except BaseException:
-                db.rollback()
-                raise
-            return out
+            with self._db.transaction():
+                return work(self._db)
 
         return await self._read(run)
 
@@ -588,18 +571,15 @@ class Store:
     def _commit(self, batch: list[Pending]) -> None:
         db = self._db
         db.begin()
-        try:
+        with db.rolling_back():
             placed = [p for p in batch if p.entry is not None] if self.host is not None else []
             with db.batch():
                 for pending in batch:
                     pending._apply(db)
             if placed:
-                self._commit_placed(db, placed)
+                self._commit_placed(db, placed)  # (the commit, in the fleet's order)
             else:
                 db.commit()
-        except BaseException:
-            db.rollback()  # (never raises: it would hide the real error)
-            raise
 
     def _commit_placed(self, db: Engine, placed: list[Pending]) -> None:
         """(A fleet, after a batch's writes) commit, giving the commit's entries the positions after
