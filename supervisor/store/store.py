@@ -79,10 +79,7 @@ Theory of operation
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
-import secrets
 import sqlite3
 import time
 from collections import defaultdict
@@ -94,7 +91,7 @@ from typing import Any, Literal, TypeVar, overload
 import trio
 
 from ..core.notices import CHANNEL as FLEET_NOTICES
-from ..core.notices import Notice, Queued
+from ..core.notices import Queued
 from ..core.records import KINDS as KINDS  # (re-exported: the value types are imported from here too)
 from ..core.records import ChannelState as ChannelState
 from ..core.records import Draft as Draft
@@ -103,9 +100,8 @@ from ..core.records import QueuedRow as QueuedRow
 from ..core.records import StopRecord as StopRecord
 from ..core.records import TakeOver as TakeOver
 from ..core.text import repair
+from . import statements
 from .engines import (
-    LOCK_SPACE,
-    ORDER_LOCK,
     Engine,
     PostgresEngine,
     describe_postgres,
@@ -119,43 +115,21 @@ from .schema import _MIGRATIONS as _MIGRATIONS  # (re-exported: tests read the m
 from .schema import _SCHEMA as _SCHEMA
 from .schema import _statements as _statements
 from .schema import migrate
+from .statements import NOTIFY as NOTIFY  # (re-exported: callers import these from here)
+from .statements import SEQ_STRIDE as SEQ_STRIDE
+from .statements import TURN_ENDED as TURN_ENDED
+from .statements import TURN_RUNNING as TURN_RUNNING
+from .statements import TURN_STOPPED as TURN_STOPPED
+from .statements import Dropped as Dropped
+from .statements import Fenced as Fenced
+from .statements import newest_seq as newest_seq
+from .statements import notify as notify
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
 
-#: How many hosts one database can hold: a host of slot ``k`` takes only the seqs
-#: ``n * SEQ_STRIDE + k`` (seqs stay unique without asking the database for each one).
-SEQ_STRIDE = 64
-
-#: The advisory lock (second key) a host takes to pick its seq slot.
-_SLOT_LOCK = 1
 #: How many other hosts' entries a fleet host reads back for its followers at a time.
 _SHOW_BATCH = 1000
-
-
-#: A notice to every host of a fleet (PostgreSQL's ``NOTIFY``, delivered at the commit).
-NOTIFY = "SELECT pg_notify(?, ?)"
-
-
-def notify(db: Engine, notice: Notice) -> None:
-    """(In a transaction, PostgreSQL) send ``notice`` to every host of the fleet at the commit."""
-    db.execute(NOTIFY, (FLEET_NOTICES, notice.encode()))
-
-
-def newest_seq(db: Engine) -> int:
-    """(In a transaction) the greatest seq stored anywhere (0: none): an entry's, a stop's, a
-    queued message's, or a begun turn's message (whose queue row is gone). The store counts on
-    from it at open; a fleet host that takes a lease, in the lease's transaction."""
-    ((newest,),) = db.query(
-        "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
-        " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns) AS seqs"
-    )
-    return int(newest)
-
-
-#: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
-#: (the stop's notice then ends it); ``ended``.
-TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
 
 
 #: (Kept importable from here: the disk's failure, as the engines classify it.)
@@ -186,24 +160,6 @@ def describe_failure(exc: BaseException, path: str) -> str:
     if isinstance(exc, OSError):
         return f"{exc.strerror or type(exc).__name__} (store {path})"
     return f"internal error {type(exc).__name__} (store {path}; see the log)"
-
-
-_COLUMNS = "seq, channel, author, kind, text, turn, generation, ts, meta, pos"
-"""An entry's columns, in :func:`_entry`'s order."""
-
-
-def _entry(row: tuple[Any, ...]) -> Entry:
-    seq, channel, author, kind, text, turn, generation, ts, meta, pos = row
-    return Entry(seq, channel, author, kind, text, turn, generation, ts, json.loads(meta), pos)
-
-
-class Fenced(StoreError):
-    """A write for a channel whose lease this host no longer holds (its fencing token is stale)."""
-
-
-class Dropped(StoreError):
-    """(A fleet) a turn's message is no longer queued in the store: a stop dropped it (stored
-    by this host while the row was being taken up, or by another host), so the turn must not begin."""
 
 
 _KEPT_KINDS: tuple[type[StoreError], ...] = (Fenced, Dropped)
@@ -282,9 +238,7 @@ class Store:
 
     def _open(self) -> None:
         migrate(self._db)
-        self._db.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?) ON CONFLICT (key) DO NOTHING",
-                         (secrets.token_hex(8),))
-        self.store_id: str = self._db.query("SELECT value FROM meta WHERE key = 'store_id'")[0][0]
+        self.store_id: str = statements.store_id(self._db)
         """This store's identity: every process of its turns carries it (``CORRAL_STORE``)."""
         self._db.own(self.store_id, self.host or "")
         self._limiter = trio.CapacityLimiter(1)
@@ -293,7 +247,7 @@ class Store:
             # Each host's processes carry their own mark: hosts sharing a machine (and the
             # database) never end each other's turns when recovering from an abrupt end.
             self.store_id = f"{self.store_id}{self.slot:02x}"
-        self._seq = newest_seq(self._db)
+        self._seq = statements.newest_seq(self._db)
         self._shown = 0
         """(A fleet) the commit position up to which followers have been shown every entry."""
         self._behind = trio.Event()
@@ -306,15 +260,7 @@ class Store:
         self._last: Pending | None = None
         self._wake = trio.Event()
         self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
-        self._sessions: dict[tuple[str, str], tuple[str | None, str]] = {
-            (c, a): (s, d) for c, a, s, d in self._db.query("SELECT channel, agent, session_id, cwd FROM sessions")
-        }
-        self._seen: dict[tuple[str, str], int] = {
-            (c, a): s for c, a, s in self._db.query("SELECT channel, agent, seq FROM seen")
-        }
-        self._todos: dict[tuple[str, str], list[dict[str, str]]] = {
-            (c, a): json.loads(items) for c, a, items in self._db.query("SELECT channel, agent, items FROM todos")
-        }
+        self._sessions, self._todos, self._seen = statements.memory(self._db)
         self.commits = 0
         self._closed = False
         self._busy_since: float | None = None
@@ -323,33 +269,14 @@ class Store:
     # ------------------------------------------------------------ writing
 
     def _place_unplaced(self) -> int:
-        """(A fleet host, at open) entries stored before the store was a fleet's (by a single
-        daemon, in seq order = commit order) take their seq as their position, once; the
-        position every entry committed so far is at or below."""
-        db = self._db
-        with db.transaction():
-            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, ORDER_LOCK))
-            db.execute("UPDATE entries SET pos = seq WHERE pos IS NULL")
-            top = self._top_position()
-        return top
+        """(A fleet host, at open) :func:`.statements.place_unplaced`, in a transaction."""
+        with self._db.transaction():
+            return statements.place_unplaced(self._db)
 
     def _register(self, host: str) -> int:
         """(At open) this host's row and seq slot: its own if it has one, else the lowest free."""
-        db = self._db
-        with db.transaction():
-            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, _SLOT_LOCK))
-            mine = db.query("SELECT slot FROM hosts WHERE host = ?", (host,))
-            taken = {k for (k,) in db.query("SELECT slot FROM hosts")}
-            slot = int(mine[0][0]) if mine else next((k for k in range(SEQ_STRIDE) if k not in taken), -1)
-            if slot < 0:
-                raise StoreError(f"the store {self.path} already has {SEQ_STRIDE} fleet hosts; remove the rows of "
-                                 "hosts gone for good from its hosts table")
-            db.execute(
-                f"INSERT INTO hosts (host, slot, heartbeat, pid, started) VALUES (?, ?, {db.now}, ?, {db.now})"
-                f" ON CONFLICT (host) DO UPDATE SET heartbeat = {db.now}, pid = excluded.pid, started = {db.now}",
-                (host, slot, os.getpid()),
-            )
-        return slot
+        with self._db.transaction():
+            return statements.register_host(self._db, host, self.path)
 
     def next_seq(self) -> int:
         """Allocate the next ``seq`` (in a fleet: the next of this host's slot, and not below
@@ -425,15 +352,7 @@ class Store:
         finally:
             self._busy_since = None
 
-    @staticmethod
-    def check_fence(db: Engine, channel: str, host: str, token: int) -> None:
-        """(In a transaction) raise :class:`Fenced` unless ``host`` still holds ``channel``'s
-        lease with ``token``; the row stays share-locked until the commit, so a taker waits."""
-        rows = db.query("SELECT owner, token FROM leases WHERE channel = ? FOR SHARE", (channel,))
-        if not rows or rows[0][0] != host or int(rows[0][1]) != token:
-            owner = rows[0][0] if rows else "nobody"
-            raise Fenced(f"host {host} no longer holds channel {channel!r} (fencing token {token} is stale;"
-                         f" the lease is {owner}'s)")
+    check_fence = staticmethod(statements.check_fence)
 
     def _fenced(self, apply: Callable[[Engine], None], channel: str, token: int | None) -> Callable[[Engine], None]:
         if token is None or self.host is None:
@@ -441,7 +360,7 @@ class Store:
         host = self.host
 
         def fenced(db: Engine) -> None:
-            Store.check_fence(db, channel, host, token)
+            statements.check_fence(db, channel, host, token)
             apply(db)
 
         return fenced
@@ -479,14 +398,9 @@ class Store:
         # was checked by the supervisor; what remains (agent output, previews, meta) is repaired.
         text = self._db.storable(text)
         entry = Entry(self.next_seq(), channel, author, kind, text, turn, generation, time.time(), repair(meta or {}))
-        meta_json = json.dumps(entry.meta, ensure_ascii=False)
 
         def apply(db: Engine) -> None:
-            db.execute(
-                "INSERT INTO entries (seq, channel, author, kind, text, turn, generation, ts, meta)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (entry.seq, channel, author, kind, text, turn, generation, entry.ts, meta_json),
-            )
+            statements.insert_entry(db, entry)
             if also is not None:
                 also(db, entry.seq)
 
@@ -614,10 +528,10 @@ class Store:
     async def _show_committed(self) -> None:
         if not any(self._subs.values()):
             # Nobody to show them to: only how far they go (a follower to come reads the database).
-            self._shown = max(self._shown, await self._read(self._top_position))
+            self._shown = max(self._shown, await self._read(lambda: statements.top_position(self._db)))
             return
         while True:
-            rows = await self._read(functools.partial(self._placed_after, self._shown, _SHOW_BATCH))
+            rows = await self._read(functools.partial(statements.placed_after, self._db, self._shown, _SHOW_BATCH))
             for entry in rows:
                 assert entry.pos is not None
                 if entry.pos > self._shown:
@@ -625,15 +539,6 @@ class Store:
                     self._shown = entry.pos
             if len(rows) < _SHOW_BATCH:
                 return
-
-    def _top_position(self) -> int:
-        ((top,),) = self._db.query("SELECT coalesce(max(pos), 0) FROM entries")
-        return int(top)
-
-    def _placed_after(self, after: int, limit: int) -> list[Entry]:
-        return [_entry(row) for row in self._db.query(
-            f"SELECT {_COLUMNS} FROM entries WHERE pos > ? ORDER BY pos LIMIT ?", (after, limit)
-        )]
 
     def _show_own(self, entries: list[Entry]) -> None:
         """(A fleet) this host's committed entries: shown now if they come right after what
@@ -699,7 +604,7 @@ class Store:
         the drafts this host's turns show (:meth:`show_draft`), in the order they were shown
         relative to the commits."""
         column = "pos" if self.host is not None else "seq"
-        floor = await self._read(lambda: self._position(after)) if self.host is not None else after
+        floor = await self._read(lambda: statements.position(self._db, after)) if self.host is not None else after
 
         def key(entry: Entry) -> int:
             return (entry.pos or 0) if self.host is not None else entry.seq
@@ -735,45 +640,25 @@ class Store:
         ``limit``: the first ones, or with ``newest`` the last ones."""
         if self.host is None:
             return await self._rows(channel, "seq", after, limit, newest)
-        return await self._rows(channel, "pos", await self._read(lambda: self._position(after)), limit, newest)
-
-    def _position(self, after: int) -> int:
-        """(A fleet, in the store's thread) the commit position of entry ``after``; for a seq
-        that names no entry, the last position of an entry with a seq at or below it."""
-        if after <= 0:
-            return 0
-        found = self._db.query("SELECT pos FROM entries WHERE seq = ?", (after,))
-        if found and found[0][0] is not None:
-            return int(found[0][0])
-        ((pos,),) = self._db.query("SELECT coalesce(max(pos), 0) FROM entries WHERE seq <= ?", (after,))
-        return int(pos)
+        floor = await self._read(lambda: statements.position(self._db, after))
+        return await self._rows(channel, "pos", floor, limit, newest)
 
     async def _rows(
         self, channel: str | None, column: str, after: int, limit: int, newest: bool = False
     ) -> list[Entry]:
-        where, params = (f"{column} > ?", (after,)) if channel is None else (
-            f"channel = ? AND {column} > ?", (channel, after))
-        order = f"{column} DESC" if newest else column
-
-        def read() -> list[Entry]:
-            rows = self._db.query(f"SELECT {_COLUMNS} FROM entries WHERE {where} ORDER BY {order} LIMIT ?",
-                                  (*params, limit))
-            return [_entry(row) for row in (reversed(rows) if newest else rows)]
-
-        return await self._read(read)
+        return await self._read(lambda: statements.entries(self._db, channel, column, after, limit, newest))
 
     async def has_entries(self, channel: str) -> bool:
         """Whether any entry of ``channel`` is stored (a channel exists once it has one)."""
-        return bool(await self.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)))
+        return await self._read(lambda: statements.has_entries(self._db, channel))
 
     async def channels(self) -> set[str]:
         """Every channel with a stored entry."""
-        return {name for (name,) in await self.query("SELECT DISTINCT channel FROM entries")}
+        return await self._read(lambda: statements.channels(self._db))
 
     async def last_seq(self) -> int:
         """The seq of the newest committed entry (0: none)."""
-        ((newest,),) = await self.query("SELECT coalesce(max(seq), 0) FROM entries")
-        return int(newest)
+        return await self._read(lambda: statements.last_seq(self._db))
 
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query (for status and tests)."""
@@ -808,12 +693,11 @@ class Store:
     ) -> Pending:
         """Remember the session id (None forgets it) and working directory (``fence``: under the lease)."""
         self._sessions[(channel, agent)] = (session_id, cwd)
-        return self.submit_write(
-            "INSERT INTO sessions (channel, agent, session_id, cwd, updated) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT(channel, agent) DO UPDATE SET session_id=excluded.session_id, cwd=excluded.cwd,"
-            " updated=excluded.updated",
-            (channel, agent, session_id, cwd, time.time()), channel=channel, fence=fence,
-        )
+        stamp = time.time()
+        def apply(db: Engine) -> None:
+            statements.upsert_session(db, channel, agent, session_id, cwd, stamp)
+
+        return self._submit(self._fenced(apply, channel, fence))
 
     def todos(self, channel: str, agent: str) -> list[dict[str, str]]:
         """The channel's current todo plan for ``agent``."""
@@ -826,11 +710,8 @@ class Store:
     def save_todos(self, channel: str, agent: str, items: list[dict[str, str]], *, fence: int | None = None) -> Pending:
         """Replace the todo plan (``fence``: under the channel's lease)."""
         self._todos[(channel, agent)] = [dict(i) for i in items]
-        return self.submit_write(
-            "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
-            (channel, agent, json.dumps(items, ensure_ascii=False), time.time()), channel=channel, fence=fence,
-        )
+        plans, stamp = {agent: [dict(i) for i in items]}, time.time()
+        return self._submit(self._fenced(lambda db: statements.upsert_todos(db, channel, plans, stamp), channel, fence))
 
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
@@ -855,7 +736,7 @@ class Store:
                 row = QueuedRow(row_seq, channel, target, author, text, generation, nudge, hops, source, delivery)
                 self.queue_insert(db, row)
             if author.startswith("human:"):
-                db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
+                statements.lift_rest(db, channel)
             if also is not None:
                 also(db, seq)
             if origin is not None:
@@ -885,44 +766,27 @@ class Store:
                 self._todos[(channel, agent)] = []
         stamp = time.time()
 
-        def forget(db: Engine, seq: int) -> None:
-            for agent in agents:
-                db.execute("UPDATE sessions SET session_id = NULL, updated = ? WHERE channel = ? AND agent = ?",
-                           (stamp, channel, agent))
-                db.execute("UPDATE todos SET items = '[]', updated = ? WHERE channel = ? AND agent = ?",
-                           (stamp, channel, agent))
+        return self.submit_entry(channel, "system", "status", text, generation=generation, meta={"reset": list(agents)},
+                                 also=lambda db, _: statements.forget_conversations(db, channel, agents, stamp))
 
-        return self.submit_entry(channel, "system", "status", text, generation=generation,
-                                 meta={"reset": list(agents)}, also=forget)
-
-    @staticmethod
-    def mark_resent(db: Engine, seq: int, meta: Mapping[str, Any], resent_as: int) -> None:
-        """(In the new message's transaction) entry ``seq`` was sent again as ``resent_as``."""
-        db.execute("UPDATE entries SET meta = ? WHERE seq = ?",
-                   (json.dumps({**meta, "resent_as": resent_as}, ensure_ascii=False), seq))
+    mark_resent = staticmethod(statements.mark_resent)
 
     async def origin_seq(self, origin: str) -> int | None:
         """The seq ``origin`` was accepted as (0: handled without a message); None: never seen."""
-        rows = await self.query("SELECT coalesce(seq, 0) FROM origins WHERE origin = ?", (origin,))
-        return int(rows[0][0]) if rows else None
+        return await self._read(lambda: statements.origin_seq(self._db, origin))
 
     def mark_origin(self, origin: str) -> Pending:
         """Record ``origin`` as handled without a message (a command, an event ignored)."""
-        return self.submit_write(
-            "INSERT INTO origins (origin, seq, ts) VALUES (?, NULL, ?) ON CONFLICT (origin) DO NOTHING",
-            (origin, time.time()),
-        )
+        stamp = time.time()
+        return self._submit(lambda db: statements.mark_origin(db, origin, stamp))
 
     async def cursor(self, key: str) -> str | None:
         """A bridge's cursor (a sync token, the last entry posted), kept in ``meta``."""
-        rows = await self.query("SELECT value FROM meta WHERE key = ?", (key,))
-        return str(rows[0][0]) if rows else None
+        return await self._read(lambda: statements.cursor(self._db, key))
 
     def save_cursor(self, key: str, value: str) -> Pending:
-        return self.submit_write(
-            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
+        """Replace a bridge's cursor."""
+        return self._submit(lambda db: statements.save_cursor(db, key, value))
 
     def accept_routed(
         self, channel: str, agents: tuple[str, ...], author: str, text: str, *, generation: int, hops: int,
@@ -953,9 +817,9 @@ class Store:
             meta["turns"] = list(turns)
 
         def complete(db: Engine, seq: int) -> None:
-            Store.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn)
+            statements.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn)
             for other in turns:
-                Store.mark_turn_ended(db, other)
+                statements.mark_turn_ended(db, other)
 
         return self.submit_entry(
             channel, "system", "notice", text, turn=turn, generation=generation, meta=meta, also=complete,
@@ -969,40 +833,26 @@ class Store:
         make the next start take the turn for a crash's and post a false "restarted" notice."""
         return self.submit_entry(
             channel, "system", "notice", text, turn=turn, generation=generation, meta=meta,
-            also=lambda db, _: Store.mark_turn_ended(db, turn),
+            also=lambda db, _: statements.mark_turn_ended(db, turn),
         )
 
     def queue_insert(self, db: Engine, row: QueuedRow) -> None:
         """(In a transaction) keep an accepted message until its turn begins."""
-        db.execute(
-            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge), row.hops,
-             row.routed_from, row.delivery),
-        )
+        statements.insert_queued(db, row)
         if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
-            notify(db, Queued(self.host, row.channel))
+            statements.notify(db, Queued(self.host, row.channel))
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""
-        def apply(db: Engine) -> None:
-            db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in seqs])
-
-        return self._submit(apply)
+        return self._submit(lambda db: statements.dequeue(db, seqs))
 
     async def load_queue(self, channel: str | None = None) -> list[QueuedRow]:
         """Messages accepted before a restart (or by another fleet host) and not yet run, oldest first."""
-        where, params = ("WHERE channel = ?", (channel,)) if channel is not None else ("", ())
-        rows = await self.query(
-            "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery"
-            f" FROM queue {where} ORDER BY seq", params,
-        )
-        return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows]
+        return await self._read(lambda: statements.queued(self._db, channel))
 
     async def load_channel_states(self) -> dict[str, ChannelState]:
         """Every stopped channel's generation, routing rest and repeat window as of the last run."""
-        rows = await self.query("SELECT channel, generation, rests, stopped FROM generations")
-        return {c: ChannelState(g, bool(r), bool(s)) for c, g, r, s in rows}
+        return await self._read(lambda: statements.channel_states(self._db))
 
     def seen(self, channel: str, agent: str) -> int | None:
         """The seq of the last message the agent took up in the channel (None: never)."""
@@ -1016,21 +866,8 @@ class Store:
         agent's own turn, not ``skip``.
         Returns the newest ``limit`` of them (author, text), oldest first, and how many
         there are in all."""
-        where = (
-            "channel = ? AND kind = 'message' AND seq > ? AND seq < ? AND seq != ? AND author != ?"
-            " AND (author LIKE 'human:%' OR author LIKE 'agent:%')"
-            f" AND {self._db.json_get('meta', 'dropped_by_stop')} IS NULL"
-            # A message steered into this agent's turn reached it then: not again.
-            f" AND ({self._db.json_get('meta', 'steered')} IS NULL OR {self._db.json_get('meta', 'agent')} != ?)"
-        )
-        params = (
-            channel, after if after is not None else 0, before, skip if skip is not None else -1, f"agent:{agent}",
-            agent,
-        )
-        ((total,),) = await self.query(f"SELECT count(*) FROM entries WHERE {where}", params)
-        rows = await self.query(f"SELECT author, text FROM entries WHERE {where} ORDER BY seq DESC LIMIT ?",
-                                (*params, limit))
-        return [(a, t) for a, t in reversed(rows)], int(total)
+        return await self._read(functools.partial(statements.missed, self._db, channel, agent, after=after,
+                                                  before=before, skip=skip, limit=limit))
 
     # ------------------------------------------------------------ turns and stop records
 
@@ -1050,25 +887,10 @@ class Store:
         accepted before or after a stop (two clocks; two hosts in one millisecond).
         """
         self._seen[(channel, agent)] = max(message, self._seen.get((channel, agent), 0))
-        fleet = self.host is not None
+        host = self.host
 
         def apply(db: Engine) -> None:
-            if fleet:
-                if not db.query("DELETE FROM queue WHERE seq = ? RETURNING seq", (message,)):
-                    raise Dropped(f"message {message} of channel {channel!r} was dropped by a stop")
-            else:
-                db.execute("DELETE FROM queue WHERE seq = ?", (message,))
-            db.execute("UPDATE generations SET stopped = 0 WHERE channel = ? AND stopped = 1", (channel,))
-            db.execute(
-                "INSERT INTO seen (channel, agent, seq) VALUES (?, ?, ?)"
-                f" ON CONFLICT(channel, agent) DO UPDATE SET seq = {db.greatest('seen.seq', 'excluded.seq')}",
-                (channel, agent, message),
-            )
-            db.execute(
-                "INSERT INTO turns (id, channel, agent, generation, message, state, began, host)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (turn_id, channel, agent, generation, message, TURN_RUNNING, time.time(), self.host),
-            )
+            statements.begin_turn(db, turn_id, channel, agent, generation, message, host)
 
         return self._submit(self._fenced(apply, channel, fence))
 
@@ -1076,130 +898,43 @@ class Store:
         self, turn_id: str, pid: int, started: int | None, *, channel: str = "", fence: int | None = None
     ) -> Pending:
         """Note the turn's leader (pid and start ticks: an identity no pid reuse can fake)."""
-        return self.submit_write("UPDATE turns SET pid = ?, pid_started = ? WHERE id = ?", (pid, started, turn_id),
-                                 channel=channel, fence=fence)
+        return self._submit(self._fenced(lambda db: statements.turn_spawned(db, turn_id, pid, started), channel, fence))
 
     def end_turn(self, turn_id: str) -> Pending:
         """The turn ended on its own; a stopped turn is ended by its stop's notice instead."""
-        return self.submit_write(
-            "UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING)
-        )
+        return self._submit(lambda db: statements.end_turn(db, turn_id))
 
-    @staticmethod
-    def mark_turn_ended(db: Engine, turn_id: str | None) -> None:
-        """(In a transaction) the turn's last entry is being stored: it is over."""
-        if turn_id is not None:
-            db.execute("UPDATE turns SET state = ? WHERE id = ?", (TURN_ENDED, turn_id))
+    mark_turn_ended = staticmethod(statements.mark_turn_ended)
 
     def submit_stop_records(self, records: list[StopRecord]) -> Pending:
         """Store the records of one or more stops as ONE transaction (a stop-all is one)."""
-        stamp = time.time()
+        stamp, host = time.time(), self.host
 
         def apply(db: Engine) -> None:
-            for r in records:
-                summary = {
-                    "pending": True, "generation": r.generation, "dropped": list(r.dropped),
-                    "stopped_turn": r.stopped_turns[0] if r.stopped_turns else None,
-                    "stopped_turns": list(r.stopped_turns),
-                }
-                db.execute(
-                    "INSERT INTO stops (seq, channel, generation, ts, result, host) VALUES (?, ?, ?, ?, ?, ?)",
-                    (r.seq, r.channel, r.generation, stamp, json.dumps(summary), self.host),
-                )
-                db.execute(
-                    "INSERT INTO generations (channel, generation, rests, stopped) VALUES (?, ?, 1, 1)"
-                    " ON CONFLICT(channel) DO UPDATE SET"
-                    f" generation={db.greatest('generations.generation', 'excluded.generation')}, rests=1, stopped=1",
-                    (r.channel, r.generation),
-                )
-                db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
-                dropped = list(r.dropped)
-                if self.host is not None:
-                    # (A fleet) and every row other hosts queued that is committed now, taken
-                    # up here or not: those were accepted before the stop answered, whatever
-                    # their seqs (another host's clock, or the same millisecond, can put one
-                    # above the stop's). This host's own later messages are written after
-                    # this, in submit order; a row taken up before the stop and begun after
-                    # it finds itself gone (``begin_turn``: Dropped).
-                    dropped += [int(s) for (s,) in db.query(
-                        "DELETE FROM queue WHERE channel = ? RETURNING seq", (r.channel,)
-                    )]
-                db.executemany(
-                    f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?",
-                    [(r.seq, s) for s in dropped],
-                )
-                for agent, items in r.plans.items():
-                    db.execute(
-                        "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
-                        " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
-                        (r.channel, agent, json.dumps(items, ensure_ascii=False), stamp),
-                    )
-                db.executemany("UPDATE turns SET state = ? WHERE id = ?", [(TURN_STOPPED, t) for t in r.stopped_turns])
+            statements.record_stops(db, records, host, stamp)
 
         return self._submit(apply)
 
-    @staticmethod
-    def record_origin(db: Engine, origin: str, seq: int) -> None:
-        """(In a message's transaction) the outside event it came from: a second fails to commit."""
-        db.execute("INSERT INTO origins (origin, seq, ts) VALUES (?, ?, ?)", (origin, seq, time.time()))
-
-    def record_interrupt(
-        self, db: Engine, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
-    ) -> None:
-        """(In the interrupting message's transaction, ``seq``) its record: the lanes' queued
-        messages it dropped dequeued and marked (as a stop marks them, and as an interrupt's:
-        their pages say "dropped by an interrupt"), the plans cancelled."""
-        db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in dropped])
-        db.executemany(f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?", [(seq, s) for s in dropped])
-        db.executemany(f"UPDATE entries SET meta = {db.mark_dropped('dropped_by_interrupt')} WHERE seq = ?",
-                       [(seq, s) for s in dropped])
-        db.execute("UPDATE queue SET delivery = NULL WHERE seq = ?", (seq,))  # (a fleet's: carried out now)
-        stamp = time.time()
-        for agent, items in plans.items():
-            db.execute(
-                "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
-                (channel, agent, json.dumps(items, ensure_ascii=False), stamp),
-            )
+    record_origin = staticmethod(statements.record_origin)
+    record_interrupt = staticmethod(statements.record_interrupt)
 
     def submit_interrupt(
         self, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
     ) -> Pending:
         """(A fleet's owner) the record of an interrupting message another host accepted, ``seq``:
         as :meth:`record_interrupt`, in a transaction of its own."""
-        return self._submit(lambda db: self.record_interrupt(db, channel, seq, dropped, plans))
+        return self._submit(lambda db: statements.record_interrupt(db, channel, seq, dropped, plans))
 
     def remember_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> None:
         """Update the cached plan after a write that stored it (a stop's record) committed."""
         self._todos[(channel, agent)] = [dict(i) for i in items]
 
-    @staticmethod
-    def complete_stop(db: Engine, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
-        """(In the notice's transaction) the stop is complete: its final result, its turns ended
-        (``turn`` and every turn its record names: a stop of several agents' turns)."""
-        rows = db.query("SELECT result FROM stops WHERE seq = ?", (seq,))
-        recorded = json.loads(rows[0][0]).get("stopped_turns", []) if rows else []
-        db.execute("UPDATE stops SET result = ? WHERE seq = ?", (json.dumps(result, ensure_ascii=False), seq))
-        for stopped in {turn, *recorded}:
-            Store.mark_turn_ended(db, stopped)
+    complete_stop = staticmethod(statements.complete_stop)
 
     async def unfinished(self) -> tuple[list[tuple[str, str, int, str]], list[tuple[int, str, int, int, str | None]]]:
         """What the last owner left: turns still ``running`` (id, channel, generation, state)
         and stops whose notice was never stored (seq, channel, generation, dropped, turn)."""
-        mine, host = ("", ()) if self.host is None else (" AND host = ?", (self.host,))  # (a fleet: this host's)
-        turns = await self.query(
-            f"SELECT id, channel, generation, state FROM turns WHERE state = ?{mine} ORDER BY began",
-            (TURN_RUNNING, *host),
-        )
-        stops = await self.query(
-            "SELECT seq, channel, generation, result FROM stops"
-            f" WHERE {self._db.json_get('result', 'pending')} = {self._db.json_true}{mine} ORDER BY seq", host,
-        )
-        pending = []
-        for seq, channel, generation, result in stops:
-            summary = json.loads(result)
-            pending.append((seq, channel, generation, len(summary.get("dropped", [])), summary.get("stopped_turn")))
-        return [(t[0], t[1], t[2], t[3]) for t in turns], pending
+        return await self._read(lambda: statements.unfinished(self._db, self.host))  # (a fleet: this host's)
 
     async def take_over(
         self, channel: str, *, here: Callable[[str], bool], notice: str, skip: set[str]
@@ -1209,33 +944,7 @@ class Store:
         conversation's folder exists on this host), others are forgotten. Turns still
         ``running`` that are not this host's (``skip``) were the last owner's: each is ended
         with ``notice`` (its host's processes cannot be reached from here)."""
-        def take(db: Engine) -> TakeOver:
-            state = db.query("SELECT generation, rests, stopped FROM generations WHERE channel = ?", (channel,))
-            rows = db.query(
-                "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery FROM queue"
-                " WHERE channel = ? ORDER BY seq", (channel,),
-            )
-            todos = db.query("SELECT agent, items FROM todos WHERE channel = ?", (channel,))
-            seen = db.query("SELECT agent, seq FROM seen WHERE channel = ?", (channel,))
-            sessions = db.query("SELECT agent, session_id, cwd FROM sessions WHERE channel = ?", (channel,))
-            forgotten = [a for a, sid, cwd in sessions if sid and not here(cwd)]
-            db.executemany("UPDATE sessions SET session_id = NULL WHERE channel = ? AND agent = ?",
-                           [(channel, a) for a in forgotten])
-            ended = [(t, g, h) for t, g, h in db.query(
-                "SELECT id, generation, host FROM turns WHERE channel = ? AND state != ?", (channel, TURN_ENDED)
-            ) if t not in skip]
-            beats = dict(db.query("SELECT host, heartbeat FROM hosts"))
-            return TakeOver(
-                ChannelState(int(state[0][0]), bool(state[0][1]), bool(state[0][2])) if state else None,
-                [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows],
-                {a: json.loads(items) for a, items in todos},
-                {a: (None if a in forgotten else sid, cwd) for a, sid, cwd in sessions},
-                ended,
-                {h: float(b) for h, b in beats.items()},
-                {a: int(q) for a, q in seen},
-            )
-
-        found = await self.transact(take)
+        found = await self.transact(lambda db: statements.take_over(db, channel, here, skip))
         for agent, seq in found.seen.items():  # (the last host's turns took up messages too)
             self._seen[(channel, agent)] = max(seq, self._seen.get((channel, agent), 0))
         for agent, items in found.todos.items():
