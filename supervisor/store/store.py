@@ -80,12 +80,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any, Literal, TypeVar, overload
 
 import trio
@@ -104,8 +102,6 @@ from . import statements
 from .engines import (
     Engine,
     PostgresEngine,
-    describe_postgres,
-    disk_failure,
     is_postgres_error,
     open_engine,
 )
@@ -124,84 +120,15 @@ from .statements import Dropped as Dropped
 from .statements import Fenced as Fenced
 from .statements import newest_seq as newest_seq
 from .statements import notify as notify
+from .writer import Pending as Pending
+from .writer import Writer, commit_batch
+from .writer import describe_failure as describe_failure
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
 
 #: How many other hosts' entries a fleet host reads back for its followers at a time.
 _SHOW_BATCH = 1000
-
-
-#: (Kept importable from here: the disk's failure, as the engines classify it.)
-_disk_failure = disk_failure
-
-
-def describe_failure(exc: BaseException, path: str) -> str:
-    """What a caller is told when a write failed: the store, the cause, and no data.
-
-    A text encoding error quotes the offending character, which may be someone else's
-    text; an unknown exception may quote anything. Only SQLite's own messages (which name
-    tables and constraints, not values), PostgreSQL's of the classes that name no value
-    (see :func:`.engines.describe_postgres`) and OS error strings are passed on.
-    """
-    if isinstance(exc, StoreError):
-        return str(exc)
-    if is_postgres_error(exc):
-        return describe_postgres(exc, path)
-    disk = _disk_failure(exc)
-    if disk == "disk full":
-        return f"disk full: cannot write the store {path}; free space on its filesystem"
-    if disk == "I/O error":
-        return f"I/O error writing the store {path}; check the disk"
-    if isinstance(exc, UnicodeError):
-        return f"the write holds text that is not valid Unicode; it was not stored in {path}"
-    if isinstance(exc, sqlite3.Error):
-        return f"{exc} (store {path})"
-    if isinstance(exc, OSError):
-        return f"{exc.strerror or type(exc).__name__} (store {path})"
-    return f"internal error {type(exc).__name__} (store {path}; see the log)"
-
-
-_KEPT_KINDS: tuple[type[StoreError], ...] = (Fenced, Dropped)
-"""Failures whose kind callers act on: a batch's failure keeps it (else a plain StoreError)."""
-
-
-def _kind(exc: BaseException) -> type[StoreError]:
-    return next((k for k in _KEPT_KINDS if isinstance(exc, k)), StoreError)
-
-
-def _level(exc: BaseException) -> int:
-    """A dropped message's begin is the fleet working as designed; anything else is an error."""
-    return logging.INFO if isinstance(exc, Dropped) else logging.ERROR
-
-
-class Pending:
-    """A write accepted but maybe not yet committed."""
-
-    __slots__ = ("_apply", "_done", "_error", "entry")
-
-    def __init__(self, apply: Callable[[Engine], None], entry: Entry | None) -> None:
-        self.entry = entry
-        self._apply = apply
-        self._done = trio.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def failed(self) -> bool:
-        """The commit has failed."""
-        return self._error is not None
-
-    async def committed(self) -> Entry | None:
-        """Wait for the commit; raise :class:`StoreError` if it failed.
-
-        No checkpoint once it is committed: a stop-all's teardowns ask this of hundreds of
-        writes long committed, and each needless wake-up costs every one of them.
-        """
-        if not self._done.is_set():
-            await self._done.wait()
-        if self._error is not None:
-            raise _kind(self._error)(f"could not store: {self._error}") from self._error
-        return self.entry
 
 
 class _Subscription:
@@ -218,10 +145,6 @@ class Store:
     def __init__(
         self, path: str, *, synchronous: str = "FULL", host: str | None = None, lease: float | None = None
     ) -> None:
-        self._writer_scope = trio.CancelScope(shield=True)
-        """The writer's own scope: only :func:`open_store` ends it, after the last commit.
-        Shielded, so a scope cancelled around the whole block (a ``move_on_after``, a Ctrl-C)
-        cannot take the writer away from a shutdown that still awaits its commits."""
         self._db = open_engine(path, synchronous=synchronous, lease=lease if host is not None else None)
         self.path = self._db.name
         """What messages call the store: its file, or its URL without a password."""
@@ -254,15 +177,10 @@ class Store:
         """(A fleet) set when another host committed entries (or this host's came out of turn)."""
         if self.host is not None:
             self._shown = self._place_unplaced()
-        self._pending: list[Pending] = []
-        # The newest accepted write: batches commit in order, so when it is done, all are.
-        # (``_pending`` alone is not enough: the writer empties it when it takes a batch.)
-        self._last: Pending | None = None
-        self._wake = trio.Event()
+        self._writer = Writer(self.path, commit=lambda batch: self._commit(batch), thread=self._in_thread,
+                              fatal=self._db.fatal, shown=self._show)
         self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
         self._sessions, self._todos, self._seen = statements.memory(self._db)
-        self.commits = 0
-        self._closed = False
         self._busy_since: float | None = None
         """(Monotonic) when the store's thread began the call it is in, if it is in one."""
 
@@ -366,13 +284,7 @@ class Store:
         return fenced
 
     def _submit(self, apply: Callable[[Engine], None], entry: Entry | None = None) -> Pending:
-        if self._closed:
-            raise StoreError("the store is closed")
-        pending = Pending(apply, entry)
-        self._pending.append(pending)
-        self._last = pending
-        self._wake.set()
-        return pending
+        return self._writer.submit(apply, entry)
 
     def submit_entry(
         self,
@@ -423,88 +335,29 @@ class Store:
 
     # ------------------------------------------------------------ the writer
 
+    @property
+    def commits(self) -> int:
+        """Transactions the writer has committed so far."""
+        return self._writer.commits
+
     async def run_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Commit queued writes in batches until :func:`open_store` ends it."""
-        with self._writer_scope:
-            task_status.started()
-            while True:
-                if not self._pending:
-                    self._wake = trio.Event()
-                    await self._wake.wait()
-                await self._commit_pending()
+        await self._writer.run(task_status=task_status)
 
-    async def _commit_pending(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        try:
-            await trio.to_thread.run_sync(self._timed, functools.partial(self._commit, batch), limiter=self._limiter)
-        except Exception as exc:  # noqa: BLE001 - a failed batch is retried write by write
-            log.log(_level(exc), "store commit of %d writes failed: %s", len(batch), describe_failure(exc, self.path))
-            if len(batch) > 1 and self._db.fatal(exc) is None:
-                await self._commit_one_by_one(batch)
-            else:
-                self._fail(batch, exc)
-            return
-        self.commits += 1
-        self._succeed(batch)
+    def _commit(self, batch: list[Pending]) -> None:
+        """(In the store's thread) one batch's transaction (tests replace it to fail commits)."""
+        commit_batch(self._db, batch, self.host)
 
-    async def _commit_one_by_one(self, batch: list[Pending]) -> None:
-        """Commit each write of a failed batch alone, in order, so only the bad ones fail."""
-        for i, pending in enumerate(batch):
-            try:
-                await trio.to_thread.run_sync(self._timed, functools.partial(self._commit, [pending]),
-                                              limiter=self._limiter)
-            except Exception as exc:  # noqa: BLE001 - this write fails, visibly, and alone
-                log.log(_level(exc), "store write %d of a failed batch failed alone: %s", i + 1,
-                        describe_failure(exc, self.path))
-                if self._db.fatal(exc) is not None:
-                    self._fail(batch[i:], exc)  # the disk or the link, not the write: the rest cannot go either
-                    return
-                self._fail([pending], exc)
-            else:
-                self.commits += 1
-                self._succeed([pending])
+    async def _in_thread(self, call: Callable[[], None]) -> None:
+        await trio.to_thread.run_sync(self._timed, call, limiter=self._limiter)
 
-    def _succeed(self, batch: list[Pending]) -> None:
-        for pending in batch:
-            pending._done.set()
-        entries = [p.entry for p in batch if p.entry is not None]
+    def _show(self, entries: list[Entry]) -> None:
+        """A batch's entries are committed: show them to followers."""
         if self.host is not None:
             self._show_own(entries)
             return
         for entry in entries:
             self._publish(entry)
-
-    def _fail(self, batch: list[Pending], exc: BaseException) -> None:
-        reason = describe_failure(exc, self.path)
-        for pending in batch:
-            pending._error = _kind(exc)(reason)
-            pending._done.set()
-
-    def _commit(self, batch: list[Pending]) -> None:
-        db = self._db
-        db.begin()
-        with db.rolling_back():
-            placed = [p for p in batch if p.entry is not None] if self.host is not None else []
-            with db.batch():
-                for pending in batch:
-                    pending._apply(db)
-            if placed:
-                self._commit_placed(db, placed)  # (the commit, in the fleet's order)
-            else:
-                db.commit()
-
-    def _commit_placed(self, db: Engine, placed: list[Pending]) -> None:
-        """(A fleet, after a batch's writes) commit, giving the commit's entries the positions after
-        every entry committed so far, under a lock held to the commit's end: a commit that
-        comes later has a greater position, so a reader that sees position P sees every
-        position below it too. Every host is told how far the positions go."""
-        entries = [p.entry for p in placed if p.entry is not None]
-        top = db.commit_in_order([e.seq for e in entries], (FLEET_NOTICES, self.host or ""))
-        for n, pending in enumerate(placed, start=1):
-            assert pending.entry is not None
-            pending.entry = replace(pending.entry, pos=top + n)
 
     def others_committed(self, last: int | None = None) -> None:
         """(A fleet) another host's commit placed entries up to position ``last`` (its notice;
@@ -558,8 +411,7 @@ class Store:
 
     async def flush(self) -> None:
         """Wait until everything accepted so far is committed (failures are not raised here)."""
-        if self._last is not None:
-            await self._last._done.wait()
+        await self._writer.flush()
 
     # ------------------------------------------------------------ followers
 
@@ -957,7 +809,7 @@ class Store:
 
     def close(self) -> None:
         """Close the database (after the writer has stopped) and give up the store's lock."""
-        self._closed = True
+        self._writer.closed = True
         self._db.close()
 
 
@@ -981,9 +833,8 @@ async def open_store(
                 yield store
             finally:
                 with trio.CancelScope(shield=True):
-                    while store._pending:
-                        await store._commit_pending()
-                store._writer_scope.cancel()
+                    await store._writer.drain()
+                store._writer.scope.cancel()
                 nursery.cancel_scope.cancel()
     finally:
         store.close()
