@@ -81,7 +81,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, overload
@@ -107,6 +106,7 @@ from .engines import (
 )
 from .engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
 from .engines import StoreInUse as StoreInUse
+from .feed import Feed
 from .schema import _MIGRATIONS as _MIGRATIONS  # (re-exported: tests read the migrations from here)
 from .schema import _SCHEMA as _SCHEMA
 from .schema import _statements as _statements
@@ -126,18 +126,6 @@ from .writer import describe_failure as describe_failure
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
-
-#: How many other hosts' entries a fleet host reads back for its followers at a time.
-_SHOW_BATCH = 1000
-
-
-class _Subscription:
-    def __init__(self, channel: str | None, *, drafts: bool = False) -> None:
-        self.channel = channel
-        self.drafts = drafts
-        self.send, self.receive = trio.open_memory_channel[Entry | Draft](10_000)
-        self.overflowed = False
-
 
 class Store:
     """The store, on SQLite (a file path) or PostgreSQL (a URL). Open it with :func:`open_store`."""
@@ -171,15 +159,10 @@ class Store:
             # database) never end each other's turns when recovering from an abrupt end.
             self.store_id = f"{self.store_id}{self.slot:02x}"
         self._seq = statements.newest_seq(self._db)
-        self._shown = 0
-        """(A fleet) the commit position up to which followers have been shown every entry."""
-        self._behind = trio.Event()
-        """(A fleet) set when another host committed entries (or this host's came out of turn)."""
-        if self.host is not None:
-            self._shown = self._place_unplaced()
+        shown = self._place_unplaced() if self.host is not None else 0
+        self._feed = Feed(self._db, self._read, fleet=self.host is not None, shown=shown)
         self._writer = Writer(self.path, commit=lambda batch: self._commit(batch), thread=self._in_thread,
-                              fatal=self._db.fatal, shown=self._show)
-        self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
+                              fatal=self._db.fatal, shown=self._feed.committed)
         self._sessions, self._todos, self._seen = statements.memory(self._db)
         self._busy_since: float | None = None
         """(Monotonic) when the store's thread began the call it is in, if it is in one."""
@@ -351,63 +334,15 @@ class Store:
     async def _in_thread(self, call: Callable[[], None]) -> None:
         await trio.to_thread.run_sync(self._timed, call, limiter=self._limiter)
 
-    def _show(self, entries: list[Entry]) -> None:
-        """A batch's entries are committed: show them to followers."""
-        if self.host is not None:
-            self._show_own(entries)
-            return
-        for entry in entries:
-            self._publish(entry)
-
     def others_committed(self, last: int | None = None) -> None:
         """(A fleet) another host's commit placed entries up to position ``last`` (its notice;
         None: maybe, a heartbeat's look for notices lost): :meth:`show_others` reads them."""
-        if last is None or last > self._shown:
-            self._behind.set()
+        self._feed.others_committed(last)
 
     async def show_others(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """(A fleet, a task) show this host's followers what other hosts commit, in commit
         order, read back from the database (so only what is committed is shown)."""
-        task_status.started()
-        while True:
-            await self._behind.wait()
-            self._behind = trio.Event()
-            try:
-                await self._show_committed()
-            except StoreError as exc:
-                log.warning("could not read other hosts' entries for followers (the next notice or"
-                            " heartbeat tries again): %s", exc)
-
-    async def _show_committed(self) -> None:
-        if not any(self._subs.values()):
-            # Nobody to show them to: only how far they go (a follower to come reads the database).
-            self._shown = max(self._shown, await self._read(lambda: statements.top_position(self._db)))
-            return
-        while True:
-            rows = await self._read(functools.partial(statements.placed_after, self._db, self._shown, _SHOW_BATCH))
-            for entry in rows:
-                assert entry.pos is not None
-                if entry.pos > self._shown:
-                    self._publish(entry)
-                    self._shown = entry.pos
-            if len(rows) < _SHOW_BATCH:
-                return
-
-    def _show_own(self, entries: list[Entry]) -> None:
-        """(A fleet) this host's committed entries: shown now if they come right after what
-        followers were shown; else other hosts' commits came between, and the reader shows
-        everything from there in order."""
-        fresh = [e for e in entries if e.pos is not None and e.pos > self._shown]
-        if not fresh:
-            return
-        if not any(self._subs.values()):
-            self._shown = max(self._shown, fresh[-1].pos or 0)  # (a follower to come reads from the database)
-        elif fresh[0].pos == self._shown + 1:
-            for entry in fresh:
-                self._publish(entry)
-            self._shown = fresh[-1].pos or 0
-        else:
-            self._behind.set()
+        await self._feed.show_others(task_status=task_status)
 
     async def flush(self) -> None:
         """Wait until everything accepted so far is committed (failures are not raised here)."""
@@ -415,29 +350,13 @@ class Store:
 
     # ------------------------------------------------------------ followers
 
-    def _publish(self, entry: Entry) -> None:
-        for key in (entry.channel, None):
-            for sub in list(self._subs.get(key, ())):
-                try:
-                    sub.send.send_nowait(entry)
-                except trio.WouldBlock:
-                    sub.overflowed = True
-                    sub.send.close()
-                    self._subs[key].discard(sub)
-
     def show_draft(self, draft: Draft) -> None:
         """Hand ``draft`` to the live followers that asked for drafts; nothing is written.
 
         A follower too far behind to take it skips it (the next draft of the run carries
         everything before it, and the entry that saves the run follows in any case): a draft
         never makes a follower re-read the database the way a full queue of entries does."""
-        for key in (draft.channel, None):
-            for sub in list(self._subs.get(key, ())):
-                if sub.drafts:
-                    try:
-                        sub.send.send_nowait(draft)
-                    except trio.WouldBlock:
-                        pass
+        self._feed.show_draft(draft)
 
     @overload
     def follow(
@@ -447,7 +366,7 @@ class Store:
     @overload
     def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
 
-    async def follow(
+    def follow(
         self, channel: str | None, after: int = 0, *, drafts: bool = False
     ) -> AsyncIterator[Entry | Draft]:
         """Every committed entry of ``channel`` (all channels if None) after the entry ``after``
@@ -455,32 +374,7 @@ class Store:
         entries' positions, see the theory above). With ``drafts``, the live part also carries
         the drafts this host's turns show (:meth:`show_draft`), in the order they were shown
         relative to the commits."""
-        column = "pos" if self.host is not None else "seq"
-        floor = await self._read(lambda: statements.position(self._db, after)) if self.host is not None else after
-
-        def key(entry: Entry) -> int:
-            return (entry.pos or 0) if self.host is not None else entry.seq
-
-        while True:
-            sub = _Subscription(channel, drafts=drafts)
-            self._subs[channel].add(sub)
-            try:
-                for entry in await self._rows(channel, column, floor, 100_000):
-                    if key(entry) > floor:
-                        yield entry
-                        floor = key(entry)
-                async for item in sub.receive:
-                    if isinstance(item, Draft):
-                        yield item
-                    elif key(item) > floor:
-                        yield item
-                        floor = key(item)
-            finally:
-                self._subs[channel].discard(sub)
-                sub.send.close()
-            if not sub.overflowed:
-                return
-            # A follower that fell 10,000 entries behind re-reads from the database.
+        return self._feed.follow(channel, after, drafts=drafts)
 
     # ------------------------------------------------------------ reading
 
@@ -490,15 +384,7 @@ class Store:
         """Committed entries after the entry ``after`` (a seq), oldest first (in a fleet: in
         commit order, so a resume point misses no other host's later commit); at most
         ``limit``: the first ones, or with ``newest`` the last ones."""
-        if self.host is None:
-            return await self._rows(channel, "seq", after, limit, newest)
-        floor = await self._read(lambda: statements.position(self._db, after))
-        return await self._rows(channel, "pos", floor, limit, newest)
-
-    async def _rows(
-        self, channel: str | None, column: str, after: int, limit: int, newest: bool = False
-    ) -> list[Entry]:
-        return await self._read(lambda: statements.entries(self._db, channel, column, after, limit, newest))
+        return await self._feed.entries(channel, after=after, limit=limit, newest=newest)
 
     async def has_entries(self, channel: str) -> bool:
         """Whether any entry of ``channel`` is stored (a channel exists once it has one)."""
