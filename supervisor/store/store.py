@@ -107,6 +107,7 @@ from .engines import (
 from .engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
 from .engines import StoreInUse as StoreInUse
 from .feed import Feed
+from .memory import ChannelMemory
 from .schema import _MIGRATIONS as _MIGRATIONS  # (re-exported: tests read the migrations from here)
 from .schema import _SCHEMA as _SCHEMA
 from .schema import _statements as _statements
@@ -163,7 +164,7 @@ class Store:
         self._feed = Feed(self._db, self._read, fleet=self.host is not None, shown=shown)
         self._writer = Writer(self.path, commit=lambda batch: self._commit(batch), thread=self._in_thread,
                               fatal=self._db.fatal, shown=self._feed.committed)
-        self._sessions, self._todos, self._seen = statements.memory(self._db)
+        self._memory = ChannelMemory(*statements.memory(self._db))
         self._busy_since: float | None = None
         """(Monotonic) when the store's thread began the call it is in, if it is in one."""
 
@@ -416,22 +417,19 @@ class Store:
 
     def session(self, channel: str, agent: str) -> tuple[str | None, str | None]:
         """``(session id, working directory)`` of this channel and agent."""
-        return self._sessions.get((channel, agent), (None, None))
+        return self._memory.session(channel, agent)
 
     def sessions_by_channel(self) -> dict[str, dict[str, str]]:
         """Every known session id, by channel and then agent."""
-        out: dict[str, dict[str, str]] = {}
-        for (channel, agent), (session_id, _) in self._sessions.items():
-            if session_id:
-                out.setdefault(channel, {})[agent] = session_id
-        return out
+        return self._memory.sessions_by_channel()
 
     def save_session(
         self, channel: str, agent: str, session_id: str | None, cwd: str, *, fence: int | None = None
     ) -> Pending:
         """Remember the session id (None forgets it) and working directory (``fence``: under the lease)."""
-        self._sessions[(channel, agent)] = (session_id, cwd)
+        self._memory.set_session(channel, agent, session_id, cwd)
         stamp = time.time()
+
         def apply(db: Engine) -> None:
             statements.upsert_session(db, channel, agent, session_id, cwd, stamp)
 
@@ -439,15 +437,15 @@ class Store:
 
     def todos(self, channel: str, agent: str) -> list[dict[str, str]]:
         """The channel's current todo plan for ``agent``."""
-        return [dict(item) for item in self._todos.get((channel, agent), [])]
+        return self._memory.todos(channel, agent)
 
     def todo_agents(self, channel: str) -> list[str]:
         """Agents that have a todo plan in ``channel``."""
-        return [a for (c, a) in self._todos if c == channel]
+        return self._memory.todo_agents(channel)
 
     def save_todos(self, channel: str, agent: str, items: list[dict[str, str]], *, fence: int | None = None) -> Pending:
         """Replace the todo plan (``fence``: under the channel's lease)."""
-        self._todos[(channel, agent)] = [dict(i) for i in items]
+        self._memory.set_todos(channel, agent, items)
         plans, stamp = {agent: [dict(i) for i in items]}, time.time()
         return self._submit(self._fenced(lambda db: statements.upsert_todos(db, channel, plans, stamp), channel, fence))
 
@@ -496,14 +494,8 @@ class Store:
     def reset_conversation(self, channel: str, agents: Sequence[str], text: str, *, generation: int) -> Pending:
         """Forget ``agents``' session ids (keeping each one's working folder) and todo plans in
         ``channel``, with the ``status`` entry ``text`` that records it: one transaction."""
-        for agent in agents:
-            known = self._sessions.get((channel, agent))
-            if known is not None:
-                self._sessions[(channel, agent)] = (None, known[1])
-            if (channel, agent) in self._todos:
-                self._todos[(channel, agent)] = []
+        self._memory.forget(channel, agents)
         stamp = time.time()
-
         return self.submit_entry(channel, "system", "status", text, generation=generation, meta={"reset": list(agents)},
                                  also=lambda db, _: statements.forget_conversations(db, channel, agents, stamp))
 
@@ -594,7 +586,7 @@ class Store:
 
     def seen(self, channel: str, agent: str) -> int | None:
         """The seq of the last message the agent took up in the channel (None: never)."""
-        return self._seen.get((channel, agent))
+        return self._memory.seen(channel, agent)
 
     async def missed(
         self, channel: str, agent: str, *, after: int | None, before: int, skip: int | None, limit: int
@@ -624,7 +616,7 @@ class Store:
         rows up under its current generation, and their seqs do not say whether they were
         accepted before or after a stop (two clocks; two hosts in one millisecond).
         """
-        self._seen[(channel, agent)] = max(message, self._seen.get((channel, agent), 0))
+        self._memory.saw(channel, agent, message)
         host = self.host
 
         def apply(db: Engine) -> None:
@@ -665,7 +657,7 @@ class Store:
 
     def remember_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> None:
         """Update the cached plan after a write that stored it (a stop's record) committed."""
-        self._todos[(channel, agent)] = [dict(i) for i in items]
+        self._memory.set_todos(channel, agent, items)
 
     complete_stop = staticmethod(statements.complete_stop)
 
@@ -683,12 +675,7 @@ class Store:
         ``running`` that are not this host's (``skip``) were the last owner's: each is ended
         with ``notice`` (its host's processes cannot be reached from here)."""
         found = await self.transact(lambda db: statements.take_over(db, channel, here, skip))
-        for agent, seq in found.seen.items():  # (the last host's turns took up messages too)
-            self._seen[(channel, agent)] = max(seq, self._seen.get((channel, agent), 0))
-        for agent, items in found.todos.items():
-            self._todos[(channel, agent)] = items
-        for agent, (sid, cwd) in found.sessions.items():
-            self._sessions[(channel, agent)] = (sid, cwd)
+        self._memory.take_over(channel, found)
         for turn_id, generation, _ in found.ended:
             self.submit_turn_notice(channel, notice, turn=turn_id, generation=generation)
         return found
