@@ -87,7 +87,6 @@ from typing import Any, Literal, TypeVar, overload
 
 import trio
 
-from ..core.notices import CHANNEL as FLEET_NOTICES
 from ..core.notices import Queued
 from ..core.records import KINDS as KINDS  # (re-exported: the value types are imported from here too)
 from ..core.records import ChannelState as ChannelState
@@ -98,10 +97,10 @@ from ..core.records import StopRecord as StopRecord
 from ..core.records import TakeOver as TakeOver
 from ..core.text import repair
 from . import statements
+from .connection import Connection
 from .engines import (
     Engine,
     PostgresEngine,
-    is_postgres_error,
     open_engine,
 )
 from .engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
@@ -153,7 +152,8 @@ class Store:
         self.store_id: str = statements.store_id(self._db)
         """This store's identity: every process of its turns carries it (``CORRAL_STORE``)."""
         self._db.own(self.store_id, self.host or "")
-        self._limiter = trio.CapacityLimiter(1)
+        self._conn = Connection(self._db, self.path)
+        self._read = self._conn.read
         if self.host is not None:
             self.slot, self._stride = self._register(self.host), SEQ_STRIDE
             # Each host's processes carry their own mark: hosts sharing a machine (and the
@@ -162,11 +162,9 @@ class Store:
         self._seq = statements.newest_seq(self._db)
         shown = self._place_unplaced() if self.host is not None else 0
         self._feed = Feed(self._db, self._read, fleet=self.host is not None, shown=shown)
-        self._writer = Writer(self.path, commit=lambda batch: self._commit(batch), thread=self._in_thread,
+        self._writer = Writer(self.path, commit=lambda batch: self._commit(batch), thread=self._conn.run,
                               fatal=self._db.fatal, shown=self._feed.committed)
         self._memory = ChannelMemory(*statements.memory(self._db))
-        self._busy_since: float | None = None
-        """(Monotonic) when the store's thread began the call it is in, if it is in one."""
 
     # ------------------------------------------------------------ writing
 
@@ -201,58 +199,29 @@ class Store:
     async def transact(self, work: Callable[[Engine], T]) -> T:
         """Run ``work`` in a transaction of its own now, in the store's thread (the fleet's
         lease and heartbeat writes: they must not wait behind a batch of entries)."""
-        def run() -> T:
-            with self._db.transaction():
-                return work(self._db)
-
-        return await self._read(run)
+        return await self._conn.transact(work)
 
     def listener(self) -> Any:
         """(A fleet, in a worker thread) a new PostgreSQL connection that listens to the fleet's
         notices (``LISTEN``), or None on SQLite."""
-        if not isinstance(self._db, PostgresEngine):
-            return None
-        conn = self._db.listener()
-        try:
-            conn.execute(f"LISTEN {FLEET_NOTICES}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return self._conn.listener()
 
     def link_engine(self) -> PostgresEngine:
         """(A fleet, in a worker thread) a new connection of the store's database for lease
         work, without the owner lock: the heartbeat never waits behind the store's thread."""
-        if not isinstance(self._db, PostgresEngine):
-            raise StoreError(f"{self._db.kind} stores have no fleet")
-        return self._db.sibling()
+        return self._conn.sibling()
 
     def unstick(self, stall: float) -> bool:
         """(A fleet's heartbeat) if the store's thread has been in one call for ``stall``
         seconds (its connection silent: a cut cable), shut that connection down: the call
         fails as a lost connection (its writes fail visibly) and the next one reconnects.
         True if it did."""
-        since = self._busy_since
-        if since is None or time.monotonic() - since < stall or not isinstance(self._db, PostgresEngine):
-            return False
-        log.warning("store %s: a database call has had no answer for %.1f s; abandoning its connection",
-                    self.path, time.monotonic() - since)
-        self._db.interrupt()
-        return True
+        return self._conn.unstick(stall)
 
     def reachable(self) -> None:
         """(A fleet's heartbeat got through) a connection abandoned as silent is replaced at
         the next call, not after the pause (see :meth:`PostgresEngine._alive`)."""
-        if isinstance(self._db, PostgresEngine):
-            self._db.reachable()
-
-    def _timed(self, call: Callable[[], T]) -> T:
-        """(In the store's thread) ``call``, with its start kept for :meth:`unstick`."""
-        self._busy_since = time.monotonic()
-        try:
-            return call()
-        finally:
-            self._busy_since = None
+        self._conn.reachable()
 
     check_fence = staticmethod(statements.check_fence)
 
@@ -332,9 +301,6 @@ class Store:
         """(In the store's thread) one batch's transaction (tests replace it to fail commits)."""
         commit_batch(self._db, batch, self.host)
 
-    async def _in_thread(self, call: Callable[[], None]) -> None:
-        await trio.to_thread.run_sync(self._timed, call, limiter=self._limiter)
-
     def others_committed(self, last: int | None = None) -> None:
         """(A fleet) another host's commit placed entries up to position ``last`` (its notice;
         None: maybe, a heartbeat's look for notices lost): :meth:`show_others` reads them."""
@@ -402,16 +368,6 @@ class Store:
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query (for status and tests)."""
         return await self._read(lambda: self._db.query(sql, params))
-
-    async def _read(self, read: Callable[[], T]) -> T:
-        """Run ``read`` in the store's thread; a PostgreSQL failure (the server gone, say) is a
-        :class:`StoreError` naming the store, like a failed write's."""
-        try:
-            return await trio.to_thread.run_sync(self._timed, read, limiter=self._limiter)
-        except Exception as exc:
-            if not is_postgres_error(exc):
-                raise
-            raise StoreError(f"could not read the store: {describe_failure(exc, self.path)}") from exc
 
     # ------------------------------------------------------------ sessions, todos, stops, queue
 
