@@ -5,16 +5,17 @@ Theory of operation
 
 One :class:`~supervisor.store.store.Store` holds everything that makes the store mean what it
 means — the in-memory ``seq``, the one writer task and its group commit, saved before
-shown, the per-write retry, and every SQL statement, written once: the fleet's (its leases,
-hosts and heartbeat) in :class:`~supervisor.store.leases.Leases` beside it, which the fleet
-runs on connections of its own. An engine is the connection under it: what differs between
+shown, the per-write retry (:mod:`~supervisor.store.writer`), and every SQL statement, written
+once (:mod:`~supervisor.store.statements`; the fleet's leases, hosts and heartbeat in
+:class:`~supervisor.store.leases.Leases` beside it, which the fleet runs on connections of
+its own). An engine is the connection under it: what differs between
 SQLite and PostgreSQL and nothing more (and the owner lock and a fleet's ordered commit,
 which are the connection's). Outside the store, only ``corral check`` reads SQL: the
 catalog of a SQLite file no store has opened (:mod:`supervisor.config.preflight`).
 
 * **Why one store over two engines, not a store per engine.** The semantics are the hard
   part and the tests pin them; two store classes would be two places for them to drift.
-  The SQL the two share is nearly all of it, so it stays in the store in one dialect
+  The SQL the two share is nearly all of it, so it is written once in one dialect
   (SQLite's, with ``?`` placeholders), and an engine translates what differs: ``?`` to
   ``%s`` (``%`` doubled), ``INTEGER``/``REAL`` column types to ``BIGINT``/``DOUBLE
   PRECISION`` in DDL, and four fragments it writes itself — :meth:`Engine.greatest`,

@@ -1,12 +1,20 @@
 """The store: the transcript, stops, sessions, todos and queue, in SQLite or PostgreSQL.
 
+:class:`Store` is the face the rest of corral calls; it accepts writes (each seq final at once)
+and answers reads, and leaves the rest to its parts: what is asked of the database
+(:mod:`.statements`), the writer task and its group commit (:mod:`.writer`), the followers
+and a fleet's commit order (:mod:`.feed`), the sessions, plans and last-seen messages kept in
+memory (:mod:`.memory`), the one connection and its thread (:mod:`.connection`), the schema
+(:mod:`.schema`) and the two engines (:mod:`.engines`). The value types are the pure core's
+(:mod:`supervisor.core.records`), re-exported here.
+
 Theory of operation
 -------------------
 
 * ``seq`` is assigned synchronously, in memory, the moment the store accepts a write, so
   the order of ``seq`` is exactly the order in which the supervisor decided things (a
   message stamped by the ledger and then a stop can never swap places).
-* Writes are queued and committed by one writer task. While a commit runs, new writes pile
+* Writes are queued and committed by one writer task (:mod:`.writer`). While a commit runs, new writes pile
   up and go into the next commit together (group commit): a fast stream costs one commit
   per batch, not per line, and an idle store costs nothing — the writer sleeps on an event.
 * **Saved before shown**: an entry reaches followers only after its transaction commits. A
@@ -17,7 +25,8 @@ Theory of operation
   error) is not retried: every write of the batch fails with it. The error a caller sees
   is described by :func:`describe_failure`: it names the store and the cause, never the
   data of anyone's write.
-* Reads and writes share one connection serialised by a capacity limiter of one thread.
+* Reads and writes share one connection serialised by a capacity limiter of one thread
+  (:mod:`.connection`).
 * **Two engines, one store.** A SQLite file (``[store] path``, the default) or a PostgreSQL
   database (``[store] url``): everything above and below holds on both; the connection, the
   owner lock and the few SQL fragments that differ are the engine's (:mod:`.engines`).
@@ -66,7 +75,8 @@ Theory of operation
 * **Followers in a fleet** go by positions. A commit's ``NOTIFY`` (delivered at the commit,
   never for a rolled-back one) tells every host how far positions go; a host shows its own
   entries at once when they come right after what its followers were shown, and otherwise
-  reads every entry past that point from the database, in order (:meth:`Store.show_others`),
+  reads every entry past that point from the database, in order (:meth:`Store.show_others`,
+  :mod:`.feed`),
   so saved-before-shown holds for every host's entries and a follower sees one order. A
   notice lost while a listening connection is replaced is made good at the next notice or
   heartbeat, whichever comes first. A resume point is an entry's seq: ``follow(after=S)``
