@@ -12,6 +12,12 @@ The names below are imported when first used (PEP 562), so ``import supervisor``
 ``corral`` CLI's client commands) start without importing Trio, psutil or hypercorn.
 Every error corral raises on purpose derives from :class:`CorralError`. What tests use to
 reach inside a supervisor (``Hooks``, its ledger and store) is in :mod:`supervisor.testing`.
+
+The code is in wings, sub-packages that import one way, each only from the wings before it:
+core < procs < store < config < turns < fleet < host < bridges < serve. The top-level modules
+(``cli``, ``testing``, ``_demo``) may import any; ``adapters`` is reached through its package's
+public names and public modules, never an adapter's private module (``tests/test_wings.py``
+reads every import).
 """
 
 from __future__ import annotations
