@@ -104,7 +104,7 @@ import trio
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 from scripts._chaos_agent import FLUSH_TEXT
 from scripts._chaos_daemon import SEEDED_BUGS
-from supervisor.procs.recovery import RESTART_NOTICE
+from supervisor.core.results import RESTART_NOTICE
 from supervisor.turns.ports import channel_slug
 
 #: Trials running at once (on different channels).

@@ -12,6 +12,12 @@ The names below are imported when first used (PEP 562), so ``import supervisor``
 ``corral`` CLI's client commands) start without importing Trio, psutil or hypercorn.
 Every error corral raises on purpose derives from :class:`CorralError`. What tests use to
 reach inside a supervisor (``Hooks``, its ledger and store) is in :mod:`supervisor.testing`.
+
+The code is in wings, sub-packages that import one way, each only from the wings before it:
+core < procs < net < store < config < turns < fleet < host < bridges < serve. The top-level modules
+(``cli``, ``testing``, ``_demo``) may import any; ``adapters`` is reached through its package's
+public names and public modules, never an adapter's private module (``tests/test_wings.py``
+reads every import).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
     )
     from .core.errors import CorralError, ShuttingDown, UsageError
     from .core.ledger import LedgerError
+    from .core.records import Draft, Entry
     from .core.restart import ChannelBusy
     from .host.supervisor import (
         SHUTDOWN_NOTICE,
@@ -47,7 +54,7 @@ if TYPE_CHECKING:
     from .serve.asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
     from .serve.client import APIError, DaemonUnavailable
     from .serve.daemon import DaemonError
-    from .store.store import Draft, Entry, StoreError, StoreInUse
+    from .store.store import StoreError, StoreInUse
 
 #: Where each public name lives: ``from supervisor import X`` imports only X's module.
 _LAZY = {
@@ -69,8 +76,8 @@ _LAZY = {
     "UsageError": ".core.errors",
     "LedgerError": ".core.ledger",
     "ChannelBusy": ".core.restart",
-    "Draft": ".store.store",
-    "Entry": ".store.store",
+    "Draft": ".core.records",
+    "Entry": ".core.records",
     "StoreError": ".store.store",
     "StoreInUse": ".store.store",
     "SHUTDOWN_NOTICE": ".host.supervisor",

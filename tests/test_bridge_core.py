@@ -150,7 +150,7 @@ def test_nothing_of_a_stopped_turn_is_posted_after_its_notice() -> None:
     assert notice == [Post("!r", "c6", "Execution stopped by user.", notice=True, channel="general", seq=6)]
     assert c.outbound(E(7, "message", "late"), "!r") == []
     assert c.outbound(E(8, "tool", "late tool"), "!r") == []
-    assert c.draft(Draft("general", "agent:demo", "t1", "d1", "late draft"), "!r") == []
+    assert c.draft(Draft("general", "agent:demo", "t1", "d1", "late draft", 0.0), "!r") == []
     assert c.outbound(E(9, "message", "next turn", turn="t2"), "!r")
 
 
@@ -205,14 +205,14 @@ def test_status_lines_are_one_notice_edited_in_place_and_quiet_shows_none() -> N
 
 def test_drafts_are_posted_once_edited_after_and_the_saved_entry_is_the_final_edit() -> None:
     c = core()
-    [post] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hel"), "!r")
-    [edit1] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hello"), "!r")
-    [edit2] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hello wor"), "!r")
+    [post] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hel", 0.0), "!r")
+    [edit1] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hello", 0.0), "!r")
+    [edit2] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hello wor", 0.0), "!r")
     assert isinstance(post, Post) and isinstance(edit1, Edit) and edit1.target == post.key
     assert edit1.key != edit2.key  # (each edit its own transaction id)
     [final] = c.outbound(E(3, "message", "Hello world", meta={"draft": "d1"}), "!r")
     assert isinstance(final, Edit) and final.final and final.target == post.key and final.text == "Hello world"
-    assert core(can_edit=False).draft(Draft("general", "agent:demo", "t1", "d1", "x"), "!r") == []
+    assert core(can_edit=False).draft(Draft("general", "agent:demo", "t1", "d1", "x", 0.0), "!r") == []
 
 
 def test_the_outbox_posts_in_order_throttles_edits_and_merges_them() -> None:

@@ -198,8 +198,8 @@ def test_the_quick_start_is_two_commands_and_ci_runs_its_test_command() -> None:
 
 def test_every_quoted_interrupted_notice_is_the_text_corral_stores() -> None:
     """Issue 25: the guides quoted "Task interrupted — daemon restarting…", which corral never stores."""
+    from supervisor.core.results import RESTART_NOTICE
     from supervisor.host.supervisor import HOST_LOST_NOTICE, SHUTDOWN_NOTICE
-    from supervisor.procs.recovery import RESTART_NOTICE
 
     real = (SHUTDOWN_NOTICE, RESTART_NOTICE, HOST_LOST_NOTICE)
     for page in PAGES:

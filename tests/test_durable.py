@@ -27,8 +27,8 @@ from conftest import CORRAL, PYTHON, DaemonProcess, make_config, turn_processes
 from test_stop_contract import AGENT, Gate
 
 from supervisor import SHUTDOWN_NOTICE, StoreError
+from supervisor.core.results import RESTART_NOTICE
 from supervisor.host.supervisor import open_supervisor
-from supervisor.procs.recovery import RESTART_NOTICE
 from supervisor.store.engines import is_postgres
 from supervisor.store.store import StoreInUse
 from supervisor.testing import host_pid

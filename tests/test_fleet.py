@@ -110,7 +110,7 @@ async def test_a_new_owners_seqs_pass_every_seq_stored_a_begun_turns_message_inc
 ) -> None:
     # A routed message's queue row has a seq of its own and no entry: once its turn begins, the
     # row is gone and only the turn's row keeps the seq. The store counts on past it at open; a
-    # lease's taker must too (one statement for both: supervisor.store.store.newest_seq).
+    # lease's taker must too (one statement for both: supervisor.store.statements.newest_seq).
     ahead = 2**52  # (past any seq the wall clock gives)
     async with open_store(postgres_url, host="h1") as one:
         fleet = Fleet(one, "h1", LEASE)

@@ -34,7 +34,8 @@ async def test_cancelling_the_block_from_outside_completes_the_shutdown(short_tm
             await finished.wait()
             return
         stuck = True
-        store._fail(store._pending + ([store._last] if store._last else []), RuntimeError("the writer is gone"))
+        writer = store._writer
+        writer.fail(writer.pending + ([writer.last] if writer.last else []), RuntimeError("the writer is gone"))
 
     try:
         async with trio.open_nursery() as nursery:

@@ -50,6 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from ..core.records import Draft as Draft  # (live output, as the store shows it)
 from ..core.text import BadText, check_message, repair, repair_text
 
 #: The reaction that stops a running turn, and the one that sends a dropped message again.
@@ -247,18 +248,6 @@ class FindDropped:
 
 
 Op = Post | Edit | React | FindDropped
-
-
-@dataclass(frozen=True, slots=True)
-class Draft:
-    """Live output of a turn before it is saved, as the store's ``Draft`` (the core reads either,
-    duck-typed): ``draft`` names it; the saved entry that replaces it carries ``meta["draft"]``."""
-
-    channel: str
-    author: str
-    turn: str
-    draft: str
-    text: str
 
 
 # ------------------------------------------------------------------ who may do what
@@ -698,8 +687,8 @@ class BridgeCore:
             return [Post(room, key, shown, notice=True, turn=turn, channel=channel, seq=seq)]
         return [Edit(room, f"{key}e", post, clip(shown), notice=True, turn=turn, seq=seq)]
 
-    def draft(self, event: Any, room: str) -> list[Op]:
-        """Live output (a :class:`Draft`, or the store's): the first draft of an id is posted, later
+    def draft(self, event: Draft, room: str) -> list[Op]:
+        """Live output (a :class:`Draft`): the first draft of an id is posted, later
         ones edit it (merged and throttled by the outbox)."""
         if event.turn in self._ended or not self.can_edit or not event.author.startswith("agent:"):
             return []

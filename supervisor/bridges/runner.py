@@ -77,7 +77,8 @@ T = TypeVar("T")
 def make_platform(config: BridgeConfig) -> Platform:
     """The platform a bridge's ``type`` names, found among the ``corral.bridges`` entry points
     (:mod:`.registry`); :class:`UsageError` for a type none registers."""
-    return bridge_type(config.type).platform_class()(config)
+    made: Platform = bridge_type(config.type).platform_class()(config)
+    return made
 
 
 class Backoff:

@@ -782,7 +782,7 @@ _BRIDGE_AGENT = {"user", "token_file"}
 
 def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -> dict[str, BridgeConfig]:
     """``[bridges.NAME]`` tables: every key known, token files there, no room mapped twice."""
-    from ..bridges import registry  # (the entry points are read only for a config with bridges)
+    from . import platforms  # (the entry points are read only for a config with bridges)
 
     out: dict[str, BridgeConfig] = {}
     seen_rooms: dict[tuple[str, str], str] = {}
@@ -793,11 +793,11 @@ def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) ->
             continue
         kind = check.string(raw, "type", prefix)
         if not kind:
-            check.add(f"{prefix}type", "missing", f'write type = one of: {", ".join(registry.known_types())}')
+            check.add(f"{prefix}type", "missing", f'write type = one of: {", ".join(platforms.known_types())}')
             continue
         try:
-            spec = registry.bridge_type(kind)
-        except registry.UnknownBridgeType as exc:
+            spec = platforms.bridge_type(kind)
+        except platforms.UnknownBridgeType as exc:
             check.add(f"{prefix}type", exc.message, exc.fix)
             continue
         check.unknown(raw, _BRIDGE_COMMON | spec.keys, prefix)
@@ -842,7 +842,7 @@ def _bridges(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) ->
         elif kind == "irc":
             out[name] = _irc_bridge(check, raw, prefix, common)
         else:  # (a platform of the registry's: its own check reads its keys)
-            options, secrets, problems = registry.platform_options(
+            options, secrets, problems = platforms.platform_options(
                 spec, raw, rooms, functools.partial(_secret_file, check, raw, prefix=prefix, required=False))
             for problem in problems:
                 check.add(f"{prefix}{problem.key}", problem.message, problem.fix)

@@ -20,6 +20,29 @@ HOST_LOST_NOTICE = (
     "Task interrupted — its host stopped answering and another host took the channel over. "
     "Send another message to continue."
 )
+RESTART_NOTICE = "Task interrupted — corral restarted. Send another message to continue."
+
+
+def stop_notice_text(text: str, dropped: int) -> str:
+    """A stop's notice, saying how many queued messages it dropped (issue: visible drops)."""
+    if dropped == 1:
+        return f"{text} 1 queued message was not run."
+    if dropped > 1:
+        return f"{text} {dropped} queued messages were not run."
+    return text
+
+
+def restart_notice_text(unfinished_todos: int) -> str:
+    """The entry that closes a turn a crash cut short; with a plan left, what becomes of it.
+
+    A crash is not a stop: the plan is kept, so the agent's next turn in the channel ends with
+    corral's usual reminder of the unfinished tasks. Said here, so that it does not surprise.
+    """
+    if not unfinished_todos:
+        return RESTART_NOTICE
+    return (f"{RESTART_NOTICE} Its plan's {unfinished_todos} unfinished task(s) are kept (a crash is not a stop): "
+            "after the agent's next turn here corral reminds it of them, up to max_nudges times; "
+            "`corral stop` this channel to cancel them.")
 
 
 def plan_cancelled_text(agent: str) -> str:

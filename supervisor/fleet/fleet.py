@@ -200,15 +200,8 @@ class Link:
                     engine.close()
                     raise LinkTimeout("abandoned while connecting")
             try:
-                if own:
+                with engine.rolling_back() if own else engine.transaction():
                     out = work(engine)
-                else:
-                    engine.begin()
-                    out = work(engine)
-                    engine.commit()
-            except BaseException:
-                engine.rollback()
-                raise
             finally:
                 with call.lock:
                     call.reusable = not call.abandoned and engine.usable()

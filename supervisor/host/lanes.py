@@ -46,16 +46,15 @@ from adapters import get_adapter
 from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
 from ..core.catchup import Missed, catch_up_prompt
+from ..core.counters import Metrics
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
-from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelled_text
+from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelled_text, stop_notice_text
 from ..core.router import route
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
 from ..procs.netns import holder_pids
-from ..procs.recovery import stop_notice_text
 from ..procs.registry import ProcessRegistry
 from ..procs.tree import ProcessTree, reap_if_child, reap_orphans, wait_pid_exit
-from ..serve.metrics import Metrics
 from ..store.store import Draft, Dropped, Fenced, Pending, QueuedRow, Store, StoreError
 from ..turns.acp import AcpTurn
 from ..turns.agents import AcpAgentPool

@@ -40,9 +40,8 @@ import trio
 from ..config.settings import Config
 from ..core.account import cancelled
 from ..core.ledger import QueuedMessage, StopDecision, StopLedger
-from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult, plan_cancelled_text
+from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult, plan_cancelled_text, stop_notice_text
 from ..procs.cgroup import CgroupRoot
-from ..procs.recovery import stop_notice_text
 from ..procs.registry import ProcessRegistry
 from ..procs.teardown import CollectorPause, TreeBatch
 from ..store.store import Pending, StopRecord, Store, StoreError

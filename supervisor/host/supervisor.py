@@ -41,6 +41,7 @@ import trio
 
 from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
+from ..core.counters import Metrics
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
 from ..core.netpolicy import Policy
@@ -80,7 +81,6 @@ from ..procs.tree import (
     set_child_subreaper,
     spawn,
 )
-from ..serve.metrics import Metrics
 from ..store.store import Draft, Entry, Store, open_store
 from ..turns.ports import Places, TurnPorts
 from .capacity import Capacity

@@ -17,7 +17,7 @@ owner of the store, before it serves or re-queues anything:
 3. stores, for each turn the store still calls ``running``, the entry "Task interrupted —
    corral restarted. Send another message to continue." (the turn's last; where the turn's
    plan has unfinished tasks it adds that they are kept and will be nudged, as a crash is not
-   a stop: :func:`restart_notice_text`), and for each
+   a stop: :func:`~supervisor.core.results.restart_notice_text`), and for each
    stop whose record was stored but whose notice was not, that notice.
 
 Only then are queued messages re-queued: a channel whose turn was interrupted runs its next
@@ -38,6 +38,7 @@ from typing import Any
 import trio
 
 from ..core.account import unfinished
+from ..core.results import restart_notice_text, stop_notice_text
 from ..store.engines import Engine
 from ..store.store import Pending, Store
 from .cgroup import CgroupRoot, TurnCgroup
@@ -45,7 +46,6 @@ from .tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wai
 
 log = logging.getLogger("corral.recovery")
 
-RESTART_NOTICE = "Task interrupted — corral restarted. Send another message to continue."
 #: Rounds of scan-and-kill: a process may fork while it is being killed.
 KILL_ROUNDS = 5
 #: How long to wait for SIGKILLed processes to be gone.
@@ -163,28 +163,6 @@ async def end_cgroups(root: CgroupRoot, grace: float, report: Recovery) -> None:
         log.error(
             "processes %s in turn cgroups of store %s could not be confirmed dead", report.survivors, root.store_id
         )
-
-
-def stop_notice_text(text: str, dropped: int) -> str:
-    """A stop's notice, saying how many queued messages it dropped (issue: visible drops)."""
-    if dropped == 1:
-        return f"{text} 1 queued message was not run."
-    if dropped > 1:
-        return f"{text} {dropped} queued messages were not run."
-    return text
-
-
-def restart_notice_text(unfinished_todos: int) -> str:
-    """The entry that closes a turn a crash cut short; with a plan left, what becomes of it.
-
-    A crash is not a stop: the plan is kept, so the agent's next turn in the channel ends with
-    corral's usual reminder of the unfinished tasks. Said here, so that it does not surprise.
-    """
-    if not unfinished_todos:
-        return RESTART_NOTICE
-    return (f"{RESTART_NOTICE} Its plan's {unfinished_todos} unfinished task(s) are kept (a crash is not a stop): "
-            "after the agent's next turn here corral reminds it of them, up to max_nudges times; "
-            "`corral stop` this channel to cancel them.")
 
 
 def _completes_stop(seq: int, result: dict[str, Any], turn: str | None) -> Callable[[Engine, int], None]:

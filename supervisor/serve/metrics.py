@@ -1,7 +1,7 @@
 """``GET /metrics``: what runs and waits, the limits, stops and turns, in Prometheus' text format.
 
-The counters live in :class:`Metrics` (the supervisor counts turns and stops into it, in
-the step that decides them); the gauges are read from ``Supervisor.status()`` when the page
+The counters live in :class:`~supervisor.core.counters.Metrics` (the supervisor counts turns
+and stops into it, in the step that decides them); the gauges are read from ``Supervisor.status()`` when the page
 is asked for. The text format (``# HELP``, ``# TYPE``, one sample a line, a histogram's
 cumulative ``_bucket{le=…}`` lines with ``_sum`` and ``_count``) is written here directly: it
 is a few lines of code, and the client library would add a dependency and a registry of its
@@ -14,46 +14,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-#: Seconds: the stop histogram's upper bounds (a stop is tens of milliseconds; a stuck one, seconds).
-STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, math.inf)
+from ..core.counters import Metrics
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-
-
-@dataclass(slots=True)
-class Histogram:
-    """Cumulative counts of observations by upper bound, their sum and count."""
-
-    bounds: tuple[float, ...] = STOP_BUCKETS
-    counts: list[int] = field(default_factory=lambda: [0] * len(STOP_BUCKETS))
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.n += 1
-
-
-@dataclass(slots=True)
-class Metrics:
-    """corral's counters since start."""
-
-    turns_begun: Counter[str] = field(default_factory=Counter)
-    """By agent: turns that took their message off the queue."""
-    turns_ended: Counter[str] = field(default_factory=Counter)
-    stops: Counter[str] = field(default_factory=Counter)
-    """By result: ``ok`` or ``failed``."""
-    stop_seconds: Histogram = field(default_factory=Histogram)
-
-    def stopped(self, ok: bool, elapsed_ms: float) -> None:
-        self.stops["ok" if ok else "failed"] += 1
-        self.stop_seconds.observe(elapsed_ms / 1000)
 
 
 def _label(value: str) -> str:

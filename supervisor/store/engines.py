@@ -5,23 +5,25 @@ Theory of operation
 
 One :class:`~supervisor.store.store.Store` holds everything that makes the store mean what it
 means — the in-memory ``seq``, the one writer task and its group commit, saved before
-shown, the per-write retry, and every SQL statement, written once: the fleet's (its leases,
-hosts and heartbeat) in :class:`~supervisor.store.leases.Leases` beside it, which the fleet
-runs on connections of its own. An engine is the connection under it: what differs between
+shown, the per-write retry (:mod:`~supervisor.store.writer`), and every SQL statement, written
+once (:mod:`~supervisor.store.statements`; the fleet's leases, hosts and heartbeat in
+:class:`~supervisor.store.leases.Leases` beside it, which the fleet runs on connections of
+its own). An engine is the connection under it: what differs between
 SQLite and PostgreSQL and nothing more (and the owner lock and a fleet's ordered commit,
 which are the connection's). Outside the store, only ``corral check`` reads SQL: the
 catalog of a SQLite file no store has opened (:mod:`supervisor.config.preflight`).
 
 * **Why one store over two engines, not a store per engine.** The semantics are the hard
   part and the tests pin them; two store classes would be two places for them to drift.
-  The SQL the two share is nearly all of it, so it stays in the store in one dialect
+  The SQL the two share is nearly all of it, so it is written once in one dialect
   (SQLite's, with ``?`` placeholders), and an engine translates what differs: ``?`` to
   ``%s`` (``%`` doubled), ``INTEGER``/``REAL`` column types to ``BIGINT``/``DOUBLE
   PRECISION`` in DDL, and four fragments it writes itself — :meth:`Engine.greatest`,
   :meth:`Engine.json_get`, :attr:`Engine.json_true`, :meth:`Engine.mark_dropped`. The
   ``apply(db)`` callbacks of writes get the engine and call :meth:`Engine.execute`.
-* **Transactions.** :meth:`Engine.begin` / :meth:`Engine.commit` / :meth:`Engine.rollback`
-  on one connection used by one worker thread at a time (the store's limiter). A rollback
+* **Transactions.** :meth:`Engine.begin` / :meth:`Engine.commit` / :meth:`Engine.rollback`,
+  written once as :meth:`Engine.transaction` (and :meth:`Engine.rolling_back` for work that
+  begins or commits itself), on one connection used by one worker thread at a time (the store's limiter). A rollback
   after a failure never raises: it would hide the failure. On PostgreSQL a batch's writes
   are pipelined (:meth:`Engine.batch`: one round trip, not one per statement); a read in
   the batch syncs the pipeline first, so it sees the batch's writes and raises their error.
@@ -301,6 +303,26 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def rollback(self) -> None:
         """Roll back if a transaction is open; log (never raise) a rollback that fails."""
+
+    @contextmanager
+    def rolling_back(self) -> Iterator[None]:
+        """Around a transaction's work: roll it back if the work raised (the rollback never
+        raises: it would hide the work's error), then let the error go on."""
+        try:
+            yield
+        except BaseException:
+            self.rollback()
+            raise
+
+    @contextmanager
+    def transaction(self, *, schema: bool = False) -> Iterator[None]:
+        """A transaction around the block: :meth:`begin` (``schema``: under the migration lock),
+        then :meth:`commit` at its end, or :meth:`rollback` if it raised (a rollback with no
+        transaction open does nothing: a ``BEGIN`` that failed leaves none, unless its lock wait did)."""
+        with self.rolling_back():
+            self.begin(schema=schema)
+            yield
+            self.commit()
 
     @abc.abstractmethod
     def own(self, store_id: str, host: str = "") -> None:

@@ -14,7 +14,7 @@ and how a row lock is waited for; *when*, and for how long, is the fleet's.
   cut-off or paused host's half-done transaction: once the lease it fences has run out, its
   sessions are ended (:func:`end_stuck`) and the statement is tried again.
 * **A new owner moves the seqs on.** Taking a lease reads the greatest seq stored so far in the
-  same transaction (:func:`~supervisor.store.store.newest_seq`): the taker's seqs follow every
+  same transaction (:func:`~supervisor.store.statements.newest_seq`): the taker's seqs follow every
   seq the last owner stored.
 * **A heartbeat is ONE round trip** (:meth:`Leases.beat`): its statements go to the server
   pipelined, with their ``BEGIN`` and ``COMMIT``, and their answers are read together.
@@ -28,7 +28,7 @@ from typing import Any
 
 from ..core.notices import CHANNEL, Beat
 from .engines import Engine, PostgresEngine
-from .store import NOTIFY, newest_seq
+from .statements import NOTIFY, newest_seq
 
 log = logging.getLogger("corral.fleet")
 

@@ -1,12 +1,20 @@
 """The store: the transcript, stops, sessions, todos and queue, in SQLite or PostgreSQL.
 
+:class:`Store` is the face the rest of corral calls; it accepts writes (each seq final at once)
+and answers reads, and leaves the rest to its parts: what is asked of the database
+(:mod:`.statements`), the writer task and its group commit (:mod:`.writer`), the followers
+and a fleet's commit order (:mod:`.feed`), the sessions, plans and last-seen messages kept in
+memory (:mod:`.memory`), the one connection and its thread (:mod:`.connection`), the schema
+(:mod:`.schema`) and the two engines (:mod:`.engines`). The value types are the pure core's
+(:mod:`supervisor.core.records`), re-exported here.
+
 Theory of operation
 -------------------
 
 * ``seq`` is assigned synchronously, in memory, the moment the store accepts a write, so
   the order of ``seq`` is exactly the order in which the supervisor decided things (a
   message stamped by the ledger and then a stop can never swap places).
-* Writes are queued and committed by one writer task. While a commit runs, new writes pile
+* Writes are queued and committed by one writer task (:mod:`.writer`). While a commit runs, new writes pile
   up and go into the next commit together (group commit): a fast stream costs one commit
   per batch, not per line, and an idle store costs nothing — the writer sleeps on an event.
 * **Saved before shown**: an entry reaches followers only after its transaction commits. A
@@ -17,7 +25,8 @@ Theory of operation
   error) is not retried: every write of the batch fails with it. The error a caller sees
   is described by :func:`describe_failure`: it names the store and the cause, never the
   data of anyone's write.
-* Reads and writes share one connection serialised by a capacity limiter of one thread.
+* Reads and writes share one connection serialised by a capacity limiter of one thread
+  (:mod:`.connection`).
 * **Two engines, one store.** A SQLite file (``[store] path``, the default) or a PostgreSQL
   database (``[store] url``): everything above and below holds on both; the connection, the
   owner lock and the few SQL fragments that differ are the engine's (:mod:`.engines`).
@@ -66,407 +75,67 @@ Theory of operation
 * **Followers in a fleet** go by positions. A commit's ``NOTIFY`` (delivered at the commit,
   never for a rolled-back one) tells every host how far positions go; a host shows its own
   entries at once when they come right after what its followers were shown, and otherwise
-  reads every entry past that point from the database, in order (:meth:`Store.show_others`),
+  reads every entry past that point from the database, in order (:meth:`Store.show_others`,
+  :mod:`.feed`),
   so saved-before-shown holds for every host's entries and a follower sees one order. A
   notice lost while a listening connection is replaced is made good at the next notice or
   heartbeat, whichever comes first. A resume point is an entry's seq: ``follow(after=S)``
   and ``entries(after=S)`` give what was committed after S, other hosts' too, whatever
   their seqs.
-* **Migrations.** ``_SCHEMA`` is the first version; ``_MIGRATIONS[i]`` takes a store from
-  version i to i + 1, each in one transaction at open, recorded as a row of
-  ``schema_migrations`` (SQLite stores that kept it in ``PRAGMA user_version`` are carried
-  over). Written once in SQLite's dialect; an engine maps the column types. Never edit one
-  that has shipped: add the next.
+* **Migrations** are :mod:`.schema`'s: the first version and one step per later version,
+  each in one transaction at open. Never edit one that has shipped: add the next.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
-import secrets
-import sqlite3
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, overload
 
 import trio
 
-from ..core.notices import CHANNEL as FLEET_NOTICES
-from ..core.notices import Notice, Queued
+from ..core.notices import Queued
+from ..core.records import KINDS as KINDS  # (re-exported: the value types are imported from here too)
+from ..core.records import ChannelState as ChannelState
+from ..core.records import Draft as Draft
+from ..core.records import Entry as Entry
+from ..core.records import QueuedRow as QueuedRow
+from ..core.records import StopRecord as StopRecord
+from ..core.records import TakeOver as TakeOver
 from ..core.text import repair
+from . import statements
+from .connection import Connection
 from .engines import (
-    LOCK_SPACE,
-    ORDER_LOCK,
     Engine,
     PostgresEngine,
-    describe_postgres,
-    disk_failure,
-    is_postgres_error,
     open_engine,
 )
 from .engines import StoreError as StoreError  # (re-exported: the store's errors are imported from here)
 from .engines import StoreInUse as StoreInUse
+from .feed import Feed
+from .memory import ChannelMemory
+from .schema import _MIGRATIONS as _MIGRATIONS  # (re-exported: tests read the migrations from here)
+from .schema import _SCHEMA as _SCHEMA
+from .schema import _statements as _statements
+from .schema import migrate
+from .statements import NOTIFY as NOTIFY  # (re-exported: callers import these from here)
+from .statements import SEQ_STRIDE as SEQ_STRIDE
+from .statements import TURN_ENDED as TURN_ENDED
+from .statements import TURN_RUNNING as TURN_RUNNING
+from .statements import TURN_STOPPED as TURN_STOPPED
+from .statements import Dropped as Dropped
+from .statements import Fenced as Fenced
+from .statements import newest_seq as newest_seq
+from .statements import notify as notify
+from .writer import Pending as Pending
+from .writer import Writer, commit_batch
+from .writer import describe_failure as describe_failure
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
-
-KINDS = ("message", "status", "tool", "todos", "notice", "error")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, author TEXT NOT NULL, kind TEXT NOT NULL,
-    text TEXT NOT NULL, turn TEXT, generation INTEGER NOT NULL, ts REAL NOT NULL,
-    meta TEXT NOT NULL DEFAULT '{}');
-CREATE INDEX IF NOT EXISTS entries_by_channel ON entries(channel, seq);
-CREATE TABLE IF NOT EXISTS stops (
-    seq INTEGER PRIMARY KEY, channel TEXT, generation INTEGER NOT NULL, ts REAL NOT NULL,
-    result TEXT NOT NULL DEFAULT '{}');
-CREATE TABLE IF NOT EXISTS generations (channel TEXT PRIMARY KEY, generation INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    channel TEXT NOT NULL, agent TEXT NOT NULL, session_id TEXT, cwd TEXT NOT NULL,
-    updated REAL NOT NULL, PRIMARY KEY (channel, agent));
-CREATE TABLE IF NOT EXISTS todos (
-    channel TEXT NOT NULL, agent TEXT NOT NULL, items TEXT NOT NULL, updated REAL NOT NULL,
-    PRIMARY KEY (channel, agent));
-CREATE TABLE IF NOT EXISTS queue (
-    seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, agent TEXT NOT NULL, author TEXT NOT NULL,
-    text TEXT NOT NULL, generation INTEGER NOT NULL, nudge INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS turns (
-    id TEXT PRIMARY KEY, channel TEXT NOT NULL, agent TEXT NOT NULL, generation INTEGER NOT NULL,
-    message INTEGER, pid INTEGER, pid_started INTEGER, state TEXT NOT NULL, began REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state);
-"""
-
-_MIGRATIONS: tuple[str, ...] = (
-    # 1: several agents per channel. A queued message's hand-off hops and source entry;
-    # the channel's routing rest and repeat window; the last message each agent answered.
-    """
-    ALTER TABLE queue ADD COLUMN hops INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE queue ADD COLUMN routed_from INTEGER;
-    ALTER TABLE generations ADD COLUMN rests INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE generations ADD COLUMN stopped INTEGER NOT NULL DEFAULT 0;
-    CREATE TABLE IF NOT EXISTS seen (
-        channel TEXT NOT NULL, agent TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (channel, agent));
-    """,
-    # 2: a fleet. Every host of one database, its seq slot and last heartbeat (database
-    # clock); each channel's lease: its owner, until when, and the fencing token.
-    """
-    CREATE TABLE IF NOT EXISTS hosts (
-        host TEXT PRIMARY KEY, slot INTEGER NOT NULL UNIQUE, heartbeat REAL NOT NULL, pid INTEGER NOT NULL,
-        started REAL NOT NULL);
-    CREATE TABLE IF NOT EXISTS leases (
-        channel TEXT PRIMARY KEY, owner TEXT NOT NULL, expires REAL NOT NULL, token INTEGER NOT NULL);
-    ALTER TABLE turns ADD COLUMN host TEXT;
-    ALTER TABLE stops ADD COLUMN host TEXT;
-    """,
-    # 3: a fleet's commit order. An entry's place among every host's commits (assigned in
-    # its commit, under one lock): what followers and resume points go by in a fleet.
-    """
-    ALTER TABLE entries ADD COLUMN pos INTEGER;
-    CREATE INDEX IF NOT EXISTS entries_pos ON entries (pos);
-    """,
-    # 4: chat bridges. Every outside event a bridge has acted on (its origin, e.g. a Matrix
-    # event id), with the seq of the message it was accepted as (NULL: a command, or ignored),
-    # written in the message's own transaction: an event replayed by a sync, a reconnect or a
-    # restart is found here and runs at most once. A bridge's cursors live in ``meta``.
-    """
-    CREATE TABLE IF NOT EXISTS origins (origin TEXT PRIMARY KEY, seq INTEGER, ts REAL NOT NULL);
-    """,
-    # 5: a fleet places by capacity. Each host's room at its last heartbeat: free slots less
-    # the turns waiting for one (negative: more waits than fits; NULL: not said).
-    """
-    ALTER TABLE hosts ADD COLUMN room INTEGER;
-    """,
-    # 6: a message accepted by a fleet host that does not run its channel, asking to interrupt
-    # or steer the running turn: its delivery, for the owner to carry out as it takes it up
-    # (NULL: queued, or already carried out).
-    """
-    ALTER TABLE queue ADD COLUMN delivery TEXT;
-    """,
-)
-
-#: How many hosts one database can hold: a host of slot ``k`` takes only the seqs
-#: ``n * SEQ_STRIDE + k`` (seqs stay unique without asking the database for each one).
-SEQ_STRIDE = 64
-
-#: The advisory lock (second key) a host takes to pick its seq slot.
-_SLOT_LOCK = 1
-#: How many other hosts' entries a fleet host reads back for its followers at a time.
-_SHOW_BATCH = 1000
-
-
-_VERSIONS = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied REAL NOT NULL)"
-
-
-def _statements(script: str) -> list[str]:
-    return [s for s in script.split(";") if s.strip()]
-
-
-def _version(db: Engine) -> int:
-    ((version,),) = db.query("SELECT coalesce(max(version), 0) FROM schema_migrations")
-    return int(version)
-
-
-def migrate(db: Engine) -> None:
-    """Create the first schema if missing, then bring it up to date, one version per
-    transaction (each under the engine's migration lock, so openers never race)."""
-    db.begin(schema=True)
-    try:
-        for statement in [*_statements(_SCHEMA), _VERSIONS]:
-            db.execute(db.ddl(statement))
-        if _version(db) == 0:  # (a store from before the table: its version is carried over)
-            db.executemany("INSERT INTO schema_migrations (version, applied) VALUES (?, ?)",
-                           [(n, time.time()) for n in range(1, db.legacy_version() + 1)])
-        db.commit()
-    except BaseException:
-        db.rollback()
-        raise
-    for number in range(len(_MIGRATIONS)):
-        db.begin(schema=True)
-        try:
-            if _version(db) == number:
-                for statement in _statements(_MIGRATIONS[number]):
-                    db.execute(db.ddl(statement))
-                db.execute("INSERT INTO schema_migrations (version, applied) VALUES (?, ?)", (number + 1, time.time()))
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-
-
-#: A notice to every host of a fleet (PostgreSQL's ``NOTIFY``, delivered at the commit).
-NOTIFY = "SELECT pg_notify(?, ?)"
-
-
-def notify(db: Engine, notice: Notice) -> None:
-    """(In a transaction, PostgreSQL) send ``notice`` to every host of the fleet at the commit."""
-    db.execute(NOTIFY, (FLEET_NOTICES, notice.encode()))
-
-
-def newest_seq(db: Engine) -> int:
-    """(In a transaction) the greatest seq stored anywhere (0: none): an entry's, a stop's, a
-    queued message's, or a begun turn's message (whose queue row is gone). The store counts on
-    from it at open; a fleet host that takes a lease, in the lease's transaction."""
-    ((newest,),) = db.query(
-        "SELECT coalesce(max(m), 0) FROM (SELECT max(seq) m FROM entries UNION ALL SELECT max(seq) FROM stops"
-        " UNION ALL SELECT max(seq) FROM queue UNION ALL SELECT max(message) FROM turns) AS seqs"
-    )
-    return int(newest)
-
-
-#: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
-#: (the stop's notice then ends it); ``ended``.
-TURN_RUNNING, TURN_STOPPED, TURN_ENDED = "running", "stopped", "ended"
-
-
-@dataclass(frozen=True, slots=True)
-class StopRecord:
-    """What one channel's stop must have on disk before it kills anything."""
-
-    seq: int
-    channel: str
-    generation: int
-    dropped: tuple[int, ...]
-    """Seqs of the queued messages the stop drops: dequeued and marked."""
-    stopped_turns: tuple[str, ...]
-    """Every turn of the channel the stop ends (one per agent running)."""
-    plans: Mapping[str, list[dict[str, str]]]
-    """The cancelled plan, by agent."""
-
-
-#: (Kept importable from here: the disk's failure, as the engines classify it.)
-_disk_failure = disk_failure
-
-
-def describe_failure(exc: BaseException, path: str) -> str:
-    """What a caller is told when a write failed: the store, the cause, and no data.
-
-    A text encoding error quotes the offending character, which may be someone else's
-    text; an unknown exception may quote anything. Only SQLite's own messages (which name
-    tables and constraints, not values), PostgreSQL's of the classes that name no value
-    (see :func:`.engines.describe_postgres`) and OS error strings are passed on.
-    """
-    if isinstance(exc, StoreError):
-        return str(exc)
-    if is_postgres_error(exc):
-        return describe_postgres(exc, path)
-    disk = _disk_failure(exc)
-    if disk == "disk full":
-        return f"disk full: cannot write the store {path}; free space on its filesystem"
-    if disk == "I/O error":
-        return f"I/O error writing the store {path}; check the disk"
-    if isinstance(exc, UnicodeError):
-        return f"the write holds text that is not valid Unicode; it was not stored in {path}"
-    if isinstance(exc, sqlite3.Error):
-        return f"{exc} (store {path})"
-    if isinstance(exc, OSError):
-        return f"{exc.strerror or type(exc).__name__} (store {path})"
-    return f"internal error {type(exc).__name__} (store {path}; see the log)"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One line of a channel's transcript."""
-
-    seq: int
-    channel: str
-    author: str
-    kind: str
-    text: str
-    turn: str | None
-    generation: int
-    ts: float
-    meta: Mapping[str, Any] = field(default_factory=dict)
-    pos: int | None = None
-    """(A fleet) its place in the commit order of every host's entries, once committed."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry as the control API and ``--json`` print it."""
-        return {
-            "seq": self.seq,
-            "channel": self.channel,
-            "author": self.author,
-            "kind": self.kind,
-            "text": self.text,
-            "turn": self.turn,
-            "generation": self.generation,
-            "ts": self.ts,
-            "meta": dict(self.meta),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Draft:
-    """Text an agent is writing now, shown to followers before it is saved: never stored.
-
-    ``text`` is the whole unsaved run so far. The ``message`` entry that saves the run names
-    this ``draft`` in its ``meta`` (``{"draft": ID}``, with ``"cut_off": "stop"`` when a stop
-    saved it) and replaces it; a later draft of the same id replaces an earlier one."""
-
-    channel: str
-    author: str
-    turn: str
-    draft: str
-    text: str
-    ts: float
-
-    def to_json(self) -> dict[str, Any]:
-        """The draft as the control API's ``draft`` event and ``--json`` print it (no ``seq``:
-        it has no place in the transcript)."""
-        return {
-            "kind": "draft",
-            "draft": self.draft,
-            "channel": self.channel,
-            "author": self.author,
-            "turn": self.turn,
-            "text": self.text,
-            "ts": self.ts,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedRow:
-    """An accepted message not yet run, as the store keeps it across restarts."""
-
-    seq: int
-    channel: str
-    agent: str
-    author: str
-    text: str
-    generation: int
-    nudge: bool
-    hops: int = 0
-    """Agent-to-agent hand-offs behind it (0: a human's or a system message)."""
-    routed_from: int | None = None
-    """The seq of the entry it repeats, when it has none of its own: a hand-off's source
-    entry, or the message's entry for its second and later targets."""
-    delivery: str | None = None
-    """(A fleet) ``interrupt`` or ``steer``, for the channel's owner to carry out as it takes
-    the message up from another host; None: an ordinary queued message."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelState:
-    """What a stop leaves on a channel, as stored: generation, routing rest, repeat window."""
-
-    generation: int
-    rests: bool
-    stopped: bool
-
-
-_COLUMNS = "seq, channel, author, kind, text, turn, generation, ts, meta, pos"
-"""An entry's columns, in :func:`_entry`'s order."""
-
-
-def _entry(row: tuple[Any, ...]) -> Entry:
-    seq, channel, author, kind, text, turn, generation, ts, meta, pos = row
-    return Entry(seq, channel, author, kind, text, turn, generation, ts, json.loads(meta), pos)
-
-
-class Fenced(StoreError):
-    """A write for a channel whose lease this host no longer holds (its fencing token is stale)."""
-
-
-class Dropped(StoreError):
-    """(A fleet) a turn's message is no longer queued in the store: a stop dropped it (stored
-    by this host while the row was being taken up, or by another host), so the turn must not begin."""
-
-
-_KEPT_KINDS: tuple[type[StoreError], ...] = (Fenced, Dropped)
-"""Failures whose kind callers act on: a batch's failure keeps it (else a plain StoreError)."""
-
-
-def _kind(exc: BaseException) -> type[StoreError]:
-    return next((k for k in _KEPT_KINDS if isinstance(exc, k)), StoreError)
-
-
-def _level(exc: BaseException) -> int:
-    """A dropped message's begin is the fleet working as designed; anything else is an error."""
-    return logging.INFO if isinstance(exc, Dropped) else logging.ERROR
-
-
-class Pending:
-    """A write accepted but maybe not yet committed."""
-
-    __slots__ = ("_apply", "_done", "_error", "entry")
-
-    def __init__(self, apply: Callable[[Engine], None], entry: Entry | None) -> None:
-        self.entry = entry
-        self._apply = apply
-        self._done = trio.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def failed(self) -> bool:
-        """The commit has failed."""
-        return self._error is not None
-
-    async def committed(self) -> Entry | None:
-        """Wait for the commit; raise :class:`StoreError` if it failed.
-
-        No checkpoint once it is committed: a stop-all's teardowns ask this of hundreds of
-        writes long committed, and each needless wake-up costs every one of them.
-        """
-        if not self._done.is_set():
-            await self._done.wait()
-        if self._error is not None:
-            raise _kind(self._error)(f"could not store: {self._error}") from self._error
-        return self.entry
-
-
-class _Subscription:
-    def __init__(self, channel: str | None, *, drafts: bool = False) -> None:
-        self.channel = channel
-        self.drafts = drafts
-        self.send, self.receive = trio.open_memory_channel[Entry | Draft](10_000)
-        self.overflowed = False
-
 
 class Store:
     """The store, on SQLite (a file path) or PostgreSQL (a URL). Open it with :func:`open_store`."""
@@ -474,10 +143,6 @@ class Store:
     def __init__(
         self, path: str, *, synchronous: str = "FULL", host: str | None = None, lease: float | None = None
     ) -> None:
-        self._writer_scope = trio.CancelScope(shield=True)
-        """The writer's own scope: only :func:`open_store` ends it, after the last commit.
-        Shielded, so a scope cancelled around the whole block (a ``move_on_after``, a Ctrl-C)
-        cannot take the writer away from a shutdown that still awaits its commits."""
         self._db = open_engine(path, synchronous=synchronous, lease=lease if host is not None else None)
         self.path = self._db.name
         """What messages call the store: its file, or its URL without a password."""
@@ -494,84 +159,34 @@ class Store:
 
     def _open(self) -> None:
         migrate(self._db)
-        self._db.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?) ON CONFLICT (key) DO NOTHING",
-                         (secrets.token_hex(8),))
-        self.store_id: str = self._db.query("SELECT value FROM meta WHERE key = 'store_id'")[0][0]
+        self.store_id: str = statements.store_id(self._db)
         """This store's identity: every process of its turns carries it (``CORRAL_STORE``)."""
         self._db.own(self.store_id, self.host or "")
-        self._limiter = trio.CapacityLimiter(1)
+        self._conn = Connection(self._db, self.path)
+        self._read = self._conn.read
         if self.host is not None:
             self.slot, self._stride = self._register(self.host), SEQ_STRIDE
             # Each host's processes carry their own mark: hosts sharing a machine (and the
             # database) never end each other's turns when recovering from an abrupt end.
             self.store_id = f"{self.store_id}{self.slot:02x}"
-        self._seq = newest_seq(self._db)
-        self._shown = 0
-        """(A fleet) the commit position up to which followers have been shown every entry."""
-        self._behind = trio.Event()
-        """(A fleet) set when another host committed entries (or this host's came out of turn)."""
-        if self.host is not None:
-            self._shown = self._place_unplaced()
-        self._pending: list[Pending] = []
-        # The newest accepted write: batches commit in order, so when it is done, all are.
-        # (``_pending`` alone is not enough: the writer empties it when it takes a batch.)
-        self._last: Pending | None = None
-        self._wake = trio.Event()
-        self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
-        self._sessions: dict[tuple[str, str], tuple[str | None, str]] = {
-            (c, a): (s, d) for c, a, s, d in self._db.query("SELECT channel, agent, session_id, cwd FROM sessions")
-        }
-        self._seen: dict[tuple[str, str], int] = {
-            (c, a): s for c, a, s in self._db.query("SELECT channel, agent, seq FROM seen")
-        }
-        self._todos: dict[tuple[str, str], list[dict[str, str]]] = {
-            (c, a): json.loads(items) for c, a, items in self._db.query("SELECT channel, agent, items FROM todos")
-        }
-        self.commits = 0
-        self._closed = False
-        self._busy_since: float | None = None
-        """(Monotonic) when the store's thread began the call it is in, if it is in one."""
+        self._seq = statements.newest_seq(self._db)
+        shown = self._place_unplaced() if self.host is not None else 0
+        self._feed = Feed(self._db, self._read, fleet=self.host is not None, shown=shown)
+        self._writer = Writer(self.path, commit=lambda batch: self._commit(batch), thread=self._conn.run,
+                              fatal=self._db.fatal, shown=self._feed.committed)
+        self._memory = ChannelMemory(*statements.memory(self._db))
 
     # ------------------------------------------------------------ writing
 
     def _place_unplaced(self) -> int:
-        """(A fleet host, at open) entries stored before the store was a fleet's (by a single
-        daemon, in seq order = commit order) take their seq as their position, once; the
-        position every entry committed so far is at or below."""
-        db = self._db
-        db.begin()
-        try:
-            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, ORDER_LOCK))
-            db.execute("UPDATE entries SET pos = seq WHERE pos IS NULL")
-            top = self._top_position()
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-        return top
+        """(A fleet host, at open) :func:`.statements.place_unplaced`, in a transaction."""
+        with self._db.transaction():
+            return statements.place_unplaced(self._db)
 
     def _register(self, host: str) -> int:
         """(At open) this host's row and seq slot: its own if it has one, else the lowest free."""
-        db = self._db
-        db.begin()
-        try:
-            db.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, _SLOT_LOCK))
-            mine = db.query("SELECT slot FROM hosts WHERE host = ?", (host,))
-            taken = {k for (k,) in db.query("SELECT slot FROM hosts")}
-            slot = int(mine[0][0]) if mine else next((k for k in range(SEQ_STRIDE) if k not in taken), -1)
-            if slot < 0:
-                raise StoreError(f"the store {self.path} already has {SEQ_STRIDE} fleet hosts; remove the rows of "
-                                 "hosts gone for good from its hosts table")
-            db.execute(
-                f"INSERT INTO hosts (host, slot, heartbeat, pid, started) VALUES (?, ?, {db.now}, ?, {db.now})"
-                f" ON CONFLICT (host) DO UPDATE SET heartbeat = {db.now}, pid = excluded.pid, started = {db.now}",
-                (host, slot, os.getpid()),
-            )
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-        return slot
+        with self._db.transaction():
+            return statements.register_host(self._db, host, self.path)
 
     def next_seq(self) -> int:
         """Allocate the next ``seq`` (in a fleet: the next of this host's slot, and not below
@@ -594,75 +209,31 @@ class Store:
     async def transact(self, work: Callable[[Engine], T]) -> T:
         """Run ``work`` in a transaction of its own now, in the store's thread (the fleet's
         lease and heartbeat writes: they must not wait behind a batch of entries)."""
-        def run() -> T:
-            db = self._db
-            db.begin()
-            try:
-                out = work(db)
-                db.commit()
-            except BaseException:
-                db.rollback()
-                raise
-            return out
-
-        return await self._read(run)
+        return await self._conn.transact(work)
 
     def listener(self) -> Any:
         """(A fleet, in a worker thread) a new PostgreSQL connection that listens to the fleet's
         notices (``LISTEN``), or None on SQLite."""
-        if not isinstance(self._db, PostgresEngine):
-            return None
-        conn = self._db.listener()
-        try:
-            conn.execute(f"LISTEN {FLEET_NOTICES}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return self._conn.listener()
 
     def link_engine(self) -> PostgresEngine:
         """(A fleet, in a worker thread) a new connection of the store's database for lease
         work, without the owner lock: the heartbeat never waits behind the store's thread."""
-        if not isinstance(self._db, PostgresEngine):
-            raise StoreError(f"{self._db.kind} stores have no fleet")
-        return self._db.sibling()
+        return self._conn.sibling()
 
     def unstick(self, stall: float) -> bool:
         """(A fleet's heartbeat) if the store's thread has been in one call for ``stall``
         seconds (its connection silent: a cut cable), shut that connection down: the call
         fails as a lost connection (its writes fail visibly) and the next one reconnects.
         True if it did."""
-        since = self._busy_since
-        if since is None or time.monotonic() - since < stall or not isinstance(self._db, PostgresEngine):
-            return False
-        log.warning("store %s: a database call has had no answer for %.1f s; abandoning its connection",
-                    self.path, time.monotonic() - since)
-        self._db.interrupt()
-        return True
+        return self._conn.unstick(stall)
 
     def reachable(self) -> None:
         """(A fleet's heartbeat got through) a connection abandoned as silent is replaced at
         the next call, not after the pause (see :meth:`PostgresEngine._alive`)."""
-        if isinstance(self._db, PostgresEngine):
-            self._db.reachable()
+        self._conn.reachable()
 
-    def _timed(self, call: Callable[[], T]) -> T:
-        """(In the store's thread) ``call``, with its start kept for :meth:`unstick`."""
-        self._busy_since = time.monotonic()
-        try:
-            return call()
-        finally:
-            self._busy_since = None
-
-    @staticmethod
-    def check_fence(db: Engine, channel: str, host: str, token: int) -> None:
-        """(In a transaction) raise :class:`Fenced` unless ``host`` still holds ``channel``'s
-        lease with ``token``; the row stays share-locked until the commit, so a taker waits."""
-        rows = db.query("SELECT owner, token FROM leases WHERE channel = ? FOR SHARE", (channel,))
-        if not rows or rows[0][0] != host or int(rows[0][1]) != token:
-            owner = rows[0][0] if rows else "nobody"
-            raise Fenced(f"host {host} no longer holds channel {channel!r} (fencing token {token} is stale;"
-                         f" the lease is {owner}'s)")
+    check_fence = staticmethod(statements.check_fence)
 
     def _fenced(self, apply: Callable[[Engine], None], channel: str, token: int | None) -> Callable[[Engine], None]:
         if token is None or self.host is None:
@@ -670,19 +241,13 @@ class Store:
         host = self.host
 
         def fenced(db: Engine) -> None:
-            Store.check_fence(db, channel, host, token)
+            statements.check_fence(db, channel, host, token)
             apply(db)
 
         return fenced
 
     def _submit(self, apply: Callable[[Engine], None], entry: Entry | None = None) -> Pending:
-        if self._closed:
-            raise StoreError("the store is closed")
-        pending = Pending(apply, entry)
-        self._pending.append(pending)
-        self._last = pending
-        self._wake.set()
-        return pending
+        return self._writer.submit(apply, entry)
 
     def submit_entry(
         self,
@@ -708,14 +273,9 @@ class Store:
         # was checked by the supervisor; what remains (agent output, previews, meta) is repaired.
         text = self._db.storable(text)
         entry = Entry(self.next_seq(), channel, author, kind, text, turn, generation, time.time(), repair(meta or {}))
-        meta_json = json.dumps(entry.meta, ensure_ascii=False)
 
         def apply(db: Engine) -> None:
-            db.execute(
-                "INSERT INTO entries (seq, channel, author, kind, text, turn, generation, ts, meta)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (entry.seq, channel, author, kind, text, turn, generation, entry.ts, meta_json),
-            )
+            statements.insert_entry(db, entry)
             if also is not None:
                 also(db, entry.seq)
 
@@ -738,167 +298,34 @@ class Store:
 
     # ------------------------------------------------------------ the writer
 
+    @property
+    def commits(self) -> int:
+        """Transactions the writer has committed so far."""
+        return self._writer.commits
+
     async def run_writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Commit queued writes in batches until :func:`open_store` ends it."""
-        with self._writer_scope:
-            task_status.started()
-            while True:
-                if not self._pending:
-                    self._wake = trio.Event()
-                    await self._wake.wait()
-                await self._commit_pending()
-
-    async def _commit_pending(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        try:
-            await trio.to_thread.run_sync(self._timed, functools.partial(self._commit, batch), limiter=self._limiter)
-        except Exception as exc:  # noqa: BLE001 - a failed batch is retried write by write
-            log.log(_level(exc), "store commit of %d writes failed: %s", len(batch), describe_failure(exc, self.path))
-            if len(batch) > 1 and self._db.fatal(exc) is None:
-                await self._commit_one_by_one(batch)
-            else:
-                self._fail(batch, exc)
-            return
-        self.commits += 1
-        self._succeed(batch)
-
-    async def _commit_one_by_one(self, batch: list[Pending]) -> None:
-        """Commit each write of a failed batch alone, in order, so only the bad ones fail."""
-        for i, pending in enumerate(batch):
-            try:
-                await trio.to_thread.run_sync(self._timed, functools.partial(self._commit, [pending]),
-                                              limiter=self._limiter)
-            except Exception as exc:  # noqa: BLE001 - this write fails, visibly, and alone
-                log.log(_level(exc), "store write %d of a failed batch failed alone: %s", i + 1,
-                        describe_failure(exc, self.path))
-                if self._db.fatal(exc) is not None:
-                    self._fail(batch[i:], exc)  # the disk or the link, not the write: the rest cannot go either
-                    return
-                self._fail([pending], exc)
-            else:
-                self.commits += 1
-                self._succeed([pending])
-
-    def _succeed(self, batch: list[Pending]) -> None:
-        for pending in batch:
-            pending._done.set()
-        entries = [p.entry for p in batch if p.entry is not None]
-        if self.host is not None:
-            self._show_own(entries)
-            return
-        for entry in entries:
-            self._publish(entry)
-
-    def _fail(self, batch: list[Pending], exc: BaseException) -> None:
-        reason = describe_failure(exc, self.path)
-        for pending in batch:
-            pending._error = _kind(exc)(reason)
-            pending._done.set()
+        await self._writer.run(task_status=task_status)
 
     def _commit(self, batch: list[Pending]) -> None:
-        db = self._db
-        db.begin()
-        try:
-            placed = [p for p in batch if p.entry is not None] if self.host is not None else []
-            with db.batch():
-                for pending in batch:
-                    pending._apply(db)
-            if placed:
-                self._commit_placed(db, placed)
-            else:
-                db.commit()
-        except BaseException:
-            db.rollback()  # (never raises: it would hide the real error)
-            raise
-
-    def _commit_placed(self, db: Engine, placed: list[Pending]) -> None:
-        """(A fleet, after a batch's writes) commit, giving the commit's entries the positions after
-        every entry committed so far, under a lock held to the commit's end: a commit that
-        comes later has a greater position, so a reader that sees position P sees every
-        position below it too. Every host is told how far the positions go."""
-        entries = [p.entry for p in placed if p.entry is not None]
-        top = db.commit_in_order([e.seq for e in entries], (FLEET_NOTICES, self.host or ""))
-        for n, pending in enumerate(placed, start=1):
-            assert pending.entry is not None
-            pending.entry = replace(pending.entry, pos=top + n)
+        """(In the store's thread) one batch's transaction (tests replace it to fail commits)."""
+        commit_batch(self._db, batch, self.host)
 
     def others_committed(self, last: int | None = None) -> None:
         """(A fleet) another host's commit placed entries up to position ``last`` (its notice;
         None: maybe, a heartbeat's look for notices lost): :meth:`show_others` reads them."""
-        if last is None or last > self._shown:
-            self._behind.set()
+        self._feed.others_committed(last)
 
     async def show_others(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """(A fleet, a task) show this host's followers what other hosts commit, in commit
         order, read back from the database (so only what is committed is shown)."""
-        task_status.started()
-        while True:
-            await self._behind.wait()
-            self._behind = trio.Event()
-            try:
-                await self._show_committed()
-            except StoreError as exc:
-                log.warning("could not read other hosts' entries for followers (the next notice or"
-                            " heartbeat tries again): %s", exc)
-
-    async def _show_committed(self) -> None:
-        if not any(self._subs.values()):
-            # Nobody to show them to: only how far they go (a follower to come reads the database).
-            self._shown = max(self._shown, await self._read(self._top_position))
-            return
-        while True:
-            rows = await self._read(functools.partial(self._placed_after, self._shown, _SHOW_BATCH))
-            for entry in rows:
-                assert entry.pos is not None
-                if entry.pos > self._shown:
-                    self._publish(entry)
-                    self._shown = entry.pos
-            if len(rows) < _SHOW_BATCH:
-                return
-
-    def _top_position(self) -> int:
-        ((top,),) = self._db.query("SELECT coalesce(max(pos), 0) FROM entries")
-        return int(top)
-
-    def _placed_after(self, after: int, limit: int) -> list[Entry]:
-        return [_entry(row) for row in self._db.query(
-            f"SELECT {_COLUMNS} FROM entries WHERE pos > ? ORDER BY pos LIMIT ?", (after, limit)
-        )]
-
-    def _show_own(self, entries: list[Entry]) -> None:
-        """(A fleet) this host's committed entries: shown now if they come right after what
-        followers were shown; else other hosts' commits came between, and the reader shows
-        everything from there in order."""
-        fresh = [e for e in entries if e.pos is not None and e.pos > self._shown]
-        if not fresh:
-            return
-        if not any(self._subs.values()):
-            self._shown = max(self._shown, fresh[-1].pos or 0)  # (a follower to come reads from the database)
-        elif fresh[0].pos == self._shown + 1:
-            for entry in fresh:
-                self._publish(entry)
-            self._shown = fresh[-1].pos or 0
-        else:
-            self._behind.set()
+        await self._feed.show_others(task_status=task_status)
 
     async def flush(self) -> None:
         """Wait until everything accepted so far is committed (failures are not raised here)."""
-        if self._last is not None:
-            await self._last._done.wait()
+        await self._writer.flush()
 
     # ------------------------------------------------------------ followers
-
-    def _publish(self, entry: Entry) -> None:
-        for key in (entry.channel, None):
-            for sub in list(self._subs.get(key, ())):
-                try:
-                    sub.send.send_nowait(entry)
-                except trio.WouldBlock:
-                    sub.overflowed = True
-                    sub.send.close()
-                    self._subs[key].discard(sub)
 
     def show_draft(self, draft: Draft) -> None:
         """Hand ``draft`` to the live followers that asked for drafts; nothing is written.
@@ -906,13 +333,7 @@ class Store:
         A follower too far behind to take it skips it (the next draft of the run carries
         everything before it, and the entry that saves the run follows in any case): a draft
         never makes a follower re-read the database the way a full queue of entries does."""
-        for key in (draft.channel, None):
-            for sub in list(self._subs.get(key, ())):
-                if sub.drafts:
-                    try:
-                        sub.send.send_nowait(draft)
-                    except trio.WouldBlock:
-                        pass
+        self._feed.show_draft(draft)
 
     @overload
     def follow(
@@ -922,7 +343,7 @@ class Store:
     @overload
     def follow(self, channel: str | None, after: int = 0, *, drafts: bool) -> AsyncIterator[Entry | Draft]: ...
 
-    async def follow(
+    def follow(
         self, channel: str | None, after: int = 0, *, drafts: bool = False
     ) -> AsyncIterator[Entry | Draft]:
         """Every committed entry of ``channel`` (all channels if None) after the entry ``after``
@@ -930,32 +351,7 @@ class Store:
         entries' positions, see the theory above). With ``drafts``, the live part also carries
         the drafts this host's turns show (:meth:`show_draft`), in the order they were shown
         relative to the commits."""
-        column = "pos" if self.host is not None else "seq"
-        floor = await self._read(lambda: self._position(after)) if self.host is not None else after
-
-        def key(entry: Entry) -> int:
-            return (entry.pos or 0) if self.host is not None else entry.seq
-
-        while True:
-            sub = _Subscription(channel, drafts=drafts)
-            self._subs[channel].add(sub)
-            try:
-                for entry in await self._rows(channel, column, floor, 100_000):
-                    if key(entry) > floor:
-                        yield entry
-                        floor = key(entry)
-                async for item in sub.receive:
-                    if isinstance(item, Draft):
-                        yield item
-                    elif key(item) > floor:
-                        yield item
-                        floor = key(item)
-            finally:
-                self._subs[channel].discard(sub)
-                sub.send.close()
-            if not sub.overflowed:
-                return
-            # A follower that fell 10,000 entries behind re-reads from the database.
+        return self._feed.follow(channel, after, drafts=drafts)
 
     # ------------------------------------------------------------ reading
 
@@ -965,104 +361,59 @@ class Store:
         """Committed entries after the entry ``after`` (a seq), oldest first (in a fleet: in
         commit order, so a resume point misses no other host's later commit); at most
         ``limit``: the first ones, or with ``newest`` the last ones."""
-        if self.host is None:
-            return await self._rows(channel, "seq", after, limit, newest)
-        return await self._rows(channel, "pos", await self._read(lambda: self._position(after)), limit, newest)
-
-    def _position(self, after: int) -> int:
-        """(A fleet, in the store's thread) the commit position of entry ``after``; for a seq
-        that names no entry, the last position of an entry with a seq at or below it."""
-        if after <= 0:
-            return 0
-        found = self._db.query("SELECT pos FROM entries WHERE seq = ?", (after,))
-        if found and found[0][0] is not None:
-            return int(found[0][0])
-        ((pos,),) = self._db.query("SELECT coalesce(max(pos), 0) FROM entries WHERE seq <= ?", (after,))
-        return int(pos)
-
-    async def _rows(
-        self, channel: str | None, column: str, after: int, limit: int, newest: bool = False
-    ) -> list[Entry]:
-        where, params = (f"{column} > ?", (after,)) if channel is None else (
-            f"channel = ? AND {column} > ?", (channel, after))
-        order = f"{column} DESC" if newest else column
-
-        def read() -> list[Entry]:
-            rows = self._db.query(f"SELECT {_COLUMNS} FROM entries WHERE {where} ORDER BY {order} LIMIT ?",
-                                  (*params, limit))
-            return [_entry(row) for row in (reversed(rows) if newest else rows)]
-
-        return await self._read(read)
+        return await self._feed.entries(channel, after=after, limit=limit, newest=newest)
 
     async def has_entries(self, channel: str) -> bool:
         """Whether any entry of ``channel`` is stored (a channel exists once it has one)."""
-        return bool(await self.query("SELECT 1 FROM entries WHERE channel = ? LIMIT 1", (channel,)))
+        return await self._read(lambda: statements.has_entries(self._db, channel))
 
     async def channels(self) -> set[str]:
         """Every channel with a stored entry."""
-        return {name for (name,) in await self.query("SELECT DISTINCT channel FROM entries")}
+        return await self._read(lambda: statements.channels(self._db))
 
     async def last_seq(self) -> int:
         """The seq of the newest committed entry (0: none)."""
-        ((newest,),) = await self.query("SELECT coalesce(max(seq), 0) FROM entries")
-        return int(newest)
+        return await self._read(lambda: statements.last_seq(self._db))
 
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query (for status and tests)."""
         return await self._read(lambda: self._db.query(sql, params))
 
-    async def _read(self, read: Callable[[], T]) -> T:
-        """Run ``read`` in the store's thread; a PostgreSQL failure (the server gone, say) is a
-        :class:`StoreError` naming the store, like a failed write's."""
-        try:
-            return await trio.to_thread.run_sync(self._timed, read, limiter=self._limiter)
-        except Exception as exc:
-            if not is_postgres_error(exc):
-                raise
-            raise StoreError(f"could not read the store: {describe_failure(exc, self.path)}") from exc
-
     # ------------------------------------------------------------ sessions, todos, stops, queue
 
     def session(self, channel: str, agent: str) -> tuple[str | None, str | None]:
         """``(session id, working directory)`` of this channel and agent."""
-        return self._sessions.get((channel, agent), (None, None))
+        return self._memory.session(channel, agent)
 
     def sessions_by_channel(self) -> dict[str, dict[str, str]]:
         """Every known session id, by channel and then agent."""
-        out: dict[str, dict[str, str]] = {}
-        for (channel, agent), (session_id, _) in self._sessions.items():
-            if session_id:
-                out.setdefault(channel, {})[agent] = session_id
-        return out
+        return self._memory.sessions_by_channel()
 
     def save_session(
         self, channel: str, agent: str, session_id: str | None, cwd: str, *, fence: int | None = None
     ) -> Pending:
         """Remember the session id (None forgets it) and working directory (``fence``: under the lease)."""
-        self._sessions[(channel, agent)] = (session_id, cwd)
-        return self.submit_write(
-            "INSERT INTO sessions (channel, agent, session_id, cwd, updated) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT(channel, agent) DO UPDATE SET session_id=excluded.session_id, cwd=excluded.cwd,"
-            " updated=excluded.updated",
-            (channel, agent, session_id, cwd, time.time()), channel=channel, fence=fence,
-        )
+        self._memory.set_session(channel, agent, session_id, cwd)
+        stamp = time.time()
+
+        def apply(db: Engine) -> None:
+            statements.upsert_session(db, channel, agent, session_id, cwd, stamp)
+
+        return self._submit(self._fenced(apply, channel, fence))
 
     def todos(self, channel: str, agent: str) -> list[dict[str, str]]:
         """The channel's current todo plan for ``agent``."""
-        return [dict(item) for item in self._todos.get((channel, agent), [])]
+        return self._memory.todos(channel, agent)
 
     def todo_agents(self, channel: str) -> list[str]:
         """Agents that have a todo plan in ``channel``."""
-        return [a for (c, a) in self._todos if c == channel]
+        return self._memory.todo_agents(channel)
 
     def save_todos(self, channel: str, agent: str, items: list[dict[str, str]], *, fence: int | None = None) -> Pending:
         """Replace the todo plan (``fence``: under the channel's lease)."""
-        self._todos[(channel, agent)] = [dict(i) for i in items]
-        return self.submit_write(
-            "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
-            (channel, agent, json.dumps(items, ensure_ascii=False), time.time()), channel=channel, fence=fence,
-        )
+        self._memory.set_todos(channel, agent, items)
+        plans, stamp = {agent: [dict(i) for i in items]}, time.time()
+        return self._submit(self._fenced(lambda db: statements.upsert_todos(db, channel, plans, stamp), channel, fence))
 
     def accept_message(
         self, channel: str, agent: str | None, author: str, text: str, *, generation: int, nudge: bool,
@@ -1087,7 +438,7 @@ class Store:
                 row = QueuedRow(row_seq, channel, target, author, text, generation, nudge, hops, source, delivery)
                 self.queue_insert(db, row)
             if author.startswith("human:"):
-                db.execute("UPDATE generations SET rests = 0 WHERE channel = ?", (channel,))
+                statements.lift_rest(db, channel)
             if also is not None:
                 also(db, seq)
             if origin is not None:
@@ -1109,52 +460,29 @@ class Store:
     def reset_conversation(self, channel: str, agents: Sequence[str], text: str, *, generation: int) -> Pending:
         """Forget ``agents``' session ids (keeping each one's working folder) and todo plans in
         ``channel``, with the ``status`` entry ``text`` that records it: one transaction."""
-        for agent in agents:
-            known = self._sessions.get((channel, agent))
-            if known is not None:
-                self._sessions[(channel, agent)] = (None, known[1])
-            if (channel, agent) in self._todos:
-                self._todos[(channel, agent)] = []
+        self._memory.forget(channel, agents)
         stamp = time.time()
+        return self.submit_entry(channel, "system", "status", text, generation=generation, meta={"reset": list(agents)},
+                                 also=lambda db, _: statements.forget_conversations(db, channel, agents, stamp))
 
-        def forget(db: Engine, seq: int) -> None:
-            for agent in agents:
-                db.execute("UPDATE sessions SET session_id = NULL, updated = ? WHERE channel = ? AND agent = ?",
-                           (stamp, channel, agent))
-                db.execute("UPDATE todos SET items = '[]', updated = ? WHERE channel = ? AND agent = ?",
-                           (stamp, channel, agent))
-
-        return self.submit_entry(channel, "system", "status", text, generation=generation,
-                                 meta={"reset": list(agents)}, also=forget)
-
-    @staticmethod
-    def mark_resent(db: Engine, seq: int, meta: Mapping[str, Any], resent_as: int) -> None:
-        """(In the new message's transaction) entry ``seq`` was sent again as ``resent_as``."""
-        db.execute("UPDATE entries SET meta = ? WHERE seq = ?",
-                   (json.dumps({**meta, "resent_as": resent_as}, ensure_ascii=False), seq))
+    mark_resent = staticmethod(statements.mark_resent)
 
     async def origin_seq(self, origin: str) -> int | None:
         """The seq ``origin`` was accepted as (0: handled without a message); None: never seen."""
-        rows = await self.query("SELECT coalesce(seq, 0) FROM origins WHERE origin = ?", (origin,))
-        return int(rows[0][0]) if rows else None
+        return await self._read(lambda: statements.origin_seq(self._db, origin))
 
     def mark_origin(self, origin: str) -> Pending:
         """Record ``origin`` as handled without a message (a command, an event ignored)."""
-        return self.submit_write(
-            "INSERT INTO origins (origin, seq, ts) VALUES (?, NULL, ?) ON CONFLICT (origin) DO NOTHING",
-            (origin, time.time()),
-        )
+        stamp = time.time()
+        return self._submit(lambda db: statements.mark_origin(db, origin, stamp))
 
     async def cursor(self, key: str) -> str | None:
         """A bridge's cursor (a sync token, the last entry posted), kept in ``meta``."""
-        rows = await self.query("SELECT value FROM meta WHERE key = ?", (key,))
-        return str(rows[0][0]) if rows else None
+        return await self._read(lambda: statements.cursor(self._db, key))
 
     def save_cursor(self, key: str, value: str) -> Pending:
-        return self.submit_write(
-            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
+        """Replace a bridge's cursor."""
+        return self._submit(lambda db: statements.save_cursor(db, key, value))
 
     def accept_routed(
         self, channel: str, agents: tuple[str, ...], author: str, text: str, *, generation: int, hops: int,
@@ -1185,9 +513,9 @@ class Store:
             meta["turns"] = list(turns)
 
         def complete(db: Engine, seq: int) -> None:
-            Store.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn)
+            statements.complete_stop(db, stop_seq, {**result, "notice_seq": seq}, turn)
             for other in turns:
-                Store.mark_turn_ended(db, other)
+                statements.mark_turn_ended(db, other)
 
         return self.submit_entry(
             channel, "system", "notice", text, turn=turn, generation=generation, meta=meta, also=complete,
@@ -1201,44 +529,30 @@ class Store:
         make the next start take the turn for a crash's and post a false "restarted" notice."""
         return self.submit_entry(
             channel, "system", "notice", text, turn=turn, generation=generation, meta=meta,
-            also=lambda db, _: Store.mark_turn_ended(db, turn),
+            also=lambda db, _: statements.mark_turn_ended(db, turn),
         )
 
     def queue_insert(self, db: Engine, row: QueuedRow) -> None:
         """(In a transaction) keep an accepted message until its turn begins."""
-        db.execute(
-            "INSERT INTO queue (seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.seq, row.channel, row.agent, row.author, row.text, row.generation, int(row.nudge), row.hops,
-             row.routed_from, row.delivery),
-        )
+        statements.insert_queued(db, row)
         if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
-            notify(db, Queued(self.host, row.channel))
+            statements.notify(db, Queued(self.host, row.channel))
 
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""
-        def apply(db: Engine) -> None:
-            db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in seqs])
-
-        return self._submit(apply)
+        return self._submit(lambda db: statements.dequeue(db, seqs))
 
     async def load_queue(self, channel: str | None = None) -> list[QueuedRow]:
         """Messages accepted before a restart (or by another fleet host) and not yet run, oldest first."""
-        where, params = ("WHERE channel = ?", (channel,)) if channel is not None else ("", ())
-        rows = await self.query(
-            "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery"
-            f" FROM queue {where} ORDER BY seq", params,
-        )
-        return [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows]
+        return await self._read(lambda: statements.queued(self._db, channel))
 
     async def load_channel_states(self) -> dict[str, ChannelState]:
         """Every stopped channel's generation, routing rest and repeat window as of the last run."""
-        rows = await self.query("SELECT channel, generation, rests, stopped FROM generations")
-        return {c: ChannelState(g, bool(r), bool(s)) for c, g, r, s in rows}
+        return await self._read(lambda: statements.channel_states(self._db))
 
     def seen(self, channel: str, agent: str) -> int | None:
         """The seq of the last message the agent took up in the channel (None: never)."""
-        return self._seen.get((channel, agent))
+        return self._memory.seen(channel, agent)
 
     async def missed(
         self, channel: str, agent: str, *, after: int | None, before: int, skip: int | None, limit: int
@@ -1248,21 +562,8 @@ class Store:
         agent's own turn, not ``skip``.
         Returns the newest ``limit`` of them (author, text), oldest first, and how many
         there are in all."""
-        where = (
-            "channel = ? AND kind = 'message' AND seq > ? AND seq < ? AND seq != ? AND author != ?"
-            " AND (author LIKE 'human:%' OR author LIKE 'agent:%')"
-            f" AND {self._db.json_get('meta', 'dropped_by_stop')} IS NULL"
-            # A message steered into this agent's turn reached it then: not again.
-            f" AND ({self._db.json_get('meta', 'steered')} IS NULL OR {self._db.json_get('meta', 'agent')} != ?)"
-        )
-        params = (
-            channel, after if after is not None else 0, before, skip if skip is not None else -1, f"agent:{agent}",
-            agent,
-        )
-        ((total,),) = await self.query(f"SELECT count(*) FROM entries WHERE {where}", params)
-        rows = await self.query(f"SELECT author, text FROM entries WHERE {where} ORDER BY seq DESC LIMIT ?",
-                                (*params, limit))
-        return [(a, t) for a, t in reversed(rows)], int(total)
+        return await self._read(functools.partial(statements.missed, self._db, channel, agent, after=after,
+                                                  before=before, skip=skip, limit=limit))
 
     # ------------------------------------------------------------ turns and stop records
 
@@ -1281,26 +582,11 @@ class Store:
         rows up under its current generation, and their seqs do not say whether they were
         accepted before or after a stop (two clocks; two hosts in one millisecond).
         """
-        self._seen[(channel, agent)] = max(message, self._seen.get((channel, agent), 0))
-        fleet = self.host is not None
+        self._memory.saw(channel, agent, message)
+        host = self.host
 
         def apply(db: Engine) -> None:
-            if fleet:
-                if not db.query("DELETE FROM queue WHERE seq = ? RETURNING seq", (message,)):
-                    raise Dropped(f"message {message} of channel {channel!r} was dropped by a stop")
-            else:
-                db.execute("DELETE FROM queue WHERE seq = ?", (message,))
-            db.execute("UPDATE generations SET stopped = 0 WHERE channel = ? AND stopped = 1", (channel,))
-            db.execute(
-                "INSERT INTO seen (channel, agent, seq) VALUES (?, ?, ?)"
-                f" ON CONFLICT(channel, agent) DO UPDATE SET seq = {db.greatest('seen.seq', 'excluded.seq')}",
-                (channel, agent, message),
-            )
-            db.execute(
-                "INSERT INTO turns (id, channel, agent, generation, message, state, began, host)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (turn_id, channel, agent, generation, message, TURN_RUNNING, time.time(), self.host),
-            )
+            statements.begin_turn(db, turn_id, channel, agent, generation, message, host)
 
         return self._submit(self._fenced(apply, channel, fence))
 
@@ -1308,130 +594,43 @@ class Store:
         self, turn_id: str, pid: int, started: int | None, *, channel: str = "", fence: int | None = None
     ) -> Pending:
         """Note the turn's leader (pid and start ticks: an identity no pid reuse can fake)."""
-        return self.submit_write("UPDATE turns SET pid = ?, pid_started = ? WHERE id = ?", (pid, started, turn_id),
-                                 channel=channel, fence=fence)
+        return self._submit(self._fenced(lambda db: statements.turn_spawned(db, turn_id, pid, started), channel, fence))
 
     def end_turn(self, turn_id: str) -> Pending:
         """The turn ended on its own; a stopped turn is ended by its stop's notice instead."""
-        return self.submit_write(
-            "UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING)
-        )
+        return self._submit(lambda db: statements.end_turn(db, turn_id))
 
-    @staticmethod
-    def mark_turn_ended(db: Engine, turn_id: str | None) -> None:
-        """(In a transaction) the turn's last entry is being stored: it is over."""
-        if turn_id is not None:
-            db.execute("UPDATE turns SET state = ? WHERE id = ?", (TURN_ENDED, turn_id))
+    mark_turn_ended = staticmethod(statements.mark_turn_ended)
 
     def submit_stop_records(self, records: list[StopRecord]) -> Pending:
         """Store the records of one or more stops as ONE transaction (a stop-all is one)."""
-        stamp = time.time()
+        stamp, host = time.time(), self.host
 
         def apply(db: Engine) -> None:
-            for r in records:
-                summary = {
-                    "pending": True, "generation": r.generation, "dropped": list(r.dropped),
-                    "stopped_turn": r.stopped_turns[0] if r.stopped_turns else None,
-                    "stopped_turns": list(r.stopped_turns),
-                }
-                db.execute(
-                    "INSERT INTO stops (seq, channel, generation, ts, result, host) VALUES (?, ?, ?, ?, ?, ?)",
-                    (r.seq, r.channel, r.generation, stamp, json.dumps(summary), self.host),
-                )
-                db.execute(
-                    "INSERT INTO generations (channel, generation, rests, stopped) VALUES (?, ?, 1, 1)"
-                    " ON CONFLICT(channel) DO UPDATE SET"
-                    f" generation={db.greatest('generations.generation', 'excluded.generation')}, rests=1, stopped=1",
-                    (r.channel, r.generation),
-                )
-                db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in r.dropped])
-                dropped = list(r.dropped)
-                if self.host is not None:
-                    # (A fleet) and every row other hosts queued that is committed now, taken
-                    # up here or not: those were accepted before the stop answered, whatever
-                    # their seqs (another host's clock, or the same millisecond, can put one
-                    # above the stop's). This host's own later messages are written after
-                    # this, in submit order; a row taken up before the stop and begun after
-                    # it finds itself gone (``begin_turn``: Dropped).
-                    dropped += [int(s) for (s,) in db.query(
-                        "DELETE FROM queue WHERE channel = ? RETURNING seq", (r.channel,)
-                    )]
-                db.executemany(
-                    f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?",
-                    [(r.seq, s) for s in dropped],
-                )
-                for agent, items in r.plans.items():
-                    db.execute(
-                        "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
-                        " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
-                        (r.channel, agent, json.dumps(items, ensure_ascii=False), stamp),
-                    )
-                db.executemany("UPDATE turns SET state = ? WHERE id = ?", [(TURN_STOPPED, t) for t in r.stopped_turns])
+            statements.record_stops(db, records, host, stamp)
 
         return self._submit(apply)
 
-    @staticmethod
-    def record_origin(db: Engine, origin: str, seq: int) -> None:
-        """(In a message's transaction) the outside event it came from: a second fails to commit."""
-        db.execute("INSERT INTO origins (origin, seq, ts) VALUES (?, ?, ?)", (origin, seq, time.time()))
-
-    def record_interrupt(
-        self, db: Engine, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
-    ) -> None:
-        """(In the interrupting message's transaction, ``seq``) its record: the lanes' queued
-        messages it dropped dequeued and marked (as a stop marks them, and as an interrupt's:
-        their pages say "dropped by an interrupt"), the plans cancelled."""
-        db.executemany("DELETE FROM queue WHERE seq = ?", [(s,) for s in dropped])
-        db.executemany(f"UPDATE entries SET meta = {db.mark_dropped()} WHERE seq = ?", [(seq, s) for s in dropped])
-        db.executemany(f"UPDATE entries SET meta = {db.mark_dropped('dropped_by_interrupt')} WHERE seq = ?",
-                       [(seq, s) for s in dropped])
-        db.execute("UPDATE queue SET delivery = NULL WHERE seq = ?", (seq,))  # (a fleet's: carried out now)
-        stamp = time.time()
-        for agent, items in plans.items():
-            db.execute(
-                "INSERT INTO todos (channel, agent, items, updated) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT(channel, agent) DO UPDATE SET items=excluded.items, updated=excluded.updated",
-                (channel, agent, json.dumps(items, ensure_ascii=False), stamp),
-            )
+    record_origin = staticmethod(statements.record_origin)
+    record_interrupt = staticmethod(statements.record_interrupt)
 
     def submit_interrupt(
         self, channel: str, seq: int, dropped: Sequence[int], plans: Mapping[str, list[dict[str, str]]],
     ) -> Pending:
         """(A fleet's owner) the record of an interrupting message another host accepted, ``seq``:
         as :meth:`record_interrupt`, in a transaction of its own."""
-        return self._submit(lambda db: self.record_interrupt(db, channel, seq, dropped, plans))
+        return self._submit(lambda db: statements.record_interrupt(db, channel, seq, dropped, plans))
 
     def remember_todos(self, channel: str, agent: str, items: list[dict[str, str]]) -> None:
         """Update the cached plan after a write that stored it (a stop's record) committed."""
-        self._todos[(channel, agent)] = [dict(i) for i in items]
+        self._memory.set_todos(channel, agent, items)
 
-    @staticmethod
-    def complete_stop(db: Engine, seq: int, result: Mapping[str, Any], turn: str | None) -> None:
-        """(In the notice's transaction) the stop is complete: its final result, its turns ended
-        (``turn`` and every turn its record names: a stop of several agents' turns)."""
-        rows = db.query("SELECT result FROM stops WHERE seq = ?", (seq,))
-        recorded = json.loads(rows[0][0]).get("stopped_turns", []) if rows else []
-        db.execute("UPDATE stops SET result = ? WHERE seq = ?", (json.dumps(result, ensure_ascii=False), seq))
-        for stopped in {turn, *recorded}:
-            Store.mark_turn_ended(db, stopped)
+    complete_stop = staticmethod(statements.complete_stop)
 
     async def unfinished(self) -> tuple[list[tuple[str, str, int, str]], list[tuple[int, str, int, int, str | None]]]:
         """What the last owner left: turns still ``running`` (id, channel, generation, state)
         and stops whose notice was never stored (seq, channel, generation, dropped, turn)."""
-        mine, host = ("", ()) if self.host is None else (" AND host = ?", (self.host,))  # (a fleet: this host's)
-        turns = await self.query(
-            f"SELECT id, channel, generation, state FROM turns WHERE state = ?{mine} ORDER BY began",
-            (TURN_RUNNING, *host),
-        )
-        stops = await self.query(
-            "SELECT seq, channel, generation, result FROM stops"
-            f" WHERE {self._db.json_get('result', 'pending')} = {self._db.json_true}{mine} ORDER BY seq", host,
-        )
-        pending = []
-        for seq, channel, generation, result in stops:
-            summary = json.loads(result)
-            pending.append((seq, channel, generation, len(summary.get("dropped", [])), summary.get("stopped_turn")))
-        return [(t[0], t[1], t[2], t[3]) for t in turns], pending
+        return await self._read(lambda: statements.unfinished(self._db, self.host))  # (a fleet: this host's)
 
     async def take_over(
         self, channel: str, *, here: Callable[[str], bool], notice: str, skip: set[str]
@@ -1441,65 +640,16 @@ class Store:
         conversation's folder exists on this host), others are forgotten. Turns still
         ``running`` that are not this host's (``skip``) were the last owner's: each is ended
         with ``notice`` (its host's processes cannot be reached from here)."""
-        def take(db: Engine) -> TakeOver:
-            state = db.query("SELECT generation, rests, stopped FROM generations WHERE channel = ?", (channel,))
-            rows = db.query(
-                "SELECT seq, channel, agent, author, text, generation, nudge, hops, routed_from, delivery FROM queue"
-                " WHERE channel = ? ORDER BY seq", (channel,),
-            )
-            todos = db.query("SELECT agent, items FROM todos WHERE channel = ?", (channel,))
-            seen = db.query("SELECT agent, seq FROM seen WHERE channel = ?", (channel,))
-            sessions = db.query("SELECT agent, session_id, cwd FROM sessions WHERE channel = ?", (channel,))
-            forgotten = [a for a, sid, cwd in sessions if sid and not here(cwd)]
-            db.executemany("UPDATE sessions SET session_id = NULL WHERE channel = ? AND agent = ?",
-                           [(channel, a) for a in forgotten])
-            ended = [(t, g, h) for t, g, h in db.query(
-                "SELECT id, generation, host FROM turns WHERE channel = ? AND state != ?", (channel, TURN_ENDED)
-            ) if t not in skip]
-            beats = dict(db.query("SELECT host, heartbeat FROM hosts"))
-            return TakeOver(
-                ChannelState(int(state[0][0]), bool(state[0][1]), bool(state[0][2])) if state else None,
-                [QueuedRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows],
-                {a: json.loads(items) for a, items in todos},
-                {a: (None if a in forgotten else sid, cwd) for a, sid, cwd in sessions},
-                ended,
-                {h: float(b) for h, b in beats.items()},
-                {a: int(q) for a, q in seen},
-            )
-
-        found = await self.transact(take)
-        for agent, seq in found.seen.items():  # (the last host's turns took up messages too)
-            self._seen[(channel, agent)] = max(seq, self._seen.get((channel, agent), 0))
-        for agent, items in found.todos.items():
-            self._todos[(channel, agent)] = items
-        for agent, (sid, cwd) in found.sessions.items():
-            self._sessions[(channel, agent)] = (sid, cwd)
+        found = await self.transact(lambda db: statements.take_over(db, channel, here, skip))
+        self._memory.take_over(channel, found)
         for turn_id, generation, _ in found.ended:
             self.submit_turn_notice(channel, notice, turn=turn_id, generation=generation)
         return found
 
     def close(self) -> None:
         """Close the database (after the writer has stopped) and give up the store's lock."""
-        self._closed = True
+        self._writer.closed = True
         self._db.close()
-
-
-@dataclass(frozen=True, slots=True)
-class TakeOver:
-    """What a fleet host finds in the store for a channel it has just taken."""
-
-    state: ChannelState | None
-    queue: list[QueuedRow]
-    todos: dict[str, list[dict[str, str]]]
-    sessions: dict[str, tuple[str | None, str]]
-    """By agent: the session id (None: it stayed with the last host) and its folder."""
-    ended: list[tuple[str, int, str | None]]
-    """The last owner's turns (id, generation, host) closed here with a notice: their
-    processes are on that host, out of this one's reach."""
-    heartbeats: dict[str, float]
-    """Every host's last heartbeat at the take-over (the database's clock)."""
-    seen: dict[str, int]
-    """By agent: the last message it took up in the channel (on any host)."""
 
 
 @asynccontextmanager
@@ -1522,9 +672,8 @@ async def open_store(
                 yield store
             finally:
                 with trio.CancelScope(shield=True):
-                    while store._pending:
-                        await store._commit_pending()
-                store._writer_scope.cancel()
+                    await store._writer.drain()
+                store._writer.scope.cancel()
                 nursery.cancel_scope.cancel()
     finally:
         store.close()
