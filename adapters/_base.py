@@ -27,7 +27,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 TodoStatus = Literal["pending", "in_progress", "completed", "cancelled"]
 TODO_STATUSES: tuple[str, ...] = ("pending", "in_progress", "completed", "cancelled")
@@ -197,6 +197,34 @@ class Parser(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class OptionProblem:
+    """One thing wrong in an agent's adapter options: the key (under ``agents.NAME.``), what, and the fix."""
+
+    key: str
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedOptions:
+    """What an adapter makes of its own ``[agents.NAME]`` keys (:attr:`Adapter.check_options`):
+    the options a turn gets (a bad value left out, so its default stands), what is wrong with
+    the rest, and the command they name instead of ``command`` (an ACP preset's program), with
+    the key that named it."""
+
+    options: Mapping[str, Any]
+    problems: tuple[OptionProblem, ...] = ()
+    command: tuple[str, ...] | None = None
+    command_key: str | None = None
+    """The key that names (or tried to name) the command: a problem there is reported, not "no command"."""
+
+
+def keep_options(options: Mapping[str, Any]) -> CheckedOptions:
+    """The check of an adapter whose options take any value: all of them kept."""
+    return CheckedOptions(dict(options))
+
+
+@dataclass(frozen=True, slots=True)
 class Adapter:
     """A CLI corral knows how to run."""
 
@@ -221,6 +249,21 @@ class Adapter:
     install: str | None = None
     """The command that installs the CLI (``npm install -g …``): what the config check says
     when its default command is not on PATH."""
+    check_options: Callable[[Mapping[str, Any]], CheckedOptions] = keep_options
+    """Checks the agent's own keys (those of :attr:`option_keys` it has), pure: the config asks
+    it, and knows nothing of any adapter's options."""
+    needs_command: tuple[str, str] = ("needs a command", 'add command = ["program"]')
+    """What the config says, and the fix, when an adapter without a default command is given
+    none (neither ``command`` nor an option that names one)."""
+    login: tuple[str, str] | None = None
+    """Where its CLI keeps its login and the variable of its API key (``("~/.claude/.credentials.json",
+    "ANTHROPIC_API_KEY")``): what corral's not-logged-in error names."""
+    memory_estimate: int = 256 << 20
+    """Bytes one of its turns is assumed to hold unless the agent's ``memory_estimate`` says
+    (admission and the derived turn limit): measured, the Node CLIs hold 150 to 700 MB."""
+    logs_in: bool | None = None
+    """Its CLI logs in to a model service, so corral says its not-logged-in error with the fix
+    (None: when it has a :attr:`login`)."""
 
 
 def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:

@@ -83,8 +83,10 @@ from typing import Any, Literal
 
 from ._base import (
     Adapter,
+    CheckedOptions,
     Event,
     Launch,
+    OptionProblem,
     Parser,
     SessionId,
     Status,
@@ -1031,6 +1033,48 @@ def _no_line_parser(request: TurnRequest) -> Parser:
     raise TypeError("an ACP agent's output is not parsed line by line: supervisor.turns.acp drives it")
 
 
+def _seconds(value: object, *, above_zero: bool = False) -> bool:
+    # ``not value >= 0`` also rejects NaN (valid TOML), which trio's timeouts refuse.
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and (value > 0 if above_zero else value >= 0))
+
+
+def check_options(raw: Mapping[str, Any]) -> CheckedOptions:
+    """An ACP agent's own keys (pure): the three times, ``acp_auth``, and ``preset``, whose
+    program is the agent's command unless ``command`` says otherwise."""
+    problems: list[OptionProblem] = []
+    options = dict(raw)
+    for key, default in (("acp_cancel_grace", DEFAULT_CANCEL_GRACE), ("acp_idle_timeout", DEFAULT_IDLE_TIMEOUT)):
+        if key in options and not _seconds(options[key]):
+            problems.append(OptionProblem(key, f"expected a number of seconds (>= 0), got {options[key]!r}",
+                                          f"write {key} = {default:g}"))
+            options.pop(key)  # (the default stands)
+    start = options.get("acp_start_timeout")
+    if start is not None and not _seconds(start, above_zero=True):
+        problems.append(OptionProblem("acp_start_timeout", f"expected a number of seconds (> 0), got {start!r}",
+                                      f"write acp_start_timeout = {DEFAULT_START_TIMEOUT:g}"))
+        options.pop("acp_start_timeout")
+    auth = options.get("acp_auth")
+    if auth is not None and not isinstance(auth, str):
+        problems.append(OptionProblem("acp_auth", f"expected a string, got {auth!r}", 'write acp_auth = "..."'))
+        options.pop("acp_auth")
+    elif auth is not None and not auth.strip():
+        problems.append(OptionProblem("acp_auth", "is empty", "write the id of a method the agent offers (corral "
+                                      "names them when the agent asks for authentication), or remove it"))
+    preset = options.get("preset")
+    command: tuple[str, ...] | None = None
+    if preset is not None and not isinstance(preset, str):
+        problems.append(OptionProblem("preset", f"expected a string, got {preset!r}", 'write preset = "..."'))
+    elif preset is not None and preset not in PRESETS:
+        close = difflib.get_close_matches(preset, sorted(PRESETS), n=1)
+        problems.append(OptionProblem("preset", f"unknown ACP preset {preset!r}",
+                                      f"did you mean {close[0]!r}?" if close else
+                                      f"use one of: {', '.join(sorted(PRESETS))}"))
+    elif preset is not None:
+        command = (PRESETS[preset].binary,)
+    return CheckedOptions(options, tuple(problems), command, "preset" if "preset" in raw else None)
+
+
 ADAPTER = Adapter(
     name="acp",
     default_command=(),
@@ -1038,4 +1082,8 @@ ADAPTER = Adapter(
     new_parser=_no_line_parser,
     option_keys=OPTION_KEYS,
     runs="persistent",
+    check_options=check_options,
+    needs_command=("needs a command or a preset", 'add preset = "gemini" (or command = ["agent", "--acp"])'),
+    logs_in=True,
+    memory_estimate=512 << 20,
 )

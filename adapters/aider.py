@@ -363,4 +363,5 @@ ADAPTER = Adapter(
                  "api.deepseek.com"),
     build_launch=build_launch,
     new_parser=new_parser,
+    memory_estimate=256 << 20,
 )

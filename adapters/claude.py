@@ -426,6 +426,7 @@ def new_parser(request: TurnRequest) -> ClaudeParser:
 ADAPTER = Adapter(
     name="claude",
     install="npm install -g @anthropic-ai/claude-code",
+    login=("~/.claude/.credentials.json", "ANTHROPIC_API_KEY"),
     default_command=("claude",),
     model_hosts=("api.anthropic.com", "statsig.anthropic.com", "console.anthropic.com"),
     build_launch=build_launch,
@@ -434,4 +435,5 @@ ADAPTER = Adapter(
     # within ~0.15 s; SIGTERM can leave the tool running, SIGKILL always does.
     interrupt_signal=signal.SIGINT,
     steer=user_message,
+    memory_estimate=512 << 20,
 )

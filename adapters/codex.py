@@ -346,6 +346,7 @@ def new_parser(request: TurnRequest) -> CodexParser:
 ADAPTER = Adapter(
     name="codex",
     install="npm install -g @openai/codex",
+    login=("~/.codex/auth.json", "OPENAI_API_KEY"),
     default_command=("codex",),
     model_hosts=("api.openai.com", "chatgpt.com", "auth.openai.com"),
     build_launch=build_launch,
@@ -353,4 +354,5 @@ ADAPTER = Adapter(
     # SIGINT makes codex kill its tool's whole tree and exit within ~70 ms (docs/agents.md, "Codex").
     interrupt_signal=signal.SIGINT,
     option_keys=OPTION_KEYS,
+    memory_estimate=256 << 20,
 )

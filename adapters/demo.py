@@ -65,4 +65,5 @@ ADAPTER = Adapter(
     interrupt_signal=signal.SIGINT,
     option_keys=frozenset({"delay"}),
     steer=demo_agent.steer_line,
+    memory_estimate=32 << 20,
 )

@@ -283,9 +283,11 @@ def new_parser(request: TurnRequest) -> GeminiParser:
 ADAPTER = Adapter(
     name="gemini",
     install="npm install -g @google/gemini-cli",
+    login=("~/.gemini/oauth_creds.json", "GEMINI_API_KEY"),
     default_command=("gemini",),
     model_hosts=("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"),
     build_launch=build_launch,
     new_parser=new_parser,
     option_keys=OPTION_KEYS,
+    memory_estimate=512 << 20,
 )

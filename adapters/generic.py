@@ -28,13 +28,17 @@ The prompt is the last argument, or written to stdin and closed when the agent s
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ._base import (
     Adapter,
+    CheckedOptions,
     Error,
     Event,
     Launch,
+    OptionProblem,
     Result,
     SessionId,
     Status,
@@ -167,10 +171,28 @@ def new_parser(request: TurnRequest) -> GenericParser:
     return GenericParser()
 
 
+def check_options(raw: Mapping[str, Any]) -> CheckedOptions:
+    """A generic agent's own keys (pure): ``resume_args`` a list of strings, ``prompt``
+    ``"argument"`` or ``"stdin"``."""
+    problems: list[OptionProblem] = []
+    options = dict(raw)
+    resume = options.get("resume_args")
+    if resume is not None and (not isinstance(resume, list) or not all(isinstance(v, str) for v in resume)):
+        problems.append(OptionProblem("resume_args", f"expected a list of strings, got {resume!r}",
+                                      'write resume_args = ["...", "..."]'))
+        options.pop("resume_args")
+    if "prompt" in options and options["prompt"] not in ("argument", "stdin"):
+        problems.append(OptionProblem("prompt", f"expected \"argument\" or \"stdin\", got {options['prompt']!r}",
+                                      'write prompt = "stdin"'))
+    return CheckedOptions(options, tuple(problems))
+
+
 ADAPTER = Adapter(
     name="generic",
     default_command=(),
     build_launch=build_launch,
     new_parser=new_parser,
     option_keys=OPTION_KEYS,
+    check_options=check_options,
+    memory_estimate=64 << 20,
 )

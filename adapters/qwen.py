@@ -340,6 +340,7 @@ def new_parser(request: TurnRequest) -> QwenParser:
 ADAPTER = Adapter(
     name="qwen",
     install="npm install -g @qwen-code/qwen-code",
+    login=("~/.qwen/oauth_creds.json", "OPENAI_API_KEY"),
     default_command=("qwen",),
     model_hosts=("dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com", "chat.qwen.ai", "portal.qwen.ai"),
     build_launch=build_launch,
@@ -347,4 +348,5 @@ ADAPTER = Adapter(
     # Measured: SIGINT to the group makes qwen cancel the tool and kill its tree (~1 s).
     interrupt_signal=signal.SIGINT,
     option_keys=OPTION_KEYS,
+    memory_estimate=512 << 20,
 )

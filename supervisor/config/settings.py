@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from ..core.admission import DEFAULT_ESTIMATES, FALLBACK_ESTIMATE
 from ..core.errors import CorralError
 from ..core.netpolicy import HOST, Policy, PolicyError, configured_urls, parse_policy
 from ..core.results import DELIVERIES
@@ -172,15 +171,17 @@ class AgentConfig:
     """``delivery``: how a message to it while it works is delivered unless the message says
     (``"queue"``, ``"interrupt"``, ``"steer"``); None: the channel's, else ``"queue"``."""
     memory_estimate: int | None = None
-    """``memory_estimate``: bytes one of its turns is assumed to hold (None: by adapter,
-    :data:`supervisor.core.admission.DEFAULT_ESTIMATES`)."""
+    """``memory_estimate``: bytes one of its turns is assumed to hold (None: its adapter's,
+    ``Adapter.memory_estimate``)."""
 
     @property
     def estimate(self) -> int:
         """Bytes one of its turns is assumed to hold, for admission and the derived limit."""
         if self.memory_estimate is not None:
             return self.memory_estimate
-        return DEFAULT_ESTIMATES.get(self.adapter, FALLBACK_ESTIMATE)
+        from adapters import get_adapter  # (loaded with the agents; a client command never asks)
+
+        return get_adapter(self.adapter).memory_estimate
 
     @property
     def cgroup_limits(self) -> dict[str, str | int | None]:
@@ -552,31 +553,6 @@ def _check_command(
     return argv
 
 
-def _acp_options(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | None:
-    """Check an ``adapter = "acp"`` agent's own keys; the preset's binary, if a preset is named."""
-    from adapters.acp import DEFAULT_CANCEL_GRACE, DEFAULT_IDLE_TIMEOUT, DEFAULT_START_TIMEOUT, PRESETS
-
-    check.seconds(raw, "acp_cancel_grace", prefix, DEFAULT_CANCEL_GRACE)
-    check.seconds(raw, "acp_idle_timeout", prefix, DEFAULT_IDLE_TIMEOUT)
-    start = raw.get("acp_start_timeout")
-    if start is not None and (isinstance(start, bool) or not isinstance(start, int | float) or not start > 0):
-        check.add(f"{prefix}acp_start_timeout", f"expected a number of seconds (> 0), got {start!r}",
-                  f"write acp_start_timeout = {DEFAULT_START_TIMEOUT:g}")
-    auth = check.string(raw, "acp_auth", prefix)
-    if auth is not None and not auth.strip():
-        check.add(f"{prefix}acp_auth", "is empty", "write the id of a method the agent offers (corral names them "
-                  "when the agent asks for authentication), or remove it")
-    preset = check.string(raw, "preset", prefix)
-    if preset is None:
-        return None
-    if preset not in PRESETS:
-        close = difflib.get_close_matches(preset, sorted(PRESETS), n=1)
-        check.add(f"{prefix}preset", f"unknown ACP preset {preset!r}",
-                  f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(PRESETS))}")
-        return None
-    return PRESETS[preset].binary
-
-
 def _store_url(check: _Checker, store: Mapping[str, Any]) -> str | None:
     """``[store] url``: a PostgreSQL URL, and not together with ``path``."""
     from ..store.engines import POSTGRES_SCHEMES, is_postgres
@@ -640,18 +616,16 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         if command == ():
             check.add(f"{prefix}command", "is empty", 'write command = ["program", "arg"]')
             command = None
-        preset_binary = _acp_options(check, raw, prefix) if adapter_name == "acp" else None
-        if command is None and preset_binary is not None:
-            command = _check_command(check, (preset_binary,), f"{prefix}preset", False)
-        elif command is None and adapter_name == "acp":
-            if "command" not in raw and "preset" not in raw:
-                check.add(f"{prefix}command", "the acp adapter needs a command or a preset",
-                          'add preset = "gemini" (or command = ["agent", "--acp"])')
-            command = ()
+        # The adapter checks its own keys: the config knows none of them.
+        checked = adapter.check_options({k: raw[k] for k in adapter.option_keys if k in raw})
+        for problem in checked.problems:
+            check.add(f"{prefix}{problem.key}", problem.message, problem.fix)
+        if command is None and checked.command is not None:
+            command = _check_command(check, checked.command, f"{prefix}{checked.command_key}", False)
         elif command is None and not adapter.default_command:
-            if "command" not in raw:
-                check.add(f"{prefix}command", f"the {adapter_name} adapter needs a command",
-                          'add command = ["program"]')
+            if "command" not in raw and checked.command_key is None:
+                what, fix = adapter.needs_command
+                check.add(f"{prefix}command", f"the {adapter_name} adapter {what}", fix)
             command = ()
         elif command is not None:
             same = adapter.default_command[:1] == command[:1]  # (the CLI's own name: its install applies)
@@ -675,18 +649,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         if cwd is not None and not cwd.is_dir():
             check.add(f"{prefix}cwd", f"{cwd} is not a directory",
                       f"mkdir -p {cwd}, or remove cwd to use a folder per channel")
-        options = {k: raw[k] for k in adapter.option_keys if k in raw}
-        for key in ("acp_cancel_grace", "acp_idle_timeout", "acp_start_timeout"):
-            if key in options and (isinstance(options[key], bool) or not isinstance(options[key], int | float)
-                                   or not options[key] >= 0):
-                options.pop(key)  # reported above; the default stands
-        if "acp_auth" in options and not isinstance(options["acp_auth"], str):
-            options.pop("acp_auth")
-        if "resume_args" in options and check.strings(raw, "resume_args", prefix) is None:
-            options.pop("resume_args")
-        if "prompt" in options and options["prompt"] not in ("argument", "stdin"):
-            check.add(f"{prefix}prompt", f"expected \"argument\" or \"stdin\", got {options['prompt']!r}",
-                      'write prompt = "stdin"')
+        options = dict(checked.options)
         agents[name] = AgentConfig(
             name=name,
             adapter=adapter_name,

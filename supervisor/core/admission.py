@@ -67,19 +67,9 @@ SETTLE = 3.0
 #: of a turn's life) never idle a small machine.
 MIN_DERIVED_TURNS = 32
 
-#: What a turn of each adapter is assumed to hold when none is configured (bytes): the
-#: node CLIs measured 150-700 MB; the demo and generic agents are small processes.
+#: What a turn is assumed to hold when nothing says (bytes): each adapter's own figure is its
+#: data (``Adapter.memory_estimate``).
 MIB = 1024 * 1024
-DEFAULT_ESTIMATES: Mapping[str, int] = {
-    "claude": 512 * MIB,
-    "gemini": 512 * MIB,
-    "qwen": 512 * MIB,
-    "acp": 512 * MIB,
-    "codex": 256 * MIB,
-    "aider": 256 * MIB,
-    "generic": 64 * MIB,
-    "demo": 32 * MIB,
-}
 FALLBACK_ESTIMATE = 256 * MIB
 
 

@@ -5,7 +5,8 @@ in their own session (``claude /login``, ``codex login``, Gemini's or Qwen's OAu
 seen there, and the CLI answers with its own text — "Not logged in · Please run /login" —
 which nobody can act on from a chat. :func:`login_failure` recognises those texts;
 :func:`login_error` is what corral stores instead: what happened, and the two fixes (hand the
-agent its login files with ``credentials``, or an API key in ``env``). Pure: no I/O.
+agent its login files with ``credentials``, or an API key in ``env``); where each CLI keeps
+its login is its adapter's data (``Adapter.login``). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -19,15 +20,6 @@ _PATTERNS = re.compile(
     re.IGNORECASE,
 )
 
-#: Per adapter: the login file a subscription login leaves in the user's HOME, and the
-#: variable an API key goes in.
-LOGINS: dict[str, tuple[str, str]] = {
-    "claude": ("~/.claude/.credentials.json", "ANTHROPIC_API_KEY"),
-    "codex": ("~/.codex/auth.json", "OPENAI_API_KEY"),
-    "gemini": ("~/.gemini/oauth_creds.json", "GEMINI_API_KEY"),
-    "qwen": ("~/.qwen/oauth_creds.json", "OPENAI_API_KEY"),
-}
-
 #: The meta key of the error entry that replaced the CLI's own text (which it keeps).
 META_KEY = "not_logged_in"
 
@@ -40,12 +32,18 @@ def login_failure(text: str | None) -> bool:
 def login_help(agent: str, adapter: str) -> str | None:
     """:func:`login_error` for the adapters of CLIs that log in (and ACP agents); None for the
     others (the demo agent, a generic command: their words are theirs)."""
-    return login_error(agent, adapter) if adapter in LOGINS or adapter == "acp" else None
+    from adapters import get_adapter  # (the adapters' data: where each CLI keeps its login)
+
+    spec = get_adapter(adapter)
+    logs_in = spec.logs_in if spec.logs_in is not None else spec.login is not None
+    return login_error(agent, adapter) if logs_in else None
 
 
 def login_error(agent: str, adapter: str) -> str:
     """corral's error for agent ``agent`` (of ``adapter``) that is not logged in, with the fix."""
-    file, key = LOGINS.get(adapter, ("", ""))
+    from adapters import get_adapter
+
+    file, key = get_adapter(adapter).login or ("", "")
     login = (f'hand it your own login read-only with credentials = ["{file}"] in [agents.{agent}]'
              if file else f"hand it its login files with credentials = [\"~/...\"] in [agents.{agent}]")
     api = f' or give it an API key: env = {{ {key} = "..." }}' if key else " or give it an API key in env"
