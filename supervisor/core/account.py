@@ -24,6 +24,7 @@ from adapters._base import (
     ToolResult,
     ToolUse,
     Unparsed,
+    Usage,
 )
 
 from .login import META_KEY as LOGIN_META
@@ -136,6 +137,8 @@ class TurnAccount:
         ``now`` (the caller's clock, for :data:`PIECE_SECONDS`): None saves pieces by size only."""
         if isinstance(event, SessionId):
             return [SaveSession(event.id)]
+        if isinstance(event, Usage):
+            return []  # not an entry, and a CLI reports it mid-message: the run stays open
         if isinstance(event, Text) and event.delta:
             if not event.text:
                 return []
