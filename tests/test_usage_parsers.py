@@ -263,23 +263,48 @@ def test_acp_claude_cost_is_what_each_turn_adds_to_the_sessions() -> None:
     assert total(found["tool"]) == (1501, 52, 0, 0, Decimal("0.007398") - Decimal("0.0021149999999999997"))
 
 
-def test_acp_cost_that_falls_is_a_count_that_started_again() -> None:
-    """After a cancel claude-agent-acp is restarted (session/load) and its count starts again
-    from the next turn's own cost: counted whole, not as a negative step."""
+def test_acp_agent_restarted_after_a_cancel_counts_from_its_new_count() -> None:
+    """After a cancel claude-agent-acp is restarted (session/load): a new connection, whose
+    first cost is the next turn's own (0.003264, below the 0.010707 before the cancel)."""
     found = acp("claude")
     assert total(found["after-cancel"])[4] == Decimal("0.0032640000000000004")
 
 
-def test_acp_usage_update_outside_a_turn_only_sets_the_baseline() -> None:
+def _cost_update(amount: float) -> str:
+    return json.dumps({"jsonrpc": "2.0", "method": "session/update",
+                       "params": {"sessionId": "s", "update": {"sessionUpdate": "usage_update", "used": 9, "size": 99,
+                                                               "cost": {"amount": amount, "currency": "USD"}}}})
+
+
+def _in_a_turn() -> AcpConnection:
     conn = AcpConnection()
-    update = {"jsonrpc": "2.0", "method": "session/update",
-              "params": {"sessionId": "s", "update": {"sessionUpdate": "usage_update", "used": 9, "size": 99,
-                                                      "cost": {"amount": 1.5, "currency": "USD"}}}}
-    assert conn.receive(json.dumps(update)) == []  # a session/load replaying history
     conn.initialized, conn.session_id = True, "s"
     conn.prompt("go")
-    update["params"]["update"]["cost"]["amount"] = 1.75  # type: ignore[index]
-    assert conn.receive(json.dumps(update)) == [Usage(cost=Decimal("0.25"), currency="USD")]
+    return conn
+
+
+def test_acp_cost_that_falls_is_a_count_that_started_again() -> None:
+    """A cumulative cost lower than the last is the agent's count starting again: counted
+    whole, never as a negative step."""
+    conn = _in_a_turn()
+    assert conn.receive(_cost_update(0.010707)) == [Usage(cost=Decimal("0.010707"), currency="USD")]
+    assert conn.receive(_cost_update(0.003264)) == [Usage(cost=Decimal("0.003264"), currency="USD")]
+    assert conn.receive(_cost_update(0.003264)) == []
+
+
+def test_acp_usage_update_outside_a_turn_only_sets_the_baseline() -> None:
+    conn = AcpConnection()
+    assert conn.receive(_cost_update(1.5)) == []  # a session/load replaying history
+    conn.initialized, conn.session_id = True, "s"
+    conn.prompt("go")
+    assert conn.receive(_cost_update(1.75)) == [Usage(cost=Decimal("0.25"), currency="USD")]
+
+
+def test_acp_cost_after_a_cancel_still_counts() -> None:
+    """The leftovers of a cancelled prompt are dropped, but the money they cost was spent."""
+    conn = _in_a_turn()
+    conn.cancel()
+    assert conn.receive(_cost_update(0.2)) == [Usage(cost=Decimal("0.2"), currency="USD")]
 
 
 def test_acp_session_totals_are_reported_as_what_each_turn_adds() -> None:
