@@ -51,9 +51,12 @@ one after a cancel still counts (the money was spent), though no other output do
 tokens come with the prompt's answer: ``usage`` in the ``session/prompt`` result (an
 unstable field: ``inputTokens``, ``outputTokens``, ``cachedReadTokens``,
 ``cachedWriteTokens``, ``thoughtTokens``, ``totalTokens``) — at the end of the turn only.
-Agents disagree on its scope: the turn's (claude-agent-acp, opencode, kilo) or the
-session's so far (copilot, vibe: 100, 300, 400 over three turns, captured), which
-:attr:`AcpConnection.usage_totals` says (``"session"``: reported as what it adds).
+Agents disagree on its scope: the turn's (claude-agent-acp), the session's so far (copilot,
+vibe: 100, 300, 400 over three turns, captured), which :attr:`AcpConnection.usage_totals`
+says (``"session"``: reported as what it adds), or only the turn's last model call's
+(opencode, kilo: 100 for a tool turn of two calls of 100 each, captured — a count too low,
+reported as it is). ``_meta`` figures (vibe's per-step ``promptTokens``) are not read: ACP
+forbids relying on them.
 
 The end of a turn is :class:`PromptEnded` with ACP's ``stopReason`` (``end_turn``,
 ``max_tokens``, ``max_turn_requests``, ``refusal``, ``cancelled``), or ``error`` when the

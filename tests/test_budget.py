@@ -149,7 +149,8 @@ def test_once_a_budget_ran_out_it_stays_out(limits: TurnLimits, steps: list[tupl
             meter.tool_call()
         else:
             _, fresh, out, model, cost = step
-            meter.add(Usage(fresh, out, model=model, cost=cost, currency="USD" if cost is not None else None))  # type: ignore[arg-type]
+            currency = "USD" if cost is not None else None
+            meter.add(Usage(fresh, out, model=model, cost=cost, currency=currency))  # type: ignore[arg-type]
         decision = spent(limits, meter.snapshot(), PRICES)
         if first is not None:
             assert decision is not None
@@ -172,7 +173,8 @@ def test_the_tightest_limits_apply() -> None:
 def test_money_budgets_in_two_currencies_are_not_compared() -> None:
     with pytest.raises(ValueError, match="one currency"):
         TurnLimits(max_turn_cost=Decimal(1)).tightest(TurnLimits(max_turn_cost=Decimal(1), currency="EUR"))
-    assert TurnLimits(max_turn_cost=Decimal(1), currency="EUR").tightest(TurnLimits(max_turn_tokens=5)).currency == "EUR"
+    euros = TurnLimits(max_turn_cost=Decimal(1), currency="EUR")
+    assert euros.tightest(TurnLimits(max_turn_tokens=5)).currency == "EUR"
 
 
 # ---------------------------------------------------------------- fail closed

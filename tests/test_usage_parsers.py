@@ -222,7 +222,8 @@ def test_pi_stopped_mid_stream_reports_no_usage() -> None:
 # ---------------------------------------------------------------- Aider
 
 
-@pytest.mark.parametrize(("name", "expected"), [("fresh", (604, 9)), ("resume", (642, 4)), ("shell_refused", (2300, 13))])
+@pytest.mark.parametrize(("name", "expected"),
+                         [("fresh", (604, 9)), ("resume", (642, 4)), ("shell_refused", (2300, 13))])
 def test_aider_tokens_lines_as_printed(name: str, expected: tuple[int, int]) -> None:
     parser = AiderParser(session="s.md", model="openai/fake-model")
     events = [e for line in capture("aider", f"{name}.stdout") for e in parser.feed(line)]
