@@ -1060,6 +1060,11 @@ class AcpSettings:
         """The preset's quirk: a fresh process (session/load) after every cancel."""
         return self.preset is not None and PRESETS[self.preset].restart_after_cancel
 
+    @property
+    def usage_totals(self) -> Literal["turn", "session"]:
+        """What the preset's prompt answers' ``usage`` covers (``turn`` for an agent of no preset)."""
+        return PRESETS[self.preset].usage_totals if self.preset is not None else "turn"
+
 
 def acp_settings(options: Mapping[str, object]) -> AcpSettings:
     """The agent's ACP options, with their defaults."""

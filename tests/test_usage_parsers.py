@@ -17,9 +17,10 @@ import pytest
 from test_acp_protocol import replay as acp_replay
 
 from adapters import get_adapter
-from adapters._base import Event, ToolUse, TurnRequest, Usage
-from adapters.acp import AcpConnection
+from adapters._base import Event, Launch, ToolUse, TurnRequest, Usage
+from adapters.acp import AcpConnection, acp_settings
 from adapters.aider import AiderParser
+from supervisor.turns.agents import AcpAgent
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 
@@ -333,3 +334,13 @@ def test_a_stream_with_no_usage_in_it_reports_none() -> None:
     """The generic line protocol says nothing of usage; nothing is made up."""
     lines = [json.dumps({"type": "text", "text": "hi"}), json.dumps({"type": "result", "text": "hi"})]
     assert usages(feed("generic", lines)) == []
+
+
+async def test_the_presets_that_report_session_totals_say_so_to_the_agents_connection() -> None:
+    """copilot's and vibe's presets reach the connection of the agent process they start."""
+    assert [acp_settings({"preset": p}).usage_totals for p in ("copilot", "vibe", "claude")] == [
+        "session", "session", "turn"]
+    assert acp_settings({}).usage_totals == "turn"
+    agent = AcpAgent(Launch(argv=("copilot",)), env={}, marker="m", unattended=True, session_cwd="/",
+                     usage_totals="session")
+    assert agent.conn.usage_totals == "session"
