@@ -26,6 +26,7 @@ from ._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
 )
 
 #: Adapter names and the module that defines each.
@@ -70,5 +71,6 @@ __all__ = [
     "ToolUse",
     "TurnRequest",
     "Unparsed",
+    "Usage",
     "get_adapter",
 ]

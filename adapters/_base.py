@@ -19,7 +19,16 @@ supervisor writes them, asking the ledger first, and closes stdin at the turn's
 :class:`Result`).
 
 Events are frozen, slotted dataclasses. The supervisor maps them to transcript entries;
-after a stop it keeps only :class:`SessionId` from the leftover lines.
+after a stop it keeps only :class:`SessionId` from the leftover lines — and counts every
+:class:`Usage`, which is never an entry: what a stopped turn spent was still spent.
+
+:class:`Usage` is each parser's reading of its CLI's own reports of what the model used.
+A CLI reports running totals (Claude Code's result, a message's usage that grows as it
+streams, ACP's cumulative session cost) or one figure per model call; its parser turns them
+into *increments* over what it has already reported, so the turn's account only adds them
+up, and never counts one model call twice. The one exception is a report that covers the
+whole conversation, earlier turns included (Codex's ``turn.completed`` of a resumed thread):
+it says so with ``cumulative``, and the account counts what it adds to the session's totals.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal, Protocol
 
 TodoStatus = Literal["pending", "in_progress", "completed", "cancelled"]
@@ -122,7 +132,37 @@ class Unparsed:
     reason: str
 
 
-Event = Text | Status | ToolUse | ToolResult | Todos | SessionId | Result | Error | StaleSession | Unparsed
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the model used, as the CLI reported it: an increment over the parser's earlier
+    reports of the turn (unless ``cumulative``). Never a transcript entry.
+
+    The token counts are disjoint, whatever the CLI's own convention: ``input_tokens`` is the
+    input read afresh (neither from the prompt cache nor written to it), ``cache_read_tokens``
+    the input read from the cache, ``cache_write_tokens`` the input written to it, and
+    ``output_tokens`` everything the model wrote (its reasoning included). ``cost`` is the
+    CLI's own price of this increment in ``currency`` (ISO 4217, or another unit such as
+    ``credits``); None when the CLI priced nothing. ``model``: the model the CLI names, if any.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost: Decimal | None = None
+    currency: str | None = None
+    model: str | None = None
+    cumulative: bool = False
+    """The figures are the conversation's totals so far, earlier turns included (Codex reports
+    its thread's): the turn's part is what they add to the session's totals before the turn."""
+
+    @property
+    def tokens(self) -> int:
+        """Every token of the report: input (fresh, cached and cache-written) and output."""
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+
+Event = Text | Status | ToolUse | ToolResult | Todos | SessionId | Result | Error | StaleSession | Unparsed | Usage
 
 
 # ---------------------------------------------------------------- launch

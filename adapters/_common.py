@@ -8,6 +8,11 @@ end-of-turn line needs the same kind of :class:`Error` (:func:`unfinished_turn`)
 same bookkeeping to know it (:class:`TurnEnd`). Every JSON-lines parser dispatches a line on
 its ``type`` through a table of handlers (:func:`by_type`).
 
+Usage: every CLI that reports what the model used reports running totals somewhere (a
+message's usage that grows as it streams, a result line's totals for the whole run); a
+:class:`UsageTotals` turns them into :class:`Usage` increments, so a figure reported twice
+(per message, then again in the result) is counted once.
+
 What differs between the CLIs is passed in (a dispatch function, a block renderer, a
 preview function); nothing here knows a CLI by name.
 """
@@ -17,9 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
-from ._base import TOOL_PREVIEW_CHARS, Error, Event, StaleSession, Status, Text, ToolResult, Unparsed, preview
+from ._base import TOOL_PREVIEW_CHARS, Error, Event, StaleSession, Status, Text, ToolResult, Unparsed, Usage, preview
 
 P = TypeVar("P")
 
@@ -278,3 +284,95 @@ class PartialText:
         """Whether this whole message's text was already sent as deltas."""
         return message.get("id") in self.streamed_ids
 
+
+
+# ---------------------------------------------------------------- usage
+
+
+def count(value: object) -> int:
+    """A token count from a CLI's JSON: a non-negative integer, anything else (a missing
+    field, a bool, a fraction, a negative) 0 — a report is never fatal, and never negative."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value) if value >= 0 and value == int(value) else 0
+
+
+def money(value: object) -> Decimal | None:
+    """A cost from a CLI's JSON as an exact decimal (``0.0021149999999999997`` as printed);
+    None unless it is a finite, non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        return None
+    return amount if amount.is_finite() and amount >= 0 else None
+
+
+#: A usage figure: fresh input, output, cache read, cache write (:class:`Usage`'s order).
+Figures = tuple[int, int, int, int]
+
+
+def anthropic_figures(usage: object) -> Figures | None:
+    """The figures of an Anthropic-shaped ``usage`` object (Claude Code, Qwen Code's copy of
+    it): ``input_tokens`` is already the fresh input there, the cache's are apart. None when
+    it is not an object."""
+    if not isinstance(usage, Mapping):
+        return None
+    return (count(usage.get("input_tokens")), count(usage.get("output_tokens")),
+            count(usage.get("cache_read_input_tokens")), count(usage.get("cache_creation_input_tokens")))
+
+
+def prompt_figures(prompt: object, output: object, cached: object = 0, total: object = 0) -> Figures:
+    """The figures of a Gemini-style count (Gemini CLI, Qwen Code): the prompt *includes* the
+    cached tokens, and the output excludes the model's thoughts, which the total has (they
+    are billed as output, so they are counted as output here)."""
+    fresh = max(0, count(prompt) - count(cached))
+    written = max(count(output), count(total) - count(prompt))
+    return (fresh, written, count(cached), 0)
+
+
+@dataclass(slots=True)
+class UsageTotals:
+    """What a turn's parser has reported of its usage, so each new report adds only what is new.
+
+    :meth:`message` takes one model call's figures, which a CLI may report more than once
+    (Claude Code: at the message's start, on each of its content blocks, and in its
+    ``message_delta``), each time as the call's totals so far: what goes out is the increase
+    of each figure over its highest earlier report. :meth:`totals` takes the whole turn's
+    totals (a result line) and adds only what they say beyond everything reported so far,
+    figure by figure, and the cost beyond the cost so far; it never takes anything back.
+    """
+
+    _calls: dict[str, Figures] = field(default_factory=dict)
+    _sum: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    _cost: dict[str, Decimal] = field(default_factory=dict)
+
+    def message(self, key: str, figures: Figures, *, model: str | None = None) -> list[Event]:
+        """The increase of model call ``key``'s ``figures`` over its earlier reports."""
+        before = self._calls.get(key, (0, 0, 0, 0))
+        now: Figures = (
+            max(before[0], figures[0]), max(before[1], figures[1]),
+            max(before[2], figures[2]), max(before[3], figures[3]),
+        )
+        self._calls[key] = now
+        return self._add(tuple(a - b for a, b in zip(now, before, strict=True)), None, None, model)
+
+    def totals(self, figures: Figures, cost: Decimal | None = None, currency: str | None = None,
+               *, model: str | None = None) -> list[Event]:
+        """What the turn's ``figures`` (and ``cost``) add over everything reported so far."""
+        extra = tuple(max(0, total - done) for total, done in zip(figures, self._sum, strict=True))
+        more: Decimal | None = None
+        if cost is not None and currency:
+            more = max(Decimal(0), cost - self._cost.get(currency, Decimal(0)))
+        return self._add(extra, more, currency if more is not None else None, model)
+
+    def _add(self, extra: tuple[int, ...], cost: Decimal | None, currency: str | None,
+             model: str | None) -> list[Event]:
+        if not any(extra) and not cost:
+            return []
+        for i, n in enumerate(extra):
+            self._sum[i] += n
+        if cost is not None and currency:
+            self._cost[currency] = self._cost.get(currency, Decimal(0)) + cost
+        return [Usage(extra[0], extra[1], extra[2], extra[3], cost=cost, currency=currency, model=model)]

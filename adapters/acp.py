@@ -37,7 +37,26 @@ A turn's ``session/update`` notifications become corral's ordinary adapter event
   the answer, and a chat transcript full of them helps nobody; ``user_message_chunk``,
   ``available_commands_update``, ``current_mode_update`` and other bookkeeping are dropped
   too;
-* the session id (from ``session/new``, or the id loaded) → :class:`SessionId`.
+* the session id (from ``session/new``, or the id loaded) → :class:`SessionId`;
+* ``usage_update`` → :class:`Usage` with the cost it adds, as the turn goes (below).
+
+Usage. ACP's ``usage_update`` (stable since ACP 1.7) has ``used`` and ``size`` — the tokens
+*in the context window now*, and its size: not what the model consumed, so they are not
+counted — and an optional ``cost`` ``{amount, currency}``, the session's *cumulative* cost.
+The connection keeps the last amount per currency and reports what each update adds; an
+amount lower than the last is a count that started again (claude-agent-acp restarted with
+``session/load`` after a cancel: captured, 0.0107 then 0.0033 for the next turn alone) and
+counts whole. An update outside a turn (a ``session/load`` replay) only sets the baseline;
+one after a cancel still counts (the money was spent), though no other output does. The
+tokens come with the prompt's answer: ``usage`` in the ``session/prompt`` result (an
+unstable field: ``inputTokens``, ``outputTokens``, ``cachedReadTokens``,
+``cachedWriteTokens``, ``thoughtTokens``, ``totalTokens``) — at the end of the turn only.
+Agents disagree on its scope: the turn's (claude-agent-acp), the session's so far (copilot,
+vibe: 100, 300, 400 over three turns, captured), which :attr:`AcpConnection.usage_totals`
+says (``"session"``: reported as what it adds), or only the turn's last model call's
+(opencode, kilo: 100 for a tool turn of two calls of 100 each, captured — a count too low,
+reported as it is). ``_meta`` figures (vibe's per-step ``promptTokens``) are not read: ACP
+forbids relying on them.
 
 The end of a turn is :class:`PromptEnded` with ACP's ``stopReason`` (``end_turn``,
 ``max_tokens``, ``max_turn_requests``, ``refusal``, ``cancelled``), or ``error`` when the
@@ -79,6 +98,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal
 
 from ._base import (
@@ -97,9 +117,10 @@ from ._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
     preview,
 )
-from ._common import json_file
+from ._common import Figures, count, json_file, money
 from ._jsonrpc import (
     INVALID_PARAMS,
     MAX_LINE_BYTES,
@@ -464,6 +485,13 @@ class AcpConnection:
     _permissions: dict[RequestId, str] = field(default_factory=dict)
     _tools: dict[str, _Tool] = field(default_factory=dict)
     _out: bytearray = field(default_factory=bytearray)
+    usage_totals: Literal["turn", "session"] = "turn"
+    """What the agent's ``session/prompt`` ``usage`` covers: the turn, or the session so far
+    (a preset's :attr:`Preset.usage_totals`)."""
+    _session_cost: dict[str, Decimal] = field(default_factory=dict)
+    """The last cumulative cost the agent reported, per currency."""
+    _session_tokens: Figures = (0, 0, 0, 0)
+    """The last session totals of a ``"session"`` agent's prompt answers."""
 
     # ------------------------------------------------------------ sending
 
@@ -636,6 +664,10 @@ class AcpConnection:
                 self._steers.remove(message.id)
             self._spent.discard(message.id)
             return []
+        if method == "session/prompt" and isinstance(message, Response) and isinstance(message.result, dict):
+            usage = self._prompt_usage(message.result.get("usage"))
+        else:
+            usage = []
         if isinstance(message, ErrorResponse):
             failed = RequestFailed(method, message.code, message.message, message.data)
             events: list[AcpEvent] = [failed]
@@ -660,8 +692,8 @@ class AcpConnection:
             if reason == "end_turn" and self._steers and not self.cancelling:
                 # Handed off: the turn goes on under the steer it took.
                 self.prompt_id = self._steers.popleft()
-                return []
-            return [self._end_prompt(reason)]
+                return usage
+            return [*usage, self._end_prompt(reason)]
         if method == "authenticate":
             return [Authenticated(str(pending.params["methodId"]))]
         if method == "session/close":
@@ -732,10 +764,14 @@ class AcpConnection:
         update = params.get("update")
         if not isinstance(update, dict):
             return [Unparsed(text[:1000], "session/update without an update object")]
+        kind = update.get("sessionUpdate")
+        if kind == "usage_update":
+            # Before the leftovers' rule: spent money counts after a cancel too.
+            cost = self._cost_update(update.get("cost"))
+            return cost if self.prompt_id is not None else []
         if self.cancelling or self.prompt_id is None:
             # After a cancel: leftovers. Outside a turn: a session/load replaying history.
             return []
-        kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
             content = update.get("content")
             # Empty chunks (qwen and claude-agent-acp send them to carry usage) say nothing.
@@ -749,6 +785,35 @@ class AcpConnection:
         if kind == "plan":
             return self._plan(update, text)
         return []
+
+    def _cost_update(self, cost: object) -> list[AcpEvent]:
+        """What a ``usage_update``'s cumulative session cost adds (the module docstring)."""
+        if not isinstance(cost, dict) or not isinstance(cost.get("currency"), str) or not cost["currency"]:
+            return []
+        amount = money(cost.get("amount"))
+        if amount is None:
+            return []
+        currency = cost["currency"]
+        last = self._session_cost.get(currency, Decimal(0))
+        self._session_cost[currency] = amount
+        added = amount - last if amount >= last else amount  # lower: the agent's count restarted
+        return [Usage(cost=added, currency=currency)] if added else []
+
+    def _prompt_usage(self, usage: object) -> list[AcpEvent]:
+        """The tokens of a prompt's answer: the turn's, or what the session's totals add."""
+        if not isinstance(usage, dict):
+            return []
+        fresh, cached, written = count(usage.get("inputTokens")), count(usage.get("cachedReadTokens")), \
+            count(usage.get("cachedWriteTokens"))
+        # Thoughts: in the output, or beside it (then the total has them).
+        output = max(count(usage.get("outputTokens")), count(usage.get("totalTokens")) - fresh - cached - written)
+        figures: Figures = (fresh, output, cached, written)
+        if self.usage_totals == "session":
+            last = self._session_tokens
+            self._session_tokens = figures
+            if all(now >= before for now, before in zip(figures, last, strict=True)):
+                figures = (fresh - last[0], output - last[1], cached - last[2], written - last[3])
+        return [Usage(*figures)] if any(figures) else []
 
     def _tool_call(self, update: dict[str, Any]) -> list[AcpEvent]:
         tid = str(update.get("toolCallId", ""))
@@ -839,6 +904,8 @@ class Preset:
     unattended_args: tuple[str, ...] = ()
     """Arguments only an unattended agent gets: a tool the agent runs without asking over ACP,
     which an attended agent (``unattended = false``) must not have."""
+    usage_totals: Literal["turn", "session"] = "turn"
+    """What the ``usage`` of its ``session/prompt`` answers covers (:attr:`AcpConnection.usage_totals`)."""
 
 
 def _gemini_files(request: TurnRequest) -> Mapping[str, str]:
@@ -912,10 +979,11 @@ PRESETS: dict[str, Preset] = {
         ("--acp",),
         {"COPILOT_AUTO_UPDATE": "false", "USE_TGREP": "false", "NO_COLOR": "1"},
         "copilot >= 1.0: --acp",
+        usage_totals="session",
     ),
     # Mistral Vibe: its ACP server is a binary of its own; the provider is ~/.vibe/config.toml
     # (or $VIBE_HOME/config.toml).
-    "vibe": Preset("vibe-acp", (), {"NO_COLOR": "1"}, "mistral-vibe 2.26: vibe-acp"),
+    "vibe": Preset("vibe-acp", (), {"NO_COLOR": "1"}, "mistral-vibe 2.26: vibe-acp", usage_totals="session"),
     # Kilo Code CLI, an opencode fork: the provider in KILO_CONFIG_CONTENT (or its config file).
     "kilo": Preset(
         "kilo",
@@ -993,6 +1061,11 @@ class AcpSettings:
     def restart_after_cancel(self) -> bool:
         """The preset's quirk: a fresh process (session/load) after every cancel."""
         return self.preset is not None and PRESETS[self.preset].restart_after_cancel
+
+    @property
+    def usage_totals(self) -> Literal["turn", "session"]:
+        """What the preset's prompt answers' ``usage`` covers (``turn`` for an agent of no preset)."""
+        return PRESETS[self.preset].usage_totals if self.preset is not None else "turn"
 
 
 def acp_settings(options: Mapping[str, object]) -> AcpSettings:

@@ -29,6 +29,14 @@ Measured facts about aider 0.86.2 that shape the launch (see the report in
   therefore turns "errors and no answer" into ``Result(ok=False)``.
 * SIGINT while streaming: aider prints ``^C again to exit`` and exits 0 with the partial
   answer saved in the history file; during a shell command it dies with a traceback (-2).
+
+Usage, as it goes: after each model call aider prints ``Tokens: 2.3k sent[, N cache write][,
+N cache hit], 13 received.`` — that call's figures, rounded as printed (``2.3k``: to a
+hundred below 10k, to a thousand above) — and, when it has a price for the model, ``Cost:
+$0.01 message, $0.05 session.`` (on the same line, or on the next when both cache figures
+are there). Each Tokens line is one :class:`Usage`; "sent" includes the cache's tokens
+(litellm's prompt count), which are taken out of the fresh input. The cost is the
+*session's* figure, less what was already reported: rounded once, not once per call.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import hashlib
 import posixpath
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Literal
 
 from ._base import (
@@ -53,6 +62,7 @@ from ._base import (
     TurnRequest,
     preview,
 )
+from ._common import UsageTotals, money
 
 #: Flags every turn gets, before the configured args so that a configured ``--git`` or
 #: ``--pretty`` (aider's flags are last-one-wins) can undo them.
@@ -145,6 +155,9 @@ _BANNER = re.compile(
 )
 _BANNER_START = re.compile(r"^Aider v\d")
 _USAGE = re.compile(r"^Tokens: \S+ sent\b.* received\.(?: Cost: .*)?$|^Cost: \$\S+ message, \$\S+ session\.$")
+_TOKENS = re.compile(r"^Tokens: (?P<sent>[\d.]+k?) sent, (?:(?P<write>[\d.]+k?) cache write, )?"
+                     r"(?:(?P<hit>[\d.]+k?) cache hit, )?(?P<received>[\d.]+k?) received\.")
+_COST = re.compile(r"Cost: \$[\d.]+ message, \$(?P<session>[\d.]+) session\.$")
 _RETRY = re.compile(r"^Retrying in [\d.]+ seconds\.\.\.$")
 _RUNNING = re.compile(r"^Running (.+)$")
 _OUTPUT_ADDED = re.compile(r"^Added \d+ lines? of output to the chat\.$")
@@ -206,6 +219,10 @@ class AiderParser:
     _fenced: set[str] = field(default_factory=set)
     """Lines inside the answer's fenced code blocks, to recognise echoed shell commands."""
     _reported: set[str] = field(default_factory=set)
+    _usage: UsageTotals = field(default_factory=UsageTotals)
+    _calls: int = 0
+    model: str | None = None
+    """The agent's configured model, which the usage is of."""
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line."""
@@ -265,7 +282,7 @@ class AiderParser:
         if _USAGE.match(line):
             self._close_block()
             self._after_usage = True
-            return [Status(line)]
+            return [*self._usage_of(line), Status(line)]
         if _RETRY.match(line) or _INTERRUPT.match(line):
             self._close_block()
             return [Status(line)]
@@ -285,6 +302,19 @@ class AiderParser:
             self._tool_output = []
             return [ToolUse("shell", preview(m.group(1)))]
         return [self._text(line)]
+
+    def _usage_of(self, line: str) -> list[Event]:
+        """A usage line's figures and the session's cost (see the module docstring)."""
+        events: list[Event] = []
+        if m := _TOKENS.match(line):
+            sent, write, hit = (_tokens(m.group(g)) for g in ("sent", "write", "hit"))
+            self._calls += 1
+            figures = (max(0, sent - write - hit), _tokens(m.group("received")), hit, write)
+            events += self._usage.message(str(self._calls), figures, model=self.model)
+        if m := _COST.search(line):
+            cost = money(m.group("session"))
+            events += self._usage.totals((0, 0, 0, 0), cost, "USD", model=self.model)
+        return events
 
     def _tool_line(self, line: str) -> list[Event]:
         if _OUTPUT_ADDED.match(line):
@@ -350,9 +380,18 @@ class AiderParser:
         return [*events, Error(f"aider exited with status {returncode}")]
 
 
+def _tokens(printed: str | None) -> int:
+    """aider's rounded count (``604``, ``2.3k``, ``12k``) as a number; none is 0."""
+    if not printed:
+        return 0
+    if printed.endswith("k"):
+        return int(Decimal(printed[:-1]) * 1000)
+    return int(Decimal(printed))
+
+
 def new_parser(request: TurnRequest) -> AiderParser:
     """A fresh parser for one turn; it reports the history file as the session id."""
-    return AiderParser(session=session_file(request))
+    return AiderParser(session=session_file(request), model=request.model)
 
 
 ADAPTER = Adapter(

@@ -46,6 +46,22 @@ line                        events
                             :class:`StaleSession` when the resumed id is unknown
 ==========================  =====================================================
 
+Usage (:class:`Usage`), as it goes and at the end. Each model call's ``usage`` comes three
+times: in the ``stream_event`` ``message_start`` (its input and cache figures, and
+``output_tokens: 1``), on every ``assistant`` line of the message (one per content block,
+all with the message's id and that same start-of-message usage), and in the
+``message_delta`` (its final ``output_tokens``). They are counted once per message id, each
+figure at its highest, as soon as it is reported: the input when the call starts, the output
+when it ends (:class:`~adapters._common.UsageTotals`). The ``result`` line then has the
+whole run's ``usage`` and ``total_cost_usd`` (per process: a resumed session starts again
+at 0, measured), and **it wins**: it adds what it says beyond the messages' sum, figure by
+figure, and is the only cost Claude Code reports. Why it wins: without the partial
+messages, or for a call whose ``message_delta`` never came, the messages' output is the
+start-of-message 1 (the captures: 2 output tokens over two messages, 54 in the result),
+and the result also covers what the stream never shows (side calls, which it prices);
+it never takes anything back, so nothing counted as it went is uncounted at the end.
+A subagent's messages (``parent_tool_use_id``) are counted too: what it spends is the turn's.
+
 A stale session id ("No conversation found with session ID: …", or "--resume requires a
 valid session ID …" for a value that is not a UUID) is reported in the ``result`` line's
 ``errors`` *and* on stderr; both paths yield one :class:`StaleSession`, and the stale
@@ -87,10 +103,13 @@ from ._base import (
 from ._common import (
     PartialText,
     TurnEnd,
+    UsageTotals,
+    anthropic_figures,
     blocks_text,
     by_type,
     feed_json,
     fresh_session_id,
+    money,
     permission_denials,
     text_of,
     tool_result,
@@ -232,6 +251,10 @@ class ClaudeParser:
     """Error texts already reported (the result line repeats the synthetic message's)."""
     _partial: PartialText = field(default_factory=PartialText)
     """The messages whose text came as ``stream_event`` deltas."""
+    _usage: UsageTotals = field(default_factory=UsageTotals)
+    """The usage reported so far (per message id), so no model call is counted twice."""
+    _streaming: dict[str, tuple[str, object]] = field(default_factory=dict)
+    """The id and model of the message each stream (the main one, each subagent's) is writing."""
     api: str = DEFAULT_API
     """The model API the CLI calls (``ANTHROPIC_BASE_URL`` of the agent's ``env``, else Anthropic's):
     named when a call fails, so "which endpoint, and why" is said while it retries."""
@@ -299,7 +322,30 @@ class ClaudeParser:
         return [Unparsed(line, f"unhandled system subtype {subtype!r}")]
 
     def _stream_event(self, obj: dict[str, Any], line: str) -> list[Event]:
-        return self._partial.delta(obj)
+        return self._stream_usage(obj) + self._partial.delta(obj)
+
+    def _stream_usage(self, obj: dict[str, Any]) -> list[Event]:
+        """A message's usage at its start (``message_start``) and end (``message_delta``)."""
+        event = obj.get("event")
+        if not isinstance(event, Mapping):
+            return []
+        stream = str(obj.get("parent_tool_use_id") or "")
+        if event.get("type") == "message_start":
+            message = event.get("message")
+            if not isinstance(message, Mapping) or not isinstance(message.get("id"), str):
+                return []
+            self._streaming[stream] = (message["id"], message.get("model"))
+            return self._message_usage(message["id"], message.get("usage"), message.get("model"))
+        writing = self._streaming.get(stream)
+        if event.get("type") == "message_delta" and writing is not None:
+            return self._message_usage(writing[0], event.get("usage"), writing[1])
+        return []
+
+    def _message_usage(self, mid: str, usage: object, model: object) -> list[Event]:
+        figures = anthropic_figures(usage)
+        if figures is None:
+            return []
+        return self._usage.message(mid, figures, model=model if isinstance(model, str) and model else None)
 
     def _assistant(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message")
@@ -314,6 +360,8 @@ class ClaudeParser:
         failed = obj.get("error") is not None
         streamed = self._partial.streamed(message)
         events: list[Event] = []
+        if isinstance(message.get("id"), str):
+            events += self._message_usage(message["id"], message.get("usage"), message.get("model"))
         for block in blocks:
             if not isinstance(block, dict):
                 continue
@@ -370,6 +418,7 @@ class ClaudeParser:
             if stale:
                 return self.end.stale(stale[0])
         events: list[Event] = self._session(obj)
+        events += self._result_usage(obj)
         events += permission_denials(
             obj.get("permission_denials"),
             lambda name, denial: tool_preview(name, denial.get("tool_input")),
@@ -381,6 +430,15 @@ class ClaudeParser:
         events += self._error(text or self._failure_text(obj, errors))
         events.append(Result("", ok=False))
         return events
+
+    def _result_usage(self, obj: dict[str, Any]) -> list[Event]:
+        """The run's totals: what they add beyond the messages' (the module docstring)."""
+        figures = anthropic_figures(obj.get("usage")) or (0, 0, 0, 0)
+        models = obj.get("modelUsage")
+        model = next(iter(models)) if isinstance(models, Mapping) and len(models) == 1 else None
+        cost = money(obj.get("total_cost_usd"))
+        return self._usage.totals(figures, cost, "USD" if cost is not None else None,
+                                  model=model if isinstance(model, str) else None)
 
     def _explained(self, text: str) -> str:
         """A failed model call's words with the reason in plain words and the API it tried

@@ -41,6 +41,13 @@ One JSON object per stdout line (``codex exec --json``)::
     {"type":"error","message":"Reconnecting... 1/5 …"}   -> Status (codex retries by itself)
     {"type":"error","message":…}  (anything else)        -> Error
 
+Usage comes only at the end: ``turn.completed``'s ``usage`` is one :class:`Usage`, the
+**thread's** totals (``cumulative``: a resumed thread's counts its earlier turns too — the
+captured resume, one model call of 100 input tokens, reports 200), in OpenAI's convention:
+``input_tokens`` includes ``cached_input_tokens`` (and ``cache_write_input_tokens``), and
+``output_tokens`` includes ``reasoning_output_tokens``; the model is the agent's ``model``.
+codex prices nothing. A turn stopped before ``turn.completed`` reports no usage at all.
+
 A thread id that does not exist makes codex exit 1 with nothing on stdout and, on stderr,
 ``Error: thread/resume: thread/resume failed: no rollout found for thread id ID (code -32600)``:
 :meth:`CodexParser.feed_stderr` turns that into :class:`StaleSession`.
@@ -71,9 +78,10 @@ from ._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
     preview,
 )
-from ._common import TurnEnd, by_type, feed_json, optional_preview, text_of, unfinished_turn
+from ._common import TurnEnd, by_type, count, feed_json, optional_preview, text_of, unfinished_turn
 
 OPTION_KEYS = frozenset({"base_url", "env_key"})
 
@@ -183,6 +191,8 @@ class CodexParser:
     _last_error: str = ""
     _tools_seen: set[str] = field(default_factory=set)
     _tools_done: set[str] = field(default_factory=set)
+    model: str | None = None
+    """The agent's configured model, which the usage is of (codex does not name it)."""
 
     def feed(self, line: str) -> list[Event]:
         """Parse one stdout line; never raises."""
@@ -216,7 +226,17 @@ class CodexParser:
 
     def _turn_completed(self, obj: dict[str, Any], line: str) -> list[Event]:
         self.end.result()
-        return [Result(self.last_message, ok=True)]
+        return [*self._usage(obj.get("usage")), Result(self.last_message, ok=True)]
+
+    def _usage(self, usage: object) -> list[Event]:
+        """The thread's totals so far, in corral's disjoint figures (the module docstring)."""
+        if not isinstance(usage, Mapping):
+            return []
+        cached, written = count(usage.get("cached_input_tokens")), count(usage.get("cache_write_input_tokens"))
+        fresh = max(0, count(usage.get("input_tokens")) - cached - written)
+        if not any((fresh, cached, written, count(usage.get("output_tokens")))):
+            return []
+        return [Usage(fresh, count(usage.get("output_tokens")), cached, written, model=self.model, cumulative=True)]
 
     def _turn_failed(self, obj: dict[str, Any], line: str) -> list[Event]:
         self.end.result()
@@ -340,7 +360,7 @@ _HANDLERS: dict[str, Callable[[CodexParser, dict[str, Any], str], list[Event]]] 
 
 def new_parser(request: TurnRequest) -> CodexParser:
     """A fresh parser for one turn."""
-    return CodexParser(session_id=request.session_id)
+    return CodexParser(session_id=request.session_id, model=request.model)
 
 
 ADAPTER = Adapter(

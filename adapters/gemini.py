@@ -37,6 +37,14 @@ The ``result`` line carries no text: the final answer is the assistant text afte
 last tool call. A SIGINT kills gemini with exit status 0 and no ``result`` line, and a
 stale ``--resume`` id is reported only on stderr (``Error resuming session: …``,
 exit 42), so :meth:`GeminiParser.finish` and :meth:`GeminiParser.feed_stderr` matter.
+
+Usage comes only at the end: the ``result`` line's ``stats`` (this process's, so this
+turn's: a resumed turn's are its own, captured) give one :class:`Usage` per model of
+``stats.models`` (gemini routes a turn over several: a small one to pick the model, then the
+model), or one for the totals when there is no per-model list. Gemini's ``input_tokens`` is
+the whole prompt, the ``cached`` part included, and its output leaves out the thoughts that
+``total_tokens`` has (counted as output here: they are billed as output). gemini prices
+nothing. A turn stopped before its ``result`` reports no usage.
 """
 
 from __future__ import annotations
@@ -61,9 +69,10 @@ from ._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
     preview,
 )
-from ._common import TurnEnd, by_type, feed_json, json_file, optional_preview, unfinished_turn
+from ._common import TurnEnd, by_type, feed_json, json_file, optional_preview, prompt_figures, unfinished_turn
 
 #: ``auth_type``: the ``security.auth.selectedType`` written to settings.json
 #: (``gemini-api-key`` by default; ``vertex-ai`` for Vertex credentials in the env).
@@ -232,9 +241,9 @@ class GeminiParser:
     def _result(self, obj: dict[str, Any], line: str) -> list[Event]:
         status = obj.get("status")
         self.end.result()
+        events: list[Event] = _stats_usage(obj.get("stats"))
         if status == "success":
-            return [Result("".join(self.answer), ok=True)]
-        events: list[Event] = []
+            return [*events, Result("".join(self.answer), ok=True)]
         error = obj.get("error")
         message = error.get("message") if isinstance(error, dict) else None
         if isinstance(message, str) and message:
@@ -273,6 +282,23 @@ _HANDLERS: dict[str, Callable[[GeminiParser, dict[str, Any], str], list[Event]]]
     "error": GeminiParser._error,
     "result": GeminiParser._result,
 }
+
+
+def _stats_usage(stats: object) -> list[Event]:
+    """The ``result`` line's ``stats``: one Usage per model, or one for the totals."""
+    if not isinstance(stats, dict):
+        return []
+    models = stats.get("models")
+    counts = models.items() if isinstance(models, dict) and models else [(None, stats)]
+    events: list[Event] = []
+    for model, each in counts:
+        if not isinstance(each, dict):
+            continue
+        figures = prompt_figures(each.get("input_tokens"), each.get("output_tokens"), each.get("cached"),
+                                 each.get("total_tokens"))
+        if any(figures):
+            events.append(Usage(*figures, model=model))
+    return events
 
 
 def new_parser(request: TurnRequest) -> GeminiParser:

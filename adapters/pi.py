@@ -47,6 +47,14 @@ then ``auto_retry_end``; so an error is held until it is final: the retries' end
 without one. pi has no SIGINT handler: it dies of the signal (status -2) within ~15 ms and
 leaves its tool's whole tree running (the tool's shell has a session of its own).
 
+Usage, as it goes: each assistant ``message_end`` has the model call's final ``usage``
+(``input`` fresh, ``output``, ``cacheRead``, ``cacheWrite``: already corral's disjoint
+figures) and pi's ``cost.total`` in USD (its built-in models' prices): one :class:`Usage`
+per message, its ``model`` as pi names it. The same message is repeated in ``turn_end``,
+its growing copies in ``message_update`` and all of them in ``agent_end``: none is counted.
+A model pi has no price for (a ``base_url`` model of one's own) costs 0 there, which means
+*not priced*, not free: a cost of 0 with tokens is reported as no cost.
+
 ``--session`` with an id pi does not know prints ``No session found matching 'ID'`` on stderr
 and exits 1 (:class:`StaleSession`).
 """
@@ -70,9 +78,10 @@ from ._base import (
     ToolResult,
     ToolUse,
     TurnRequest,
+    Usage,
     preview,
 )
-from ._common import TurnEnd, by_type, feed_json, json_file, text_of, unfinished_turn
+from ._common import TurnEnd, by_type, count, feed_json, json_file, money, text_of, unfinished_turn
 
 #: ``[agents.NAME]`` keys this adapter reads: ``base_url`` (an endpoint of one's own: a
 #: provider ``corral`` in models.json), ``api`` (its API, default ``openai-completions``;
@@ -139,6 +148,24 @@ def build_launch(request: TurnRequest) -> Launch:
     argv += request.args
     env = {"PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"}
     return Launch(argv=tuple(argv), env=env, cwd=request.cwd, stdin=request.prompt.encode(), files=files)
+
+
+def _message_usage(message: Mapping[str, Any]) -> list[Event]:
+    """One assistant message's usage and pi's price of it (see the module docstring)."""
+    usage = message.get("usage")
+    if not isinstance(usage, Mapping):
+        return []
+    figures = (count(usage.get("input")), count(usage.get("output")), count(usage.get("cacheRead")),
+               count(usage.get("cacheWrite")))
+    cost_of = usage.get("cost")
+    cost = money(cost_of.get("total")) if isinstance(cost_of, Mapping) else None
+    if not cost and any(figures):
+        cost = None  # 0 for tokens: pi has no price for this model
+    if not any(figures) and not cost:
+        return []
+    model = message.get("model")
+    return [Usage(*figures, cost=cost, currency="USD" if cost is not None else None,
+                  model=model if isinstance(model, str) and model else None)]
 
 
 def _content_text(content: object) -> str:
@@ -212,14 +239,15 @@ class PiParser:
         if not isinstance(message, dict) or message.get("role") != "assistant":
             return []  # the user's message, a tool result (reported by tool_execution_end)
         streamed, self._streamed = self._streamed, False
+        usage = _message_usage(message)
         if message.get("stopReason") == "error":
             self.held_error = text_of(message.get("errorMessage")) or "pi: the model request failed"
-            return []
+            return usage
         self.held_error = ""
         text = _content_text(message.get("content"))
         if text:
             self.last_text = text
-        return [Text(text)] if text and not streamed else []
+        return [*usage, Text(text)] if text and not streamed else usage
 
     def _tool_start(self, obj: dict[str, Any], line: str) -> list[Event]:
         name = text_of(obj.get("toolName")) or "tool"

@@ -34,6 +34,13 @@ blocks), ``stream_event`` (partial text, with ``--include-partial-messages``) an
   ``No saved session found with ID …`` (or ``… with title "…"`` for a non-UUID), status 1;
 * a turn stopped with SIGINT prints the cancelled ``tool_result``
   (``[Operation Cancelled] …``) and no ``result`` line; stderr says ``Operation cancelled.``.
+
+Usage (:class:`Usage`) is each ``assistant`` message's own ``usage``, once per message id,
+as the turn goes; qwen's ``input_tokens`` is the whole prompt (the cached part included,
+Gemini's count) and its output leaves out the thoughts that ``total_tokens`` has. The
+``result`` line's ``usage`` is **not** used: after ``--resume`` it is the whole session's
+(the captured resume: one message of 100 input tokens, a result of 200), so it would count
+the earlier turns again. qwen prices nothing.
 """
 
 from __future__ import annotations
@@ -60,12 +67,15 @@ from ._base import (
 from ._common import (
     PartialText,
     TurnEnd,
+    UsageTotals,
     by_type,
+    count,
     feed_json,
     fresh_session_id,
     json_file,
     optional_preview,
     permission_denials,
+    prompt_figures,
     text_of,
     tool_result,
     unfinished_turn,
@@ -191,6 +201,7 @@ class QwenParser:
     end: TurnEnd = field(default_factory=TurnEnd)
     _partial: PartialText = field(default_factory=PartialText)
     _todo_calls: set[str] = field(default_factory=set)
+    _usage: UsageTotals = field(default_factory=UsageTotals)
 
     # ------------------------------------------------------------- stdout
 
@@ -223,7 +234,7 @@ class QwenParser:
         nested = obj.get("parent_tool_use_id") is not None
         # With partial messages the text was already sent as deltas under this id.
         streamed = self._partial.streamed(message)
-        events: list[Event] = []
+        events: list[Event] = self._message_usage(message)
         for block in blocks:
             if not isinstance(block, dict):
                 continue
@@ -253,6 +264,18 @@ class QwenParser:
                 events.append(ToolUse(name, optional_preview(tool_input)))
             # thinking blocks are the model's scratchpad: not shown.
         return events
+
+    def _message_usage(self, message: Mapping[str, Any]) -> list[Event]:
+        """One message's usage, once per message id (see the module docstring)."""
+        usage = message.get("usage")
+        mid = message.get("id")
+        if not isinstance(usage, Mapping) or not isinstance(mid, str):
+            return []
+        figures = prompt_figures(usage.get("input_tokens"), usage.get("output_tokens"),
+                                 usage.get("cache_read_input_tokens"), usage.get("total_tokens"))
+        model = message.get("model")
+        figures = (figures[0], figures[1], figures[2], count(usage.get("cache_creation_input_tokens")))
+        return self._usage.message(mid, figures, model=model if isinstance(model, str) and model else None)
 
     def _user(self, obj: dict[str, Any], line: str) -> list[Event]:
         message = obj.get("message") or {}

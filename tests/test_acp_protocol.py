@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -462,13 +462,15 @@ def test_the_kimi_preset_stores_a_login_placeholder_that_never_expires() -> None
 # ---------------------------------------------------------------- replays of real agents
 
 
-def replay(path: Path, *, unattended: bool = True) -> dict[str, list[AcpEvent]]:
+def replay(
+    path: Path, *, unattended: bool = True, usage_totals: Literal["turn", "session"] = "turn"
+) -> dict[str, list[AcpEvent]]:
     """Feed a captured exchange to a fresh connection, making the same calls corral made.
 
     Every line corral sent in the capture must be reproduced byte for byte, in order; the
     events are returned per scenario.
     """
-    conn = AcpConnection(unattended=unattended)
+    conn = AcpConnection(unattended=unattended, usage_totals=usage_totals)
     produced: list[str] = []
     expected: list[str] = []
     events: dict[str, list[AcpEvent]] = {}
@@ -483,7 +485,7 @@ def replay(path: Path, *, unattended: bool = True) -> dict[str, list[AcpEvent]]:
                 # A restarted agent process (after a kill, or a preset's restart_after_cancel)
                 # begins a new connection.
                 produced.extend(conn.data_to_send().decode().splitlines())
-                conn = AcpConnection(unattended=unattended)
+                conn = AcpConnection(unattended=unattended, usage_totals=usage_totals)
                 conn.initialize()
             elif isinstance(message, Request) and message.method == "session/new":
                 conn.new_session(message.params["cwd"])

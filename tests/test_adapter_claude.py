@@ -30,6 +30,7 @@ from adapters._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
 )
 from adapters.claude import ADAPTER, ClaudeParser, build_launch
 
@@ -62,7 +63,8 @@ def replay(name: str, *, interrupted: bool = False, returncode: int | None = 0) 
         for line in stderr.read_text().splitlines():
             events += parser.feed_stderr(line)
     events += parser.finish(returncode, interrupted=interrupted)
-    return events
+    # Usage is checked apart (tests/test_usage_parsers.py): these are the transcript's events.
+    return [e for e in events if not isinstance(e, Usage)]
 
 
 def kinds(events: list[Event]) -> list[str]:

@@ -29,6 +29,7 @@ from adapters._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
 )
 from adapters.codex import ADAPTER, CodexParser, build_launch, new_parser
 
@@ -73,7 +74,8 @@ def replay(
     for line in stderr_lines(name):
         events += parser.feed_stderr(line)
     events += parser.finish(returncode, interrupted=interrupted)
-    return events
+    # Usage is checked apart (tests/test_usage_parsers.py): these are the transcript's events.
+    return [e for e in events if not isinstance(e, Usage)]
 
 
 # ---------------------------------------------------------------- captures

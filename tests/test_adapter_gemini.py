@@ -31,6 +31,7 @@ from adapters._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
     preview,
 )
 
@@ -70,7 +71,8 @@ def replay(name: str, *, stderr: bool = True, resuming: str | None = None) -> li
         for line in lines(name, ".stderr.txt"):
             events += parser.feed_stderr(line)
     events += parser.finish(meta["returncode"], interrupted=meta["interrupted"])
-    return events
+    # Usage is checked apart (tests/test_usage_parsers.py): these are the transcript's events.
+    return [e for e in events if not isinstance(e, Usage)]
 
 
 def session_of(name: str) -> str:

@@ -26,6 +26,7 @@ from adapters._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
 )
 from adapters.pi import ADAPTER, READ_ONLY_TOOLS, PiParser, build_launch, models_json, new_parser
 
@@ -65,7 +66,8 @@ def replay(
     for line in stderr_lines(name):
         events += parser.feed_stderr(line)
     events += parser.finish(returncode, interrupted=interrupted)
-    return events
+    # Usage is checked apart (tests/test_usage_parsers.py): these are the transcript's events.
+    return [e for e in events if not isinstance(e, Usage)]
 
 
 def joined_text(events: list[Event]) -> str:

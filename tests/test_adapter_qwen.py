@@ -30,6 +30,7 @@ from adapters._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
 )
 from adapters.qwen import ADAPTER, DEFAULT_SETTINGS, SETTINGS_PATH, QwenParser, build_launch
 
@@ -70,7 +71,8 @@ def replay(name: str, *, interrupted: bool | None = None) -> list[Event]:
     if interrupted is None:
         interrupted = name.startswith("interrupt")
     events += parser.finish(rc, interrupted=interrupted)
-    return events
+    # Usage is checked apart (tests/test_usage_parsers.py): these are the transcript's events.
+    return [e for e in events if not isinstance(e, Usage)]
 
 
 def kinds(events: list[Event]) -> list[type]:

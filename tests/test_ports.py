@@ -272,7 +272,8 @@ def test_the_core_wing_is_pure() -> None:
     # Every module of supervisor.core, imported in a fresh interpreter, loads neither Trio nor
     # anything that does I/O of corral's: the decisions are plain code the Trio layer drives.
     core = [name for name in _module_names() if name.startswith("core.") and not name.endswith("__init__")]
-    assert {"core.ledger", "core.router", "core.catchup", "core.text", "core.account"} <= set(core)
+    assert {"core.ledger", "core.router", "core.catchup", "core.text", "core.account", "core.usage",
+            "core.budget"} <= set(core)
     code = (
         "import importlib, sys\n"
         f"for name in {core!r}: importlib.import_module('supervisor.' + name)\n"

@@ -5,6 +5,12 @@ session id, result, error) to :data:`Effect` values — an entry to store, a ses
 to save, a line to warn about — and a turn's I/O side (a per-turn CLI or an ACP agent alike)
 carries them out in order. A stopped or shut-down turn is *silenced*: the ledger says so in the
 same synchronous step as the event, and the account then owes nothing but the session id.
+
+The account also keeps the turn's :class:`~.usage.Meter`: every :class:`~adapters._base.Usage`
+report and every tool call (a :class:`~adapters._base.ToolUse`, counted as it starts) goes
+into it, silenced or not — what a stopped turn spent was spent — and a usage report is
+never an effect: it neither posts anything nor closes the open run of text (a CLI reports
+usage in the middle of a message). :meth:`TurnAccount.usage` is what the turn spent so far.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from adapters._base import (
     ToolResult,
     ToolUse,
     Unparsed,
+    Usage,
 )
 
 from .login import META_KEY as LOGIN_META
 from .login import login_failure
 from .text import repair_text
+from .usage import Meter, TurnUsage
 
 #: A message longer than this is the agent talking (about logins, say), not a CLI's refusal.
 LOGIN_MESSAGE_CHARS = 200
@@ -124,6 +132,12 @@ class TurnAccount:
     """corral's error for this agent when its CLI says it is not logged in (:mod:`.login`);
     None: the CLI's own words are stored as they are."""
     login_said: bool = False
+    meter: Meter = field(default_factory=Meter)
+    """The turn's usage reports and tool calls so far."""
+
+    def usage(self, wall_seconds: float | None = None) -> TurnUsage:
+        """What the turn has spent so far (``wall_seconds``: its wall time, once it ended)."""
+        return self.meter.snapshot(wall_seconds)
 
     @property
     def draft(self) -> str:
@@ -136,6 +150,9 @@ class TurnAccount:
         ``now`` (the caller's clock, for :data:`PIECE_SECONDS`): None saves pieces by size only."""
         if isinstance(event, SessionId):
             return [SaveSession(event.id)]
+        if isinstance(event, Usage):
+            self.meter.add(event)
+            return []
         if isinstance(event, Text) and event.delta:
             if not event.text:
                 return []
@@ -161,6 +178,7 @@ class TurnAccount:
         elif isinstance(event, Status):
             post = Post("status", event.text)
         elif isinstance(event, ToolUse):
+            self.meter.tool_call()
             post = Post("tool", f"{event.name}: {event.preview}", {"tool": event.name, "input": event.preview})
         elif isinstance(event, ToolResult):
             post = Post("tool", f"→ {event.preview}", {"result": event.preview, "is_error": event.is_error})

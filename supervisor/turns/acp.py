@@ -162,6 +162,7 @@ class AcpTurn(BaseTurn):
             saved_session=session_id,
             unattended=self.agent.unattended,
             restart_after_cancel=self.settings.restart_after_cancel,
+            usage_totals=self.settings.usage_totals,
             idle_timeout=self.settings.idle_timeout or float("inf"),
             sandbox=self._sandbox(launch, request.home) if network is None else (),
             network=network,

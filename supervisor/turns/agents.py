@@ -194,6 +194,7 @@ class AcpAgent:
         start_timeout: float = START_TIMEOUT,
         sandbox: Sequence[str] = (),
         auth_method: str | None = None,
+        usage_totals: Literal["turn", "session"] = "turn",
     ) -> None:
         self.launch = launch
         self.auth_method = auth_method
@@ -211,7 +212,9 @@ class AcpAgent:
         self.marker = marker
         self.session_cwd = session_cwd
         self.unattended = unattended
-        self.conn = AcpConnection(unattended=unattended)
+        self.usage_totals: Literal["turn", "session"] = usage_totals
+        """What the agent's prompt answers' ``usage`` covers (:attr:`adapters.acp.Preset.usage_totals`)."""
+        self.conn = AcpConnection(unattended=unattended, usage_totals=usage_totals)
         self.tree: ProcessTree | None = None
         self.covers: tuple[str, ...] = ()
         """The covers of its sandbox a replacement on the host would detach (its first turn
@@ -376,7 +379,7 @@ class AcpAgent:
     async def _start(self, nursery: trio.Nursery, saved_session: str | None) -> None:
         self._nursery = nursery
         self._generation += 1
-        self.conn = AcpConnection(unattended=self.unattended, policy=self.conn.policy)
+        self.conn = AcpConnection(unattended=self.unattended, policy=self.conn.policy, usage_totals=self.usage_totals)
         self._send_events, self._events = trio.open_memory_channel[AcpEvent | _Exited](math.inf)
         self._exited = trio.Event()
         self._prompt_done = trio.Event()
@@ -726,6 +729,7 @@ async def open_acp_agent(
     state_dir: Path | None = None,
     auth_method: str | None = None,
     startup: StartupKill | None = None,
+    usage_totals: Literal["turn", "session"] = "turn",
 ) -> AsyncIterator[AcpAgent]:
     """Start an ACP agent and open a session; on exit, close it and sweep its tree.
 
@@ -758,6 +762,7 @@ async def open_acp_agent(
         start_timeout=start_timeout,
         sandbox=sandbox,
         auth_method=auth_method,
+        usage_totals=usage_totals,
     )
     opened = False
     try:
@@ -802,6 +807,7 @@ class AcpSpec:
     """The session id stored for this (channel, agent), loaded by the first process."""
     unattended: bool = True
     restart_after_cancel: bool = False
+    usage_totals: Literal["turn", "session"] = "turn"
     start_timeout: float = START_TIMEOUT
     idle_timeout: float = math.inf
     """Close the agent process after this long without a prompt (the next one starts it again)."""
@@ -885,6 +891,7 @@ class AcpAgentPool:
                     unattended=spec.unattended,
                     start_timeout=spec.start_timeout,
                     restart_after_cancel=spec.restart_after_cancel,
+                    usage_totals=spec.usage_totals,
                     sandbox=sandbox,
                     state_dir=spec.state_dir,
                     auth_method=spec.auth_method,

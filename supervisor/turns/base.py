@@ -293,6 +293,7 @@ class BaseTurn:
         except StoreError as exc:
             self.outcome.error = self.outcome.error or f"could not store the turn's output: {exc}"
         finally:
+            self.outcome.usage = self._account.usage(wall_seconds=time.time() - self.started_at)
             self.done.set()
 
     # ------------------------------------------------------------ launch inputs

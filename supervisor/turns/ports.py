@@ -27,6 +27,7 @@ from adapters import Adapter
 
 from ..config.settings import AgentConfig
 from ..core.ledger import OutputKind
+from ..core.usage import TurnUsage
 from ..procs.cgroup import CgroupRoot
 from ..procs.covers import CoverWatch
 from ..procs.files import private_folder
@@ -68,6 +69,8 @@ class TurnOutcome:
     error: str | None = None
     report: KillReport = field(default_factory=KillReport)
     stale_session: bool = False
+    usage: TurnUsage = field(default_factory=TurnUsage)
+    """What the turn spent, as its CLI reported it (tokens, cost, tool calls, wall time)."""
 
 
 @dataclass(frozen=True, slots=True)
