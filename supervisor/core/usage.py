@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from adapters._base import Usage
+from adapters import Usage
 
 #: Fresh input, output, cache read, cache write: :class:`~adapters._base.Usage`'s order.
 Figures = tuple[int, int, int, int]
