@@ -66,6 +66,8 @@ def entities(text: str) -> list[dict[str, Any]]:
 class Fault:
     kind: str  # "429" | "409" | "drop" | "500"
     retry_after: int = 1
+    skip: int = 0
+    """Calls of the method that pass before it fails."""
 
 
 @dataclass
@@ -153,12 +155,13 @@ class FakeBot:
             self.updates.sort(key=lambda u: u["update_id"])
             self.server.changed.notify_all()
 
-    def fail(self, method: str, kind: str, retry_after: int = 1) -> None:
+    def fail(self, method: str, kind: str, retry_after: int = 1, skip: int = 0) -> None:
         """The next call of ``method`` fails: ``"429"`` (with ``retry_after``), ``"409"`` (another
         poller), ``"500"``, or
-        ``"drop"`` (the connection is closed without an answer: for getUpdates, mid-poll)."""
+        ``"drop"`` (the connection is closed without an answer: for getUpdates, mid-poll); after
+        ``skip`` calls that pass."""
         with self.server.lock:
-            self.faults.setdefault(method, deque()).append(Fault(kind, retry_after))
+            self.faults.setdefault(method, deque()).append(Fault(kind, retry_after, skip))
 
     def sent(self, chat_id: int) -> list[dict[str, Any]]:
         """The bot's messages in a chat as they stand now, in the order sent."""
@@ -386,7 +389,11 @@ class FakeBotApi:
                 return 401, {"ok": False, "error_code": 401, "description": "Unauthorized"}
             bot.calls.append((method, params, time.monotonic()))
             faults = bot.faults.get(method)
-            fault = faults.popleft() if faults else None
+            fault = None
+            if faults and faults[0].skip:
+                faults[0].skip -= 1
+            elif faults:
+                fault = faults.popleft()
             if fault is not None:
                 bot.faulted.append((method, fault.kind, time.monotonic()))
             if fault is not None and fault.kind == "drop":

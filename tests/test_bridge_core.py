@@ -434,3 +434,17 @@ async def test_every_irc_line_names_its_author_and_shows_its_controls() -> None:
         "NOTICE #r :bob: one",
         "NOTICE #r :bob: two",
     ]
+
+
+def test_a_drafts_first_post_is_known_as_the_draft_even_when_its_saved_entry_came_first() -> None:
+    """A fast turn: the saved entry is decided (a final edit) before the draft's first post is
+    made; the runner still learns, as the post is made, which draft it shows (what a restart
+    edits into the saved text). And an agent without a user of its own keeps its name on the
+    final edit, as on the draft."""
+    c = core(agent_users={})
+    [first] = c.draft(Draft("general", "agent:demo", "t1", "d1", "hello"), "!r")
+    assert isinstance(first, Post) and first.text == "demo: hello"
+    [final] = c.outbound(E(5, "message", "hello there", meta={"draft": "d1"}), "!r")
+    assert isinstance(final, Edit) and final.final and final.text == "demo: hello there"
+    assert c.draft_of(first.key) == "d1"
+    assert c.draft_of(first.key) is None  # (asked once, as the post is made)

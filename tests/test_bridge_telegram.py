@@ -323,6 +323,7 @@ def test_long_text_is_split_at_telegrams_limit_in_utf16_units() -> None:
 
 async def test_a_long_answer_arrives_whole_in_messages_telegram_accepts(world: World) -> None:
     async with world.running() as (sup, _):
+        world.bot.fail("sendMessage", "429", retry_after=1, skip=1)  # (its second part: the first is not sent again)
         await sup.send("general", "x" * 9000, author="agent:demo")
         with trio.fail_after(30):
             while sum(len(text(m)) for m in world.bot.sent(CHAT)) < 9000:
@@ -484,3 +485,23 @@ async def test_a_dropped_message_is_named_back_with_a_button_that_sends_it_again
         await world.wait_for(CHAT, lambda m: "You said: then say hello to bob" in text(m))
         sent = [e for e in await sup.entries("general") if e.author == "human:202"]
         assert len(sent) == 2
+
+
+async def test_a_refused_token_is_said_with_its_file_and_never_logged(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    from supervisor.bridges.runner import run_bridges
+
+    caplog.set_level(logging.DEBUG)
+    config = telegram_config(world.folder, world.api, world.bot)
+    (world.folder / "telegram.token").write_text("1:revoked-token\n")
+    async with open_supervisor(config) as sup, trio.open_nursery() as nursery:
+        await nursery.start(run_bridges, sup, list(config.bridges.values()))
+        with trio.fail_after(30):
+            while "bridge tg " not in caplog.text:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    # Contained (the daemon serves on), said with the file to fix, and retried after a backoff.
+    assert (f"bridge tg failed: the token in {world.folder / 'telegram.token'} is refused "
+            "(getMe: 401 Unauthorized); starting it again in") in caplog.text
+    assert "revoked-token" not in caplog.text

@@ -428,12 +428,20 @@ async def _contained(sup: Supervisor, config: BridgeConfig) -> None:
     while True:
         try:
             await run_bridge(sup, config)
-        except (PlatformError, StoreError, OSError, UsageError) as exc:
-            delay = backoff.delay()
-            log.error("bridge %s failed: %s; starting it again in %.0f s", config.name, exc, delay)
         except Exception as exc:  # a bridge's bug must not take the daemon down (logged with its traceback)
             delay = backoff.delay()
-            log.exception("bridge %s crashed (%s); starting it again in %.0f s", config.name, exc, delay)
+            cause = _sole(exc)  # (the bridge's nurseries wrap what it raised in groups)
+            if isinstance(cause, PlatformError | StoreError | OSError | UsageError):
+                log.error("bridge %s failed: %s; starting it again in %.0f s", config.name, cause, delay)
+            else:
+                log.exception("bridge %s crashed (%s); starting it again in %.0f s", config.name, cause, delay)
         else:
             return
         await trio.sleep(delay)
+
+
+def _sole(exc: BaseException) -> BaseException:
+    """The one exception a chain of single-member exception groups holds (else ``exc``)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

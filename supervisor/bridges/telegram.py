@@ -219,6 +219,9 @@ class TelegramPlatform:
         self._button: dict[str, tuple[int, str | None]] = {}
         """Chat → the message that shows its Stop button, and that message's turn."""
         self._redact: _Redact | None = None
+        self._progress: dict[str, list[int]] = {}
+        """Op key → the messages of it already sent: a post (or a final edit's tail) retried after
+        a failure part-way resumes where it stopped, instead of sending its first parts again."""
 
     # ---------------------------------------------------------- the wire
 
@@ -428,20 +431,23 @@ class TelegramPlatform:
         parts = split_message(neutral(text))
         # The turn's first notice (its status message) carries its Stop button; one per chat.
         button = op.notice and op.turn is not None and self._button.get(op.room, (0, None))[1] != op.turn
-        first, shown = None, None
-        for i, part in enumerate(parts):
-            shows = button and i == len(parts) - 1
-            message = await self._send(op.room, part, reply_to=op.reply_to if i == 0 else None, button=shows,
-                                       markup=markup if i == 0 else None)
-            first = message if first is None else first
-            shown = message if shows else shown
+        done = self._progress.setdefault(op.key, [])
+        try:
+            for i, part in enumerate(parts[len(done):], start=len(done)):
+                done.append(await self._send(op.room, part, reply_to=op.reply_to if i == 0 else None,
+                                             button=button and i == len(parts) - 1,
+                                             markup=markup if i == 0 else None))
+        except Refused:
+            del self._progress[op.key]  # (dropped for good: not resumed)
+            raise
+        del self._progress[op.key]
         # (after the post: a stop's "Stopping…" is not kept waiting for the button's removal)
-        if shown is not None:
+        if button:
             await self._take_off(op.room)  # (one Stop button in a chat: the newest turn's)
-            self._button[op.room] = (shown, op.turn)
+            self._button[op.room] = (done[-1], op.turn)
         else:
             await self._unbutton(op.room, op.turn, op.text, saved=op.seq is not None and not op.notice)
-        return f"{op.room}:{first}"
+        return f"{op.room}:{done[0]}"
 
     async def edit(self, op: Edit, target: str) -> str:
         chat, message = self._target(target)
@@ -457,11 +463,13 @@ class TelegramPlatform:
         try:
             await self.call("editMessageText", params, chat=op.room)
         except Refused as exc:
-            if "message is not modified" not in str(exc):
+            if "message is not modified" not in str(exc):  # (a retried edit that had been made)
                 raise
         if op.final:  # (the saved text: what an edit cannot hold follows as messages)
-            for part in parts[1:]:
-                await self._send(op.room, part)
+            done = self._progress.setdefault(op.key, [])
+            for part in parts[1 + len(done):]:
+                done.append(await self._send(op.room, part))
+            del self._progress[op.key]
         return target
 
     async def _unbutton(self, room: str, turn: str | None, text: str, *, saved: bool) -> None:
@@ -479,7 +487,9 @@ class TelegramPlatform:
         try:
             await self.call("editMessageReplyMarkup", {"chat_id": int(room), "message_id": message,
                                                        "reply_markup": NO_BUTTON}, chat=room)
-        except Refused as exc:  # (deleted, too old: the button is gone or stays, harmless either way)
+        except (Refused, Transient) as exc:
+            # Not retried: the post it follows is made, and a retry would make it twice. A button
+            # left on an ended turn stops nothing more (the core judges a press on it).
             log.info("telegram: the Stop button of %s:%s was not taken off: %s", room, message, exc)
 
     async def react(self, op: React) -> str:
