@@ -442,7 +442,7 @@ def test_a_drafts_first_post_is_known_as_the_draft_even_when_its_saved_entry_cam
     edits into the saved text). And an agent without a user of its own keeps its name on the
     final edit, as on the draft."""
     c = core(agent_users={})
-    [first] = c.draft(Draft("general", "agent:demo", "t1", "d1", "hello"), "!r")
+    [first] = c.draft(Draft("general", "agent:demo", "t1", "d1", "hello", 0.0), "!r")
     assert isinstance(first, Post) and first.text == "demo: hello"
     [final] = c.outbound(E(5, "message", "hello there", meta={"draft": "d1"}), "!r")
     assert isinstance(final, Edit) and final.final and final.text == "demo: hello there"
