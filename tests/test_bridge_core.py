@@ -338,11 +338,11 @@ async def test_a_turn_cannot_read_a_bridges_tokens(tmp_path: Path) -> None:
         assert said and "secret-token" not in " ".join(said) and "refused" in " ".join(said), said
 
 
-def test_the_readmes_bridge_configuration_works_as_written(tmp_path: Path) -> None:
+def test_the_bridge_guides_configuration_works_as_written(tmp_path: Path) -> None:
     import tomllib
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("<!-- bridge-config -->", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "bridges.md").read_text()
+    block = guide.split("<!-- bridge-config -->", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     data = tomllib.loads(block)
     with pytest.raises(ConfigError) as caught:  # (the token files it names are the user's to make)
         parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)

@@ -1,8 +1,9 @@
 """The guides hold together: every relative link of the README, the changelog and ``docs/``
 reaches a file (and a heading, when it names one), the performance page is one table whose
-every row names a command that exists, the README's stop result has the shape a stop
-returns, its CLI and embedding tables match the code, and its layout names the packages
-``supervisor/`` has and their modules.
+every row names a command that exists, the reference's stop result has the shape a stop
+returns, its CLI and embedding tables match the code, the README stays a guide (at most
+350 lines) whose layout names the packages ``supervisor/`` has and their modules, and whose
+wings' order is the one the code is checked against.
 
 The examples themselves (code blocks shown from ``examples/``, TOML blocks, the paths a page
 names) are checked by ``tests/test_examples.py`` and by the tests of each page's subject."""
@@ -17,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+#: The tables and the stop result the README leaves out (issue 35: the README guides, this page lists).
+REFERENCE = ROOT / "docs" / "reference.md"
 PAGES = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: ``[text](target)`` and ``![alt](target)``, outside code: the target up to a space or ``)``.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -107,10 +110,10 @@ def test_every_performance_row_names_a_script_that_exists() -> None:
             assert (ROOT / "scripts" / f"{module}.py").is_file(), f"scripts/{module}.py does not exist: {row}"
 
 
-def test_the_readmes_stop_result_has_the_shape_a_stop_returns() -> None:
+def test_the_references_stop_result_has_the_shape_a_stop_returns() -> None:
     from supervisor import StopResult
 
-    section = README.read_text().split("## What Stop does", 1)[1].split("\n## ", 1)[0]
+    section = REFERENCE.read_text().split("\n## The stop result\n", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```json\n(.*?)```", section, re.S)
     shown = json.loads(block)
     assert set(shown) == set(StopResult(channel="x", generation=1).to_json())
@@ -144,20 +147,55 @@ def test_the_readmes_layout_names_the_packages_of_supervisor_and_their_modules()
         modules = {m.stem.lstrip("_") for m in files if not m.name.startswith("__")}
         assert modules <= words, f"supervisor/{package}/ has modules the layout does not name: {modules - words}"
 
-def readme_table(after: str) -> list[str]:
-    """The first cells of the first table after the heading ``after`` in the README."""
-    section = README.read_text().split(f"\n## {after}\n", 1)[1].split("\n## ", 1)[0]
+#: Issue 35: the README guides (what corral is, how to run it, how it works, how to work on it)
+#: and sends the reader on; the reference tables and the long stories live in docs/.
+README_MAX_LINES = 350
+
+
+def test_the_readme_stays_a_guide_of_at_most_350_lines() -> None:
+    lines = README.read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"the README is {lines} lines: move a topic to docs/ and link it"
+
+
+def test_the_readme_tells_how_it_works_in_the_wings_order_the_code_is_checked_against() -> None:
+    from tests.test_wings import wings_order
+
+    text = README.read_text()
+    block = re.search(r"<!-- wings -->\n```\n(.*?)\n```", text, re.S)
+    assert block, "the README's How it works shows the wings' order after <!-- wings -->"
+    assert block.group(1).split(" < ") == wings_order()
+    how = text.split("\n## How it works\n", 1)[1].split("\n## ", 1)[0]
+    for path in ("**A message**", "**A stop**"):
+        assert path in how, f"How it works tells {path}'s way through the wings"
+    named = re.findall(r"^\d\. \*\*(\w+)\*\*", how, re.M)
+    assert set(named) <= set(wings_order()), named
+    layout = list(layout_rows())
+    assert layout == wings_order(), f"the layout lists the wings in their order: {layout}"
+
+
+def test_the_readme_says_corral_is_linux_only_and_so_does_the_package() -> None:
+    import tomllib
+
+    assert "**Linux only.**" in README.read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "Operating System :: POSIX :: Linux" in project["classifiers"]
+    assert "Linux" in project["description"]
+
+
+def reference_table(after: str) -> list[str]:
+    """The first cells of the first table after the heading ``after`` in docs/reference.md."""
+    section = REFERENCE.read_text().split(f"\n## {after}\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [row.split(" | ")[0].strip("| ") for row in rows]
 
 
-def test_the_readmes_cli_table_names_every_command_with_its_options() -> None:
+def test_the_references_cli_table_names_every_command_with_its_options() -> None:
     import click
 
     from supervisor.cli import main
 
     shown: dict[str, str] = {}
-    for cell in readme_table("The CLI"):
+    for cell in reference_table("The CLI"):
         words = cell.strip("`").split()
         assert words[0] == "corral", cell
         shown[words[1]] = cell
@@ -169,12 +207,12 @@ def test_the_readmes_cli_table_names_every_command_with_its_options() -> None:
             assert flag in flags, f"`corral {name}` has no option {flag}"
 
 
-def test_the_readmes_embedding_table_names_calls_both_hosts_have() -> None:
+def test_the_references_embedding_table_names_calls_both_hosts_have() -> None:
     import inspect
 
     from supervisor import AsyncioSupervisor, Supervisor
 
-    calls = [c for cell in readme_table("Embedding") for c in re.findall(r"sup\.(\w+)\(([^)]*)\)", cell)]
+    calls = [c for cell in reference_table("Embedding") for c in re.findall(r"sup\.(\w+)\(([^)]*)\)", cell)]
     assert {name for name, _ in calls} >= {"send", "stop", "wait_idle", "entries", "follow", "status"}
     for name, shown in calls:
         names = [arg.split("=")[0].strip() for arg in shown.split(",")]
@@ -210,13 +248,14 @@ def test_every_quoted_interrupted_notice_is_the_text_corral_stores() -> None:
 
 
 def test_the_guides_say_how_many_clis_make_test_installs() -> None:
-    """The README's count of the agent CLIs `make test` installs is install-clis.sh's."""
+    """The count of the agent CLIs `make test` installs (docs/operations.md) is install-clis.sh's."""
     script = (ROOT / "scripts" / "install-clis.sh").read_text()
     table = script.split("declare -A pkg=(", 1)[1].split("\n)", 1)[0]
     count = len(re.findall(r"^\s*\[[\w-]+\]=", table, re.M))
     words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
-    quick = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
-    assert f"{words.get(count, count)} npm packages" in " ".join(quick.split()), f"install-clis.sh installs {count}"
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page.split("\n## The agent CLIs the tests install\n", 1)[1].split("\n## ", 1)[0]
+    assert f"{words.get(count, count)} npm packages" in " ".join(section.split()), f"install-clis.sh installs {count}"
 
 
 def test_the_example_configs_pointers_reach_their_sections_and_its_installs_are_from_the_checkout() -> None:

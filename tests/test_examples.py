@@ -51,9 +51,13 @@ def test_every_example_is_in_the_docs_byte_for_byte() -> None:
         assert body == (ROOT / path).read_text(), f"the block for {path} differs from the file: copy the file in"
 
 
-def test_the_readme_shows_the_embedding_and_daemon_examples() -> None:
-    in_readme = {m["path"] for m in TAGGED.finditer(README.read_text())}
-    assert {"examples/daemon.sh", "examples/embed_trio.py", "examples/host_asyncio.py"} <= in_readme
+def test_the_readme_shows_the_daemon_and_the_reference_the_embedding_examples() -> None:
+    def shown(page: Path) -> set[str]:
+        return {m["path"] for m in TAGGED.finditer(page.read_text())}
+
+    assert "examples/daemon.sh" in shown(README)
+    assert {"examples/embed_trio.py", "examples/host_asyncio.py"} <= shown(ROOT / "docs" / "reference.md")
+    assert "examples/interrupt.sh" in shown(ROOT / "docs" / "channels.md")
 
 
 @pytest.mark.parametrize(
