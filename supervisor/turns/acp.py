@@ -40,7 +40,7 @@ from typing import ClassVar
 
 import trio
 
-from adapters._base import Event, Launch, Result, Status
+from adapters import Event, Launch, Result, Status
 from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, PromptEnded, acp_settings
 
 from ..config.settings import AgentConfig
