@@ -70,7 +70,6 @@ from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
 from ..procs.netns import NetnsPool
 from ..procs.peers import PeerFacts, PeerRefusal, judge_peer, own_pid_namespace
-from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox, instances_folder, open_sandbox
 from ..procs.teardown import CollectorPause
@@ -89,6 +88,7 @@ from .disk import DiskGuard
 from .fleet_ownership import FleetOwnership
 from .lanes import Lanes, _TurnStore
 from .ownership import Ownership, SingleHost
+from .recovery import Recovery, recover
 from .stopper import Stopper
 
 __all__ = [

@@ -39,10 +39,10 @@ import trio
 
 from ..core.account import unfinished
 from ..core.results import restart_notice_text, stop_notice_text
+from ..procs.cgroup import CgroupRoot, TurnCgroup
+from ..procs.tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wait_gone
 from ..store.engines import Engine
 from ..store.store import Pending, Store
-from .cgroup import CgroupRoot, TurnCgroup
-from .tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wait_gone
 
 log = logging.getLogger("corral.recovery")
 
