@@ -469,13 +469,18 @@ def test_check_shows_each_agents_network(short_tmp: Path) -> None:
     (short_tmp / "corral.toml").write_text(MIGRATION)
     out = subprocess.run([*CORRAL, "check", "-c", "corral.toml"], cwd=short_tmp, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "network of local: host" in out.stdout and "network of chosen: host" in out.stdout
+    assert "network of local: internet" in out.stdout and "network of chosen: host" in out.stdout
+    assert "network of granted: internet; allowed: 127.0.0.1:4000" in out.stdout, out.stdout
     assert "network of listed: 1 name (pypi.org); allowed: 10.0.0.0/8" in out.stdout, out.stdout
     as_json = json.loads(subprocess.run([*CORRAL, "check", "-c", "corral.toml", "--json"], cwd=short_tmp,
                                         capture_output=True, text=True).stdout)
     assert as_json["networks"]["listed"]["allow"] == ["10.0.0.0/8"]
-    # The default is still "host": no agent is cut off by it, so nothing to say.
-    assert as_json["notes"] == [] and "note:" not in out.stdout
+    # The default ("internet") cuts one agent off from the local server its config names:
+    # said once, with the line to add; the granted, the chosen and the public are not named.
+    notes = [line for line in out.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: agents.local:"), out.stdout
+    assert 'network_allow = ["127.0.0.1:4000", "127.0.0.1:11434"]' in notes[0]
+    assert as_json["notes"] == [notes[0].removeprefix("note: ")]
 
 
 def test_under_the_internet_default_check_names_each_agent_it_cuts_off_with_the_line_to_add(

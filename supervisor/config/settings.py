@@ -26,7 +26,7 @@ from ..core.results import DELIVERIES
 from ..procs.sandbox import MODES, SandboxMode
 
 #: An agent's ``network`` where neither it nor ``[server]`` says (see :mod:`supervisor.core.netpolicy`).
-DEFAULT_NETWORK = "host"
+DEFAULT_NETWORK = "internet"
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 DEFAULT_MAX_HOPS = 6
