@@ -402,6 +402,78 @@ async def test_the_proxy_holds_200_concurrent_turns_bounded_and_leaves_nothing(g
     assert _open_fds() <= before + 2, "the proxy leaked sockets"
 
 
+async def test_the_relay_moves_every_byte_of_a_fast_stream_and_a_turns_end_stops_it_mid_stream(
+    guard: list[tuple[str, int]]
+) -> None:
+    """The splice relay tries each move before waiting: what it moves is what was sent, both
+    ways, and a turn's end still stops a stream whose sides never make it wait."""
+    import contextlib
+    import hashlib
+    from functools import partial
+
+    from supervisor.core.netpolicy import parse_policy
+
+    blob = hashlib.shake_256(b"corral").digest(8 << 20)  # 8 MiB that no shortcut can fake
+    endless = trio.Event()
+
+    async def serve(stream: trio.SocketStream) -> None:
+        first = await stream.receive_some(65536)
+        if first == b"endless":
+            endless.set()
+            with trio.move_on_after(60), contextlib.suppress(trio.BrokenResourceError):
+                while True:  # as fast as the relay takes it, until the relay ends it
+                    await stream.send_all(blob[: 1 << 20])
+            return
+        await stream.send_all(blob)  # the echo's other half: the client sends blob too
+        got = first
+        while len(got) < len(blob) and (more := await stream.receive_some(1 << 20)):
+            got += more
+        await stream.send_all(hashlib.sha256(got).digest())
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        service = proxy_module.NetworkService(nursery, _LoopbackPool())  # type: ignore[arg-type]
+        service.nsenter = "nsenter"
+        net = await service.open("turn-1", parse_policy("internet", [f"127.0.0.1:{port}"]))
+
+        async def tunnel() -> trio.SocketStream:
+            stream = await trio.open_tcp_stream(*net.netns.listener.getsockname()[:2])
+            await stream.send_all(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive_some(4096)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            return stream
+
+        with trio.fail_after(120):
+            stream = await tunnel()
+            received = b""
+            async with trio.open_nursery() as both:
+                both.start_soon(stream.send_all, blob)
+                while len(received) < len(blob) + 32:
+                    received += await stream.receive_some(1 << 20)
+            assert received[: len(blob)] == blob, "the stream from the server changed on its way"
+            assert received[len(blob):] == hashlib.sha256(blob).digest(), "the stream to the server changed"
+            await stream.aclose()
+
+            fast = await tunnel()
+            await fast.send_all(b"endless")
+            await endless.wait()
+            for _ in range(8):  # it streams
+                assert await fast.receive_some(1 << 20)
+        with trio.fail_after(10):
+            await net.aclose()  # the turn's end, mid-stream
+            try:
+                while await fast.receive_some(1 << 20):
+                    pass
+            except trio.BrokenResourceError:
+                pass
+        assert service.open_connections == 0
+        await fast.aclose()
+        nursery.cancel_scope.cancel()
+
+
 async def test_namespaces_are_made_ahead_and_none_outlives_its_close() -> None:
     import psutil
 
@@ -410,7 +482,7 @@ async def test_namespaces_are_made_ahead_and_none_outlives_its_close() -> None:
     async with open_netns_pool(spares=2) as pool:
         first = await pool.take()  # none ready yet: made now, and two spares start
         with trio.fail_after(60):
-            while len(pool._ready.get((), [])) < 2:
+            while pool.spares() < 2:
                 await trio.sleep(0.02)  # waiting for real helper processes
         made = pool.made
         taken = [first, await pool.take(), await pool.take()]
@@ -423,7 +495,7 @@ async def test_namespaces_are_made_ahead_and_none_outlives_its_close() -> None:
             await ns.aclose()
         assert all(ns.holder.returncode is not None for ns in taken)
         with trio.fail_after(60):
-            while len(pool._ready.get((), [])) < 2:
+            while pool.spares() < 2:
                 await trio.sleep(0.02)
         spares = [ns.holder for ns in pool._ready[()]]
         # A turn whose grants forward loopback ports gets a namespace made for them, never a
@@ -469,13 +541,18 @@ def test_check_shows_each_agents_network(short_tmp: Path) -> None:
     (short_tmp / "corral.toml").write_text(MIGRATION)
     out = subprocess.run([*CORRAL, "check", "-c", "corral.toml"], cwd=short_tmp, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "network of local: host" in out.stdout and "network of chosen: host" in out.stdout
+    assert "network of local: internet" in out.stdout and "network of chosen: host" in out.stdout
+    assert "network of granted: internet; allowed: 127.0.0.1:4000" in out.stdout, out.stdout
     assert "network of listed: 1 name (pypi.org); allowed: 10.0.0.0/8" in out.stdout, out.stdout
     as_json = json.loads(subprocess.run([*CORRAL, "check", "-c", "corral.toml", "--json"], cwd=short_tmp,
                                         capture_output=True, text=True).stdout)
     assert as_json["networks"]["listed"]["allow"] == ["10.0.0.0/8"]
-    # The default is still "host": no agent is cut off by it, so nothing to say.
-    assert as_json["notes"] == [] and "note:" not in out.stdout
+    # The default ("internet") cuts one agent off from the local server its config names:
+    # said once, with the line to add; the granted, the chosen and the public are not named.
+    notes = [line for line in out.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: agents.local:"), out.stdout
+    assert 'network_allow = ["127.0.0.1:4000", "127.0.0.1:11434"]' in notes[0]
+    assert as_json["notes"] == [notes[0].removeprefix("note: ")]
 
 
 def test_under_the_internet_default_check_names_each_agent_it_cuts_off_with_the_line_to_add(

@@ -94,10 +94,10 @@ class Rig:
         self.server = cli.server().start()
         try:
             # The tools the fake model asks for write pid files in the folder: granted, as a user
-            # would; the network is the proxy's ("internet"), with the fake model's loopback
+            # would; the network is the default ("internet"), with the fake model's loopback
             # address granted (that network refuses loopback otherwise).
             agent = {**cli.agent(self.server.url, cli_path(cli.name)), "sandbox_write": [str(folder)],
-                     "network": "internet", "network_allow": [grant_for(self.server.url)]}
+                     "network_allow": [grant_for(self.server.url)]}
             self.daemon = DaemonProcess(folder, config_text(agent))
         except BaseException:
             self.server.stop()
@@ -323,7 +323,7 @@ def _claude_config(folder: Path, server: FakeModelServer) -> Any:
     from conftest import make_config
 
     agent = {"adapter": "claude", "command": [str(cli_path("claude"))], "env": anthropic.agent_env(server.url),
-             "network": "internet", "network_allow": [grant_for(server.url)]}
+             "network_allow": [grant_for(server.url)]}
     return make_config(folder, {"cli": agent}, stop_grace=STOP_GRACE, stall_timeout=120, turn_timeout=300)
 
 

@@ -19,7 +19,7 @@ from ..core.netpolicy import HOST, Policy
 from ..procs.sandbox import SandboxMode
 
 #: An agent's ``network`` where neither it nor ``[server]`` says (see :mod:`supervisor.core.netpolicy`).
-DEFAULT_NETWORK = "host"
+DEFAULT_NETWORK = "internet"
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 DEFAULT_MAX_HOPS = 6

@@ -174,6 +174,10 @@ class NetnsPool:
         self.made = 0
         """Namespaces made so far (for tests and ``status``)."""
 
+    def spares(self, forwards: tuple[tuple[str, int], ...] = ()) -> int:
+        """How many namespaces for ``forwards`` are ready now."""
+        return len(self._ready.get(forwards, ()))
+
     async def take(self, forwards: tuple[tuple[str, int], ...] = ()) -> NetNamespace:
         """A fresh namespace for one turn, listening on ``forwards`` too (a spare made for the
         same ones if there is one), and start making the next."""

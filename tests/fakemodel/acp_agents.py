@@ -201,13 +201,12 @@ def daemon_table(name: str, url: str, folder: Path) -> dict[str, object]:
     preset cannot know (a fake provider) goes in files under ``folder``, named by ``env``."""
     # ``folder`` holds what the agent writes outside its HOME (a CODEX_HOME, the tools' pid
     # files): granted, as a user grants a folder it points an agent at.
-    # Under the network policy, with the fake server's loopback address granted (which
-    # "internet" refuses): every agent works behind corral's proxy.
+    # And the fake server's loopback address, which the default network refuses.
     from supervisor.core.netpolicy import grant_for
 
     table: dict[str, object] = {
         "adapter": "acp", "preset": name, "command": [str(acp_binary(name))], "sandbox_write": [str(folder)],
-        "network": "internet", "network_allow": [grant_for(url)],
+        "network_allow": [grant_for(url)],
     }
     if name == "gemini":
         table["env"] = gemini_api.agent_env(url)
