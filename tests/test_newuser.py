@@ -32,7 +32,7 @@ async def test_a_program_gone_since_the_check_is_named_with_its_path(short_tmp: 
 async def test_the_interrupted_turn_entry_says_a_kept_plan_will_be_nudged(tmp_path: Path) -> None:
     """After kill -9 the plan is kept and nudged (a crash is not a stop): the entry says so."""
     from supervisor.core.results import RESTART_NOTICE
-    from supervisor.procs.recovery import recover
+    from supervisor.host.recovery import recover
     from supervisor.store.store import open_store
 
     plan = [{"content": "a", "status": "completed"}, {"content": "b", "status": "in_progress"},

@@ -5,7 +5,6 @@ Read :mod:`.supervisor` first (what it composes), then the part you change: :mod
 queued, interrupting its turn, or steering it), :mod:`.capacity` (the admission gate's Trio
 driver: a worker waits for a slot), :mod:`.stopper` (a stop's record, its kill, its notice;
 the one kill step), :mod:`.ownership` (who runs a channel: this host alone, or a fleet's
-lease holder, :mod:`.fleet_ownership`); what it answers is typed in
-:mod:`supervisor.core.results`.
-Internal: embedders use ``supervisor.open_supervisor``.
+lease holder, :mod:`.fleet_ownership`), and a start's recovery from an abrupt end (:mod:`.recovery`); what
+it answers is typed in :mod:`supervisor.core.results`. Internal: embedders use ``supervisor.open_supervisor``.
 """

@@ -66,7 +66,6 @@ from ..procs.files import private_folder
 from ..procs.hooks import Hooks
 from ..procs.memory import read_memory
 from ..procs.peers import PeerFacts, PeerRefusal, judge_peer, own_pid_namespace
-from ..procs.recovery import Recovery, recover
 from ..procs.registry import ProcessRegistry
 from ..procs.sandbox import Sandbox, instances_folder, open_sandbox
 from ..procs.teardown import CollectorPause
@@ -84,6 +83,7 @@ from .delivery import Delivery
 from .fleet_ownership import FleetOwnership
 from .lanes import Lanes, _TurnStore
 from .ownership import Ownership, SingleHost
+from .recovery import Recovery, recover
 from .stopper import Stopper
 
 __all__ = [

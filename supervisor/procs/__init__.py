@@ -8,5 +8,5 @@ stragglers (:mod:`.teardown`); reading an agent's output by lines (:mod:`.lines`
 its stdin open for steered messages (:mod:`.stdin`); private files and folders
 (:mod:`.files`); the memory a new turn could use (:mod:`.memory`); who is on the control
 socket's other end (:mod:`.peers`); the test hooks that park a spawn at an exact point
-(:mod:`.hooks`); and sweeping what a crashed daemon left behind (:mod:`.recovery`). Internal.
+(:mod:`.hooks`); and ending the processes a crashed daemon left behind (:mod:`.recovery`). Internal.
 """

@@ -1,27 +1,30 @@
-"""Recovery after an abrupt death: end what the last owner of the store left running.
+"""Recovery after an abrupt death: end the processes the last owner of the store left running.
 
 A supervisor killed with SIGKILL (or by the OOM killer, or a power cut) cannot end its
 turns. Their processes live on, re-parented, still working in the channels' folders and
 sessions; a restart that ignored them would start queued turns beside them. So the next
-owner of the store, before it serves or re-queues anything:
+owner of the store, before it serves or re-queues anything (:mod:`supervisor.host.recovery`
+runs the start-up job: this module's part, then the store's):
 
 1. finds every process whose environment carries ``CORRAL_STORE=<this store's id>`` — the
    store's identity, not the supervisor's pid, so two corral instances on one machine never
    touch each other's processes (escapees that clear their environment are out of reach of
    any marker; a cgroup per turn is what catches those: every leftover turn cgroup of the
    store's own subtree, ``corral-<store id>``, is interrupted, given the grace, killed with
-   ``cgroup.kill``, watched until empty and removed — before the marker scan);
+   ``cgroup.kill``, watched until empty and removed — before the marker scan,
+   :func:`end_cgroups`);
 2. sends each its interrupt signal (SIGINT, what the real CLIs expect), waits out a grace,
    SIGKILLs each process and every process group one of them leads, and waits until all are
-   gone (a pidfd waits for a process that is not our child);
-3. stores, for each turn the store still calls ``running``, the entry "Task interrupted —
-   corral restarted. Send another message to continue." (the turn's last; where the turn's
-   plan has unfinished tasks it adds that they are kept and will be nudged, as a crash is not
-   a stop: :func:`~supervisor.core.results.restart_notice_text`), and for each
-   stop whose record was stored but whose notice was not, that notice.
+   gone (a pidfd waits for a process that is not our child: :func:`end_orphans`);
+3. (the host's, :mod:`supervisor.host.recovery`) stores, for each turn the store still calls
+   ``running``, the entry "Task interrupted — corral restarted. Send another message to
+   continue." (the turn's last; where the turn's plan has unfinished tasks it adds that they
+   are kept and will be nudged, as a crash is not a stop:
+   :func:`~supervisor.core.results.restart_notice_text`), and for each stop whose record was
+   stored but whose notice was not, that notice.
 
 Only then are queued messages re-queued: a channel whose turn was interrupted runs its next
-message only once the orphan is dead.
+message only once the orphan is dead. Nothing here reads or writes the store.
 """
 
 from __future__ import annotations
@@ -31,16 +34,11 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from ..core.account import unfinished
-from ..core.results import restart_notice_text, stop_notice_text
-from ..store.engines import Engine
-from ..store.store import Pending, Store
 from .cgroup import CgroupRoot, TurnCgroup
 from .tree import STORE_MARKER, ProcId, kill_exact, read_stat, scan_markers, wait_gone
 
@@ -163,53 +161,3 @@ async def end_cgroups(root: CgroupRoot, grace: float, report: Recovery) -> None:
         log.error(
             "processes %s in turn cgroups of store %s could not be confirmed dead", report.survivors, root.store_id
         )
-
-
-def _completes_stop(seq: int, result: dict[str, Any], turn: str | None) -> Callable[[Engine, int], None]:
-    """The write, in the notice's transaction, that completes stop ``seq``."""
-    return lambda db, _entry: Store.complete_stop(db, seq, result, turn)
-
-
-def _ends_turn(turn_id: str) -> Callable[[Engine, int], None]:
-    """The write, in the notice's transaction, that marks turn ``turn_id`` ended."""
-    return lambda db, _entry: Store.mark_turn_ended(db, turn_id)
-
-
-async def recover(store: Store, grace: float, stop_notice: str, cgroups: CgroupRoot | None = None) -> Recovery:
-    """End the previous owner's orphans (its turn cgroups first), then close its turns and
-    stops on the record."""
-    report = Recovery()
-    if cgroups is not None:
-        await end_cgroups(cgroups, grace, report)
-    await end_orphans(store.store_id, grace, report)
-    turns, stops = await store.unfinished()
-    writes: list[Pending] = []
-    for seq, channel, generation, dropped, turn in stops:
-        result = {"channel": channel, "generation": generation, "dropped": dropped, "ok": True, "recovered": True}
-        writes.append(
-            store.submit_entry(
-                channel, "system", "notice", stop_notice_text(stop_notice, dropped), turn=turn, generation=generation,
-                meta={"stop_seq": seq, "ok": True, "recovered": True},
-                also=_completes_stop(seq, result, turn),
-            )
-        )
-        report.stops.append(seq)
-    for turn_id, channel, generation, _ in turns:
-        agents = await store.query("SELECT agent FROM turns WHERE id = ?", (turn_id,))
-        left = unfinished(store.todos(channel, agents[0][0])) if agents else 0
-        writes.append(
-            store.submit_entry(
-                channel, "system", "notice", restart_notice_text(left), turn=turn_id, generation=generation,
-                meta={"recovered": True},
-                also=_ends_turn(turn_id),
-            )
-        )
-        report.turns.append(turn_id)
-    for write in writes:
-        await write.committed()
-    if report.killed or report.turns or report.stops:
-        log.warning(
-            "recovered after an abrupt end: killed %s, interrupted turns %s, stop notices %s",
-            report.killed, report.turns, report.stops,
-        )
-    return report
