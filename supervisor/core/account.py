@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from adapters._base import (
+from adapters import (
     Error,
     Event,
     Result,

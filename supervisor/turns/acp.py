@@ -38,7 +38,7 @@ from typing import ClassVar
 
 import trio
 
-from adapters._base import Event, Result, Status
+from adapters import Event, Result, Status
 from adapters.acp import AcpEvent, PermissionDecided, PermissionRequested, PromptEnded, acp_settings
 
 from ..config.settings import AgentConfig

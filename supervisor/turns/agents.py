@@ -62,7 +62,7 @@ from typing import Literal
 
 import trio
 
-from adapters._base import Error, Launch, Unparsed
+from adapters import Error, Launch, Unparsed
 from adapters.acp import (
     AUTH_REQUIRED,
     DEFAULT_START_TIMEOUT,

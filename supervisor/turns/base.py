@@ -38,8 +38,7 @@ from typing import ClassVar
 
 import trio
 
-from adapters import Adapter, get_adapter
-from adapters._base import Event, Launch, TurnRequest
+from adapters import Adapter, Event, Launch, TurnRequest, get_adapter
 
 from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount

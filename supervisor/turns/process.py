@@ -35,7 +35,7 @@ from typing import Protocol, runtime_checkable
 
 import trio
 
-from adapters._base import Launch, Parser, Result
+from adapters import Launch, Parser, Result
 
 from ..config.settings import AgentConfig
 from ..core.account import Post, ShowDraft
