@@ -60,6 +60,24 @@ from supervisor.turns import process as _turn
 #: The supervisors started in this process (one: the daemon's), for the seeded bugs.
 SUPERVISORS: list[_supervisor.Supervisor] = []
 
+#: Every patch made in this process: (the object patched, the name, what it was set to).
+PATCHES: list[tuple[object, str, object]] = []
+
+
+def patch(owner: object, name: str, new: object) -> None:
+    """Set ``owner.name`` to ``new``; raise if ``owner`` has no such name yet.
+
+    A bare assignment to a name that was renamed or moved makes a new attribute nobody reads:
+    the trace goes quiet or the seeded bug is never seeded, and the chaos run passes while it
+    no longer tests what it says. So every patch of this module goes through here (a test
+    applies them all and checks that each one landed: ``tests/test_chaos_patches.py``)."""
+    if not hasattr(owner, name):
+        where = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
+        raise AttributeError(f"chaos daemon: {where} has no {name!r} to patch (renamed or moved?): "
+                             "update scripts/_chaos_daemon.py")
+    setattr(owner, name, new)
+    PATCHES.append((owner, name, new))
+
 _trace_fd: int | None = None
 
 
@@ -128,7 +146,7 @@ def install_trace(path: str) -> None:
               turns=[turn for _, turn in decision.stopped_turns])
         return decision
 
-    _ledger.StopLedger.stop = stop  # type: ignore[method-assign]
+    patch(_ledger.StopLedger, "stop", stop)
 
     ledger_accept = _ledger.StopLedger.accept
 
@@ -137,7 +155,7 @@ def install_trace(path: str) -> None:
               routed=kw.get("routed", False), rests=self.rests(channel))
         return ledger_accept(self, channel, agent, message_id, **kw)
 
-    _ledger.StopLedger.accept = accept  # type: ignore[method-assign]
+    patch(_ledger.StopLedger, "accept", accept)
 
     async def preparing(channel: str, turn_id: str) -> None:
         trace("preparing", channel=channel, turn=turn_id)
@@ -163,7 +181,7 @@ def install_trace(path: str) -> None:
         supervisor_init(self, config, store, nursery, hooks or Hooks(preparing=preparing, spawn=spawn), **kw)
         SUPERVISORS.append(self)
 
-    _supervisor.Supervisor.__init__ = init  # type: ignore[method-assign]
+    patch(_supervisor.Supervisor, "__init__", init)
 
     signal_group = _tree.signal_group
 
@@ -173,9 +191,9 @@ def install_trace(path: str) -> None:
         trace("signal", pgid=pgid, sig=int(sig))
         return sent
 
-    _tree.signal_group = traced_signal_group
+    patch(_tree, "signal_group", traced_signal_group)
     # The freeze of a registration while its stop is stored (the registry's own import).
-    _registry.signal_group = traced_signal_group  # type: ignore[attr-defined]
+    patch(_registry, "signal_group", traced_signal_group)
 
     os_kill = os.kill
 
@@ -185,7 +203,7 @@ def install_trace(path: str) -> None:
         os_kill(pid, sig)
         trace("signal", pid=pid, sig=int(sig))
 
-    os.kill = traced_kill
+    patch(os, "kill", traced_kill)
 
     cgroup_kill = _cgroup.TurnCgroup.kill
 
@@ -197,7 +215,7 @@ def install_trace(path: str) -> None:
         for pid in members:
             trace("signal", pgid=pid, sig=int(signal.SIGKILL))
 
-    _cgroup.TurnCgroup.kill = traced_cgroup_kill  # type: ignore[method-assign]
+    patch(_cgroup.TurnCgroup, "kill", traced_cgroup_kill)
 
     register = _registry.ProcessRegistry.register
 
@@ -211,7 +229,7 @@ def install_trace(path: str) -> None:
             trace("registered", turn=turn_id, pid=tree.pid, kept=kept)
         return kept
 
-    _registry.ProcessRegistry.register = traced_register  # type: ignore[method-assign]
+    patch(_registry.ProcessRegistry, "register", traced_register)
 
     release = _registry.ProcessRegistry.release
 
@@ -220,7 +238,7 @@ def install_trace(path: str) -> None:
         trace("release", channel=channel, turn=turn_id, pid=tree.pid, returncode=tree.process.returncode)
         return release(self, channel, turn_id, tree)
 
-    _registry.ProcessRegistry.release = traced_release  # type: ignore[method-assign]
+    patch(_registry.ProcessRegistry, "release", traced_release)
 
 
 # ---------------------------------------------------------------- seeded bugs
@@ -237,7 +255,7 @@ def _no_point_of_no_return() -> None:
                 turn.phase = _ledger.Phase.STARTED
         return True
 
-    _ledger.StopLedger.may_start = always  # type: ignore[method-assign]
+    patch(_ledger.StopLedger, "may_start", always)
 
 
 def _no_late_kill() -> None:
@@ -247,11 +265,11 @@ def _no_late_kill() -> None:
         self._trees[(channel, turn_id)] = tree
         return True
 
-    _registry.ProcessRegistry.register = register  # type: ignore[method-assign]
+    patch(_registry.ProcessRegistry, "register", register)
 
 
 def _todos_kept() -> None:
-    _stopper.Stopper._cancelled_plans = lambda self, channel: {}  # type: ignore[method-assign]
+    patch(_stopper.Stopper, "_cancelled_plans", lambda self, channel: {})
 
 
 def _keep_everything(self: _turn.Turn, kind: str, text: str, meta: dict[str, Any] | None = None) -> None:
@@ -272,13 +290,13 @@ def _account_ignores_silence() -> None:
     def loud_close(self: _account.TurnAccount, *, silenced: bool) -> list[_account.Effect]:
         return close_text(self, silenced=False)
 
-    _account.TurnAccount.on_event = loud_event  # type: ignore[method-assign]
-    _account.TurnAccount.close_text = loud_close  # type: ignore[method-assign]
+    patch(_account.TurnAccount, "on_event", loud_event)
+    patch(_account.TurnAccount, "close_text", loud_close)
 
 
 def _output_before_notice() -> None:
     _account_ignores_silence()
-    _turn.Turn._post = _keep_everything  # type: ignore[method-assign,assignment]
+    patch(_turn.Turn, "_post", _keep_everything)
 
 
 def _output_after_notice() -> None:
@@ -300,14 +318,14 @@ def _output_after_notice() -> None:
 
         SUPERVISORS[-1]._nursery.start_soon(store_it)
 
-    _turn.Turn._post = later  # type: ignore[method-assign,assignment]
+    patch(_turn.Turn, "_post", later)
 
 
 def _no_marker_scan() -> None:
     async def scan(self: _tree.MarkerScanner, marker: str, *, not_before: float) -> set[_tree.ProcId]:
         return set()
 
-    _tree.MarkerScanner.scan = scan  # type: ignore[method-assign]
+    patch(_tree.MarkerScanner, "scan", scan)
 
 
 def _rest_forgotten() -> None:
@@ -320,7 +338,7 @@ def _rest_forgotten() -> None:
         self._channels[channel].routing_rests = False
         return decision
 
-    _ledger.StopLedger.stop = restless  # type: ignore[method-assign]
+    patch(_ledger.StopLedger, "stop", restless)
 
 
 #: Each seeded bug: what it reintroduces.

@@ -42,12 +42,13 @@ import trio
 
 from adapters.acp import PromptEnded
 from scripts._bench import SERVER_TOML, Daemon, short_tmp
+from scripts._config import toml_value
 from supervisor.serve.client import Client
 from supervisor.testing import read_pid
 from supervisor.turns.agents import AcpAgent, PromptStream, open_acp_agent
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec, daemon_table
-from tests.fakemodel.rig import toml_value, write_tool_script
+from tests.fakemodel.rig import write_tool_script
 
 BOUND = 120.0
 

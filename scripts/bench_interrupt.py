@@ -35,6 +35,7 @@ import psutil
 import trio
 
 from scripts._bench import pct, short_tmp
+from scripts._config import toml_value
 from scripts.bench_stop import CLI_STOP_GRACE, CLIS, cli_setup
 from supervisor.config.settings import load_config, parse_config
 from supervisor.core.results import INTERRUPT_NOTICE
@@ -42,7 +43,6 @@ from supervisor.host.supervisor import Supervisor, open_supervisor
 from supervisor.procs.tree import TURN_MARKER
 from supervisor.procs.tree import spawn as real_spawn
 from supervisor.testing import Hooks, read_pid
-from tests.fakemodel.rig import toml_value
 
 #: How long a turn may take to reach its tool.
 READY = 120.0

@@ -97,6 +97,7 @@ from scripts._bench import (
     spread,
     sweep_leftovers,
 )
+from scripts._config import toml_value
 from supervisor.procs.cgroup import open_root
 from supervisor.procs.tree import scrubbed_environment
 from supervisor.serve.client import Client
@@ -105,7 +106,7 @@ from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.clis import cache_dir as cli_cache_dir
 from tests.fakemodel.clis import cli_path
-from tests.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, toml_value, write_tool_script
+from tests.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, write_tool_script
 
 #: Targets, printed next to the figures.
 STOP_ONE_FACTOR, STOP_ONE_SLACK_MS = 2.0, 10.0

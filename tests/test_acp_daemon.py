@@ -23,10 +23,11 @@ import psutil
 import pytest
 from conftest import DaemonProcess, turn_processes
 
+from scripts._config import toml_value
 from supervisor.testing import read_pid
 from tests.fakemodel._http import FakeModelServer
 from tests.fakemodel.acp_agents import ACP_AGENTS, daemon_table
-from tests.fakemodel.rig import toml_value, write_tool_script
+from tests.fakemodel.rig import write_tool_script
 
 pytestmark = pytest.mark.realcli
 

@@ -18,13 +18,14 @@ import trio.testing
 from conftest import DaemonProcess, make_config
 
 from adapters.acp import PermissionDecided, PromptEnded
+from scripts._config import toml_value
 from supervisor import open_supervisor
 from supervisor.config.settings import ConfigError, parse_config
 from supervisor.host.supervisor import Supervisor
 from supervisor.procs.tree import descendants, read_stat
 from supervisor.testing import Hooks, read_pid
 from supervisor.turns.acp import turn_event
-from tests.fakemodel.rig import PID_OF_LAST, toml_value, write_tool_script
+from tests.fakemodel.rig import PID_OF_LAST, write_tool_script
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 #: Real processes get real time.

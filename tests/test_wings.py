@@ -66,15 +66,6 @@ def arrows_against_the_order(root: Path = PACKAGE) -> list[str]:
     return bad
 
 
-#: The arrows against the order still in the code (each a fix to make; the list only shrinks).
-KNOWN: set[str] = set()
-
-
-def _known(arrow: str) -> bool:
-    where = arrow.split(":", 1)[0].removeprefix("supervisor/")
-    return any(where == k.split(" -> ")[0] and k.split(" -> ")[1] in arrow for k in KNOWN)
-
-
 def test_every_wing_is_in_the_order_once() -> None:
     order = wings_order()
     wings = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
@@ -83,16 +74,8 @@ def test_every_wing_is_in_the_order_once() -> None:
 
 
 def test_no_wing_imports_a_later_one() -> None:
-    bad = [a for a in arrows_against_the_order() if not _known(a)]
+    bad = arrows_against_the_order()
     assert not bad, "imports against the wings' order:\n" + "\n".join(bad)
-
-
-def test_the_known_arrows_are_still_there() -> None:
-    # An arrow fixed leaves this list: a stale entry would let the same arrow come back.
-    arrows = arrows_against_the_order()
-    for known in KNOWN:
-        where, what = known.split(" -> ")
-        assert any(a.startswith(f"supervisor/{where}:") and what in a for a in arrows), f"fixed: drop {known!r}"
 
 
 def test_the_check_sees_an_arrow_against_the_order(tmp_path: Path) -> None:

@@ -6,8 +6,7 @@ queued, interrupting its turn, or steering it), :mod:`.capacity` (the admission 
 driver: a worker waits for a slot), :mod:`.stopper` (a stop's record, its kill, its notice;
 the one kill step), :mod:`.ownership` (who runs a channel: this host alone, or a fleet's
 lease holder, :mod:`.fleet_ownership`), :mod:`.disk` (the reserve that keeps a turn filling
-its HOME from filling the store's disk), :mod:`.recovery` (before serving: the previous owner's
-orphans ended and its turns closed on the record); what it answers is typed in
-:mod:`supervisor.core.results`.
+its HOME from filling the store's disk), and a start's recovery from an abrupt end
+(:mod:`.recovery`); what it answers is typed in :mod:`supervisor.core.results`.
 Internal: embedders use ``supervisor.open_supervisor``.
 """

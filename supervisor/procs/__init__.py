@@ -9,7 +9,7 @@ its stdin open for steered messages (:mod:`.stdin`); private files and folders
 (:mod:`.files`); the memory a new turn could use (:mod:`.memory`); who is on the control
 socket's other end (:mod:`.peers`); a hidden file replaced on the host, which ends the turns
 it was hidden from (:mod:`.covers`); a network namespace per turn (:mod:`.netns`, made by the
-script :mod:`._netns_helper` in a process of its own); and the test hooks that park a spawn
-at an exact point (:mod:`.hooks`). Sweeping what a crashed daemon left behind is the host's
-start-up job (:mod:`supervisor.host.recovery`). Internal.
+script :mod:`._netns_helper` in a process of its own); the test hooks that park a spawn at an
+exact point (:mod:`.hooks`); and ending the processes a crashed daemon left behind
+(:mod:`.recovery`). Internal.
 """

@@ -368,6 +368,12 @@ def end_turn(db: Engine, turn_id: str) -> None:
     db.execute("UPDATE turns SET state = ? WHERE id = ? AND state = ?", (TURN_ENDED, turn_id, TURN_RUNNING))
 
 
+def turn_agent(db: Engine, turn_id: str) -> str | None:
+    """The agent of turn ``turn_id`` (None: no such turn)."""
+    rows = db.query("SELECT agent FROM turns WHERE id = ?", (turn_id,))
+    return str(rows[0][0]) if rows else None
+
+
 def mark_turn_ended(db: Engine, turn_id: str | None) -> None:
     """(In a transaction) the turn's last entry is being stored: it is over."""
     if turn_id is not None:

@@ -602,6 +602,10 @@ class Store:
 
     mark_turn_ended = staticmethod(statements.mark_turn_ended)
 
+    async def turn_agent(self, turn_id: str) -> str | None:
+        """The agent of turn ``turn_id`` (None: no such turn)."""
+        return await self._read(lambda: statements.turn_agent(self._db, turn_id))
+
     def submit_stop_records(self, records: list[StopRecord]) -> Pending:
         """Store the records of one or more stops as ONE transaction (a stop-all is one)."""
         stamp, host = time.time(), self.host

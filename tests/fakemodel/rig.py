@@ -1,14 +1,12 @@
 """What the real-CLI tests and the stop benchmark both need to drive a CLI's shell tool.
 
-``tests/test_realcli.py`` and ``scripts/bench_stop.py`` run the same tool and write the same
-agent tables: one copy of each lives here.
+``tests/test_realcli.py`` and ``scripts/bench_stop.py`` run the same tool: one copy of it lives
+here (the TOML of their agent tables is :func:`scripts._config.toml_value`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 #: The tool's long process and its setsid grandchild (distinct, so a scan can tell them apart).
 TOOL_SLEEP, SETSID_SLEEP = "sleep 3000", "sleep 3001"
@@ -36,18 +34,3 @@ def write_tool_script(folder: Path) -> Path:
         "wait\n"
     )
     return script
-
-
-def toml_value(value: Any) -> str:
-    """A TOML rendering of the values an agent table holds (JSON strings are TOML strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(value)
