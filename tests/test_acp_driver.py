@@ -20,7 +20,8 @@ import supervisor.turns.agents
 from adapters._base import Error, Launch, SessionId, Text, Todos, ToolUse, Unparsed
 from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
 from supervisor.procs.tree import ident, read_stat
-from supervisor.turns.agents import AcpAgent, AcpAgentError, AcpAgentPool, AcpSpec, PromptStream, open_acp_agent
+from supervisor.turns.agents import AcpAgent, AcpAgentError, PromptStream, open_acp_agent
+from supervisor.turns.pool import AcpAgentPool, AcpSpec
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 #: Real processes get real time: generous bounds.

@@ -57,7 +57,7 @@ from ..procs.registry import ProcessRegistry
 from ..procs.tree import ProcessTree, reap_if_child, reap_orphans, wait_pid_exit
 from ..store.store import Draft, Dropped, Fenced, Pending, QueuedRow, Store, StoreError
 from ..turns.acp import AcpTurn
-from ..turns.agents import AcpAgentPool
+from ..turns.pool import AcpAgentPool
 from ..turns.ports import RunningTurn, TurnPorts, new_turn_id, retry_without_session
 from ..turns.process import Turn
 from .capacity import Capacity

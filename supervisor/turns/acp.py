@@ -10,7 +10,7 @@ same :class:`~supervisor.turns.ports.TurnPorts` (``may_start`` at the point of n
 answer follow the rules of every other turn.
 
 Phases: *prepare* (the channel's folder, the agent's launch; the agent process is taken from
-the :class:`~supervisor.turns.agents.AcpAgentPool` — started, or restarted with ``session/load`` of
+the :class:`~supervisor.turns.pool.AcpAgentPool` — started, or restarted with ``session/load`` of
 the stored session id, before the point of no return: starting an agent calls no model);
 *start* (the ledger is asked, then ``session/prompt`` is queued with no checkpoint between);
 *stream* (``session/update`` events through the account: message chunks joined per run,
@@ -53,14 +53,12 @@ from .agents import (
     STOP_EXITED,
     AcpAgent,
     AcpAgentError,
-    AcpAgentPool,
-    AcpNetwork,
-    AcpSpec,
     CancelReport,
     PromptStream,
     StartupKill,
 )
 from .base import BaseTurn
+from .pool import AcpAgentPool, AcpNetwork, AcpSpec
 from .ports import TurnLimit, TurnPorts
 
 log = logging.getLogger("corral.turn")
