@@ -149,11 +149,7 @@ async def run_daemon(
     and the socket-activation ones taken from (``LISTEN_*``: removed once read).
     """
     stopping = trio.Event()
-    token = None
-    if config.server.token_file is not None:
-        token = config.server.token_file.read_text().strip()
-        if not token:
-            raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
+    token = _read_token(config)
     try:
         watchdog = systemd.watchdog_interval(environ, os.getpid())
     except systemd.SystemdError as exc:
@@ -161,20 +157,7 @@ async def run_daemon(
     notifying = systemd.notify_address(environ) is not None
     send = partial(systemd.notify, environ=dict(environ))
     passed = _take_sockets(config, environ, token)
-    unix_sock = passed.control
-    tcp_sock = passed.tcp
-    created: Path | None = None  # the socket file corral made, and so removes at the end
-    try:
-        if unix_sock is None:
-            unix_sock = bind_unix_socket(config.server.socket, config.server.socket_mode, config.server.socket_group)
-            created = config.server.socket
-        if tcp_sock is None and config.server.tcp:
-            tcp_sock = bind_loopback_tcp(config.server.tcp)
-    except BaseException:
-        for sock in (unix_sock, tcp_sock):
-            if sock is not None:
-                sock.close()
-        raise
+    unix_sock, tcp_sock, created = _listening_sockets(config, passed)
     # The handlers stay installed from before the recovery until the very end: a signal that
     # arrives while the daemon recovers or shuts down (a second SIGTERM) is queued or
     # ignored, never the default action that would kill it mid-way.
@@ -194,16 +177,7 @@ async def run_daemon(
                 # The listeners close once the supervisor is down: a stop in progress at
                 # shutdown still answers its caller.
                 closed = trio.Event()
-                # Only the Unix socket knows its peer: the TCP listener's wall is its token.
-                for sock, app, judge_peer in (
-                    (unix_sock, ControlAPI(sup, shutdown=stopping.set), sup.judge_peer),
-                    (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token), None),
-                ):
-                    if sock is not None:
-                        await nursery.start(
-                            partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS,
-                                    judge_peer=judge_peer)
-                        )
+                await _serve_listeners(nursery, sup, unix_sock, tcp_sock, token, stopping, closed)
                 log.info(
                     "corral %d ready on %s%s%s; %d agent(s); %d channel(s) with queued messages restored",
                     os.getpid(), config.server.socket,
@@ -213,15 +187,7 @@ async def run_daemon(
                 )
                 bridges_scope = trio.CancelScope()
                 if config.bridges:
-                    # Each bridge is contained (it fails alone, and is started again); the
-                    # daemon does not wait for a chat server to answer before it serves.
-                    from ..bridges.runner import run_bridges
-
-                    async def bridges() -> None:
-                        with bridges_scope:
-                            await run_bridges(sup, list(config.bridges.values()))
-
-                    nursery.start_soon(bridges, name="corral-bridges")
+                    nursery.start_soon(_run_bridges, sup, config, bridges_scope, name="corral-bridges")
                 status_scope = trio.CancelScope()
                 if notifying:
                     send(f"READY=1\nSTATUS={systemd.status_line(sup.status())}")
@@ -247,6 +213,62 @@ async def run_daemon(
             with contextlib.suppress(FileNotFoundError):
                 created.unlink()
         log.info("stopped")
+
+
+def _read_token(config: Config) -> str | None:
+    """The TCP listener's token, if the config names its file (an empty one is refused)."""
+    if config.server.token_file is None:
+        return None
+    token = config.server.token_file.read_text().strip()
+    if not token:
+        raise DaemonError(f"{config.server.token_file} is empty; put a secret in it")
+    return token
+
+
+def _listening_sockets(
+    config: Config, passed: systemd.Activation
+) -> tuple[socket.socket | None, socket.socket | None, Path | None]:
+    """The control socket and the TCP one (systemd's, else bound here), and the socket file
+    corral made (so removes at the end: never one systemd made, which outlives this process)."""
+    unix_sock, tcp_sock = passed.control, passed.tcp
+    created: Path | None = None
+    try:
+        if unix_sock is None:
+            unix_sock = bind_unix_socket(config.server.socket, config.server.socket_mode, config.server.socket_group)
+            created = config.server.socket
+        if tcp_sock is None and config.server.tcp:
+            tcp_sock = bind_loopback_tcp(config.server.tcp)
+    except BaseException:
+        for sock in (unix_sock, tcp_sock):
+            if sock is not None:
+                sock.close()
+        raise
+    return unix_sock, tcp_sock, created
+
+
+async def _serve_listeners(
+    nursery: trio.Nursery, sup: Supervisor, unix_sock: socket.socket | None, tcp_sock: socket.socket | None,
+    token: str | None, stopping: trio.Event, closed: trio.Event,
+) -> None:
+    """Serve the control API on each listener until ``closed``; only the Unix socket knows its
+    peer (``judge_peer``): the TCP listener's wall is its token."""
+    for sock, app, judge_peer in (
+        (unix_sock, ControlAPI(sup, shutdown=stopping.set), sup.judge_peer),
+        (tcp_sock, ControlAPI(sup, shutdown=stopping.set, token=token), None),
+    ):
+        if sock is not None:
+            await nursery.start(
+                partial(serve_socket, app, sock, stopping=closed, graceful=GRACEFUL_SECONDS, judge_peer=judge_peer)
+            )
+
+
+async def _run_bridges(sup: Supervisor, config: Config, scope: trio.CancelScope) -> None:
+    """The chat bridges, each contained (it fails alone, and is started again); the daemon
+    does not wait for a chat server to answer before it serves."""
+    from ..bridges.runner import run_bridges
+
+    with scope:
+        await run_bridges(sup, list(config.bridges.values()))
 
 
 #: Task names, so that a test can tell the watchdog and the status reporter exist (or not).
