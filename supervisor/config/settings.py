@@ -21,12 +21,13 @@ from typing import Any, cast
 
 from ..core.admission import DEFAULT_ESTIMATES, FALLBACK_ESTIMATE
 from ..core.errors import CorralError
-from ..core.netpolicy import HOST, Policy, PolicyError, configured_urls, parse_policy
+from ..core.netpolicy import DEFAULT, HOST, Policy, PolicyError, configured_urls, parse_policy
 from ..core.results import DELIVERIES
 from ..procs.sandbox import MODES, SandboxMode
 
-#: An agent's ``network`` where neither it nor ``[server]`` says (see :mod:`supervisor.core.netpolicy`).
-DEFAULT_NETWORK = "internet"
+#: An agent's ``network`` where neither it nor ``[server]`` says: ``"internet"``
+#: (:data:`supervisor.core.netpolicy.DEFAULT`).
+DEFAULT_NETWORK = DEFAULT
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 DEFAULT_MAX_HOPS = 6
