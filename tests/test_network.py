@@ -587,8 +587,15 @@ async def test_status_and_the_dashboard_show_each_agents_network(short_tmp: Path
     assert networks["b"]["policy"] == "none"
     assert networks["c"] == {"policy": "1 name", "kind": "list", "names": ["pypi.org:443"], "allow": ["10.0.0.0/8"],
                              "enforced": True}
+    # A list row names an agent's network where it is not the default, enforced (which would
+    # repeat on every row).
     row = list_view(status)["channels"][0]["agents"][0]
-    assert row["agent"] == "a" and row["network"] == "internet"
+    assert row["agent"] == "a" and "network" not in row, row
+    for network, shown in (({"policy": "host", "enforced": True}, "host"),
+                           ({"policy": "1 name", "enforced": True}, "1 name"),
+                           ({"policy": "internet", "enforced": False}, "internet, NOT enforced")):
+        status["agents"]["a"]["network"] = network
+        assert list_view(status)["channels"][0]["agents"][0]["network"] == shown
 
 
 def test_the_metadata_service_and_a_lan_address_in_a_namespace_of_the_tests_own(short_tmp: Path) -> None:

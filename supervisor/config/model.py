@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import CorralError
-from ..core.netpolicy import HOST, Policy
+from ..core.netpolicy import DEFAULT, HOST, Policy
 from ..procs.sandbox import SandboxMode
 
-#: An agent's ``network`` where neither it nor ``[server]`` says (see :mod:`supervisor.core.netpolicy`).
-DEFAULT_NETWORK = "internet"
+#: An agent's ``network`` where neither it nor ``[server]`` says: ``"internet"``
+#: (:data:`supervisor.core.netpolicy.DEFAULT`).
+DEFAULT_NETWORK = DEFAULT
 
 DEFAULT_CONFIG_NAME = "corral.toml"
 DEFAULT_MAX_HOPS = 6

@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 import trio
 
+from ..core.netpolicy import DEFAULT as DEFAULT_NETWORK
 from ..host.supervisor import Supervisor
 from . import dashauth
 from .commits import open_commit_wakeups
@@ -188,11 +189,22 @@ def _agent_state(item: dict[str, Any]) -> dict[str, Any]:
             "since": since, **({"waiting": dict(waiting)} if isinstance(waiting, Mapping) else {})}
 
 
+def shown_network(network: Mapping[str, Any] | None) -> str | None:
+    """An agent's network as a list row says it: only where it is not the default, enforced
+    (``"internet"`` would repeat on every row); a policy that is not enforced says so."""
+    if not network:
+        return None
+    policy = str(network.get("policy"))
+    if network.get("enforced") is False:
+        return f"{policy}, NOT enforced"
+    return None if policy == DEFAULT_NETWORK else policy
+
+
 def list_view(status: Mapping[str, Any]) -> dict[str, Any]:
     """What the channel list shows, from ``Supervisor.status()``: channels by name, agents (with
-    each one's network policy), running turns."""
+    each one's network where it is not the default's, see :func:`shown_network`), running turns."""
     agents = status.get("agents") or {}
-    networks = {name: (agent.get("network") or {}).get("policy") for name, agent in agents.items()}
+    networks = {name: shown_network(agent.get("network")) for name, agent in agents.items()}
     channels = [
         {"name": name, "agents": [{**a, "network": networks.get(a["agent"])} if networks.get(a["agent"]) else a
                                   for a in agent_states(channel)]}
