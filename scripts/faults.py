@@ -117,11 +117,14 @@ KINDS = [
 ]
 
 
-def config_text(folder: Path, store: str = "corral.db", port: int | None = None) -> str:
-    """A daemon with the chaos agent (plain and SIGINT-ignoring), a TCP listener with a token."""
+def config_text(folder: Path, store: str = "corral.db", port: int | None = None, *, disk_reserve: bool = True) -> str:
+    """A daemon with the chaos agent (plain and SIGINT-ignoring), a TCP listener with a token;
+    without ``disk_reserve`` (a store on a disk smaller than the reserve: the full-disk trial),
+    ``[server] disk_reserve = 0``."""
     python, agent = json.dumps(sys.executable), json.dumps(str(AGENT))
     env = f"CHAOS_DIR = {json.dumps(str(folder))}"
     tcp = f'tcp = "127.0.0.1:{port}"\ntoken_file = "token"\n' if port else ""
+    tcp += "" if disk_reserve else "disk_reserve = 0\n"
     return (
         f'[server]\nsocket = "corral.sock"\n{tcp}[store]\npath = {json.dumps(store)}\n'
         f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
@@ -321,13 +324,13 @@ def survivors(found: list[Found], daemon: int) -> list[Found]:
 class Rig:
     """One daemon in one folder; restarted by the script when a fault ends it."""
 
-    def __init__(self, folder: Path, store: str = "corral.db") -> None:
+    def __init__(self, folder: Path, store: str = "corral.db", *, disk_reserve: bool = True) -> None:
         self.folder = folder
         self.store = folder / store
         self.port = free_port()
         (folder / "token").write_text("chaos-token-" + os.urandom(8).hex())
         os.chmod(folder / "token", 0o600)
-        self.text = config_text(folder, store, self.port)
+        self.text = config_text(folder, store, self.port, disk_reserve=disk_reserve)
         self.daemon: Daemon | None = None
         self.client: Client | None = None
         self.starts = 0
@@ -854,7 +857,9 @@ class Trials:
         if mounted.returncode != 0:
             self.skipped["enospc"] = f"mount -t tmpfs failed: {mounted.stderr.strip()[:100]}"
             return
-        rig = Rig(folder, store=str(disk / "corral.db"))
+        # The disk is smaller than the reserve (which would refuse every turn): what is tried
+        # is the store's own full disk, as with the reserve used up.
+        rig = Rig(folder, store=str(disk / "corral.db"), disk_reserve=False)
         book = Book()
         try:
             rig.start(self.violations, self.notes)

@@ -370,6 +370,9 @@ async def test_contract_17_a_stop_on_a_full_disk_kills_nothing_and_says_so(tiny_
     gate = Gate(short_tmp / "gate")
     # The gate is outside the store's folder: the agent is granted both (its /tmp is its own).
     config = make_config(tiny_disk, {"bot": script_agent(AGENT, sandbox_write=[str(tiny_disk), str(short_tmp)])})
+    # The disk is smaller than the disk reserve (which would refuse every turn): this line is
+    # what holds once no reserve is left (a disk filled past it, or the reserve off).
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, disk_reserve=0))
     try:
         async with open_supervisor(config) as sup:
             await sup.send("ch", f"gate={gate}")
