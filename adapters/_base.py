@@ -304,6 +304,10 @@ class Adapter:
     logs_in: bool | None = None
     """Its CLI logs in to a model service, so corral says its not-logged-in error with the fix
     (None: when it has a :attr:`login`)."""
+    network: str | None = None
+    """The network policy its agents get when neither the agent nor ``[server]`` names one
+    (None: corral's default, ``"internet"``): an adapter whose CLI talks to no one declares
+    ``"none"``, so its turns get no proxy and no namespace helper they would never use."""
 
 
 def preview(value: object, limit: int = TOOL_PREVIEW_CHARS) -> str:

@@ -66,4 +66,6 @@ ADAPTER = Adapter(
     option_keys=frozenset({"delay"}),
     steer=demo_agent.steer_line,
     memory_estimate=32 << 20,
+    # The bundled fake agent makes up its answers: it needs no network at all.
+    network="none",
 )

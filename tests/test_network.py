@@ -571,6 +571,23 @@ def test_under_the_internet_default_check_names_each_agent_it_cuts_off_with_the_
     assert config.agents["granted"].network.label == "internet" and config.agents["chosen"].network.label == "host"
 
 
+def test_an_adapter_that_talks_to_no_one_declares_no_network_and_a_config_still_overrides_it(short_tmp: Path) -> None:
+    from supervisor.config import settings
+
+    def agents(server: dict[str, str]) -> dict[str, str]:
+        config = settings.parse_config(
+            {"server": server, "defaults": {"agent": "demo"},
+             "agents": {"demo": {"adapter": "demo"}, "said": {"adapter": "demo", "network": "internet"},
+                                          "other": {"adapter": "generic", "command": ["true"]}}},
+            file=str(short_tmp / "corral.toml"), base=short_tmp)
+        return {name: agent.network.label for name, agent in config.agents.items()}
+
+    # The bundled demo agent needs nothing: no namespace helper, no proxy. Any other adapter
+    # gets corral's default; an agent's own word and [server]'s both win over the adapter's.
+    assert agents({}) == {"demo": "none", "said": "internet", "other": settings.DEFAULT_NETWORK}
+    assert agents({"network": "internet"}) == {"demo": "internet", "said": "internet", "other": "internet"}
+
+
 async def test_status_and_the_dashboard_show_each_agents_network(short_tmp: Path) -> None:
     from supervisor.serve.dashboard import list_view
 

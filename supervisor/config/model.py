@@ -89,7 +89,8 @@ class ServerConfig:
     running turns end and none starts, so a turn filling its HOME cannot fill the store's disk
     (0: off; :mod:`supervisor.host.disk`)."""
     network: str | tuple[str, ...] | None = None
-    """``network``: every agent's unless it says (None: :data:`DEFAULT_NETWORK`)."""
+    """``network``: every agent's unless it says (None: what its adapter declares, else
+    :data:`DEFAULT_NETWORK`)."""
     network_allow: tuple[str, ...] = ()
     """``network_allow``: what every agent without its own list is granted."""
 

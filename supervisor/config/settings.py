@@ -20,11 +20,15 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.netpolicy import HOST, Policy, PolicyError, configured_urls, parse_policy
 from ..core.results import DELIVERIES
 from ..procs.sandbox import MODES, SandboxMode
+
+if TYPE_CHECKING:
+    from adapters import Adapter
+
 from .model import (
     DEFAULT_CONFIG_NAME,
     DEFAULT_DISK_RESERVE,
@@ -410,7 +414,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             sandbox_write=check.folders(raw, "sandbox_write", prefix, must_exist=True),
             sandbox_hide=check.folders(raw, "sandbox_hide", prefix, must_exist=False),
             sandbox_show=check.shown(raw, prefix),
-            network=_network(check, raw, prefix, server_config, adapter.model_hosts, env_raw, options),
+            network=_network(check, raw, prefix, server_config, adapter, env_raw, options),
             network_implicit="network" not in raw and server_config.network is None,
             credentials=check.credentials(raw, prefix),
             max_concurrent=check.limit(raw, "max_concurrent", prefix, 4),
@@ -813,12 +817,14 @@ def _network_words(check: _Checker, table: Mapping[str, Any], prefix: str) -> tu
 
 def _network(
     check: _Checker, raw: Mapping[str, Any], prefix: str, server: ServerConfig,
-    model_hosts: tuple[str, ...], env: Mapping[str, str], options: Mapping[str, Any],
+    adapter: Adapter, env: Mapping[str, str], options: Mapping[str, Any],
 ) -> Policy:
-    """An agent's ``network`` and ``network_allow`` (else ``[server]``'s, else the default), parsed."""
+    """An agent's ``network`` and ``network_allow`` (else ``[server]``'s, else what its adapter
+    declares, else the default), parsed."""
+    model_hosts = adapter.model_hosts
     network, allow = _network_words(check, raw, prefix)
     if network is None:
-        network = server.network if server.network is not None else DEFAULT_NETWORK
+        network = next(word for word in (server.network, adapter.network, DEFAULT_NETWORK) if word is not None)
     if "network_allow" not in raw:
         allow = server.network_allow
     try:
