@@ -191,18 +191,39 @@ def turn_processes(turn_ids: list[str] | None = None) -> list[psutil.Process]:
     """Living (non-zombie) processes of turns run by this test run (of the given turns, or any).
 
     Turn ids carry their supervisor's pid, so processes of other corral instances on the
-    machine are never counted (nor killed) here.
+    machine are never counted (nor killed) here. Each one's ``info`` holds its ``environ``
+    (the marker only), ``status`` and ``name``, as ``psutil.process_iter`` would.
+
+    Read straight from ``/proc`` (every test calls this twice): psutil's ``process_iter``
+    parses every process's whole environment, several times slower on a busy machine.
     """
     found = []
-    for proc in psutil.process_iter(["environ", "status"]):
-        env = proc.info.get("environ") or {}
-        turn = env.get(TURN_MARKER)
-        if turn is None or proc.pid == os.getpid() or not _ours(turn):
+    me = os.getpid()
+    marker = b"\0" + TURN_MARKER.encode() + b"="
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
             continue
-        if proc.info.get("status") == psutil.STATUS_ZOMBIE:
-            continue
-        if turn_ids is None or turn in turn_ids:
-            found.append(proc)
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as file:
+                environ = b"\0" + file.read()
+            at = environ.find(marker)
+            if at < 0:
+                continue
+            start = at + len(marker)
+            end = environ.find(b"\0", start)
+            turn = environ[start: end if end >= 0 else len(environ)].decode(errors="replace")
+            if not _ours(turn) or (turn_ids is not None and turn not in turn_ids):
+                continue
+            with open(f"/proc/{entry.name}/stat", "rb") as file:
+                stat = file.read()
+            if stat[stat.rindex(b")") + 2: stat.rindex(b")") + 3] == b"Z":
+                continue
+            proc = psutil.Process(int(entry.name))
+        except (OSError, ValueError, psutil.Error):
+            continue  # gone meanwhile (or not ours to read): not a living turn process
+        comm = stat[stat.index(b"(") + 1: stat.rindex(b")")].decode(errors="replace")
+        proc.info = {"environ": {TURN_MARKER: turn}, "status": psutil.STATUS_RUNNING, "name": comm}
+        found.append(proc)
     return found
 
 
