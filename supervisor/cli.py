@@ -291,6 +291,11 @@ def run(obj: _Context, config_path: str | None, log_level: str, as_json: bool) -
     # Under systemd each line starts with its syslog priority, so `journalctl -p warning` works.
     handler.setFormatter(JournalFormatter(formatter) if journald else formatter)
     logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
+    if getattr(logging, log_level) > logging.DEBUG:
+        # httpx (the Matrix and Telegram bridges' client) logs every request at INFO: a line
+        # per long poll and per draft edit would drown the daemon's own. Its warnings stay.
+        for noisy in ("httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     import trio
 
     from .serve.daemon import harden_process, run_daemon

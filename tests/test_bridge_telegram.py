@@ -461,6 +461,8 @@ admins = ["{ALICE['id']}"]
         assert "hello daemon" in out.stdout
     finally:
         daemon.stop()
+    # (httpx's line per request is not the daemon's log: a long poll would write one a second)
+    assert not [line for line in daemon.log if "HTTP Request" in line], daemon.log[-5:]
     texts = world.bot.texts(CHAT)
     assert len([t for t in texts if "You said: hello daemon" in t]) == 1
     assert len([t for t in texts if "You said: hello while you were away" in t]) == 1
