@@ -384,13 +384,16 @@ async def test_a_stale_session_is_retried_as_an_acp_turn_without_it(
 
 async def test_an_acp_turn_that_says_more_than_max_output_is_ended(short_tmp: Path) -> None:
     """Issue 41.7: the output cap holds for an ACP turn too (its events' text is counted); a
-    turn under it is stored whole (the positive control, in a channel of its own: the capped
-    prompt's last chunks may still be on their way in the first)."""
+    turn under it is stored whole (the positive control), in the same channel, to the same
+    agent process: the capped prompt's answer had come in with the rest of its chunks unread,
+    which the next prompt then read as its own (each turn showed the one before)."""
     config = make_config(short_tmp, {"acp": fake(short_tmp, max_output=300)})
     async with open_supervisor(config) as sup:
         long = await turn(sup, "c", "[[say:" + "y" * 1000 + "]]")
-        short = await turn(sup, "d", "[[say:fine]]")
+        short = await turn(sup, "c", "[[say:fine]]")
     ended = [t for _, t in long if "max_output" in t]
     assert ended and "300 bytes" in ended[0], long
     assert not [t for _, t in long if "y" * 1000 in t], "the rest of its output was not stored"
     assert any("fine" in t for _, t in short), short
+    assert not [t for _, t in short if "y" in t or "max_output" in t], short
+

@@ -24,7 +24,9 @@ cancel sequence — ``session/cancel`` and ``$/cancel_request``, pending permiss
 ``acp_cancel_grace`` for the prompt's ``cancelled`` answer, then corral's kill of every
 process the turn started (or of the agent's whole tree, if it did not answer: it restarts on
 the next message). :attr:`AcpTurn.ended` says which. What the cancelled prompt still said is
-dropped; only the session id is kept (it does not change mid-prompt). A stop while the
+dropped; only the session id is kept (it does not change mid-prompt). So is the unread
+rest of a prompt that did answer, when its turn stopped reading first (a limit, a failure, a
+stop just after the answer): the agent's next prompt starts with a clean stream. A stop while the
 agent is still starting (before the prompt) kills the half-started agent at once; the turn
 reports those pids (:attr:`AcpTurn.startup`) and ``ended = "killed"``.
 """
@@ -266,9 +268,17 @@ class AcpTurn(BaseTurn):
             stream.discard()  # the cancelled prompt's leftovers: only a session id is kept
             log.info("[%s %s] %s: prompt %s after the cancel, killed %s", self.channel, self.turn_id,
                      self.agent.name, self.ended, report.killed)
-        elif agent is not None and stream is not None and not self.agent.limits.keep_background:
-            # A normal turn's leftovers are swept too (what the prompt started and left).
-            killed, survivors = await agent.sweep_turn(KILL_BUDGET)
-            self.outcome.report = KillReport(swept=killed, survivors=survivors)
-            if killed:
-                log.info("[%s %s] swept what the turn left running: %s", self.channel, self.turn_id, killed)
+        elif agent is not None and stream is not None:
+            # The prompt has its answer, but a turn that ended before reading its stream to
+            # the end (a limit, a failure, a stop landing just after the answer) left the rest
+            # queued: dropped here, or the next prompt's stream would start with it (and end
+            # at this prompt's answer, leaving its own for the turn after).
+            if left := stream.discard():
+                log.info("[%s %s] dropped %d events of the prompt the turn did not read", self.channel,
+                         self.turn_id, len(left))
+            if not self.agent.limits.keep_background:
+                # A normal turn's leftovers are swept too (what the prompt started and left).
+                killed, survivors = await agent.sweep_turn(KILL_BUDGET)
+                self.outcome.report = KillReport(swept=killed, survivors=survivors)
+                if killed:
+                    log.info("[%s %s] swept what the turn left running: %s", self.channel, self.turn_id, killed)
