@@ -174,12 +174,24 @@ async def test_an_agent_that_dies_mid_prompt_fails_the_turn_and_restarts_on_the_
     assert after[-1] == ("message", "alive (earlier: 1)"), after
 
 
-async def test_an_idle_agent_process_is_closed_and_the_next_message_loads_its_session(short_tmp: Path) -> None:
+async def test_an_idle_agent_process_is_closed_and_the_next_message_loads_its_session(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = make_config(short_tmp, {"acp": fake(short_tmp, acp_idle_timeout=0.3)})
     async with open_supervisor(config) as sup:
+        # Taken as the turn gets it: looked up after the turn, on a busy machine, it can be
+        # closed already (0.3 s after its answer).
+        pool, taken = sup._lanes.acp, []
+        take = pool.agent
+
+        async def agent(key: tuple[str, str], spec: Any) -> Any:
+            running = await take(key, spec)
+            taken.append((running.pid, pool._gone[key]))
+            return running
+
+        monkeypatch.setattr(pool, "agent", agent)
         await turn(sup, "c", "[[say:one]]")
-        pid = agent_pid(sup, "c")
-        gone = sup._lanes.acp._gone[("c", "acp")]
+        [(pid, gone)] = taken
         with trio.fail_after(BOUND):
             await gone.wait()
         assert sup._lanes.acp._agents.get(("c", "acp")) is None and not alive(pid)
@@ -237,6 +249,35 @@ def test_the_docs_acp_example_is_a_valid_config(short_tmp: Path, monkeypatch: py
     gemini, other = config.agents["gemini-acp"], config.agents["any-acp"]
     assert gemini.command == ("gemini",) and gemini.options["preset"] == "gemini"
     assert other.command == ("my-agent", "--acp")
+
+
+async def test_an_agent_a_turn_has_taken_is_not_closed_as_idle_before_its_prompt(short_tmp: Path) -> None:
+    """A turn that took the agent (just started, or idle and due) and is slow to prompt it (a
+    busy machine) keeps it: the idle watch closed it under the turn, whose prompt then failed."""
+    arrived, go = trio.Event(), trio.Event()
+
+    async def preparing(channel: str, turn_id: str) -> None:
+        arrived.set()
+        await go.wait()
+
+    config = make_config(short_tmp, {"acp": fake(short_tmp, acp_idle_timeout=0.3)})
+    async with open_supervisor(config, hooks=Hooks(preparing=preparing)) as sup:
+        accepted = await sup.send("c", "[[say:still here]]")
+        with trio.fail_after(BOUND):
+            await arrived.wait()
+        agent = sup._lanes.acp._agents[("c", "acp")]
+        # Parked past the moment the idle watch would close it, and the watch given its turn.
+        await trio.sleep_until(agent.last_used + 0.3 + 0.2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sup._lanes.acp._agents.get(("c", "acp")) is agent and not agent.dead
+        go.set()
+        with trio.fail_after(BOUND):
+            assert await sup.wait_idle("c")
+        entries = [(e.kind, e.text) for e in await sup.entries("c", after=accepted.seq)]
+        assert entries[-1] == ("message", "still here (earlier: 0)"), entries
+        # Released with the turn's end: idle from then on, and closed as such.
+        with trio.fail_after(BOUND):
+            await sup._lanes.acp._gone[("c", "acp")].wait()
 
 
 async def test_a_stop_before_the_point_of_no_return_sends_no_prompt(short_tmp: Path) -> None:

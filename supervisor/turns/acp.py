@@ -249,7 +249,15 @@ class AcpTurn(BaseTurn):
 
     async def _end(self) -> None:
         """Cancel a prompt still in flight (a stop, a limit, a failure) and drop its
-        leftovers; after a normal end, sweep what the prompt left running."""
+        leftovers; after a normal end, sweep what the prompt left running. Then the agent
+        this turn held is released to the pool's idle watch."""
+        try:
+            await self._end_prompt()
+        finally:
+            if self._agent is not None:
+                self._agent.release()
+
+    async def _end_prompt(self) -> None:
         agent, stream = self._agent, self._stream
         if stream is None and (self.startup.killed or self.startup.survivors):
             # Stopped (or failed) while the agent was starting: the start killed it at once.

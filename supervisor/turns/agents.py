@@ -229,6 +229,8 @@ class AcpAgent:
         """The first lines of stdout that were not JSON-RPC before the session opened."""
         self._noise_count = 0
         self.last_used = trio.current_time()
+        self.holders = 0
+        """Turns that hold it (:meth:`hold`): a held agent is never closed as idle."""
         self.idle_timeout = math.inf
         """Seconds idle after which the owner closes the agent (see :meth:`watch_idle`)."""
         self._idle_scope: trio.CancelScope | None = None
@@ -350,9 +352,25 @@ class AcpAgent:
                         self.pid, self._noise_count)
 
     def _set_idle_deadline(self) -> None:
-        """Move the idle watch's deadline: none while a prompt runs, else last use + timeout."""
+        """Move the idle watch's deadline: none while a prompt runs or a turn holds the agent,
+        else last use + timeout."""
         if self._idle_scope is not None:
-            self._idle_scope.deadline = math.inf if self.busy else self.last_used + self.idle_timeout
+            held = self.busy or self.holders > 0
+            self._idle_scope.deadline = math.inf if held else self.last_used + self.idle_timeout
+
+    def hold(self) -> None:
+        """A turn has taken this agent (from the pool, synchronously as it is handed over): the
+        idle watch does not close it until :meth:`release`, however long the turn's steps
+        before its prompt take (a slow machine took an agent just started, or just due, from
+        a turn about to prompt it)."""
+        self.holders += 1
+        self._set_idle_deadline()
+
+    def release(self) -> None:
+        """The turn that held it has ended: idle from now."""
+        self.holders -= 1
+        self.last_used = max(self.last_used, trio.current_time())
+        self._set_idle_deadline()
 
     async def watch_idle(self, closing: trio.Event) -> bool:
         """Wait until ``closing`` is set (False) or the agent has been idle for
@@ -364,7 +382,8 @@ class AcpAgent:
                 self._set_idle_deadline()
                 await closing.wait()
             self._idle_scope = None
-            if not closing.is_set() and not self.busy and self.idle_for() >= self.idle_timeout:
+            if (not closing.is_set() and not self.busy and self.holders == 0
+                    and self.idle_for() >= self.idle_timeout):
                 return True
         return False
 

@@ -87,12 +87,19 @@ class AcpAgentPool:
         return self._agents.get(key)
 
     async def agent(self, key: tuple[str, str], spec: AcpSpec) -> AcpAgent:
-        """The running agent of ``key``, started (or restarted with session/load) if needed."""
+        """The running agent of ``key``, started (or restarted with session/load) if needed,
+        and held for the caller (:meth:`AcpAgent.hold`): the caller releases it when its turn
+        ends."""
         while key in self._starting:
             await self._starting[key].wait()
         agent = self._agents.get(key)
         if agent is not None:
-            await agent.ensure_running(spec.startup)
+            agent.hold()  # before the await: the idle watch may be due meanwhile
+            try:
+                await agent.ensure_running(spec.startup)
+            except BaseException:
+                agent.release()
+                raise
             return agent
         self._starting[key] = started = trio.Event()
         try:
@@ -130,6 +137,7 @@ class AcpAgentPool:
                 ))
                 agent.idle_timeout = spec.idle_timeout
                 self._agents[key], self._closers[key], self._gone[key] = agent, close, gone
+                agent.hold()  # (for the caller of agent(), in the same step as the hand-over)
                 task_status.started(agent)
                 if await agent.watch_idle(close):
                     log.info("agent %s of %r: idle for %gs, closed", key[1], key[0], spec.idle_timeout)
