@@ -204,9 +204,10 @@ class FakeBot:
 
     def gateway_payload(self, conn: _Gateway, payload: dict[str, Any]) -> None:
         op, data = payload.get("op"), payload.get("d")
+        data = data if isinstance(data, dict) else {"seq": data}
         with self.lock:
             if op == 1:
-                self.gateway_log.append(("heartbeat", data))
+                self.gateway_log.append(("heartbeat", data["seq"]))
                 if self.ack:
                     conn.send({"op": 11})
             elif op == 2:
@@ -231,13 +232,14 @@ class FakeBot:
                 conn.send(payload)
             elif op == 6:
                 self.gateway_log.append(("resume", data))
-                session = self.sessions.get(str(data.get("session_id")))
+                found = self.sessions.get(str(data.get("session_id")))
                 if data.get("token") != self.token:
                     conn.close(4004)
                     return
-                if session is None or not isinstance(data.get("seq"), int) or data["seq"] > session.seq:
+                if found is None or not isinstance(data.get("seq"), int) or data["seq"] > found.seq:
                     conn.send({"op": 9, "d": False})
                     return
+                session = found
                 if session.conn is not None and session.conn is not conn:
                     session.conn.close(None)
                 session.conn, conn.session, self.current = conn, session, session
