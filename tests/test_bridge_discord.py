@@ -430,3 +430,31 @@ async def test_a_fatal_close_is_said_with_its_fix(world: World, caplog: pytest.L
         nursery.cancel_scope.cancel()
     assert "disallowed intents: enable the Message Content intent" in caplog.text
     assert world.bot.token not in caplog.text
+
+
+async def test_a_dropped_message_has_a_send_again_button_and_the_cores_commands_work(world: World) -> None:
+    async with world.running() as (sup, _):
+        world.bot.say(world.channel, ALICE, "start a long task")
+        await world.wait_for(has_button)
+        world.bot.say(world.channel, BOB, "then say hello to bob")
+        with trio.fail_after(30):
+            while "then say hello to bob" not in humans(await sup.entries("general")):
+                await trio.sleep(0.02)
+        world.bot.say(world.channel, ALICE, "!stop")
+        answer = await world.wait_for(lambda m: "not run" in text(m) and BOB["id"] in text(m))
+        assert "> then say hello to bob" in text(answer) and text(answer).endswith("Press 🔁 to send it again.")
+        [[button]] = [row["components"] for row in answer["components"]]
+        world.bot.press(world.channel, MALLORY, answer["id"], button["custom_id"])  # (not its sender: nothing)
+        world.bot.press(world.channel, BOB, answer["id"], button["custom_id"])
+        await world.wait_for(lambda m: "You said: then say hello to bob" in text(m))
+        assert len([e for e in await sup.entries("general") if e.author == f"human:{BOB['id']}"]) == 2
+        world.bot.say(world.channel, ALICE, "start a long task")
+        await world.wait_for(lambda m: has_button(m) and m["id"] != answer["id"])
+        world.bot.say(world.channel, ALICE, "!interrupt just say hi instead")
+        await world.wait_for(lambda m: "You said: just say hi instead" in text(m))
+        assert await sup.wait_idle("general", 60)
+        picture = world.bot.say(world.channel, ALICE, "", attachments=[{"id": snowflake(), "filename": "a.png"}])
+        unread = await world.wait_for(lambda m: "not run" in text(m) and "attachment" in text(m))
+        assert unread["message_reference"]["message_id"] == picture["id"]
+        world.bot.say(world.channel, ALICE, f"<@{world.bot.user['id']}> !new")  # (a mention of the bot first)
+        await world.wait_for(lambda m: text(m).startswith("Conversation reset: demo starts a new conversation"))
