@@ -247,6 +247,12 @@ def test_the_bridges_pages_discord_config_works_as_written(tmp_path: Path) -> No
     bridge = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path).bridges["dc"]
     assert bridge.type == "discord" and bridge.secrets == (tmp_path / "discord.token",)
     assert all(room.isdigit() for room in bridge.rooms) and all(a.isdigit() for a in bridge.admins)
+    # config.example.toml's commented Discord bridge, uncommented, works too.
+    lines = (ROOT / "config.example.toml").read_text().split("# [bridges.dc]\n", 1)[1].split("#\n", 1)[0].splitlines()
+    block = "[bridges.dc]\n" + "\n".join(line.removeprefix("# ") for line in lines if line.startswith("# "))
+    data = {"agents": {"demo": {"adapter": "demo"}}, **tomllib.loads(block)}
+    example = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path).bridges["dc"]
+    assert example.type == "discord" and example.rooms == {"1234567890123456789": "dev"}
 
 
 # ------------------------------------------------------------------ through a supervisor
