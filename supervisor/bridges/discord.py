@@ -73,6 +73,7 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
+from wsproto.utilities import RemoteProtocolError
 
 from ..core.results import INTERRUPT_NOTICE, SHUTDOWN_NOTICE, STOP_NOTICE
 from .core import (
@@ -365,10 +366,10 @@ class DiscordPlatform:
     # ---------------------------------------------------------- REST
 
     async def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
-                   major: str = "") -> Any:
+                   major: str = "", route: str | None = None) -> Any:
         """One REST request, waiting for its bucket and through 429s; its JSON (None for a 204),
         or :class:`Transient` / :class:`Refused` (the one place REST errors are read)."""
-        route = f"{method} {re.sub(r'[0-9]{5,}', '#', path) if major else path}"
+        route = route or f"{method} {re.sub(r'[0-9]{5,}', '#', path) if major else path}"
         for _ in range(RETRIES_429 + 1):
             at = self.limits.wait_until(route, major, trio.current_time())
             if at > trio.current_time():
@@ -449,6 +450,9 @@ class DiscordPlatform:
         try:
             async for batch in self._read(socket, resuming):
                 yield batch
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, RemoteProtocolError, ValueError) as exc:
+            # (a send on a dropped connection, a frame or JSON the protocol cannot read: resumed)
+            raise Transient(f"gateway: {type(exc).__name__}: {exc}; resuming") from None
         except _Closed as exc:
             what = after_close(exc.code)
             if what == "fatal":
@@ -473,11 +477,16 @@ class DiscordPlatform:
             await socket.send({"op": 2, "d": {"token": self.token, "intents": INTENTS,
                                               "properties": {"os": "linux", "browser": "corral", "device": "corral"}}})
         beat_at = trio.current_time() + interval * random.random()  # (jitter: not every client at once)
-        acked = True
+        acked, held = True, False
         while True:
             payload: dict[str, Any] | None = None
             with trio.move_on_at(beat_at):
                 payload = await socket.receive()
+            if payload is None and not acked and held:
+                # The runner held the generator past the heartbeat's deadline: its ACK may be
+                # waiting unread. A short grace to read it before calling the connection a zombie.
+                held, beat_at = False, trio.current_time() + min(interval, 5.0)
+                continue
             if payload is None or payload.get("op") == 1:  # (a heartbeat due, or asked for)
                 if payload is None and not acked:
                     raise Transient(f"gateway: no heartbeat ACK in {interval:g} s (a zombie connection); resuming")
@@ -498,6 +507,7 @@ class DiscordPlatform:
                 batch = await self._dispatch(payload)
                 if batch is not None:
                     yield batch
+                    held = held or trio.current_time() > beat_at
 
     async def _dispatch(self, payload: Mapping[str, Any]) -> Batch | None:
         kind, data, seq = payload.get("t"), payload.get("d"), payload.get("s")
@@ -560,7 +570,7 @@ class DiscordPlatform:
         # Answered first, whoever pressed: Discord shows "This interaction failed" after 3 s.
         try:
             await self.call("POST", f"/interactions/{interaction.get('id')}/{interaction.get('token')}/callback",
-                            {"type": 6}, major=str(interaction.get("id")))
+                            {"type": 6}, major=str(interaction.get("id")), route="POST /interactions/callback")
         except (Refused, Transient) as exc:  # (too old, after a restart: the press still counts)
             log.info("discord: a button press was not answered: %s", exc)
         user = (interaction.get("member") or {}).get("user") or interaction.get("user") or {}
