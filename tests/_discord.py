@@ -168,6 +168,12 @@ class FakeBot:
     def fail(self, route: str, kind: str, retry_after: float = 1.0, skip: int = 0) -> None:
         self.faults.append(Fault(route, kind, retry_after, skip))
 
+    def expire(self) -> None:
+        """Every session of the bot ends (Discord keeps one resumable for a short while only)."""
+        with self.lock:
+            self.sessions.clear()
+            self.current = None
+
     def reconnect(self) -> None:
         """The Gateway asks the connected client to reconnect (op 7)."""
         conn = self.current.conn if self.current else None
@@ -329,6 +335,10 @@ class FakeBot:
                 return 200, self.channels[channel]
             if message_id is None and method == "POST":
                 return 200, self._post(channel, body)
+            if message_id is None and method == "GET":  # (newest first, as Discord lists them)
+                after, limit = int(query.get("after", ["0"])[0]), int(query.get("limit", ["50"])[0])
+                found_ = [m for m in self.messages.values() if m["channel_id"] == channel and int(m["id"]) > after]
+                return 200, sorted(found_, key=lambda m: int(m["id"]))[:limit][::-1]
             found = self.messages.get(message_id or "")
             if found is None or found["channel_id"] != channel:
                 raise ApiError(404, 10008, "Unknown Message")

@@ -323,7 +323,10 @@ async def _shown(world: World, sup: Supervisor) -> None:
             await trio.sleep(0.02)
 
 
-async def test_a_resumed_session_runs_its_events_once_and_a_restart_resumes_it(world: World) -> None:
+async def test_a_resumed_session_runs_its_events_once_and_a_restart_resumes_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("supervisor.bridges.discord.INVALID_SESSION_WAIT", (0.01, 0.02))
     async with world.supervisor() as (sup, config):
         async with world.bridge(sup, config) as bridge:
             early = await sup.cursor("bridge:dc:since")
@@ -342,11 +345,18 @@ async def test_a_resumed_session_runs_its_events_once_and_a_restart_resumes_it(w
         await sup.save_cursor("bridge:dc:since", early)
         async with world.bridge(sup, config):
             await world.wait_for(lambda m: "hello while away" in text(m) and "demo" in text(m))
-        assert humans(await sup.entries("general")) == ["hello once", "hello after op 7", "hello while away"]
+        # Away longer than Discord keeps a session: the resume is refused (op 9), a new session
+        # reads back what was said in the channel meanwhile, and nothing before it.
+        world.bot.expire()
+        world.bot.say(world.channel, ALICE, "hello after the session ended")
+        async with world.bridge(sup, config):
+            await world.wait_for(lambda m: "hello after the session ended" in text(m) and "demo" in text(m))
+        assert humans(await sup.entries("general")) == ["hello once", "hello after op 7", "hello while away",
+                                                        "hello after the session ended"]
     resumes = [d for kind, d in world.bot.gateway_log if kind == "resume"]
-    assert [r["session_id"] for r in resumes] == [session.session_id] * 2
+    assert [r["session_id"] for r in resumes] == [session.session_id] * 3
     assert resumes[1]["seq"] == Session.parse(early).seq  # type: ignore[union-attr]
-    assert len([kind for kind, _ in world.bot.gateway_log if kind == "identify"]) == 1
+    assert len([kind for kind, _ in world.bot.gateway_log if kind == "identify"]) == 2
     assert len([t for t in world.texts() if "You said: hello once" in t]) == 1
 
 

@@ -14,7 +14,10 @@ discord.py, so the fake speaks the API as Discord's most used client library rea
   Portal); a session's ``session_id``, last ``seq`` and ``resume_gateway_url`` are the bridge's
   cursor, so a dropped socket, a ``Reconnect`` (op 7), a zombie and a restart of the bridge
   all ``Resume`` (op 6) at the resume URL and get what was missed. ``Invalid Session`` (op 9)
-  waits 1 to 5 s (Discord's advice) and resumes (``d: true``) or identifies anew. Close codes:
+  waits 1 to 5 s (Discord's advice) and resumes (``d: true``) or identifies anew; a new session
+  of a bridge that had read messages before (the cursor keeps the newest message id) reads
+  back, by REST, what the bridged channels got after it (a restart after Discord stopped
+  keeping the session). Close codes:
   :func:`after_close` says which end the bridge (a refused token, disallowed intents), which
   start a new session (4007, 4009) and which resume. The Gateway is read by one task with no
   nursery: the heartbeat's deadline bounds each read (a generator must not yield inside a
@@ -124,6 +127,9 @@ ENDINGS = (STOPPING, STOP_NOTICE, INTERRUPT_NOTICE, SHUTDOWN_NOTICE, "Task inter
 GLOBAL_RATE = 50
 #: How often one request is made again after a 429 before it is a Transient for the runner.
 RETRIES_429 = 5
+#: A new session reads back what was said while the bridge was away: at most this many pages
+#: of 100 messages a channel.
+CATCH_UP_PAGES = 10
 #: Invalid Session (op 9): Discord asks for a random wait of 1 to 5 s before the next try.
 INVALID_SESSION_WAIT = (1.0, 5.0)
 _ZWSP = "\u200b"
@@ -143,22 +149,27 @@ def neutral(text: str) -> str:
 
 @dataclass(slots=True)
 class Session:
-    """What a Gateway session is resumed with: the bridge's cursor, as one line."""
+    """What a Gateway session is resumed with, and the newest message read (what a new session
+    catches up after): the bridge's cursor, as one line."""
 
     session_id: str
     seq: int
     resume_url: str
+    last_message: int = 0
 
     def cursor(self) -> str:
-        return f"{self.session_id} {self.seq} {self.resume_url}"
+        return f"{self.session_id} {self.seq} {self.resume_url} {self.last_message}"
 
     @staticmethod
     def parse(cursor: str | None) -> Session | None:
         """The session a saved cursor names (None for none, or for one written otherwise)."""
         parts = (cursor or "").split(" ")
-        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].startswith(("ws://", "wss://")):
+        if len(parts) == 3:
+            parts.append("0")
+        if (len(parts) != 4 or not parts[1].isdigit() or not parts[2].startswith(("ws://", "wss://"))
+                or not parts[3].isdigit()):
             return None
-        return Session(parts[0], int(parts[1]), parts[2])
+        return Session(parts[0], int(parts[1]), parts[2], int(parts[3]))
 
 
 #: Close codes after which the bridge cannot go on (what to fix), by Discord's Gateway docs.
@@ -354,6 +365,9 @@ class DiscordPlatform:
         self.gateway = ""
         self.scope = "0"
         self.session: Session | None = None
+        self.last_message = 0
+        """The newest message id read (a snowflake: ids grow with time, across channels)."""
+        self.channels: set[str] = set()
         self._sessions_read = False
         """Whether :attr:`session` is the live one (else the runner's saved cursor is)."""
         self.limits = RateLimits()
@@ -436,11 +450,13 @@ class DiscordPlatform:
             log.error("discord: the bot cannot see the channel %s (%s): invite it to the server, with View Channel "
                       "there; it is not bridged", room, exc)
             return False
+        self.channels.add(room)
         return True
 
     async def events(self, cursor: str | None) -> AsyncIterator[Batch]:
         if not self._sessions_read:  # (a restart: the saved session is resumed, and what was missed comes)
             self.session, self._sessions_read = Session.parse(cursor), True
+            self.last_message = self.session.last_message if self.session is not None else 0
         resuming = self.session is not None
         url = self.session.resume_url if self.session is not None else self.gateway
         try:
@@ -513,17 +529,15 @@ class DiscordPlatform:
         kind, data, seq = payload.get("t"), payload.get("d"), payload.get("s")
         if not isinstance(data, dict):
             data = {}
+        caught_up: list[Inbound] = []
         if kind == "READY":
             self.session = Session(str(data.get("session_id")), 0,
                                    str(data.get("resume_gateway_url") or self.gateway).rstrip("/"))
             log.info("discord: bridge %s: a new gateway session", self.config.name)
+            if self.last_message:  # (a session that could not be resumed: what was said meanwhile, read back)
+                caught_up = await self._catch_up()
         elif kind == "RESUMED":
             log.info("discord: bridge %s: the gateway session resumed", self.config.name)
-        if isinstance(seq, int) and self.session is not None:
-            self.session.seq = max(self.session.seq, seq)
-        cursor = self.session.cursor() if self.session is not None else None
-        if kind in ("READY", "RESUMED"):
-            return Batch((), cursor)
         event: Inbound | None = None
         if kind == "MESSAGE_CREATE":
             event = self._message(data)
@@ -531,7 +545,41 @@ class DiscordPlatform:
             event = self._reaction(data)
         elif kind == "INTERACTION_CREATE":
             event = await self._interaction(data)
+        if isinstance(seq, int) and self.session is not None:
+            self.session.seq = max(self.session.seq, seq)
+        if self.session is not None:
+            self.session.last_message = self.last_message
+        cursor = self.session.cursor() if self.session is not None else None
+        if kind in ("READY", "RESUMED"):
+            return Batch(tuple(caught_up), cursor)
         return Batch((event,), cursor) if event is not None else None
+
+    async def _catch_up(self) -> list[Inbound]:
+        """The messages of the bridged channels after the newest one read, oldest first (the
+        store's origins make those the runner had handled a no-op)."""
+        found: list[Inbound] = []
+        after = self.last_message
+        for room in sorted(self.channels):
+            newest = after
+            for _ in range(CATCH_UP_PAGES):
+                try:
+                    page = await self.call("GET", f"/channels/{room}/messages?after={newest}&limit=100", major=room)
+                except Refused as exc:
+                    log.warning("discord: what was said in %s while the bridge was away cannot be read: %s", room, exc)
+                    break
+                messages = sorted((m for m in page or [] if isinstance(m, dict) and str(m.get("id", "")).isdigit()),
+                                  key=lambda m: int(m["id"]))
+                for message in messages:
+                    inbound = self._message(message)
+                    if inbound is not None:
+                        found.append(inbound)
+                if len(messages) < 100:
+                    break
+                newest = int(messages[-1]["id"])
+        if found:
+            log.info("discord: bridge %s: %d message(s) said while it was away, read back", self.config.name,
+                     len(found))
+        return found
 
     def _message(self, message: Mapping[str, Any]) -> Inbound | None:
         author = message.get("author") or {}
@@ -541,6 +589,8 @@ class DiscordPlatform:
             return None
         room, who = str(message.get("channel_id")), str(author.get("id"))
         event = f"{room}:{message.get('id')}"
+        if str(message.get("id", "")).isdigit():
+            self.last_message = max(self.last_message, int(message["id"]))
         text = str(message.get("content") or "")
         # (a message that starts by mentioning the bot: the rest is what was said to it)
         text = re.sub(rf"^<@!?{re.escape(self.bot_id)}>\s*", "", text)
