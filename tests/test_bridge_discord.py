@@ -474,3 +474,45 @@ async def test_a_dropped_message_has_a_send_again_button_and_the_cores_commands_
         assert unread["message_reference"]["message_id"] == picture["id"]
         world.bot.say(world.channel, ALICE, f"<@{world.bot.user['id']}> !new")  # (a mention of the bot first)
         await world.wait_for(lambda m: text(m).startswith("Conversation reset: demo starts a new conversation"))
+
+
+async def test_an_ack_left_unread_while_the_runner_held_the_events_is_not_a_zombie(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The runner holds the generator past a heartbeat's deadline (a long event): the ACK that
+    came meanwhile is read before the connection is called a zombie; one that never comes is not."""
+    from types import SimpleNamespace
+
+    from supervisor.bridges.discord import DiscordPlatform
+    from supervisor.bridges.platform import Transient
+
+    class Socket:
+        def __init__(self, ack: bool) -> None:
+            self.ack = ack
+            self.put, self.get = trio.open_memory_channel[dict[str, Any]](100)
+            self.put.send_nowait({"op": 10, "d": {"heartbeat_interval": 1000}})
+
+        async def receive(self) -> dict[str, Any]:
+            return await self.get.receive()
+
+        async def send(self, payload: dict[str, Any]) -> None:
+            if payload["op"] == 2:
+                self.put.send_nowait({"op": 0, "t": "READY", "s": 1, "d": {"session_id": "s", "resume_gateway_url":
+                                                                            "ws://127.0.0.1:9"}})
+            if payload["op"] == 1:  # (an event came just before the heartbeat's ACK)
+                self.put.send_nowait({"op": 0, "t": "MESSAGE_CREATE", "s": 2, "d": {
+                    "id": snowflake(), "channel_id": "1", "author": ALICE, "content": "hi", "type": 0}})
+                if self.ack:
+                    self.put.send_nowait({"op": 11})
+
+    for ack in (True, False):
+        platform = DiscordPlatform(SimpleNamespace(options={"token_file": Path("/nonexistent")}, name="dc"))
+        read = platform._read(Socket(ack), resuming=False)  # type: ignore[arg-type]
+        batches = 0
+        with pytest.raises(Transient, match="no heartbeat ACK") if not ack else trio.move_on_after(30):
+            async for batch in read:
+                batches += 1
+                if batch.events:
+                    await trio.sleep(5)  # (the runner handles a long event: five heartbeat intervals)
+        await platform.http.aclose()
+        assert batches >= 2
