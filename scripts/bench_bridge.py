@@ -25,6 +25,12 @@ poll the moment an update comes), so the figures are the bridge's own share: a c
 → its turn's first entry (against ``Supervisor.send``), and ``/stop`` → "Stopping…" /
 → the notice as the server receives them (against the daemon's own stop), and the bridge's
 own part of the acknowledgement (the update read off ``getUpdates`` → "Stopping…" sent).
+
+``--platform discord``: the Discord bridge against the tests' fake Discord (``tests/_discord.py``:
+REST and the Gateway on loopback, answering at once): a chat message → its turn's first entry,
+and a press of the **Stop button** → the press answered (Discord allows 3 s) / → "Stopping…"
+/ → the notice as the server receives them, and the bridge's own part (the interaction read
+off the Gateway → "Stopping…" sent).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from supervisor import Supervisor, open_supervisor
 from supervisor.bridges.runner import run_bridge
 from supervisor.config.settings import parse_config
 from supervisor.host.supervisor import STOP_NOTICE
+from tests._discord import FakeDiscord
 from tests._synapse import Synapse
 from tests._telegram import FakeBotApi
 
@@ -333,14 +340,117 @@ async def bench_telegram(rounds: int) -> None:
     row("  of which the bridge: read -> 'Stopping…' sent", own, floor_stop)
 
 
+def _posted_at(calls: list[tuple[str, str, Any, float]], after: float, test: Any) -> float:
+    """When the fake Discord received the first message post since ``after`` whose content passes ``test``."""
+    return next(at for method, path, body, at in calls if at >= after and method == "POST"
+                and path.endswith("/messages") and test(str((body or {}).get("content", ""))))
+
+
+async def bench_discord(rounds: int) -> None:
+    from supervisor.bridges.discord import STOP_ID
+
+    folder = short_tmp("corral-bd-")
+    api = FakeDiscord()
+    try:
+        bot = api.bot()
+        channel = bot.channel()
+        alice = {"id": "1000000000000000001", "username": "alice", "discriminator": "0", "avatar": None}
+        (folder / "discord.token").write_text(bot.token)
+        data = {
+            "server": {"socket": "corral.sock"}, "store": {"path": "corral.db"},
+            "defaults": {"stop_grace": 2},
+            "agents": {"demo": {"adapter": "demo", "delay": 0.01}},
+            "bridges": {"dc": {"type": "discord", "api_url": api.url, "token_file": str(folder / "discord.token"),
+                               "admins": [alice["id"]], "rooms": {channel: "chat"}}},
+        }
+        config = parse_config(data, file=str(folder / "corral.toml"), base=folder)
+        async with open_supervisor(config) as sup, trio.open_nursery() as nursery:
+            bridge = await nursery.start(run_bridge, sup, config.bridges["dc"])
+            received: list[float] = []
+            handle = bridge.handle
+
+            async def timed_handle(event: Any) -> Any:
+                if getattr(event, "event", "").startswith("i"):  # (a button press)
+                    received.append(time.monotonic())
+                return await handle(event)
+
+            bridge.handle = timed_handle
+            started: dict[str, list[float]] = {"bridge": [], "floor": []}
+            answered: list[float] = []
+            ack: list[float] = []
+            notice: list[float] = []
+            own: list[float] = []
+            floor_stop: list[float] = []
+            for n in range(rounds):
+                after = await sup.last_seq()
+                t0 = trio.current_time()
+                bot.say(channel, alice, f"hello {n}")
+                started["bridge"].append((await first_entry_of_a_turn(sup, "chat", after) - t0) * 1000)
+                await sup.wait_idle("chat", 60)
+                after = await sup.last_seq()
+                t0 = trio.current_time()
+                await sup.send("direct", f"hello {n}")
+                started["floor"].append((await first_entry_of_a_turn(sup, "direct", after) - t0) * 1000)
+                await sup.wait_idle("direct", 60)
+                after = await sup.last_seq()
+                bot.say(channel, alice, f"long task {n}")
+                with trio.fail_after(60):
+                    while True:
+                        shown = [m for m in bot.sent(channel) if any(
+                            c.get("custom_id") == STOP_ID for row in m.get("components") or []
+                            for c in row["components"])]
+                        if shown:
+                            break
+                        await trio.sleep(0.005)
+                asked = time.monotonic()
+                press = bot.press(channel, alice, shown[-1]["id"], STOP_ID)
+                with trio.fail_after(60):
+                    while not [e for e in await sup.entries("chat", after=after) if e.kind == "notice"]:
+                        await trio.sleep(0.01)
+                    while True:  # (the notice reaches the server after it is stored)
+                        try:
+                            noticed = _posted_at(bot.calls, asked, lambda t: t.startswith(STOP_NOTICE))
+                            break
+                        except StopIteration:
+                            await trio.sleep(0.01)
+                answered.append((bot.answered[press][1] - asked) * 1000)
+                acked = _posted_at(bot.calls, asked, lambda t: t == "Stopping…")
+                ack.append((acked - asked) * 1000)
+                notice.append((noticed - asked) * 1000)
+                own.append((acked - received[-1]) * 1000)
+                await sup.wait_idle("chat", 60)
+                after = await sup.last_seq()
+                await sup.send("direct", f"long task {n}")
+                await first_entry_of_a_turn(sup, "direct", after)
+                result = await sup.stop("direct")
+                floor_stop.append(result.elapsed_ms)
+            nursery.cancel_scope.cancel()
+    finally:
+        api.close()
+
+    def row(name: str, values: list[float], floor: list[float]) -> None:
+        m, f = statistics.median(values), statistics.median(floor)
+        print(f"{name:<44} median {m:8.1f} ms  p95 {pct(values, 0.95):8.1f} ms   floor median {f:7.1f} ms"
+              f"  p95 {pct(floor, 0.95):7.1f} ms   ratio {m / f:5.2f} x")
+
+    print(f"bench_bridge --platform discord: {rounds} rounds, the fake Discord on loopback, demo agent")
+    row("chat message -> turn started", started["bridge"], started["floor"])
+    row("Stop pressed -> press answered", answered, floor_stop)
+    row("Stop pressed -> 'Stopping…' at the server", ack, floor_stop)
+    row("Stop pressed -> notice at the server", notice, floor_stop)
+    row("  of which the bridge: read -> 'Stopping…' sent", own, floor_stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--burst", type=int, default=200)
-    parser.add_argument("--platform", choices=("matrix", "telegram"), default="matrix")
+    parser.add_argument("--platform", choices=("matrix", "telegram", "discord"), default="matrix")
     args = parser.parse_args(argv)
     if args.platform == "telegram":
         trio.run(bench_telegram, args.rounds)
+    elif args.platform == "discord":
+        trio.run(bench_discord, args.rounds)
     else:
         trio.run(bench, args.rounds, args.burst)
     return 0

@@ -23,13 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_corral_registers_its_own_platforms_through_its_entry_points() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '[project.entry-points."corral.bridges"]' in pyproject
-    assert {"irc", "matrix", "telegram"} <= set(registry.known_types())
+    assert {"irc", "matrix", "telegram", "discord"} <= set(registry.known_types())
     assert registry.bridge_type("matrix") is MATRIX and registry.bridge_type("irc") is IRC
     assert registry.bridge_type("telegram") is TELEGRAM
     # Loading a type for the config check imports no platform (nor its HTTP client).
     code = ("import sys; from supervisor.bridges import registry; "
-            "[registry.bridge_type(n) for n in ('matrix', 'irc', 'telegram')]; "
-            "print(sorted(m for m in ('httpx', 'trio', 'supervisor.bridges.telegram') if m in sys.modules))")
+            "[registry.bridge_type(n) for n in ('matrix', 'irc', 'telegram', 'discord')]; "
+            "print(sorted(m for m in ('httpx', 'trio', 'wsproto', 'supervisor.bridges.telegram', "
+            "'supervisor.bridges.discord') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -42,11 +43,11 @@ def test_an_unknown_type_is_refused_with_the_known_types(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as caught:
         parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)
     text = "\n".join(str(p) for p in caught.value.problems)
-    assert ("bridges.chat.type: unknown bridge type 'telegran' (known: irc, matrix, telegram) — fix: did you mean "
-            "'telegram'?") in text
-    assert "bridges.other.type: unknown bridge type 'smoke-signals' (known: irc, matrix, telegram) — fix: " \
-           "write type = one of: irc, matrix, telegram" in text
-    assert "bridges.none.type: missing — fix: write type = one of: irc, matrix, telegram" in text
+    assert ("bridges.chat.type: unknown bridge type 'telegran' (known: discord, irc, matrix, telegram) — fix: "
+            "did you mean 'telegram'?") in text
+    assert "bridges.other.type: unknown bridge type 'smoke-signals' (known: discord, irc, matrix, telegram) — fix: " \
+           "write type = one of: discord, irc, matrix, telegram" in text
+    assert "bridges.none.type: missing — fix: write type = one of: discord, irc, matrix, telegram" in text
 
 
 THIRD_PARTY = '''
@@ -128,9 +129,10 @@ def test_every_config_example_of_the_bridges_page_runs(tmp_path: Path) -> None:
 
     page = (ROOT / "docs" / "bridges.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```\n", page, re.S)
-    # Three: the whole chat config (<!-- bridge-config -->: tests/test_bridge_core.py runs it),
-    # a platform's entry points and the Telegram table (run here).
-    assert len(blocks) == 3
+    # Four: the whole chat config (<!-- bridge-config -->: tests/test_bridge_core.py runs it),
+    # a platform's entry points, the Telegram table (run here) and the Discord table
+    # (tests/test_bridge_discord.py runs it).
+    assert len(blocks) == 4
     [entry] = [b for b in blocks if "entry-points" in b]
     points = tomllib.loads(entry)["project"]["entry-points"]["corral.bridges"]
     assert points == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["corral.bridges"]

@@ -2,7 +2,8 @@
 
 Light on purpose: the config check loads this module, never a platform's (which imports its
 HTTP client). Matrix's and IRC's tables are read by the config itself (typed fields of
-``BridgeConfig``); Telegram's is read as a third party's would be, through :attr:`BridgeType.check`.
+``BridgeConfig``); Telegram's and Discord's are read as a third party's would be,
+through :attr:`BridgeType.check`.
 """
 
 from __future__ import annotations
@@ -62,4 +63,36 @@ TELEGRAM = BridgeType(
     name="telegram", platform="supervisor.bridges.telegram:TelegramPlatform",
     keys=frozenset({"token_file", "api_url", "poll_timeout", "stop_reaction"}),
     secret_keys=frozenset({"token_file"}), check=_telegram_check,
+)
+
+#: Discord's REST API, version 10 (the Gateway's URL comes from its ``GET /gateway/bot``).
+DISCORD_API = "https://discord.com/api/v10"
+#: A Discord id: a snowflake, a 64-bit number written in decimal.
+SNOWFLAKE = r"[0-9]{1,20}"
+
+
+def _discord_check(options: Mapping[str, Any], rooms: Mapping[str, str]) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    if "token_file" not in options:
+        problems.append(ConfigProblem("token_file", "missing", 'write token_file = "discord.token" holding the bot '
+                                      "token (Developer Portal → your application → Bot → Reset Token)"))
+    url = options.get("api_url", DISCORD_API)
+    if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
+        problems.append(ConfigProblem("api_url", f"expected Discord's REST API URL, got {url!r}",
+                                      f'write api_url = "{DISCORD_API}" (or leave it out)'))
+    elif url.startswith("http://") and urlsplit(url).hostname not in ("localhost", "127.0.0.1", "::1"):
+        problems.append(ConfigProblem("api_url", f"{url} is plain HTTP: the token is in every request",
+                                      "use https://, or plain http:// to a server on this machine only"))
+    for room in rooms:
+        if not re.fullmatch(SNOWFLAKE, room):
+            problems.append(ConfigProblem(f"rooms.{room}", "is not a Discord channel id (a number)",
+                                          'write "1234567890123456789" = "dev" (Discord: User Settings → Advanced → '
+                                          "Developer Mode, then right-click the channel → Copy Channel ID)"))
+    return problems
+
+
+DISCORD = BridgeType(
+    name="discord", platform="supervisor.bridges.discord:DiscordPlatform",
+    keys=frozenset({"token_file", "api_url"}), secret_keys=frozenset({"token_file"}), check=_discord_check,
+    user_id=SNOWFLAKE,
 )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -68,6 +69,10 @@ class BridgeType:
     secret_keys: frozenset[str] = frozenset()
     """Those of ``keys`` whose value is a file holding a secret (a token): hidden from turns."""
     check: Callable[[Mapping[str, Any], Mapping[str, str]], list[ConfigProblem]] = field(default=_no_problems)
+    user_id: str | None = None
+    """A regular expression every id in ``admins``, ``users`` and ``stoppers`` must match whole
+    (Discord's numeric snowflakes): an allowlist that names someone by a display name would let
+    nobody in, silently. None: any string."""
 
     def platform_class(self) -> Callable[[Any], Any]:
         """The platform's class, called with a :class:`~supervisor.config.settings.BridgeConfig`
@@ -155,4 +160,12 @@ def platform_options(
         else:
             options[key] = path
             secrets.append(path)
-    return options, tuple(secrets), spec.check(options, rooms)
+    problems = spec.check(options, rooms)
+    if spec.user_id is not None:
+        for key in ("admins", "users", "stoppers"):
+            ids = raw.get(key)
+            for i, who in enumerate(ids if isinstance(ids, list) else []):
+                if not isinstance(who, str) or not re.fullmatch(spec.user_id, who):
+                    problems.append(ConfigProblem(f"{key}[{i}]", f"{who!r} is not a {spec.name} user id",
+                                                  f"write the user's id (it matches {spec.user_id})"))
+    return options, tuple(secrets), problems
