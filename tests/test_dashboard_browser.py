@@ -502,15 +502,16 @@ def test_the_page_reconnects_after_a_daemon_restart(browser: Browser, short_tmp:
 def test_a_streaming_reply_shows_as_an_unsaved_draft_until_its_entry_replaces_it(
     browser: Browser, daemon: DashboardDaemon
 ) -> None:
-    """A turn that streams for 30 s: the page and an SSE follower (``corral tail -f --json``)
-    show its text within a second of the agent printing it, all along, and the saved entries
-    then stand where the drafts were."""
+    """A turn that streams for 12 s: the page and an SSE follower (``corral tail -f --json``)
+    show its text within a second of the agent printing it, all along (across two saved 5 s
+    pieces, each followed by a new draft), and the saved entries then stand where the drafts
+    were."""
     import subprocess
     import time
 
     from conftest import CORRAL
 
-    seconds = 30
+    seconds = 12
     context, page = _logged_in(browser, daemon)
     _channel(page, daemon, "drafts")
     page.get_by_role("textbox", name="Message").fill("hello")
