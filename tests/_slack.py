@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import select
 import socket
 import threading
 import time
@@ -75,6 +77,11 @@ class FakeApp:
     tickets: set[str] = field(default_factory=set)
     drop: bool = False
     _clock: float = 0.0
+    _wake: tuple[int, int] = field(default_factory=os.pipe)
+    """Written to when something is to be sent: the socket's thread wakes at once (no polling delay)."""
+
+    def wake(self) -> None:
+        os.write(self._wake[1], b"x")
 
     def channel(self, channel: str, name: str | None = None, member: bool = True) -> dict[str, Any]:
         with self.fake.lock:
@@ -88,11 +95,13 @@ class FakeApp:
         return f"{self._clock:.6f}"
 
     def _envelope(self, kind: str, payload: dict[str, Any], accepts: bool = False) -> dict[str, Any]:
-        envelope = {"envelope_id": f"env-{self.n}-{next(self.fake.count)}", "type": kind, "payload": payload,
-                    "accepts_response_payload": accepts, "retry_attempt": 0, "retry_reason": ""}
+        envelope: dict[str, Any] = {
+            "envelope_id": f"env-{self.n}-{next(self.fake.count)}", "type": kind, "payload": payload,
+            "accepts_response_payload": accepts, "retry_attempt": 0, "retry_reason": ""}
         with self.fake.lock:
             self.unacked[envelope["envelope_id"]] = envelope
             self.outbox.append(envelope)
+        self.wake()
         return envelope
 
     def _event(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +152,7 @@ class FakeApp:
             again = {**envelope, "retry_attempt": envelope.get("retry_attempt", 0) + 1, "retry_reason": "timeout"}
             self.unacked[again["envelope_id"]] = again
             self.outbox.append(again)
+        self.wake()
 
     def fail(self, method: str, kind: str, retry_after: int = 1, skip: int = 0) -> None:
         """The next call of ``method`` (after ``skip`` more) fails: ``"429"`` or ``"500"``."""
@@ -153,6 +163,7 @@ class FakeApp:
         """The socket mode connection goes dead (closed with no close frame)."""
         with self.fake.lock:
             self.drop = True
+        self.wake()
 
     def message(self, channel: str, ts: str) -> dict[str, Any]:
         with self.fake.lock:
@@ -357,7 +368,7 @@ class FakeSlack:
             app.outbox.extendleft(reversed([e for e in again if e["envelope_id"] not in queued]))
         hello = {"type": "hello", "num_connections": 1, "connection_info": {"app_id": f"A{app.n}"},
                  "debug_info": {"host": "fake", "approximate_connection_time": 18060}}
-        sock.settimeout(0.02)
+        sock.settimeout(5)
         try:
             sock.sendall(conn.send(ws.TextMessage(json.dumps(hello))))
             while not self.closing:
@@ -371,10 +382,12 @@ class FakeSlack:
                         app.delivered[envelope["envelope_id"]] = time.monotonic()
                 for envelope in out:
                     sock.sendall(conn.send(ws.TextMessage(json.dumps(envelope))))
-                try:
-                    data = sock.recv(65536)
-                except TimeoutError:
+                readable, _, _ = select.select([sock.fileno(), app._wake[0]], [], [], 0.5)
+                if app._wake[0] in readable:
+                    os.read(app._wake[0], 4096)
+                if sock.fileno() not in readable:
                     continue
+                data = sock.recv(65536)
                 conn.receive_data(data or None)
                 for event in conn.events():
                     if isinstance(event, ws.TextMessage):
@@ -383,7 +396,7 @@ class FakeSlack:
                         except ValueError:
                             continue
                         with self.lock:
-                            if isinstance(ack, dict) and app.unacked.pop(str(ack.get("envelope_id")), None):
+                            if isinstance(ack, dict) and app.unacked.pop(str(ack.get("envelope_id")), None) is not None:
                                 app.acked[str(ack["envelope_id"])] = time.monotonic()
                     elif isinstance(event, ws.Ping):
                         sock.sendall(conn.send(event.response()))
@@ -399,5 +412,7 @@ class FakeSlack:
     def close(self) -> None:
         with self.lock:
             self.closing = True
+            for app in self.apps.values():
+                app.wake()
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -5,6 +5,7 @@ through an embedded supervisor with the demo agent: real HTTP and a real WebSock
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -237,3 +238,46 @@ async def test_429s_wait_their_retry_after_and_a_long_answer_arrives_whole(world
     [(_, _, limited_at)] = [f for f in world.app.faulted if f[0] == "chat.postMessage"]
     retried = [at for method, _, at in world.app.calls if method == "chat.postMessage" and at > limited_at]
     assert retried and retried[0] - limited_at >= 0.95
+
+
+async def test_threads_hold_each_conversation_and_a_dropped_message_has_a_resend_button() -> None:
+    """No network: the platform's posts captured. With ``threads = true`` an answer goes to the
+    thread of the message it answers (a top-level message starts one), output to the newest."""
+    from supervisor.bridges.core import Post, Reacted
+    from supervisor.bridges.slack import RESEND_ACTION, SlackPlatform
+
+    platform = SlackPlatform.__new__(SlackPlatform)
+    platform.threads, platform.user_id = True, "UBOT"
+    platform._seen, platform._thread, platform._thread_of = deque(maxlen=99), {}, {}
+    platform._button, platform._progress = {}, {}
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def call(method: str, params: Any, *, token: str | None = None) -> dict[str, Any]:
+        calls.append((method, dict(params)))
+        return {"ok": True, "ts": f"9.{len(calls)}"}
+
+    platform.call = call  # type: ignore[method-assign]
+
+    def envelope(n: int, event: dict[str, Any]) -> dict[str, Any]:
+        return {"envelope_id": f"e{n}", "type": "events_api", "payload": {"event_id": f"Ev{n}", "event": event}}
+
+    said = {"type": "message", "channel": DEV, "user": ALICE}
+    [top] = platform._envelope(envelope(1, {**said, "text": "a", "ts": "1.1"}))
+    [reply] = platform._envelope(envelope(2, {"type": "message", "channel": DEV, "user": ALICE, "text": "b",
+                                              "ts": "1.5", "thread_ts": "1.1"}))
+    assert platform._envelope(envelope(2, {"type": "message"})) == []  # (the same envelope again)
+    await platform.post(Post(DEV, "a1", "not run: x", notice=True, reply_to=top.event))
+    await platform.post(Post(DEV, "c2", "output", agent=None))
+    assert [p.get("thread_ts") for _, p in calls] == ["1.1", "1.1"] and reply.event == f"{DEV}:1.5"
+    platform._envelope(envelope(3, {"type": "message", "channel": DEV, "user": ALICE, "text": "c", "ts": "2.0"}))
+    await platform.post(Post(DEV, "c3", "output", agent=None))
+    assert calls[-1][1]["thread_ts"] == "2.0"  # (a new top-level message: a thread of its own)
+    calls.clear()
+    await platform.post(Post(DEV, "n7", "UBOB: not run (stopped before it started):\n> hi\nReact 🔁 to send it again.",
+                             notice=True))
+    [(_, sent)] = calls
+    assert [e["action_id"] for b in sent["blocks"] if b["type"] == "actions" for e in b["elements"]] == [RESEND_ACTION]
+    pressed = platform._envelope({"envelope_id": "e9", "type": "interactive", "payload": {
+        "type": "block_actions", "user": {"id": BOB}, "container": {"channel_id": DEV, "message_ts": "9.1"},
+        "actions": [{"action_id": RESEND_ACTION, "action_ts": "3.3"}]}})
+    assert pressed == [Reacted(DEV, f"b{DEV}:9.1:3.3", BOB, "🔁", f"{DEV}:9.1")]
