@@ -281,3 +281,24 @@ async def test_threads_hold_each_conversation_and_a_dropped_message_has_a_resend
         "type": "block_actions", "user": {"id": BOB}, "container": {"channel_id": DEV, "message_ts": "9.1"},
         "actions": [{"action_id": RESEND_ACTION, "action_ts": "3.3"}]}})
     assert pressed == [Reacted(DEV, f"b{DEV}:9.1:3.3", BOB, "🔁", f"{DEV}:9.1")]
+
+
+async def test_a_refused_token_is_said_with_its_file(world: World) -> None:
+    from supervisor.bridges.platform import Refused
+    from supervisor.bridges.slack import SlackPlatform
+
+    config = slack_config(world.folder, world.api, world.app)
+    (world.folder / "slack-bot.token").write_text("xoxb-not-this-one\n")
+    platform = SlackPlatform(config.bridges["sl"])
+    try:
+        with pytest.raises(Refused, match=r"slack-bot\.token is refused \(auth\.test: invalid_auth\)"):
+            await platform.connect()
+        (world.folder / "slack-bot.token").write_text(world.app.bot_token)
+        (world.folder / "slack-app.token").write_text(world.app.bot_token)  # (a bot token where the app's goes)
+        await platform.connect()
+        with pytest.raises(Refused, match=r"slack-app\.token is refused \(apps\.connections\.open: "
+                                          r"not_allowed_token_type\)"):
+            async for _ in platform.events(None):
+                pass
+    finally:
+        await platform.aclose()

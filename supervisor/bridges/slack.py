@@ -256,7 +256,8 @@ class _Socket:
         await self._write(self.conn.send(ws.TextMessage(data=text)))
 
     async def aclose(self) -> None:
-        with trio.move_on_after(1) as _, trio.CancelScope(shield=True):
+        # (shielded, so a cancelled bridge still closes it; bounded, so a dead peer does not hold it)
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
             try:
                 if self.conn.state == wsproto.connection.ConnectionState.OPEN:
                     await self.stream.send_all(self.conn.send(ws.CloseConnection(code=1000)))
@@ -355,7 +356,11 @@ class SlackPlatform:
         return True
 
     async def events(self, cursor: str | None) -> AsyncIterator[Batch]:
-        opened = await self.call("apps.connections.open", {}, token=self.app_token)
+        try:
+            opened = await self.call("apps.connections.open", {}, token=self.app_token)
+        except Refused as exc:
+            raise Refused(f"the app-level token in {self.app_token_file} is refused ({exc}): it must be an "
+                          "xapp- token with connections:write, and Socket Mode must be on") from None
         url = str(opened.get("url", ""))
         parts = urlsplit(url)
         if parts.scheme != "wss" and not (parts.scheme == "ws" and parts.hostname in ("127.0.0.1", "localhost", "::1")):
