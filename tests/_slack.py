@@ -76,6 +76,9 @@ class FakeApp:
     connections: int = 0
     tickets: set[str] = field(default_factory=set)
     drop: bool = False
+    deaf: bool = False
+    """The socket answers no ping (a connection gone dead somewhere between)."""
+    pings: int = 0
     _clock: float = 0.0
     _wake: tuple[int, int] = field(default_factory=os.pipe)
     """Written to when something is to be sent: the socket's thread wakes at once (no polling delay)."""
@@ -399,7 +402,10 @@ class FakeSlack:
                             if isinstance(ack, dict) and app.unacked.pop(str(ack.get("envelope_id")), None) is not None:
                                 app.acked[str(ack["envelope_id"])] = time.monotonic()
                     elif isinstance(event, ws.Ping):
-                        sock.sendall(conn.send(event.response()))
+                        with self.lock:
+                            app.pings += 1
+                        if not app.deaf:
+                            sock.sendall(conn.send(event.response()))
                     elif isinstance(event, ws.CloseConnection):
                         if conn.state == wsproto.connection.ConnectionState.REMOTE_CLOSING:
                             sock.sendall(conn.send(event.response()))

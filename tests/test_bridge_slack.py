@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from _slack import FakeApp, FakeSlack
 from conftest import KILL, turn_processes
 
@@ -300,5 +301,39 @@ async def test_a_refused_token_is_said_with_its_file(world: World) -> None:
                                           r"not_allowed_token_type\)"):
             async for _ in platform.events(None):
                 pass
+    finally:
+        await platform.aclose()
+
+
+async def test_a_quiet_socket_is_kept_by_its_pongs_and_a_dead_one_is_given_up(
+    world: World, mock_clock: trio.testing.MockClock
+) -> None:
+    """Pings after 10 s of silence; a pong keeps a quiet connection; 20 s without a frame drops it."""
+    from supervisor.bridges.platform import Transient
+    from supervisor.bridges.slack import SlackPlatform
+
+    mock_clock.autojump_threshold = 0.3  # (real seconds all tasks wait before the clock jumps: the fake answers first)
+    platform = SlackPlatform(slack_config(world.folder, world.api, world.app).bridges["sl"])
+    try:
+        await platform.connect()
+        events = platform.events(None)
+        await events.__anext__()  # hello
+        given_up: list[tuple[float, Exception]] = []
+
+        async def read() -> None:
+            try:
+                await events.__anext__()
+            except Transient as exc:
+                given_up.append((trio.current_time(), exc))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.sleep(45)  # (virtual: quiet, its pings answered)
+            assert world.app.pings >= 3 and world.app.connections == 1 and not given_up
+            world.app.deaf = True
+            deaf_at = trio.current_time()
+        [(at, exc)] = given_up
+        assert "nothing heard for 20 s" in str(exc) and at - deaf_at <= 30
+        await events.aclose()
     finally:
         await platform.aclose()

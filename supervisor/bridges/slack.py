@@ -171,6 +171,8 @@ class _Socket:
         self.texts: deque[str] = deque()
         self._partial: list[str] = []
         self.closed = False
+        self.heard = trio.current_time()
+        """When a frame last came (a pong too): what :data:`SILENCE` is measured from."""
 
     @classmethod
     async def open(cls, url: str) -> _Socket:
@@ -215,6 +217,7 @@ class _Socket:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise Transient(f"socket mode: the socket dropped ({type(exc).__name__})") from None
         self.conn.receive_data(data or None)
+        self.heard = trio.current_time()
         return data
 
     def _feed(self) -> list[bytes]:
@@ -367,15 +370,12 @@ class SlackPlatform:
             raise Refused(f"apps.connections.open: not a wss:// URL: {url.split('?')[0]!r}")
         socket = await _Socket.open(url)
         try:
-            quiet = 0.0
             while True:
                 text = await socket.receive()
                 if text is None:
-                    quiet += PING_EVERY
-                    if quiet >= SILENCE:
-                        raise Transient(f"socket mode: nothing heard for {quiet:.0f} s")
+                    if trio.current_time() - socket.heard >= SILENCE:  # (not even a pong for the last ping)
+                        raise Transient(f"socket mode: nothing heard for {SILENCE:.0f} s")
                     continue
-                quiet = 0.0
                 try:
                     envelope = json.loads(text)
                 except ValueError:
