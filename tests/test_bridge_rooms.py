@@ -123,3 +123,33 @@ async def test_a_stop_awaited_in_one_room_never_delays_another_rooms_message() -
             assert sup.sent == ["hello", "after the stop"]
             assert sup.cursors[since] == "2"
             nursery.cancel_scope.cancel()
+
+
+async def test_a_platform_whose_read_confirms_is_asked_again_only_once_its_batch_is_handled() -> None:
+    """Telegram forgets the updates below the offset of the next ``getUpdates``: asking for the
+    next batch while a room's stop is parked would lose that room's queued events in a crash."""
+    sup, platform = Sup(), Platform()
+    platform.confirms_on_read = True  # type: ignore[attr-defined]
+    asked: list[int] = []
+    events = platform.events
+
+    async def counted(cursor: str | None) -> AsyncIterator[Batch]:
+        async for batch in events(cursor):
+            yield batch
+            asked.append(1)
+
+    platform.events = counted  # type: ignore[method-assign]
+    config = BridgeConfig(name="t", type="test", rooms={"A": "a", "B": "b"}, admins=("alice",))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(run_bridge, sup, config, platform=platform))  # type: ignore[arg-type]
+            platform.batches.send_nowait(Batch((Said("A", "e1", "alice", "!stop"), Said("B", "e2", "alice", "hi")),
+                                               "1"))
+            await sup.stopping.wait()
+            await sup.sent_to["b"].wait()  # (within the batch, rooms are still side by side)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(asked) == 1  # (the empty first batch only: batch 1 is not handled)
+            sup.release.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(asked) == 2 and sup.cursors["bridge:t:since"] == "1"
+            nursery.cancel_scope.cancel()

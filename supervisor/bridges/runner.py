@@ -16,6 +16,10 @@ Theory of operation
   events and every earlier batch's are handled (:class:`_Cursors`): a crash in between
   replays them, and the origins make the replay a no-op. A store failure while handling is
   retried in place (the room's later events wait behind it: nothing is lost or reordered).
+  A platform whose next read confirms the last (``confirms_on_read``: Telegram's ``offset``,
+  after which the server forgets the updates) is asked for its next batch only once the last
+  is handled: its rooms are concurrent within a batch, and a stop awaited in one room holds
+  the next batch (nothing is confirmed that a crash could lose).
 * **A stop is acknowledged before it is awaited**: "Stopping…" goes into the room's outbox,
   whose sender posts it at once, then the receiver awaits ``stop`` (the notice follows through
   the room's follower, after the acknowledgement because one outbox posts in order).
@@ -137,6 +141,9 @@ class _Batch:
 
     def __init__(self, cursor: str | None, left: int) -> None:
         self.cursor, self.left = cursor, left
+        self.done = trio.Event()
+        if not left:
+            self.done.set()
 
 
 class _Cursors:
@@ -157,6 +164,7 @@ class _Cursors:
     def handled(self, batch: _Batch) -> None:
         batch.left -= 1
         if not batch.left:
+            batch.done.set()
             self.changed.set()
 
     def done(self) -> str | None:
@@ -265,6 +273,10 @@ class Bridge:
                     read = self._cursors.read(batch.cursor, len(batch.events))
                     for event in batch.events:
                         self._inbox(event.room).send_nowait((event, read))
+                    if getattr(self.platform, "confirms_on_read", False):
+                        # Asking for the next batch tells the server this one is done (Telegram's
+                        # offset): not before it is (its rooms still handled side by side).
+                        await read.done.wait()
                     if batch.cursor is not None:
                         cursor = batch.cursor
                     self.backoff.reset()
