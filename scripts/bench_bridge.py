@@ -26,6 +26,11 @@ poll the moment an update comes), so the figures are the bridge's own share: a c
 → the notice as the server receives them (against the daemon's own stop), and the bridge's
 own part of the acknowledgement (the update read off ``getUpdates`` → "Stopping…" sent).
 
+``--platform slack``: the Slack bridge against the tests' fake Slack (``tests/_slack.py``: the
+Web API and a Socket Mode WebSocket on loopback, an envelope sent the moment it is made), the
+same figures with ``!stop``: the bridge's own part is the envelope read off the socket →
+"Stopping…" posted (``chat.postMessage`` received).
+
 ``--platform discord``: the Discord bridge against the tests' fake Discord (``tests/_discord.py``:
 REST and the Gateway on loopback, answering at once): a chat message → its turn's first entry,
 and a press of the **Stop button** → the press answered (Discord allows 3 s) / → "Stopping…"
@@ -52,6 +57,7 @@ from supervisor.bridges.runner import run_bridge
 from supervisor.config.settings import parse_config
 from supervisor.host.supervisor import STOP_NOTICE
 from tests._discord import FakeDiscord
+from tests._slack import FakeSlack
 from tests._synapse import Synapse
 from tests._telegram import FakeBotApi
 
@@ -441,14 +447,110 @@ async def bench_discord(rounds: int) -> None:
     row("  of which the bridge: read -> 'Stopping…' sent", own, floor_stop)
 
 
+def _slack_posted_at(calls: list[tuple[str, dict[str, Any], float]], after: float, test: Any) -> float:
+    """When the fake Slack received the first chat.postMessage since ``after`` whose text passes ``test``."""
+    return next(at for method, params, at in calls
+                if at >= after and method == "chat.postMessage" and test(str(params.get("text", ""))))
+
+
+async def bench_slack(rounds: int) -> None:
+    from supervisor.bridges.slack import neutral
+
+    folder = short_tmp("corral-bs-")
+    api = FakeSlack()
+    try:
+        app = api.app()
+        channel, alice = "C0BENCH01", "UALICE001"
+        app.channel(channel)
+        (folder / "bot.token").write_text(app.bot_token)
+        (folder / "app.token").write_text(app.app_token)
+        data = {
+            "server": {"socket": "corral.sock"}, "store": {"path": "corral.db"},
+            "defaults": {"stop_grace": 2},
+            "agents": {"demo": {"adapter": "demo", "delay": 0.01}},
+            "bridges": {"sl": {"type": "slack", "api_url": f"{api.url}/api", "admins": [alice],
+                               "bot_token_file": str(folder / "bot.token"), "app_token_file": str(folder / "app.token"),
+                               "rooms": {channel: "chat"}}},
+        }
+        config = parse_config(data, file=str(folder / "corral.toml"), base=folder)
+        notice_text = neutral(STOP_NOTICE)
+        async with open_supervisor(config) as sup, trio.open_nursery() as nursery:
+            bridge = await nursery.start(run_bridge, sup, config.bridges["sl"])
+            received: list[float] = []
+            handle = bridge.handle
+
+            async def timed_handle(event: Any) -> Any:
+                if getattr(event, "text", None) == "!stop":
+                    received.append(time.monotonic())
+                return await handle(event)
+
+            bridge.handle = timed_handle
+            started: dict[str, list[float]] = {"bridge": [], "floor": []}
+            ack: list[float] = []
+            notice: list[float] = []
+            own: list[float] = []
+            floor_stop: list[float] = []
+            for n in range(rounds):
+                after = await sup.last_seq()
+                t0 = trio.current_time()
+                app.say(channel, alice, f"hello {n}")
+                started["bridge"].append((await first_entry_of_a_turn(sup, "chat", after) - t0) * 1000)
+                await sup.wait_idle("chat", 60)
+                after = await sup.last_seq()
+                t0 = trio.current_time()
+                await sup.send("direct", f"hello {n}")
+                started["floor"].append((await first_entry_of_a_turn(sup, "direct", after) - t0) * 1000)
+                await sup.wait_idle("direct", 60)
+                after = await sup.last_seq()
+                app.say(channel, alice, f"long task {n}")
+                await first_entry_of_a_turn(sup, "chat", after)
+                asked = time.monotonic()
+                app.say(channel, alice, "!stop")
+                with trio.fail_after(60):
+                    while not [e for e in await sup.entries("chat", after=after) if e.kind == "notice"]:
+                        await trio.sleep(0.01)
+                    while True:  # (the notice reaches the server after it is stored)
+                        try:
+                            noticed = _slack_posted_at(app.calls, asked, lambda t: t.startswith(notice_text))
+                            break
+                        except StopIteration:
+                            await trio.sleep(0.01)
+                acked = _slack_posted_at(app.calls, asked, lambda t: t == "Stopping…")
+                ack.append((acked - asked) * 1000)
+                notice.append((noticed - asked) * 1000)
+                own.append((acked - received[-1]) * 1000)
+                await sup.wait_idle("chat", 60)
+                after = await sup.last_seq()
+                await sup.send("direct", f"long task {n}")
+                await first_entry_of_a_turn(sup, "direct", after)
+                result = await sup.stop("direct")
+                floor_stop.append(result.elapsed_ms)
+            nursery.cancel_scope.cancel()
+    finally:
+        api.close()
+
+    def row(name: str, values: list[float], floor: list[float]) -> None:
+        m, f = statistics.median(values), statistics.median(floor)
+        print(f"{name:<44} median {m:8.1f} ms  p95 {pct(values, 0.95):8.1f} ms   floor median {f:7.1f} ms"
+              f"  p95 {pct(floor, 0.95):7.1f} ms   ratio {m / f:5.2f} x")
+
+    print(f"bench_bridge --platform slack: {rounds} rounds, the fake Slack on loopback, demo agent")
+    row("chat message -> turn started", started["bridge"], started["floor"])
+    row("!stop -> 'Stopping…' at the server", ack, floor_stop)
+    row("!stop -> notice at the server", notice, floor_stop)
+    row("  of which the bridge: read -> 'Stopping…' sent", own, floor_stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--burst", type=int, default=200)
-    parser.add_argument("--platform", choices=("matrix", "telegram", "discord"), default="matrix")
+    parser.add_argument("--platform", choices=("matrix", "telegram", "slack", "discord"), default="matrix")
     args = parser.parse_args(argv)
     if args.platform == "telegram":
         trio.run(bench_telegram, args.rounds)
+    elif args.platform == "slack":
+        trio.run(bench_slack, args.rounds)
     elif args.platform == "discord":
         trio.run(bench_discord, args.rounds)
     else:

@@ -14,6 +14,7 @@ import psutil
 import pytest
 from _postgres import PostgresServer
 from _postgres import missing as postgres_missing
+from _slack import FakeSlack
 from _telegram import FakeBotApi
 
 from supervisor import Config, parse_config
@@ -50,6 +51,16 @@ def postgres_server() -> Iterator[PostgresServer]:
 def telegram_api() -> Iterator[FakeBotApi]:
     """One fake Telegram Bot API server for the session (each test makes a bot of its own on it)."""
     server = FakeBotApi()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def slack_api() -> Iterator[FakeSlack]:
+    """One fake Slack (Web API and Socket Mode) for the session (each test makes an app of its own on it)."""
+    server = FakeSlack()
     try:
         yield server
     finally:

@@ -318,7 +318,11 @@ async def test_stop_by_the_button_and_by_reaction_is_acknowledged_with_the_notic
 async def _shown(world: World, sup: Supervisor) -> None:
     """Until the bridge has recorded as posted every agent entry of the channel."""
     with trio.fail_after(30):
-        last = [e.seq for e in await sup.entries("general") if e.author == "agent:demo" and e.kind == "message"][-1]
+        # (a live draft is posted before its entry is saved: wait for the entry first)
+        while not (saved := [e.seq for e in await sup.entries("general")
+                             if e.author == "agent:demo" and e.kind == "message"]):
+            await trio.sleep(0.02)
+        last = saved[-1]
         while int(await sup.cursor(f"bridge:dc:posted:{world.channel}") or 0) < last:
             await trio.sleep(0.02)
 

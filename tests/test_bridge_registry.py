@@ -43,11 +43,11 @@ def test_an_unknown_type_is_refused_with_the_known_types(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as caught:
         parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)
     text = "\n".join(str(p) for p in caught.value.problems)
-    assert ("bridges.chat.type: unknown bridge type 'telegran' (known: discord, irc, matrix, telegram) — fix: "
+    assert ("bridges.chat.type: unknown bridge type 'telegran' (known: discord, irc, matrix, slack, telegram) — fix: "
             "did you mean 'telegram'?") in text
-    assert "bridges.other.type: unknown bridge type 'smoke-signals' (known: discord, irc, matrix, telegram) — fix: " \
-           "write type = one of: discord, irc, matrix, telegram" in text
-    assert "bridges.none.type: missing — fix: write type = one of: discord, irc, matrix, telegram" in text
+    assert "bridges.other.type: unknown bridge type 'smoke-signals' (known: discord, irc, matrix, slack, telegram) — fix: " \
+           "write type = one of: discord, irc, matrix, slack, telegram" in text
+    assert "bridges.none.type: missing — fix: write type = one of: discord, irc, matrix, slack, telegram" in text
 
 
 THIRD_PARTY = '''
@@ -129,10 +129,10 @@ def test_every_config_example_of_the_bridges_page_runs(tmp_path: Path) -> None:
 
     page = (ROOT / "docs" / "bridges.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```\n", page, re.S)
-    # Four: the whole chat config (<!-- bridge-config -->: tests/test_bridge_core.py runs it),
-    # a platform's entry points, the Telegram table (run here) and the Discord table
-    # (tests/test_bridge_discord.py runs it).
-    assert len(blocks) == 4
+    # Five: the whole chat config (<!-- bridge-config -->: tests/test_bridge_core.py runs it),
+    # a platform's entry points, the Telegram table and the Slack table (run here), and the
+    # Discord table (tests/test_bridge_discord.py runs it).
+    assert len(blocks) == 5
     [entry] = [b for b in blocks if "entry-points" in b]
     points = tomllib.loads(entry)["project"]["entry-points"]["corral.bridges"]
     assert points == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["corral.bridges"]
@@ -146,6 +146,28 @@ def test_every_config_example_of_the_bridges_page_runs(tmp_path: Path) -> None:
     bridge = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path).bridges["tg"]
     assert bridge.type == "telegram" and bridge.rooms == {"-1001234567890": "dev", "123456789": "alice"}
     assert bridge.options["api_url"] == "https://api.telegram.org" and bridge.secrets == (tmp_path / "telegram.token",)
+    data = tomllib.loads(page.split("<!-- slack-config -->", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0])
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path)
+    assert sorted(p.key for p in caught.value.problems) == ["bridges.sl.app_token_file", "bridges.sl.bot_token_file"]
+    (tmp_path / "slack-bot.token").write_text("xoxb-1\n")
+    (tmp_path / "slack-app.token").write_text("xapp-1\n")
+    bridge = parse_config(data, file=str(tmp_path / "corral.toml"), base=tmp_path).bridges["sl"]
+    assert bridge.type == "slack" and bridge.rooms == {"C0123456789": "dev"} and bridge.options["threads"] is False
+    assert set(bridge.secrets) == {tmp_path / "slack-bot.token", tmp_path / "slack-app.token"}
+
+
+def test_corral_check_names_what_is_wrong_in_a_slack_table(tmp_path: Path) -> None:
+    table = {"type": "slack", "api_url": "http://slack.example.org/api", "threads": "yes", "admins": ["U1"],
+             "rooms": {"#dev": "dev"}, "bot_token_file": "b.token"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"agents": {"demo": {"adapter": "demo"}}, "bridges": {"sl": table}},
+                     file=str(tmp_path / "corral.toml"), base=tmp_path)
+    text = "\n".join(str(p) for p in caught.value.problems)
+    assert "bridges.sl.app_token_file: missing" in text
+    assert "is plain HTTP: the tokens are in every request" in text
+    assert "bridges.sl.threads: expected true or false, got 'yes'" in text
+    assert "bridges.sl.rooms.#dev: is not a Slack channel id" in text
 
 
 def test_corral_check_names_what_is_wrong_in_a_telegram_table(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Light on purpose: the config check loads this module, never a platform's (which imports its
 HTTP client). Matrix's and IRC's tables are read by the config itself (typed fields of
-``BridgeConfig``); Telegram's and Discord's are read as a third party's would be,
+``BridgeConfig``); Telegram's, Slack's and Discord's are read as a third party's would be,
 through :attr:`BridgeType.check`.
 """
 
@@ -95,4 +95,39 @@ DISCORD = BridgeType(
     name="discord", platform="supervisor.bridges.discord:DiscordPlatform",
     keys=frozenset({"token_file", "api_url"}), secret_keys=frozenset({"token_file"}), check=_discord_check,
     user_id=SNOWFLAKE,
+)
+
+#: Slack's Web API (its ``api_url``; a test's fake Slack is the other).
+SLACK_API = "https://slack.com/api"
+
+
+def _slack_check(options: Mapping[str, Any], rooms: Mapping[str, str]) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    for key, what, prefix in (("bot_token_file", "the Bot User OAuth Token", "xoxb-"),
+                              ("app_token_file", "the app-level token (connections:write)", "xapp-")):
+        if key not in options:
+            problems.append(ConfigProblem(key, "missing", f'write {key} = "slack-{key[:3]}.token" holding {what} '
+                                                          f"({prefix}…)"))
+    url = options.get("api_url", SLACK_API)
+    if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
+        problems.append(ConfigProblem("api_url", f"expected the Web API's URL, got {url!r}",
+                                      f'write api_url = "{SLACK_API}"'))
+    elif url.startswith("http://") and urlsplit(url).hostname not in ("localhost", "127.0.0.1", "::1"):
+        problems.append(ConfigProblem("api_url", f"{url} is plain HTTP: the tokens are in every request",
+                                      "use https://, or plain http:// to a server on this machine only"))
+    if not isinstance(options.get("threads", False), bool):
+        problems.append(ConfigProblem("threads", f"expected true or false, got {options['threads']!r}",
+                                      "write threads = true (answers in threads) or leave it out"))
+    for room in rooms:
+        if not re.fullmatch(r"[CGD][A-Z0-9]{2,}", room):
+            problems.append(ConfigProblem(f"rooms.{room}", "is not a Slack channel id",
+                                          'write "C0123456789" = "dev" (the id is at the bottom of the '
+                                          "channel's details, not its #name)"))
+    return problems
+
+
+SLACK = BridgeType(
+    name="slack", platform="supervisor.bridges.slack:SlackPlatform",
+    keys=frozenset({"bot_token_file", "app_token_file", "api_url", "threads"}),
+    secret_keys=frozenset({"bot_token_file", "app_token_file"}), check=_slack_check,
 )

@@ -54,6 +54,8 @@ class Platform(Protocol):
     idempotent_posts: bool
     """Whether posting the same op key twice shows it once (then a post is marked done after it
     is made: at least once, deduplicated by the server; else before: at most once)."""
+    # Optional: ``confirms_on_read = True`` where asking for the next batch makes the server forget
+    # the last (Telegram's offset): the runner then asks only once the last batch is handled.
     scope: str
     """Set by the runner before :meth:`connect`: a short id of the store, for what must be unique
     per store (Matrix's transaction ids)."""

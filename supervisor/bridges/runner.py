@@ -4,13 +4,22 @@ supervisor, and does the I/O the core decides.
 Theory of operation
 -------------------
 
-* **One task receives.** It reads the platform's batches in order; each event is checked
-  against the store's ``origins`` (a replayed sync, a reconnect, a restart: seen, skipped),
-  decided by the core, and carried out: a :class:`.core.Run` is ``send``-ed with the event's
-  origin, which the store writes in the message's own transaction; a command or an ignored
-  event is marked handled *before* it acts (a stop replayed after a crash would drop messages
-  typed after it). The batch's cursor (Matrix's sync token) is saved after its events: a
-  crash in between replays them, and the origins make the replay a no-op.
+* **One task receives, a task per room handles.** The receiver reads the platform's batches
+  in order and hands each event to its room's handler (a queue and a task per room id):
+  rooms are handled concurrently, each in its own order, so a stop awaited in one room never
+  delays another room's events, and a room's next message waits for its stop. Each event is
+  checked against the store's ``origins`` (a replayed sync, a reconnect, a restart: seen,
+  skipped), decided by the core, and carried out: a :class:`.core.Run` is ``send``-ed with
+  the event's origin, which the store writes in the message's own transaction; a command or
+  an ignored event is marked handled *before* it acts (a stop replayed after a crash would
+  drop messages typed after it). A batch's cursor (Matrix's sync token) is saved once its
+  events and every earlier batch's are handled (:class:`_Cursors`): a crash in between
+  replays them, and the origins make the replay a no-op. A store failure while handling is
+  retried in place (the room's later events wait behind it: nothing is lost or reordered).
+  A platform whose next read confirms the last (``confirms_on_read``: Telegram's ``offset``,
+  after which the server forgets the updates) is asked for its next batch only once the last
+  is handled: its rooms are concurrent within a batch, and a stop awaited in one room holds
+  the next batch (nothing is confirmed that a crash could lose).
 * **A stop is acknowledged before it is awaited**: "Stopping…" goes into the room's outbox,
   whose sender posts it at once, then the receiver awaits ``stop`` (the notice follows through
   the room's follower, after the acknowledgement because one outbox posts in order).
@@ -33,6 +42,7 @@ import logging
 import math
 import random
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -126,6 +136,46 @@ class _Room:
             self.wake.set()
 
 
+class _Batch:
+    """A batch read, and how many of its events are still being handled."""
+
+    def __init__(self, cursor: str | None, left: int) -> None:
+        self.cursor, self.left = cursor, left
+        self.done = trio.Event()
+        if not left:
+            self.done.set()
+
+
+class _Cursors:
+    """The batches read, in order: a batch's cursor may be saved once it and every earlier
+    batch have no event left to handle (rooms finish out of order)."""
+
+    def __init__(self) -> None:
+        self.batches: deque[_Batch] = deque()
+        self.changed = trio.Event()
+
+    def read(self, cursor: str | None, events: int) -> _Batch:
+        batch = _Batch(cursor, events)
+        self.batches.append(batch)
+        if not events:
+            self.changed.set()
+        return batch
+
+    def handled(self, batch: _Batch) -> None:
+        batch.left -= 1
+        if not batch.left:
+            batch.done.set()
+            self.changed.set()
+
+    def done(self) -> str | None:
+        """The newest cursor whose batch and every earlier one are handled (None: none new)."""
+        newest = None
+        while self.batches and not self.batches[0].left:
+            cursor = self.batches.popleft().cursor
+            newest = cursor if cursor is not None else newest
+        return newest
+
+
 class Bridge:
     """One running bridge: a platform, its core, and a supervisor."""
 
@@ -154,6 +204,9 @@ class Bridge:
         self.backoff = Backoff(most=config.retry_max)
         self.handled = 0
         """Events decided so far (the benchmark reads it)."""
+        self._inboxes: dict[str, trio.MemorySendChannel[tuple[Inbound, _Batch]]] = {}
+        """Room id → its handler's queue (made at the room's first event)."""
+        self._cursors = _Cursors()
 
     def key(self, what: str) -> str:
         return f"bridge:{self.config.name}:{what}"
@@ -206,29 +259,78 @@ class Bridge:
     # ---------------------------------------------------------- receiving
 
     async def _receive(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        assert self._nursery is not None
         cursor = await self.sup.cursor(self.key("since"))
+        self._nursery.start_soon(self._save_cursors, cursor, name=f"corral-bridge-cursor:{self.config.name}")
         started = False
         while True:
             try:
+                # (after a reconnect, from the newest batch read: what was read is queued here)
                 async for batch in self.platform.events(cursor):
                     if not started:
                         started = True
                         task_status.started()
+                    read = self._cursors.read(batch.cursor, len(batch.events))
                     for event in batch.events:
-                        await self.handle(event)
-                    if batch.cursor is not None and batch.cursor != cursor:
-                        await self.sup.save_cursor(self.key("since"), batch.cursor)
+                        self._inbox(event.room).send_nowait((event, read))
+                    if getattr(self.platform, "confirms_on_read", False):
+                        # Asking for the next batch tells the server this one is done (Telegram's
+                        # offset): not before it is (its rooms still handled side by side).
+                        await read.done.wait()
+                    if batch.cursor is not None:
                         cursor = batch.cursor
                     self.backoff.reset()
             except Transient as exc:
                 delay = self.backoff.delay(exc.retry_after)
                 log.warning("bridge %s: receiving: %s; trying again in %.1f s", self.config.name, exc, delay)
                 await trio.sleep(delay)
-            except StoreError as exc:
-                # Nothing of the batch is lost: its cursor was not saved, so it comes again.
-                delay = self.backoff.delay()
-                log.error("bridge %s: the store failed (%s); reading again in %.1f s", self.config.name, exc, delay)
+
+    def _inbox(self, room: str) -> trio.MemorySendChannel[tuple[Inbound, _Batch]]:
+        inbox = self._inboxes.get(room)
+        if inbox is None:
+            assert self._nursery is not None
+            # (unbounded: the receiver never waits for a room, so no room waits for another)
+            inbox, queue = trio.open_memory_channel[tuple[Inbound, _Batch]](math.inf)
+            self._inboxes[room] = inbox
+            self._nursery.start_soon(self._handle_room, queue, name=f"corral-bridge-handle:{room}")
+        return inbox
+
+    async def _handle_room(self, queue: trio.MemoryReceiveChannel[tuple[Inbound, _Batch]]) -> None:
+        """One room's events, in order, each until it is handled."""
+        async for event, batch in queue:
+            backoff = Backoff(first=self.backoff.first, most=self.backoff.most)
+            while True:
+                try:
+                    await self.handle(event)
+                except StoreError as exc:
+                    # Tried again in place: its origin is not marked, and the room's next events wait.
+                    delay = backoff.delay()
+                    log.error("bridge %s: the store failed (%s); handling %s again in %.1f s", self.config.name,
+                              exc, event.room, delay)
+                    await trio.sleep(delay)
+                    continue
+                break
+            self._cursors.handled(batch)
+
+    async def _save_cursors(self, saved: str | None) -> None:
+        """Saves the newest cursor whose batches are all handled, as they come."""
+        unsaved: str | None = None
+        while True:
+            await self._cursors.changed.wait()
+            self._cursors.changed = trio.Event()
+            cursor = self._cursors.done() or unsaved
+            if cursor is None or cursor == saved:
+                continue
+            try:
+                await self.sup.save_cursor(self.key("since"), cursor)
+            except StoreError as exc:  # (nothing lost: a restart reads from the older cursor)
+                unsaved, delay = cursor, self.backoff.delay()
+                log.error("bridge %s: the store failed (%s); saving the cursor again in %.1f s", self.config.name,
+                          exc, delay)
                 await trio.sleep(delay)
+                self._cursors.changed.set()
+                continue
+            saved, unsaved = cursor, None
 
     async def handle(self, event: Inbound) -> Decision:
         """Decide one event and carry the decision out (once per origin)."""

@@ -200,6 +200,9 @@ class TelegramPlatform:
     kind = "telegram"
     can_edit = True
     idempotent_posts = False  # (the Bot API has no idempotency key: a post is marked before it is made)
+    confirms_on_read = True
+    """A ``getUpdates`` with a higher offset makes Telegram forget the updates below it: the runner
+    asks for the next batch only once the last is handled (:mod:`.runner`)."""
 
     def __init__(self, config: BridgeConfig) -> None:
         options = config.options
