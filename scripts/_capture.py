@@ -1,7 +1,7 @@
 """What the ``capture_*`` scripts share: run one turn of a real CLI and record what it did.
 
 Each capture script runs a CLI installed by ``scripts/install-clis.sh`` offline, against a
-fake model server from ``tests/fakemodel``, with the launch the CLI's adapter builds, so the
+fake model server from ``scripts/fakemodel``, with the launch the CLI's adapter builds, so the
 captures show exactly what corral runs. This module holds everything that is not about one
 CLI:
 
@@ -16,7 +16,7 @@ CLI:
   READMEs show it.
 
 Run the scripts from the repository root as modules (``python -m scripts.capture_claude``):
-``tests.fakemodel`` and this module then import normally.
+``scripts.fakemodel`` and this module then import normally.
 """
 
 from __future__ import annotations

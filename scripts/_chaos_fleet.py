@@ -1,7 +1,7 @@
 """The fleet mode of ``scripts/chaos_stop.py`` and ``scripts/faults.py`` (``--fleet``).
 
 Three ``corral run`` daemons (hosts ha, hb, hc) on one throwaway PostgreSQL server (started
-as the tests start theirs, ``tests/_postgres.py``), lease ``--lease`` seconds. Each trial
+as the tests start theirs, ``scripts/_postgres.py``), lease ``--lease`` seconds. Each trial
 uses a fresh channel, pinned to a host drawn at random or unpinned (then it runs where it
 was sent), sends a job through one host and stops it through another drawn at random (most
 often a host that does not own the channel).
@@ -289,7 +289,7 @@ def fault_trial(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], di
 
 def run(trials: int, seed: int, lease: float, *, faults: bool, moments: tuple[str, ...] = MOMENTS) -> dict[str, Any]:
     """Run the trials on a throwaway server; the summary."""
-    from tests._postgres import PostgresServer, missing
+    from scripts._postgres import PostgresServer, missing
 
     reason = missing()
     if reason is not None:

@@ -2,7 +2,7 @@
 ``bench_fleet``'s partition figures and of ``tests/test_fleet_partition.py``.
 
 Two or three ``corral run`` daemons on one throwaway PostgreSQL server (started as the
-tests start theirs, ``tests/_postgres.py``), each host connecting over TCP to a fault proxy
+tests start theirs, ``scripts/_postgres.py``), each host connecting over TCP to a fault proxy
 of its own on 127.0.0.1 (:mod:`scripts._faultproxy`), the proxy to the server's Unix socket.
 The harness reads the database directly, never through a proxy.
 
@@ -461,7 +461,7 @@ def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tupl
 
 def run(trials: int, seed: int, lease: float, *, only: tuple[str, ...] = FAULTS) -> dict[str, Any]:
     """Run the partition trials on a throwaway server; the summary."""
-    from tests._postgres import PostgresServer, missing
+    from scripts._postgres import PostgresServer, missing
 
     reason = missing()
     if reason is not None:

@@ -43,12 +43,12 @@ import trio
 from adapters.acp import PromptEnded
 from scripts._bench import SERVER_TOML, Daemon, short_tmp
 from scripts._config import toml_value
+from scripts.fakemodel._http import FakeModelServer
+from scripts.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec, daemon_table
+from scripts.fakemodel.rig import write_tool_script
 from supervisor.serve.client import Client
 from supervisor.testing import read_pid
 from supervisor.turns.agents import AcpAgent, PromptStream, open_acp_agent
-from tests.fakemodel._http import FakeModelServer
-from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec, daemon_table
-from tests.fakemodel.rig import write_tool_script
 
 BOUND = 120.0
 
@@ -152,8 +152,8 @@ def _turn_seconds(client: Client, server: FakeModelServer, channel: str, text: s
 
 def _native_table(name: str, url: str) -> dict[str, object] | None:
     """The agent's native adapter (a CLI started per turn) pointed at the same fake server."""
-    from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
-    from tests.fakemodel.clis import PACKAGES, cli_path
+    from scripts.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+    from scripts.fakemodel.clis import PACKAGES, cli_path
 
     if name not in PACKAGES:
         return None

@@ -20,7 +20,7 @@ floor measured in the same run, rounds alternating:
   bridge's own capacity (1 / the time it spends deciding and accepting one message).
 
 ``--platform telegram``: the Telegram bridge against the tests' fake Bot API server
-(``tests/_telegram.py``, a thread on loopback that answers at once and wakes a pending long
+(``scripts/_telegram.py``, a thread on loopback that answers at once and wakes a pending long
 poll the moment an update comes), so the figures are the bridge's own share: a chat message
 → its turn's first entry (against ``Supervisor.send``), and ``/stop`` → "Stopping…" /
 → the notice as the server receives them (against the daemon's own stop), and the bridge's
@@ -41,12 +41,12 @@ import httpx
 import trio
 
 from scripts._bench import pct, short_tmp
+from scripts._synapse import Synapse
+from scripts._telegram import FakeBotApi
 from supervisor import Supervisor, open_supervisor
 from supervisor.bridges.runner import run_bridge
 from supervisor.config.settings import parse_config
 from supervisor.host.supervisor import STOP_NOTICE
-from tests._synapse import Synapse
-from tests._telegram import FakeBotApi
 
 
 class Human:

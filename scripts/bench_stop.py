@@ -37,7 +37,7 @@ threads, from the call to the return) and the load average when the row ended. T
 ``--spawn`` measures what spawning into a cgroup costs (the shell pre-exec step).
 
 Then, for each real CLI (claude, codex, gemini, qwen, pi; ``--cli``), against its fake model
-server of tests/fakemodel/, each turn running a tool that starts a long process plus a setsid
+server of scripts/fakemodel/, each turn running a tool that starts a long process plus a setsid
 grandchild and writes their pids (ready = both pid files written):
 
 * **corral stop-one**: a ``corral run`` daemon with that CLI (stop_grace 3), N channels
@@ -98,15 +98,15 @@ from scripts._bench import (
     sweep_leftovers,
 )
 from scripts._config import toml_value
+from scripts.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+from scripts.fakemodel._http import FakeModelServer
+from scripts.fakemodel.clis import cache_dir as cli_cache_dir
+from scripts.fakemodel.clis import cli_path
+from scripts.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, write_tool_script
 from supervisor.procs.cgroup import open_root
 from supervisor.procs.tree import scrubbed_environment
 from supervisor.serve.client import Client
 from supervisor.testing import read_pid
-from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
-from tests.fakemodel._http import FakeModelServer
-from tests.fakemodel.clis import cache_dir as cli_cache_dir
-from tests.fakemodel.clis import cli_path
-from tests.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, write_tool_script
 
 #: Targets, printed next to the figures.
 STOP_ONE_FACTOR, STOP_ONE_SLACK_MS = 2.0, 10.0
@@ -187,7 +187,7 @@ def light_setup(folder: Path) -> Iterator[AgentSetup]:
 
 
 #: Rows to run, by name. A real CLI (claude, codex, gemini, qwen against the fake model
-#: servers of tests/fakemodel/) goes here as one more setup.
+#: servers of scripts/fakemodel/) goes here as one more setup.
 SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[AgentSetup]]] = {
     "demo": demo_setup, "light": light_setup,
 }

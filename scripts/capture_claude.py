@@ -37,8 +37,8 @@ from scripts._capture import (
     turn_env,
     write_output,
 )
-from tests.fakemodel.anthropic import FakeAnthropicServer, agent_env
-from tests.fakemodel.clis import PACKAGES, cli_path
+from scripts.fakemodel.anthropic import FakeAnthropicServer, agent_env
+from scripts.fakemodel.clis import PACKAGES, cli_path
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -265,7 +265,7 @@ def main() -> int:
 README_HEAD = """# Captures of the real `claude` CLI
 
 Real stdout (`NAME.jsonl`) and, when not empty, stderr (`NAME.stderr`) of **{version}**
-(`{package}`), run offline against `tests/fakemodel/anthropic.py` by
+(`{package}`), run offline against `scripts/fakemodel/anthropic.py` by
 `python -m scripts.capture_claude` — rerun it to regenerate every file here (and this README).
 
 Every turn is launched by `adapters/claude.py`'s `build_launch`:
@@ -274,7 +274,7 @@ Every turn is launched by `adapters/claude.py`'s `build_launch`:
 stdin `/dev/null`, own session, private `HOME`/`TMPDIR`/cwd under a temp dir `$ROOT`
 (`$ROOT/home`, `$ROOT/tmp`, `$ROOT/work`), and env `{env}`
 (plus `PATH`, `LANG=C.UTF-8`, `HOME`, `TMPDIR`). Each argv below is exact.
-The prompt markers (`[[say:…]]`, `[[shell:…]]`, …) script the fake model (`tests/fakemodel/script.py`).
+The prompt markers (`[[say:…]]`, `[[shell:…]]`, …) script the fake model (`scripts/fakemodel/script.py`).
 Interrupted turns get SIGINT on the CLI's process group once the tool (`sleep`) runs, or
 once the model call is under way; "processes alive after" lists what the turn left behind
 (found by an environment marker every child inherits).
