@@ -130,14 +130,15 @@ class Daemon:
 
 
 def marker_processes(
-    home_prefix: str,
+    home_prefix: str | None,
     markers: Collection[str] | None = None,
     *,
     variable: str = MARKER,
     cwds: tuple[str, ...] = (),
     detail: Literal["cmdline", "cwd"] = "cmdline",
 ) -> list[Found]:
-    """Living processes carrying ``variable`` whose HOME lies under ``home_prefix``.
+    """Living processes carrying ``variable`` whose HOME lies under ``home_prefix`` (None: any
+    HOME or none, for a marker value no other program can carry).
 
     Of those, the ones whose marker value is in ``markers`` or whose cwd lies in one of
     ``cwds``; all of them if neither is given. The HOME scope keeps the scan to the script's
@@ -147,7 +148,8 @@ def marker_processes(
     """
     found = []
     me = os.getpid()
-    key, home = f"{variable}=".encode(), f"HOME={home_prefix}".encode()
+    key = f"{variable}=".encode()
+    home = f"HOME={home_prefix}".encode() if home_prefix is not None else None
     need_cwd = bool(cwds) or detail == "cwd"
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
@@ -163,7 +165,7 @@ def marker_processes(
         if state == b"Z":
             continue
         marker = next((e[len(key):].decode(errors="replace") for e in env if e.startswith(key)), None)
-        if marker is None or not any(e.startswith(home) for e in env):
+        if marker is None or (home is not None and not any(e.startswith(home) for e in env)):
             continue
         wanted = (markers is None and not cwds) or (markers is not None and marker in markers)
         if not (wanted or any(cwd == c or cwd.startswith(c + "/") for c in cwds)):

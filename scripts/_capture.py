@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 
 from adapters._base import Launch
+from scripts._bench import marker_processes
 
 #: Environment variable every process of a captured turn inherits, to find leftovers.
 MARK_VAR = "CORRAL_CAPTURE_MARK"
@@ -108,12 +109,12 @@ def turn_env(
 
 
 def marked_processes(mark: str) -> list[psutil.Process]:
-    """Live (not zombie) processes whose environment carries ``MARK_VAR=mark``."""
+    """Live (not zombie) processes whose environment carries ``MARK_VAR=mark`` (a fresh uuid:
+    no other program's, whatever its HOME)."""
     found = []
-    for proc in psutil.process_iter(["pid"]):
+    for pid, _, _ in marker_processes(None, {mark}, variable=MARK_VAR):
         try:
-            if proc.environ().get(MARK_VAR) == mark and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
+            found.append(psutil.Process(pid))
         except psutil.Error:
             continue
     return found
