@@ -19,9 +19,11 @@ import threading
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import psutil
+
+from scripts._config import toml
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_AGENT = REPO / "adapters" / "demo_agent.py"
@@ -31,12 +33,20 @@ MARKER = "CORRAL_TURN"
 #: they are no corral turns, and a marker of their own keeps each scan to its own kind.
 DIRECT_MARKER = "CORRAL_BENCH_TREE"
 
-#: The head of every daemon config: the control socket and the store, inside the folder.
-SERVER_TOML = '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
+
+
+def server_tables(**more: Any) -> dict[str, dict[str, Any]]:
+    """The head of every daemon config (for :func:`scripts._config.toml`): the control socket
+    and the store, inside the folder; ``more`` goes in ``[server]``."""
+    return {"server": {"socket": "corral.sock", **more}, "store": {"path": "corral.db"}}
+
+
+#: The head of every daemon config, as text.
+SERVER_TOML = toml(server_tables())
 #: The bundled demo agent's table (its delay kept short so a turn is quick).
-DEMO_AGENT_TOML = '[agents.demo]\nadapter = "demo"\ndelay = 0.01\n'
+DEMO_AGENT_TABLE: dict[str, Any] = {"adapter": "demo", "delay": 0.01}
 #: A daemon with the demo agent only.
-DEMO_CONFIG = SERVER_TOML + "[defaults]\nstop_grace = 2\n" + DEMO_AGENT_TOML
+DEMO_CONFIG = toml({**server_tables(), "defaults": {"stop_grace": 2}, "agents.demo": DEMO_AGENT_TABLE})
 
 #: One process a marker scan found: ``(pid, marker value, command line or cwd)``.
 Found = tuple[int, str, str]

@@ -25,7 +25,6 @@ follow-up runs.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from scripts._bench import Daemon
+from scripts._config import toml
 from scripts._trials import run as trials_run
 from supervisor.serve.client import Client
 from supervisor.testing import read_pid
@@ -68,24 +68,16 @@ def config(
 ) -> str:
     """A fleet host's config: the store, the cluster, the agent (``agent.py`` beside the hosts'
     folders, with ``env``), the pinned channels. Shared with ``bench_fleet``."""
-    tables = "".join(f'[channels.{c}]\nhost = "{h}"\n' for c, h in pinned.items())
-    variables = ", ".join(f"{name} = {json.dumps(value)}" for name, value in (env or {}).items())
-    return f"""
-[server]
-socket = "corral.sock"
-cgroup = "off"
-[store]
-url = {json.dumps(url)}
-[cluster]
-host = "{host}"
-lease = {lease}
-[agents.bot]
-adapter = "generic"
-command = [{json.dumps(sys.executable)}, {json.dumps(str(folder.parent / "agent.py"))}]
-stop_grace = 2
-env = {{ {variables} }}
-sandbox_write = [{", ".join(json.dumps(v) for k, v in (env or {}).items() if k == "CHAOS_PIDS")}]
-{tables}"""
+    return toml({
+        "server": {"socket": "corral.sock", "cgroup": "off"},
+        "store": {"url": url},
+        "cluster": {"host": host, "lease": lease},
+        "agents.bot": {
+            "adapter": "generic", "command": [sys.executable, str(folder.parent / "agent.py")], "stop_grace": 2,
+            "env": env or {}, "sandbox_write": [v for k, v in (env or {}).items() if k == "CHAOS_PIDS"],
+        },
+        **{f"channels.{c}": {"host": h} for c, h in pinned.items()},
+    })
 
 
 def until(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:

@@ -41,8 +41,8 @@ import psutil
 import trio
 
 from adapters.acp import PromptEnded
-from scripts._bench import SERVER_TOML, Daemon, short_tmp
-from scripts._config import toml_value
+from scripts._bench import Daemon, server_tables, short_tmp
+from scripts._config import toml
 from scripts.fakemodel._http import FakeModelServer
 from scripts.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec, daemon_table
 from scripts.fakemodel.rig import write_tool_script
@@ -126,11 +126,11 @@ def _fmt(values: list[float]) -> str:
 # ---------------------------------------------------------------- through the daemon
 
 #: The stop's grace and the cancel's, as in the daemon tests.
-DAEMON_TOML = '[defaults]\nagent = "cli"\nstop_grace = 3\nstall_timeout = 120\nturn_timeout = 300\n'
+DEFAULTS = {"agent": "cli", "stop_grace": 3, "stall_timeout": 120, "turn_timeout": 300}
 
 
 def _daemon_config(table: dict[str, object]) -> str:
-    return SERVER_TOML + DAEMON_TOML + "[agents.cli]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
+    return toml({**server_tables(), "defaults": DEFAULTS, "agents.cli": table})
 
 
 def _turn_seconds(client: Client, server: FakeModelServer, channel: str, text: str) -> tuple[float, float]:

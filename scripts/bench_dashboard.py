@@ -34,7 +34,8 @@ from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
-from scripts._bench import SERVER_TOML, Daemon, short_tmp, spread, sweep_leftovers
+from scripts._bench import Daemon, server_tables, short_tmp, spread, sweep_leftovers
+from scripts._config import toml
 from scripts.bench_daemon import thread_switches
 from supervisor.serve.client import Client
 from supervisor.serve.dashboard import BUSY_REFRESH_SECONDS, KEEPALIVE_SECONDS
@@ -65,9 +66,11 @@ def _free_port() -> int:
 
 
 def _config(port: int) -> str:
-    return SERVER_TOML.replace(
-        "[store]", f'tcp = "127.0.0.1:{port}"\ntoken_file = "corral.token"\n[store]'
-    ) + '[defaults]\nstop_grace = 2\n[agents.demo]\nadapter = "demo"\ndelay = 0\n'
+    return toml({
+        **server_tables(tcp=f"127.0.0.1:{port}", token_file="corral.token"),
+        "defaults": {"stop_grace": 2},
+        "agents.demo": {"adapter": "demo", "delay": 0},
+    })
 
 
 def _state_of(page: Page, channel: str) -> str:

@@ -103,6 +103,7 @@ from scripts._api import AsyncAPI
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 from scripts._chaos_agent import FLUSH_TEXT
 from scripts._chaos_daemon import SEEDED_BUGS
+from scripts._config import toml
 from supervisor.core.results import RESTART_NOTICE
 from supervisor.turns.ports import channel_slug
 
@@ -146,32 +147,29 @@ def chaos_config(folder: Path, cgroup: str = "auto", sandbox: str = "auto") -> s
     """The daemon's config: the three setups of the chaos agent; ``cgroup`` picks the kill
     mechanism (``"auto"``: a cgroup per turn where cgroup v2 is writable, ``"off"``: the sweep),
     ``sandbox`` the sandbox (a sandboxed turn's escapees die with its pid namespace)."""
-    python, agent = json.dumps(sys.executable), json.dumps(str(REPO / "scripts" / "_chaos_agent.py"))
+    python, agent = sys.executable, str(REPO / "scripts" / "_chaos_agent.py")
     # The chaos agent logs its starts into the folder: every agent is granted it (the sandbox
     # keeps the daemon's own state inside it hidden all the same).
-    env = f"CHAOS_DIR = {json.dumps(str(folder))}"
-    grant = f"sandbox_write = [{json.dumps(str(folder))}]\n"
-    return (
-        f'[server]\nsocket = "corral.sock"\ncgroup = {json.dumps(cgroup)}\nsandbox = {json.dumps(sandbox)}\n'
-        '[store]\npath = "corral.db"\n'
-        f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
-        f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {agent}]\nenv = {{ {env} }}\n'
-        f'[agents.stdin]\nadapter = "generic"\ncommand = [{python}, {agent}]\nprompt = "stdin"\n'
-        f'env = {{ {env}, CHAOS_STDIN = "1" }}\n'
-        f'[agents.stubborn]\nadapter = "generic"\n'
-        f'command = ["env", "--ignore-signal=INT", {python}, {agent}]\nenv = {{ {env} }}\n'
-        + "".join(
-            f'[agents.{name}]\nadapter = "generic"\ncommand = [{command}{python}, {agent}]\n{extra}'
-            f'env = {{ {env}, CHAOS_RING = "{",".join(RING)}", CHAOS_AGENT = "{name}"{stdin} }}\n'
-            for name, command, extra, stdin in (
-                ("ma", "", "", ""),
-                ("mb", "", 'prompt = "stdin"\n', ', CHAOS_STDIN = "1"'),
-                ("mc", '"env", "--ignore-signal=INT", ', "", ""),
-            )
-        )
-    ).replace("[defaults]\n", f"[defaults]\nmax_hops = {MAX_HOPS}\n").replace(
-        'adapter = "generic"\n', 'adapter = "generic"\n' + grant
-    )
+    env = {"CHAOS_DIR": str(folder)}
+
+    def chaos_agent(command: list[str], more_env: dict[str, str], **more: Any) -> dict[str, Any]:
+        return {"adapter": "generic", "sandbox_write": [str(folder)], "command": [*command, python, agent], **more,
+                "env": {**env, **more_env}}
+
+    ring = {"CHAOS_RING": ",".join(RING)}
+    stdin = {"prompt": "stdin"}
+    ignoring = ["env", "--ignore-signal=INT"]
+    return toml({
+        "server": {"socket": "corral.sock", "cgroup": cgroup, "sandbox": sandbox},
+        "store": {"path": "corral.db"},
+        "defaults": {"max_hops": MAX_HOPS, "agent": "plain", "stop_grace": STOP_GRACE},
+        "agents.plain": chaos_agent([], {}),
+        "agents.stdin": chaos_agent([], {"CHAOS_STDIN": "1"}, **stdin),
+        "agents.stubborn": chaos_agent(ignoring, {}),
+        "agents.ma": chaos_agent([], {**ring, "CHAOS_AGENT": "ma"}),
+        "agents.mb": chaos_agent([], {**ring, "CHAOS_AGENT": "mb", "CHAOS_STDIN": "1"}, **stdin),
+        "agents.mc": chaos_agent(ignoring, {**ring, "CHAOS_AGENT": "mc"}),
+    })
 
 
 # ---------------------------------------------------------------- the trace and the stamps

@@ -64,6 +64,7 @@ from typing import Any
 
 from scripts._api import APIError, Client, DaemonUnavailable
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
+from scripts._config import toml
 
 WAIT_S = 30.0
 STOP_GRACE = 0.6
@@ -119,17 +120,23 @@ def config_text(folder: Path, store: str = "corral.db", port: int | None = None,
     """A daemon with the chaos agent (plain and SIGINT-ignoring), a TCP listener with a token;
     without ``disk_reserve`` (a store on a disk smaller than the reserve: the full-disk trial),
     ``[server] disk_reserve = 0``."""
-    python, agent = json.dumps(sys.executable), json.dumps(str(AGENT))
-    env = f"CHAOS_DIR = {json.dumps(str(folder))}"
-    tcp = f'tcp = "127.0.0.1:{port}"\ntoken_file = "token"\n' if port else ""
-    tcp += "" if disk_reserve else "disk_reserve = 0\n"
-    return (
-        f'[server]\nsocket = "corral.sock"\n{tcp}[store]\npath = {json.dumps(store)}\n'
-        f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
-        f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {json.dumps(str(AGENT))}]\nenv = {{ {env} }}\n'
-        f'[agents.stubborn]\nadapter = "generic"\ncommand = ["env", "--ignore-signal=INT", {python}, '
-        f'{agent}]\nenv = {{ {env} }}\n'
-    ).replace('adapter = "generic"\n', f'adapter = "generic"\nsandbox_write = [{json.dumps(str(folder))}]\n')
+    server: dict[str, Any] = {"socket": "corral.sock"}
+    if port:
+        server |= {"tcp": f"127.0.0.1:{port}", "token_file": "token"}
+    if not disk_reserve:
+        server["disk_reserve"] = 0
+
+    def chaos_agent(command: list[str]) -> dict[str, Any]:
+        return {"adapter": "generic", "sandbox_write": [str(folder)], "command": [*command, sys.executable, str(AGENT)],
+                "env": {"CHAOS_DIR": str(folder)}}
+
+    return toml({
+        "server": server,
+        "store": {"path": store},
+        "defaults": {"agent": "plain", "stop_grace": STOP_GRACE},
+        "agents.plain": chaos_agent([]),
+        "agents.stubborn": chaos_agent(["env", "--ignore-signal=INT"]),
+    })
 
 
 def free_port() -> int:
