@@ -28,13 +28,12 @@ from adapters._base import TurnRequest
 from adapters.claude import build_launch
 from scripts._capture import (
     Captured,
+    CliSession,
     Interrupt,
+    Place,
     child_named,
     cli_version,
     display_argv,
-    new_mark,
-    run_turn,
-    turn_env,
     write_output,
 )
 from scripts.fakemodel.anthropic import FakeAnthropicServer, agent_env
@@ -111,16 +110,14 @@ def interrupt_for(server: FakeAnthropicServer, turn: Turn) -> Interrupt | None:
 
 def run_claude(server: FakeAnthropicServer, root: Path, turn: Turn, session: str | None) -> Outcome:
     """Run the CLI once and return what it printed and left behind."""
-    home, tmp, cwd = root / "home", root / "tmp", root / turn.cwd
-    for d in (home, tmp, cwd):
+    place, cwd = Place(root), root / turn.cwd
+    for d in (place.home, place.tmp, cwd):
         d.mkdir(parents=True, exist_ok=True)
     # The launch is the adapter's own, so the captures show what corral will run.
-    launch = build_launch(TurnRequest(
-        prompt=turn.prompt, channel="capture", turn_id=turn.name, agent="claude",
-        command=(str(cli_path("claude")),), args=turn.args, session_id=session, model=turn.model,
-        cwd=str(cwd), home=str(home), unattended=turn.unattended))
-    env = turn_env(home, tmp, launch, new_mark(), agent_env(server.url), turn.env)
-    captured = run_turn(launch, env, interrupt=interrupt_for(server, turn))
+    claude = CliSession(place, "claude", build_launch, (str(cli_path("claude")),), env=agent_env(server.url))
+    request = claude.request(turn.prompt, session, turn_id=turn.name, model=turn.model, args=turn.args,
+                             unattended=turn.unattended, cwd=cwd)
+    captured = claude.run(request, interrupt=interrupt_for(server, turn), env=turn.env)
     return Outcome(turn, captured, session_of(captured.stdout))
 
 
