@@ -19,9 +19,11 @@ import threading
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import psutil
+
+from scripts._config import toml
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_AGENT = REPO / "adapters" / "demo_agent.py"
@@ -31,12 +33,20 @@ MARKER = "CORRAL_TURN"
 #: they are no corral turns, and a marker of their own keeps each scan to its own kind.
 DIRECT_MARKER = "CORRAL_BENCH_TREE"
 
-#: The head of every daemon config: the control socket and the store, inside the folder.
-SERVER_TOML = '[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
+
+
+def server_tables(**more: Any) -> dict[str, dict[str, Any]]:
+    """The head of every daemon config (for :func:`scripts._config.toml`): the control socket
+    and the store, inside the folder; ``more`` goes in ``[server]``."""
+    return {"server": {"socket": "corral.sock", **more}, "store": {"path": "corral.db"}}
+
+
+#: The head of every daemon config, as text.
+SERVER_TOML = toml(server_tables())
 #: The bundled demo agent's table (its delay kept short so a turn is quick).
-DEMO_AGENT_TOML = '[agents.demo]\nadapter = "demo"\ndelay = 0.01\n'
+DEMO_AGENT_TABLE: dict[str, Any] = {"adapter": "demo", "delay": 0.01}
 #: A daemon with the demo agent only.
-DEMO_CONFIG = SERVER_TOML + "[defaults]\nstop_grace = 2\n" + DEMO_AGENT_TOML
+DEMO_CONFIG = toml({**server_tables(), "defaults": {"stop_grace": 2}, "agents.demo": DEMO_AGENT_TABLE})
 
 #: One process a marker scan found: ``(pid, marker value, command line or cwd)``.
 Found = tuple[int, str, str]
@@ -130,14 +140,15 @@ class Daemon:
 
 
 def marker_processes(
-    home_prefix: str,
+    home_prefix: str | None,
     markers: Collection[str] | None = None,
     *,
     variable: str = MARKER,
     cwds: tuple[str, ...] = (),
     detail: Literal["cmdline", "cwd"] = "cmdline",
 ) -> list[Found]:
-    """Living processes carrying ``variable`` whose HOME lies under ``home_prefix``.
+    """Living processes carrying ``variable`` whose HOME lies under ``home_prefix`` (None: any
+    HOME or none, for a marker value no other program can carry).
 
     Of those, the ones whose marker value is in ``markers`` or whose cwd lies in one of
     ``cwds``; all of them if neither is given. The HOME scope keeps the scan to the script's
@@ -147,7 +158,8 @@ def marker_processes(
     """
     found = []
     me = os.getpid()
-    key, home = f"{variable}=".encode(), f"HOME={home_prefix}".encode()
+    key = f"{variable}=".encode()
+    home = f"HOME={home_prefix}".encode() if home_prefix is not None else None
     need_cwd = bool(cwds) or detail == "cwd"
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
@@ -163,7 +175,7 @@ def marker_processes(
         if state == b"Z":
             continue
         marker = next((e[len(key):].decode(errors="replace") for e in env if e.startswith(key)), None)
-        if marker is None or not any(e.startswith(home) for e in env):
+        if marker is None or (home is not None and not any(e.startswith(home) for e in env)):
             continue
         wanted = (markers is None and not cwds) or (markers is not None and marker in markers)
         if not (wanted or any(cwd == c or cwd.startswith(c + "/") for c in cwds)):

@@ -1,7 +1,7 @@
 """What the ``capture_*`` scripts share: run one turn of a real CLI and record what it did.
 
 Each capture script runs a CLI installed by ``scripts/install-clis.sh`` offline, against a
-fake model server from ``tests/fakemodel``, with the launch the CLI's adapter builds, so the
+fake model server from ``scripts/fakemodel``, with the launch the CLI's adapter builds, so the
 captures show exactly what corral runs. This module holds everything that is not about one
 CLI:
 
@@ -16,7 +16,7 @@ CLI:
   READMEs show it.
 
 Run the scripts from the repository root as modules (``python -m scripts.capture_claude``):
-``tests.fakemodel`` and this module then import normally.
+``scripts.fakemodel`` and this module then import normally.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from pathlib import Path
 
 import psutil
 
-from adapters._base import Launch
+from adapters._base import Launch, TurnRequest
+from scripts._bench import marker_processes
 
 #: Environment variable every process of a captured turn inherits, to find leftovers.
 MARK_VAR = "CORRAL_CAPTURE_MARK"
@@ -108,12 +109,12 @@ def turn_env(
 
 
 def marked_processes(mark: str) -> list[psutil.Process]:
-    """Live (not zombie) processes whose environment carries ``MARK_VAR=mark``."""
+    """Live (not zombie) processes whose environment carries ``MARK_VAR=mark`` (a fresh uuid:
+    no other program's, whatever its HOME)."""
     found = []
-    for proc in psutil.process_iter(["pid"]):
+    for pid, _, _ in marker_processes(None, {mark}, variable=MARK_VAR):
         try:
-            if proc.environ().get(MARK_VAR) == mark and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
+            found.append(psutil.Process(pid))
         except psutil.Error:
             continue
     return found
@@ -305,6 +306,60 @@ def run_turn(
     captured.notes[:0] = running.notes
     captured.survivors = sweep(mark, width=width)
     return captured
+
+
+@dataclass
+class Run:
+    """One turn of a real CLI, as captured, by the name its capture files take."""
+
+    name: str
+    captured: Captured
+    note: str = ""
+
+
+@dataclass
+class CliSession:
+    """Turns of one real CLI in one :class:`Place` against one fake server, each as the
+    supervisor runs it: the request it would build, the adapter's launch, the launch's files
+    written, the turn's environment with a fresh marker, then :func:`run_turn`.
+
+    ``env``: the agent's configuration (the fake server's ``agent_env``); ``options`` and
+    ``model`` go in every request unless a request names its own model."""
+
+    place: Place
+    agent: str
+    build_launch: Callable[[TurnRequest], Launch]
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
+    model: str | None = None
+    timeout: float = 120.0
+
+    def request(
+        self, prompt: str, session_id: str | None = None, *, turn_id: str | None = None, model: str | None = None,
+        args: tuple[str, ...] = (), unattended: bool = True, cwd: Path | None = None,
+    ) -> TurnRequest:
+        """A turn request as the supervisor would build it (in the place's cwd unless ``cwd``)."""
+        return TurnRequest(
+            prompt=prompt, channel="capture", turn_id=turn_id or uuid.uuid4().hex, agent=self.agent,
+            command=self.command, args=args, session_id=session_id, cwd=str(cwd or self.place.cwd),
+            home=str(self.place.home), options=dict(self.options), model=model or self.model, unattended=unattended,
+        )
+
+    def run(
+        self, request: TurnRequest, *, interrupt: Interrupt | None = None, env: Mapping[str, str] | None = None,
+        width: int | None = None,
+    ) -> Captured:
+        """Spawn one turn like the supervisor does and capture everything it prints (``env``:
+        more of the agent's configuration, for this turn)."""
+        launch = self.build_launch(request)
+        write_files(self.place.home, launch.files)
+        environment = turn_env(self.place.home, self.place.tmp, launch, new_mark(), self.env, env or {})
+        return run_turn(launch, environment, interrupt=interrupt, timeout=self.timeout, width=width)
+
+    def take(self, name: str, request: TurnRequest, *, interrupt: Interrupt | None = None, note: str = "") -> Run:
+        """:meth:`run`, the capture named ``name`` (with a ``note`` for the README)."""
+        return Run(name, self.run(request, interrupt=interrupt), note)
 
 
 def _interrupt(running: Running, interrupt: Interrupt, within: float, line_seen: threading.Event) -> float | None:

@@ -1,7 +1,7 @@
 """The fleet mode of ``scripts/chaos_stop.py`` and ``scripts/faults.py`` (``--fleet``).
 
 Three ``corral run`` daemons (hosts ha, hb, hc) on one throwaway PostgreSQL server (started
-as the tests start theirs, ``tests/_postgres.py``), lease ``--lease`` seconds. Each trial
+as the tests start theirs, ``scripts/_postgres.py``), lease ``--lease`` seconds. Each trial
 uses a fresh channel, pinned to a host drawn at random or unpinned (then it runs where it
 was sent), sends a job through one host and stops it through another drawn at random (most
 often a host that does not own the channel).
@@ -25,10 +25,8 @@ follow-up runs.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
 import signal
 import sys
 import threading
@@ -38,7 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from scripts._bench import Daemon, short_tmp
+from scripts._bench import Daemon
+from scripts._config import toml
+from scripts._trials import run as trials_run
 from supervisor.serve.client import Client
 from supervisor.testing import read_pid
 
@@ -68,24 +68,16 @@ def config(
 ) -> str:
     """A fleet host's config: the store, the cluster, the agent (``agent.py`` beside the hosts'
     folders, with ``env``), the pinned channels. Shared with ``bench_fleet``."""
-    tables = "".join(f'[channels.{c}]\nhost = "{h}"\n' for c, h in pinned.items())
-    variables = ", ".join(f"{name} = {json.dumps(value)}" for name, value in (env or {}).items())
-    return f"""
-[server]
-socket = "corral.sock"
-cgroup = "off"
-[store]
-url = {json.dumps(url)}
-[cluster]
-host = "{host}"
-lease = {lease}
-[agents.bot]
-adapter = "generic"
-command = [{json.dumps(sys.executable)}, {json.dumps(str(folder.parent / "agent.py"))}]
-stop_grace = 2
-env = {{ {variables} }}
-sandbox_write = [{", ".join(json.dumps(v) for k, v in (env or {}).items() if k == "CHAOS_PIDS")}]
-{tables}"""
+    return toml({
+        "server": {"socket": "corral.sock", "cgroup": "off"},
+        "store": {"url": url},
+        "cluster": {"host": host, "lease": lease},
+        "agents.bot": {
+            "adapter": "generic", "command": [sys.executable, str(folder.parent / "agent.py")], "stop_grace": 2,
+            "env": env or {}, "sandbox_write": [v for k, v in (env or {}).items() if k == "CHAOS_PIDS"],
+        },
+        **{f"channels.{c}": {"host": h} for c, h in pinned.items()},
+    })
 
 
 def until(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
@@ -289,38 +281,19 @@ def fault_trial(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], di
 
 def run(trials: int, seed: int, lease: float, *, faults: bool, moments: tuple[str, ...] = MOMENTS) -> dict[str, Any]:
     """Run the trials on a throwaway server; the summary."""
-    from tests._postgres import PostgresServer, missing
-
-    reason = missing()
-    if reason is not None:
-        raise SystemExit(f"cannot run the fleet mode: {reason}")
-    rng = random.Random(seed)
-    pinned = {f"t{i}": rng.choice(HOSTS) for i in range(trials) if rng.random() < (1.0 if faults else 0.5)}
-    server = PostgresServer()
-    root = short_tmp("corral-cf-")
-    fleet = None
-    by_kind: Counter[str] = Counter()
     shape: Counter[str] = Counter()
-    failures: list[dict[str, Any]] = []
-    started = time.monotonic()
-    try:
-        fleet = Fleet(server.new_database(), root, lease, pinned)
-        for i in range(trials):
-            bad, drawn = fault_trial(fleet, rng, i) if faults else stop_trial(fleet, rng, i, moments)
-            by_kind.update(bad)
-            shape.update(k for k in ("cross_host", "stopped_turn", "queued") if drawn.get(k))
-            shape.update(str(drawn[k]) for k in ("fault", "moment") if k in drawn)
-            if bad:
-                failures.append({**drawn, "violations": bad})
-    finally:
-        if fleet is not None:
-            fleet.close()
-        server.close()
-    if not failures:
-        shutil.rmtree(root, ignore_errors=True)  # (kept when a trial failed: the daemons' logs are there)
-    return {
-        "mode": "fleet-faults" if faults else "fleet-stops", "trials": trials, "seed": seed, "lease_s": lease,
-        "hosts": len(HOSTS), "violations": sum(by_kind.values()), "by_kind": dict(by_kind),
-        "drawn": dict(shape),
-        "failures": failures[:10], "seconds": round(time.monotonic() - started, 1),
-    }
+
+    def fleet(server: Any, root: Path, rng: random.Random) -> Fleet:
+        pinned = {f"t{i}": rng.choice(HOSTS) for i in range(trials) if rng.random() < (1.0 if faults else 0.5)}
+        return Fleet(server.new_database(), root, lease, pinned)
+
+    def one(fleet: Fleet, rng: random.Random, i: int) -> tuple[list[str], dict[str, Any]]:
+        bad, drawn = fault_trial(fleet, rng, i) if faults else stop_trial(fleet, rng, i, moments)
+        shape.update(k for k in ("cross_host", "stopped_turn", "queued") if drawn.get(k))
+        shape.update(str(drawn[k]) for k in ("fault", "moment") if k in drawn)
+        return bad, drawn
+
+    return trials_run(
+        "fleet-faults" if faults else "fleet-stops", trials=trials, seed=seed, lease=lease, hosts=len(HOSTS),
+        fleet=fleet, trial=one, extra=lambda: {"drawn": dict(shape)}, prefix="corral-cf-", called="fleet",
+    )

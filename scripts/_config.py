@@ -1,13 +1,24 @@
-"""What the scripts and tests write a ``corral.toml`` with: a TOML value from a Python one.
+"""What the scripts and tests write a ``corral.toml`` with: its tables from Python values.
 
-Their configs are small tables of agents and settings, written as text (so that a benchmark's
-config reads as the operator's would); this renders each value of them.
+Their configs are small tables of agents and settings, written out as TOML text (so that a
+benchmark's config reads as the operator's would): :func:`toml` renders the tables in order,
+:func:`toml_value` each value of them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
+
+
+def toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """A ``corral.toml`` of ``tables``, in order: ``{"server": {"socket": "corral.sock"},
+    "agents.demo": {...}}`` is ``[server]`` then ``[agents.demo]``, each key a line."""
+    return "".join(
+        f"[{name}]\n" + "".join(f"{key} = {toml_value(value)}\n" for key, value in table.items())
+        for name, table in tables.items()
+    )
 
 
 def toml_value(value: Any) -> str:

@@ -2,7 +2,7 @@
 ``bench_fleet``'s partition figures and of ``tests/test_fleet_partition.py``.
 
 Two or three ``corral run`` daemons on one throwaway PostgreSQL server (started as the
-tests start theirs, ``tests/_postgres.py``), each host connecting over TCP to a fault proxy
+tests start theirs, ``scripts/_postgres.py``), each host connecting over TCP to a fault proxy
 of its own on 127.0.0.1 (:mod:`scripts._faultproxy`), the proxy to the server's Unix socket.
 The harness reads the database directly, never through a proxy.
 
@@ -52,7 +52,6 @@ import json
 import os
 import random
 import select
-import shutil
 import threading
 import time
 from collections import Counter
@@ -60,10 +59,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from scripts._bench import Daemon, short_tmp
+from scripts._bench import Daemon
 from scripts._chaos_fleet import config as fleet_config
 from scripts._chaos_fleet import until
 from scripts._faultproxy import FaultProxy
+from scripts._trials import run as trials_run
 from supervisor.serve.client import Client
 from supervisor.testing import host_pid
 
@@ -461,42 +461,28 @@ def trial(fleet: PartitionFleet, rng: random.Random, i: int, fault: str) -> tupl
 
 def run(trials: int, seed: int, lease: float, *, only: tuple[str, ...] = FAULTS) -> dict[str, Any]:
     """Run the partition trials on a throwaway server; the summary."""
-    from tests._postgres import PostgresServer, missing
-
-    reason = missing()
-    if reason is not None:
-        raise SystemExit(f"cannot run the fleet partition mode: {reason}")
-    rng = random.Random(seed)
-    server = PostgresServer()
-    root = short_tmp("corral-pt-")
-    fleet = None
-    by_kind: Counter[str] = Counter()
     per_fault: Counter[str] = Counter()
     figures: dict[str, list[float]] = {"moved_s": [], "stop_s": [], "overlap_s": [], "owner_killed_s": []}
-    failures: list[dict[str, Any]] = []
-    started = time.monotonic()
-    try:
-        fleet = PartitionFleet(server, root, lease, ("ha", "hb", "hc"))
-        for i in range(trials):
-            fault = only[i % len(only)] if trials >= len(only) else rng.choice(only)
-            bad, drawn = trial(fleet, rng, i, fault)
-            per_fault[fault] += 1
-            by_kind.update(bad)
-            for key in list(figures):
-                if drawn.get(key) is not None and "/" not in key:
-                    figures[key].append(float(drawn[key]))
-                    figures.setdefault(f"{key}/{fault}", []).append(float(drawn[key]))
-            if bad:
-                failures.append({**drawn, "violations": bad})
-    finally:
-        if fleet is not None:
-            fleet.close()
-        server.close()
-    if not failures:
-        shutil.rmtree(root, ignore_errors=True)  # (kept when a trial failed: the daemons' logs are there)
-    return {
-        "mode": "fleet-partition", "trials": trials, "seed": seed, "lease_s": lease, "hosts": 3,
-        "violations": sum(by_kind.values()), "by_kind": dict(by_kind), "faults": dict(per_fault),
-        "figures": {k: {"n": len(v), "max": max(v), "median": sorted(v)[len(v) // 2]} for k, v in figures.items() if v},
-        "failures": failures[:10], "seconds": round(time.monotonic() - started, 1),
-    }
+
+    def one(fleet: PartitionFleet, rng: random.Random, i: int) -> tuple[list[str], dict[str, Any]]:
+        fault = only[i % len(only)] if trials >= len(only) else rng.choice(only)
+        bad, drawn = trial(fleet, rng, i, fault)
+        per_fault[fault] += 1
+        for key in list(figures):
+            if drawn.get(key) is not None and "/" not in key:
+                figures[key].append(float(drawn[key]))
+                figures.setdefault(f"{key}/{fault}", []).append(float(drawn[key]))
+        return bad, drawn
+
+    def extra() -> dict[str, Any]:
+        return {
+            "faults": dict(per_fault),
+            "figures": {k: {"n": len(v), "max": max(v), "median": sorted(v)[len(v) // 2]} for k, v in figures.items()
+                        if v},
+        }
+
+    return trials_run(
+        "fleet-partition", trials=trials, seed=seed, lease=lease, hosts=3,
+        fleet=lambda server, root, rng: PartitionFleet(server, root, lease, ("ha", "hb", "hc")),
+        trial=one, extra=extra, prefix="corral-pt-", called="fleet partition",
+    )

@@ -41,14 +41,14 @@ import psutil
 import trio
 
 from adapters.acp import PromptEnded
-from scripts._bench import SERVER_TOML, Daemon, short_tmp
-from scripts._config import toml_value
+from scripts._bench import Daemon, server_tables, short_tmp
+from scripts._config import toml
+from scripts.fakemodel._http import FakeModelServer
+from scripts.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec, daemon_table
+from scripts.fakemodel.rig import write_tool_script
 from supervisor.serve.client import Client
 from supervisor.testing import read_pid
 from supervisor.turns.agents import AcpAgent, PromptStream, open_acp_agent
-from tests.fakemodel._http import FakeModelServer
-from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec, daemon_table
-from tests.fakemodel.rig import write_tool_script
 
 BOUND = 120.0
 
@@ -126,11 +126,11 @@ def _fmt(values: list[float]) -> str:
 # ---------------------------------------------------------------- through the daemon
 
 #: The stop's grace and the cancel's, as in the daemon tests.
-DAEMON_TOML = '[defaults]\nagent = "cli"\nstop_grace = 3\nstall_timeout = 120\nturn_timeout = 300\n'
+DEFAULTS = {"agent": "cli", "stop_grace": 3, "stall_timeout": 120, "turn_timeout": 300}
 
 
 def _daemon_config(table: dict[str, object]) -> str:
-    return SERVER_TOML + DAEMON_TOML + "[agents.cli]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
+    return toml({**server_tables(), "defaults": DEFAULTS, "agents.cli": table})
 
 
 def _turn_seconds(client: Client, server: FakeModelServer, channel: str, text: str) -> tuple[float, float]:
@@ -152,8 +152,8 @@ def _turn_seconds(client: Client, server: FakeModelServer, channel: str, text: s
 
 def _native_table(name: str, url: str) -> dict[str, object] | None:
     """The agent's native adapter (a CLI started per turn) pointed at the same fake server."""
-    from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
-    from tests.fakemodel.clis import PACKAGES, cli_path
+    from scripts.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+    from scripts.fakemodel.clis import PACKAGES, cli_path
 
     if name not in PACKAGES:
         return None

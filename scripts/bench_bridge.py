@@ -20,18 +20,18 @@ floor measured in the same run, rounds alternating:
   bridge's own capacity (1 / the time it spends deciding and accepting one message).
 
 ``--platform telegram``: the Telegram bridge against the tests' fake Bot API server
-(``tests/_telegram.py``, a thread on loopback that answers at once and wakes a pending long
+(``scripts/_telegram.py``, a thread on loopback that answers at once and wakes a pending long
 poll the moment an update comes), so the figures are the bridge's own share: a chat message
 → its turn's first entry (against ``Supervisor.send``), and ``/stop`` → "Stopping…" /
 → the notice as the server receives them (against the daemon's own stop), and the bridge's
 own part of the acknowledgement (the update read off ``getUpdates`` → "Stopping…" sent).
 
-``--platform slack``: the Slack bridge against the tests' fake Slack (``tests/_slack.py``: the
+``--platform slack``: the Slack bridge against the tests' fake Slack (``scripts/_slack.py``: the
 Web API and a Socket Mode WebSocket on loopback, an envelope sent the moment it is made), the
 same figures with ``!stop``: the bridge's own part is the envelope read off the socket →
 "Stopping…" posted (``chat.postMessage`` received).
 
-``--platform discord``: the Discord bridge against the tests' fake Discord (``tests/_discord.py``:
+``--platform discord``: the Discord bridge against the tests' fake Discord (``scripts/_discord.py``:
 REST and the Gateway on loopback, answering at once): a chat message → its turn's first entry,
 and a press of the **Stop button** → the press answered (Discord allows 3 s) / → "Stopping…"
 / → the notice as the server receives them, and the bridge's own part (the interaction read
@@ -52,14 +52,14 @@ import httpx
 import trio
 
 from scripts._bench import pct, short_tmp
+from scripts._discord import FakeDiscord
+from scripts._slack import FakeSlack
+from scripts._synapse import Synapse
+from scripts._telegram import FakeBotApi
 from supervisor import Supervisor, open_supervisor
 from supervisor.bridges.runner import run_bridge
 from supervisor.config.settings import parse_config
 from supervisor.host.supervisor import STOP_NOTICE
-from tests._discord import FakeDiscord
-from tests._slack import FakeSlack
-from tests._synapse import Synapse
-from tests._telegram import FakeBotApi
 
 
 class Human:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -31,12 +30,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
 import psutil
 import trio
 
+from scripts._api import AsyncAPI
 from scripts._bench import (
     DEMO_AGENT,
     DIRECT_MARKER,
@@ -50,55 +48,6 @@ from scripts._bench import (
 
 #: The first-entry target on top of the agent's own start-up.
 FIRST_ENTRY_SLACK_MS = 50.0
-
-
-# ---------------------------------------------------------------- the control API, async
-
-
-class AsyncAPI:
-    """The control API over the Unix socket, for many concurrent requests from one Trio loop."""
-
-    def __init__(self, socket: Path) -> None:
-        self.http = httpx.AsyncClient(
-            # The limits go on the transport: a client's own limits do not apply to a transport passed in.
-            transport=httpx.AsyncHTTPTransport(
-                uds=str(socket), limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)
-            ),
-            base_url="http://corral", timeout=None,
-        )
-        #: Connections being opened at once. The daemon's listener keeps hypercorn's default
-        #: backlog of 100: past that a non-blocking AF_UNIX connect fails with EAGAIN, which
-        #: Trio takes for "in progress" (the read then fails with EINVAL).
-        self.connecting = trio.CapacityLimiter(64)
-
-    async def aclose(self) -> None:
-        """Close every connection."""
-        await self.http.aclose()
-
-    @staticmethod
-    def _path(channel: str) -> str:
-        from urllib.parse import quote
-
-        return f"/v1/channels/{quote(channel, safe='')}"
-
-    async def send(self, channel: str, text: str) -> dict[str, Any]:
-        """POST a message; the accepted seq and generation."""
-        r = await self.http.post(f"{self._path(channel)}/messages", json={"text": text})
-        r.raise_for_status()
-        accepted: dict[str, Any] = r.json()
-        return accepted
-
-    async def wait(self, channel: str, timeout: float) -> bool:
-        """True once the channel is idle."""
-        r = await self.http.post(f"{self._path(channel)}/wait", params={"timeout": timeout})
-        return bool(r.json()["idle"])
-
-    async def entries(self, channel: str) -> list[dict[str, Any]]:
-        """Every committed entry of the channel."""
-        r = await self.http.get(f"{self._path(channel)}/entries")
-        r.raise_for_status()
-        entries: list[dict[str, Any]] = r.json()["entries"]
-        return entries
 
 
 # ---------------------------------------------------------------- the reference: bare start-up
@@ -165,7 +114,7 @@ async def latency_row(daemon: Daemon, n: int, tag: str) -> LatencyRow:
     row = LatencyRow(n)
     proc = psutil.Process(daemon.pid)
     row.rss_before = row.rss_peak = proc.memory_info().rss
-    api = AsyncAPI(daemon.socket)
+    api = AsyncAPI(daemon.socket, timeout=None, keepalive=None)
     channels = [f"{tag}-{i}" for i in range(n)]
     sent_at: dict[str, float] = {}
     issued_at: dict[str, float] = {}
@@ -180,15 +129,12 @@ async def latency_row(daemon: Daemon, n: int, tag: str) -> LatencyRow:
         nonlocal connected
         async with contextlib.AsyncExitStack() as stack:
             async with api.connecting:
-                response = await stack.enter_async_context(api.http.stream("GET", f"{api._path(channel)}/events"))
+                entries = await stack.enter_async_context(api.events(channel))
             connected += 1
             if connected == n:
                 all_connected.set()
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
+            async for entry in entries:
                 now = time.perf_counter()
-                entry = json.loads(line[6:])
                 if entry["author"].startswith("human:"):
                     human_ts[channel] = entry["ts"]
                 elif entry["author"].startswith("agent:"):
@@ -281,7 +227,7 @@ def thread_switches(pid: int) -> dict[str, tuple[str, int]]:
 async def idle_rows(daemon: Daemon, n: int, seconds: float) -> list[IdleRow]:
     """Complete one turn in each of ``n`` channels, disconnect, then watch the daemon idle for
     two windows: right after the last turn, and the one after it (steady state)."""
-    api = AsyncAPI(daemon.socket)
+    api = AsyncAPI(daemon.socket, timeout=None, keepalive=None)
     try:
         async def one(i: int) -> None:
             async with api.connecting:

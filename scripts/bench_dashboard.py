@@ -32,11 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 from playwright.sync_api import Page, sync_playwright
 
-from scripts._bench import SERVER_TOML, Daemon, short_tmp, spread, sweep_leftovers
+from scripts._bench import Daemon, server_tables, short_tmp, spread, sweep_leftovers
+from scripts._config import toml
 from scripts.bench_daemon import thread_switches
+from supervisor.serve.client import Client
 from supervisor.serve.dashboard import BUSY_REFRESH_SECONDS, KEEPALIVE_SECONDS
 
 CHROMIUM = "/usr/bin/chromium"
@@ -65,9 +66,11 @@ def _free_port() -> int:
 
 
 def _config(port: int) -> str:
-    return SERVER_TOML.replace(
-        "[store]", f'tcp = "127.0.0.1:{port}"\ntoken_file = "corral.token"\n[store]'
-    ) + '[defaults]\nstop_grace = 2\n[agents.demo]\nadapter = "demo"\ndelay = 0\n'
+    return toml({
+        **server_tables(tcp=f"127.0.0.1:{port}", token_file="corral.token"),
+        "defaults": {"stop_grace": 2},
+        "agents.demo": {"adapter": "demo", "delay": 0},
+    })
 
 
 def _state_of(page: Page, channel: str) -> str:
@@ -112,21 +115,20 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     failed = False
     try:
-        api = httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket)), base_url="http://corral",
-                           timeout=120)
+        api = Client(str(daemon.socket), timeout=120)
         started = time.perf_counter()
         names = [f"ch-{i:03d}" for i in range(args.channels)]
         for name in names:
-            api.post(f"/v1/channels/{name}/messages", json={"text": "hello"}).raise_for_status()
+            api.send(name, "hello")
         for name in names:
-            api.post(f"/v1/channels/{name}/wait", params={"timeout": 120}).raise_for_status()
+            api.wait(name, timeout=120)
         print(f"{args.channels} channels, each with one finished turn, in {time.perf_counter() - started:.1f} s")
 
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             context = browser.new_context()
             page = context.new_page()
-            minted = httpx.post(f"{base}/dashboard/codes", headers={"authorization": f"Bearer {token}"}).json()
+            minted = Client(url=base, token=token).login_code()
             page.goto(f"{base}{minted['path']}")
             page.wait_for_selector(f'body[data-rendered="{args.channels}"]')
 
@@ -141,17 +143,16 @@ def main() -> int:
             first_change, running, idle_again = [], [], []
             for name in names[: args.runs]:
                 begin = time.perf_counter()
-                api.post(f"/v1/channels/{name}/messages", json={"text": "please do a long task"}).raise_for_status()
+                api.send(name, "please do a long task")
                 _wait_state(page, name, ("queued", "running"))
                 first_change.append((time.perf_counter() - begin) * 1000)
                 _wait_state(page, name, ("running",))
                 running.append((time.perf_counter() - begin) * 1000)
                 # The tool is running once its status entry is stored: stop mid-tool.
-                while not any("tool running" in e["text"] for e in
-                              api.get(f"/v1/channels/{name}/entries").json()["entries"]):
+                while not any("tool running" in e["text"] for e in api.entries(name)):
                     time.sleep(0.05)
                 begin = time.perf_counter()
-                result = api.post(f"/v1/channels/{name}/stop").json()
+                result = api.stop(name)
                 assert result["ok"], result
                 _wait_state(page, name, ("idle",))
                 idle_again.append((time.perf_counter() - begin) * 1000)

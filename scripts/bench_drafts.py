@@ -19,15 +19,15 @@ writes, so the two counts of rows are equal (both are every line saved, in piece
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import statistics
 import sys
 import time
 
 import trio
 
+from scripts._api import AsyncAPI
 from scripts._bench import DEMO_CONFIG, Daemon, pct, short_tmp
-from scripts.bench_daemon import AsyncAPI
 
 #: The demo agent's streaming line (adapters/demo_agent.py).
 PRINTED_AT = "printed at "
@@ -73,28 +73,23 @@ async def count_entries(api: AsyncAPI, names: list[str]) -> int:
 async def follow_drafts(api: AsyncAPI, channel: str, after: int, drafts: bool, lags: list[float],
                         done: trio.Event, ready: trio.Event) -> None:
     """Take each draft's print → arrival until the turn's last entry."""
-    params: dict[str, int] = {"after": after, **({"drafts": 1} if drafts else {})}
-    async with api.connecting:
-        stream_cm = api.http.stream("GET", f"{api._path(channel)}/events", params=params)
-        stream = await stream_cm.__aenter__()
-    try:
-        ready.set()
-        async for line in stream.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            item = json.loads(line[6:])
-            if item["kind"] == "draft" and PRINTED_AT in item["text"].rsplit("\n", 1)[-1]:
-                lags.append((time.time() - printed_at(item["text"])) * 1000)
-            elif item["kind"] == "message" and "You said:" in item["text"]:
-                break
-    finally:
-        await stream_cm.__aexit__(None, None, None)
-        done.set()
+    async with contextlib.AsyncExitStack() as stack:
+        async with api.connecting:
+            items = await stack.enter_async_context(api.events(channel, after, drafts=drafts))
+        try:
+            ready.set()
+            async for item in items:
+                if item["kind"] == "draft" and PRINTED_AT in item["text"].rsplit("\n", 1)[-1]:
+                    lags.append((time.time() - printed_at(item["text"])) * 1000)
+                elif item["kind"] == "message" and "You said:" in item["text"]:
+                    break
+        finally:
+            done.set()
 
 
 async def run_row(daemon: Daemon, channels: int, seconds: float, drafts: bool) -> tuple[list[float], int, float]:
     """``channels`` channels streaming at once: print → draft lags (ms), entries written, seconds."""
-    api = AsyncAPI(daemon.socket)
+    api = AsyncAPI(daemon.socket, timeout=None, keepalive=None)
     tag = f"{'d' if drafts else 'p'}{channels}-{time.monotonic_ns()}"
     names = [f"{tag}-{i}" for i in range(channels)]
     lags: list[float] = []

@@ -24,7 +24,7 @@ Run it as ``.venv/bin/python -m scripts.bench_fleet`` from the repository. It me
   plus 3 s; ``ok: false`` naming the owner).
 
 PostgreSQL runs on ``--url`` if given, else on a throwaway server started the way the tests
-start theirs (``tests/_postgres.py``). The lease is ``--lease`` seconds (2 by default).
+start theirs (``scripts/_postgres.py``). The lease is ``--lease`` seconds (2 by default).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def main() -> int:
     server = None
     url: str | None = args.url
     if url is None:
-        from tests._postgres import PostgresServer, missing
+        from scripts._postgres import PostgresServer, missing
 
         reason = missing()
         if reason is not None:

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from scripts._config import toml
+
 ROOT = Path(__file__).resolve().parent.parent
 #: trio's idle worker threads exit after 10 s; wait past that before counting.
 SETTLE = 12.0
@@ -33,7 +35,7 @@ def measure(label: str, *, notify: bool, watchdog_usec: int | None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="corral-idle-", dir="/tmp"))
     listener = None
     try:
-        (folder / "corral.toml").write_text('[agents.demo]\nadapter = "demo"\n')
+        (folder / "corral.toml").write_text(toml({"agents.demo": {"adapter": "demo"}}))
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if notify:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

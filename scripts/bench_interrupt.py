@@ -34,8 +34,8 @@ from typing import Any
 import psutil
 import trio
 
-from scripts._bench import pct, short_tmp
-from scripts._config import toml_value
+from scripts._bench import pct, server_tables, short_tmp
+from scripts._config import toml
 from scripts.bench_stop import CLI_STOP_GRACE, CLIS, cli_setup
 from supervisor.config.settings import load_config, parse_config
 from supervisor.core.results import INTERRUPT_NOTICE
@@ -117,11 +117,10 @@ def tool_pids(pidfile: Path) -> list[int]:
 def claude(folder: Path) -> Any:
     with cli_setup(CLIS["claude"], folder) as setup:
         def config(where: Path) -> Any:
-            table = {"adapter": "claude", "command": list(setup.command), "env": setup.env, **setup.options}
-            text = ('[server]\nsocket = "corral.sock"\n[store]\npath = "corral.db"\n'
-                    f'[defaults]\nagent = "claude"\nstop_grace = {CLI_STOP_GRACE}\n'
-                    "[agents.claude]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
-                    + f"sandbox_write = [{toml_value(str(folder))}]\n")
+            table = {"adapter": "claude", "command": list(setup.command), "env": setup.env, **setup.options,
+                     "sandbox_write": [str(folder)]}
+            text = toml({**server_tables(), "defaults": {"agent": "claude", "stop_grace": CLI_STOP_GRACE},
+                         "agents.claude": table})
             (where / "corral.toml").write_text(text)
             return load_config(where / "corral.toml")
 

@@ -14,7 +14,7 @@ channel, so a fresh turn and process.
   (what a follower sees). The channel is then stopped. **Floor**: the same agent started
   directly (``start_new_session``, a stdin pipe), the same line written with ``os.write``
   once its tool runs, time to its ``steered: …`` line read from its stdout.
-* **claude**: Claude Code against the fake Anthropic server of ``tests/fakemodel/``, its
+* **claude**: Claude Code against the fake Anthropic server of ``scripts/fakemodel/``, its
   shell tool blocked reading a FIFO; time from the ``send`` call to the fake server
   receiving the first model request that carries the steered text. The FIFO is written right
   after ``send`` returns, so the tool ends and the CLI asks the model again (with the
@@ -48,14 +48,14 @@ from adapters import claude as claude_adapter
 from adapters import demo_agent
 from adapters._base import TurnRequest
 from scripts._bench import DEMO_AGENT, REPO, demo_env, pct, short_tmp
+from scripts.fakemodel.anthropic import FakeAnthropicServer, agent_env
+from scripts.fakemodel.clis import cli_path
 from supervisor.config.settings import Config, parse_config
 from supervisor.core.netpolicy import grant_for
 from supervisor.host.supervisor import Supervisor, open_supervisor
 from supervisor.procs.lines import Line
 from supervisor.procs.tree import scrubbed_environment
 from supervisor.turns.process import Turn
-from tests.fakemodel.anthropic import FakeAnthropicServer, agent_env
-from tests.fakemodel.clis import cli_path
 
 #: How long any one step may take before the run is called failed.
 STEP_TIMEOUT = 120.0

@@ -37,7 +37,7 @@ threads, from the call to the return) and the load average when the row ended. T
 ``--spawn`` measures what spawning into a cgroup costs (the shell pre-exec step).
 
 Then, for each real CLI (claude, codex, gemini, qwen, pi; ``--cli``), against its fake model
-server of tests/fakemodel/, each turn running a tool that starts a long process plus a setsid
+server of scripts/fakemodel/, each turn running a tool that starts a long process plus a setsid
 grandchild and writes their pids (ready = both pid files written):
 
 * **corral stop-one**: a ``corral run`` daemon with that CLI (stop_grace 3), N channels
@@ -83,30 +83,30 @@ from adapters import qwen as qwen_adapter
 from adapters._base import Adapter, TurnRequest
 from scripts._bench import (
     DEMO_AGENT,
-    DEMO_AGENT_TOML,
+    DEMO_AGENT_TABLE,
     DIRECT_MARKER,
     MARKER,
-    SERVER_TOML,
     Daemon,
     Found,
     demo_env,
     kill_by_pid,
     marker_processes,
     pct,
+    server_tables,
     short_tmp,
     spread,
     sweep_leftovers,
 )
-from scripts._config import toml_value
+from scripts._config import toml
+from scripts.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+from scripts.fakemodel._http import FakeModelServer
+from scripts.fakemodel.clis import cache_dir as cli_cache_dir
+from scripts.fakemodel.clis import cli_path
+from scripts.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, write_tool_script
 from supervisor.procs.cgroup import open_root
 from supervisor.procs.tree import scrubbed_environment
 from supervisor.serve.client import Client
 from supervisor.testing import read_pid
-from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
-from tests.fakemodel._http import FakeModelServer
-from tests.fakemodel.clis import cache_dir as cli_cache_dir
-from tests.fakemodel.clis import cli_path
-from tests.fakemodel.rig import SETSID_SLEEP, TOOL_SLEEP, write_tool_script
 
 #: Targets, printed next to the figures.
 STOP_ONE_FACTOR, STOP_ONE_SLACK_MS = 2.0, 10.0
@@ -134,8 +134,8 @@ class AgentSetup:
     label: str
     agent: str
     """The agent's name in the config."""
-    agent_toml: str
-    """Its ``[agents.NAME]`` table (and anything else the config needs)."""
+    agent_table: dict[str, Any]
+    """Its ``[agents.NAME]`` table."""
     prompt: str
     """A prompt that makes it run a long tool."""
     ready_entry: Callable[[dict[str, Any]], bool]
@@ -156,7 +156,7 @@ def demo_setup(folder: Path) -> Iterator[AgentSetup]:
     yield AgentSetup(
         label="demo",
         agent="demo",
-        agent_toml=DEMO_AGENT_TOML,
+        agent_table=DEMO_AGENT_TABLE,
         prompt="long 120",
         ready_entry=lambda e: e["kind"] == "status" and "tool running" in e["text"],
         direct_argv=lambda prompt: [sys.executable, str(DEMO_AGENT), prompt],
@@ -176,7 +176,7 @@ def light_setup(folder: Path) -> Iterator[AgentSetup]:
     yield AgentSetup(
         label="light",
         agent="light",
-        agent_toml=f'[agents.light]\nadapter = "generic"\ncommand = {toml_value(argv)}\n',
+        agent_table={"adapter": "generic", "command": argv},
         prompt="go",
         ready_entry=lambda e: e["kind"] == "message" and "tool running" in e["text"],
         direct_argv=lambda prompt: [*argv, prompt],
@@ -187,7 +187,7 @@ def light_setup(folder: Path) -> Iterator[AgentSetup]:
 
 
 #: Rows to run, by name. A real CLI (claude, codex, gemini, qwen against the fake model
-#: servers of tests/fakemodel/) goes here as one more setup.
+#: servers of scripts/fakemodel/) goes here as one more setup.
 SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[AgentSetup]]] = {
     "demo": demo_setup, "light": light_setup,
 }
@@ -203,13 +203,11 @@ def config_text(setup: AgentSetup, mech: str = "sweep") -> str:
     for the multi-agent row: a channel without a table admits every agent)."""
     # (max_turns: this benchmark measures up to 200 turns at once, whatever memory would
     # admit; the real CLIs' memory_estimate would derive a lower default on a small machine.)
-    server = SERVER_TOML.replace(
-        "[server]\n", f'[server]\ncgroup = "{"auto" if mech == "cgroup" else "off"}"\nmax_turns = 1000\n'
-    )
-    header = f"[agents.{setup.agent}]\n"
-    assert setup.agent_toml.startswith(header), "an agent setup's table starts with its own header"
-    copies = "".join(setup.agent_toml.replace(header, f"[agents.{name}]\n", 1) for name in multi_agents(setup)[1:])
-    return server + f'[defaults]\nstop_grace = 2\nagent = "{setup.agent}"\n' + setup.agent_toml + copies
+    return toml({
+        **server_tables(cgroup="auto" if mech == "cgroup" else "off", max_turns=1000),
+        "defaults": {"stop_grace": 2, "agent": setup.agent},
+        **{f"agents.{name}": setup.agent_table for name in multi_agents(setup)},
+    })
 
 
 def cgroup_missing() -> str | None:
@@ -559,12 +557,11 @@ class CliSetup:
         grants = [grant_for(url) for url in local_urls(configured_urls(self.env, self.options))]
         table = {"adapter": self.name, "command": list(self.command), "env": self.env, **self.options,
                  "sandbox_write": [str(self.folder)], "network_allow": grants}
-        return (
-            SERVER_TOML
-            + f'[defaults]\nagent = "{self.name}"\nstop_grace = {CLI_STOP_GRACE}\n'
-            "stall_timeout = 120\nturn_timeout = 300\n"
-            f"[agents.{self.name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
-        )
+        return toml({
+            **server_tables(),
+            "defaults": {"agent": self.name, "stop_grace": CLI_STOP_GRACE, "stall_timeout": 120, "turn_timeout": 300},
+            f"agents.{self.name}": table,
+        })
 
 
 @contextlib.contextmanager

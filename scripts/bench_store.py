@@ -11,7 +11,7 @@ measures
 
 SQLite runs in a temporary folder (``synchronous=FULL``, as the daemon runs it).
 PostgreSQL runs on ``--url`` if given, else on a throwaway server started here the way the
-tests start theirs (``tests/_postgres.py``; Debian's binaries, ``fsync=off``: a test server,
+tests start theirs (``scripts/_postgres.py``; Debian's binaries, ``fsync=off``: a test server,
 so its commit figure is a lower bound). Prints a table, or JSON with ``--json``.
 """
 
@@ -69,7 +69,7 @@ def main() -> int:
     server = None
     url: str | None = args.url
     if url is None:
-        from tests._postgres import PostgresServer, missing
+        from scripts._postgres import PostgresServer, missing
 
         reason = missing()
         if reason is not None:

@@ -1,7 +1,7 @@
 """Record real ACP exchanges: every line corral and a real ACP agent send each other.
 
 ``python -m scripts.capture_acp [AGENT ...]`` (default: every agent of
-``tests.fakemodel.acp_agents``) runs each agent offline against its fake model server through
+``scripts.fakemodel.acp_agents``) runs each agent offline against its fake model server through
 corral's own driver (``supervisor.turns.agents``) and writes ``tests/data/captures/acp-AGENT/``:
 
 * ``session.jsonl``: one agent process — start-up, ``text``, ``tool`` (a permission request the
@@ -32,9 +32,9 @@ from typing import Any
 
 import trio
 
+from scripts.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
+from scripts.fakemodel.rig import write_tool_script
 from supervisor.turns.agents import AcpAgent, open_acp_agent
-from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
-from tests.fakemodel.rig import write_tool_script
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "captures"
 

@@ -28,17 +28,16 @@ from adapters._base import TurnRequest
 from adapters.claude import build_launch
 from scripts._capture import (
     Captured,
+    CliSession,
     Interrupt,
+    Place,
     child_named,
     cli_version,
     display_argv,
-    new_mark,
-    run_turn,
-    turn_env,
     write_output,
 )
-from tests.fakemodel.anthropic import FakeAnthropicServer, agent_env
-from tests.fakemodel.clis import PACKAGES, cli_path
+from scripts.fakemodel.anthropic import FakeAnthropicServer, agent_env
+from scripts.fakemodel.clis import PACKAGES, cli_path
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,16 +110,14 @@ def interrupt_for(server: FakeAnthropicServer, turn: Turn) -> Interrupt | None:
 
 def run_claude(server: FakeAnthropicServer, root: Path, turn: Turn, session: str | None) -> Outcome:
     """Run the CLI once and return what it printed and left behind."""
-    home, tmp, cwd = root / "home", root / "tmp", root / turn.cwd
-    for d in (home, tmp, cwd):
+    place, cwd = Place(root), root / turn.cwd
+    for d in (place.home, place.tmp, cwd):
         d.mkdir(parents=True, exist_ok=True)
     # The launch is the adapter's own, so the captures show what corral will run.
-    launch = build_launch(TurnRequest(
-        prompt=turn.prompt, channel="capture", turn_id=turn.name, agent="claude",
-        command=(str(cli_path("claude")),), args=turn.args, session_id=session, model=turn.model,
-        cwd=str(cwd), home=str(home), unattended=turn.unattended))
-    env = turn_env(home, tmp, launch, new_mark(), agent_env(server.url), turn.env)
-    captured = run_turn(launch, env, interrupt=interrupt_for(server, turn))
+    claude = CliSession(place, "claude", build_launch, (str(cli_path("claude")),), env=agent_env(server.url))
+    request = claude.request(turn.prompt, session, turn_id=turn.name, model=turn.model, args=turn.args,
+                             unattended=turn.unattended, cwd=cwd)
+    captured = claude.run(request, interrupt=interrupt_for(server, turn), env=turn.env)
     return Outcome(turn, captured, session_of(captured.stdout))
 
 
@@ -265,7 +262,7 @@ def main() -> int:
 README_HEAD = """# Captures of the real `claude` CLI
 
 Real stdout (`NAME.jsonl`) and, when not empty, stderr (`NAME.stderr`) of **{version}**
-(`{package}`), run offline against `tests/fakemodel/anthropic.py` by
+(`{package}`), run offline against `scripts/fakemodel/anthropic.py` by
 `python -m scripts.capture_claude` — rerun it to regenerate every file here (and this README).
 
 Every turn is launched by `adapters/claude.py`'s `build_launch`:
@@ -274,7 +271,7 @@ Every turn is launched by `adapters/claude.py`'s `build_launch`:
 stdin `/dev/null`, own session, private `HOME`/`TMPDIR`/cwd under a temp dir `$ROOT`
 (`$ROOT/home`, `$ROOT/tmp`, `$ROOT/work`), and env `{env}`
 (plus `PATH`, `LANG=C.UTF-8`, `HOME`, `TMPDIR`). Each argv below is exact.
-The prompt markers (`[[say:…]]`, `[[shell:…]]`, …) script the fake model (`tests/fakemodel/script.py`).
+The prompt markers (`[[say:…]]`, `[[shell:…]]`, …) script the fake model (`scripts/fakemodel/script.py`).
 Interrupted turns get SIGINT on the CLI's process group once the tool (`sleep`) runs, or
 once the model call is under way; "processes alive after" lists what the turn left behind
 (found by an environment marker every child inherits).

@@ -19,67 +19,26 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters._base import TurnRequest
 from adapters.codex import ADAPTER
 from scripts._capture import (
-    Captured,
+    CliSession,
     Interrupt,
     Place,
+    Run,
     after,
     display_argv,
-    new_mark,
     on_line,
     process_running,
-    run_turn,
-    turn_env,
-    write_files,
     write_output,
 )
-from tests.fakemodel.clis import PACKAGES, cli_path
-from tests.fakemodel.openai_responses import OpenAIResponsesServer, agent_env, agent_options
+from scripts.fakemodel.clis import PACKAGES, cli_path
+from scripts.fakemodel.openai_responses import OpenAIResponsesServer, agent_env, agent_options
 
 ROOT = Path(__file__).resolve().parent.parent
 TURN_TIMEOUT = 90.0
-
-
-@dataclass
-class Run:
-    """One turn of the real CLI, as captured."""
-
-    name: str
-    captured: Captured
-    note: str = ""
-
-
-class Codex:
-    """Runs turns of the real CLI in one private HOME against one fake server."""
-
-    def __init__(self, root: Path, server: OpenAIResponsesServer) -> None:
-        self.place = Place(root).make()
-        self.server = server
-        self.command = (str(cli_path("codex")),)
-
-    def request(
-        self, prompt: str, session_id: str | None = None, *, model: str | None = None, unattended: bool = True
-    ) -> TurnRequest:
-        """A turn request as the supervisor would build it."""
-        return TurnRequest(
-            prompt=prompt, channel="capture", turn_id=uuid.uuid4().hex, agent="codex",
-            command=self.command, session_id=session_id, cwd=str(self.place.cwd), home=str(self.place.home),
-            options=agent_options(self.server.url), model=model, unattended=unattended,
-        )
-
-    def run(self, name: str, request: TurnRequest, *, interrupt: Interrupt | None = None, note: str = "") -> Run:
-        """Spawn one turn like the supervisor does and capture everything it prints."""
-        launch = ADAPTER.build_launch(request)
-        write_files(self.place.home, launch.files)
-        env = turn_env(self.place.home, self.place.tmp, launch, new_mark(), agent_env(self.server.url))
-        return Run(name, run_turn(launch, env, interrupt=interrupt, timeout=TURN_TIMEOUT), note)
 
 
 def is_command_started(obj: dict[str, object]) -> bool:
@@ -116,29 +75,32 @@ def main() -> int:
     runs: list[Run] = []
     checks: list[str] = []
     with tempfile.TemporaryDirectory(prefix="corral-codex-capture-") as tmp, OpenAIResponsesServer() as server:
-        codex = Codex(Path(tmp), server)
+        codex = CliSession(
+            Place(Path(tmp)).make(), "codex", ADAPTER.build_launch, (str(cli_path("codex")),),
+            env=agent_env(server.url), options=agent_options(server.url), timeout=TURN_TIMEOUT,
+        )
 
-        text = codex.run("text", codex.request("Say hello. [[say:Hello from the fake model.]]"))
+        text = codex.take("text", codex.request("Say hello. [[say:Hello from the fake model.]]"))
         runs.append(text)
 
         before = len(server.model_requests())
-        resumed = codex.run(
+        resumed = codex.take(
             "resume", codex.request("And again? [[say:Second answer, same thread.]]", session_id=thread_id(text))
         )
         runs.append(resumed)
         body = json.dumps(server.model_requests()[before].body)
         checks.append(f"resume: the resumed request carried the first answer: {'Hello from the fake model.' in body}")
 
-        runs.append(codex.run("model", codex.request("[[say:Answer from another model.]]", model="gpt-5.4")))
+        runs.append(codex.take("model", codex.request("[[say:Answer from another model.]]", model="gpt-5.4")))
 
-        runs.append(codex.run(
+        runs.append(codex.take(
             "tool", codex.request("Run it. [[shell:echo hello from the tool]][[say:The command printed hello.]]")
         ))
-        runs.append(codex.run(
+        runs.append(codex.take(
             "tool_error", codex.request("[[shell:ls /nonexistent-corral-dir]][[say:The listing failed.]]")
         ))
 
-        interrupted = codex.run(
+        interrupted = codex.take(
             "interrupt_tool",
             codex.request("Wait a bit. [[shell:sleep 30.123 & sleep 30.456]][[say:never said]]"),
             interrupt=after(on_line(is_command_started), process_running("sleep 30.456")),
@@ -147,7 +109,7 @@ def main() -> int:
         runs.append(interrupted)
 
         before = len(server.model_requests())
-        after_stop = codex.run(
+        after_stop = codex.take(
             "resume_after_interrupt",
             codex.request("Go on. [[say:Resumed after the stop.]]", session_id=thread_id(interrupted)),
         )
@@ -156,7 +118,7 @@ def main() -> int:
         outputs = [i for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"]
         checks.append(f"resume_after_interrupt: the dangling call's output sent on resume: {json.dumps(outputs)[:400]}")
 
-        silent = codex.run(
+        silent = codex.take(
             "interrupt_stream",
             codex.request("[[silent]]"),
             interrupt=after(on_line(is_turn_started), model_requests_reach(server, len(server.model_requests()) + 1)),
@@ -164,30 +126,30 @@ def main() -> int:
         )
         runs.append(silent)
 
-        runs.append(codex.run(
+        runs.append(codex.take(
             "background", codex.request("[[shell:nohup sleep 300.789 >/dev/null 2>&1 &]][[say:Started it.]]"),
             note="a normal turn whose tool starts `nohup sleep 300.789 &`",
         ))
-        runs.append(codex.run(
+        runs.append(codex.take(
             "background_setsid",
             codex.request("[[shell:setsid nohup sleep 300.987 >/dev/null 2>&1 &]][[say:Started it.]]"),
             note="a normal turn whose tool starts `setsid nohup sleep 300.987 &`",
         ))
 
-        runs.append(codex.run(
+        runs.append(codex.take(
             "slow_text", codex.request("[[slow:1]][[say:A slowly streamed answer in several pieces.]]")
         ))
 
-        runs.append(codex.run(
+        runs.append(codex.take(
             "attended_tool",
             codex.request("[[shell:echo attended]][[say:Ran without the unattended settings.]]", unattended=False),
             note="unattended=False: codex's own approval and sandbox defaults",
         ))
-        runs.append(codex.run(
+        runs.append(codex.take(
             "stale_session", codex.request("[[say:x]]", session_id="00000000-0000-4000-8000-000000000000"),
             note="resume of a thread id (a UUID) that does not exist",
         ))
-        runs.append(codex.run(
+        runs.append(codex.take(
             "stale_name", codex.request("[[say:A new thread instead.]]", session_id="no-such-thread-name"),
             note="resume of a non-UUID id that matches no thread name: codex starts a new thread",
         ))
@@ -198,9 +160,9 @@ def main() -> int:
             "code": "invalid_value",
         }
         server.fail = (400, {"error": rejected})
-        runs.append(codex.run("error_400", codex.request("[[say:x]]")))
+        runs.append(codex.take("error_400", codex.request("[[say:x]]")))
         server.fail = (500, {"error": {"message": "The fake server broke.", "type": "server_error"}})
-        runs.append(codex.run("error_500", codex.request("[[say:x]]")))
+        runs.append(codex.take("error_500", codex.request("[[say:x]]")))
         server.fail = None
 
     version = PACKAGES["codex"].rsplit("@", 1)[1]
@@ -224,7 +186,7 @@ def write_readme(out: Path, runs: list[Run], checks: list[str], version: str, tm
         "",
         f"Real stdout of `@openai/codex@{version}` (`codex exec --json`), regenerated by",
         "`.venv/bin/python -m scripts.capture_codex`. Each turn ran offline against",
-        "`tests/fakemodel/openai_responses.py` on 127.0.0.1, with a private HOME and TMPDIR, ",
+        "`scripts/fakemodel/openai_responses.py` on 127.0.0.1, with a private HOME and TMPDIR, ",
         "`CODEX_HOME=$HOME/.codex` holding the adapter's `config.toml` (provider `corral`,",
         "`base_url=http://127.0.0.1:PORT/v1`, `env_key=OPENAI_API_KEY`, approval `never`,",
         "sandbox `danger-full-access`, analytics off), stdin `/dev/null`, its own session.",

@@ -48,8 +48,8 @@ from scripts._capture import (
     write_files,
     write_output,
 )
-from tests.fakemodel.clis import PACKAGES, cli_path
-from tests.fakemodel.gemini_api import FakeGeminiServer, agent_env
+from scripts.fakemodel.clis import PACKAGES, cli_path
+from scripts.fakemodel.gemini_api import FakeGeminiServer, agent_env
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "captures" / "gemini"
@@ -334,7 +334,7 @@ def readme(manifest: dict[str, Any]) -> str:
 
 Real stdout (`NAME.jsonl`) and stderr (`NAME.stderr.txt`) of `gemini` {version}
 (`{PACKAGES['gemini']}`, installed by `scripts/install-clis.sh`), run offline against
-`tests/fakemodel/gemini_api.py` by `python -m scripts.capture_gemini` — rerun it to
+`scripts/fakemodel/gemini_api.py` by `python -m scripts.capture_gemini` — rerun it to
 regenerate everything here. `manifest.json` has each run's exact argv, exit code and notes.
 
 Each run: its own session (`start_new_session`), stdin `/dev/null`, a private `HOME` and
@@ -346,7 +346,7 @@ Each run: its own session (`start_new_session`), stdin `/dev/null`, a private `H
 
     gemini --output-format=stream-json --approval-mode=yolo [--model=M] [--resume=ID] --prompt=PROMPT
 
-The prompt markers (`tests/fakemodel/script.py`) script the fake model.
+The prompt markers (`scripts/fakemodel/script.py`) script the fake model.
 
 | capture | exact argv | exit | notes |
 | --- | --- | --- | --- |

@@ -19,64 +19,25 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-from adapters._base import TurnRequest
 from adapters.pi import ADAPTER
 from scripts._capture import (
-    Captured,
+    CliSession,
     Interrupt,
     Place,
+    Run,
     after,
     display_argv,
-    new_mark,
     on_line,
     process_running,
-    run_turn,
-    turn_env,
-    write_files,
     write_output,
 )
-from tests.fakemodel.clis import PACKAGES, cli_path
-from tests.fakemodel.openai_chat import MODEL, PI_ENV, PiChatServer, pi_options
+from scripts.fakemodel.clis import PACKAGES, cli_path
+from scripts.fakemodel.openai_chat import MODEL, PI_ENV, PiChatServer, pi_options
 
 ROOT = Path(__file__).resolve().parent.parent
 TURN_TIMEOUT = 90.0
-
-
-@dataclass
-class Run:
-    """One turn of the real CLI, as captured."""
-
-    name: str
-    captured: Captured
-    note: str = ""
-
-
-class Pi:
-    """Runs turns of the real CLI in one private HOME against one fake server."""
-
-    def __init__(self, root: Path, server: PiChatServer) -> None:
-        self.place = Place(root).make()
-        self.server = server
-        self.command = (str(cli_path("pi")),)
-
-    def request(self, prompt: str, session_id: str | None = None, *, unattended: bool = True) -> TurnRequest:
-        """A turn request as the supervisor would build it."""
-        return TurnRequest(
-            prompt=prompt, channel="capture", turn_id=uuid.uuid4().hex, agent="pi", command=self.command,
-            session_id=session_id, cwd=str(self.place.cwd), home=str(self.place.home), model=MODEL,
-            options=pi_options(self.server.url), unattended=unattended,
-        )
-
-    def run(self, name: str, request: TurnRequest, *, interrupt: Interrupt | None = None, note: str = "") -> Run:
-        """Spawn one turn like the supervisor does and capture everything it prints."""
-        launch = ADAPTER.build_launch(request)
-        write_files(self.place.home, launch.files)
-        env = turn_env(self.place.home, self.place.tmp, launch, new_mark(), PI_ENV)
-        return Run(name, run_turn(launch, env, interrupt=interrupt, timeout=TURN_TIMEOUT), note)
 
 
 def is_tool_started(obj: dict[str, object]) -> bool:
@@ -112,21 +73,26 @@ def main() -> int:
     runs: list[Run] = []
     checks: list[str] = []
     with tempfile.TemporaryDirectory(prefix="corral-pi-capture-") as tmp, PiChatServer() as server:
-        pi = Pi(Path(tmp), server)
+        pi = CliSession(
+            Place(Path(tmp)).make(), "pi", ADAPTER.build_launch, (str(cli_path("pi")),),
+            env=PI_ENV, options=pi_options(server.url), model=MODEL, timeout=TURN_TIMEOUT,
+        )
 
-        text = pi.run("text", pi.request("Say hello. [[say:Hello from the fake model.]]"))
+        text = pi.take("text", pi.request("Say hello. [[say:Hello from the fake model.]]"))
         runs.append(text)
         before = len(server.requests)
-        resumed = pi.run("resume", pi.request("And again? [[say:Second answer, same session.]]", session_of(text)))
+        resumed = pi.take("resume", pi.request("And again? [[say:Second answer, same session.]]", session_of(text)))
         runs.append(resumed)
         body = json.dumps(server.requests[before].body)
         checks.append(f"resume: the resumed request carried the first answer: {'Hello from the fake model.' in body}")
         checks.append(f"resume: the same session id: {session_of(resumed) == session_of(text)}")
 
-        runs.append(pi.run("tool", pi.request("Run it. [[shell:echo hello from the tool]][[say:It printed hello.]]")))
-        runs.append(pi.run("tool_error", pi.request("[[shell:ls /nonexistent-corral-dir]][[say:The listing failed.]]")))
+        runs.append(pi.take("tool", pi.request("Run it. [[shell:echo hello from the tool]][[say:It printed hello.]]")))
+        runs.append(
+            pi.take("tool_error", pi.request("[[shell:ls /nonexistent-corral-dir]][[say:The listing failed.]]"))
+        )
 
-        interrupted = pi.run(
+        interrupted = pi.take(
             "interrupt_tool",
             pi.request("Wait a bit. [[shell:sleep 30.123 & setsid sleep 30.456 & sleep 30.789]][[say:never said]]"),
             interrupt=after(on_line(is_tool_started), process_running("sleep 30.789")),
@@ -134,7 +100,7 @@ def main() -> int:
         )
         runs.append(interrupted)
         before = len(server.requests)
-        after_stop = pi.run(
+        after_stop = pi.take(
             "resume_after_interrupt",
             pi.request("Go on. [[say:Resumed after the stop.]]", session_of(interrupted)),
         )
@@ -143,30 +109,30 @@ def main() -> int:
         carried = "Wait a bit." in body
         checks.append(f"resume_after_interrupt: the resumed request carried the interrupted prompt: {carried}")
 
-        runs.append(pi.run(
+        runs.append(pi.take(
             "interrupt_stream",
             pi.request("[[silent]]"),
             interrupt=after(on_line(is_turn_started), requests_reach(server, len(server.requests) + 1)),
             note="SIGINT to the group while the model stream was open and silent",
         ))
-        runs.append(pi.run(
+        runs.append(pi.take(
             "background_setsid",
             pi.request("[[shell:setsid nohup sleep 300.987 >/dev/null 2>&1 &]][[say:Started it.]]"),
             note="a normal turn whose tool starts `setsid nohup sleep 300.987 &`",
         ))
-        runs.append(pi.run("slow_text", pi.request("[[slow:1]][[say:A slowly streamed answer in several pieces.]]")))
-        runs.append(pi.run(
+        runs.append(pi.take("slow_text", pi.request("[[slow:1]][[say:A slowly streamed answer in several pieces.]]")))
+        runs.append(pi.take(
             "attended_tool",
             pi.request("[[shell:touch attended.txt]][[say:Did it or not.]]", unattended=False),
             note="unattended=False: only pi's read-only tools (`--tools read,grep,find,ls`)",
         ))
         checks.append(f"attended_tool: attended.txt was not created: {not (pi.place.cwd / 'attended.txt').exists()}")
-        runs.append(pi.run(
+        runs.append(pi.take(
             "stale_session", pi.request("[[say:x]]", "00000000-0000-4000-8000-000000000000"),
             note="--session with an id pi does not know",
         ))
         server.fail_status = 500
-        runs.append(pi.run("error_500", pi.request("[[say:x]]")))
+        runs.append(pi.take("error_500", pi.request("[[say:x]]")))
         server.fail_status = None
 
     version = PACKAGES["pi"].rsplit("@", 1)[1]
@@ -190,7 +156,7 @@ def write_readme(out: Path, runs: list[Run], checks: list[str], version: str, tm
         "",
         f"Real stdout of `@mariozechner/pi-coding-agent@{version}` (`pi --mode json`), regenerated by",
         "`.venv/bin/python -m scripts.capture_pi`. Each turn ran offline against",
-        "`tests/fakemodel/openai_chat.py` (`PiChatServer`) on 127.0.0.1, with a private HOME and TMPDIR,",
+        "`scripts/fakemodel/openai_chat.py` (`PiChatServer`) on 127.0.0.1, with a private HOME and TMPDIR,",
         "`~/.pi/agent/models.json` holding the adapter's provider `corral` (`api: openai-completions`,",
         "`baseUrl=http://127.0.0.1:PORT/v1`, the key named by `FAKE_API_KEY`), `PI_OFFLINE=1`, the prompt",
         "on stdin, its own session. `NAME.jsonl` is stdout verbatim; `NAME.stderr.txt` is stderr.",

@@ -41,8 +41,8 @@ from scripts._capture import (
     write_files,
     write_output,
 )
-from tests.fakemodel.clis import PACKAGES, cli_path
-from tests.fakemodel.openai_chat import OpenAIChatServer, agent_env
+from scripts.fakemodel.clis import PACKAGES, cli_path
+from scripts.fakemodel.openai_chat import OpenAIChatServer, agent_env
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "captures" / "qwen"
@@ -321,13 +321,13 @@ def write_readme(c: Capturer, version: str) -> None:
         "# qwen captures",
         "",
         f"Real stdout of Qwen Code {version} (`{PACKAGES['qwen']}`), run offline against",
-        "`tests/fakemodel/openai_chat.py` on 127.0.0.1 by `scripts/capture_qwen.py` (rerun it to",
+        "`scripts/fakemodel/openai_chat.py` on 127.0.0.1 by `scripts/capture_qwen.py` (rerun it to",
         "regenerate: `.venv/bin/python -m scripts.capture_qwen`). Each run used the launch",
         "`adapters/qwen.py` builds (argv below, its env and `~/.qwen/settings.json`) plus",
         "`agent_env()` (OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_MODEL=fake-qwen), a private",
         "HOME and TMPDIR, stdin /dev/null, its own session. `NAME.jsonl` is stdout byte for",
         "byte; `NAME.stderr.txt` is stderr when there was any. The prompt markers are those of",
-        "`tests/fakemodel/script.py`. `$TMP` is the run's temp folder.",
+        "`scripts/fakemodel/script.py`. `$TMP` is the run's temp folder.",
         "",
         "Measured by hand with the same server, not captured here: with HTTP 500 qwen retries",
         "for about 105 s (28 requests) and then prints the same `[API Error: 500 …]` text and a",

@@ -96,14 +96,14 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import httpx
 import trio
 
+from scripts._api import AsyncAPI
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
 from scripts._chaos_agent import FLUSH_TEXT
 from scripts._chaos_daemon import SEEDED_BUGS
+from scripts._config import toml
 from supervisor.core.results import RESTART_NOTICE
 from supervisor.turns.ports import channel_slug
 
@@ -147,110 +147,29 @@ def chaos_config(folder: Path, cgroup: str = "auto", sandbox: str = "auto") -> s
     """The daemon's config: the three setups of the chaos agent; ``cgroup`` picks the kill
     mechanism (``"auto"``: a cgroup per turn where cgroup v2 is writable, ``"off"``: the sweep),
     ``sandbox`` the sandbox (a sandboxed turn's escapees die with its pid namespace)."""
-    python, agent = json.dumps(sys.executable), json.dumps(str(REPO / "scripts" / "_chaos_agent.py"))
+    python, agent = sys.executable, str(REPO / "scripts" / "_chaos_agent.py")
     # The chaos agent logs its starts into the folder: every agent is granted it (the sandbox
     # keeps the daemon's own state inside it hidden all the same).
-    env = f"CHAOS_DIR = {json.dumps(str(folder))}"
-    grant = f"sandbox_write = [{json.dumps(str(folder))}]\n"
-    return (
-        f'[server]\nsocket = "corral.sock"\ncgroup = {json.dumps(cgroup)}\nsandbox = {json.dumps(sandbox)}\n'
-        '[store]\npath = "corral.db"\n'
-        f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
-        f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {agent}]\nenv = {{ {env} }}\n'
-        f'[agents.stdin]\nadapter = "generic"\ncommand = [{python}, {agent}]\nprompt = "stdin"\n'
-        f'env = {{ {env}, CHAOS_STDIN = "1" }}\n'
-        f'[agents.stubborn]\nadapter = "generic"\n'
-        f'command = ["env", "--ignore-signal=INT", {python}, {agent}]\nenv = {{ {env} }}\n'
-        + "".join(
-            f'[agents.{name}]\nadapter = "generic"\ncommand = [{command}{python}, {agent}]\n{extra}'
-            f'env = {{ {env}, CHAOS_RING = "{",".join(RING)}", CHAOS_AGENT = "{name}"{stdin} }}\n'
-            for name, command, extra, stdin in (
-                ("ma", "", "", ""),
-                ("mb", "", 'prompt = "stdin"\n', ', CHAOS_STDIN = "1"'),
-                ("mc", '"env", "--ignore-signal=INT", ', "", ""),
-            )
-        )
-    ).replace("[defaults]\n", f"[defaults]\nmax_hops = {MAX_HOPS}\n").replace(
-        'adapter = "generic"\n', 'adapter = "generic"\n' + grant
-    )
+    env = {"CHAOS_DIR": str(folder)}
 
+    def chaos_agent(command: list[str], more_env: dict[str, str], **more: Any) -> dict[str, Any]:
+        return {"adapter": "generic", "sandbox_write": [str(folder)], "command": [*command, python, agent], **more,
+                "env": {**env, **more_env}}
 
-# ---------------------------------------------------------------- the API, async
-
-
-class API:
-    """The control API over the Unix socket, for many concurrent requests from one Trio loop."""
-
-    def __init__(self, socket: Path) -> None:
-        self.http = httpx.AsyncClient(
-            # The limits go on the transport: a client's own limits do not apply to a transport passed in.
-            # An idle connection is dropped after 4 s, before the daemon closes it (hypercorn's
-            # keep-alive timeout, 5 s, httpx's default expiry too): a request reusing a connection
-            # as the daemon closes it gets no answer ("Server disconnected"), a harness failure.
-            transport=httpx.AsyncHTTPTransport(
-                uds=str(socket),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=4.0),
-            ),
-            base_url="http://corral",
-            timeout=WAIT_S + 30,
-        )
-
-    async def aclose(self) -> None:
-        """Close every connection."""
-        await self.http.aclose()
-
-    async def send(
-        self, channel: str, text: str, agent: str | None = None, author: str | None = None,
-        delivery: str | None = None,
-    ) -> dict[str, Any]:
-        """POST a message (to ``agent``, or as addressed; by ``author``; ``delivery``); the accepted
-        seq, generation, ``to`` (and what an interrupt interrupted and dropped)."""
-        body = {"text": text, **({"agent": agent} if agent else {}), **({"author": author} if author else {}),
-                **({"delivery": delivery} if delivery else {})}
-        r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/messages", json=body)
-        if r.status_code != 202:
-            raise RuntimeError(f"send to {channel}: HTTP {r.status_code} {r.text[:200]}")
-        accepted: dict[str, Any] = r.json()
-        return accepted
-
-    async def stop(self, channel: str) -> dict[str, Any]:
-        """POST a stop; the stop result (with the HTTP status)."""
-        r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/stop")
-        body: dict[str, Any] = r.json()
-        body["http_status"] = r.status_code
-        return body
-
-    async def wait(self, channel: str) -> bool:
-        """True once the channel is idle (False after WAIT_S)."""
-        r = await self.http.post(f"/v1/channels/{quote(channel, safe='')}/wait", params={"timeout": WAIT_S})
-        return bool(r.json().get("idle"))
-
-    async def entries(self, channel: str) -> list[dict[str, Any]]:
-        """Every committed entry of the channel."""
-        r = await self.http.get(f"/v1/channels/{quote(channel, safe='')}/entries")
-        r.raise_for_status()
-        entries: list[dict[str, Any]] = r.json()["entries"]
-        return entries
-
-    async def follow_until(self, channel: str, until: Any, after: int = 0) -> None:
-        """Follow the channel (from ``after``) until ``until(entry)`` is true."""
-        path = f"/v1/channels/{quote(channel, safe='')}/events"
-        async with self.http.stream("GET", path, params={"after": after}) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and until(json.loads(line[6:])):
-                    return
-
-    async def wait_for(self, channel: str, kind: str, got: trio.Event) -> None:
-        """Follow the channel until an agent entry of ``kind`` (``kind:text-prefix``) appears."""
-        kind, _, prefix = kind.partition(":")
-        async with self.http.stream("GET", f"/v1/channels/{quote(channel, safe='')}/events") as response:
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                entry = json.loads(line[6:])
-                if entry["author"].startswith("agent:") and entry["kind"] == kind and entry["text"].startswith(prefix):
-                    got.set()
-                    return
+    ring = {"CHAOS_RING": ",".join(RING)}
+    stdin = {"prompt": "stdin"}
+    ignoring = ["env", "--ignore-signal=INT"]
+    return toml({
+        "server": {"socket": "corral.sock", "cgroup": cgroup, "sandbox": sandbox},
+        "store": {"path": "corral.db"},
+        "defaults": {"max_hops": MAX_HOPS, "agent": "plain", "stop_grace": STOP_GRACE},
+        "agents.plain": chaos_agent([], {}),
+        "agents.stdin": chaos_agent([], {"CHAOS_STDIN": "1"}, **stdin),
+        "agents.stubborn": chaos_agent(ignoring, {}),
+        "agents.ma": chaos_agent([], {**ring, "CHAOS_AGENT": "ma"}),
+        "agents.mb": chaos_agent([], {**ring, "CHAOS_AGENT": "mb", "CHAOS_STDIN": "1"}, **stdin),
+        "agents.mc": chaos_agent(ignoring, {**ring, "CHAOS_AGENT": "mc"}),
+    })
 
 
 # ---------------------------------------------------------------- the trace and the stamps
@@ -480,7 +399,7 @@ class Runner:
         if seed_bug:
             self.command += ["--seed-bug", seed_bug]
         self.daemon = Daemon(folder, self.config, self.command)
-        self.api = API(self.daemon.socket)
+        self.api = AsyncAPI(self.daemon.socket, timeout=WAIT_S + 30)
         self.evidence = Evidence(folder)
         self.home = str(folder)
         self.work = folder / "corral.d" / "work"
@@ -502,7 +421,7 @@ class Runner:
             await self.api.aclose()
             self.daemon.stop()
             self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, self.config, self.command)
-            self.api = API(self.daemon.socket)
+            self.api = AsyncAPI(self.daemon.socket, timeout=WAIT_S + 30)
             self.restarts += 1
 
     async def restart_and_check(self, trials: list[Trial]) -> None:
@@ -522,7 +441,7 @@ class Runner:
                         "turn-left-running", f"turn {turn} of {channel} is 'running' in the store after the shutdown"
                     )
             self.daemon = await trio.to_thread.run_sync(Daemon, self.folder, self.config, self.command)
-            self.api = API(self.daemon.socket)
+            self.api = AsyncAPI(self.daemon.socket, timeout=WAIT_S + 30)
             self.planned_restarts += 1
         for channel, trial in channels.items():
             false = [e for e in await self.api.entries(channel) if e["text"].startswith(RESTART_NOTICE_START)]
@@ -576,7 +495,7 @@ class Runner:
                 # Only once the message is in: a wait sent before it would find the channel idle.
                 async def idle_then_give_up() -> None:
                     with watch_idle:
-                        await api.wait(channel)
+                        await api.wait(channel, WAIT_S)
                         got.set()  # the turn ended without that entry: stop now, and say so below
 
                 nursery.start_soon(idle_then_give_up)
@@ -584,7 +503,7 @@ class Runner:
             if trial.moment in ("delay", "queued"):
                 await trio.sleep(trial.delay)
             elif trial.moment == "done":
-                await api.wait(channel)
+                await api.wait(channel, WAIT_S)
             elif trial.moment in ("preparing", "spawning"):
                 await self.wait_trace(channel, trial.moment)
             elif trial.moment.startswith("entry:"):
@@ -619,7 +538,7 @@ class Runner:
             results.append(await api.stop(channel))
         follow = await api.send(channel, f"short {ident}f", trial.agent) if trial.follow_up else None
         for name in (channel, other) if trial.other else (channel,):
-            if not await api.wait(name):
+            if not await api.wait(name, WAIT_S):
                 trial.violate("busy", f"{name} still busy after {WAIT_S:g} s")
         entries = await api.entries(channel)
         if waited_for:
@@ -665,7 +584,7 @@ class Runner:
         if trial.moment in ("delay", "queued"):
             await trio.sleep(trial.delay)
         elif trial.moment == "done":
-            await api.wait(channel)
+            await api.wait(channel, WAIT_S)
         elif trial.moment in ("preparing", "spawning"):
             await self.wait_trace(channel, trial.moment)
         stops: list[dict[str, Any]] = []
@@ -694,7 +613,7 @@ class Runner:
                 second = await api.send(channel, f"short {ident}j", trial.agent, delivery="interrupt")
             elif trial.repeat == "stop":
                 stops.append(await api.stop(channel))
-            if not await api.wait(channel):
+            if not await api.wait(channel, WAIT_S):
                 v("busy", f"{channel} still busy after {WAIT_S:g} s")
                 nursery.cancel_scope.cancel()
         if at_notice:
@@ -975,7 +894,7 @@ class Runner:
                 nursery.cancel_scope.cancel()
 
             async def idle() -> None:
-                await self.api.wait(channel)
+                await self.api.wait(channel, WAIT_S)
                 # Idle: one more look (the entry may have come with the last turn), then give up.
                 entries = await self.api.entries(channel)
                 if not any(until(e) for e in entries if e["seq"] > after):
@@ -1000,7 +919,7 @@ class Runner:
         if trial.moment == "delay":
             await trio.sleep(trial.delay)
         elif trial.moment == "done":
-            await api.wait(channel)
+            await api.wait(channel, WAIT_S)
         elif trial.moment == "handoff":
             seen = [0]
             handed = _hand_off_of(f"{ident}a")
@@ -1019,7 +938,7 @@ class Runner:
             await self._until(trial, channel, _hand_off_of(f"{ident}h"), "the lifted chain's hand-off", human["seq"])
             await self._stop_now(trial, channel, results, concurrent=False)
         for name in (channel, other) if trial.other else (channel,):
-            if not await api.wait(name):
+            if not await api.wait(name, WAIT_S):
                 trial.violate("busy", f"{name} still busy after {WAIT_S:g} s")
         entries = await api.entries(channel)
         self.evidence.refresh()
@@ -1151,7 +1070,7 @@ def _leaves(exc: BaseException) -> Any:
         yield exc
 
 
-async def _append(results: list[dict[str, Any]], api: API, channel: str) -> None:
+async def _append(results: list[dict[str, Any]], api: AsyncAPI, channel: str) -> None:
     results.append(await api.stop(channel))
 
 

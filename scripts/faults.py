@@ -61,11 +61,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import httpx
-
+from scripts._api import APIError, Client, DaemonUnavailable
 from scripts._bench import MARKER, REPO, Daemon, Found, kill_by_pid, marker_processes, short_tmp, sweep_leftovers
+from scripts._config import toml
 
 WAIT_S = 30.0
 STOP_GRACE = 0.6
@@ -121,17 +120,23 @@ def config_text(folder: Path, store: str = "corral.db", port: int | None = None,
     """A daemon with the chaos agent (plain and SIGINT-ignoring), a TCP listener with a token;
     without ``disk_reserve`` (a store on a disk smaller than the reserve: the full-disk trial),
     ``[server] disk_reserve = 0``."""
-    python, agent = json.dumps(sys.executable), json.dumps(str(AGENT))
-    env = f"CHAOS_DIR = {json.dumps(str(folder))}"
-    tcp = f'tcp = "127.0.0.1:{port}"\ntoken_file = "token"\n' if port else ""
-    tcp += "" if disk_reserve else "disk_reserve = 0\n"
-    return (
-        f'[server]\nsocket = "corral.sock"\n{tcp}[store]\npath = {json.dumps(store)}\n'
-        f'[defaults]\nagent = "plain"\nstop_grace = {STOP_GRACE}\n'
-        f'[agents.plain]\nadapter = "generic"\ncommand = [{python}, {json.dumps(str(AGENT))}]\nenv = {{ {env} }}\n'
-        f'[agents.stubborn]\nadapter = "generic"\ncommand = ["env", "--ignore-signal=INT", {python}, '
-        f'{agent}]\nenv = {{ {env} }}\n'
-    ).replace('adapter = "generic"\n', f'adapter = "generic"\nsandbox_write = [{json.dumps(str(folder))}]\n')
+    server: dict[str, Any] = {"socket": "corral.sock"}
+    if port:
+        server |= {"tcp": f"127.0.0.1:{port}", "token_file": "token"}
+    if not disk_reserve:
+        server["disk_reserve"] = 0
+
+    def chaos_agent(command: list[str]) -> dict[str, Any]:
+        return {"adapter": "generic", "sandbox_write": [str(folder)], "command": [*command, sys.executable, str(AGENT)],
+                "env": {"CHAOS_DIR": str(folder)}}
+
+    return toml({
+        "server": server,
+        "store": {"path": store},
+        "defaults": {"agent": "plain", "stop_grace": STOP_GRACE},
+        "agents.plain": chaos_agent([]),
+        "agents.stubborn": chaos_agent(["env", "--ignore-signal=INT"]),
+    })
 
 
 def free_port() -> int:
@@ -177,42 +182,25 @@ class Book:
     """Channels whose running turn a death or an exit cut."""
 
 
-class Client:
-    """The control API over the Unix socket (synchronous; one per thread)."""
+def open_client(sock: Path) -> Client:
+    """The project's client of the control API on ``sock`` (one per thread)."""
+    return Client(str(sock), timeout=WAIT_S + 30)
 
-    def __init__(self, sock: Path) -> None:
-        self.http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://corral", timeout=WAIT_S + 30
-        )
 
-    def close(self) -> None:
-        """Close the connections."""
-        self.http.close()
+def entries_of(api: Client, channel: str) -> list[dict[str, Any]]:
+    """Every committed entry of the channel (none if the daemon never stored anything of it)."""
+    status, body = api.answer("entries", path={"channel": channel})
+    if status == 404:
+        return []
+    if status != 200:
+        raise APIError(status, "entries", f"entries of {channel}: HTTP {status} {str(body)[:200]}", body)
+    return list(body["entries"])
 
-    def post(self, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
-        """POST JSON (or raw bytes); the status and the decoded answer (text if not JSON)."""
-        r = self.http.post(
-            path,
-            content=raw if raw is not None else json.dumps(body or {}),
-            headers={"content-type": "application/json"},
-        )
-        try:
-            return r.status_code, r.json()
-        except ValueError:
-            return r.status_code, r.text
 
-    def entries(self, channel: str) -> list[dict[str, Any]]:
-        """Every committed entry of the channel (none if the daemon never stored anything of it)."""
-        r = self.http.get(f"/v1/channels/{quote(channel, safe='')}/entries")
-        if r.status_code == 404:
-            return []
-        r.raise_for_status()
-        return list(r.json()["entries"])
-
-    def wait(self, channel: str) -> bool:
-        """True once the channel is idle (or unknown: nothing of it was ever stored)."""
-        status, body = self.post(f"/v1/channels/{quote(channel, safe='')}/wait?timeout={WAIT_S}")
-        return status == 404 or (status == 200 and bool(body.get("idle")))
+def idle(api: Client, channel: str) -> bool:
+    """True once the channel is idle (or unknown: nothing of it was ever stored)."""
+    status, body = api.answer("wait", path={"channel": channel}, params={"timeout": WAIT_S})
+    return status == 404 or (status == 200 and bool(body.get("idle")))
 
 
 def _stamps(folder: Path) -> dict[str, list[dict[str, Any]]]:
@@ -344,7 +332,7 @@ class Rig:
     def start(self, v: Counter[str], notes: list[str]) -> None:
         """Start the daemon; then no process of an earlier instance's turns may be alive."""
         self.daemon = Daemon(self.folder, self.text)
-        self.client = Client(self.daemon.socket)
+        self.client = open_client(self.daemon.socket)
         self.starts += 1
         if self.starts > 1:
             orphans = survivors(marker_processes(str(self.folder)), self.daemon.pid)
@@ -388,11 +376,11 @@ def check(rig: Rig, book: Book, v: Counter[str], notes: list[str]) -> None:
     """Every invariant over what the trial touched; the daemon must be up and the channels idle."""
     api = rig.api
     for channel in sorted(book.channels):
-        if not api.wait(channel):
+        if not idle(api, channel):
             v["ran-once"] += 1
             notes.append(f"ran-once: {channel} still busy after {WAIT_S:g} s")
     stamps = _stamps(rig.folder)
-    entries = {c: api.entries(c) for c in book.channels}
+    entries = {c: entries_of(api, c) for c in book.channels}
     taken = _turn_messages(rig.store)
     for m in book.messages:
         runs = stamps.get(m.ident, [])
@@ -545,10 +533,10 @@ class Trials:
         ident = f"{channel}.{len(book.messages)}"
         api = client or self.rig.api
         try:
-            status, body = api.post(
-                f"/v1/channels/{quote(channel, safe='')}/messages", {"text": f"{job} {ident}", "agent": agent}
+            status, body = api.answer(
+                "send", path={"channel": channel}, json_body={"text": f"{job} {ident}", "agent": agent}
             )
-        except httpx.HTTPError:
+        except DaemonUnavailable:
             m = Message(ident, channel, None, None, sure=False)
             book.messages.append(m)
             return None
@@ -566,8 +554,8 @@ class Trials:
         """Stop the channel; check its answer and that nothing of its turn survived it."""
         api = client or self.rig.api
         try:
-            status, body = api.post(f"/v1/channels/{quote(channel, safe='')}/stop")
-        except httpx.HTTPError:
+            status, body = api.answer("stop", path={"channel": channel})
+        except DaemonUnavailable:
             return None
         if not isinstance(body, dict) or (status >= 500 and "ok" not in body):
             self.violations["answers"] += 1
@@ -584,7 +572,7 @@ class Trials:
         """Poll the transcript until an agent entry of ``kind`` appears (the agent's pace, an outside event)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(e["kind"] == kind and e["author"].startswith("agent:") for e in self.rig.api.entries(channel)):
+            if any(e["kind"] == kind and e["author"].startswith("agent:") for e in entries_of(self.rig.api, channel)):
                 return True
             time.sleep(0.02)
         return False
@@ -631,7 +619,7 @@ class Trials:
         if point == "accept":
             other = self.channel(book, "q")
             self.send(book, other, "short")
-            t = threading.Thread(target=self.send, args=(book, ch, "short", "plain", Client(rig.daemon.socket)))  # type: ignore[union-attr]
+            t = threading.Thread(target=self.send, args=(book, ch, "short", "plain", open_client(rig.daemon.socket)))  # type: ignore[union-attr]
             t.start()
             time.sleep(rng.uniform(0.0, 0.01))  # the fault's moment: somewhere in the accept
             rig.kill9()
@@ -650,7 +638,7 @@ class Trials:
             self.send(book, ch, "long", "stubborn")
             self.send(book, ch, "short", "stubborn")  # queued (its agent is busy): the stop drops it
             self.wait_entry(ch, "tool")
-            client = Client(rig.daemon.socket)  # type: ignore[union-attr]
+            client = open_client(rig.daemon.socket)  # type: ignore[union-attr]
             t = threading.Thread(target=self.stop, args=(book, ch, client))
             t.start()
             time.sleep(rng.uniform(0.05, STOP_GRACE - 0.2))
@@ -758,7 +746,7 @@ class Trials:
             survivors_of_exit(rig, self.violations, self.notes)
             self.ensure()
             return
-        entries = rig.api.entries(ch)
+        entries = entries_of(rig.api, ch)
         if any(e["kind"] == "notice" for e in entries):
             self.violations["answers"] += 1
             self.notes.append(f"answers: a stop abandoned before its body was sent still stopped {ch}")
@@ -773,7 +761,7 @@ class Trials:
         results: list[tuple[str, int, Any]] = []
 
         def clean(channel: str) -> None:
-            client = Client(rig.daemon.socket)  # type: ignore[union-attr]
+            client = open_client(rig.daemon.socket)  # type: ignore[union-attr]
             try:
                 for _ in range(3):
                     self.send(book, channel, "short", client=client)
@@ -781,11 +769,13 @@ class Trials:
                 client.close()
 
         def poisoned(text_json: str) -> None:
-            client = Client(rig.daemon.socket)  # type: ignore[union-attr]
+            client = open_client(rig.daemon.socket)  # type: ignore[union-attr]
             try:
-                status, body = client.post(f"/v1/channels/{bad}/messages", raw=('{"text": ' + text_json + "}").encode())
+                # The client's JSON escapes what is not ASCII, so the daemon gets the escapes as written.
+                poison = {"text": json.loads(text_json)}
+                status, body = client.answer("send", path={"channel": bad}, json_body=poison)
                 results.append((text_json, status, body))
-            except httpx.HTTPError as exc:  # no answer: the daemon died (daemon-alive says so below)
+            except DaemonUnavailable as exc:  # no answer: the daemon died (daemon-alive says so below)
                 results.append((text_json, 0, str(exc)))
             finally:
                 client.close()
@@ -833,7 +823,7 @@ class Trials:
             return
         self.violations["answers"] += 1
         self.notes.append("answers: a second daemon started on a store another daemon owns")
-        client = Client(other.socket)
+        client = open_client(other.socket)
         try:
             self.send(book, ch, "short", client=client)
         finally:
@@ -874,7 +864,7 @@ class Trials:
                     fh.flush()
             self.disk_full = True
             self.send_on(rig, book, ch, "short", "stubborn")  # may be refused: it must say the disk is full
-            status, body = rig.api.post(f"/v1/channels/{ch}/stop")
+            status, body = rig.api.answer("stop", path={"channel": ch})
             stop = Stop(ch, body if isinstance(body, dict) else {}, time.monotonic())
             if status >= 500 and not isinstance(body, dict):
                 self.violations["answers"] += 1
@@ -909,7 +899,7 @@ class Trials:
                 ran = _stamps(folder)
                 for q in queued:
                     if q is not None and ran.get(q.ident):
-                        rig.api.wait(ch)
+                        idle(rig.api, ch)
                         self.violations["nothing-after-stop"] += 1
                         self.notes.append(
                             f"nothing-after-stop: {q.ident}, dropped by a stop on a full disk, ran after the restart"

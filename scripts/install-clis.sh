@@ -23,7 +23,7 @@ declare -A pkg=(
   [claude-agent-acp]="@zed-industries/claude-agent-acp@0.23.1"
   [codex-acp]="@zed-industries/codex-acp@0.16.0"
   [opencode]="opencode-ai@1.18.33"
-  # More ACP agents, each with a model of one's own (see tests/fakemodel/acp_agents.py).
+  # More ACP agents, each with a model of one's own (see scripts/fakemodel/acp_agents.py).
   [copilot]="@github/copilot@1.0.102"
   # 7.8.x has no linux-x64 build in the registry; the platform package is named with it.
   [kilo]="@kilocode/cli@7.7.7 @kilocode/cli-linux-x64@7.7.7"

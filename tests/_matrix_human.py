@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 import trio
-from _synapse import Synapse
+from scripts._synapse import Synapse
 
 
 def _p(value: str) -> str:

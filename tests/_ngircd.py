@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _synapse import free_port
+from scripts._synapse import free_port
 
 _CONFIG = """\
 [Global]

@@ -12,10 +12,10 @@ from typing import Any
 
 import psutil
 import pytest
-from _postgres import PostgresServer
-from _postgres import missing as postgres_missing
-from _slack import FakeSlack
-from _telegram import FakeBotApi
+from scripts._postgres import PostgresServer
+from scripts._postgres import missing as postgres_missing
+from scripts._slack import FakeSlack
+from scripts._telegram import FakeBotApi
 
 from supervisor import Config, parse_config
 from supervisor.procs.tree import TURN_MARKER

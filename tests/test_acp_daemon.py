@@ -25,9 +25,9 @@ from conftest import DaemonProcess, turn_processes
 
 from scripts._config import toml_value
 from supervisor.testing import read_pid
-from tests.fakemodel._http import FakeModelServer
-from tests.fakemodel.acp_agents import ACP_AGENTS, daemon_table
-from tests.fakemodel.rig import write_tool_script
+from scripts.fakemodel._http import FakeModelServer
+from scripts.fakemodel.acp_agents import ACP_AGENTS, daemon_table
+from scripts.fakemodel.rig import write_tool_script
 
 pytestmark = pytest.mark.realcli
 

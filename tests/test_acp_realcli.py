@@ -24,9 +24,9 @@ from adapters.acp import AcpEvent, PermissionDecided, PromptEnded
 from supervisor.procs.tree import read_stat
 from supervisor.testing import read_pid
 from supervisor.turns.agents import AcpAgent, PromptStream, open_acp_agent
-from tests.fakemodel._http import FakeModelServer
-from tests.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
-from tests.fakemodel.rig import write_tool_script
+from scripts.fakemodel._http import FakeModelServer
+from scripts.fakemodel.acp_agents import ACP_AGENTS, AcpAgentSpec
+from scripts.fakemodel.rig import write_tool_script
 
 pytestmark = pytest.mark.realcli
 

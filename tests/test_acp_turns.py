@@ -25,7 +25,7 @@ from supervisor.host.supervisor import Supervisor
 from supervisor.procs.tree import descendants, read_stat
 from supervisor.testing import Hooks, read_pid
 from supervisor.turns.acp import turn_event
-from tests.fakemodel.rig import PID_OF_LAST, write_tool_script
+from scripts.fakemodel.rig import PID_OF_LAST, write_tool_script
 
 FAKE = str(Path(__file__).parent / "fakes" / "fake_acp.py")
 #: Real processes get real time.

@@ -1,4 +1,4 @@
-"""The Discord bridge against the fake Discord (``tests/_discord.py``: REST and the Gateway),
+"""The Discord bridge against the fake Discord (``scripts/_discord.py``: REST and the Gateway),
 which the first test checks against discord.py, then through an embedded supervisor with the
 demo agent: real HTTP and WebSocket on 127.0.0.1, real turns. One fake server for the module;
 each test has a bot of its own. Every wait is for something the chat shows, bounded by
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import trio
-from _discord import FakeBot, FakeDiscord, snowflake
+from scripts._discord import FakeBot, FakeDiscord, snowflake
 from conftest import KILL, turn_processes
 
 from supervisor import Config, ConfigError, Supervisor, open_supervisor, parse_config

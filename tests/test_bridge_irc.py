@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 from _ngircd import Ngircd, missing
-from _synapse import free_port
+from scripts._synapse import free_port
 from conftest import KILL, turn_processes
 
 from supervisor import Supervisor, open_supervisor, parse_config

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trio
 from _matrix_human import Accounts, Human, body, bridge_table, is_text, messages, register_accounts
-from _synapse import Synapse
+from scripts._synapse import Synapse
 from conftest import KILL, turn_processes
 
 from supervisor import Config, Supervisor, open_supervisor, parse_config

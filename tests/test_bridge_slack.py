@@ -1,4 +1,4 @@
-"""The Slack bridge against the fake Slack (``tests/_slack.py``, checked against slack_sdk),
+"""The Slack bridge against the fake Slack (``scripts/_slack.py``, checked against slack_sdk),
 through an embedded supervisor with the demo agent: real HTTP and a real WebSocket on
 127.0.0.1, real turns. Every wait is for something the channel shows, bounded by ``trio.fail_after``."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from _slack import FakeApp, FakeSlack
+from scripts._slack import FakeApp, FakeSlack
 from conftest import KILL, turn_processes
 
 from supervisor import Config, Supervisor, open_supervisor, parse_config

@@ -1,4 +1,4 @@
-"""The Telegram bridge against the fake Bot API server (``tests/_telegram.py``, checked against
+"""The Telegram bridge against the fake Bot API server (``scripts/_telegram.py``, checked against
 python-telegram-bot), through an embedded supervisor with the demo agent: real HTTP on
 127.0.0.1, real turns. Every wait is for something the chat shows, bounded by ``trio.fail_after``."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from _telegram import FakeBot, FakeBotApi
+from scripts._telegram import FakeBot, FakeBotApi
 from conftest import KILL, DaemonProcess, script_agent, turn_processes
 from test_sandbox import _needs_sandbox
 

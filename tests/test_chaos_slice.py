@@ -67,7 +67,7 @@ def test_chaos_slice_catches_a_stop_that_forgets_the_routing_rest() -> None:
 
 def test_chaos_slice_fleet_stops_through_any_host_break_no_contract_line() -> None:
     # Three daemons on one throwaway PostgreSQL; most stops go through a host that does not own the channel.
-    from _postgres import missing
+    from scripts._postgres import missing
 
     if missing():
         pytest.skip(f"no PostgreSQL server: {missing()}")

@@ -52,7 +52,7 @@ def test_faults_slice_a_full_disk_keeps_every_stop() -> None:
 
 
 def test_faults_slice_fleet_owner_paused_or_killed_mid_turn_with_the_stop_through_another_host() -> None:
-    from _postgres import missing
+    from scripts._postgres import missing
 
     if missing():
         pytest.skip(f"no PostgreSQL server: {missing()}")
@@ -65,7 +65,7 @@ def test_faults_slice_fleet_owner_paused_or_killed_mid_turn_with_the_stop_throug
 def test_faults_slice_fleet_partitions_the_whole_database_a_reset_and_a_slow_database() -> None:
     # (The owner cut mid-turn, a stop while it is cut, a cut healed in time and the notices
     # cut are tests of their own: tests/test_fleet_partition.py.)
-    from _postgres import missing
+    from scripts._postgres import missing
 
     if missing():
         pytest.skip(f"no PostgreSQL server: {missing()}")

@@ -33,7 +33,7 @@ from supervisor.config.settings import DEFAULT_LEASE, Config
 from supervisor.fleet.fleet import Fleet
 from supervisor.host.supervisor import Supervisor, open_supervisor
 from supervisor.store.store import SEQ_STRIDE, Fenced, StoreInUse, open_store
-from tests.fakemodel.rig import write_tool_script
+from scripts.fakemodel.rig import write_tool_script
 
 DEADLINE = 30.0
 LEASE = 1.0

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from _postgres import PostgresServer
+from scripts._postgres import PostgresServer
 from conftest import PYTHON, DaemonProcess
 from test_stop_contract import AGENT, Gate
 

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from _postgres import PostgresServer
+from scripts._postgres import PostgresServer
 from psycopg.conninfo import conninfo_to_dict
 from test_fleet import host_config, texts
 from test_stop_contract import Gate

@@ -321,7 +321,7 @@ async def test_contract_19_an_interrupt_of_an_acp_turn_cancels_its_prompt_kills_
     from test_acp_turns import agent_pid, fake, wait_file
 
     from supervisor.testing import read_pid
-    from tests.fakemodel.rig import write_tool_script
+    from scripts.fakemodel.rig import write_tool_script
 
     tool = write_tool_script(short_tmp)
     pid_file = short_tmp / "tool.pid"
@@ -350,7 +350,7 @@ async def test_contract_19_a_steer_into_an_acp_agent_that_queues_prompts_is_take
 ) -> None:
     from test_acp_turns import fake, wait_file
 
-    from tests.fakemodel.rig import write_tool_script
+    from scripts.fakemodel.rig import write_tool_script
 
     tool = write_tool_script(short_tmp)
     pid_file = short_tmp / "tool.pid"
@@ -372,7 +372,7 @@ async def test_contract_19_a_steer_into_an_acp_agent_that_queues_prompts_is_take
 async def test_contract_19_a_stop_after_a_steer_into_an_acp_turn_cancels_both_prompts(short_tmp: Path) -> None:
     from test_acp_turns import agent_pid, fake, wait_file
 
-    from tests.fakemodel.rig import write_tool_script
+    from scripts.fakemodel.rig import write_tool_script
 
     tool = write_tool_script(short_tmp)
     pid_file = short_tmp / "tool.pid"

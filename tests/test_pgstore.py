@@ -23,7 +23,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import PostgresServer
+from scripts._postgres import PostgresServer
 from conftest import CORRAL, PYTHON, DaemonProcess, make_config
 from test_stop_contract import AGENT, Gate
 

@@ -26,10 +26,10 @@ from conftest import CORRAL, DaemonProcess, turn_processes
 from scripts._config import toml_value
 from supervisor.core.netpolicy import grant_for
 from supervisor.testing import pid_file_alive, read_pid
-from tests.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
-from tests.fakemodel._http import FakeModelServer
-from tests.fakemodel.clis import cli_path
-from tests.fakemodel.rig import PID_OF_LAST, write_tool_script
+from scripts.fakemodel import anthropic, gemini_api, openai_chat, openai_responses
+from scripts.fakemodel._http import FakeModelServer
+from scripts.fakemodel.clis import cli_path
+from scripts.fakemodel.rig import PID_OF_LAST, write_tool_script
 
 pytestmark = pytest.mark.realcli
 

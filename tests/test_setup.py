@@ -52,14 +52,19 @@ def test_the_cli_installer_says_what_to_install_before_downloading(tmp_path: Pat
 
 
 def test_every_test_that_runs_an_agent_cli_is_marked_realcli() -> None:
+    # What finds an installed CLI (clis, and acp_agents through it); the rig's tool scripts
+    # run under fake agents too. The module names are the full ones the tests import.
+    checked = 0
     for path in sorted((ROOT / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text())
         uses_cli = any(
-            isinstance(node, ast.ImportFrom) and node.module in ("fakemodel.clis", "fakemodel.rig")
+            isinstance(node, ast.ImportFrom) and node.module in ("scripts.fakemodel.clis", "scripts.fakemodel.acp_agents")
             for node in ast.walk(tree)
         )
         if uses_cli:
             assert "pytestmark = pytest.mark.realcli" in path.read_text(), f"{path.name} runs agent CLIs: mark it realcli"
+            checked += 1
+    assert checked >= 3, "the check found no test that runs a CLI: did the fake servers' modules move?"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

@@ -1,4 +1,4 @@
-"""The fake Slack (``tests/_slack.py``) read by slack_sdk, Slack's own Python client: its
+"""The fake Slack (``scripts/_slack.py``) read by slack_sdk, Slack's own Python client: its
 ``WebClient`` for the Web API and its built-in Socket Mode client for the envelopes, so the
 fake the Slack bridge is tested against speaks Slack as Slack's client expects it."""
 
@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from _slack import FakeSlack
+from scripts._slack import FakeSlack
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.socket_mode.builtin.client import SocketModeClient

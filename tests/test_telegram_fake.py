@@ -1,4 +1,4 @@
-"""The fake Bot API server (``tests/_telegram.py``) checked against python-telegram-bot, a
+"""The fake Bot API server (``scripts/_telegram.py``) checked against python-telegram-bot, a
 Telegram client no one here wrote: what the fake answers is what that library reads from
 Telegram (its objects, its errors), so the bridge's tests run against the API as documented,
 not against a fake shaped to the bridge."""
@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 import telegram
-from _telegram import FakeBotApi
+from scripts._telegram import FakeBotApi
 from telegram.error import BadRequest, InvalidToken, RetryAfter
 
 pytestmark = pytest.mark.filterwarnings("ignore::telegram.warnings.PTBDeprecationWarning")

@@ -45,12 +45,13 @@ class APIError(CorralError):
 class _UnixConnection(http.client.HTTPConnection):
     """``http.client`` over a Unix socket."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__("corral")
+    def __init__(self, path: str, timeout: float | None = None) -> None:
+        super().__init__("corral", timeout=timeout)
         self._path = path
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
         try:
             sock.connect(self._path)
         except OSError:
@@ -64,9 +65,15 @@ _UNAVAILABLE = (ConnectionError, FileNotFoundError, http.client.HTTPException, s
 
 
 class Client:
-    """Talks to a corral daemon over its Unix socket (or a loopback TCP URL with a token)."""
+    """Talks to a corral daemon over its Unix socket (or a loopback TCP URL with a token).
 
-    def __init__(self, socket_path: str | None = None, *, url: str | None = None, token: str | None = None) -> None:
+    ``timeout``: the seconds a request may wait for the daemon (None, the default: no bound; a
+    request that runs out is :class:`DaemonUnavailable`)."""
+
+    def __init__(
+        self, socket_path: str | None = None, *, url: str | None = None, token: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         if url is None and socket_path is None:
             raise ValueError("give a socket path or a url")
         self._socket_path = socket_path
@@ -74,13 +81,14 @@ class Client:
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._conn: http.client.HTTPConnection | None = None
         self._last_used = 0.0
+        self._timeout = timeout
         self.where = url or socket_path
 
     def _connect(self) -> http.client.HTTPConnection:
         if self._url is not None:
-            return http.client.HTTPConnection(self._url.hostname or "127.0.0.1", self._url.port)
+            return http.client.HTTPConnection(self._url.hostname or "127.0.0.1", self._url.port, timeout=self._timeout)
         assert self._socket_path is not None
-        return _UnixConnection(self._socket_path)
+        return _UnixConnection(self._socket_path, self._timeout)
 
     def close(self) -> None:
         """Close the kept-alive connection."""
@@ -103,6 +111,12 @@ class Client:
         params: dict[str, Any] | None = None,
         json_body: Any = None,
     ) -> Any:
+        return _decode(*self._exchange(method, path, params=params, json_body=json_body), ok)
+
+    def _exchange(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json_body: Any = None
+    ) -> tuple[int, bytes]:
+        """One request on the kept-alive connection: the answer's status and body."""
         if params:
             path = f"{path}?{urlencode(params)}"
         body = json.dumps(json_body).encode() if json_body is not None else b""
@@ -121,7 +135,7 @@ class Client:
             self.close()
             raise DaemonUnavailable(str(exc) or type(exc).__name__) from None
         self._last_used = time.monotonic()
-        return _decode(response.status, data, ok)
+        return response.status, data
 
     def _call(
         self, name: str, *, path: dict[str, str] | None = None, params: dict[str, Any] | None = None,
@@ -130,6 +144,20 @@ class Client:
         """Perform the operation ``name`` of :data:`.routes.OPERATIONS`."""
         op = OPERATIONS[name]
         return self._request(op.method, op.target(**(path or {})), ok=op.ok, params=params, json_body=json_body)
+
+    def answer(
+        self, name: str, *, path: dict[str, str] | None = None, params: dict[str, Any] | None = None,
+        json_body: Any = None,
+    ) -> tuple[int, Any]:
+        """Perform the operation ``name`` of :data:`.routes.OPERATIONS`: its HTTP status and body
+        whatever the status (the body decoded from JSON, else its text), for a tool that judges
+        the answers itself; :class:`DaemonUnavailable` if no answer comes."""
+        op = OPERATIONS[name]
+        status, data = self._exchange(op.method, op.target(**(path or {})), params=params, json_body=json_body)
+        try:
+            return status, json.loads(data) if data else None
+        except ValueError:
+            return status, data.decode("utf-8", "replace")
 
     def send(
         self, channel: str, text: str, *, agent: str | None = None, to: list[str] | None = None,
@@ -201,6 +229,7 @@ class Client:
         never stored; the entry that saves it has ``meta.draft``)."""
         op = OPERATIONS["follow"]
         conn = self._connect()  # a connection of its own, held for as long as it follows
+        conn.timeout = None  # ... however long the channel stays quiet
         try:
             try:
                 query = {"after": after, **({"drafts": 1} if drafts else {})}

@@ -12,7 +12,7 @@ It exists so corral's tests can run an "aider" turn anywhere. What it does, per 
   ``> `` tool lines, ``#### `` user lines, the reply), and with ``--restore-chat-history``
   reads it back the way aider does — the reply says how many earlier user messages it
   found (``earlier user messages: N``), which proves resumption;
-* reads the prompt markers of :mod:`tests.fakemodel.script` from the message:
+* reads the prompt markers of :mod:`scripts.fakemodel.script` from the message:
   ``[[say:TEXT]]`` the reply, ``[[slow:S]]`` stream it one word per line over S seconds,
   ``[[silent]]`` hang before replying, ``[[shell:CMD]]`` run CMD first with ``sh -c`` *in a
   new session* (as the other agent CLIs' shell tools do; real aider would not run it under

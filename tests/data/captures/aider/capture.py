@@ -21,8 +21,8 @@ from pathlib import Path
 
 from adapters._base import TurnRequest
 from adapters.aider import build_launch
-from tests.fakemodel._http import FakeModelServer, Request, Responder
-from tests.fakemodel.script import read_script
+from scripts.fakemodel._http import FakeModelServer, Request, Responder
+from scripts.fakemodel.script import read_script
 
 HERE = Path(__file__).resolve().parent
 

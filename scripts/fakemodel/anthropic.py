@@ -7,7 +7,7 @@ and ``message_stop``. A tool call is a ``tool_use`` block whose input is streame
 ``input_json_delta`` fragments, ended with ``stop_reason: "tool_use"``; the CLI runs the
 tool and posts again with the ``tool_result`` as the last user message.
 
-What the model does is read from the markers (see :mod:`tests.fakemodel.script`) in the
+What the model does is read from the markers (see :mod:`scripts.fakemodel.script`) in the
 latest prompt the user typed — never from tool output, so a command that echoes a marker
 cannot steer the fake model. Side calls (token counting, model listing, any request that
 offers no tools, such as a title or classifier call) get a short, plausible answer at once.

@@ -7,7 +7,7 @@ one whole completion. Side jobs of the CLI (memory extraction, titles, summaries
 whose system prompt is not the main agent's) get a short plausible answer, a JSON object
 when they ask for JSON (``response_format``).
 
-What to answer is read from the markers of :mod:`tests.fakemodel.script` in the latest
+What to answer is read from the markers of :mod:`scripts.fakemodel.script` in the latest
 user-typed message of the request — never from tool results, so a command's output that
 happens to contain a marker changes nothing.
 

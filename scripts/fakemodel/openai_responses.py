@@ -4,7 +4,7 @@ Codex sends the whole conversation on every request as a list of ``input`` items
 and user ``message`` items (its own context blocks such as ``<environment_context>`` are user
 messages too), earlier assistant ``message`` items, ``function_call`` items and their
 ``function_call_output`` items. The behaviour is read from the markers of the latest prompt the
-user typed (see :mod:`tests.fakemodel.script`):
+user typed (see :mod:`scripts.fakemodel.script`):
 
 * the last input item is the output of our shell call -> answer with the ``say`` text;
 * ``[[shell:CMD]]`` and no ``exec_command`` call yet for the latest prompt -> call

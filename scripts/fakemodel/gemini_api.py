@@ -6,7 +6,7 @@ The CLI, pointed here by ``GOOGLE_GEMINI_BASE_URL``, makes two kinds of model ca
   ``responseSchema``): side calls — the model router ("flash" or "pro"), the next-speaker
   check, loop detection. They get a quick JSON object shaped by the schema.
 * ``POST /v1beta/models/MODEL:streamGenerateContent?alt=sse``: the turn itself, answered
-  from the markers of :mod:`tests.fakemodel.script`. The shell tool is
+  from the markers of :mod:`scripts.fakemodel.script`. The shell tool is
   ``run_shell_command``; ``[[todos]]`` calls ``write_todos`` when the request offers it
   (the CLI does so only for a Gemini 2 model).
 
@@ -130,11 +130,8 @@ class FakeGeminiServer(FakeModelServer):
     def _side_call(self, body: dict[str, Any], model: str, out: Responder) -> None:
         config = body.get("generationConfig") or {}
         schema = config.get("responseJsonSchema") or config.get("responseSchema")
-        if schema is not None:
-            text = json.dumps(_fill_schema(schema))
-        else:
-            # A plain side call (a summary, a title): any short text will do.
-            text = "fake summary"
+        # A plain side call (a summary, a title, no schema): any short text will do.
+        text = json.dumps(_fill_schema(schema)) if schema is not None else "fake summary"
         out.json(200, self._candidate([{"text": text}], model, finish="STOP"))
 
     # ------------------------------------------------------------ the turn
