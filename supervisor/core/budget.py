@@ -188,6 +188,9 @@ class TurnLimits:
                           _least(self.max_turn_tool_calls, other.max_turn_tool_calls), currency)
 
 
+#: No budget at all (what a table without ``max_turn_*`` keys has).
+NO_LIMITS = TurnLimits()
+
 N = TypeVar("N", int, Decimal)
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
-from adapters import Usage
+if TYPE_CHECKING:  # (only a type: a client reading the config's budgets never loads the adapters)
+    from adapters import Usage
 
 #: Fresh input, output, cache read, cache write: :class:`~adapters._base.Usage`'s order.
 Figures = tuple[int, int, int, int]
