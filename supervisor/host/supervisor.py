@@ -81,7 +81,7 @@ from ..procs.tree import (
     spawn,
 )
 from ..store.store import Draft, Entry, Store, open_store
-from ..turns.ports import Places, TurnPorts
+from ..turns.ports import Places, TurnBudgets, TurnPorts
 from .capacity import Capacity
 from .delivery import Delivery
 from .disk import DiskGuard
@@ -169,6 +169,8 @@ class Supervisor:
                 scanner=self.scanner, spawn=hooks.spawn or spawn, places=self._places, cgroups=cgroups,
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
                 covers=covers, refusal=refusal, network=network,
+                budgets=TurnBudgets(config.turn_limits, config.prices,
+                                    lambda channel, turn_id, spent: self._stopper.budget_stop(channel, turn_id, spent)),
             )
 
         self._capacity = Capacity(
@@ -184,6 +186,7 @@ class Supervisor:
         self._stopper = Stopper(
             config, store, self._ledger, registry=self._registry, lanes=self._lanes, ownership=self._ownership,
             cgroups=cgroups, collector=CollectorPause() if owns_children else contextlib.nullcontext(),
+            nursery=nursery,
         )
         self._delivery = Delivery(store, self._ledger, self._lanes, self._stopper)
         if fleet is not None:
