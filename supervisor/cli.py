@@ -691,6 +691,31 @@ def _lane_state(lane: dict[str, Any]) -> str:
                    f" {lane['queued']}" if lane["state"] == "queued" else "") + why
 
 
+@main.command(short_help="What turns spent, per day, channel and agent (today, or --since DAY).")
+@click.argument("channel", required=False)
+@click.option("--since", default=None, metavar="YYYY-MM-DD", help="From this UTC day on (default: today).")
+@_client_options
+@click.pass_obj
+def usage(obj: _Context, channel: str | None, since: str | None, config_path: str | None, as_json: bool) -> None:
+    """What turns spent (tokens, tool calls, wall time, cost), summed per UTC day, channel and agent."""
+    ctx = _merge(obj, as_json, config_path)
+    days = _call(ctx, lambda c: c.usage(channel, since))
+    if ctx.json:
+        _print_json({"days": days})
+        return
+    if not days:
+        click.echo("no turn has ended in that time")
+    for row in days:
+        cost = ", ".join(f"{amount} {currency}" for currency, amount in row["cost"].items()) or "cost unknown"
+        if row["cost"] and row["unpriced"]:
+            cost += f" (and {row['unpriced']} turn(s) unpriced)"
+        stopped = f", {row['stopped_by_budget']} stopped by a budget" if row["stopped_by_budget"] else ""
+        click.echo(f"{row['day']} {row['channel']} {row['agent']}: {row['turns']} turn(s), {row['tokens']:,} tokens "
+                   f"({row['input_tokens']:,} in, {row['output_tokens']:,} out, {row['cache_read_tokens']:,} cache "
+                   f"read, {row['cache_write_tokens']:,} cache write), {row['tool_calls']} tool call(s), "
+                   f"{row['wall_seconds']:.0f} s, {cost}{stopped}")
+
+
 @main.command()
 @_client_options
 @click.pass_obj

@@ -123,6 +123,18 @@ def test_contract_20_a_spent_budget_stops_the_turn_with_its_notice_last_and_noth
         if channel.startswith("claude-") or channel == "codex-tools":  # (stopped before its answer)
             said = [e for e in entries if e["author"].startswith("agent:")]
             assert not any("never said" in e["text"] for e in said), ("nothing of the turn after its stop", said)
+    # Each turn's usage is stored with it: `corral usage` sums it per day, channel and agent.
+    out = daemon.cli("usage", "--json")
+    assert out.returncode == 0, out.stderr
+    days = {row["channel"]: row for row in json.loads(out.stdout)["days"]}
+    assert set(days) == set(CHANNELS), days
+    for channel, (_, budget, _) in CHANNELS.items():
+        row = days[channel]
+        assert row["turns"] == 1 and row["stopped_by_budget"] == 1, row
+        if "max_turn_tokens" in budget:
+            assert row["tokens"] > budget["max_turn_tokens"], row
+        if "max_turn_cost" in budget:
+            assert Decimal(row["cost"]["USD"]) > Decimal(budget["max_turn_cost"]), row
     # Claude Code reports as it goes: stopped mid-loop, its tool calls cut short.
     for channel in ("claude-tokens", "claude-cost"):
         steps = [e for e in _entries(daemon, channel) if e["kind"] == "tool"]

@@ -29,6 +29,7 @@ import contextlib
 import difflib
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -61,6 +62,7 @@ from ..core.results import (
 )
 from ..core.router import AddressError, address, near_misses
 from ..core.text import BadText, check_message
+from ..core.usage import sum_by_day
 from ..fleet.fleet import Fleet
 from ..net.proxy import NetworkService
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
@@ -516,6 +518,14 @@ class Supervisor:
         (``newest``: the newest ``limit`` of them, as ``tail -n`` shows)."""
         await self.require_channel(channel)
         return await self._store.entries(channel, after=after, limit=limit, newest=newest)
+
+    async def usage(self, channel: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
+        """What turns spent, summed per UTC day, channel and agent, from day ``since``
+        (``YYYY-MM-DD``; None: today) on: :func:`~supervisor.core.usage.sum_by_day`."""
+        day = since if since is not None else time.strftime("%Y-%m-%d", time.gmtime())
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
+            raise UsageError(f"since must be a day, YYYY-MM-DD, got {day[:40]!r}")
+        return sum_by_day(await self._store.usage(channel, day))
 
     def session(self, channel: str, agent: str) -> str | None:
         """The agent's session id in the channel (the next turn resumes it), if any."""
