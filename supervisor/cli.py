@@ -683,6 +683,11 @@ def _lane_state(lane: dict[str, Any]) -> str:
     if lane["state"] in ("running", "stopping") and turn:
         since = time.strftime("%H:%M:%S", time.localtime(turn["started"]))
         what = f"{lane['state']} turn {turn['id']} since {since} ({turn['phase']}, pid {turn['pid']})"
+        used = turn.get("usage")
+        if used and (used["tokens"] or used["tool_calls"]):
+            of = f" of {used['max_turn_tokens']:,}" if used.get("max_turn_tokens") else ""
+            cost = f", cost {used['cost']} {used['currency']}" if used.get("cost") is not None else ""
+            what += f", {used['tokens']:,}{of} tokens, {used['tool_calls']} tool call(s){cost}"
     else:
         what = lane["state"]
     waiting = lane.get("waiting")

@@ -54,3 +54,21 @@ async def test_contract_20_a_spent_budget_drops_the_queue_behind_the_turn_and_th
         answers = [e.text for e in await sup.entries("ch", after=after.seq) if e.author == "agent:bot"]
         assert answers == ["answered: after the stop"], answers
         assert first.seq < queued.seq
+
+
+async def test_status_shows_what_a_running_turn_has_spent_against_its_budget(short_tmp: Path) -> None:
+    script = short_tmp / "agent.py"
+    script.write_text(AGENT)
+    config = make_config(short_tmp, {"bot": {"adapter": "generic", "command": [sys.executable, str(script)],
+                                             "max_turn_tool_calls": 100_000}})
+    async with open_supervisor(config) as sup:
+        await sup.send("ch", "loop on tools")
+        with trio.fail_after(60):
+            async with aclosing(sup.follow("ch")) as followed:
+                async for entry in followed:
+                    if entry.kind == "tool":
+                        break
+        turn = sup.status()["channels"]["ch"]["agents"]["bot"]["turn"]
+        assert turn["usage"]["tool_calls"] >= 1 and turn["usage"]["max_turn_tool_calls"] == 100_000, turn
+        assert turn["usage"]["tokens"] == 0 and turn["usage"]["max_turn_tokens"] is None
+        assert (await sup.stop("ch")).ok

@@ -42,6 +42,7 @@ import trio
 
 from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
+from ..core.budget import turn_cost
 from ..core.counters import Metrics
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
@@ -83,7 +84,7 @@ from ..procs.tree import (
     spawn,
 )
 from ..store.store import Draft, Entry, Store, open_store
-from ..turns.ports import Places, TurnBudgets, TurnPorts
+from ..turns.ports import Places, RunningTurn, TurnBudgets, TurnPorts
 from .capacity import Capacity
 from .delivery import Delivery
 from .disk import DiskGuard
@@ -519,6 +520,18 @@ class Supervisor:
         await self.require_channel(channel)
         return await self._store.entries(channel, after=after, limit=limit, newest=newest)
 
+    def _running_usage(self, turn: RunningTurn) -> dict[str, Any]:
+        """What a running turn has spent so far, as ``status`` shows it: tokens, tool calls,
+        its cost (a decimal's text, or None: not known) against its budgets."""
+        so_far = turn.usage_so_far()
+        limits = self.config.turn_limits(turn.channel, turn.agent.name)
+        cost = turn_cost(so_far, self.config.prices, limits.currency)
+        return {"tokens": so_far.tokens, "tool_calls": so_far.tool_calls,
+                "cost": None if cost is None else str(cost), "currency": limits.currency,
+                "max_turn_tokens": limits.max_turn_tokens,
+                "max_turn_cost": None if limits.max_turn_cost is None else str(limits.max_turn_cost),
+                "max_turn_tool_calls": limits.max_turn_tool_calls}
+
     async def usage(self, channel: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
         """What turns spent, summed per UTC day, channel and agent, from day ``since``
         (``YYYY-MM-DD``; None: today) on: :func:`~supervisor.core.usage.sum_by_day`."""
@@ -584,6 +597,7 @@ class Supervisor:
                         "phase": phase.value if phase is not None else "ending",
                         "pid": turn.tree.pid if turn.tree else None,
                         "started": turn.started_at,
+                        "usage": self._running_usage(turn),
                     },
                 }
             first = next((a["turn"] for a in agents.values() if a["turn"] is not None), None)

@@ -46,6 +46,7 @@ from ..core.budget import NO_LIMITS, BudgetSpent, spent
 from ..core.ledger import OutputKind, TurnTicket
 from ..core.login import login_help
 from ..core.text import shown
+from ..core.usage import TurnUsage
 from ..procs.covers import replaced_text
 from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import Network, NotStartable, SandboxRefused, TurnGrants, detachable
@@ -201,6 +202,10 @@ class BaseTurn:
             self.ports.store.show_draft(
                 Draft(self.channel, self.author, self.turn_id, draft.draft, draft.text, time.time())
             )
+
+    def usage_so_far(self) -> TurnUsage:
+        """What the turn has spent so far, as its CLI has reported it (``status`` shows it)."""
+        return self._account.meter.snapshot(time.time() - self.started_at)
 
     def cut_off(self, reason: str) -> None:
         """Save the open run of text as the stop (or shutdown) decision found it, marked as cut

@@ -266,6 +266,10 @@ class RunningTurn(Protocol):
         """Save the open run of text as a stop (or shutdown) decision found it, in that step."""
         ...
 
+    def usage_so_far(self) -> TurnUsage:
+        """What the turn has spent so far, as its CLI has reported it."""
+        ...
+
     def run(self, session_id: str | None) -> Awaitable[TurnOutcome]:
         """Run the turn to its end; never raises for the turn's own failures."""
         ...
