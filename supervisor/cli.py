@@ -688,12 +688,42 @@ def _lane_state(lane: dict[str, Any]) -> str:
     if lane["state"] in ("running", "stopping") and turn:
         since = time.strftime("%H:%M:%S", time.localtime(turn["started"]))
         what = f"{lane['state']} turn {turn['id']} since {since} ({turn['phase']}, pid {turn['pid']})"
+        used = turn.get("usage")
+        if used and (used["tokens"] or used["tool_calls"]):
+            of = f" of {used['max_turn_tokens']:,}" if used.get("max_turn_tokens") else ""
+            cost = f", cost {used['cost']} {used['currency']}" if used.get("cost") is not None else ""
+            what += f", {used['tokens']:,}{of} tokens, {used['tool_calls']} tool call(s){cost}"
     else:
         what = lane["state"]
     waiting = lane.get("waiting")
     why = f", waiting #{waiting['position']} for a slot ({waiting['why']})" if waiting else ""
     return what + (f", {lane['queued']} queued" if lane["queued"] and lane["state"] != "queued" else
                    f" {lane['queued']}" if lane["state"] == "queued" else "") + why
+
+
+@main.command(short_help="What turns spent, per day, channel and agent (today, or --since DAY).")
+@click.argument("channel", required=False)
+@click.option("--since", default=None, metavar="YYYY-MM-DD", help="From this UTC day on (default: today).")
+@_client_options
+@click.pass_obj
+def usage(obj: _Context, channel: str | None, since: str | None, config_path: str | None, as_json: bool) -> None:
+    """What turns spent (tokens, tool calls, wall time, cost), summed per UTC day, channel and agent."""
+    ctx = _merge(obj, as_json, config_path)
+    days = _call(ctx, lambda c: c.usage(channel, since))
+    if ctx.json:
+        _print_json({"days": days})
+        return
+    if not days:
+        click.echo("no turn has ended in that time")
+    for row in days:
+        cost = ", ".join(f"{amount} {currency}" for currency, amount in row["cost"].items()) or "cost unknown"
+        if row["cost"] and row["unpriced"]:
+            cost += f" (and {row['unpriced']} turn(s) unpriced)"
+        stopped = f", {row['stopped_by_budget']} stopped by a budget" if row["stopped_by_budget"] else ""
+        click.echo(f"{row['day']} {row['channel']} {row['agent']}: {row['turns']} turn(s), {row['tokens']:,} tokens "
+                   f"({row['input_tokens']:,} in, {row['output_tokens']:,} out, {row['cache_read_tokens']:,} cache "
+                   f"read, {row['cache_write_tokens']:,} cache write), {row['tool_calls']} tool call(s), "
+                   f"{row['wall_seconds']:.0f} s, {cost}{stopped}")
 
 
 @main.command()

@@ -105,6 +105,9 @@ def test_the_cost_notice_shows_enough_decimals_to_be_over() -> None:
     assert decision is not None and decision.notice == "Stopped: this turn cost $0.5004 of its $0.50."
     euros = spent(TurnLimits(max_turn_cost=Decimal(1), currency="EUR"), TurnUsage(costs=(("EUR", Decimal(2)),)))
     assert euros is not None and euros.notice == "Stopped: this turn cost 2.00 EUR of its 1.00 EUR."
+    # A budget below a cent is shown to its own last decimal, never as "$0.00".
+    tiny = spent(TurnLimits(max_turn_cost=Decimal("0.004")), used(cost="0.007827"))
+    assert tiny is not None and tiny.notice == "Stopped: this turn cost $0.008 of its $0.004."
 
 
 @given(st.decimals(0, 1000, places=6), st.decimals(0, 1000, places=6))

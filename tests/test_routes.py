@@ -25,8 +25,8 @@ from supervisor.serve.client import APIError, Client
 from supervisor.serve.daemon import run_daemon
 from supervisor.serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, OPERATIONS, REQUIRED, Operation, author_of
 
-#: The ten operations every face offers.
-NAMES = ["send", "stop", "stop_all", "reset", "resend", "wait", "entries", "follow", "status", "shutdown"]
+#: The eleven operations every face offers.
+NAMES = ["send", "stop", "stop_all", "reset", "resend", "wait", "entries", "follow", "status", "usage", "shutdown"]
 
 #: Each face's method for an operation (None: the face offers it otherwise, and why).
 CLIENT = {name: name for name in NAMES}
@@ -43,7 +43,7 @@ DIFFERENCES = {
 }
 
 
-def test_the_table_declares_the_ten_operations() -> None:
+def test_the_table_declares_the_eleven_operations() -> None:
     assert list(OPERATIONS) == NAMES
     for op in OPERATIONS.values():
         paths = [p.name for p in op.params if p.where == "path"]
@@ -101,7 +101,7 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
     def request(self: Client, method: str, path: str, *, ok: tuple[int, ...] = (200, 202),
                 params: dict[str, Any] | None = None, json_body: Any = None) -> Any:
         sent.append((method, path, ok, params or {}, json_body or {}))
-        return {"entries": [], "idle": True}
+        return {"entries": [], "idle": True, "days": []}
 
     monkeypatch.setattr(Client, "_request", request)
     c = Client("/nowhere")
@@ -114,6 +114,7 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
         "wait": lambda: c.wait("a/b", 3),
         "entries": lambda: c.entries("a/b", 5, 7),
         "status": lambda: c.status(),
+        "usage": lambda: c.usage("a/b", "2026-12-01"),
         "shutdown": lambda: c.shutdown(),
     }
     for name, call in calls.items():
@@ -137,7 +138,7 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
 COMMANDS = {
     "send": ("send", None), "stop": ("stop", None), "stop_all": ("stop", "stop_all"), "wait": ("wait", None),
     "reset": ("reset", None), "resend": ("resend", None),
-    "entries": ("tail", None), "follow": ("tail", "follow"), "status": ("status", None),
+    "entries": ("tail", None), "follow": ("tail", "follow"), "status": ("status", None), "usage": ("usage", None),
     "shutdown": ("shutdown", None),
 }
 

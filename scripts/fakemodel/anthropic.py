@@ -171,11 +171,12 @@ class FakeAnthropicServer(FakeModelServer):
         answered_shell = last.get("role") == "user" and any(
             b.get("type") == "tool_result" and calls.get(str(b.get("tool_use_id"))) == SHELL_TOOL for b in _blocks(last)
         )
-        if answered_shell:
+        shells = list(calls.values()).count(SHELL_TOOL)
+        if answered_shell and not (script.loop is not None and script.shell_again(shells)):
             return script, None
         if script.todos and TODO_TOOL in offered and TODO_TOOL not in calls.values():
             return script, {"name": TODO_TOOL, "input": {"todos": TODO_PLAN}}
-        if script.shell and SHELL_TOOL in offered and SHELL_TOOL not in calls.values():
+        if script.shell and SHELL_TOOL in offered and script.shell_again(shells):
             return script, {"name": SHELL_TOOL, "input": {"command": script.shell, "description": "Run the requested command"}}
         return script, None
 

@@ -86,6 +86,15 @@ def shell_called(items: list[Any]) -> bool:
     )
 
 
+def shell_calls(items: list[Any]) -> int:
+    """How many times the shell tool was called for the latest prompt."""
+    start = max(_latest_prompt_at(items)[0], 0)
+    return sum(
+        1 for item in items[start:]
+        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == SHELL_TOOL
+    )
+
+
 def last_is_shell_output(items: list[Any]) -> bool:
     """Whether the last input item is the output of a shell call made earlier."""
     if not items or not isinstance(items[-1], dict) or items[-1].get("type") != "function_call_output":
@@ -138,7 +147,9 @@ class OpenAIResponsesServer(FakeModelServer):
             out.start_sse()
             out.go_silent()
             return
-        if last_is_shell_output(items):
+        if script.loop is not None and script.shell is not None and script.shell_again(shell_calls(items)):
+            self._call_shell(out, script.shell)
+        elif last_is_shell_output(items):
             self._answer(out, script)
         elif script.shell is not None and not shell_called(items):
             self._call_shell(out, script.shell)

@@ -7,6 +7,9 @@ Markers (any number, anywhere in the prompt):
 ``[[slow:SECONDS]]``  stream the answer in small pieces spread over SECONDS
 ``[[silent]]``        send the response headers, then nothing until the client goes away
 ``[[todos]]``         (claude) call TodoWrite with a three-step plan first
+``[[loop:N]]``        (claude, codex) with ``shell``: call the shell tool N times, then answer;
+                      ``[[loop]]``: call it again after every result, never answering (a turn
+                      only a budget or a stop ends)
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-MARKER = re.compile(r"\[\[(say|shell|slow|silent|todos)(?::(.*?))?\]\]", re.S)
+MARKER = re.compile(r"\[\[(say|shell|slow|silent|todos|loop)(?::(.*?))?\]\]", re.S)
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,16 @@ class Script:
     slow: float = 0.0
     silent: bool = False
     todos: bool = False
+    loop: int | None = None
+    """Shell calls to make before answering (0: without end); None: one."""
+
+    def shell_again(self, calls: int) -> bool:
+        """Whether to call the shell tool (again) after ``calls`` calls for this prompt."""
+        if self.shell is None:
+            return False
+        if self.loop is None:
+            return calls == 0
+        return self.loop == 0 or calls < self.loop
 
     def chunks(self, n: int = 8) -> list[str]:
         """The answer split into about ``n`` pieces, for streaming."""
@@ -41,6 +54,7 @@ def read_script(prompt: str) -> Script:
     slow = 0.0
     silent = False
     todos = False
+    loop = None
     for kind, arg in MARKER.findall(prompt):
         if kind == "say":
             say = arg
@@ -52,6 +66,8 @@ def read_script(prompt: str) -> Script:
             silent = True
         elif kind == "todos":
             todos = True
+        elif kind == "loop":
+            loop = int(arg or 0)
     if say is None:
         say = "ok: " + MARKER.sub("", prompt).strip()[:40]
-    return Script(say=say, shell=shell, slow=slow, silent=silent, todos=todos)
+    return Script(say=say, shell=shell, slow=slow, silent=silent, todos=todos, loop=loop)

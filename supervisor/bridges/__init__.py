@@ -1,10 +1,11 @@
 """Chat bridges: rooms of a chat platform joined to corral channels, run under the daemon.
 
 A platform-independent core (:mod:`.core`, pure) decides; a platform module (:mod:`.matrix`,
-:mod:`.irc`, :mod:`.telegram`, :mod:`.slack`, :mod:`.discord`) speaks the wire through the
-interface of :mod:`.platform`; the Trio layer (:mod:`.runner`) drives both against a :class:`~supervisor.Supervisor` through its
-public methods. Platforms are found by their ``corral.bridges`` entry points (:mod:`.registry`;
-corral's own are declared in :mod:`.kinds`). ``[bridges.NAME]`` tables in ``corral.toml`` configure them; embedded::
+:mod:`.irc`, :mod:`.telegram`, :mod:`.slack`, :mod:`.discord`) speaks the wire through the interface
+of :mod:`.platform`; the Trio layer (:mod:`.runner`) drives both against a
+:class:`~supervisor.Supervisor` through its public methods. Platforms are found by their
+``corral.bridges`` entry points (:mod:`.registry`; corral's own are declared in :mod:`.kinds`).
+``[bridges.NAME]`` tables in ``corral.toml`` configure them; embedded::
 
     async with open_supervisor(config) as sup, trio.open_nursery() as nursery:
         await nursery.start(run_bridges, sup, list(config.bridges.values()))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.budget import NO_LIMITS, Price, TurnLimits
 from ..core.errors import CorralError
 from ..core.netpolicy import DEFAULT, HOST, Policy
 from ..procs.sandbox import SandboxMode
@@ -91,6 +92,9 @@ class ServerConfig:
     network: str | tuple[str, ...] | None = None
     """``network``: every agent's unless it says (None: what its adapter declares, else
     :data:`DEFAULT_NETWORK`)."""
+    budget: TurnLimits = NO_LIMITS
+    """``max_turn_tokens``, ``max_turn_cost``, ``max_turn_tool_calls``: every turn's budget on
+    this host (the tightest of this, the channel's and the agent's applies)."""
     network_allow: tuple[str, ...] = ()
     """``network_allow``: what every agent without its own list is granted."""
 
@@ -168,6 +172,9 @@ class AgentConfig:
     memory_estimate: int | None = None
     """``memory_estimate``: bytes one of its turns is assumed to hold (None: its adapter's,
     ``Adapter.memory_estimate``)."""
+    budget: TurnLimits = NO_LIMITS
+    """``max_turn_tokens``, ``max_turn_cost``, ``max_turn_tool_calls``: what one of its turns
+    may spend (:mod:`supervisor.core.budget`)."""
 
     @property
     def estimate(self) -> int:
@@ -250,6 +257,9 @@ class Config:
     """``[cluster]``: this daemon's name in a fleet and its lease (a fleet needs ``[store] url``)."""
     bridges: Mapping[str, BridgeConfig] = field(default_factory=dict)
     """``[bridges.NAME]``: chat rooms joined to channels, run by the daemon."""
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    """``[prices."MODEL"]``: what a model's tokens cost, for the money budgets of CLIs that
+    do not price their own calls."""
 
     @property
     def store_location(self) -> str:
@@ -284,6 +294,16 @@ class Config:
         config = self.agents.get(agent)
         return config.delivery if config is not None and config.delivery is not None else "queue"
 
+    def turn_limits(self, channel: str, agent: str) -> TurnLimits:
+        """What a turn of ``agent`` in ``channel`` may spend: the tightest of the agent's, the
+        channel's and ``[server]``'s budgets (their currencies agree: the parser checked)."""
+        table = self.channels.get(channel)
+        config = self.agents.get(agent)
+        limits = self.server.budget
+        if table is not None:
+            limits = limits.tightest(table.budget)
+        return limits.tightest(config.budget) if config is not None else limits
+
     def hop_limit(self, channel: str) -> int:
         """The channel's ``max_hops`` (its table's, else ``[defaults]``)."""
         table = self.channels.get(channel)
@@ -305,6 +325,9 @@ class ChannelConfig:
     host: str | None = None
     """``host``: the one fleet host that may run the channel (its agents' checkouts live
     there); None: any host with the message's agent configured."""
+    budget: TurnLimits = NO_LIMITS
+    """``max_turn_tokens``, ``max_turn_cost``, ``max_turn_tool_calls``: what one turn in the
+    channel may spend, whichever agent runs it."""
 
     def pinned_elsewhere(self, host: str) -> bool:
         """The channel is pinned to another host than ``host``."""

@@ -73,7 +73,32 @@ def notes(config: Config) -> list[str]:
                 "channels may run in it at once (each keeps its own HOME and TMPDIR). Remove cwd for a "
                 "folder per channel"
             )
-    return out + network_notes(config)
+    return out + budget_notes(config) + network_notes(config)
+
+
+def budget_notes(config: Config) -> list[str]:
+    """What ``corral check`` says of a token or money budget on an agent whose CLI reports its
+    usage only at the end of a turn: the budget can act only then (tool calls and time still
+    stop the turn mid-way)."""
+    from adapters.acp import acp_settings  # (with the agents: only check and run read them)
+
+    from ..core.budget import reporting
+
+    out = []
+    for agent in config.agents.values():
+        served = [name for name, table in config.channels.items() if not table.agents or agent.name in table.agents]
+        limits = [config.turn_limits(channel, agent.name) for channel in (*served, "")]
+        if not any(lim.max_turn_tokens is not None or lim.max_turn_cost is not None for lim in limits):
+            continue
+        preset = acp_settings(agent.options).preset if agent.adapter == "acp" else None
+        if reporting(agent.adapter, preset).tokens == "at_the_end":
+            what = f"{agent.adapter} (preset {preset})" if preset else agent.adapter
+            out.append(
+                f"agents.{agent.name}: {what} reports what a turn used only when the turn ends, so its "
+                "max_turn_tokens and max_turn_cost can stop a turn only then (one turn may go past them); "
+                "max_turn_tool_calls, stall_timeout and turn_timeout still stop it mid-turn"
+            )
+    return out
 
 
 def network_notes(config: Config) -> list[str]:

@@ -19,9 +19,11 @@ import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..core.budget import DEFAULT_CURRENCY, Price, TurnLimits, money_budget_refusal
 from ..core.netpolicy import HOST, Policy, PolicyError, configured_urls, parse_policy
 from ..core.results import DELIVERIES
 from ..procs.sandbox import MODES, SandboxMode
@@ -80,18 +82,22 @@ __all__ = [
     "parse_config",
 ]
 
-_TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges"}
+_TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges", "prices"}
+#: A turn's budgets, in ``[agents.X]``, ``[channels.X]`` and ``[server]`` (the tightest applies).
+_BUDGET = {"max_turn_tokens", "max_turn_cost", "max_turn_tool_calls"}
+_PRICE = {"input", "output", "cache_read", "cache_write", "currency"}
 _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "bwrap", "max_turns",
-           "memory_reserve", "memory_pressure", "disk_reserve", "network", "network_allow"}
+           "memory_reserve", "memory_pressure", "disk_reserve", "network", "network_allow"} | _BUDGET
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max",
                "max_output"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
-_CHANNEL = {"agents", "max_hops", "host", "delivery"}
+_CHANNEL = {"agents", "max_hops", "host", "delivery"} | _BUDGET
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
           "sandbox_show",
-          "network", "network_allow", "credentials", "max_concurrent", "memory_estimate", "delivery"} | _LIMIT_KEYS
+          "network", "network_allow", "credentials", "max_concurrent", "memory_estimate", "delivery"} \
+    | _LIMIT_KEYS | _BUDGET
 
 
 class _Checker:
@@ -222,6 +228,48 @@ class _Checker:
             pids_max=self.pids(data, "pids_max", prefix, base.pids_max),
             max_output=self.byte_count(data, "max_output", prefix, base.max_output),
         )
+
+    def budget(self, data: Mapping[str, Any], prefix: str) -> TurnLimits:
+        """``max_turn_tokens``, ``max_turn_cost`` (``0.50``, or ``"0.50 EUR"`` in another
+        currency than dollars) and ``max_turn_tool_calls``; absent: no such budget."""
+        cost, currency = None, DEFAULT_CURRENCY
+        raw = data.get("max_turn_cost")
+        if raw is not None:
+            amount, _, named = str(raw).strip().partition(" ") if isinstance(raw, str) else (raw, "", "")
+            cost = self.amount(amount, f"{prefix}max_turn_cost", 'write max_turn_cost = 0.50 (dollars), or '
+                               'max_turn_cost = "0.50 EUR"', positive=True)
+            if named.strip():
+                currency = named.strip()
+                if not re.fullmatch(r"[A-Z]{3}", currency):
+                    self.add(f"{prefix}max_turn_cost", f"{currency!r} is not a currency code",
+                             'write max_turn_cost = "0.50 EUR" (three capital letters), or a number for dollars')
+                    cost = None
+        return TurnLimits(self.limit(data, "max_turn_tokens", prefix, 200_000), cost,
+                          self.at_least_zero(data, "max_turn_tool_calls", prefix, 50), currency)
+
+    def amount(self, value: object, key: str, fix: str, *, positive: bool = False) -> Decimal | None:
+        """A sum of money: a TOML number or a string of digits, read exactly (``Decimal``)."""
+        try:
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise InvalidOperation
+            found = Decimal(str(value))
+        except InvalidOperation:
+            found = None
+        if found is None or not found.is_finite() or found < 0 or (positive and found == 0):
+            self.add(key, f"expected an amount of money{' above 0' if positive else ' (>= 0)'}, got {value!r}", fix)
+            return None
+        return found
+
+    def at_least_zero(self, data: Mapping[str, Any], key: str, prefix: str, example: int) -> int | None:
+        """A whole number >= 0 (0: none at all); absent: None."""
+        value = data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.add(f"{prefix}{key}", f"expected a whole number >= 0, got {value!r}",
+                     f"write {key} = {example}, or remove it")
+            return None
+        return value
 
     def memory(self, data: Mapping[str, Any], key: str, prefix: str, default: str | None) -> str | None:
         value = data.get(key, default)
@@ -420,6 +468,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             max_concurrent=check.limit(raw, "max_concurrent", prefix, 4),
             memory_estimate=_estimate(check, raw, prefix),
             delivery=_delivery(check, raw, prefix),
+            budget=check.budget(raw, prefix),
         )
 
     default_agent = check.string(defaults, "agent", "defaults.")
@@ -448,6 +497,8 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             check.add(f"channels.{name}.host", "pins the channel to a fleet host, and [store] url is not set",
                       'set [store] url = "postgresql://..." (a fleet), or remove host')
     bridges = _bridges(check, data, set(agents))
+    prices = _prices(check, data)
+    _budgets(check, server_config, channels, agents, prices)
     max_hops = check.count(defaults, "max_hops", "defaults.", DEFAULT_MAX_HOPS)
     catch_up_entries = check.count(defaults, "catch_up_entries", "defaults.", 20)
     catch_up_bytes = check.count(defaults, "catch_up_bytes", "defaults.", 16 * 1024)
@@ -469,6 +520,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         catch_up_bytes=catch_up_bytes,
         cluster=cluster,
         bridges=bridges,
+        prices=prices,
     )
 
 
@@ -677,8 +729,74 @@ def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -
             check.add(f"{prefix}agents", f"an agent is listed twice in {list(members)!r}", "list each agent once")
         max_hops = check.count(raw, "max_hops", prefix, DEFAULT_MAX_HOPS) if "max_hops" in raw else None
         if ok:
-            channels[name] = ChannelConfig(name, members, max_hops, host=host, delivery=_delivery(check, raw, prefix))
+            channels[name] = ChannelConfig(name, members, max_hops, host=host, delivery=_delivery(check, raw, prefix),
+                                           budget=check.budget(raw, prefix))
     return channels
+
+
+def _prices(check: _Checker, data: Mapping[str, Any]) -> dict[str, Price]:
+    """``[prices."MODEL"]``: ``input`` and ``output`` (and ``cache_read``, ``cache_write``) per
+    million tokens, in ``currency`` (dollars unless it says)."""
+    prices: dict[str, Price] = {}
+    for model, raw in check.table(data, "prices").items():
+        prefix = f'prices."{model}".'
+        if not isinstance(raw, dict):
+            check.add(f'prices."{model}"', "expected a table",
+                      f'write [prices."{model}"] with input = 3.0 and output = 15.0 (per million tokens)')
+            continue
+        check.unknown(raw, _PRICE, prefix)
+        figures: dict[str, Decimal | None] = {}
+        for key in ("input", "output", "cache_read", "cache_write"):
+            if key in raw:
+                figures[key] = check.amount(raw[key], f"{prefix}{key}", f"write {key} = 3.0 (per million tokens)")
+            elif key in ("input", "output"):
+                check.add(f"{prefix}{key}", "missing", f"add {key} = 3.0 (the price per million tokens)")
+        currency = check.string(raw, "currency", prefix, DEFAULT_CURRENCY) or DEFAULT_CURRENCY
+        if not re.fullmatch(r"[A-Z]{3}", currency):
+            check.add(f"{prefix}currency", f"{currency!r} is not a currency code", 'write currency = "USD"')
+        input_, output = figures.get("input"), figures.get("output")
+        if input_ is not None and output is not None:
+            prices[model] = Price(input_, output, figures.get("cache_read"), figures.get("cache_write"), currency)
+    return prices
+
+
+def _budgets(
+    check: _Checker, server: ServerConfig, channels: Mapping[str, ChannelConfig], agents: Mapping[str, AgentConfig],
+    prices: Mapping[str, Price],
+) -> None:
+    """Every budget that can apply to an agent's turn holds together (one currency) and can be
+    enforced: a money budget whose cost nobody can know is refused (fail closed, never ignored)."""
+    from adapters.acp import acp_settings  # (with the agents; a client reads [server] only)
+
+    for agent in agents.values():
+        own = [(f"agents.{agent.name}", agent.budget), ("server", server.budget)]
+        base = _combined(check, agent.budget, "server", server.budget, agent.name)
+        # What can apply: the agent's and [server]'s, with or without each channel it may serve in.
+        applying = [(own, base)] + [
+            ([*own, (key, t.budget)], _combined(check, base, key, t.budget, agent.name))
+            for t in channels.values() if not t.agents or agent.name in t.agents
+            for key in (f"channels.{t.name}",)
+        ]
+        preset = acp_settings(agent.options).preset if agent.adapter == "acp" else None
+        for sources, limits in applying:
+            refusal = money_budget_refusal(agent.name, limits, adapter=agent.adapter, preset=preset,
+                                           model=agent.model, prices=prices)
+            if refusal is not None:
+                where = next(key for key, b in sources if b.max_turn_cost == limits.max_turn_cost)
+                message, _, fix = refusal.removeprefix(f"agents.{agent.name}: max_turn_cost ").partition(". Fix: ")
+                check.add(f"{where}.max_turn_cost", message.replace("cannot be enforced", "cannot be enforced for "
+                                                                    f"agent {agent.name}'s turns", 1), fix)
+                break
+
+
+def _combined(check: _Checker, limits: TurnLimits, key: str, other: TurnLimits, agent: str) -> TurnLimits:
+    """``limits`` with ``other`` (``key``'s table's) applied; two currencies are a problem."""
+    try:
+        return limits.tightest(other)
+    except ValueError:
+        check.add(f"{key}.max_turn_cost", f"is in {other.currency}, and another budget of agent {agent}'s turns "
+                  f"in {limits.currency}: neither is tighter", "write every max_turn_cost in one currency")
+        return limits
 
 
 def _delivery(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | None:
@@ -761,6 +879,7 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         sandbox=cast(SandboxMode, sandbox), bwrap=bwrap, max_turns=max_turns, memory_reserve=memory_reserve,
         memory_pressure=memory_pressure, network=cast("str | tuple[str, ...] | None", network),
         network_allow=network_allow, disk_reserve=DEFAULT_DISK_RESERVE if disk_reserve is None else disk_reserve,
+        budget=check.budget(server, "server."),
     )
 
 

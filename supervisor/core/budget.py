@@ -188,6 +188,9 @@ class TurnLimits:
                           _least(self.max_turn_tool_calls, other.max_turn_tool_calls), currency)
 
 
+#: No budget at all (what a table without ``max_turn_*`` keys has).
+NO_LIMITS = TurnLimits()
+
 N = TypeVar("N", int, Decimal)
 
 
@@ -234,9 +237,12 @@ MAX_DECIMALS = 6
 
 
 def money_pair(used: Decimal, limit: Decimal, currency: str) -> tuple[str, str]:
-    """``used`` and ``limit`` as the notice shows them: to the cent, or with as many more
-    decimals as it takes for an amount over the limit not to read as equal to it."""
-    for places in range(2, MAX_DECIMALS + 1):
+    """``used`` and ``limit`` as the notice shows them: to the cent (or to the limit's own last
+    decimal, so a budget of $0.004 never reads as $0.00), or with as many more decimals as it
+    takes for an amount over the limit not to read as equal to it."""
+    exponent = limit.normalize().as_tuple().exponent
+    first = min(max(2, -exponent if isinstance(exponent, int) else 2), MAX_DECIMALS)
+    for places in range(first, MAX_DECIMALS + 1):
         shown = (_money(used, places, currency), _money(limit, places, currency))
         if shown[0] != shown[1]:
             return shown

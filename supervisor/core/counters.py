@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 #: Seconds: the stop histogram's upper bounds (a stop is tens of milliseconds; a stuck one, seconds).
 STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, math.inf)
@@ -41,6 +42,25 @@ class Metrics:
     stops: Counter[str] = field(default_factory=Counter)
     """By result: ``ok`` or ``failed``."""
     stop_seconds: Histogram = field(default_factory=Histogram)
+    tokens: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """By (agent, kind: ``input``, ``output``, ``cache_read``, ``cache_write``): tokens turns used."""
+    tool_calls: Counter[str] = field(default_factory=Counter)
+    """By agent: tool calls its turns started."""
+    cost: dict[tuple[str, str], Decimal] = field(default_factory=dict)
+    """By (agent, currency): what its turns cost, where known."""
+    budget_stops: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """By (agent, budget): turns a spent budget stopped."""
+
+    def spent(self, agent: str, tokens: tuple[int, int, int, int], tool_calls: int, cost: Decimal | None,
+              currency: str | None, budget: str | None) -> None:
+        """Count what one ended turn spent (fresh input, output, cache read, cache write tokens)."""
+        for kind, n in zip(("input", "output", "cache_read", "cache_write"), tokens, strict=True):
+            self.tokens[(agent, kind)] += n
+        self.tool_calls[agent] += tool_calls
+        if cost is not None and currency is not None:
+            self.cost[(agent, currency)] = self.cost.get((agent, currency), Decimal(0)) + cost
+        if budget is not None:
+            self.budget_stops[(agent, budget)] += 1
 
     def stopped(self, ok: bool, elapsed_ms: float) -> None:
         """Count one stop's answer."""

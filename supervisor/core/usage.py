@@ -14,11 +14,13 @@ field, never less than nothing; the latest such report replaces the one before i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
-from adapters import Usage
+if TYPE_CHECKING:  # (only a type: a client reading the config's budgets never loads the adapters)
+    from adapters import Usage
 
 #: Fresh input, output, cache read, cache write: :class:`~adapters._base.Usage`'s order.
 Figures = tuple[int, int, int, int]
@@ -126,3 +128,73 @@ class Meter:
             own = [a + max(0, c - b) for a, c, b in zip(added, latest, before, strict=True)]
             models.append(ModelTokens(model, *own))
         return TurnUsage(tuple(models), tuple(self._costs.items()), self.tool_calls, wall_seconds, self.reports)
+
+
+# ---------------------------------------------------------------- what turns spent, stored and summed
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """What one ended turn spent, as the store keeps it (``turn_usage``, one row a turn)."""
+
+    turn: str
+    channel: str
+    agent: str
+    day: str
+    """The UTC day it ended on (``YYYY-MM-DD``): what the daily sums and budgets go by."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    tool_calls: int = 0
+    wall_seconds: float | None = None
+    cost: Decimal | None = None
+    """The turn's cost in ``currency`` (the CLI's own, or priced by ``[prices]``); None: unknown."""
+    currency: str | None = None
+    models: tuple[str, ...] = ()
+    budget: str | None = None
+    """The budget that stopped it (``tokens``, ``cost``, ``tool_calls``), if one did."""
+
+    @property
+    def tokens(self) -> int:
+        """Every token of the turn."""
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+
+def turn_record(turn: str, channel: str, agent: str, day: str, usage: TurnUsage, *, cost: Decimal | None,
+                currency: str | None, budget: str | None = None) -> TurnRecord:
+    """The stored form of a turn's :class:`TurnUsage`."""
+    return TurnRecord(turn, channel, agent, day, usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+                      usage.cache_write_tokens, usage.tool_calls, usage.wall_seconds, cost,
+                      currency if cost is not None else None,
+                      tuple(m.model for m in usage.models if m.model is not None), budget)
+
+
+def sum_by_day(records: Iterable[TurnRecord]) -> list[dict[str, object]]:
+    """The records summed per day, channel and agent (oldest day first), as the API answers:
+    turns, each kind of tokens, tool calls, wall time, the cost per currency (a decimal's text)
+    and ``unpriced``, the turns whose cost is not known (their sum is then a floor)."""
+    sums: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in records:
+        row = sums.setdefault((r.day, r.channel, r.agent), {
+            "day": r.day, "channel": r.channel, "agent": r.agent, "turns": 0, "tokens": 0, "input_tokens": 0,
+            "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0, "tool_calls": 0,
+            "wall_seconds": 0.0, "cost": {}, "unpriced": 0, "stopped_by_budget": 0,
+        })
+        row["turns"] += 1
+        row["tokens"] += r.tokens
+        for key in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "tool_calls"):
+            row[key] += getattr(r, key)
+        row["wall_seconds"] += r.wall_seconds or 0.0
+        if r.cost is not None and r.currency is not None:
+            row["cost"][r.currency] = row["cost"].get(r.currency, Decimal(0)) + r.cost
+        elif r.tokens:
+            row["unpriced"] += 1
+        row["stopped_by_budget"] += r.budget is not None
+    out = []
+    for day_channel_agent in sorted(sums):
+        row = sums[day_channel_agent]
+        row["cost"] = {currency: str(amount) for currency, amount in sorted(row["cost"].items())}
+        row["wall_seconds"] = round(row["wall_seconds"], 3)
+        out.append(row)
+    return out

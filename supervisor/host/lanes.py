@@ -35,6 +35,7 @@ stopper's one kill step finds them there.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +46,13 @@ from adapters import get_adapter
 
 from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
+from ..core.budget import BudgetSpent, turn_cost
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.counters import Metrics
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
 from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelled_text, stop_notice_text
 from ..core.router import route
+from ..core.usage import turn_record
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
 from ..procs.netns import holder_pids
@@ -469,7 +472,25 @@ class Lanes:
             # for a crash's at the next start.
             if turn.stop_reason is None or turn.stop_reason == "interrupt":
                 self._store.end_turn(turn_id)
+            self._record_usage(turn)
             self.reap_adoptees()
+
+    def _record_usage(self, turn: RunningTurn) -> None:
+        """Store (and count) what a turn that ran spent, stopped or not: ``corral usage`` and the
+        daily sums read it."""
+        usage = turn.outcome.usage
+        if usage.wall_seconds is None:
+            return  # (it never ran: its teardown did not take its account)
+        limits = self._config.turn_limits(turn.channel, turn.agent.name)
+        cost = turn_cost(usage, self._config.prices, limits.currency)
+        spent = getattr(turn, "spent", None)
+        budget = spent.budget if isinstance(spent, BudgetSpent) else None
+        record = turn_record(turn.turn_id, turn.channel, turn.agent.name, time.strftime("%Y-%m-%d", time.gmtime()),
+                             usage, cost=cost, currency=limits.currency, budget=budget)
+        self.metrics.spent(turn.agent.name, (record.input_tokens, record.output_tokens, record.cache_read_tokens,
+                                              record.cache_write_tokens), record.tool_calls, cost, record.currency,
+                            budget)
+        self._store.record_usage(record)
 
     def _interrupted(self, channel: str, turn: RunningTurn) -> None:
         """The notice of a turn an interrupting message ended, submitted in the step its end is

@@ -39,6 +39,7 @@ import trio
 
 from ..config.settings import Config
 from ..core.account import cancelled
+from ..core.budget import BudgetSpent, turn_cost
 from ..core.ledger import QueuedMessage, StopDecision, StopLedger
 from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult, plan_cancelled_text, stop_notice_text
 from ..procs.cgroup import CgroupRoot
@@ -58,6 +59,7 @@ class Stopper:
     def __init__(
         self, config: Config, store: Store, ledger: StopLedger, *, registry: ProcessRegistry, lanes: Lanes,
         ownership: Ownership, cgroups: CgroupRoot | None, collector: CollectorPause | contextlib.nullcontext[None],
+        nursery: trio.Nursery | None = None,
     ) -> None:
         self._config = config
         self._store = store
@@ -70,6 +72,10 @@ class Stopper:
         """Pauses the garbage collector during stops, where the process is corral's (see ``procs.teardown``)."""
         self.stops: dict[str, _StopInProgress] = {}
         """Stops between their decision and their end, by channel."""
+        self._nursery = nursery
+        """Where a stop no caller waits for (a spent budget's) is carried out."""
+        self.budget_stops: list[StopResult] = []
+        """The results of the budget stops carried out (the last few, for the log and the tests)."""
 
     def recording(self, channel: str) -> bool:
         """Is the channel's stop's record being stored right now (the registry freezes a late registration)?"""
@@ -106,13 +112,40 @@ class Stopper:
         )
         return total
 
-    def record(self, decisions: list[StopDecision]) -> _StopBatch:
+    def budget_stop(self, channel: str, turn_id: str, spent: BudgetSpent) -> None:
+        """A turn's budget ran out: the channel is stopped as a stop stops it (generation moved,
+        queue dropped, record stored, tree killed, the plan cancelled), and its one notice is the
+        budget's ("Stopped: this turn used 51,200 of its 50,000 tokens."). Decided and recorded
+        in the caller's step — the turn's, the report that spent the budget — then carried out
+        in the background: nobody waits for it."""
+        assert self._nursery is not None, "a budget stop needs the supervisor's nursery"
+        if self._ledger.is_stale(channel, turn_id):
+            return  # (already stopped: that stop's notice is the one)
+        batch = self.record([self._ledger.stop(channel)], notice=spent.notice, reason="budget")
+        log.info("stop %r: turn %s spent its budget: %s", channel, turn_id, spent.notice)
+        self._nursery.start_soon(self._carry_out_budget, batch, self._lanes.built(channel, turn_id), spent,
+                                 trio.current_time())
+
+    async def _carry_out_budget(
+        self, batch: _StopBatch, turn: RunningTurn | None, spent: BudgetSpent, started: float,
+    ) -> None:
+        results = await self.carry_out(batch, started)
+        self.budget_stops = [*self.budget_stops[-15:], *results]
+        if turn is not None and turn.done.is_set():
+            # How far past its budget the turn got before it was dead (docs/performance.md).
+            usage = turn.outcome.usage
+            limits = self._config.turn_limits(turn.channel, turn.agent.name)
+            log.info("budget stop %r: turn %s at the decision: %s %s of %s; once dead: %d tokens, %d tool calls, "
+                     "cost %s %s", turn.channel, turn.turn_id, spent.budget, spent.used, spent.limit, usage.tokens,
+                     usage.tool_calls, turn_cost(usage, self._config.prices, limits.currency), limits.currency)
+
+    def record(self, decisions: list[StopDecision], *, notice: str | None = None, reason: str = "user") -> _StopBatch:
         """Submit the record of every fresh stop as one write, in the step the ledger decided.
 
         The stop's seq is taken here too: on the server clock it precedes every message
         accepted after it, even those accepted while the turn winds down.
         """
-        batch = _StopBatch(decisions)
+        batch = _StopBatch(decisions, notice=notice, reason=reason)
         records = []
         for decision in decisions:
             if decision.repeat:
@@ -159,7 +192,8 @@ class Stopper:
                 self._registry.settle(channel)
             fresh = [d for d in batch.decisions if not d.repeat]
             turns = {} if failure else {
-                d.channel: self.kill(((d.channel, turn_id) for _, turn_id in d.stopped_turns), "user") for d in fresh
+                d.channel: self.kill(((d.channel, turn_id) for _, turn_id in d.stopped_turns), batch.reason)
+                for d in fresh
             }
             together = self._end_together(turn for stopped in turns.values() for turn in stopped)
             results: list[StopResult | None] = [None] * len(batch.decisions)
@@ -172,7 +206,7 @@ class Stopper:
                 else:
                     results[i] = await self._complete(
                         decision, turns[decision.channel], started, batch.seqs[decision.channel],
-                        batch.progress[decision.channel],
+                        batch.progress[decision.channel], batch.notice or STOP_NOTICE,
                     )
 
             async with trio.open_nursery() as nursery:
@@ -247,7 +281,7 @@ class Stopper:
 
     async def _complete(
         self, decision: StopDecision, turns: list[RunningTurn], started: float, stop_seq: int,
-        progress: _StopInProgress,
+        progress: _StopInProgress, notice_text: str = STOP_NOTICE,
     ) -> StopResult:
         channel = decision.channel
         result = StopResult(channel, decision.generation, dropped=len(decision.dropped))
@@ -288,7 +322,7 @@ class Stopper:
             # The plan's entries and the notice, last; the notice's commit completes the record.
             writes = self._plan_entries(channel, decision.generation, progress.plans)
             text = (
-                stop_notice_text(STOP_NOTICE, result.dropped) if result.ok else f"Stopping failed — {result.error}."
+                stop_notice_text(notice_text, result.dropped) if result.ok else f"Stopping failed — {result.error}."
             )
             result.elapsed_ms = (trio.current_time() - started) * 1000
             final = result.to_json()
@@ -392,6 +426,10 @@ class _StopBatch:
     """The stops decided in one step (one, or a stop-all's) and their one record write."""
 
     decisions: list[StopDecision]
+    notice: str | None = None
+    """The notice instead of "Execution stopped by user." (a spent budget's)."""
+    reason: str = "user"
+    """Why the turns end (their ``stop_reason``): ``user``, or ``budget``."""
     seqs: dict[str, int] = field(default_factory=dict)
     plans: dict[str, dict[str, list[dict[str, str]]]] = field(default_factory=dict)
     progress: dict[str, _StopInProgress] = field(default_factory=dict)

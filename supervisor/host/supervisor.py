@@ -29,6 +29,7 @@ import contextlib
 import difflib
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -41,6 +42,7 @@ import trio
 
 from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
+from ..core.budget import turn_cost
 from ..core.counters import Metrics
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import StopLedger
@@ -61,6 +63,7 @@ from ..core.results import (
 )
 from ..core.router import AddressError, address, near_misses
 from ..core.text import BadText, check_message
+from ..core.usage import sum_by_day
 from ..fleet.fleet import Fleet
 from ..net.proxy import NetworkService
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
@@ -81,7 +84,7 @@ from ..procs.tree import (
     spawn,
 )
 from ..store.store import Draft, Entry, Store, open_store
-from ..turns.ports import Places, TurnPorts
+from ..turns.ports import Places, RunningTurn, TurnBudgets, TurnPorts
 from .capacity import Capacity
 from .delivery import Delivery
 from .disk import DiskGuard
@@ -169,6 +172,8 @@ class Supervisor:
                 scanner=self.scanner, spawn=hooks.spawn or spawn, places=self._places, cgroups=cgroups,
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
                 covers=covers, refusal=refusal, network=network,
+                budgets=TurnBudgets(config.turn_limits, config.prices,
+                                    lambda channel, turn_id, spent: self._stopper.budget_stop(channel, turn_id, spent)),
             )
 
         self._capacity = Capacity(
@@ -184,6 +189,7 @@ class Supervisor:
         self._stopper = Stopper(
             config, store, self._ledger, registry=self._registry, lanes=self._lanes, ownership=self._ownership,
             cgroups=cgroups, collector=CollectorPause() if owns_children else contextlib.nullcontext(),
+            nursery=nursery,
         )
         self._delivery = Delivery(store, self._ledger, self._lanes, self._stopper)
         if fleet is not None:
@@ -514,6 +520,26 @@ class Supervisor:
         await self.require_channel(channel)
         return await self._store.entries(channel, after=after, limit=limit, newest=newest)
 
+    def _running_usage(self, turn: RunningTurn) -> dict[str, Any]:
+        """What a running turn has spent so far, as ``status`` shows it: tokens, tool calls,
+        its cost (a decimal's text, or None: not known) against its budgets."""
+        so_far = turn.usage_so_far()
+        limits = self.config.turn_limits(turn.channel, turn.agent.name)
+        cost = turn_cost(so_far, self.config.prices, limits.currency)
+        return {"tokens": so_far.tokens, "tool_calls": so_far.tool_calls,
+                "cost": None if cost is None else str(cost), "currency": limits.currency,
+                "max_turn_tokens": limits.max_turn_tokens,
+                "max_turn_cost": None if limits.max_turn_cost is None else str(limits.max_turn_cost),
+                "max_turn_tool_calls": limits.max_turn_tool_calls}
+
+    async def usage(self, channel: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
+        """What turns spent, summed per UTC day, channel and agent, from day ``since``
+        (``YYYY-MM-DD``; None: today) on: :func:`~supervisor.core.usage.sum_by_day`."""
+        day = since if since is not None else time.strftime("%Y-%m-%d", time.gmtime())
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
+            raise UsageError(f"since must be a day, YYYY-MM-DD, got {day[:40]!r}")
+        return sum_by_day(await self._store.usage(channel, day))
+
     def session(self, channel: str, agent: str) -> str | None:
         """The agent's session id in the channel (the next turn resumes it), if any."""
         return self._store.session(channel, agent)[0]
@@ -571,6 +597,7 @@ class Supervisor:
                         "phase": phase.value if phase is not None else "ending",
                         "pid": turn.tree.pid if turn.tree else None,
                         "started": turn.started_at,
+                        "usage": self._running_usage(turn),
                     },
                 }
             first = next((a["turn"] for a in agents.values() if a["turn"] is not None), None)

@@ -15,6 +15,7 @@ checked against:
 ``POST /v1/channels/{channel}/reset``            ``{"agent"?, "stop"?}`` → 200 its entry; 409 while a turn runs
 ``POST /v1/channels/{channel}/resend``           ``{"seq"}``: a message a stop dropped, once → 202 as ``messages``
 ``GET  /v1/status``                              daemon, agents, channels, running turns
+``GET  /v1/usage?channel=&since=DAY``            what turns spent, per UTC day, channel and agent
 ``POST /v1/shutdown``                            202, then an orderly shutdown
 ``GET  /metrics``                                what runs and waits, limits, stops, turns (Prometheus text)
 ===============================================  =============================================
@@ -321,6 +322,11 @@ class ControlAPI:
 
     async def _status(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
         await peer.respond(200, self.sup.status())
+
+    async def _usage(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        channel = query["channel"][-1] if "channel" in query else None
+        since = query["since"][-1] if "since" in query else None
+        await peer.respond(200, {"days": await self.sup.usage(channel, since)})
 
     async def _stop_all(
         self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange

@@ -97,9 +97,12 @@ class AsyncioSupervisor:
         """See :meth:`Supervisor.entries`."""
         return await self._call(lambda: self.supervisor.entries(channel, after, limit, newest))
 
+    async def usage(self, channel: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
+        """See :meth:`Supervisor.usage`."""
+        return await self._call(lambda: self.supervisor.usage(channel, since))
+
     async def status(self) -> dict[str, Any]:
         """See :meth:`Supervisor.status`."""
-
         async def status() -> dict[str, Any]:
             return self.supervisor.status()
 

@@ -208,6 +208,12 @@ class Client:
         status: dict[str, Any] = self._call("status")
         return status
 
+    def usage(self, channel: str | None = None, since: str | None = None) -> list[dict[str, Any]]:
+        """What turns spent, per UTC day, channel and agent, from day ``since`` on (default: today)."""
+        params = {k: v for k, v in (("channel", channel), ("since", since)) if v is not None}
+        days: list[dict[str, Any]] = self._call("usage", params=params)["days"]
+        return days
+
     def entries(
         self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT, newest: bool = False
     ) -> list[dict[str, Any]]:

@@ -89,6 +89,14 @@ def render(status: Mapping[str, Any], metrics: Metrics) -> str:
                 (({"agent": a}, metrics.turns_begun[a]) for a in sorted(set(agents) | set(metrics.turns_begun))))
     page.metric("corral_turns_ended_total", "counter", "Turns ended, by agent.",
                 (({"agent": a}, metrics.turns_ended[a]) for a in sorted(set(agents) | set(metrics.turns_ended))))
+    page.metric("corral_tokens_total", "counter", "Tokens turns used, as their CLIs reported, by agent and kind.",
+                (({"agent": a, "kind": k}, n) for (a, k), n in sorted(metrics.tokens.items())))
+    page.metric("corral_tool_calls_total", "counter", "Tool calls turns started, by agent.",
+                (({"agent": a}, n) for a, n in sorted(metrics.tool_calls.items())))
+    page.metric("corral_cost_total", "counter", "What turns cost, where known, by agent and currency.",
+                (({"agent": a, "currency": c}, float(v)) for (a, c), v in sorted(metrics.cost.items())))
+    page.metric("corral_budget_stops_total", "counter", "Turns a spent budget stopped, by agent and budget.",
+                (({"agent": a, "budget": b}, n) for (a, b), n in sorted(metrics.budget_stops.items())))
     page.metric("corral_stops_total", "counter", "Stops answered, by result.",
                 (({"result": r}, metrics.stops[r]) for r in ("ok", "failed")))
     histogram = metrics.stop_seconds

@@ -1,7 +1,7 @@
 """The control API's operations, declared once: method, path, parameters, what each returns.
 
-Every face of a supervisor offers the same ten operations — send, stop, stop-all, reset,
-resend, wait, entries, follow, status, shutdown — and this table is where they are written down. The
+Every face of a supervisor offers the same eleven operations — send, stop, stop-all, reset,
+resend, wait, entries, follow, status, usage, shutdown — and this table is where they are written down. The
 control API (:mod:`.api`) routes by it and reads its parameters' defaults and bounds from it;
 the client (:mod:`.client`) builds its requests from it; the asyncio host
 (:mod:`.asyncio_host`) and the CLI are checked against it by a test (``tests/test_routes.py``),
@@ -138,6 +138,11 @@ OPERATIONS: Final[dict[str, Operation]] = {
                   "the entries after `after`, then live ones, as Server-Sent Events (`drafts`: also the "
                   "text agents are writing now, as `draft` events)"),
         Operation("status", "GET", "/v1/status", (), (200,), "the daemon, its agents, channels and running turns"),
+        Operation("usage", "GET", "/v1/usage",
+                  (Param("channel", str, "query", None, optional=True),
+                   Param("since", str, "query", None, optional=True)),
+                  (200,), "{days}: what turns spent (tokens, tool calls, wall time, cost per currency), summed per "
+                  "UTC day, channel and agent, from day `since` (YYYY-MM-DD; default: today) on"),
         Operation("shutdown", "POST", "/v1/shutdown", (), (202,), "{shutting_down: true}, then an orderly shutdown"),
     )
 }

@@ -87,6 +87,18 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE queue ADD COLUMN delivery TEXT;
     """,
+    # 7: what each turn spent (issue 36), written when it ends, stopped or not: its tokens
+    # (fresh input, output, cache read and write), tool calls started, wall time, its cost
+    # (a decimal's text, in ``currency``; NULL: not known) and the UTC day it ended on, which
+    # ``corral usage`` and the daily sums go by. ``budget``: the budget that stopped it.
+    """
+    CREATE TABLE IF NOT EXISTS turn_usage (
+        turn TEXT PRIMARY KEY, channel TEXT NOT NULL, agent TEXT NOT NULL, day TEXT NOT NULL,
+        ended REAL NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+        cache_read_tokens INTEGER NOT NULL, cache_write_tokens INTEGER NOT NULL, tool_calls INTEGER NOT NULL,
+        wall_seconds REAL, cost TEXT, currency TEXT, models TEXT NOT NULL DEFAULT '[]', budget TEXT);
+    CREATE INDEX IF NOT EXISTS turn_usage_by_day ON turn_usage (day, channel, agent);
+    """,
 )
 
 _VERSIONS = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied REAL NOT NULL)"

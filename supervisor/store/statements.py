@@ -19,11 +19,13 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from ..core.notices import CHANNEL as FLEET_NOTICES
 from ..core.notices import Notice
 from ..core.records import ChannelState, Entry, QueuedRow, StopRecord, TakeOver
+from ..core.usage import TurnRecord
 from .engines import LOCK_SPACE, ORDER_LOCK, Engine, StoreError
 
 #: A turn row's states: ``running`` until it ends; ``stopped`` once a stop's record names it
@@ -485,3 +487,35 @@ def take_over(db: Engine, channel: str, here: Callable[[str], bool], skip: set[s
         {h: float(b) for h, b in beats.items()},
         {a: int(q) for a, q in seen},
     )
+
+
+# ---------------------------------------------------------------- what turns spent
+
+
+def record_usage(db: Engine, r: TurnRecord, ended: float) -> None:
+    """(In a transaction) what an ended turn spent: one row a turn (a second write replaces it)."""
+    db.execute("DELETE FROM turn_usage WHERE turn = ?", (r.turn,))
+    db.execute(
+        "INSERT INTO turn_usage (turn, channel, agent, day, ended, input_tokens, output_tokens, cache_read_tokens,"
+        " cache_write_tokens, tool_calls, wall_seconds, cost, currency, models, budget)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (r.turn, r.channel, r.agent, r.day, ended, r.input_tokens, r.output_tokens, r.cache_read_tokens,
+         r.cache_write_tokens, r.tool_calls, r.wall_seconds, None if r.cost is None else str(r.cost), r.currency,
+         json.dumps(list(r.models)), r.budget),
+    )
+
+
+def usage_records(db: Engine, channel: str | None, since: str) -> list[TurnRecord]:
+    """What the turns that ended on ``since`` (a UTC day) or later spent (of ``channel``, or all)."""
+    where, args = ("day >= ? AND channel = ?", (since, channel)) if channel is not None else ("day >= ?", (since,))
+    rows = db.query(
+        "SELECT turn, channel, agent, day, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,"
+        f" tool_calls, wall_seconds, cost, currency, models, budget FROM turn_usage WHERE {where} ORDER BY ended",
+        args,
+    )
+    return [
+        TurnRecord(str(t), str(c), str(a), str(d), int(i), int(o), int(cr), int(cw), int(tc),
+                   None if w is None else float(w), None if cost is None else Decimal(str(cost)),
+                   None if cur is None else str(cur), tuple(json.loads(m)), None if b is None else str(b))
+        for t, c, a, d, i, o, cr, cw, tc, w, cost, cur, m, b in rows
+    ]

@@ -106,6 +106,7 @@ from ..core.records import QueuedRow as QueuedRow
 from ..core.records import StopRecord as StopRecord
 from ..core.records import TakeOver as TakeOver
 from ..core.text import repair
+from ..core.usage import TurnRecord
 from . import statements
 from .connection import Connection
 from .engines import (
@@ -601,6 +602,15 @@ class Store:
         return self._submit(lambda db: statements.end_turn(db, turn_id))
 
     mark_turn_ended = staticmethod(statements.mark_turn_ended)
+
+    def record_usage(self, record: TurnRecord) -> Pending:
+        """What an ended turn spent (``turn_usage``): ``corral usage`` and the daily sums read it."""
+        stamp = time.time()
+        return self._submit(lambda db: statements.record_usage(db, record, stamp))
+
+    async def usage(self, channel: str | None = None, since: str = "") -> list[TurnRecord]:
+        """What the turns that ended on UTC day ``since`` or later spent (of ``channel``, or all)."""
+        return await self._read(lambda: statements.usage_records(self._db, channel, since))
 
     async def turn_agent(self, turn_id: str) -> str | None:
         """The agent of turn ``turn_id`` (None: no such turn)."""

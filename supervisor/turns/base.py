@@ -38,13 +38,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 import trio
 
-from adapters import Adapter, Event, Launch, TurnRequest, get_adapter
+from adapters import Adapter, Event, Launch, ToolUse, TurnRequest, Usage, get_adapter
 
 from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
+from ..core.budget import NO_LIMITS, BudgetSpent, spent
 from ..core.ledger import OutputKind, TurnTicket
 from ..core.login import login_help
 from ..core.text import shown
+from ..core.usage import TurnUsage
 from ..procs.covers import replaced_text
 from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import Network, NotStartable, SandboxRefused, TurnGrants, detachable
@@ -116,6 +118,11 @@ class BaseTurn:
         """The turn's network under a policy (its namespace, served by the proxy), once opened."""
         self._draft: ShowDraft | None = None
         """The open run's latest draft, not yet shown (a kind that shows each as it comes keeps none)."""
+        budgets = ports.budgets
+        self._limits = budgets.limits(channel, agent.name) if budgets is not None else NO_LIMITS
+        """What this turn may spend (the tightest of its agent's, channel's and ``[server]``'s)."""
+        self.spent: BudgetSpent | None = None
+        """The budget that ran out, once one has (the turn is then stopped)."""
 
     # ------------------------------------------------------------ what the supervisor reads
 
@@ -196,6 +203,10 @@ class BaseTurn:
                 Draft(self.channel, self.author, self.turn_id, draft.draft, draft.text, time.time())
             )
 
+    def usage_so_far(self) -> TurnUsage:
+        """What the turn has spent so far, as its CLI has reported it (``status`` shows it)."""
+        return self._account.meter.snapshot(time.time() - self.started_at)
+
     def cut_off(self, reason: str) -> None:
         """Save the open run of text as the stop (or shutdown) decision found it, marked as cut
         off by ``reason``: called in the step that decides, before the notice. Not asked of the
@@ -210,10 +221,25 @@ class BaseTurn:
         )
 
     def _handle(self, event: Event) -> None:
-        """Decide what the event adds (pure), then carry it out."""
+        """Decide what the event adds (pure), then carry it out; after a usage report or a tool
+        call, the budgets are checked in the same step (see :meth:`_check_budget`)."""
         self._carry_out(
             self._account.on_event(event, silenced=self._silenced() or self._limited, now=trio.current_time())
         )
+        if isinstance(event, Usage | ToolUse) and self._limits.any:
+            self._check_budget()
+
+    def _check_budget(self) -> None:
+        """A budget past its limit stops the turn: the ledger's stop is decided (and its record
+        submitted) in this step, with no checkpoint since the report that spent it; from then
+        on nothing of the turn is kept, and the stop kills its tree once its record is stored."""
+        budgets = self.ports.budgets
+        if budgets is None or self.spent is not None or self._silenced():
+            return
+        decision = spent(self._limits, self._account.meter.snapshot(), budgets.prices)
+        if decision is not None:
+            self.spent = decision
+            budgets.spent(self.channel, self.turn_id, decision)
 
     def _flush_text(self) -> None:
         self._carry_out(self._account.close_text(silenced=self._silenced() or self._limited))

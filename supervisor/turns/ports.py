@@ -26,6 +26,7 @@ import trio
 from adapters import Adapter
 
 from ..config.settings import AgentConfig
+from ..core.budget import BudgetSpent, Prices, TurnLimits
 from ..core.ledger import OutputKind
 from ..core.usage import TurnUsage
 from ..procs.cgroup import CgroupRoot
@@ -170,6 +171,19 @@ class Places:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnBudgets:
+    """What turns may spend, and the stop a spent budget makes (:mod:`supervisor.core.budget`)."""
+
+    limits: Callable[[str, str], TurnLimits]
+    """``(channel, agent) -> TurnLimits``: the tightest budgets that apply to a turn."""
+    prices: Prices
+    """``[prices]``: for the money budget of a CLI that reports no cost."""
+    spent: Callable[[str, str, BudgetSpent], None]
+    """``(channel, turn id, what ran out)``: stop the channel as a stop does, with the budget's
+    notice. Called in the step the budget is found spent, so the ledger decides in that step."""
+
+
+@dataclass(frozen=True, slots=True)
 class TurnPorts:
     """Everything a turn uses of the supervisor's world, given at construction."""
 
@@ -195,6 +209,8 @@ class TurnPorts:
     network: NetworkService | None = None
     """The proxy a turn under a network policy reaches the network through (None: no
     sandbox, so no policy can be enforced)."""
+    budgets: TurnBudgets | None = None
+    """The turns' budgets and the stop a spent one makes (None: no budgets)."""
 
 
 class RunningTurn(Protocol):
@@ -248,6 +264,10 @@ class RunningTurn(Protocol):
 
     def cut_off(self, reason: str) -> None:
         """Save the open run of text as a stop (or shutdown) decision found it, in that step."""
+        ...
+
+    def usage_so_far(self) -> TurnUsage:
+        """What the turn has spent so far, as its CLI has reported it."""
         ...
 
     def run(self, session_id: str | None) -> Awaitable[TurnOutcome]:
