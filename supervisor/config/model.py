@@ -92,6 +92,8 @@ class ServerConfig:
     """``network``: every agent's unless it says (None: :data:`DEFAULT_NETWORK`)."""
     network_allow: tuple[str, ...] = ()
     """``network_allow``: what every agent without its own list is granted."""
+    idempotency_window: float = 24 * 3600.0
+    """Seconds a send's idempotency key answers its first acceptance again (and queues nothing)."""
 
 
 #: A turn's memory unless its config says otherwise (where the memory controller is delegated).
@@ -249,6 +251,10 @@ class Config:
     """``[cluster]``: this daemon's name in a fleet and its lease (a fleet needs ``[store] url``)."""
     bridges: Mapping[str, BridgeConfig] = field(default_factory=dict)
     """``[bridges.NAME]``: chat rooms joined to channels, run by the daemon."""
+    max_queued: int | None = None
+    """``[defaults] max_queued``: messages that may wait in a channel (None: no limit)."""
+    when_full: str = "refuse"
+    """``[defaults] when_full``: what a message beyond ``max_queued`` meets."""
 
     @property
     def store_location(self) -> str:
@@ -283,6 +289,13 @@ class Config:
         config = self.agents.get(agent)
         return config.delivery if config is not None and config.delivery is not None else "queue"
 
+    def queue_limit(self, channel: str) -> tuple[int | None, str]:
+        """The channel's ``max_queued`` and ``when_full`` (its table's, else ``[defaults]``)."""
+        table = self.channels.get(channel)
+        limit = table.max_queued if table is not None and table.max_queued is not None else self.max_queued
+        when = table.when_full if table is not None and table.when_full is not None else self.when_full
+        return limit, when
+
     def hop_limit(self, channel: str) -> int:
         """The channel's ``max_hops`` (its table's, else ``[defaults]``)."""
         table = self.channels.get(channel)
@@ -304,6 +317,10 @@ class ChannelConfig:
     host: str | None = None
     """``host``: the one fleet host that may run the channel (its agents' checkouts live
     there); None: any host with the message's agent configured."""
+    max_queued: int | None = None
+    """``max_queued``: messages that may wait in the channel (None: ``[defaults]``'s)."""
+    when_full: str | None = None
+    """``when_full``: ``"refuse"`` or ``"drop_oldest"`` (None: ``[defaults]``'s)."""
 
     def pinned_elsewhere(self, host: str) -> bool:
         """The channel is pinned to another host than ``host``."""

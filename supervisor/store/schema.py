@@ -87,6 +87,11 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE queue ADD COLUMN delivery TEXT;
     """,
+    # 7: the queue in people's hands. A message moved to the front of its lane: its place
+    # (below every seq of the lane; NULL: its seq is its place), so the order survives a restart.
+    """
+    ALTER TABLE queue ADD COLUMN place INTEGER;
+    """,
 )
 
 _VERSIONS = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied REAL NOT NULL)"
