@@ -456,7 +456,7 @@ def send(
 
     TEXT "-" reads the text from standard input (for a long text, or one a shell would mangle).
     Without --interrupt, --steer or --queue, the channel's (or agent's) `delivery` setting applies.
-    A connection lost before the answer is retried (for up to 10 s) with an idempotency key
+    A connection lost before the answer is retried (for up to 15 s) with an idempotency key
     (--key, else one of its own), so the message runs once.
     """
     ctx = _merge(obj, as_json, config_path)
@@ -479,7 +479,7 @@ def send(
 
 
 #: How long ``corral send`` retries a request whose answer was lost (the daemon restarting).
-RETRY_SECONDS = 10.0
+RETRY_SECONDS = 15.0
 
 
 def _new_key() -> str:
