@@ -149,3 +149,30 @@ async def test_a_full_channel_refuses_with_its_depth_or_drops_its_oldest_and_say
     said = next(e for e in entries if e.meta.get("take_back") == one.seq)
     assert said.text.startswith(f"seq {one.seq} dropped: channel 'ch' was full (max_queued = 1")
     assert next(e for e in entries if e.seq == one.seq).meta["taken_back"] == said.seq
+
+
+async def test_a_queue_edits_record_commits_with_the_edit_and_a_key_expires_on_both_engines(store_at: str) -> None:
+    from supervisor.core.queue import idempotency_origin
+    from supervisor.store.store import Store, open_store
+
+    async with open_store(store_at) as store:
+        rows = [await store.accept_message("c", "x", "human:a", t, generation=0, nudge=False).committed()
+                for t in ("one", "two", "three")]
+        one, two, three = (r.seq for r in rows if r is not None)
+        await store.submit_queue_edit("c", "move_first", three, [three], "moved", by="human:a", generation=0).committed()
+        assert [r.seq for r in await store.load_queue("c")] == [three, one, two]
+        record = await store.submit_queue_edit("c", "take_back", one, [one], "taken", by="human:a",
+                                               generation=0).committed()
+        assert record is not None and [r.seq for r in await store.load_queue("c")] == [three, two]
+        assert (await store.entry(one)).meta["taken_back"] == record.seq  # type: ignore[union-attr]
+        # A catch-up leaves out what was taken back and what still waits for the agent.
+        assert await store.missed("c", "x", after=None, before=three + 100, skip=None, limit=10) == ([], 0)
+        # An idempotency key's origin: found with its time; an expired one makes way in the new message's write.
+        origin = idempotency_origin("human:a", "k")
+        first = await store.accept_message("c", None, "human:a", "keyed", generation=0, nudge=False,
+                                           origin=origin).committed()
+        found = await store.origin_at(origin)
+        assert first is not None and found is not None and found[0] == first.seq
+        renewed = await store.accept_message("c", None, "human:a", "keyed", generation=0, nudge=False, origin=origin,
+                                             also=lambda db, _: Store.forget_origin(db, origin)).committed()
+        assert renewed is not None and (await store.origin_at(origin))[0] == renewed.seq  # type: ignore[index]
