@@ -159,7 +159,8 @@ async def test_a_queue_edits_record_commits_with_the_edit_and_a_key_expires_on_b
         rows = [await store.accept_message("c", "x", "human:a", t, generation=0, nudge=False).committed()
                 for t in ("one", "two", "three")]
         one, two, three = (r.seq for r in rows if r is not None)
-        await store.submit_queue_edit("c", "move_first", three, [three], "moved", by="human:a", generation=0).committed()
+        moved = store.submit_queue_edit("c", "move_first", three, [three], "moved", by="human:a", generation=0)
+        await moved.committed()
         assert [r.seq for r in await store.load_queue("c")] == [three, one, two]
         record = await store.submit_queue_edit("c", "take_back", one, [one], "taken", by="human:a",
                                                generation=0).committed()
