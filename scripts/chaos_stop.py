@@ -65,7 +65,8 @@ turn (right after the sends, once it prepares or spawns, after 0-300 ms, or abou
 ends), sometimes moved first before, or with a stop right after or right before. Checked
 (contract line 20): a message taken back (200) never starts a turn and its record is stored; one
 answered ``running`` (409) names its turn and did start (unless a stop ended that turn before
-its spawn); one answered ``not_queued`` (404) ran, or a stop before dropped it; nothing of the
+its spawn); one answered ``not_queued`` (404) ran, or a stop before dropped it or ended the turn that had
+taken it (before its spawn); nothing of the
 trial alive at its end.
 
 **Multi-agent trials** (``--kinds``: ``single``, ``multi``, or both, the default) run in a
@@ -848,8 +849,9 @@ class Runner:
             if not ran and not set(holders) <= stopped:
                 v("running-message-never-ran", f"{ident}b: answered running in {holders}, never started")
         elif status == 404 and code == "not_queued":
-            dropped = any(r.get("dropped") for r in stops if trial.repeat == "stop-first")
-            if not ran and not dropped:
+            # A stop before the take-back dropped it, or ended the turn that had taken it before its spawn.
+            stopped = any(r.get("dropped") or r.get("stopped_turns") for r in stops if trial.repeat == "stop-first")
+            if not ran and not stopped:
                 v("not-queued-but-never-ran", f"{ident}b: {_brief(entries[-4:])}")
         else:
             v("cancel-failed", f"HTTP {status}: {answer.get('error')}")
