@@ -850,8 +850,8 @@ class Runner:
                 v("running-message-never-ran", f"{ident}b: answered running in {holders}, never started")
         elif status == 404 and code == "not_queued":
             # A stop before the take-back dropped it, or ended the turn that had taken it before its spawn.
-            stopped = any(r.get("dropped") or r.get("stopped_turns") for r in stops if trial.repeat == "stop-first")
-            if not ran and not stopped:
+            ended = any(r.get("dropped") or r.get("stopped_turns") for r in stops if trial.repeat == "stop-first")
+            if not ran and not ended:
                 v("not-queued-but-never-ran", f"{ident}b: {_brief(entries[-4:])}")
         else:
             v("cancel-failed", f"HTTP {status}: {answer.get('error')}")
