@@ -78,6 +78,16 @@ class AsyncAPI:
         body["http_status"] = r.status_code
         return body
 
+    async def cancel(self, channel: str, seq: int, *, first: bool = False) -> dict[str, Any]:
+        """Take the queued message ``seq`` back (``first``: move it first instead); the answer
+        (an edit's result, or the error object) with the HTTP status."""
+        name = "move_first" if first else "cancel"
+        op = OPERATIONS[name]
+        r = await self.http.request(op.method, op.target(channel=channel, seq=str(seq)))
+        body: dict[str, Any] = r.json()
+        body["http_status"] = r.status_code
+        return body
+
     async def wait(self, channel: str, timeout: float) -> bool:
         """True once the channel is idle (False after ``timeout`` seconds)."""
         r = await self.http.post(_path("wait", channel), params={"timeout": timeout})

@@ -59,6 +59,16 @@ same store) after each: then no turn of the round's channels may be ``running`` 
 every turn's row is ended once its notice is stored, whoever ended it — and the fresh start
 stores no "Task interrupted — corral restarted" notice in any of them.
 
+**Cancel trials** (``--kinds cancel``; not drawn unless asked): a job on one agent and a short
+message queued behind it, taken back (``DELETE …/queue/SEQ``) at a random moment of the first
+turn (right after the sends, once it prepares or spawns, after 0-300 ms, or about when it
+ends), sometimes moved first before, or with a stop right after or right before. Checked
+(contract line 21): a message taken back (200) never starts a turn and its record is stored; one
+answered ``running`` (409) names its turn and did start (unless a stop ended that turn before
+its spawn); one answered ``not_queued`` (404) ran, or a stop before dropped it or ended the turn that had
+taken it (before its spawn); nothing of the
+trial alive at its end.
+
 **Multi-agent trials** (``--kinds``: ``single``, ``multi``, or both, the default) run in a
 channel of three ring agents ``ma``, ``mb``, ``mc`` (the chaos agent plain, on stdin and
 stubborn; ``[defaults] max_hops = 4``) that hand work on by ``@mentions``: a chain (one agent
@@ -123,12 +133,15 @@ AGENTS = ("plain", "stdin", "stubborn")
 RING = ("ma", "mb", "mc")
 #: ``[defaults] max_hops`` of the chaos daemon.
 MAX_HOPS = 4
-KINDS = ("single", "multi", "interrupt")
+KINDS = ("single", "multi", "interrupt", "cancel")
 #: The kinds ``--kinds`` draws from unless told (the seeds of earlier runs replay as they did).
 DEFAULT_KINDS = ("single", "multi")
 #: When an interrupt trial interrupts its first turn, and what comes with it.
 INTERRUPT_MOMENTS = ("now", "preparing", "spawning", "delay", "queued", "done")
 INTERRUPT_EXTRAS = (None, None, "double", "stop", "stop-first")
+#: When a cancel trial takes its second message back (its first turn's moment), and what comes with it.
+CANCEL_MOMENTS = ("now", "preparing", "spawning", "delay", "done")
+CANCEL_EXTRAS = (None, None, "stop", "stop-first", "first")
 MULTI_JOBS = ("chain", "chainlong", "chainlong", "fan")
 #: Agent turns a job's chain may take at most (the human's message's turn, then one per hop).
 MULTI_TURNS = {"chain": MAX_HOPS + 1, "chainlong": MAX_HOPS + 1, "fan": 1 + 2 * MAX_HOPS}
@@ -370,6 +383,15 @@ def choose_interrupt(index: int, rng: random.Random) -> Trial:
                  kind="interrupt")
 
 
+def choose_cancel(index: int, rng: random.Random) -> Trial:
+    """A cancel trial's random choices: when the queued message is taken back, and what comes with it."""
+    job = rng.choice(["long", "short", "short", "burst"])
+    moments = [m for m in CANCEL_MOMENTS if m != "done" or job != "long"]
+    return Trial(index=index, agent=rng.choice(AGENTS), job=job, moment=rng.choice(moments),
+                 delay=rng.uniform(0.0, 0.3), repeat=rng.choice(CANCEL_EXTRAS), follow_up=False, other=False,
+                 kind="cancel")
+
+
 def _turn_rows(db: Path) -> list[tuple[str, str, str]]:
     """Every turn row of the store: (id, channel, state). Read while no daemon runs."""
     with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
@@ -462,7 +484,8 @@ class Runner:
     async def run(self, trial: Trial) -> None:
         """Run one trial; its violations end up in ``trial.violations``."""
         try:
-            run = {"multi": self._run_multi, "interrupt": self._run_interrupt}.get(trial.kind, self._run)
+            run = {"multi": self._run_multi, "interrupt": self._run_interrupt,
+                   "cancel": self._run_cancel}.get(trial.kind, self._run)
             await run(trial)
         except Exception as exc:  # noqa: BLE001 - a harness failure is reported like a violation
             leaves = list(_leaves(exc))
@@ -680,6 +703,68 @@ class Runner:
         last = f"{ident}j" if second is not None else f"{ident}i"
         if trial.repeat != "stop" and not ev.started.get(last):
             v("interrupting-message-never-ran", f"{last}: {_brief(entries[-4:])}")
+        turns = {e["turn"] for e in entries if e["turn"]} | {r["turn"] for r in ev.prepared.get(channel, [])}
+        alive = await trio.to_thread.run_sync(_turn_processes, self.home, turns, (self.cwd_of(trial.agent, channel),))
+        if alive:
+            v("alive-at-trial-end", f"{alive}")
+            kill_by_pid(alive, wait=None)
+
+    async def _run_cancel(self, trial: Trial) -> None:
+        """A queued message is taken back (contract line 21) at a random moment of the turn ahead
+        of it — sometimes with a stop right after or right before, or moved first beforehand.
+        Taken back (200): it never starts a turn. Running (409): a turn took it, and it started
+        (or a stop ended it before its spawn). Not queued (404): a stop dropped it, or it ran."""
+        api, v = self.api, trial.violate
+        channel, ident = f"c{trial.index}", f"t{trial.index}"
+        await api.send(channel, f"{trial.job} {ident}a", trial.agent)
+        queued = await api.send(channel, f"short {ident}b", trial.agent)
+        if trial.moment == "delay":
+            await trio.sleep(trial.delay)
+        elif trial.moment == "done":
+            await trio.sleep(0.05 + trial.delay)  # (the first short turn over, the second maybe begun)
+        elif trial.moment in ("preparing", "spawning"):
+            await self.wait_trace(channel, trial.moment)
+        stops: list[dict[str, Any]] = []
+        if trial.repeat == "stop-first":
+            stops.append(await api.stop(channel))
+        if trial.repeat == "first":
+            moved = await api.cancel(channel, queued["seq"], first=True)
+            if moved["http_status"] not in (200, 404, 409):
+                v("cancel-failed", f"move first: HTTP {moved['http_status']}: {moved.get('error')}")
+        t_cancel = time.monotonic()
+        answer = await api.cancel(channel, queued["seq"])
+        trial.stop_ms = (time.monotonic() - t_cancel) * 1000
+        if trial.repeat == "stop":
+            stops.append(await api.stop(channel))
+        if not await api.wait(channel, WAIT_S):
+            v("busy", f"{channel} still busy after {WAIT_S:g} s")
+        entries = await api.entries(channel)
+        self.evidence.refresh()
+        ev = self.evidence
+        for r in stops:
+            if r.get("http_status") != 200 or not r.get("ok"):
+                v("stop-failed", f"HTTP {r.get('http_status')}: {r.get('error')}")
+        status, code = answer["http_status"], (answer.get("error") or {}).get("code")
+        ran = ev.started.get(f"{ident}b", [])
+        if status == 200:
+            if ran:
+                v("taken-back-message-ran", f"{ident}b started turn(s) {[s['turn'] for s in ran]}")
+            if not any(e["meta"].get("take_back") == queued["seq"] for e in entries):
+                v("take-back-not-recorded", _brief(entries[-4:]))
+        elif status == 409 and code == "running":
+            holders = [t["turn"] for t in (answer.get("error") or {}).get("running", [])]
+            if not holders:
+                v("running-without-its-turn", f"{answer}")
+            stopped = {t for r in stops for t in r.get("stopped_turns", [])}
+            if not ran and not set(holders) <= stopped:
+                v("running-message-never-ran", f"{ident}b: answered running in {holders}, never started")
+        elif status == 404 and code == "not_queued":
+            # A stop before the take-back dropped it, or ended the turn that had taken it before its spawn.
+            ended = any(r.get("dropped") or r.get("stopped_turns") for r in stops if trial.repeat == "stop-first")
+            if not ran and not ended:
+                v("not-queued-but-never-ran", f"{ident}b: {_brief(entries[-4:])}")
+        else:
+            v("cancel-failed", f"HTTP {status}: {answer.get('error')}")
         turns = {e["turn"] for e in entries if e["turn"]} | {r["turn"] for r in ev.prepared.get(channel, [])}
         alive = await trio.to_thread.run_sync(_turn_processes, self.home, turns, (self.cwd_of(trial.agent, channel),))
         if alive:
@@ -1176,7 +1261,7 @@ def main() -> int:
         print(json.dumps(fleet_summary) if args.json else json.dumps(fleet_summary, indent=2))
         return 1 if fleet_summary["violations"] else 0
     rng = random.Random(seed)
-    choosers = {"multi": choose_multi, "interrupt": choose_interrupt}
+    choosers = {"multi": choose_multi, "interrupt": choose_interrupt, "cancel": choose_cancel}
     trials = [
         (choosers[kind](i, rng) if (kind := rng.choice(kinds)) in choosers else choose(i, rng, moments))
         for i in range(count)

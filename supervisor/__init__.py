@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     )
     from .core.errors import CorralError, ShuttingDown, UsageError
     from .core.ledger import LedgerError
+    from .core.queue import QueueEditRefused, QueueEditResult, QueueFull
     from .core.records import Draft, Entry
     from .core.restart import ChannelBusy
     from .host.supervisor import (
@@ -76,6 +77,9 @@ _LAZY = {
     "UsageError": ".core.errors",
     "LedgerError": ".core.ledger",
     "ChannelBusy": ".core.restart",
+    "QueueEditRefused": ".core.queue",
+    "QueueEditResult": ".core.queue",
+    "QueueFull": ".core.queue",
     "Draft": ".core.records",
     "Entry": ".core.records",
     "StoreError": ".store.store",
@@ -107,6 +111,9 @@ __all__ = [
     "LedgerError",
     "Limits",
     "Problem",
+    "QueueEditRefused",
+    "QueueEditResult",
+    "QueueFull",
     "ServerConfig",
     "ShuttingDown",
     "StopResult",

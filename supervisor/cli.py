@@ -449,30 +449,68 @@ def sandbox_line(sandbox: dict[str, Any]) -> str:
 @click.option("--steer", "delivery", flag_value="steer",
               help="Hand it to the agent's running turn, where it can take one (else it is queued, and says why).")
 @click.option("--queue", "delivery", flag_value="queue", help="Queue it after the running turn (the default).")
+@click.option("--key", "idempotency_key", metavar="KEY",
+              help="An idempotency key: sent again with the same key (and author), it runs once.")
 @_client_options
 @click.pass_obj
 def send(
     obj: _Context, channel: str, text: str, agent: str | None, to: tuple[str, ...], author: str,
-    delivery: str | None, config_path: str | None, as_json: bool,
+    delivery: str | None, idempotency_key: str | None, config_path: str | None, as_json: bool,
 ) -> None:
     """Send TEXT to CHANNEL; prints the accepted seq (and says on stderr who it went to).
 
     TEXT "-" reads the text from standard input (for a long text, or one a shell would mangle).
     Without --interrupt, --steer or --queue, the channel's (or agent's) `delivery` setting applies.
+    A connection lost before the answer is retried (for up to 15 s) with an idempotency key
+    (--key, else one of its own), so the message runs once.
     """
     ctx = _merge(obj, as_json, config_path)
     if text == "-":
         text = sys.stdin.read()
-    result = _call(
-        ctx, lambda c: c.send(channel, text, agent=agent, author=author, to=list(to) or None, delivery=delivery)
-    )
+    key = idempotency_key or _new_key()
+    result = _call(ctx, lambda c: _retrying(
+        lambda: c.send(channel, text, agent=agent, author=author, to=list(to) or None, delivery=delivery,
+                       idempotency_key=key)))
     if ctx.json:
         _print_json(result)
         return
     click.echo(result["seq"])  # stdout stays the seq alone: scripts read it
+    if result.get("replayed"):
+        click.echo(f"corral: note: key {key!r} was sent before; this is its first acceptance, nothing new queued",
+                   err=True)
     for hint in result.get("hints") or ():
         click.echo(f"corral: note: {hint}", err=True)
     click.echo(f"corral: {sent_line(result)}", err=True)
+
+
+#: How long ``corral send`` retries a request whose answer was lost (the daemon restarting).
+RETRY_SECONDS = 15.0
+
+
+def _new_key() -> str:
+    import uuid
+
+    return str(uuid.uuid4())
+
+
+def _retrying(send: Callable[[], T]) -> T:
+    """``send`` again while its connection is lost or the daemon restarts, for
+    :data:`RETRY_SECONDS` (safe: the send carries an idempotency key)."""
+    from .serve.client import ConnectionLost, DaemonUnavailable
+
+    deadline = time.monotonic() + RETRY_SECONDS
+    lost = False
+    while True:
+        try:
+            return send()
+        except ConnectionLost:
+            lost = True
+        except DaemonUnavailable:
+            if not lost:
+                raise  # (no daemon, and none went away under this request: nothing to wait for)
+        if time.monotonic() >= deadline:
+            raise ConnectionLost(f"the daemon went away and did not answer again within {RETRY_SECONDS:g} s")
+        time.sleep(0.25)
 
 
 def sent_line(result: dict[str, Any]) -> str:
@@ -552,6 +590,63 @@ def resend(obj: _Context, channel: str, seq: int, config_path: str | None, as_js
         return
     click.echo(result["seq"])
     click.echo(f"corral: message {seq} sent again: {sent_line(result)}", err=True)
+
+
+@main.command(short_help="Show CHANNEL's waiting messages: place, author, agent, age, why.")
+@click.argument("channel")
+@_client_options
+@click.pass_obj
+def queue(obj: _Context, channel: str, config_path: str | None, as_json: bool) -> None:
+    """Show the messages waiting in CHANNEL, each agent's lane in its order: seq, place,
+    author, agent, age and why it waits. `corral cancel` takes one back, `corral first` moves one up."""
+    ctx = _merge(obj, as_json, config_path)
+    view = _call(ctx, lambda c: c.queue(channel))
+    if ctx.json:
+        _print_json(view)
+        return
+    for agent, turn in sorted(view.get("running", {}).items()):
+        click.echo(f"running  {shown(agent, lines=False)}: turn {turn}")
+    if not view.get("queued"):
+        click.echo(f"nothing waits in {shown(channel, lines=False)}")
+    for row in view["queued"]:
+        age = "?" if row.get("age") is None else f"{row['age']:.0f}s"
+        click.echo(f"[{row['entry']:>5}] #{row['place']} {shown(row['agent'], lines=False):<10} "
+                   f"{shown(row['author'], lines=False):<16} {age:>6}  {shown(row['why'], lines=False)}: "
+                   f"{shown(row['text'], lines=False)}")
+
+
+@main.command(short_help="Take back a queued message of CHANNEL (by its seq): it never runs.")
+@click.argument("channel")
+@click.argument("seq", type=click.IntRange(min=1))
+@click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True, help="Who takes it back.")
+@_client_options
+@click.pass_obj
+def cancel(obj: _Context, channel: str, seq: int, author: str, config_path: str | None, as_json: bool) -> None:
+    """Take the queued message SEQ of CHANNEL back (every agent's copy): it never starts a turn,
+    recorded in the transcript. One a turn took already is not taken back (exit 1; the message
+    names the turn and `corral stop`)."""
+    ctx = _merge(obj, as_json, config_path)
+    result = _call(ctx, lambda c: c.cancel(channel, seq, author=author))
+    if ctx.json:
+        _print_json(result)
+        return
+    click.echo(f"seq {seq} taken back ({', '.join(result['agents'])}); recorded as {result['record']}")
+
+
+@main.command(short_help="Move a queued message of CHANNEL to the front of its agent's lane.")
+@click.argument("channel")
+@click.argument("seq", type=click.IntRange(min=1))
+@click.option("--as", "author", metavar="NAME", default=DEFAULT_AUTHOR, show_default=True, help="Who moves it.")
+@_client_options
+@click.pass_obj
+def first(obj: _Context, channel: str, seq: int, author: str, config_path: str | None, as_json: bool) -> None:
+    """Move the queued message SEQ of CHANNEL to the front: its agent's next turn takes it."""
+    ctx = _merge(obj, as_json, config_path)
+    result = _call(ctx, lambda c: c.move_first(channel, seq, author=author))
+    if ctx.json:
+        _print_json(result)
+        return
+    click.echo(f"seq {seq} moved first ({', '.join(result['agents'])}); recorded as {result['record']}")
 
 
 @main.command()

@@ -282,3 +282,34 @@ async def test_irc_interrupt_replaces_the_running_turn_and_nothing_of_it_follows
         humans = [e for e in entries if e.author.startswith("human:")]
         assert [e.text for e in humans] == ["start a long task", "say hello instead"]
         assert humans[1].meta.get("delivery") == "interrupt"
+
+
+async def test_irc_queue_lists_what_waits_and_cancel_is_for_its_sender_or_an_admin(
+    short_tmp: Path, ngircd: Ngircd, people: dict[str, Person]
+) -> None:
+    alice, bob = people["alice"], people["bob"]
+    async with bridged(short_tmp, ngircd) as (sup, _):
+        await alice.say("start a long task")
+        await alice.until(alice.room_says("corral", "tool running"))
+        await alice.say("alice's next")
+        await bob.say("bob's next")
+        with trio.fail_after(60):
+            while (await sup.queue("general"))["depth"] < 2:
+                await trio.sleep(0.05)  # (the bridge hands each line on as the server relays it)
+        mine, his = [row["entry"] for row in (await sup.queue("general"))["queued"]]
+        await bob.say("!queue")
+        await bob.until(bob.room_says("corral", "2 waiting"))
+        await bob.until(bob.room_says("corral", f"seq {his} bob"))
+        await bob.say(f"!cancel {mine}")  # not his: refused, and said so
+        await bob.until(bob.room_says("corral", f"seq {mine} is not yours"))
+        await bob.say(f"!cancel {his}")
+        await bob.until(bob.room_says("corral", f"seq {his} taken back"))
+        await alice.say(f"!cancel {mine}")
+        await alice.until(alice.room_says("corral", f"seq {mine} taken back"))
+        assert (await sup.queue("general"))["depth"] == 0
+        await alice.say("!stop")
+        await alice.until(alice.room_says("corral", STOP_NOTICE))
+        entries = await sup.entries("general")
+    assert not any("You said: alice's next" in e.text or "You said: bob's next" in e.text for e in entries)
+    said = [e.text for e in entries if e.meta.get("take_back")]  # (an IRC sender is its nick!user@host)
+    assert [t.split("!")[0] for t in said] == [f"seq {his} taken back by bob", f"seq {mine} taken back by alice"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from adapters import KNOWN_ADAPTERS
@@ -142,6 +142,8 @@ LIMITS = st.builds(
 
 
 @given(LIMITS, st.lists(STEP, max_size=30))
+# (found: a model the table does not price, met after the budget was spent, made the cost unknown)
+@example(TurnLimits(max_turn_cost=Decimal("0.000")), [("usage", 0, 1, "m", None), ("usage", 0, 1, "x", None)])
 def test_once_a_budget_ran_out_it_stays_out(limits: TurnLimits, steps: list[tuple[object, ...]]) -> None:
     """Decided after each report and each tool call: a turn found over its budget is over it
     at every later step (its usage only grows), and the used figure never goes down."""

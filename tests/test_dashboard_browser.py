@@ -661,3 +661,31 @@ def test_a_browser_whose_session_expired_gets_the_login_page_and_a_new_url_bring
         expect(page.get_by_role("heading", name="Channels")).to_be_visible()
     finally:
         context.close()
+
+
+def test_the_queue_shows_under_the_running_turn_and_its_cross_takes_one_back(
+    browser: Browser, daemon: DashboardDaemon
+) -> None:
+    context, page = _logged_in(browser, daemon)
+    try:
+        daemon.cli("send", "lineup", "make the channel", check=True)
+        daemon.cli("wait", "lineup", check=True)
+        _channel(page, daemon, "lineup")
+        _start_long_task(page, "lineup")
+        first = daemon.json("send", "lineup", "first in line", "--as", "alice")["seq"]
+        second = daemon.json("send", "lineup", "second in line")["seq"]
+        rows = page.locator("#queue > li")
+        expect(rows).to_have_count(2)
+        expect(rows.first).to_contain_text(f"seq {first} · alice → demo")
+        expect(rows.first.locator(".why")).to_contain_text("behind the running turn")
+        with page.expect_response(f"**/v1/channels/lineup/queue/{first}") as answered:
+            page.get_by_role("button", name=f"Take back seq {first}").click()
+        assert answered.value.status == 200
+        expect(page.locator("#ack")).to_have_text(f"Taken back: seq {first} will not run.")
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_contain_text(f"seq {second}")
+        assert [q["entry"] for q in daemon.json("queue", "lineup")["queued"]] == [second]
+        assert any(e["text"] == f"seq {first} taken back by user" for e in daemon.tail("lineup"))
+    finally:
+        daemon.cli("stop", "lineup")
+        context.close()

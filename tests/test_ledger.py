@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.core.ledger import (
+    EditOutcome,
     LedgerError,
     OutputKind,
     Phase,
@@ -717,3 +718,48 @@ def test_restore_brings_back_the_rest_and_the_repeat_window() -> None:
     assert ledger.rests("ch") and ledger.in_repeat_window("ch")
     assert ledger.stop("ch").repeat  # a re-sent stop after the restart does not move the generation
     assert ledger.generation("ch") == 3
+
+
+# ---------------------------------------------------------------- 20: queue edits
+
+
+def test_contract_21_taking_back_a_message_sent_to_two_agents_takes_each_lanes_copy() -> None:
+    ledger = StopLedger()
+    ledger.accept("c", "x", 10, human=True)
+    ledger.accept("c", "y", 11, human=True, entry=10)  # (the second agent's row repeats entry 10)
+    ledger.accept("c", "x", 12, human=True)
+    edit = ledger.take_back("c", 10)
+    assert edit.outcome is EditOutcome.DONE and [(m.id, m.agent) for m in edit.messages] == [(10, "x"), (11, "y")]
+    assert [m.id for m in ledger.queued("c")] == [12]
+    assert ledger.take("c", "y", "t1").ticket is None  # nothing of it starts in y's lane
+    assert [m.id for m in ledger.stop("c").dropped] == [12]  # a stop after it drops only the rest
+    assert ledger.take_back("c", 10).outcome is EditOutcome.NOT_QUEUED
+
+
+def test_contract_21_a_message_a_turn_took_is_running_and_stays_taken() -> None:
+    ledger = StopLedger()
+    ledger.accept("c", "x", 10, human=True)
+    ticket = ledger.take("c", "x", "t1").ticket
+    assert ticket is not None
+    for edit in (ledger.take_back("c", 10), ledger.move_first("c", 10)):
+        assert edit.outcome is EditOutcome.RUNNING and edit.running == (("x", "t1"),)
+    assert ledger.may_start("c", "t1")  # the turn runs on: an edit never makes it stale
+    ledger.end_turn("c", "t1", ok=True, unfinished_todos=0)
+    assert ledger.take_back("c", 10).outcome is EditOutcome.NOT_QUEUED
+
+
+def test_contract_21_a_move_first_heads_its_lane_and_an_undo_puts_each_edit_back() -> None:
+    ledger = StopLedger()
+    for seq in (1, 2, 3):
+        ledger.accept("c", "x", seq, human=True)
+    moved = ledger.move_first("c", 3)
+    assert [m.id for m in ledger.queued("c", "x")] == [3, 1, 2]
+    ledger.undo_edit(moved)
+    assert [m.id for m in ledger.queued("c", "x")] == [1, 2, 3]
+    taken = ledger.take_back("c", 2)
+    ledger.undo_edit(taken)
+    assert [m.id for m in ledger.queued("c", "x")] == [1, 2, 3]
+    taken = ledger.take_back("c", 2)
+    ledger.stop("c")  # a stop since the take-back: its undo brings back nothing the stop would have dropped
+    ledger.undo_edit(taken)
+    assert ledger.queued("c") == ()

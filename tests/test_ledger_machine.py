@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from supervisor.core.ledger import LedgerError, OutputKind, Phase, QueuedMessage, StopDecision, StopLedger
+from supervisor.core.ledger import EditOutcome, LedgerError, OutputKind, Phase, QueuedMessage, StopDecision, StopLedger
 from supervisor.core.router import route as router_route
 
 CHANNELS = ("a", "b", "c")
@@ -40,7 +40,7 @@ class _Msg:
     generation: int
     stops_before: int
     """How many non-repeat stops of its channel happened before it was accepted."""
-    fate: str = "queued"  # queued | taken | dropped | replaced (dropped by an interrupt)
+    fate: str = "queued"  # queued | taken | dropped | replaced (dropped by an interrupt) | taken_back
     hops: int = 0
     routed: bool = False
 
@@ -474,6 +474,38 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.notice_stored(channel, generation, seq)
         if not old:
             model.notice_seq = seq
+
+    @rule(data=st.data(), first=st.booleans(), stored=st.booleans())
+    def edit_the_queue(self, data: st.DataObject, first: bool, stored: bool) -> None:
+        """Contract 20: a person takes a message back, or moves it first, at any moment: a
+        queued one leaves its lane (or heads it) in that step, one a turn took is named as
+        running and left alone; ``stored`` False: its record failed and the edit is undone."""
+        if not self.msgs:
+            return
+        message_id = data.draw(st.sampled_from(sorted(self.msgs)))
+        record = self.msgs[message_id]
+        model = self.chans[record.channel]
+        lane = model.lanes[record.agent]
+        edit = (self.ledger.move_first if first else self.ledger.take_back)(record.channel, message_id)
+        if record.fate != "queued":
+            running = [(a, l.turn) for a, l in model.lanes.items()
+                       if l.turn is not None and self.turn_message.get(l.turn) == message_id]
+            assert edit.outcome is (EditOutcome.RUNNING if running else EditOutcome.NOT_QUEUED)
+            assert list(edit.running) == running and edit.messages == ()
+            return
+        assert edit.outcome is EditOutcome.DONE and [m.id for m in edit.messages] == [message_id]
+        place = lane.queue.index(message_id)
+        lane.queue.remove(message_id)
+        if first:
+            lane.queue.insert(0, message_id)
+        else:
+            record.fate = "taken_back"  # (and `_take` asserts no such message is ever taken)
+        if not stored:
+            self.ledger.undo_edit(edit)
+            if message_id in lane.queue:
+                lane.queue.remove(message_id)
+            lane.queue.insert(place, message_id)
+            record.fate = "queued"
 
     @rule(ghosts=st.booleans(), lower=st.booleans())
     def restart(self, ghosts: bool, lower: bool) -> None:

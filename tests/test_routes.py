@@ -25,8 +25,9 @@ from supervisor.serve.client import APIError, Client
 from supervisor.serve.daemon import run_daemon
 from supervisor.serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, OPERATIONS, REQUIRED, Operation, author_of
 
-#: The eleven operations every face offers.
-NAMES = ["send", "stop", "stop_all", "reset", "resend", "wait", "entries", "follow", "status", "usage", "shutdown"]
+#: The fourteen operations every face offers.
+NAMES = ["send", "stop", "stop_all", "reset", "resend", "wait", "entries", "follow", "queue", "cancel", "move_first",
+         "status", "usage", "shutdown"]
 
 #: Each face's method for an operation (None: the face offers it otherwise, and why).
 CLIENT = {name: name for name in NAMES}
@@ -43,12 +44,12 @@ DIFFERENCES = {
 }
 
 
-def test_the_table_declares_the_eleven_operations() -> None:
+def test_the_table_declares_the_fourteen_operations() -> None:
     assert list(OPERATIONS) == NAMES
     for op in OPERATIONS.values():
         paths = [p.name for p in op.params if p.where == "path"]
         assert paths == [s[1:-1] for s in op.segments if s.startswith("{")], op.name
-        assert op.ok and op.method in ("GET", "POST") and op.returns
+        assert op.ok and op.method in ("GET", "POST", "DELETE") and op.returns
     assert OPERATIONS["entries"].param("limit").default == DEFAULT_LIMIT
     assert OPERATIONS["send"].param("author").default == DEFAULT_AUTHOR
 
@@ -97,10 +98,13 @@ def test_the_api_has_a_handler_for_every_operation() -> None:
 def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each client method sends its operation's method and path, and only its parameters."""
     sent: list[tuple[str, str, tuple[int, ...], dict[str, Any], dict[str, Any]]] = []
+    headed: list[dict[str, str]] = []
 
     def request(self: Client, method: str, path: str, *, ok: tuple[int, ...] = (200, 202),
-                params: dict[str, Any] | None = None, json_body: Any = None) -> Any:
+                params: dict[str, Any] | None = None, json_body: Any = None,
+                headers: dict[str, str] | None = None) -> Any:
         sent.append((method, path, ok, params or {}, json_body or {}))
+        headed.append(headers or {})
         return {"entries": [], "idle": True, "days": []}
 
     monkeypatch.setattr(Client, "_request", request)
@@ -113,6 +117,9 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
         "resend": lambda: c.resend("a/b", 9),
         "wait": lambda: c.wait("a/b", 3),
         "entries": lambda: c.entries("a/b", 5, 7),
+        "queue": lambda: c.queue("a/b"),
+        "cancel": lambda: c.cancel("a/b", 9),
+        "move_first": lambda: c.move_first("a/b", 9),
         "status": lambda: c.status(),
         "usage": lambda: c.usage("a/b", "2026-12-01"),
         "shutdown": lambda: c.shutdown(),
@@ -122,7 +129,8 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
         call()
         op = OPERATIONS[name]
         ((method, path, ok, params, body),) = sent
-        assert (method, path, ok) == (op.method, op.target(channel="a/b") if "{" in op.path else op.path, op.ok), name
+        target = op.target(channel="a/b", seq="9") if "{" in op.path else op.path
+        assert (method, path, ok) == (op.method, target, op.ok), name
         assert set(params) <= {p.name for p in op.params if p.where == "query"}, name
         assert set(body) <= {p.name for p in op.params if p.where == "body"}, name
     assert sent[-1][3] == {}  # shutdown: nothing
@@ -130,8 +138,11 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
     c.entries("x")
     assert sent[0][3] == {"after": 0, "limit": DEFAULT_LIMIT}
     sent.clear()
+    headed.clear()
     c.send("x", "hi")
-    assert sent[0][4] == {"text": "hi", "author": DEFAULT_AUTHOR}
+    assert sent[0][4] == {"text": "hi", "author": DEFAULT_AUTHOR} and headed == [{}]
+    c.send("x", "hi", idempotency_key="k-1")  # a header parameter travels as its header
+    assert headed[-1] == {OPERATIONS["send"].param("idempotency_key").header: "k-1"}
 
 
 #: The CLI's command for each operation, and the flag that selects it there (if any).
@@ -139,7 +150,8 @@ COMMANDS = {
     "send": ("send", None), "stop": ("stop", None), "stop_all": ("stop", "stop_all"), "wait": ("wait", None),
     "reset": ("reset", None), "resend": ("resend", None),
     "entries": ("tail", None), "follow": ("tail", "follow"), "status": ("status", None), "usage": ("usage", None),
-    "shutdown": ("shutdown", None),
+    "shutdown": ("shutdown", None), "queue": ("queue", None), "cancel": ("cancel", None),
+    "move_first": ("first", None),
 }
 
 

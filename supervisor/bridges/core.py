@@ -22,6 +22,10 @@ I/O it returns, in the order returned. Everything that decides lives here:
   TEXT`` hands TEXT to the running turn where the agent can take it (for whoever may talk; else
   it is queued, and corral's status entry says why). The interrupted turn's notice ends it here
   as a stop's does, and names back the queued messages it dropped.
+* **The queue**: ``!queue`` (whoever may talk) lists what waits in the room's channel
+  (:class:`ShowQueue`); ``!cancel SEQ`` takes one queued message back (:class:`TakeBack`) —
+  the runner lets its sender or an admin do it (``admin`` says which the sender is), and
+  answers in the room either way (taken back; or it runs already, and ``!stop`` ends it).
 * **Stop** is ``!stop`` (the room's channel), ``!stop all`` (admins), or a 🛑 reaction on an
   event of the channel's current generation (a message of the running turn, or one still
   queued). It is :class:`Halt`: the runner acknowledges in the room *before* it awaits the
@@ -167,6 +171,30 @@ class Restart:
 
 
 @dataclass(frozen=True, slots=True)
+class ShowQueue:
+    """``!queue``: answer in ``room`` with what waits in ``channel``."""
+
+    room: str
+    channel: str
+    origin: str
+    event: str
+
+
+@dataclass(frozen=True, slots=True)
+class TakeBack:
+    """``!cancel SEQ``: take the queued message ``seq`` of ``channel`` back, if ``sender`` sent it
+    or is an admin (``admin``); the runner checks the author against the queue and answers."""
+
+    room: str
+    channel: str
+    seq: int
+    origin: str
+    event: str
+    sender: str
+    admin: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
     """Tell the room something about one event (a refusal with its reason)."""
 
@@ -184,7 +212,7 @@ class Join:
     channel: str
 
 
-Decision = Ignore | Run | Halt | Restart | Answer | Join
+Decision = Ignore | Run | Halt | Restart | ShowQueue | TakeBack | Answer | Join
 
 
 # ------------------------------------------------------------------ outbound operations
@@ -353,6 +381,31 @@ def parse_command(text: str) -> str | None:
     return None
 
 
+def parse_queue_command(text: str) -> tuple[str, int | None] | None:
+    """``("queue", None)`` for ``!queue``; ``("cancel", SEQ)`` for ``!cancel SEQ`` (SEQ None when
+    it is missing or not a positive number); else None."""
+    words = text.strip().split()
+    if not words or words[0].lower() not in ("!queue", "!cancel"):
+        return None
+    if words[0].lower() == "!queue":
+        return ("queue", None) if len(words) == 1 else None
+    seq = words[1].lstrip("#") if len(words) == 2 else ""
+    return "cancel", int(seq) if seq.isdigit() and 0 < int(seq) < 2**63 else None
+
+
+def queue_text(view: Mapping[str, Any]) -> str:
+    """``!queue``'s answer: each waiting message with its place, sender, agent, age and why."""
+    rows = view.get("queued") or []
+    if not rows:
+        return "Nothing waits in this channel."
+    lines = [f"{len(rows)} waiting (!cancel SEQ takes one back):"]
+    for row in rows:
+        age = "" if row.get("age") is None else f", {row['age']:.0f}s"
+        who = str(row.get("author", "")).removeprefix("human:")
+        lines.append(f"#{row['place']} seq {row['entry']} {who} → {row['agent']}{age}, {row['why']}: {row['text']}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ the outbox
 
 
@@ -504,6 +557,16 @@ class BridgeCore:
             return Halt(event.room, channel, origin, event.event, event.sender)
         if not self.policy.may_talk(event.sender, server):
             return Ignore(f"{event.sender} may not talk to agents in {event.room}; ignored", origin)
+        queued = parse_queue_command(event.text)
+        if queued is not None:
+            word, seq = queued
+            if word == "queue":
+                return ShowQueue(event.room, channel, origin, event.event)
+            if seq is None:
+                return Answer(event.room, "not run: write the message's seq after !cancel (!queue shows them)",
+                              event.event, origin)
+            return TakeBack(event.room, channel, seq, origin, event.event, event.sender,
+                            self.policy.is_admin(event.sender))
         delivered = parse_delivery(event.text)
         if delivered is not None:
             delivery, rest = delivered

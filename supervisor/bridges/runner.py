@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from ..core.errors import UsageError
+from ..core.queue import QueueEditRefused, QueueFull
 from ..core.restart import ChannelBusy
 from ..store.store import Draft as StoreDraft
 from ..store.store import StoreError
@@ -71,7 +72,10 @@ from .core import (
     React,
     Restart,
     Run,
+    ShowQueue,
+    TakeBack,
     Verbosity,
+    queue_text,
 )
 from .platform import Platform, PlatformError, Refused, Transient
 from .registry import bridge_type
@@ -354,6 +358,10 @@ class Bridge:
             await self._halt(decision)
         elif isinstance(decision, Restart):
             await self._restart(decision)
+        elif isinstance(decision, ShowQueue):
+            await self._show_queue(decision)
+        elif isinstance(decision, TakeBack):
+            await self._take_back(decision)
         elif isinstance(decision, Answer):
             if decision.origin is not None:
                 await self.sup.mark_origin(decision.origin)
@@ -368,7 +376,7 @@ class Bridge:
         try:
             accepted = await self.sup.send_from(run.origin, run.channel, run.text, author=run.author,
                                                 to=run.to or None, delivery=run.delivery)
-        except UsageError as exc:
+        except (UsageError, QueueFull) as exc:  # (a bad message; a full channel: the sender is told)
             await self.sup.mark_origin(run.origin)
             log.info("bridge %s: not run: %s (%s in %s)", self.config.name, exc, run.author, run.room)
             self._room_put(run.room, [Post(run.room, f"a{run.event}", f"not run: {exc}", notice=True,
@@ -401,6 +409,37 @@ class Bridge:
             hint = " Say !new stop to stop it first." if isinstance(exc, ChannelBusy) else ""
             self._room_put(restart.room, [Post(restart.room, f"r{restart.event}", f"Not started over: {exc}.{hint}",
                                                notice=True, reply_to=restart.event)])
+
+    async def _show_queue(self, show: ShowQueue) -> None:
+        await self.sup.mark_origin(show.origin)
+        try:
+            view = await self.sup.queue(show.channel)
+        except UsageError:  # (UnknownChannel: nothing was ever sent here)
+            view = {"queued": []}
+        self._room_put(show.room, [Post(show.room, f"q{show.event}", queue_text(view), notice=True,
+                                        reply_to=show.event)])
+
+    async def _take_back(self, take: TakeBack) -> None:
+        """``!cancel SEQ``: by the message's sender or an admin; answered in the room either way."""
+        await self.sup.mark_origin(take.origin)
+        author = f"human:{take.sender}"
+        try:
+            view = await self.sup.queue(take.channel)
+        except UsageError:
+            view = {"queued": []}
+        senders = {row["author"] for row in view["queued"] if row["entry"] == take.seq}
+        if senders and not take.admin and senders != {author}:
+            log.info("bridge %s: %s may not take back seq %d (not theirs); refused", self.config.name, take.sender,
+                     take.seq)
+            text = f"Not taken back: seq {take.seq} is not yours (its sender or an admin may take it back)."
+        else:
+            try:
+                await self.sup.cancel(take.channel, take.seq, author=author)
+                text = f"seq {take.seq} taken back: it will not run."
+            except QueueEditRefused as exc:
+                text = (f"Not taken back: seq {take.seq} already runs; !stop ends it." if exc.code == "running"
+                        else f"Not taken back: seq {take.seq} is not waiting (!queue shows what waits).")
+        self._room_put(take.room, [Post(take.room, f"c{take.event}", text, notice=True, reply_to=take.event)])
 
     async def _join(self, join: Join) -> None:
         if join.room in self.rooms:

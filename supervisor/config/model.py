@@ -97,6 +97,8 @@ class ServerConfig:
     this host (the tightest of this, the channel's and the agent's applies)."""
     network_allow: tuple[str, ...] = ()
     """``network_allow``: what every agent without its own list is granted."""
+    idempotency_window: float = 24 * 3600.0
+    """Seconds a send's idempotency key answers its first acceptance again (and queues nothing)."""
 
 
 #: A turn's memory unless its config says otherwise (where the memory controller is delegated).
@@ -260,6 +262,10 @@ class Config:
     prices: Mapping[str, Price] = field(default_factory=dict)
     """``[prices."MODEL"]``: what a model's tokens cost, for the money budgets of CLIs that
     do not price their own calls."""
+    max_queued: int | None = None
+    """``[defaults] max_queued``: messages that may wait in a channel (None: no limit)."""
+    when_full: str = "refuse"
+    """``[defaults] when_full``: what a message beyond ``max_queued`` meets."""
 
     @property
     def store_location(self) -> str:
@@ -303,6 +309,12 @@ class Config:
         if table is not None:
             limits = limits.tightest(table.budget)
         return limits.tightest(config.budget) if config is not None else limits
+    def queue_limit(self, channel: str) -> tuple[int | None, str]:
+        """The channel's ``max_queued`` and ``when_full`` (its table's, else ``[defaults]``)."""
+        table = self.channels.get(channel)
+        limit = table.max_queued if table is not None and table.max_queued is not None else self.max_queued
+        when = table.when_full if table is not None and table.when_full is not None else self.when_full
+        return limit, when
 
     def hop_limit(self, channel: str) -> int:
         """The channel's ``max_hops`` (its table's, else ``[defaults]``)."""
@@ -328,6 +340,10 @@ class ChannelConfig:
     budget: TurnLimits = NO_LIMITS
     """``max_turn_tokens``, ``max_turn_cost``, ``max_turn_tool_calls``: what one turn in the
     channel may spend, whichever agent runs it."""
+    max_queued: int | None = None
+    """``max_queued``: messages that may wait in the channel (None: ``[defaults]``'s)."""
+    when_full: str | None = None
+    """``when_full``: ``"refuse"`` or ``"drop_oldest"`` (None: ``[defaults]``'s)."""
 
     def pinned_elsewhere(self, host: str) -> bool:
         """The channel is pinned to another host than ``host``."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..core.budget import DEFAULT_CURRENCY, Price, TurnLimits, money_budget_refusal
 from ..core.netpolicy import HOST, Policy, PolicyError, configured_urls, parse_policy
+from ..core.queue import DEFAULT_IDEMPOTENCY_WINDOW, WHEN_FULL
 from ..core.results import DELIVERIES
 from ..procs.sandbox import MODES, SandboxMode
 
@@ -88,12 +89,14 @@ _BUDGET = {"max_turn_tokens", "max_turn_cost", "max_turn_tool_calls"}
 _PRICE = {"input", "output", "cache_read", "cache_write", "currency"}
 _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "bwrap", "max_turns",
-           "memory_reserve", "memory_pressure", "disk_reserve", "network", "network_allow"} | _BUDGET
+           "memory_reserve", "memory_pressure", "disk_reserve", "network", "network_allow",
+           "idempotency_window"} | _BUDGET
 _STORE = {"path", "url"}
 _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background", "max_nudges", "memory_max", "pids_max",
                "max_output"}
-_DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS
-_CHANNEL = {"agents", "max_hops", "host", "delivery"} | _BUDGET
+_QUEUE_KEYS = {"max_queued", "when_full"}
+_DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS | _QUEUE_KEYS
+_CHANNEL = {"agents", "max_hops", "host", "delivery"} | _BUDGET | _QUEUE_KEYS
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
           "sandbox_show",
           "network", "network_allow", "credentials", "max_concurrent", "memory_estimate", "delivery"} \
@@ -502,6 +505,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
     max_hops = check.count(defaults, "max_hops", "defaults.", DEFAULT_MAX_HOPS)
     catch_up_entries = check.count(defaults, "catch_up_entries", "defaults.", 20)
     catch_up_bytes = check.count(defaults, "catch_up_bytes", "defaults.", 16 * 1024)
+    max_queued, when_full = _queue_policy(check, defaults, "defaults.")
 
     if check.problems:
         raise ConfigError(check.problems)
@@ -521,6 +525,8 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
         cluster=cluster,
         bridges=bridges,
         prices=prices,
+        max_queued=max_queued,
+        when_full=when_full or "refuse",
     )
 
 
@@ -729,8 +735,10 @@ def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -
             check.add(f"{prefix}agents", f"an agent is listed twice in {list(members)!r}", "list each agent once")
         max_hops = check.count(raw, "max_hops", prefix, DEFAULT_MAX_HOPS) if "max_hops" in raw else None
         if ok:
+            max_queued, when_full = _queue_policy(check, raw, prefix)
             channels[name] = ChannelConfig(name, members, max_hops, host=host, delivery=_delivery(check, raw, prefix),
-                                           budget=check.budget(raw, prefix))
+                                           budget=check.budget(raw, prefix), max_queued=max_queued,
+                                           when_full=when_full)
     return channels
 
 
@@ -797,6 +805,18 @@ def _combined(check: _Checker, limits: TurnLimits, key: str, other: TurnLimits, 
         check.add(f"{key}.max_turn_cost", f"is in {other.currency}, and another budget of agent {agent}'s turns "
                   f"in {limits.currency}: neither is tighter", "write every max_turn_cost in one currency")
         return limits
+
+
+def _queue_policy(check: _Checker, raw: Mapping[str, Any], prefix: str) -> tuple[int | None, str | None]:
+    """``max_queued`` (a whole number >= 0; absent: no limit of its own) and ``when_full``."""
+    limit = check.count(raw, "max_queued", prefix, 10) if "max_queued" in raw else None
+    when = check.string(raw, "when_full", prefix)
+    if when is not None and when not in WHEN_FULL:
+        close = difflib.get_close_matches(when, WHEN_FULL, n=1)
+        check.add(f"{prefix}when_full", f"unknown when_full {when!r}",
+                  f"did you mean {close[0]!r}?" if close else f"write one of: {', '.join(WHEN_FULL)}")
+        when = None
+    return limit, when
 
 
 def _delivery(check: _Checker, raw: Mapping[str, Any], prefix: str) -> str | None:
@@ -866,6 +886,7 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
                   "name bubblewrap's program (e.g. /usr/bin/bwrap), or remove bwrap to use the one corral ships")
     max_turns, memory_reserve, memory_pressure = _capacity(check, server)
     disk_reserve = check.size(server, "disk_reserve", "server.", "64M")
+    idempotency_window = check.seconds(server, "idempotency_window", "server.", DEFAULT_IDEMPOTENCY_WINDOW)
     network, network_allow = _network_words(check, server, "server.")
     if network is not None:
         try:
@@ -880,6 +901,7 @@ def _server(check: _Checker, data: Mapping[str, Any]) -> ServerConfig:
         memory_pressure=memory_pressure, network=cast("str | tuple[str, ...] | None", network),
         network_allow=network_allow, disk_reserve=DEFAULT_DISK_RESERVE if disk_reserve is None else disk_reserve,
         budget=check.budget(server, "server."),
+        idempotency_window=idempotency_window,
     )
 
 

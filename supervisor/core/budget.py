@@ -151,6 +151,18 @@ def priced_cost(usage: TurnUsage, prices: Prices, currency: str = DEFAULT_CURREN
     return total
 
 
+def priced_floor(usage: TurnUsage, prices: Prices, currency: str = DEFAULT_CURRENCY) -> Decimal:
+    """What the table prices of the turn's tokens, models without a price left out: less than
+    or equal to its cost, so a budget it already passes is spent (a model the table does not
+    know, met mid-turn, must not turn a spent budget back into an unknown one)."""
+    total = Decimal(0)
+    for tokens in usage.models:
+        price = prices.get(tokens.model) if tokens.model is not None else None
+        if tokens.tokens and price is not None and price.currency == currency:
+            total += price.cost(tokens)
+    return total
+
+
 def turn_cost(usage: TurnUsage, prices: Prices, currency: str = DEFAULT_CURRENCY) -> Decimal | None:
     """The turn's cost in ``currency``: the larger of the CLI's own and the table's, where
     both are known; the one known; None when neither is (see the module docstring)."""
@@ -221,8 +233,10 @@ def spent(limits: TurnLimits, usage: TurnUsage, prices: Prices | None = None) ->
         return BudgetSpent("tokens", usage.tokens, limits.max_turn_tokens,
                            f"Stopped: this turn used {usage.tokens:,} of its {limits.max_turn_tokens:,} tokens.")
     if limits.max_turn_cost is not None:
-        cost = turn_cost(usage, prices or {}, limits.currency)
-        if cost is not None and cost > limits.max_turn_cost:
+        known = turn_cost(usage, prices or {}, limits.currency)
+        floor = priced_floor(usage, prices or {}, limits.currency)
+        cost = floor if known is None else max(known, floor)
+        if cost > limits.max_turn_cost:
             used, limit = money_pair(cost, limits.max_turn_cost, limits.currency)
             return BudgetSpent("cost", cost, limits.max_turn_cost, f"Stopped: this turn cost {used} of its {limit}.")
     if limits.max_turn_tool_calls is not None and usage.tool_calls > limits.max_turn_tool_calls:

@@ -57,6 +57,12 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
   running under the restored generation. A retried stop is then a real stop, not a
   repeat. If another stop has moved the generation since (it superseded this one, and
   dropped whatever this one would have), nothing is undone.
+* ``take_back(channel, seq)`` and ``move_first(channel, seq)`` edit the queue (20): every
+  queued message of the entry ``seq`` (one per lane it went to) leaves its lane, or moves to
+  its head, in that step. A turn's ``take`` is synchronous too, so an edit and a take never
+  interleave: a message a turn took is not taken back (``RUNNING`` names the turn; a stop is
+  what ends it), and one taken back never starts. ``undo_edit`` puts back an edit whose
+  record could not be stored (unless a stop came since: what it dropped stays dropped).
 * In a fleet the ledger sees only this host's decisions. ``lose`` silences a channel's turns
   when its lease moves; ``adopt`` re-stamps what this host accepted while another host
   owned the channel; and a message taken up from the store may turn out, at its turn's
@@ -109,6 +115,14 @@ class QueuedMessage:
     """Agent-to-agent hand-offs that led to it: 0 for a human's message."""
     routed: bool = False
     """Routed by corral from an agent's message (a hand-off)."""
+    entry: int | None = None
+    """The entry it repeats when it has none of its own (a hand-off's source, a second
+    target's message); None: ``id`` is its entry. Taking back an entry takes back each."""
+
+    @property
+    def entry_seq(self) -> int:
+        """The seq of the transcript entry this queued message is (its own, or the one it repeats)."""
+        return self.entry if self.entry is not None else self.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +206,37 @@ class InterruptDecision:
     """The lane's queued messages that will never run, oldest first."""
 
 
+class EditOutcome(enum.Enum):
+    """What a queue edit (take back, move first) found."""
+
+    DONE = "done"
+    """Every queued message of the entry was taken back (moved first)."""
+    RUNNING = "running"
+    """Nothing of it is queued any more: a turn took it (it runs; a stop ends it)."""
+    NOT_QUEUED = "not_queued"
+    """It is no queued message of the channel (run already, dropped, taken back, never one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEdit:
+    """What ``take_back`` or ``move_first`` decided; the driver stores it (or undoes it)."""
+
+    channel: str
+    seq: int
+    """The entry asked for."""
+    action: str
+    """``"take_back"`` or ``"move_first"``."""
+    outcome: EditOutcome
+    messages: tuple[QueuedMessage, ...] = ()
+    """The queued messages taken back (moved first), in their lanes' order."""
+    places: tuple[int, ...] = ()
+    """Each one's index in its lane before the edit (what ``undo_edit`` puts back)."""
+    running: tuple[tuple[str, str], ...] = ()
+    """``(agent, turn_id)`` of the turns that took the entry already (they run on)."""
+    generation: int = 0
+    """The channel's generation when it was decided."""
+
+
 @dataclass(slots=True)
 class _Turn:
     turn_id: str
@@ -204,6 +249,8 @@ class _Turn:
     """Ended by an interrupting message: stale like a stopped turn, for its lane alone."""
     closed_window: bool = False
     """Taking it closed the channel's repeat window (``unbegin`` opens it again)."""
+    entry: int = -1
+    """The entry of the message it took (a queue edit that comes too late names the turn)."""
 
 
 @dataclass(slots=True)
@@ -354,7 +401,7 @@ class StopLedger:
 
     def accept(
         self, channel: str, agent: str, message_id: int, *, human: bool, nudge: bool = False, payload: object = None,
-        hops: int = 0, routed: bool = False,
+        hops: int = 0, routed: bool = False, entry: int | None = None,
     ) -> QueuedMessage:
         """Queue a message in the agent's lane under the channel's current generation.
 
@@ -364,7 +411,7 @@ class StopLedger:
         state = self._chan(channel)
         if routed and state.routing_rests:
             raise LedgerError(f"channel {channel!r} rests: message {message_id} may not be routed")
-        message = QueuedMessage(message_id, state.generation, human, nudge, payload, agent, hops, routed)
+        message = QueuedMessage(message_id, state.generation, human, nudge, payload, agent, hops, routed, entry)
         state.lane(agent).queue.append(message)
         if human:
             state.routing_rests = False
@@ -390,7 +437,8 @@ class StopLedger:
             if message.generation < state.generation:
                 dropped.append(message)
                 continue
-            lane.turn = _Turn(turn_id, state.generation, Phase.PREPARING, message.nudge, closed_window=state.stopped)
+            lane.turn = _Turn(turn_id, state.generation, Phase.PREPARING, message.nudge, closed_window=state.stopped,
+                              entry=message.entry_seq)
             state.stopped = False
             if message.human:
                 lane.nudges_in_row = 0
@@ -453,6 +501,73 @@ class StopLedger:
             raise LedgerError(f"turn {turn_id!r} is past its point of no return: it began")
         state.stopped = state.stopped or lane.turn.closed_window
         lane.turn = None
+
+    # ------------------------------------------------------------ queue edits (contract 21)
+
+    def _edit_targets(self, channel: str, seq: int) -> tuple[_Channel | None, list[tuple[_Lane, int, QueuedMessage]]]:
+        """Every current queued message of the entry ``seq``, with its lane and index there."""
+        state = self._channels.get(channel)
+        if state is None:
+            return None, []
+        found = [
+            (lane, i, m) for lane in state.lanes.values() for i, m in enumerate(lane.queue)
+            if m.entry_seq == seq and m.generation >= state.generation
+        ]
+        return state, found
+
+    def _running(self, state: _Channel | None, seq: int) -> tuple[tuple[str, str], ...]:
+        if state is None:
+            return ()
+        return tuple((agent, lane.turn.turn_id) for agent, lane in state.lanes.items()
+                     if lane.turn is not None and lane.turn.entry == seq)
+
+    def take_back(self, channel: str, seq: int) -> QueueEdit:
+        """Take the entry ``seq``'s queued messages off their lanes, in this step: none of them
+        starts a turn. One a turn already took is not taken back: ``RUNNING`` names the turn
+        (a stop is what ends it). Nothing queued at all: ``NOT_QUEUED``."""
+        state, found = self._edit_targets(channel, seq)
+        running = self._running(state, seq)
+        if state is None or not found:
+            outcome = EditOutcome.RUNNING if running else EditOutcome.NOT_QUEUED
+            return QueueEdit(channel, seq, "take_back", outcome, running=running,
+                             generation=state.generation if state else 0)
+        for lane, _, message in found:
+            lane.queue.remove(message)
+        return QueueEdit(channel, seq, "take_back", EditOutcome.DONE, tuple(m for _, _, m in found),
+                         tuple(i for _, i, _ in found), running, state.generation)
+
+    def move_first(self, channel: str, seq: int) -> QueueEdit:
+        """Move the entry ``seq``'s queued messages to the head of their lanes (the next turn
+        of each lane takes it). Outcomes as :meth:`take_back`'s."""
+        state, found = self._edit_targets(channel, seq)
+        running = self._running(state, seq)
+        if state is None or not found:
+            outcome = EditOutcome.RUNNING if running else EditOutcome.NOT_QUEUED
+            return QueueEdit(channel, seq, "move_first", outcome, running=running,
+                             generation=state.generation if state else 0)
+        for lane, _, message in found:
+            lane.queue.remove(message)
+            # Ahead of every current message; stale ones a restart put back stay first (the
+            # next take drops them).
+            head = next((i for i, m in enumerate(lane.queue) if m.generation >= state.generation), len(lane.queue))
+            lane.queue.insert(head, message)
+        return QueueEdit(channel, seq, "move_first", EditOutcome.DONE, tuple(m for _, _, m in found),
+                         tuple(i for _, i, _ in found), running, state.generation)
+
+    def undo_edit(self, edit: QueueEdit) -> None:
+        """Undo an edit whose record could not be stored: each message back at its place. A
+        stop since dropped what was queued; a message taken back stays dropped with it."""
+        state = self._channels.get(edit.channel)
+        if state is None or edit.outcome is not EditOutcome.DONE:
+            return
+        stopped = state.generation != edit.generation
+        for message, place in sorted(zip(edit.messages, edit.places, strict=True), key=lambda p: p[1]):
+            lane = state.lane(message.agent)
+            if message in lane.queue:
+                lane.queue.remove(message)
+            elif stopped or edit.action != "take_back":
+                continue
+            lane.queue.insert(min(place, len(lane.queue)), message)
 
     # ------------------------------------------------------------ stops
 

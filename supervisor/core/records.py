@@ -97,6 +97,9 @@ class QueuedRow:
     delivery: str | None = None
     """(A fleet) ``interrupt`` or ``steer``, for the channel's owner to carry out as it takes
     the message up from another host; None: an ordinary queued message."""
+    ts: float | None = field(default=None, compare=False)
+    """When its entry was accepted (what the queue's ``age`` counts from; read from its entry,
+    not part of the row's identity); None: not known."""
 
 
 @dataclass(frozen=True, slots=True)

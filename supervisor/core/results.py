@@ -98,6 +98,8 @@ class Accepted:
     """The turn it was handed to."""
     fallback: str | None = None
     """Why it was queued although it asked to interrupt or steer (in a fleet: carried by the owner)."""
+    replayed: bool = False
+    """A repeat of an idempotency key: the first acceptance answered again; nothing was queued now."""
 
     def to_json(self) -> dict[str, Any]:
         """As the API and ``corral send --json`` print it (every field, :func:`~supervisor.core.fields.to_json`)."""

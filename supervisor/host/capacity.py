@@ -163,6 +163,11 @@ class Capacity:
         """A stop of ``channel`` (synchronous, in the stop's own step): wake its waiters."""
         self._wake_dropped(self.admission.drop(channel))
 
+    def drop_lane(self, channel: str, agent: str) -> None:
+        """The lane's queue was emptied by a take-back (in that step): wake its waiter, if it waits."""
+        if self.admission.withdraw(channel, agent):
+            self._wake_dropped(((channel, agent),))
+
     def drop_all(self) -> None:
         """A stop-all or a shutdown: wake every waiter."""
         self._wake_dropped(self.admission.drop_all())

@@ -100,6 +100,8 @@ class _Message:
     message sent to several agents, for the second and later): its catch-up leaves it out."""
     seen_before: int | None = None
     """The last message the agent had taken up before this one (its catch-up starts after it)."""
+    accepted_at: float | None = None
+    """When its entry was accepted (wall clock; None: not known): the queue shows its age."""
 
 
 class _TurnStore:
@@ -221,11 +223,12 @@ class Lanes:
         ahead = len(self._ledger.queued(channel, first)) + (1 if self._ledger.current_turn(channel, first) else 0)
         step = self._store.seq_step
         for i, target in enumerate(targets):  # the store gave the targets the seqs after the first (+ i steps)
-            payload = _Message(target, author, text, pending, hops=hops, routed_from=seq if i else None)
+            payload = _Message(target, author, text, pending, hops=hops, routed_from=seq if i else None,
+                               accepted_at=pending.entry.ts)
             self.known.add(seq + i * step)
             self._ledger.accept(
                 channel, target, seq + i * step, human=human, nudge=nudge, payload=payload, hops=hops,
-                routed=author.startswith("agent:"),
+                routed=author.startswith("agent:"), entry=seq if i else None,
             )
             self.ensure_worker(channel, target)
         return _Acceptance(Accepted(seq, channel, first, generation, ahead, targets), pending)
@@ -244,9 +247,11 @@ class Lanes:
                 channel, decision.targets, author, text, generation=generation, hops=decision.hops, source=source
             )
             for target, seq in zip(decision.targets, seqs, strict=True):
-                payload = _Message(target, author, text, pending, hops=decision.hops, routed_from=source)
+                payload = _Message(target, author, text, pending, hops=decision.hops, routed_from=source,
+                                   accepted_at=time.time())
                 self.known.add(seq)
-                self._ledger.accept(channel, target, seq, human=False, payload=payload, hops=decision.hops, routed=True)
+                self._ledger.accept(channel, target, seq, human=False, payload=payload, hops=decision.hops, routed=True,
+                                    entry=source)
                 self.ensure_worker(channel, target)
             log.info("[%s %s] %s handed off to %s (hop %d)", channel, turn_id, agent, decision.targets, decision.hops)
         status = decision.status()
@@ -330,12 +335,14 @@ class Lanes:
         stop's record deletes every row queued before it, so a row still stored came after)."""
         for row in rows:
             self.known.add(row.seq)
-            payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from)
+            payload = _Message(row.agent, row.author, row.text, None, hops=row.hops, routed_from=row.routed_from,
+                               accepted_at=row.ts)
             generation = self._ledger.generation(row.channel) if taken_up else row.generation
             self._ledger.requeue(
                 row.channel,
                 QueuedMessage(row.seq, generation, row.author.startswith("human:"), row.nudge, payload,
-                              agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:")),
+                              agent=row.agent, hops=row.hops, routed=row.author.startswith("agent:"),
+                              entry=row.routed_from),
             )
             self.ensure_worker(row.channel, row.agent)
 

@@ -45,8 +45,18 @@ from ..config.settings import AgentConfig, Config
 from ..core.budget import turn_cost
 from ..core.counters import Metrics
 from ..core.errors import ShuttingDown, UsageError
-from ..core.ledger import StopLedger
+from ..core.ledger import EditOutcome, QueueEdit, StopLedger
 from ..core.netpolicy import Policy
+from ..core.queue import (
+    LaneFacts,
+    QueueEditResult,
+    QueueFull,
+    depth_decision,
+    edit_text,
+    idempotency_origin,
+    queue_view,
+    refusal,
+)
 from ..core.restart import check_resend, resend_targets, reset_refusal, reset_text
 from ..core.results import (
     DELIVERIES,
@@ -83,7 +93,7 @@ from ..procs.tree import (
     set_child_subreaper,
     spawn,
 )
-from ..store.store import Draft, Entry, Store, open_store
+from ..store.store import Draft, Entry, Store, StoreError, open_store
 from ..turns.ports import Places, RunningTurn, TurnBudgets, TurnPorts
 from .capacity import Capacity
 from .delivery import Delivery
@@ -145,6 +155,8 @@ class Supervisor:
         """That subtree as ``/proc/PID/cgroup`` names it (what a control-socket peer is checked against)."""
         self._resending: set[int] = set()
         """Seqs of dropped messages being sent again right now (a second resend is refused)."""
+        self._keys: dict[str, trio.Event] = {}
+        """Idempotency keys (as origins) being sent right now: a second send of one waits for the first."""
         self._stored_channels: set[str] = set()
         """Channels found in the store that the ledger has not seen in this run."""
         self._store = store
@@ -241,7 +253,7 @@ class Supervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = "human:user", delivery: str | None = None,
+        author: str = "human:user", delivery: str | None = None, idempotency_key: str | None = None,
     ) -> Accepted:
         """Store and queue a message; returns once it is committed.
 
@@ -252,12 +264,26 @@ class Supervisor:
         ``"queue"`` (after the running turn), ``"interrupt"`` (instead of it: the turn is
         stopped, and the queue before the message dropped) or ``"steer"`` (into it, where the
         agent can take it; else queued, and ``fallback`` says why); None: the channel's or
-        agent's ``delivery`` setting, else ``"queue"`` (see :mod:`.delivery`). Raises
-        :class:`UsageError` for bad input and :class:`StoreError` if it could not be stored
-        (then it will not run either).
+        agent's ``delivery`` setting, else ``"queue"`` (see :mod:`.delivery`).
+
+        ``idempotency_key``: a send retried with the same key by the same author within
+        ``[server] idempotency_window`` answers the first acceptance again (``replayed``) and
+        queues nothing; the key is stored with the message, in its transaction, so this holds
+        across a restart and through any host of a fleet.
+
+        Raises :class:`UsageError` for bad input, :class:`QueueFull` when the channel's
+        ``max_queued`` refuses it, and :class:`StoreError` if it could not be stored (then it
+        will not run either).
         """
-        accepted = await self._send(channel, text, agent=agent, to=to, author=author, origin=None, delivery=delivery)
-        if agent is not None or to:
+        if idempotency_key is not None:
+            accepted = await self._idempotent(
+                channel, author, idempotency_key,
+                lambda origin, also: self._send(channel, text, agent=agent, to=to, author=author, origin=origin,
+                                                delivery=delivery, also=also))
+        else:
+            accepted = await self._send(channel, text, agent=agent, to=to, author=author, origin=None,
+                                        delivery=delivery)
+        if agent is not None or to or accepted.replayed:
             return accepted
         went = ", ".join(accepted.to) or "no agent"
         members = self.config.members(channel)
@@ -273,7 +299,50 @@ class Supervisor:
         event and is stored with the message, in its transaction, so one event is accepted at
         most once (a second fails to commit: :class:`StoreError`); :meth:`origin_seq` tells
         whether it was."""
+        if not isinstance(origin, str) or not origin or origin.startswith("api-key:"):
+            raise UsageError("an origin is a non-empty string naming the outside event (not starting 'api-key:')")
         return await self._send(channel, text, agent=None, to=to, author=author, origin=origin, delivery=delivery)
+
+    async def _idempotent(
+        self, channel: str, author: str, key: str,
+        send: Callable[[str, Callable[[Any, int], None] | None], Any],
+    ) -> Accepted:
+        """Send once per (author, key) within the window: a repeat answers the first acceptance."""
+        check_channel(channel)
+        origin = idempotency_origin(author, key)
+        window = self.config.server.idempotency_window
+        while (running := self._keys.get(origin)) is not None:
+            await running.wait()  # (the same key, sent right now: its answer is this one's)
+        found = await self._store.origin_at(origin)
+        if found is not None and found[0] and time.time() - found[1] < window:
+            return await self._replay(found[0])
+        expired = found is not None  # (its row is replaced in the new message's transaction)
+        self._keys[origin] = done = trio.Event()
+        try:
+            also = (lambda db, _seq: Store.forget_origin(db, origin)) if expired else None
+            try:
+                accepted: Accepted = await send(origin, also)
+            except StoreError:
+                again = await self._store.origin_at(origin)  # (another host accepted it first)
+                if again is not None and again[0]:
+                    return await self._replay(again[0])
+                raise
+            return accepted
+        finally:
+            del self._keys[origin]
+            done.set()
+
+    async def _replay(self, seq: int) -> Accepted:
+        """The acceptance of the message ``seq`` as it was first answered (``replayed``)."""
+        entry = await self._store.entry(seq)
+        if entry is None:
+            raise UsageError(f"the idempotency key names message {seq}, which is no longer stored; use a new key")
+        meta = entry.meta
+        first = str(meta.get("agent") or "")
+        to = tuple(meta.get("to") or ((first,) if first else ()))
+        ahead = sum(1 for m in self._ledger.queued(entry.channel, first) if m.entry_seq < seq) if first else 0
+        return Accepted(seq, entry.channel, first, entry.generation, ahead, to,
+                        delivery=str(meta.get("delivery") or "queue"), replayed=True)
 
     async def _send(
         self, channel: str, text: str, *, agent: str | None, to: Sequence[str] | None, author: str,
@@ -339,10 +408,13 @@ class Supervisor:
                 if isinstance(steered, Accepted):
                     return steered
                 fallback = steered
+        dropped = self._make_room(channel, targets)  # (no await from here to the accept: the depth holds)
         accepted = await self._lanes.accept(
             channel, targets, author, text, nudge=False, hops=hops, origin=origin, also=also,
             meta={"delivery": wanted, "fallback": fallback} if fallback is not None else None,
         ).accepted_now()
+        if dropped:
+            accepted = replace(accepted, dropped=dropped)
         if fallback is None:
             return replace(accepted, delivery=wanted) if wanted == "queue" or not targets else accepted
         if busy:
@@ -351,6 +423,101 @@ class Supervisor:
                 generation=accepted.generation,
             )
         return replace(accepted, fallback=fallback)
+
+    def _make_room(self, channel: str, targets: Sequence[str]) -> tuple[int, ...]:
+        """The channel's ``max_queued`` policy for a message about to wait in ``targets``' lanes
+        (synchronous, in the accept's step): raise :class:`QueueFull`, or take back the oldest
+        waiting messages (each said in the transcript) and return their entries."""
+        limit, when_full = self.config.queue_limit(channel)
+        if limit is None:
+            return ()
+        waiting = [m.entry_seq for m in self._ledger.queued(channel)]
+        joining = sum(1 for t in targets if self._ledger.is_busy(channel, t) or (channel, t) in self._lanes.workers)
+        decision = depth_decision(waiting, joining, limit, when_full)
+        if decision.refuse:
+            raise QueueFull(channel, len(waiting), limit)
+        for entry in decision.drop:
+            edit = self._ledger.take_back(channel, entry)
+            if edit.outcome is EditOutcome.DONE:
+                self._record_edit(edit, "system", f"seq {entry} dropped: channel {channel!r} was full "
+                                                  f"(max_queued = {limit}, when_full = \"drop_oldest\")")
+        return decision.drop
+
+    # ------------------------------------------------------------ the queue
+
+    async def queue(self, channel: str) -> dict[str, Any]:
+        """The channel's waiting messages, lane by lane: each one's place, author, agent, age and
+        why it waits (behind the running turn, an earlier message, for a slot), and each lane's turn."""
+        await self.require_channel(channel)
+        waiting = self._capacity.waiting()
+        lanes = []
+        for agent in self._ledger.lanes(channel):
+            rows = []
+            for m in self._ledger.queued(channel, agent):
+                payload = m.payload
+                author = getattr(payload, "author", "")
+                text = getattr(payload, "text", "")
+                rows.append((m.id, m.entry_seq, author, text, getattr(payload, "accepted_at", None)))
+            turn_id = self._ledger.current_turn(channel, agent)
+            built = self._lanes.turns.get((channel, agent))
+            stopping = (turn_id is not None and self._ledger.is_stale(channel, turn_id)) or (
+                built is not None and built.stop_reason is not None and not built.done.is_set())
+            lanes.append(LaneFacts(agent, rows, turn_id, stopping, waiting.get((channel, agent))))
+        return queue_view(channel, lanes, time.time())
+
+    async def cancel(self, channel: str, seq: int, *, author: str = "human:user") -> QueueEditResult:
+        """Take the queued message ``seq`` back (every agent's copy of it): it never starts a
+        turn, recorded as "seq N taken back by NAME" in the same transaction as the dequeue.
+
+        A message a turn took already is not taken back: :class:`QueueEditRefused` with code
+        ``running`` names the turn (``corral stop`` ends it); ``not_queued`` when it waits nowhere."""
+        return await self._edit(channel, seq, author, "take_back")
+
+    async def move_first(self, channel: str, seq: int, *, author: str = "human:user") -> QueueEditResult:
+        """Move the queued message ``seq`` to the front of its agent's lane (of each agent's it
+        went to), recorded as "seq N moved first by NAME" in the same transaction; refused
+        as :meth:`cancel` is."""
+        return await self._edit(channel, seq, author, "move_first")
+
+    async def _edit(self, channel: str, seq: int, author: str, action: str) -> QueueEditResult:
+        if self._lanes.closing:
+            raise ShuttingDown("corral is shutting down")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0:
+            raise UsageError(f"seq must be a positive whole number (a queued message's, as `corral queue` shows), "
+                             f"got {seq!r}")
+        self._check_author(author)
+        await self.require_channel(channel)
+        # Decided and submitted in one step: no turn can take the message in between.
+        edit = (self._ledger.take_back if action == "take_back" else self._ledger.move_first)(channel, seq)
+        if edit.outcome is not EditOutcome.DONE:
+            stale = [t for _, t in edit.running if self._ledger.is_stale(channel, t)]
+            raise refusal(action, channel, seq, edit.running, stale)
+        pending = self._record_edit(edit, author, edit_text(action, seq, author, len(edit.messages)))
+        try:
+            record = await pending.committed()
+        except StoreError:
+            self._ledger.undo_edit(edit)
+            for agent in {m.agent for m in edit.messages}:
+                if self._ledger.queued(channel, agent):
+                    self._lanes.ensure_worker(channel, agent)
+            raise
+        assert record is not None
+        log.info("[%s] %s", channel, record.text)
+        return QueueEditResult(channel, seq, action, tuple(m.id for m in edit.messages),
+                               tuple(dict.fromkeys(m.agent for m in edit.messages)), record.seq, author,
+                               tuple(t for _, t in edit.running))
+
+    def _record_edit(self, edit: QueueEdit, by: str, text: str) -> Any:
+        """Submit an edit's record (in the ledger's step) and wake lanes a take-back emptied."""
+        pending = self._store.submit_queue_edit(
+            edit.channel, edit.action, edit.seq, [m.id for m in edit.messages], text, by=by,
+            generation=edit.generation,
+        )
+        if edit.action == "take_back":
+            for agent in {m.agent for m in edit.messages}:
+                if not self._ledger.queued(edit.channel, agent):
+                    self._capacity.drop_lane(edit.channel, agent)
+        return pending
 
     # ------------------------------------------------------------ bridges' bookkeeping
 

@@ -6,7 +6,8 @@ checked against:
 
 ===============================================  =============================================
 ``POST /v1/channels/{channel}/messages``         ``{"text", "agent"?, "to"?, "author"?, "delivery"?}``
-                                                 → 202 ``{seq, to, delivery, …}``
+                                                 (header ``Idempotency-Key``?) → 202 ``{seq, to, delivery, …}``
+                                                 (429 ``queue_full``: the channel's ``max_queued``)
 ``POST /v1/channels/{channel}/stop``             → the stop result, once the stop is complete
 ``POST /v1/stop``                                stop every busy channel
 ``GET  /v1/channels/{channel}/entries?after=N``  committed entries after ``seq`` N (``&limit=``)
@@ -14,6 +15,9 @@ checked against:
 ``POST /v1/channels/{channel}/wait?timeout=S``   200 when idle, 408 on timeout
 ``POST /v1/channels/{channel}/reset``            ``{"agent"?, "stop"?}`` → 200 its entry; 409 while a turn runs
 ``POST /v1/channels/{channel}/resend``           ``{"seq"}``: a message a stop dropped, once → 202 as ``messages``
+``GET  /v1/channels/{channel}/queue``            the waiting messages: place, author, agent, age, why
+``DELETE /v1/channels/{channel}/queue/{seq}``     take one back (``?author=``) → 200; 409 running, 404
+``POST /v1/channels/{channel}/queue/{seq}/first`` move one to the front of its lane → 200; 409, 404
 ``GET  /v1/status``                              daemon, agents, channels, running turns
 ``GET  /v1/usage?channel=&since=DAY``            what turns spent, per UTC day, channel and agent
 ``POST /v1/shutdown``                            202, then an orderly shutdown
@@ -46,6 +50,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote
 
 from ..core.errors import ShuttingDown, UsageError
+from ..core.queue import QueueEditRefused, QueueFull
 from ..core.restart import ChannelBusy
 from ..core.results import DELIVERIES
 from ..host.supervisor import MAX_MESSAGE_BYTES, Supervisor, UnknownChannel
@@ -179,6 +184,29 @@ def _query_flag(query: dict[str, list[str]], key: str) -> bool:
     return raw in ("1", "true")
 
 
+def _header(headers: list[tuple[bytes, bytes]], name: str) -> str | None:
+    """A request header's value (the last one given), or None."""
+    wanted = name.lower().encode()
+    found = [value for key, value in headers if key.lower() == wanted]
+    return found[-1].decode("latin-1") if found else None
+
+
+def _path_seq(path: dict[str, str]) -> int:
+    """A ``{seq}`` path segment: a positive whole number."""
+    raw = path["seq"]
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_SEQ:
+        raise HTTPError(400, "bad_seq", f"the seq in the path must be a positive whole number, got {raw[:40]!r}")
+    return int(raw)
+
+
+def _query_author(op: Operation, query: Query) -> str:
+    """``?author=``: who edits the queue (a bare NAME is the human NAME)."""
+    raw = query.get("author", [op.param("author").default])[-1]
+    if not raw:
+        raise HTTPError(400, "bad_query", "author must be a non-empty name")
+    return author_of(raw)
+
+
 class Request(NamedTuple):
     """The request's target, parsed once: method, path (without the query), decoded path
     segments and the query."""
@@ -239,6 +267,7 @@ class ControlAPI:
         """Route one request and map every error to JSON: the one error-mapping site (a
         browser's page without a session gets the dashboard's login page instead)."""
         request: Request | None = None
+        extra: dict[str, Any] = {}
         try:
             # The whole request is read before anything is answered (a 401 included), so
             # the answer never races hypercorn's own reply to a half-sent body.
@@ -261,6 +290,12 @@ class ControlAPI:
             status, code, message = 503, "shutting_down", str(exc)
         except ChannelBusy as exc:
             status, code, message = 409, "busy", str(exc)
+        except QueueEditRefused as exc:
+            status, code, message = (409 if exc.code == "running" else 404), exc.code, str(exc)
+            extra = {"running": [{"agent": a, "turn": t} for a, t in exc.running]} if exc.running else {}
+        except QueueFull as exc:
+            status, code, message = 429, "queue_full", str(exc)
+            extra = {"depth": exc.depth, "limit": exc.limit}
         except StoreError as exc:
             status, code, message = 500, "store_failed", str(exc)
         except _Gone:
@@ -270,7 +305,7 @@ class ControlAPI:
             status, code = 500, "internal"
             message = f"internal error ({type(exc).__name__}); the daemon logged it and serves on"
         if not peer.started:
-            await peer.respond(status, {"error": {"code": code, "message": message}})
+            await peer.respond(status, {"error": {"code": code, "message": message, **extra}})
 
     def _authorize(self, scope: Scope, method: str, parts: list[str]) -> None:
         """The one auth site: never a turn's process (nor a peer not identified); the bearer token, or a dashboard
@@ -358,8 +393,23 @@ class ControlAPI:
         delivery = fields.get("delivery")
         if delivery is not None and delivery not in DELIVERIES:
             raise HTTPError(400, "bad_field", f"'delivery' must be one of {', '.join(map(repr, DELIVERIES))}")
-        accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author_of(author), delivery=delivery)
+        key = _header(peer.headers, op.param("idempotency_key").header or "")
+        accepted = await self.sup.send(channel, text, agent=agent, to=to, author=author_of(author), delivery=delivery,
+                                       idempotency_key=key)
         await peer.respond(202, accepted.to_json())
+
+    async def _queue(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        await peer.respond(200, await self.sup.queue(path["channel"]))
+
+    async def _cancel(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
+        result = await self.sup.cancel(path["channel"], _path_seq(path), author=_query_author(op, query))
+        await peer.respond(200, result.to_json())
+
+    async def _move_first(
+        self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange
+    ) -> None:
+        result = await self.sup.move_first(path["channel"], _path_seq(path), author=_query_author(op, query))
+        await peer.respond(200, result.to_json())
 
     async def _reset(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
         fields = _json_object(body)

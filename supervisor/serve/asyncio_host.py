@@ -26,6 +26,7 @@ import outcome
 import trio
 
 from ..config.settings import Config
+from ..core.queue import QueueEditResult
 from ..host.supervisor import Accepted, StopResult, Supervisor, open_supervisor
 from ..store.store import Draft, Entry
 from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
@@ -64,12 +65,39 @@ class AsyncioSupervisor:
 
     async def send(
         self, channel: str, text: str, *, agent: str | None = None, to: Sequence[str] | None = None,
-        author: str = DEFAULT_AUTHOR, delivery: str | None = None,
+        author: str = DEFAULT_AUTHOR, delivery: str | None = None, idempotency_key: str | None = None,
     ) -> Accepted:
         """See :meth:`Supervisor.send`."""
         return await self._call(
-            lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author, delivery=delivery)
+            lambda: self.supervisor.send(channel, text, agent=agent, to=to, author=author, delivery=delivery,
+                                         idempotency_key=idempotency_key)
         )
+
+    async def send_from(
+        self, origin: str, channel: str, text: str, *, to: Sequence[str] | None = None, author: str = DEFAULT_AUTHOR,
+        delivery: str | None = None,
+    ) -> Accepted:
+        """See :meth:`Supervisor.send_from`: the exactly-once path of the chat bridges (a second
+        message of one ``origin`` fails with :class:`~supervisor.store.store.StoreError`)."""
+        return await self._call(
+            lambda: self.supervisor.send_from(origin, channel, text, to=to, author=author, delivery=delivery)
+        )
+
+    async def origin_seq(self, origin: str) -> int | None:
+        """See :meth:`Supervisor.origin_seq`: whether (as which seq) ``origin`` was accepted."""
+        return await self._call(lambda: self.supervisor.origin_seq(origin))
+
+    async def queue(self, channel: str) -> dict[str, Any]:
+        """See :meth:`Supervisor.queue`."""
+        return await self._call(lambda: self.supervisor.queue(channel))
+
+    async def cancel(self, channel: str, seq: int, *, author: str = DEFAULT_AUTHOR) -> QueueEditResult:
+        """See :meth:`Supervisor.cancel`."""
+        return await self._call(lambda: self.supervisor.cancel(channel, seq, author=author))
+
+    async def move_first(self, channel: str, seq: int, *, author: str = DEFAULT_AUTHOR) -> QueueEditResult:
+        """See :meth:`Supervisor.move_first`."""
+        return await self._call(lambda: self.supervisor.move_first(channel, seq, author=author))
 
     async def stop(self, channel: str | None = None) -> StopResult:
         """See :meth:`Supervisor.stop`."""

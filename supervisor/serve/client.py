@@ -31,6 +31,11 @@ class DaemonGone(DaemonUnavailable):
     """The daemon went away in the middle of an answer (a follow's stream ended)."""
 
 
+class ConnectionLost(DaemonUnavailable):
+    """The request was sent and no answer came: the daemon may have acted on it (a send with an
+    idempotency key is safe to retry)."""
+
+
 class APIError(CorralError):
     """The daemon answered with an error."""
 
@@ -110,40 +115,45 @@ class Client:
         ok: tuple[int, ...] = (200, 202),
         params: dict[str, Any] | None = None,
         json_body: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
-        return _decode(*self._exchange(method, path, params=params, json_body=json_body), ok)
+        return _decode(*self._exchange(method, path, params=params, json_body=json_body, headers=headers), ok)
 
     def _exchange(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None, json_body: Any = None
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json_body: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         """One request on the kept-alive connection: the answer's status and body."""
         if params:
             path = f"{path}?{urlencode(params)}"
         body = json.dumps(json_body).encode() if json_body is not None else b""
-        headers = dict(self._headers)
+        headers = {**self._headers, **(headers or {})}
         if json_body is not None:
             headers["content-type"] = "application/json"
         if self._conn is not None and time.monotonic() - self._last_used > _REUSE_SECONDS:
             self.close()
+        sent = False
         try:
             if self._conn is None:
                 self._conn = self._connect()
             self._conn.request(method, path, body=body, headers=headers)
+            sent = True
             response = self._conn.getresponse()
             data = response.read()
         except _UNAVAILABLE as exc:
             self.close()
-            raise DaemonUnavailable(str(exc) or type(exc).__name__) from None
+            raise (ConnectionLost if sent else DaemonUnavailable)(str(exc) or type(exc).__name__) from None
         self._last_used = time.monotonic()
         return response.status, data
 
     def _call(
         self, name: str, *, path: dict[str, str] | None = None, params: dict[str, Any] | None = None,
-        json_body: Any = None,
+        json_body: Any = None, headers: dict[str, str] | None = None,
     ) -> Any:
         """Perform the operation ``name`` of :data:`.routes.OPERATIONS`."""
         op = OPERATIONS[name]
-        return self._request(op.method, op.target(**(path or {})), ok=op.ok, params=params, json_body=json_body)
+        return self._request(op.method, op.target(**(path or {})), ok=op.ok, params=params, json_body=json_body,
+                             headers=headers)
 
     def answer(
         self, name: str, *, path: dict[str, str] | None = None, params: dict[str, Any] | None = None,
@@ -161,12 +171,14 @@ class Client:
 
     def send(
         self, channel: str, text: str, *, agent: str | None = None, to: list[str] | None = None,
-        author: str = DEFAULT_AUTHOR, delivery: str | None = None,
+        author: str = DEFAULT_AUTHOR, delivery: str | None = None, idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Queue a message (for ``agent`` and ``to``); returns ``{"seq": …}`` once it is stored.
 
         ``author``: ``human:NAME`` or ``agent:NAME``; a bare ``NAME`` is the human ``human:NAME``.
         ``delivery``: ``"queue"``, ``"interrupt"`` or ``"steer"`` (None: the configured default).
+        ``idempotency_key``: sent as the ``Idempotency-Key`` header; a retry with the same key
+        answers the first acceptance again (``replayed``) and queues nothing.
         """
         payload: dict[str, Any] = {"text": text, "author": author}
         if delivery:
@@ -175,8 +187,27 @@ class Client:
             payload["agent"] = agent
         if to:
             payload["to"] = to
-        accepted: dict[str, Any] = self._call("send", path={"channel": channel}, json_body=payload)
+        header = OPERATIONS["send"].param("idempotency_key").header
+        headers = {header: idempotency_key} if idempotency_key and header else None
+        accepted: dict[str, Any] = self._call("send", path={"channel": channel}, json_body=payload, headers=headers)
         return accepted
+
+    def queue(self, channel: str) -> dict[str, Any]:
+        """The channel's waiting messages (``queued``: seq, entry, place, agent, author, age, why)."""
+        view: dict[str, Any] = self._call("queue", path={"channel": channel})
+        return view
+
+    def cancel(self, channel: str, seq: int, *, author: str = DEFAULT_AUTHOR) -> dict[str, Any]:
+        """Take the queued message ``seq`` back; :class:`APIError` 409 ``running`` if a turn took it."""
+        result: dict[str, Any] = self._call("cancel", path={"channel": channel, "seq": str(seq)},
+                                            params={"author": author})
+        return result
+
+    def move_first(self, channel: str, seq: int, *, author: str = DEFAULT_AUTHOR) -> dict[str, Any]:
+        """Move the queued message ``seq`` to the front of its agent's lane."""
+        result: dict[str, Any] = self._call("move_first", path={"channel": channel, "seq": str(seq)},
+                                            params={"author": author})
+        return result
 
     def stop(self, channel: str | None) -> dict[str, Any]:
         """Stop a channel (or all with None); returns the stop result, even a failed one."""

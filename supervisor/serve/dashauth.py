@@ -149,6 +149,8 @@ SESSION_ROUTES = frozenset(
         ("POST", ("v1", "channels", "*", "stop")),
         ("POST", ("v1", "channels", "*", "reset")),
         ("POST", ("v1", "channels", "*", "resend")),
+        ("GET", ("v1", "channels", "*", "queue")),
+        ("DELETE", ("v1", "channels", "*", "queue", "*")),
         ("POST", ("v1", "stop")),
     }
 )
@@ -164,9 +166,13 @@ def loopback_host(host: str) -> bool:
 
 
 def _shape(parts: list[str]) -> tuple[str, ...]:
-    """The route's shape: the channel segment (the third of ``channels/NAME/...``) as ``*``."""
+    """The route's shape: the channel segment (the third of ``channels/NAME/...``) as ``*``, and
+    a queued message's seq (``…/queue/SEQ``) too."""
     if len(parts) >= 3 and parts[1] == "channels":
-        return (parts[0], "channels", "*", *parts[3:])
+        rest = parts[3:]
+        if rest[:1] == ["queue"] and len(rest) >= 2:
+            rest = ["queue", "*", *rest[2:]]
+        return (parts[0], "channels", "*", *rest)
     return tuple(parts)
 
 

@@ -5,7 +5,8 @@ may use it is decided in :mod:`.dashauth`. Routes, under ``/dashboard``:
 
 ==========================================  ============================================
 ``GET  /dashboard/``                        the channel list (session)
-``GET  /dashboard/channels/{channel}``      one channel's transcript, send box and Stop (session)
+``GET  /dashboard/channels/{channel}``      one channel's transcript, its waiting messages (each with
+                                            a ✕ that takes it back), send box and Stop (session)
 ``GET  /dashboard/events``                  the channel list's state, as Server-Sent Events (session)
 ``GET  /dashboard/login?code=C``            spend a login code: set the session cookie, redirect
 ``POST /dashboard/codes``                   mint a login code (the token only: ``corral dashboard``)
@@ -294,6 +295,8 @@ def channel_page(
         "starts a new conversation\">Start over</button>"
         "<p id=\"ack\" class=\"ack\" role=\"status\"></p></div>"
         "<ol id=\"transcript\" class=\"transcript\" aria-label=\"Transcript\"></ol>"
+        "<section id=\"waiting\" class=\"waiting\" hidden><h2>Waiting</h2>"
+        "<ol id=\"queue\" class=\"queue\" aria-label=\"Waiting messages\"></ol></section>"
         "<form id=\"send\" class=\"send\">"
         "<label for=\"message\">Message</label>"
         "<textarea id=\"message\" name=\"text\" rows=\"2\" required></textarea>"

@@ -1,7 +1,8 @@
 """The control API's operations, declared once: method, path, parameters, what each returns.
 
-Every face of a supervisor offers the same eleven operations — send, stop, stop-all, reset,
-resend, wait, entries, follow, status, usage, shutdown — and this table is where they are written down. The
+Every face of a supervisor offers the same fourteen operations — send, stop, stop-all, reset,
+resend, wait, entries, follow, queue, cancel, move-first, status, usage, shutdown — and this
+table is where they are written down. The
 control API (:mod:`.api`) routes by it and reads its parameters' defaults and bounds from it;
 the client (:mod:`.client`) builds its requests from it; the asyncio host
 (:mod:`.asyncio_host`) and the CLI are checked against it by a test (``tests/test_routes.py``),
@@ -44,9 +45,9 @@ REQUIRED: Final = Required()
 class Param(NamedTuple):
     """One parameter of an operation.
 
-    ``where`` is ``path`` (a ``{name}`` segment), ``query`` or ``body`` (a field of the JSON
-    object). ``kind`` is its type: ``str``, ``int``, ``float``, ``bool`` (a query's ``1``/``0``)
-    or ``list`` (of strings).
+    ``where`` is ``path`` (a ``{name}`` segment), ``query``, ``body`` (a field of the JSON
+    object) or ``header`` (a request header, named in ``header``). ``kind`` is its type:
+    ``str``, ``int``, ``float``, ``bool`` (a query's ``1``/``0``) or ``list`` (of strings).
     ``maximum`` bounds a number (its minimum is 0).
     """
 
@@ -57,6 +58,8 @@ class Param(NamedTuple):
     maximum: float | None = None
     optional: bool = False
     """May be ``null`` / left out, and then means "not given" (``default`` is None)."""
+    header: str | None = None
+    """The request header that carries it (``where`` is ``header``)."""
 
 
 class Operation(NamedTuple):
@@ -103,6 +106,8 @@ class Operation(NamedTuple):
 
 _CHANNEL = Param("channel", str, "path")
 _AFTER = Param("after", int, "query", 0, MAX_SEQ)
+_SEQ = Param("seq", int, "path", REQUIRED, MAX_SEQ)
+_BY = Param("author", str, "query", DEFAULT_AUTHOR)
 
 #: Every operation, by name, in the order the API documents them.
 OPERATIONS: Final[dict[str, Operation]] = {
@@ -112,8 +117,11 @@ OPERATIONS: Final[dict[str, Operation]] = {
             "send", "POST", "/v1/channels/{channel}/messages",
             (_CHANNEL, Param("text", str, "body"), Param("agent", str, "body", None, optional=True),
              Param("to", list, "body", None, optional=True), Param("author", str, "body", DEFAULT_AUTHOR),
-             Param("delivery", str, "body", None, optional=True)),
-            (202,), "the accepted message once it is stored: {seq, to, generation, delivery, …}",
+             Param("delivery", str, "body", None, optional=True),
+             Param("idempotency_key", str, "header", None, optional=True, header="Idempotency-Key")),
+            (202,), "the accepted message once it is stored: {seq, to, generation, delivery, …}; a repeated "
+            "Idempotency-Key (same author, within the window) answers the first acceptance again, "
+            "`replayed: true`, and queues nothing (429 queue_full: the channel's max_queued refuses it)",
         ),
         Operation("stop", "POST", "/v1/channels/{channel}/stop", (_CHANNEL,), (200, 500),
                   "the stop result once the stop is complete (500: it could not be carried out)"),
@@ -137,6 +145,15 @@ OPERATIONS: Final[dict[str, Operation]] = {
                   (_CHANNEL, _AFTER, Param("drafts", bool, "query", False)), (200,),
                   "the entries after `after`, then live ones, as Server-Sent Events (`drafts`: also the "
                   "text agents are writing now, as `draft` events)"),
+        Operation("queue", "GET", "/v1/channels/{channel}/queue", (_CHANNEL,), (200,),
+                  "{channel, depth, queued, running}: each waiting message's seq, entry, place, agent, author, "
+                  "text, age and why it waits; each lane's running turn"),
+        Operation("cancel", "DELETE", "/v1/channels/{channel}/queue/{seq}", (_CHANNEL, _SEQ, _BY), (200,),
+                  "the queued message taken back (every agent's copy), with its record's seq; 409 running "
+                  "(a turn took it: it is not taken back, stop the channel), 404 not_queued"),
+        Operation("move_first", "POST", "/v1/channels/{channel}/queue/{seq}/first", (_CHANNEL, _SEQ, _BY), (200,),
+                  "the queued message moved to the front of its lane(s), with its record's seq; 409, 404 "
+                  "as cancel"),
         Operation("status", "GET", "/v1/status", (), (200,), "the daemon, its agents, channels and running turns"),
         Operation("usage", "GET", "/v1/usage",
                   (Param("channel", str, "query", None, optional=True),

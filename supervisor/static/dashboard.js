@@ -263,6 +263,7 @@
             saved.add(id);
           }
           place(renderEntry(entry), old);
+          transcript.dispatchEvent(new Event("corral-entry"));
           // A stop's (or an interrupt's) notice names the messages it dropped: shown before it,
           // they say so now (an interrupt is a stop of one lane: its mark is the interrupting message).
           for (const seq of (entry.kind === "notice" && entry.meta && entry.meta.dropped_entries) || []) {
@@ -347,6 +348,60 @@
         showAck(ack, "failed", `Not sent again: the daemon did not answer (${err.message})`);
       }
     });
+
+    // The queue under the transcript: what waits, each with a ✕ that takes it back. Read from
+    // the API after every entry and every second (a turn's start stores no entry).
+    const waiting = document.getElementById("waiting");
+    const queue = document.getElementById("queue");
+    async function refreshQueue() {
+      let view;
+      try {
+        const response = await fetch(`${path}/queue`, { cache: "no-store" });
+        if (!response.ok) return;
+        view = await response.json();
+      } catch (err) {
+        return;
+      }
+      const items = view.queued.map((row) => {
+        const item = element("li", "waiting-message");
+        item.dataset.seq = String(row.entry);
+        const age = row.age == null ? "" : ` · ${Math.round(row.age)} s`;
+        item.append(element("span", "place", `#${row.place}`), " ",
+          element("span", "who", `seq ${row.entry} · ${row.author.replace(/^human:/, "")} → ${row.agent}${age}`), " ",
+          element("span", "why", row.why), " ", element("span", "text", row.text));
+        const cancel = element("button", "take-back", "✕");
+        cancel.type = "button";
+        cancel.dataset.seq = String(row.entry);
+        cancel.setAttribute("aria-label", `Take back seq ${row.entry}`);
+        cancel.title = "Take it back: it will not run";
+        item.append(" ", cancel);
+        return item;
+      });
+      queue.replaceChildren(...items);
+      waiting.hidden = items.length === 0;
+    }
+    queue.addEventListener("click", async (event) => {
+      const cancel = event.target.closest("button.take-back");
+      if (!cancel) return;
+      cancel.disabled = true;
+      try {
+        const response = await fetch(`${path}/queue/${Number(cancel.dataset.seq)}`, { method: "DELETE", cache: "no-store" });
+        let result = null;
+        try {
+          result = await response.json();
+        } catch (err) {
+          result = null;
+        }
+        if (response.ok) showAck(ack, "stopped", `Taken back: seq ${result.seq} will not run.`);
+        else showAck(ack, "failed", `Not taken back: ${result ? apiError(result, response) : response.status}`);
+      } catch (err) {
+        showAck(ack, "failed", `Not taken back: the daemon did not answer (${err.message})`);
+      }
+      refreshQueue();
+    });
+    refreshQueue();
+    setInterval(refreshQueue, 1000);
+    transcript.addEventListener("corral-entry", refreshQueue);
 
     const form = document.getElementById("send");
     const field = document.getElementById("message");

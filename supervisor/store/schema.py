@@ -99,6 +99,11 @@ _MIGRATIONS: tuple[str, ...] = (
         wall_seconds REAL, cost TEXT, currency TEXT, models TEXT NOT NULL DEFAULT '[]', budget TEXT);
     CREATE INDEX IF NOT EXISTS turn_usage_by_day ON turn_usage (day, channel, agent);
     """,
+    # 8: the queue in people's hands. A message moved to the front of its lane: its place
+    # (below every seq of the lane; NULL: its seq is its place), so the order survives a restart.
+    """
+    ALTER TABLE queue ADD COLUMN place INTEGER;
+    """,
 )
 
 _VERSIONS = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied REAL NOT NULL)"

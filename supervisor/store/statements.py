@@ -67,7 +67,7 @@ def _entry(row: tuple[Any, ...]) -> Entry:
 
 
 def _queued(row: tuple[Any, ...]) -> QueuedRow:
-    return QueuedRow(row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]), row[7], row[8], row[9])
+    return QueuedRow(row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]), row[7], row[8], row[9], row[10])
 
 
 # ---------------------------------------------------------------- the seq clock and the fleet's order
@@ -161,6 +161,12 @@ def entries(db: Engine, channel: str | None, column: str, after: int, limit: int
     return [_entry(row) for row in (reversed(rows) if newest else rows)]
 
 
+def entry(db: Engine, seq: int) -> Entry | None:
+    """The entry ``seq`` (None: none)."""
+    rows = db.query(f"SELECT {_COLUMNS} FROM entries WHERE seq = ?", (seq,))
+    return _entry(rows[0]) if rows else None
+
+
 def placed_after(db: Engine, after: int, limit: int) -> list[Entry]:
     """(A fleet) every host's entries past commit position ``after``, in commit order, at most ``limit``."""
     return [_entry(row) for row in db.query(
@@ -211,12 +217,15 @@ def missed(
         "channel = ? AND kind = 'message' AND seq > ? AND seq < ? AND seq != ? AND author != ?"
         " AND (author LIKE 'human:%' OR author LIKE 'agent:%')"
         f" AND {db.json_get('meta', 'dropped_by_stop')} IS NULL"
+        f" AND {db.json_get('meta', 'taken_back')} IS NULL"  # (its author took it back: never meant)
+        # Still waiting for this agent (behind one moved first): its own turn answers it.
+        " AND seq NOT IN (SELECT coalesce(q.routed_from, q.seq) FROM queue q WHERE q.channel = ? AND q.agent = ?)"
         # A message steered into this agent's turn reached it then: not again.
         f" AND ({db.json_get('meta', 'steered')} IS NULL OR {db.json_get('meta', 'agent')} != ?)"
     )
     params = (
         channel, after if after is not None else 0, before, skip if skip is not None else -1, f"agent:{agent}",
-        agent,
+        channel, agent, agent,
     )
     ((total,),) = db.query(f"SELECT count(*) FROM entries WHERE {where}", params)
     rows = db.query(f"SELECT author, text FROM entries WHERE {where} ORDER BY seq DESC LIMIT ?", (*params, limit))
@@ -238,7 +247,26 @@ def insert_queued(db: Engine, row: QueuedRow) -> None:
 def queued(db: Engine, channel: str | None = None) -> list[QueuedRow]:
     """The queue (of ``channel``, or all), oldest first."""
     where, params = ("WHERE channel = ?", (channel,)) if channel is not None else ("", ())
-    return [_queued(r) for r in db.query(f"SELECT {_QUEUED} FROM queue {where} ORDER BY seq", params)]
+    # A message moved first has a ``place`` below every seq of its lane; the others keep their seq's.
+    ts = "(SELECT e.ts FROM entries e WHERE e.seq = coalesce(queue.routed_from, queue.seq))"
+    rows = db.query(f"SELECT {_QUEUED}, {ts} FROM queue {where} ORDER BY coalesce(place, seq), seq", params)
+    return [_queued(r) for r in rows]
+
+
+def take_back(db: Engine, record: int, entry: int, seqs: Sequence[int]) -> None:
+    """(In the record's transaction) the queued messages ``seqs`` of ``entry`` are taken back:
+    off the queue, and the entry marked ``taken_back`` by the record ``record``."""
+    db.executemany(_DEQUEUE, [(s,) for s in seqs])
+    db.execute(f"UPDATE entries SET meta = {db.mark_dropped('taken_back')} WHERE seq = ?", (record, entry))
+
+
+def move_first(db: Engine, channel: str, seqs: Sequence[int]) -> None:
+    """(In the record's transaction) the queued messages ``seqs`` go to the head of their lanes."""
+    for seq in seqs:
+        db.execute(
+            "UPDATE queue SET place = (SELECT min(coalesce(q.place, q.seq)) - 1 FROM queue q"
+            " WHERE q.channel = ? AND q.agent = queue.agent) WHERE seq = ?", (channel, seq),
+        )
 
 
 def dequeue(db: Engine, seqs: Sequence[int]) -> None:
@@ -271,6 +299,17 @@ def origin_seq(db: Engine, origin: str) -> int | None:
     """The seq ``origin`` was accepted as (0: handled without a message); None: never seen."""
     rows = db.query("SELECT coalesce(seq, 0) FROM origins WHERE origin = ?", (origin,))
     return int(rows[0][0]) if rows else None
+
+
+def origin_at(db: Engine, origin: str) -> tuple[int, float] | None:
+    """The seq ``origin`` was accepted as (0: handled without a message) and when; None: never seen."""
+    rows = db.query("SELECT coalesce(seq, 0), ts FROM origins WHERE origin = ?", (origin,))
+    return (int(rows[0][0]), float(rows[0][1])) if rows else None
+
+
+def forget_origin(db: Engine, origin: str) -> None:
+    """(In a new message's transaction) an expired idempotency key's row makes way for the new one."""
+    db.execute("DELETE FROM origins WHERE origin = ?", (origin,))
 
 
 def mark_origin(db: Engine, origin: str, stamp: float) -> None:

@@ -472,6 +472,17 @@ class Store:
         """The seq ``origin`` was accepted as (0: handled without a message); None: never seen."""
         return await self._read(lambda: statements.origin_seq(self._db, origin))
 
+    async def origin_at(self, origin: str) -> tuple[int, float] | None:
+        """The seq ``origin`` was accepted as (0: handled without a message) and when (the
+        wall clock of its commit's host); None: never seen."""
+        return await self._read(lambda: statements.origin_at(self._db, origin))
+
+    forget_origin = staticmethod(statements.forget_origin)
+
+    async def entry(self, seq: int) -> Entry | None:
+        """The committed entry ``seq``, whatever its channel (None: no such entry)."""
+        return await self._read(lambda: statements.entry(self._db, seq))
+
     def mark_origin(self, origin: str) -> Pending:
         """Record ``origin`` as handled without a message (a command, an event ignored)."""
         stamp = time.time()
@@ -539,6 +550,22 @@ class Store:
         if self.host is not None:  # (a fleet: the owner, if another host, takes it up at this commit)
             statements.notify(db, Queued(self.host, row.channel))
 
+    def submit_queue_edit(
+        self, channel: str, action: str, entry: int, seqs: Sequence[int], text: str, *, by: str, generation: int,
+    ) -> Pending:
+        """The record of a queue edit (``take_back`` or ``move_first`` of the entry ``entry``,
+        whose queue rows are ``seqs``): a ``status`` entry saying who did it, and the edit
+        itself, in one transaction (stored and done, or neither)."""
+        meta = {action: entry, "by": by, "rows": list(seqs)}
+
+        def apply(db: Engine, seq: int) -> None:
+            if action == "take_back":
+                statements.take_back(db, seq, entry, seqs)
+            else:
+                statements.move_first(db, channel, seqs)
+
+        return self.submit_entry(channel, "system", "status", text, generation=generation, meta=meta, also=apply)
+
     def dequeue(self, seqs: list[int]) -> Pending:
         """The messages have begun or been dropped: they are no longer waiting."""
         return self._submit(lambda db: statements.dequeue(db, seqs))
@@ -559,8 +586,9 @@ class Store:
         self, channel: str, agent: str, *, after: int | None, before: int, skip: int | None, limit: int
     ) -> tuple[list[tuple[str, str]], int]:
         """The channel's ``message`` entries the agent has not seen: after ``after``, before
-        ``before``, by a human or another agent, not dropped by a stop, not steered into the
-        agent's own turn, not ``skip``.
+        ``before``, by a human or another agent, not dropped by a stop or taken back, not steered
+        into the agent's own turn, not still queued for the agent (one moved first runs before
+        them: their own turns answer them), not ``skip``.
         Returns the newest ``limit`` of them (author, text), oldest first, and how many
         there are in all."""
         return await self._read(functools.partial(statements.missed, self._db, channel, agent, after=after,
