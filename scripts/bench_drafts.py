@@ -1,11 +1,14 @@
 """Live output: how long from an agent printing text to an SSE follower seeing it as a draft.
 
-Run from the repository root: ``.venv/bin/python -m scripts.bench_drafts [--seconds S]``.
+Run from the repository root: ``.venv/bin/python -m scripts.bench_drafts [--seconds S]
+[--channels N] [--followers F]``.
 
 A real ``corral run`` daemon with the demo agent, whose ``stream N`` prompt prints a line
 every 0.1 s for N seconds, each line carrying the wall-clock time it was printed. One SSE
-follower per channel (``events?drafts=1``) takes the time each draft arrives and subtracts
-the newest line's print time: *print → draft*. Rows: 1 channel streaming, and 200 at once.
+follower per channel (``events?drafts=1``; ``--followers F``: F of them) takes the time each draft
+arrives and subtracts the newest line's print time: *print → draft*. Rows: 1 channel streaming,
+and 200 at once (``--channels``), with the daemon's CPU over the streaming (its user + system
+time over the wall time: 100 % is one core) and the load average beside it.
 
 The floor, measured in the same run: the same kind of child printing the same lines, read
 straight from its pipe by this process (no corral): *print → read*. Each figure is also
@@ -20,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
+import psutil
 import trio
 
 from scripts._bench import DEMO_CONFIG, Daemon, pct, short_tmp
@@ -92,8 +97,11 @@ async def follow_drafts(api: AsyncAPI, channel: str, after: int, drafts: bool, l
         done.set()
 
 
-async def run_row(daemon: Daemon, channels: int, seconds: float, drafts: bool) -> tuple[list[float], int, float]:
-    """``channels`` channels streaming at once: print → draft lags (ms), entries written, seconds."""
+async def run_row(
+    daemon: Daemon, channels: int, seconds: float, drafts: bool, followers: int = 1
+) -> tuple[list[float], int, float, float]:
+    """``channels`` channels streaming at once, each followed ``followers`` times: print → draft
+    lags (ms), entries written, seconds, and the daemon's CPU meanwhile (1.0: one core)."""
     api = AsyncAPI(daemon.socket)
     tag = f"{'d' if drafts else 'p'}{channels}-{time.monotonic_ns()}"
     names = [f"{tag}-{i}" for i in range(channels)]
@@ -108,49 +116,64 @@ async def run_row(daemon: Daemon, channels: int, seconds: float, drafts: bool) -
         afters = {name: (await api.entries(name))[-1]["seq"] for name in names}
         before = await count_entries(api, names)
         started = time.monotonic()
+        proc = psutil.Process(daemon.pid)
         async with trio.open_nursery() as nursery:
             for name in names:
-                ready, done = trio.Event(), trio.Event()
-                nursery.start_soon(follow_drafts, api, name, afters[name], drafts, lags, done, ready)
-                await ready.wait()
+                for _ in range(followers):
+                    ready, done = trio.Event(), trio.Event()
+                    nursery.start_soon(follow_drafts, api, name, afters[name], drafts, lags, done, ready)
+                    await ready.wait()
+            cpu_before, streaming = sum(proc.cpu_times()[:2]), time.monotonic()
             for name in names:
                 nursery.start_soon(api.send, name, f"stream {seconds:g} please")
+        cpu = (sum(proc.cpu_times()[:2]) - cpu_before) / (time.monotonic() - streaming)
         elapsed = time.monotonic() - started
         for name in names:
             assert await api.wait(name, 120)
         written = await count_entries(api, names) - before
     finally:
         await api.aclose()
-    return lags, written, elapsed
+    return lags, written, elapsed, cpu
 
 
 def line(label: str, lags: list[float], base: float) -> str:
     if not lags:
         return f"{label:<34} no drafts seen"
-    med, p95 = statistics.median(lags), pct(lags, 95)
+    med, p95 = statistics.median(lags), pct(lags, 0.95)
     return (f"{label:<34} median {med:7.2f} ms   p95 {p95:7.2f} ms   ({len(lags)} drafts; "
             f"median {med / base:5.1f}x the floor)")
 
 
-async def main_async(seconds: float, many: int) -> int:
+def load() -> str:
+    """The load average, for the figure beside it."""
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+async def main_async(seconds: float, many: int, followers: int) -> int:
     base_lags = await floor(seconds)
     base = statistics.median(base_lags)
     folder = short_tmp("corral-bd-")
     daemon = Daemon(folder, DEMO_CONFIG)
     try:
-        one, _, _ = await run_row(daemon, 1, seconds, drafts=True)
-        crowd, written_d, elapsed_d = await run_row(daemon, many, seconds, drafts=True)
-        _, written_p, elapsed_p = await run_row(daemon, many, seconds, drafts=False)
+        one, _, _, _ = await run_row(daemon, 1, seconds, drafts=True, followers=followers)
+        load_one = load()
+        crowd, written_d, elapsed_d, cpu = await run_row(daemon, many, seconds, drafts=True, followers=followers)
+        load_crowd = load()
+        _, written_p, elapsed_p, _ = await run_row(daemon, many, seconds, drafts=False)
     finally:
         daemon.stop()
-    print(f"floor: print -> read from a pipe, no corral: median {base:.2f} ms, p95 {pct(base_lags, 95):.2f} ms")
-    print(line("print -> draft at SSE, 1 channel", one, base))
-    print(line(f"print -> draft at SSE, {many} channels", crowd, base))
+    each = f", {followers} followers each" if followers != 1 else ""
+    print(f"floor: print -> read from a pipe, no corral: median {base:.2f} ms, p95 {pct(base_lags, 0.95):.2f} ms")
+    print(line(f"print -> draft at SSE, 1 channel{each}", one, base) + f"  [{load_one}]")
+    print(line(f"print -> draft at SSE, {many} channels{each}", crowd, base)
+          + f"  daemon CPU {cpu * 100:.0f} % of a core  [{load_crowd}]")
     print(f"store writes, {many} channels streaming {seconds:g} s: {written_d} entries with drafts followers "
           f"({written_d / elapsed_d:.0f}/s), {written_p} with plain followers ({written_p / elapsed_p:.0f}/s): "
           f"drafts add {written_d - written_p} writes")
     target = statistics.median(one) <= 100 if one else False
     print(f"target (1 channel, median print -> draft <= 100 ms): {'met' if target else 'MISSED'}")
+    crowd_met = bool(crowd) and pct(crowd, 0.95) <= 100
+    print(f"target ({many} channels, p95 print -> draft <= 100 ms): {'met' if crowd_met else 'MISSED'}")
     return 0 if one and crowd and written_d == written_p else 1
 
 
@@ -158,8 +181,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="how long each agent streams (default 3)")
     parser.add_argument("--channels", type=int, default=200, help="channels streaming at once (default 200)")
+    parser.add_argument("--followers", type=int, default=1, help="SSE followers of each channel (default 1)")
     args = parser.parse_args()
-    return trio.run(main_async, args.seconds, args.channels)
+    return trio.run(main_async, args.seconds, args.channels, args.followers)
 
 
 if __name__ == "__main__":
