@@ -21,10 +21,11 @@ import trio
 from supervisor.serve.client import APIError, Client, DaemonUnavailable
 from supervisor.serve.routes import OPERATIONS
 
-__all__ = ["APIError", "AsyncAPI", "Client", "DaemonUnavailable"]
+__all__ = ["APIError", "AsyncAPI", "Client", "DaemonUnavailable", "api_path"]
 
 
-def _path(name: str, channel: str) -> str:
+def api_path(name: str, channel: str) -> str:
+    """The path of operation ``name`` for ``channel`` (from the route table)."""
     return OPERATIONS[name].target(channel=channel)
 
 
@@ -65,7 +66,7 @@ class AsyncAPI:
         seq, generation, ``to`` (and what an interrupt interrupted and dropped)."""
         body = {"text": text, **({"agent": agent} if agent else {}), **({"author": author} if author else {}),
                 **({"delivery": delivery} if delivery else {})}
-        r = await self.http.post(_path("send", channel), json=body)
+        r = await self.http.post(api_path("send", channel), json=body)
         if r.status_code != 202:
             raise RuntimeError(f"send to {channel}: HTTP {r.status_code} {r.text[:200]}")
         accepted: dict[str, Any] = r.json()
@@ -73,7 +74,7 @@ class AsyncAPI:
 
     async def stop(self, channel: str) -> dict[str, Any]:
         """POST a stop; the stop result (with the HTTP status)."""
-        r = await self.http.post(_path("stop", channel))
+        r = await self.http.post(api_path("stop", channel))
         body: dict[str, Any] = r.json()
         body["http_status"] = r.status_code
         return body
@@ -90,12 +91,12 @@ class AsyncAPI:
 
     async def wait(self, channel: str, timeout: float) -> bool:
         """True once the channel is idle (False after ``timeout`` seconds)."""
-        r = await self.http.post(_path("wait", channel), params={"timeout": timeout})
+        r = await self.http.post(api_path("wait", channel), params={"timeout": timeout})
         return bool(r.json().get("idle"))
 
     async def entries(self, channel: str) -> list[dict[str, Any]]:
         """Every committed entry of the channel."""
-        r = await self.http.get(_path("entries", channel))
+        r = await self.http.get(api_path("entries", channel))
         r.raise_for_status()
         entries: list[dict[str, Any]] = r.json()["entries"]
         return entries
@@ -107,7 +108,7 @@ class AsyncAPI:
         """The channel's entries as they are committed (after ``after``; with ``drafts``, the
         drafts too), while the block lasts. The stream is open once the block is entered."""
         params = {**({"after": after} if after is not None else {}), **({"drafts": 1} if drafts else {})}
-        async with self.http.stream("GET", _path("follow", channel), params=params or None) as response:
+        async with self.http.stream("GET", api_path("follow", channel), params=params or None) as response:
 
             async def entries() -> AsyncIterator[dict[str, Any]]:
                 async for line in response.aiter_lines():

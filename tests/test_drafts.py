@@ -219,10 +219,11 @@ async def test_an_acp_agents_chunks_are_drafts_before_the_saved_message(short_tm
                 elif item.kind == "message" and item.author == "agent:acp":
                     saved = item
                     break
-    # A draft per chunk, each the whole run so far; the entry replaces the last.
+    # Drafts of the chunks (coalesced and paced: not one per chunk), each the whole run so far,
+    # each longer than the one before; the entry replaces the last.
     texts = [d.text for d in drafts]
-    assert len(texts) >= 3 and all(b.startswith(a) and b != a for a, b in itertools.pairwise(texts)), texts
-    assert saved.text == texts[-1] and saved.text.startswith("abcdefghi")
+    assert texts and all(b.startswith(a) and b != a for a, b in itertools.pairwise(texts)), texts
+    assert saved.text.startswith(texts[-1]) and saved.text.startswith("abcdefghi")
     assert saved.meta["draft"] == drafts[-1].draft
 
 
@@ -309,9 +310,10 @@ async def test_contract_18_a_stop_saves_the_draft_as_it_stood_before_its_notice_
         after = await sup.entries("c", after=accepted.seq)
     cut = [e for e in after if e.meta.get("cut_off")]
     assert len(cut) == 1 and cut[0].meta == {"draft": cut[0].meta["draft"], "cut_off": "stop"}
-    # Saved as it stood: exactly the last draft the follower was shown, before the notice.
+    # Saved as it stood: the last draft the follower was shown, or (drafts are coalesced and
+    # paced per follower, and one the entry saves is dropped) what it grew to since, before the notice.
     shown = [i for i in items if isinstance(i, Draft) and i.draft == cut[0].meta["draft"]]
-    assert shown and shown[-1].text == cut[0].text
+    assert shown and cut[0].text.startswith(shown[-1].text)
     kinds = [e.kind for e in after]
     assert kinds[-1] == "notice" and after[-1].text == STOP_NOTICE
     assert after.index(cut[0]) < len(after) - 1

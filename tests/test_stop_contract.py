@@ -37,7 +37,7 @@ from supervisor.host.supervisor import NUDGE_TEXT, STOP_NOTICE, Supervisor, open
 from supervisor.procs.registry import ProcessRegistry
 from supervisor.procs.tree import TURN_MARKER, ProcessTree, descendants
 from supervisor.procs.tree import spawn as real_spawn
-from supervisor.store.store import Entry, StoreError
+from supervisor.store.store import Entry, Store, StoreError
 from supervisor.testing import Hooks, host_pid
 
 #: Generous limit for anything that involves a real process.
@@ -344,8 +344,18 @@ async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(sho
         assert not notices(busy) and busy[-1].text.startswith("done: ")
 
 
-async def test_contract_01_stop_all_stops_every_busy_channel(short_tmp: Path, gates: Any) -> None:
+async def test_contract_01_stop_all_stops_every_busy_channel(
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gate = gates()
+    commits: list[list[str]] = []  # each commit's entries' kinds
+    commit = Store._commit
+
+    def counted(store: Store, batch: list[Any]) -> None:
+        commits.append([p.entry.kind for p in batch if p.entry is not None])
+        commit(store, batch)
+
+    monkeypatch.setattr(Store, "_commit", counted)
     async with running(short_tmp) as (sup, spawned):
         for channel in ("c1", "c2", "c3"):
             await send_and_wait_ready(sup, channel, f"gate={gate}")
@@ -354,11 +364,15 @@ async def test_contract_01_stop_all_stops_every_busy_channel(short_tmp: Path, ga
         busy_calls = spawned.calls[:3]  # the fourth made "quiet" and has ended
         busy_trees = tree_pids(s.process.pid for s in busy_calls)
 
+        await sup.flush()
+        commits.clear()
         with trio.fail_after(SLOW):
             result = await sup.stop(None)
 
         assert result.ok and result.channels is not None
         assert sorted(r.channel for r in result.channels) == ["c1", "c2", "c3"]
+        # The three notices in one commit (the records in one before it: contract 17's own tests).
+        assert [kinds.count("notice") for kinds in commits if "notice" in kinds] == [3]
         assert len(result.stopped_turns) == 3
         assert sorted(result.killed) == sorted(busy_trees)
         assert all(s.process.returncode is not None for s in spawned.calls)

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,9 @@ from .capacity import Capacity
 from .ownership import Ownership
 
 log = logging.getLogger("corral")
+#: How many messages done with stay known to this host (see ``Lanes.known``): many more than a
+#: fleet's pick-up can read in the time one of them takes to be dequeued and run.
+KNOWN_DONE_KEPT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +194,12 @@ class Lanes:
         self.fences: dict[str, tuple[str, int]] = {}
         """Each running turn's channel and the fencing token its lease had when it began."""
         self.known: set[int] = set()
-        """Seqs of every message this host's ledger has held (a fleet picks up only others)."""
+        """Seqs of the messages this host's ledger holds or has held lately (a fleet picks up
+        only others): a message done with (its turn ended, or a stop dropped it) leaves it
+        :data:`KNOWN_DONE_KEPT` messages later (:meth:`done_with`), so it holds what is queued
+        and running plus a bounded tail, not every message of the daemon's life."""
+        self._done: deque[int] = deque()
+        """The seqs done with, oldest first: each leaves ``known`` once it is that far back."""
         self.idle: dict[str, trio.Event] = {}
         self.interruptions: dict[str, Interruption] = {}
         """Turns an interrupting message has made stale, by id: their notice is owed at their end."""
@@ -327,7 +336,17 @@ class Lanes:
             self.hops.pop(take.ticket.turn_id, None)
             self.fences.pop(take.ticket.turn_id, None)
             self.metrics.turns_ended[agent] += 1
+            self.done_with((take.ticket.message.id,))
         return True
+
+    def done_with(self, seqs: Iterable[int]) -> None:
+        """These messages are over (run, or dropped by a stop's stored record): each stays in
+        ``known`` for :data:`KNOWN_DONE_KEPT` more messages done (a fleet's pick-up that read
+        the store's queue before the message was dequeued still skips it), then leaves."""
+        for seq in seqs:
+            self._done.append(seq)
+        while len(self._done) > KNOWN_DONE_KEPT:
+            self.known.discard(self._done.popleft())
 
     def requeue(self, rows: Sequence[QueuedRow], *, taken_up: bool = False) -> None:
         """Queue stored messages in the ledger. ``taken_up``: another host accepted them, under

@@ -17,7 +17,9 @@ the notice, last. A record that cannot be stored fails the stop before anything 
 
 A stop is channel-wide: one decision names every running turn of the channel; all of them
 are signalled in one synchronous pass, waited for together, and then ONE notice is stored,
-last. A stop-all is one batch of decisions with one record write.
+last. A stop-all is one batch of decisions with one record write, and its notices one more:
+each channel's stop waits at a gate until every channel of the batch has ended its turns,
+then all submit their notices in the same step, so the group commit stores them together.
 
 :meth:`Stopper.kill` is the one kill step: a stop (the adapter's interrupt signal, then the
 teardown's grace), a lost lease (SIGKILL, no grace: the channel is no longer this host's to
@@ -182,6 +184,7 @@ class Stopper:
                 for channel, plans in batch.plans.items():
                     for agent, items in plans.items():
                         self._store.remember_todos(channel, agent, items)
+                self._lanes.done_with(m.id for d in batch.decisions if not d.repeat for m in d.dropped)
             else:
                 for decision in batch.decisions:
                     if not decision.repeat:
@@ -197,6 +200,7 @@ class Stopper:
             }
             together = self._end_together(turn for stopped in turns.values() for turn in stopped)
             results: list[StopResult | None] = [None] * len(batch.decisions)
+            gate = _Gate(len(turns)) if len(turns) > 1 else None  # (a stop-all's notices: one commit)
 
             async def one(i: int, decision: StopDecision) -> None:
                 if decision.repeat:
@@ -206,7 +210,7 @@ class Stopper:
                 else:
                     results[i] = await self._complete(
                         decision, turns[decision.channel], started, batch.seqs[decision.channel],
-                        batch.progress[decision.channel], batch.notice or STOP_NOTICE,
+                        batch.progress[decision.channel], batch.notice or STOP_NOTICE, gate,
                     )
 
             async with trio.open_nursery() as nursery:
@@ -281,7 +285,7 @@ class Stopper:
 
     async def _complete(
         self, decision: StopDecision, turns: list[RunningTurn], started: float, stop_seq: int,
-        progress: _StopInProgress, notice_text: str = STOP_NOTICE,
+        progress: _StopInProgress, notice_text: str = STOP_NOTICE, gate: _Gate | None = None,
     ) -> StopResult:
         channel = decision.channel
         result = StopResult(channel, decision.generation, dropped=len(decision.dropped))
@@ -319,6 +323,8 @@ class Stopper:
             if silent is not None:
                 result.ok = False
                 result.error = silent
+            if gate is not None:
+                await gate.passed()  # (every channel of the stop-all is here: the notices go in one step)
             # The plan's entries and the notice, last; the notice's commit completes the record.
             writes = self._plan_entries(channel, decision.generation, progress.plans)
             text = (
@@ -419,6 +425,21 @@ class _StopInProgress:
         self.done.set()
         if stops.get(channel) is self:
             del stops[channel]
+
+
+class _Gate:
+    """Opens once ``count`` tasks have reached it; each then goes on, in the same scheduling step."""
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._open = trio.Event()
+
+    async def passed(self) -> None:
+        """Arrive, and wait until every one of them has."""
+        self._left -= 1
+        if self._left <= 0:
+            self._open.set()
+        await self._open.wait()
 
 
 @dataclass(slots=True)

@@ -13,12 +13,25 @@ Theory of operation
   that point back from the database, in order, so only what is committed is shown and every
   follower sees one order. A resume point is a seq; its position is looked up.
 * **Drafts** (live output, never stored) go to the followers that asked for them, in the order
-  shown relative to the commits; a follower too far behind skips a draft rather than re-reading.
+  shown relative to the commits, **coalesced and paced per follower**: a follower holds at most
+  one draft of each channel in its queue (a *slot*); a newer draft of the channel replaces the
+  one in the slot (latest wins: each draft carries the whole run), so showing a draft costs a
+  dictionary look-up per follower and never blocks the turn or another follower. The follower
+  itself takes a slot's draft at most ``drafts_per_second`` times a second per channel (a
+  generic cell rate: one draft ahead of the rate is let through, for the agent's own jitter);
+  one that comes sooner is held back until it is due, still taking the newer drafts meanwhile.
+  An entry of the channel closes the slot (a later draft opens a new one, after the entry):
+  the slot's draft is dropped if the entry saves it, else shown before the entry. So what a
+  follower is sent grows with its channels and the pace, not with the agents' deltas, and a
+  slow follower skips drafts, never entries (a follower 10,000 entries behind re-reads the
+  database, above).
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +48,8 @@ T = TypeVar("T")
 
 #: How many other hosts' entries a fleet host reads back for its followers at a time.
 _SHOW_BATCH = 1000
+#: The most drafts of one channel a follower is sent a second (see the theory).
+DRAFTS_PER_SECOND = 10.0
 
 
 class Reads(Protocol):
@@ -43,20 +58,74 @@ class Reads(Protocol):
     async def __call__(self, read: Callable[[], T], /) -> T: ...
 
 
+class _Slot:
+    """A follower's place in its queue for one channel's newest draft (None: dropped)."""
+
+    __slots__ = ("channel", "draft")
+
+    def __init__(self, draft: Draft) -> None:
+        self.channel = draft.channel
+        self.draft: Draft | None = draft
+
+
 class _Subscription:
-    def __init__(self, channel: str | None, *, drafts: bool = False) -> None:
+    def __init__(self, channel: str | None, *, drafts: bool = False, per_second: float = DRAFTS_PER_SECOND) -> None:
         self.channel = channel
         self.drafts = drafts
-        self.send, self.receive = trio.open_memory_channel[Entry | Draft](10_000)
+        self.send, self.receive = trio.open_memory_channel[Entry | _Slot](10_000)
         self.overflowed = False
+        self.slots: dict[str, _Slot] = {}
+        """Each channel's open slot, queued or held back: a newer draft replaces its draft."""
+        self.interval = 1.0 / per_second
+        self.due: dict[str, float] = {}
+        """Each channel's theoretical time of its next draft (the cell rate's), pruned when past."""
+
+    def show(self, draft: Draft) -> None:
+        """Put ``draft`` in its channel's slot (replacing the one there) or queue a new slot."""
+        slot = self.slots.get(draft.channel)
+        if slot is not None:
+            slot.draft = draft
+            return
+        slot = _Slot(draft)
+        try:
+            self.send.send_nowait(slot)
+        except trio.WouldBlock:
+            return  # (too far behind: the draft is skipped, the entries are what count)
+        self.slots[draft.channel] = slot
+
+    def close_slot(self, entry: Entry) -> None:
+        """An entry of the slot's channel is queued after it: a later draft goes after the entry;
+        the slot's draft is dropped if the entry saves it."""
+        slot = self.slots.pop(entry.channel, None)
+        if slot is not None and slot.draft is not None and entry.meta.get("draft") == slot.draft.draft:
+            slot.draft = None
+
+    def take(self, slot: _Slot, now: float) -> Draft | None:
+        """The slot's draft, sent now (its channel's next one due a cell later)."""
+        if self.slots.get(slot.channel) is slot:
+            del self.slots[slot.channel]
+        draft, slot.draft = slot.draft, None
+        if draft is not None:
+            self.due[slot.channel] = max(self.due.get(slot.channel, now), now) + self.interval
+            if len(self.due) > 2 * len(self.slots) + 64:
+                self.due = {c: t for c, t in self.due.items() if t > now}
+        return draft
+
+    def held_until(self, slot: _Slot, now: float) -> float | None:
+        """When the slot's draft is due, if not now (one cell of tolerance)."""
+        due = self.due.get(slot.channel, now) - self.interval
+        return due if due > now else None
 
 
 class Feed:
     """The followers of a store on ``db`` (reads run by ``read``); ``fleet``: a fleet host's,
     every entry up to commit position ``shown`` already committed before it opened."""
 
-    def __init__(self, db: Engine, read: Reads, *, fleet: bool, shown: int = 0) -> None:
+    def __init__(
+        self, db: Engine, read: Reads, *, fleet: bool, shown: int = 0, drafts_per_second: float = DRAFTS_PER_SECOND
+    ) -> None:
         self._db, self._read, self._fleet = db, read, fleet
+        self._drafts_per_second = drafts_per_second
         self._subs: dict[str | None, set[_Subscription]] = defaultdict(set)
         self._shown = shown
         """(A fleet) the commit position up to which followers have been shown every entry."""
@@ -124,6 +193,8 @@ class Feed:
     def _publish(self, entry: Entry) -> None:
         for key in (entry.channel, None):
             for sub in list(self._subs.get(key, ())):
+                if sub.slots:
+                    sub.close_slot(entry)
                 try:
                     sub.send.send_nowait(entry)
                 except trio.WouldBlock:
@@ -134,16 +205,14 @@ class Feed:
     def show_draft(self, draft: Draft) -> None:
         """Hand ``draft`` to the live followers that asked for drafts; nothing is written.
 
-        A follower too far behind to take it skips it (the next draft of the run carries
-        everything before it, and the entry that saves the run follows in any case): a draft
+        Each follower's slot for the channel takes it, replacing an older draft not sent yet
+        (see the theory): a follower too far behind skips it (the next draft of the run carries
+        everything before it, and the entry that saves the run follows in any case); a draft
         never makes a follower re-read the database the way a full queue of entries does."""
         for key in (draft.channel, None):
-            for sub in list(self._subs.get(key, ())):
+            for sub in self._subs.get(key, ()):
                 if sub.drafts:
-                    try:
-                        sub.send.send_nowait(draft)
-                    except trio.WouldBlock:
-                        pass
+                    sub.show(draft)
 
     @overload
     def follow(
@@ -164,17 +233,44 @@ class Feed:
             return (entry.pos or 0) if self._fleet else entry.seq
 
         while True:
-            sub = _Subscription(channel, drafts=drafts)
+            sub = _Subscription(channel, drafts=drafts, per_second=self._drafts_per_second)
             self._subs[channel].add(sub)
             try:
                 for entry in await self._rows(channel, column, floor, 100_000):
                     if key(entry) > floor:
                         yield entry
                         floor = key(entry)
-                async for item in sub.receive:
-                    if isinstance(item, Draft):
-                        yield item
+                held: list[tuple[float, int, _Slot]] = []  # (due, order, slot): the drafts held back
+                holding: dict[str, _Slot] = {}
+                order = itertools.count()
+                while True:
+                    item: Entry | _Slot | None = None
+                    try:
+                        if held:
+                            with trio.move_on_at(held[0][0]):
+                                item = await sub.receive.receive()
+                        else:
+                            item = await sub.receive.receive()
+                    except trio.EndOfChannel:
+                        break
+                    now = trio.current_time()
+                    if item is None:  # the first held draft is due
+                        _, _, slot = heapq.heappop(held)
+                        if holding.get(slot.channel) is slot:
+                            del holding[slot.channel]
+                        if (draft := sub.take(slot, now)) is not None:
+                            yield draft
+                    elif isinstance(item, _Slot):
+                        if (due := sub.held_until(item, now)) is not None:
+                            heapq.heappush(held, (due, next(order), item))
+                            holding[item.channel] = item
+                        elif (draft := sub.take(item, now)) is not None:
+                            yield draft
                     elif key(item) > floor:
+                        # A draft held back from before the entry goes first (or is dropped, saved by it).
+                        if (early := holding.pop(item.channel, None)) is not None \
+                                and (draft := sub.take(early, now)) is not None:
+                            yield draft
                         yield item
                         floor = key(item)
             finally:
