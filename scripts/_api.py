@@ -10,6 +10,7 @@ operations over ``httpx``, each path built from the one declaration of the opera
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -66,7 +67,14 @@ class AsyncAPI:
         seq, generation, ``to`` (and what an interrupt interrupted and dropped)."""
         body = {"text": text, **({"agent": agent} if agent else {}), **({"author": author} if author else {}),
                 **({"delivery": delivery} if delivery else {})}
-        r = await self.http.post(api_path("send", channel), json=body)
+        # Sent with an idempotency key and sent again once if the connection drops before the
+        # answer (a kept-alive connection the daemon closed as it was reused): the daemon
+        # answers the first acceptance again, so a retried send queues nothing twice.
+        headers = {"Idempotency-Key": secrets.token_hex(16)}
+        try:
+            r = await self.http.post(api_path("send", channel), json=body, headers=headers)
+        except httpx.RemoteProtocolError:
+            r = await self.http.post(api_path("send", channel), json=body, headers=headers)
         if r.status_code != 202:
             raise RuntimeError(f"send to {channel}: HTTP {r.status_code} {r.text[:200]}")
         accepted: dict[str, Any] = r.json()
@@ -91,12 +99,18 @@ class AsyncAPI:
 
     async def wait(self, channel: str, timeout: float) -> bool:
         """True once the channel is idle (False after ``timeout`` seconds)."""
-        r = await self.http.post(api_path("wait", channel), params={"timeout": timeout})
+        try:
+            r = await self.http.post(api_path("wait", channel), params={"timeout": timeout})
+        except httpx.RemoteProtocolError:  # (a wait changes nothing: asked again)
+            r = await self.http.post(api_path("wait", channel), params={"timeout": timeout})
         return bool(r.json().get("idle"))
 
     async def entries(self, channel: str) -> list[dict[str, Any]]:
         """Every committed entry of the channel."""
-        r = await self.http.get(api_path("entries", channel))
+        try:
+            r = await self.http.get(api_path("entries", channel))
+        except httpx.RemoteProtocolError:  # (a read: asked again)
+            r = await self.http.get(api_path("entries", channel))
         r.raise_for_status()
         entries: list[dict[str, Any]] = r.json()["entries"]
         return entries
