@@ -452,6 +452,32 @@ async def test_a_message_sent_through_another_host_wakes_the_owner_at_once_not_a
         assert ran == [("p", "h2"), ("ch", "h2"), ("ch", "h2")]
 
 
+async def test_a_send_retried_through_another_host_with_its_key_runs_once(short_tmp: Path, postgres_url: str) -> None:
+    """Issue 37: an idempotency key holds through any host of a fleet — a retry through another
+    host answers the first acceptance, and the same key sent through two hosts at once is
+    accepted by one of them, answered to both (the key is stored in the message's transaction,
+    in the shared database)."""
+    url = postgres_url
+    async with host(short_tmp, url, "h1") as one, host(short_tmp, url, "h2") as two:
+        first = await one.send("ch", "once", idempotency_key="retry-1")
+        again = await two.send("ch", "once", idempotency_key="retry-1")
+        assert again.replayed and again.seq == first.seq and not first.replayed
+        answers = []
+
+        async def send(via: Supervisor) -> None:
+            answers.append(await via.send("ch", "at once", idempotency_key="both-2"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, one)
+            nursery.start_soon(send, two)
+        assert len({a.seq for a in answers}) == 1 and [a.replayed for a in answers].count(False) == 1, answers
+        await until("both to run", lambda: "done: at once" in texts(url) and "done: once" in texts(url))
+        with trio.fail_after(DEADLINE):
+            assert await one.wait_idle("ch") and await two.wait_idle("ch")
+    assert texts(url).count("once") == 1 and texts(url).count("at once") == 1, texts(url)
+    assert texts(url).count("done: once") == 1 and texts(url).count("done: at once") == 1, texts(url)
+
+
 async def test_follow_through_any_host_streams_every_hosts_entries_live_and_misses_none(
     short_tmp: Path, postgres_url: str
 ) -> None:
