@@ -4,16 +4,21 @@ spent one refusing the lane's next turn, whose message waits, named, until ``bud
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+from conftest import make_config, script_agent
 from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.config.settings import ConfigError, Problem, parse_config
-from supervisor.core.daily import DailyLimits, DailySpent, DailyTally, seconds_to_midnight
+from supervisor.core.daily import DailyLimits, DailySpent, DailyTally, seconds_to_midnight, utc_day
 from supervisor.core.usage import TurnRecord
+from supervisor.host.supervisor import open_supervisor
 
 
 def _agent(adapter: str, **keys: Any) -> dict[str, Any]:
@@ -107,3 +112,51 @@ def test_a_lane_is_refused_exactly_when_todays_sum_reaches_a_budget(
 def test_the_wait_ends_at_the_next_utc_midnight() -> None:
     assert seconds_to_midnight(1_796_169_600) == 86_400  # 2026-12-02 00:00:00 UTC: a whole day
     assert seconds_to_midnight(1_796_169_600 + 86_399.5) == 0.5
+
+
+#: Reports 1,000 tokens, then answers.
+USING = """
+import json, sys
+print(json.dumps({"type": "usage", "input_tokens": 600, "output_tokens": 400}), flush=True)
+print(json.dumps({"type": "result", "text": "answered: " + sys.argv[-1]}), flush=True)
+"""
+
+
+async def _waiting_entry(sup: Any, after: int) -> Any:
+    with trio.fail_after(60):
+        async with aclosing(sup.follow("ch", after)) as followed:
+            async for entry in followed:
+                if entry.kind == "status" and "daily_budget" in entry.meta:
+                    return entry
+    raise AssertionError("no waiting entry")
+
+
+async def test_contract_20_a_spent_daily_budget_keeps_the_next_message_queued_until_budget_reset(
+    short_tmp: Path,
+) -> None:
+    config = make_config(short_tmp, {"bot": script_agent(USING, max_daily_tokens=1_000)})
+    async with open_supervisor(config) as sup:
+        await sup.send("ch", "first")
+        with trio.fail_after(60):
+            await sup.wait_idle("ch")
+        kept = await sup.send("ch", "second")
+        waiting = await _waiting_entry(sup, kept.seq)
+        assert waiting.text == ("Waiting: agent bot's daily budget is spent (1,000 of 1,000 tokens today), so message "
+                                f"{kept.seq} waits; it runs after 00:00 UTC or `corral budget reset bot`."), waiting
+        view = await sup.queue("ch")
+        assert [(m["seq"], m["why"]) for m in view["queued"]] == [
+            (kept.seq, "agent bot's daily budget is spent (1,000 of 1,000 tokens today)")], view
+        assert sup.budget_reset("bot") == {"reset": ["agent bot"], "day": utc_day()}
+        with trio.fail_after(60):
+            await sup.wait_idle("ch")
+        answers = [e.text for e in await sup.entries("ch") if e.author == "agent:bot"]
+        assert answers == ["answered: first", "answered: second"], answers
+        # Spent again: a Stop drops the message that waits, as it drops any queued one.
+        dropped = await sup.send("ch", "third")
+        await _waiting_entry(sup, dropped.seq)
+        assert (await sup.stop("ch")).ok
+        with trio.fail_after(60):
+            await sup.wait_idle("ch")
+        entries = await sup.entries("ch", after=dropped.seq)
+        assert entries[-1].kind == "notice" and "1 queued message was not run" in entries[-1].text, entries
+        assert not [e for e in entries if e.author == "agent:bot"] and (await sup.queue("ch"))["queued"] == []
