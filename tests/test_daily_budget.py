@@ -160,3 +160,16 @@ async def test_contract_20_a_spent_daily_budget_keeps_the_next_message_queued_un
         entries = await sup.entries("ch", after=dropped.seq)
         assert entries[-1].kind == "notice" and "1 queued message was not run" in entries[-1].text, entries
         assert not [e for e in entries if e.author == "agent:bot"] and (await sup.queue("ch"))["queued"] == []
+
+
+def test_the_guides_daily_budget_example_is_read_as_it_says() -> None:
+    import re
+    import tomllib
+
+    guide = (Path(__file__).parent.parent / "docs" / "agents.md").read_text()
+    section = guide.split("### Daily budgets: what a day may spend", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```toml\n(.*?)```\n", section, re.S)
+    data = tomllib.loads(block)
+    data["agents"]["coder"]["command"] = ["/bin/true"]  # (claude need not be installed to read the budgets)
+    config = parse_config(data, file="docs/agents.md")
+    assert config.daily_limits("ops", "coder") == (DailyLimits(2_000_000, Decimal(5)), DailyLimits(500_000))
