@@ -173,3 +173,17 @@ def test_the_guides_daily_budget_example_is_read_as_it_says() -> None:
     data["agents"]["coder"]["command"] = ["/bin/true"]  # (claude need not be installed to read the budgets)
     config = parse_config(data, file="docs/agents.md")
     assert config.daily_limits("ops", "coder") == (DailyLimits(2_000_000, Decimal(5)), DailyLimits(500_000))
+
+
+def test_the_generic_protocols_usage_line_is_read_and_a_bad_one_is_said() -> None:
+    from adapters import Usage
+    from adapters.generic import GenericParser
+
+    import json
+
+    parser = GenericParser()
+    line = {"type": "usage", "input_tokens": 600, "output_tokens": 400, "model": "m"}
+    assert parser.feed(json.dumps(line)) == [Usage(input_tokens=600, output_tokens=400, model="m")]
+    for bad in ({"input_tokens": -1}, {"output_tokens": "many"}, {"input_tokens": True}, {"model": 3}):
+        (event,) = parser.feed(json.dumps({"type": "usage", **bad}))
+        assert type(event).__name__ == "Unparsed", bad
