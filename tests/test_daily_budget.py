@@ -187,3 +187,18 @@ def test_the_generic_protocols_usage_line_is_read_and_a_bad_one_is_said() -> Non
     for bad in ({"input_tokens": -1}, {"output_tokens": "many"}, {"input_tokens": True}, {"model": 3}):
         (event,) = parser.feed(json.dumps({"type": "usage", **bad}))
         assert type(event).__name__ == "Unparsed", bad
+
+
+async def test_todays_spend_is_read_from_the_store_at_start_so_a_restart_does_not_lift_the_budget(
+    short_tmp: Path,
+) -> None:
+    config = make_config(short_tmp, {"bot": script_agent(USING, max_daily_tokens=1_000)})
+    async with open_supervisor(config) as sup:
+        await sup.send("ch", "first")
+        with trio.fail_after(60):
+            await sup.wait_idle("ch")
+    async with open_supervisor(config) as sup:
+        kept = await sup.send("ch", "after the restart")
+        waiting = await _waiting_entry(sup, kept.seq)
+        assert waiting.meta["waiting"] == [kept.seq] and waiting.meta["daily_budget"]["used"] == "1000", waiting.meta
+        assert (await sup.stop("ch")).ok
