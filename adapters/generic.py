@@ -12,6 +12,8 @@ todos      ``todos`` — ``[{"content": str, "status": "pending|in_progress|comp
 session    ``id`` — resume the conversation with this id next turn
 result     ``text`` — the final answer; the turn is a success
 error      ``text`` — the turn failed
+usage      ``input_tokens``, ``output_tokens`` (whole numbers), ``model`` — what the model used since
+           the last ``usage`` line (the turn's token budgets and the daily ones count it)
 =========  =====================================================================
 
 Consecutive ``text`` pieces and plain lines — a run not broken by any other event — make
@@ -46,6 +48,7 @@ from ._base import (
     ToolUse,
     TurnRequest,
     Unparsed,
+    Usage,
     parse_todos,
     preview,
 )
@@ -149,6 +152,12 @@ class GenericParser:
             if not isinstance(sid, str) or not sid:
                 return [Unparsed(json.dumps(obj), "'session' needs a string 'id'")]
             return [SessionId(sid)]
+        if kind == "usage":
+            inp, out, model = obj.get("input_tokens", 0), obj.get("output_tokens", 0), obj.get("model")
+            if not (isinstance(inp, int) and isinstance(out, int)) or isinstance(inp, bool) or isinstance(out, bool) \
+                    or min(inp, out) < 0 or not (model is None or isinstance(model, str)):
+                return [Unparsed(json.dumps(obj), "'usage' needs whole numbers 'input_tokens', 'output_tokens'")]
+            return [Usage(input_tokens=inp, output_tokens=out, model=model)]
         if kind == "result":
             self.saw_result = True
             return [Result(text, ok=True)]

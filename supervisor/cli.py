@@ -821,6 +821,28 @@ def usage(obj: _Context, channel: str | None, since: str | None, config_path: st
                    f"{row['wall_seconds']:.0f} s, {cost}{stopped}")
 
 
+@main.group(short_help="Daily budgets: start one again today (budget reset).")
+def budget() -> None:
+    """Daily budgets (max_daily_tokens, max_daily_cost)."""
+
+
+@budget.command("reset", short_help="Start a channel's or agent's daily budget again (default: every one).")
+@click.argument("name", required=False)
+@_client_options
+@click.pass_obj
+def budget_reset(obj: _Context, name: str | None, config_path: str | None, as_json: bool) -> None:
+    """Forget today's spend of channel or agent NAME (every one without it): its daily budget
+    starts again, and the messages that waited for it run now. Until the daemon restarts."""
+    ctx = _merge(obj, as_json, config_path)
+    answer = _call(ctx, lambda c: c.budget_reset(name))
+    if ctx.json:
+        _print_json(answer)
+    elif answer["reset"]:
+        click.echo(f"daily budget reset for {', '.join(answer['reset'])} ({answer['day']})")
+    else:
+        click.echo(f"nothing had spent anything today ({answer['day']}){f' as {name}' if name else ''}")
+
+
 @main.command()
 @_client_options
 @click.pass_obj

@@ -25,9 +25,9 @@ from supervisor.serve.client import APIError, Client
 from supervisor.serve.daemon import run_daemon
 from supervisor.serve.routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, OPERATIONS, REQUIRED, Operation, author_of
 
-#: The fourteen operations every face offers.
+#: The fifteen operations every face offers.
 NAMES = ["send", "stop", "stop_all", "reset", "resend", "wait", "entries", "follow", "queue", "cancel", "move_first",
-         "status", "usage", "shutdown"]
+         "status", "usage", "budget_reset", "shutdown"]
 
 #: Each face's method for an operation (None: the face offers it otherwise, and why).
 CLIENT = {name: name for name in NAMES}
@@ -44,7 +44,7 @@ DIFFERENCES = {
 }
 
 
-def test_the_table_declares_the_fourteen_operations() -> None:
+def test_the_table_declares_the_fifteen_operations() -> None:
     assert list(OPERATIONS) == NAMES
     for op in OPERATIONS.values():
         paths = [p.name for p in op.params if p.where == "path"]
@@ -122,6 +122,7 @@ def test_the_client_requests_what_the_table_declares(monkeypatch: pytest.MonkeyP
         "move_first": lambda: c.move_first("a/b", 9),
         "status": lambda: c.status(),
         "usage": lambda: c.usage("a/b", "2026-12-01"),
+        "budget_reset": lambda: c.budget_reset("bot"),
         "shutdown": lambda: c.shutdown(),
     }
     for name, call in calls.items():
@@ -151,7 +152,7 @@ COMMANDS = {
     "reset": ("reset", None), "resend": ("resend", None),
     "entries": ("tail", None), "follow": ("tail", "follow"), "status": ("status", None), "usage": ("usage", None),
     "shutdown": ("shutdown", None), "queue": ("queue", None), "cancel": ("cancel", None),
-    "move_first": ("first", None),
+    "move_first": ("first", None), "budget_reset": ("budget reset", None),
 }
 
 
@@ -166,7 +167,10 @@ def _cli_default(command: click.Command, param: click.Parameter) -> Any:
 def test_the_cli_offers_every_operation_with_the_tables_defaults() -> None:
     assert set(COMMANDS) == set(OPERATIONS)
     for name, (command, flag) in COMMANDS.items():
-        cmd = cli.main.commands[command]
+        cmd: click.Command = cli.main
+        for word in command.split():  # (`budget reset`: a command of a group)
+            assert isinstance(cmd, click.Group)
+            cmd = cmd.commands[word]
         params = {p.name: p for p in cmd.params}
         if flag is not None:
             assert isinstance(params[flag], click.Option) and params[flag].is_flag, (name, flag)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.budget import NO_LIMITS, Price, TurnLimits
+from ..core.daily import NO_DAILY, DailyLimits
 from ..core.errors import CorralError
 from ..core.netpolicy import DEFAULT, HOST, Policy
 from ..procs.sandbox import SandboxMode
@@ -177,6 +178,9 @@ class AgentConfig:
     budget: TurnLimits = NO_LIMITS
     """``max_turn_tokens``, ``max_turn_cost``, ``max_turn_tool_calls``: what one of its turns
     may spend (:mod:`supervisor.core.budget`)."""
+    daily: DailyLimits = NO_DAILY
+    """``max_daily_tokens``, ``max_daily_cost``: what its turns may spend in one UTC day, in
+    every channel together (:mod:`supervisor.core.daily`)."""
 
     @property
     def estimate(self) -> int:
@@ -300,6 +304,20 @@ class Config:
         config = self.agents.get(agent)
         return config.delivery if config is not None and config.delivery is not None else "queue"
 
+    def daily_limits(self, channel: str, agent: str) -> tuple[DailyLimits, DailyLimits]:
+        """The agent's and the channel's daily budgets (each applies on its own)."""
+        found, table = self.agents.get(agent), self.channels.get(channel)
+        return (found.daily if found is not None else NO_DAILY, table.daily if table is not None else NO_DAILY)
+
+    def usage_currency(self, channel: str, agent: str) -> str:
+        """The currency a turn's cost is stored in: its money budgets' (the parser made them
+        agree), else dollars."""
+        limits = self.turn_limits(channel, agent)
+        if limits.max_turn_cost is not None:
+            return limits.currency
+        return next((d.currency for d in self.daily_limits(channel, agent) if d.max_daily_cost is not None),
+                    limits.currency)
+
     def turn_limits(self, channel: str, agent: str) -> TurnLimits:
         """What a turn of ``agent`` in ``channel`` may spend: the tightest of the agent's, the
         channel's and ``[server]``'s budgets (their currencies agree: the parser checked)."""
@@ -340,6 +358,9 @@ class ChannelConfig:
     budget: TurnLimits = NO_LIMITS
     """``max_turn_tokens``, ``max_turn_cost``, ``max_turn_tool_calls``: what one turn in the
     channel may spend, whichever agent runs it."""
+    daily: DailyLimits = NO_DAILY
+    """``max_daily_tokens``, ``max_daily_cost``: what the channel's turns may spend in one UTC
+    day, every agent's together."""
     max_queued: int | None = None
     """``max_queued``: messages that may wait in the channel (None: ``[defaults]``'s)."""
     when_full: str | None = None

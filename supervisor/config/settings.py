@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..core.budget import DEFAULT_CURRENCY, Price, TurnLimits, money_budget_refusal
+from ..core.daily import DailyLimits
 from ..core.netpolicy import HOST, Policy, PolicyError, configured_urls, parse_policy
 from ..core.queue import DEFAULT_IDEMPOTENCY_WINDOW, WHEN_FULL
 from ..core.results import DELIVERIES
@@ -86,6 +87,8 @@ __all__ = [
 _TOP = {"server", "store", "defaults", "agents", "channels", "cluster", "bridges", "prices"}
 #: A turn's budgets, in ``[agents.X]``, ``[channels.X]`` and ``[server]`` (the tightest applies).
 _BUDGET = {"max_turn_tokens", "max_turn_cost", "max_turn_tool_calls"}
+#: A day's budgets, in ``[agents.X]`` and ``[channels.X]`` (each applies on its own).
+_DAILY = {"max_daily_tokens", "max_daily_cost"}
 _PRICE = {"input", "output", "cache_read", "cache_write", "currency"}
 _CLUSTER = {"host", "lease"}
 _SERVER = {"socket", "tcp", "token_file", "socket_mode", "socket_group", "cgroup", "sandbox", "bwrap", "max_turns",
@@ -96,11 +99,11 @@ _LIMIT_KEYS = {"stop_grace", "stall_timeout", "turn_timeout", "keep_background",
                "max_output"}
 _QUEUE_KEYS = {"max_queued", "when_full"}
 _DEFAULTS = {"agent", "max_hops", "catch_up_entries", "catch_up_bytes"} | _LIMIT_KEYS | _QUEUE_KEYS
-_CHANNEL = {"agents", "max_hops", "host", "delivery"} | _BUDGET | _QUEUE_KEYS
+_CHANNEL = {"agents", "max_hops", "host", "delivery"} | _BUDGET | _DAILY | _QUEUE_KEYS
 _AGENT = {"adapter", "command", "args", "env", "cwd", "model", "unattended", "sandbox_write", "sandbox_hide",
           "sandbox_show",
           "network", "network_allow", "credentials", "max_concurrent", "memory_estimate", "delivery"} \
-    | _LIMIT_KEYS | _BUDGET
+    | _LIMIT_KEYS | _BUDGET | _DAILY
 
 
 class _Checker:
@@ -235,20 +238,31 @@ class _Checker:
     def budget(self, data: Mapping[str, Any], prefix: str) -> TurnLimits:
         """``max_turn_tokens``, ``max_turn_cost`` (``0.50``, or ``"0.50 EUR"`` in another
         currency than dollars) and ``max_turn_tool_calls``; absent: no such budget."""
+        cost, currency = self.money(data, "max_turn_cost", prefix, "0.50")
+        return TurnLimits(self.limit(data, "max_turn_tokens", prefix, 200_000), cost,
+                          self.at_least_zero(data, "max_turn_tool_calls", prefix, 50), currency)
+
+    def daily(self, data: Mapping[str, Any], prefix: str) -> DailyLimits:
+        """``max_daily_tokens`` and ``max_daily_cost`` (as ``max_turn_cost``); absent: none."""
+        cost, currency = self.money(data, "max_daily_cost", prefix, "5")
+        return DailyLimits(self.limit(data, "max_daily_tokens", prefix, 1_000_000), cost, currency)
+
+    def money(self, data: Mapping[str, Any], key: str, prefix: str, example: str) -> tuple[Decimal | None, str]:
+        """A money budget, ``key = 0.50`` (dollars) or ``key = "0.50 EUR"``: its amount (None:
+        absent or wrong, said) and its currency."""
         cost, currency = None, DEFAULT_CURRENCY
-        raw = data.get("max_turn_cost")
+        raw = data.get(key)
         if raw is not None:
             amount, _, named = str(raw).strip().partition(" ") if isinstance(raw, str) else (raw, "", "")
-            cost = self.amount(amount, f"{prefix}max_turn_cost", 'write max_turn_cost = 0.50 (dollars), or '
-                               'max_turn_cost = "0.50 EUR"', positive=True)
+            cost = self.amount(amount, f"{prefix}{key}", f'write {key} = {example} (dollars), or '
+                               f'{key} = "{example} EUR"', positive=True)
             if named.strip():
                 currency = named.strip()
                 if not re.fullmatch(r"[A-Z]{3}", currency):
-                    self.add(f"{prefix}max_turn_cost", f"{currency!r} is not a currency code",
-                             'write max_turn_cost = "0.50 EUR" (three capital letters), or a number for dollars')
+                    self.add(f"{prefix}{key}", f"{currency!r} is not a currency code",
+                             f'write {key} = "{example} EUR" (three capital letters), or a number for dollars')
                     cost = None
-        return TurnLimits(self.limit(data, "max_turn_tokens", prefix, 200_000), cost,
-                          self.at_least_zero(data, "max_turn_tool_calls", prefix, 50), currency)
+        return cost, currency
 
     def amount(self, value: object, key: str, fix: str, *, positive: bool = False) -> Decimal | None:
         """A sum of money: a TOML number or a string of digits, read exactly (``Decimal``)."""
@@ -472,6 +486,7 @@ def parse_config(data: Mapping[str, Any], *, file: str = "<config>", base: Path 
             memory_estimate=_estimate(check, raw, prefix),
             delivery=_delivery(check, raw, prefix),
             budget=check.budget(raw, prefix),
+            daily=check.daily(raw, prefix),
         )
 
     default_agent = check.string(defaults, "agent", "defaults.")
@@ -737,7 +752,8 @@ def _channels(check: _Checker, data: Mapping[str, Any], agent_names: set[str]) -
         if ok:
             max_queued, when_full = _queue_policy(check, raw, prefix)
             channels[name] = ChannelConfig(name, members, max_hops, host=host, delivery=_delivery(check, raw, prefix),
-                                           budget=check.budget(raw, prefix), max_queued=max_queued,
+                                           budget=check.budget(raw, prefix), daily=check.daily(raw, prefix),
+                                           max_queued=max_queued,
                                            when_full=when_full)
     return channels
 
@@ -795,6 +811,36 @@ def _budgets(
                 check.add(f"{where}.max_turn_cost", message.replace("cannot be enforced", "cannot be enforced for "
                                                                     f"agent {agent.name}'s turns", 1), fix)
                 break
+        _daily_budgets(check, agent, [(f"channels.{t.name}", t) for t in channels.values()
+                                      if not t.agents or agent.name in t.agents], base, prices, preset)
+
+
+def _daily_budgets(
+    check: _Checker, agent: AgentConfig, channels: list[tuple[str, ChannelConfig]], base: TurnLimits,
+    prices: Mapping[str, Price], preset: str | None,
+) -> None:
+    """A daily money budget of the agent, or of a channel it may serve in, is refused as a
+    turn's is when the agent's cost cannot be known (its turns would count as free), and it
+    must be in the currency of the other money budgets of its turns (one cost is stored a turn)."""
+    tables = [(f"agents.{agent.name}", agent.daily), *((key, t.daily) for key, t in channels)]
+    for key, daily in tables:
+        if daily.max_daily_cost is None:
+            continue
+        as_turn = TurnLimits(max_turn_cost=daily.max_daily_cost, currency=daily.currency)
+        refusal = money_budget_refusal(agent.name, as_turn, adapter=agent.adapter, preset=preset,
+                                       model=agent.model, prices=prices)
+        if refusal is not None:
+            message, _, fix = refusal.removeprefix(f"agents.{agent.name}: max_turn_cost ").partition(". Fix: ")
+            check.add(f"{key}.max_daily_cost", message.replace("cannot be enforced", "cannot be enforced for "
+                                                              f"agent {agent.name}'s turns", 1),
+                      fix.replace("max_turn_cost", "max_daily_cost"))
+            continue
+        others = {base.currency} if base.max_turn_cost is not None else set()
+        others |= {d.currency for k, d in tables if k != key and d.max_daily_cost is not None}
+        if others - {daily.currency}:
+            check.add(f"{key}.max_daily_cost", f"is in {daily.currency}, and another money budget of agent "
+                      f"{agent.name}'s turns in {', '.join(sorted(others - {daily.currency}))}",
+                      "write every max_turn_cost and max_daily_cost in one currency")
 
 
 def _combined(check: _Checker, limits: TurnLimits, key: str, other: TurnLimits, agent: str) -> TurnLimits:

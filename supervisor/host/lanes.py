@@ -28,6 +28,13 @@ no checkpoint between "the ledger lets the entry be kept" and "the routed messag
 accepted", so a stop lands either before both (nothing stored, nothing routed) or after
 both (the routed message is queued under the old generation and dropped by the stop).
 
+A lane whose agent's or channel's daily budget is spent (:mod:`supervisor.core.daily`: the
+lanes' :attr:`Lanes.daily`, today's stored spend at start plus each turn as it ends) does not
+take its next message either: before it asks for a slot, it says once, in a status entry,
+which messages wait and why, gives back its place in the slot queue, and sleeps until the next
+00:00 UTC (a Trio deadline) or until :meth:`Lanes.wake_daily` — a ``budget reset``, a stop (whose
+record drops the waiting messages as it drops any queued one), a take-back, a shutdown.
+
 The lanes keep every built turn (:attr:`Lanes.turns`, and :meth:`Lanes.built` by id): the
 stopper's one kill step finds them there.
 """
@@ -50,6 +57,7 @@ from ..core.account import unfinished
 from ..core.budget import BudgetSpent, turn_cost
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.counters import Metrics
+from ..core.daily import DailySpent, DailyTally, seconds_to_midnight, utc_day
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
 from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelled_text, stop_notice_text
 from ..core.router import route
@@ -208,6 +216,10 @@ class Lanes:
         self.capacity = capacity
         """Admission: how many turns (and idle ACP agents) at once, fairly, within memory."""
         self.metrics = metrics
+        self.daily = DailyTally()
+        """Today's spend per agent and per channel, that the daily budgets are asked against."""
+        self._daily_waits: dict[tuple[str, str], trio.Event] = {}
+        """Lanes waiting for a spent daily budget: a reset, a stop or midnight sets the event."""
         self.acp = AcpAgentPool(nursery, on_gone=capacity.gone)
         """The persistent ACP agent processes, one per (channel, agent); closed on shutdown."""
         self.ports = make_ports(_TurnStore(store, self.hand_off, self.fences, ownership.fence), self.adopt_background)
@@ -286,6 +298,10 @@ class Lanes:
                     break
                 if not self._ledger.queued(channel, agent):
                     break
+                spent = self.daily_spent(channel, agent)
+                if spent is not None:
+                    await self._wait_daily(channel, agent, spent)
+                    continue
                 # Wait for a slot with the message still queued: a stop drops it as any queued
                 # message (and wakes this wait); then look at the queue again.
                 if not await self.capacity.admit(channel, agent):
@@ -303,6 +319,44 @@ class Lanes:
             event = self.idle.pop(channel, None)
             if event is not None:
                 event.set()
+
+    def daily_spent(self, channel: str, agent: str) -> DailySpent | None:
+        """The lane's daily budget that is spent today, if one is."""
+        agent_limits, channel_limits = self._config.daily_limits(channel, agent)
+        if not (agent_limits.any or channel_limits.any):
+            return None
+        return self.daily.spent(channel, agent, agent_limits=agent_limits, channel_limits=channel_limits,
+                                day=utc_day())
+
+    async def _wait_daily(self, channel: str, agent: str, spent: DailySpent) -> None:
+        """Leave the lane's messages queued, say so once, and sleep until midnight or a wake."""
+        lane = (channel, agent)
+        self.capacity.forget(channel, agent)  # (a slot this lane cannot use is another's)
+        waiting = [m.entry_seq for m in self._ledger.queued(channel, agent)]
+        self._store.submit_entry(channel, "system", "status", spent.waiting_text(waiting),
+                                 generation=self._ledger.generation(channel),
+                                 meta={"daily_budget": spent.as_json(), "agent": agent, "waiting": waiting})
+        log.info("[%s] %s waits: %s's daily budget is spent (%s)", channel, agent, spent.name, spent.amounts)
+        event = self._daily_waits[lane] = trio.Event()
+        try:
+            with trio.move_on_after(seconds_to_midnight(time.time())):
+                await event.wait()
+        finally:
+            if self._daily_waits.get(lane) is event:
+                del self._daily_waits[lane]
+
+    def wake_daily(self, channel: str | None = None, agent: str | None = None) -> None:
+        """(Synchronous) wake the lanes waiting for a daily budget: every one, a channel's, or one."""
+        for (ch, a), event in list(self._daily_waits.items()):
+            if (channel is None or ch == channel) and (agent is None or a == agent):
+                event.set()
+
+    def daily_reason(self, channel: str, agent: str) -> str | None:
+        """Why a lane's first message waits, if a daily budget holds it (``corral queue``)."""
+        if (channel, agent) not in self._daily_waits:
+            return None
+        spent = self.daily_spent(channel, agent)
+        return None if spent is None else f"{spent.scope} {spent.name}'s daily budget is spent ({spent.amounts} today)"
 
     async def _admitted_turn(self, channel: str, agent: str) -> bool:
         """Take the lane's next message and run its turn; False: nothing was left to take."""
@@ -393,6 +447,7 @@ class Lanes:
         its lanes waiting for a slot wake (and find their queue gone once the ledger forgets it)."""
         self.known.difference_update(m.id for m in self._ledger.queued(channel))
         self.capacity.drop(channel)
+        self.wake_daily(channel)
 
     def _new_turn(self, channel: str, ticket: TurnTicket, agent: AgentConfig, prompt: str) -> RunningTurn:
         """The turn the agent's adapter runs: a prompt to its persistent agent, or a process of its own."""
@@ -507,12 +562,13 @@ class Lanes:
         usage = turn.outcome.usage
         if usage.wall_seconds is None:
             return  # (it never ran: its teardown did not take its account)
-        limits = self._config.turn_limits(turn.channel, turn.agent.name)
-        cost = turn_cost(usage, self._config.prices, limits.currency)
+        currency = self._config.usage_currency(turn.channel, turn.agent.name)
+        cost = turn_cost(usage, self._config.prices, currency)
         spent = getattr(turn, "spent", None)
         budget = spent.budget if isinstance(spent, BudgetSpent) else None
-        record = turn_record(turn.turn_id, turn.channel, turn.agent.name, time.strftime("%Y-%m-%d", time.gmtime()),
-                             usage, cost=cost, currency=limits.currency, budget=budget)
+        record = turn_record(turn.turn_id, turn.channel, turn.agent.name, utc_day(), usage, cost=cost,
+                             currency=currency, budget=budget)
+        self.daily.add(record)  # (in this step: the lane's next take asks it)
         self.metrics.spent(turn.agent.name, (record.input_tokens, record.output_tokens, record.cache_read_tokens,
                                               record.cache_write_tokens), record.tool_calls, cost, record.currency,
                             budget)

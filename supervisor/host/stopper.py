@@ -153,6 +153,7 @@ class Stopper:
             if decision.repeat:
                 continue
             self._lanes.capacity.drop(decision.channel)  # (its waiters wake to an emptied queue)
+            self._lanes.wake_daily(decision.channel)  # (and those a spent daily budget holds)
             # What the stopped turns were still writing is saved as it stood, before the stop's
             # seq and so before its notice: the boundary is this decision (contract line 18).
             for _, turn_id in decision.stopped_turns:
@@ -389,6 +390,7 @@ class Stopper:
         self._lanes.closing = True
         decision = self._ledger.shut_down()  # every running turn is silenced now
         self._lanes.capacity.drop_all()  # (waiting workers see the shutdown; their messages stay queued)
+        self._lanes.wake_daily()
         # No checkpoint from the decision to the last signal.
         turns = self.kill(decision.turns, "shutdown", cut_off=True)
         async with trio.open_nursery() as nursery:

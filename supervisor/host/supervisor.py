@@ -44,6 +44,7 @@ from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
 from ..core.budget import turn_cost
 from ..core.counters import Metrics
+from ..core.daily import utc_day
 from ..core.errors import ShuttingDown, UsageError
 from ..core.ledger import EditOutcome, QueueEdit, StopLedger
 from ..core.netpolicy import Policy
@@ -462,7 +463,8 @@ class Supervisor:
             built = self._lanes.turns.get((channel, agent))
             stopping = (turn_id is not None and self._ledger.is_stale(channel, turn_id)) or (
                 built is not None and built.stop_reason is not None and not built.done.is_set())
-            lanes.append(LaneFacts(agent, rows, turn_id, stopping, waiting.get((channel, agent))))
+            lanes.append(LaneFacts(agent, rows, turn_id, stopping, waiting.get((channel, agent)),
+                                   rests=self._lanes.daily_reason(channel, agent)))
         return queue_view(channel, lanes, time.time())
 
     async def cancel(self, channel: str, seq: int, *, author: str = "human:user") -> QueueEditResult:
@@ -517,6 +519,7 @@ class Supervisor:
             for agent in {m.agent for m in edit.messages}:
                 if not self._ledger.queued(edit.channel, agent):
                     self._capacity.drop_lane(edit.channel, agent)
+                    self._lanes.wake_daily(edit.channel, agent)
         return pending
 
     # ------------------------------------------------------------ bridges' bookkeeping
@@ -707,6 +710,21 @@ class Supervisor:
             raise UsageError(f"since must be a day, YYYY-MM-DD, got {day[:40]!r}")
         return sum_by_day(await self._store.usage(channel, day))
 
+    def budget_reset(self, name: str | None = None) -> dict[str, Any]:
+        """Forget today's spend of the channel or agent ``name`` (None: every one), so its daily
+        budget starts again; its waiting lanes take their messages now. Kept in this daemon's
+        memory only: a restart counts the day's stored turns again (the budget is spent again)."""
+        if name is not None and name not in self.config.agents and name not in self.config.channels:
+            raise UsageError(f"no channel or agent is called {name[:80]!r}")
+        reset = self._lanes.daily.reset(name)
+        if name is None:
+            self._lanes.wake_daily()
+        else:
+            self._lanes.wake_daily(channel=name)
+            self._lanes.wake_daily(agent=name)
+        log.info("daily budget reset: %s", ", ".join(reset) or "nothing was spent")
+        return {"reset": reset, "day": utc_day()}
+
     def session(self, channel: str, agent: str) -> str | None:
         """The agent's session id in the channel (the next turn resumes it), if any."""
         return self._store.session(channel, agent)[0]
@@ -807,6 +825,8 @@ class Supervisor:
 
     async def restore(self) -> int:
         """Re-queue what a previous run accepted but never ran; returns how many."""
+        # Today's spend first: a lane whose daily budget is spent keeps its restored messages queued.
+        self._lanes.daily.add_all(await self._store.usage(None, utc_day()))
         for channel, state in (await self._store.load_channel_states()).items():
             self._ledger.restore(channel, state.generation, rests=state.rests, stopped=state.stopped)
         rows = await self._store.load_queue()

@@ -20,6 +20,7 @@ checked against:
 ``POST /v1/channels/{channel}/queue/{seq}/first`` move one to the front of its lane → 200; 409, 404
 ``GET  /v1/status``                              daemon, agents, channels, running turns
 ``GET  /v1/usage?channel=&since=DAY``            what turns spent, per UTC day, channel and agent
+``POST /v1/budget/reset``                        ``{"name"?}``: a daily budget starts again → 200
 ``POST /v1/shutdown``                            202, then an orderly shutdown
 ``GET  /metrics``                                what runs and waits, limits, stops, turns (Prometheus text)
 ===============================================  =============================================
@@ -362,6 +363,14 @@ class ControlAPI:
         channel = query["channel"][-1] if "channel" in query else None
         since = query["since"][-1] if "since" in query else None
         await peer.respond(200, {"days": await self.sup.usage(channel, since)})
+
+    async def _budget_reset(
+        self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange
+    ) -> None:
+        name = _json_object(body).get("name", op.param("name").default)
+        if name is not None and not isinstance(name, str):
+            raise HTTPError(400, "bad_field", "'name' must be a string (a channel or an agent)")
+        await peer.respond(200, self.sup.budget_reset(name))
 
     async def _stop_all(
         self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange

@@ -129,6 +129,13 @@ class AsyncioSupervisor:
         """See :meth:`Supervisor.usage`."""
         return await self._call(lambda: self.supervisor.usage(channel, since))
 
+    async def budget_reset(self, name: str | None = None) -> dict[str, Any]:
+        """See :meth:`Supervisor.budget_reset`."""
+        async def reset() -> dict[str, Any]:
+            return self.supervisor.budget_reset(name)
+
+        return await self._call(reset)
+
     async def status(self) -> dict[str, Any]:
         """See :meth:`Supervisor.status`."""
         async def status() -> dict[str, Any]:

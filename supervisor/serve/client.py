@@ -245,6 +245,11 @@ class Client:
         days: list[dict[str, Any]] = self._call("usage", params=params)["days"]
         return days
 
+    def budget_reset(self, name: str | None = None) -> dict[str, Any]:
+        """Start the daily budget of the channel or agent ``name`` (None: every one) again."""
+        answer: dict[str, Any] = self._call("budget_reset", json_body={"name": name} if name else {})
+        return answer
+
     def entries(
         self, channel: str, after: int = 0, limit: int = DEFAULT_LIMIT, newest: bool = False
     ) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The control API's operations, declared once: method, path, parameters, what each returns.
 
-Every face of a supervisor offers the same fourteen operations — send, stop, stop-all, reset,
-resend, wait, entries, follow, queue, cancel, move-first, status, usage, shutdown — and this
+Every face of a supervisor offers the same fifteen operations — send, stop, stop-all, reset,
+resend, wait, entries, follow, queue, cancel, move-first, status, usage, budget-reset,
+shutdown — and this
 table is where they are written down. The
 control API (:mod:`.api`) routes by it and reads its parameters' defaults and bounds from it;
 the client (:mod:`.client`) builds its requests from it; the asyncio host
@@ -160,6 +161,10 @@ OPERATIONS: Final[dict[str, Operation]] = {
                    Param("since", str, "query", None, optional=True)),
                   (200,), "{days}: what turns spent (tokens, tool calls, wall time, cost per currency), summed per "
                   "UTC day, channel and agent, from day `since` (YYYY-MM-DD; default: today) on"),
+        Operation("budget_reset", "POST", "/v1/budget/reset", (Param("name", str, "body", None, optional=True),),
+                  (200,), "{reset, day}: today's spend of the channel or agent `name` (default: every one) "
+                  "forgotten, so its daily budget starts again and its waiting messages run; `reset` names "
+                  "what had spent (400: no channel or agent of that name)"),
         Operation("shutdown", "POST", "/v1/shutdown", (), (202,), "{shutting_down: true}, then an orderly shutdown"),
     )
 }
