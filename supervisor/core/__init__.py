@@ -10,7 +10,8 @@ the answers and notice texts (:mod:`.results`), the notices fleet hosts send eac
 counters ``GET /metrics`` shows (:mod:`.counters`), the store's value types (entries,
 drafts, queued messages, stop records: :mod:`.records`), a turn's network policy with the
 proxy's one decision (:mod:`.netpolicy`), what a turn used (tokens, cost, tool calls:
-:mod:`.usage`), whether a budget ran out (:mod:`.budget`), and a queue seen and edited by people
+:mod:`.usage`), whether a budget ran out (:mod:`.budget`), what a day has spent against the daily budgets
+(:mod:`.daily`), and a queue seen and edited by people
 (its view, the depth policy, an idempotent send's origin: :mod:`.queue`). Each is synchronous code in the style
 of h11's ``_state.py``: the Trio layer drives it, passing events in and carrying out the work it
 returns. A test imports this package in a fresh interpreter and checks that Trio was not loaded.
