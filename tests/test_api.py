@@ -221,7 +221,7 @@ async def test_an_error_in_one_connection_or_in_the_accept_loop_is_isolated(
 async def test_an_unexpected_handler_error_is_a_json_500_and_logged(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken_status(self: Supervisor) -> dict[str, Any]:
+    def broken_status(self: Supervisor, **page: object) -> dict[str, Any]:
         raise ZeroDivisionError("injected handler fault")
 
     monkeypatch.setattr(Supervisor, "status", broken_status)
