@@ -133,7 +133,8 @@ async def test_the_cli_says_how_many_idle_channels_it_did_not_list_and_how_to_se
         out = runner.invoke(cli.main, ["--socket", str(short_tmp / "none.sock"), "status"]).output
         assert "channel run-0" in out and "channel queued-4" in out and "idle-000" not in out, out
         assert f"{IDLE} idle channel(s) not listed (of {IDLE + QUEUED + RUNNING}): `corral status --all`" in out
-        out = runner.invoke(cli.main, ["--socket", str(short_tmp / "none.sock"), "status", "--all", "--limit", "10"]).output
+        socket = ["--socket", str(short_tmp / "none.sock")]
+        out = runner.invoke(cli.main, [*socket, "status", "--all", "--limit", "10"]).output
         assert "channel idle-001" in out and "channel idle-002" not in out and "not listed" not in out, out
         assert "more channels: `corral status --all --after 2:idle-001`" in out, out
         assert asked[-1] == {"after": None, "limit": 10, "idle": True}
