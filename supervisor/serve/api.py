@@ -358,7 +358,7 @@ class ControlAPI:
     async def _status(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
         after = query["after"][-1] if "after" in query else None
         limit = _query_number(query, op.param("limit"))
-        await peer.respond(200, self.sup.status(after=after, limit=max(1, limit), idle=_query_flag(query, "idle")))
+        await peer.respond(200, self.sup.status(after=after, limit=limit, idle=_query_flag(query, "idle")))
 
     async def _usage(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
         channel = query["channel"][-1] if "channel" in query else None
