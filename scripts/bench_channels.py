@@ -153,6 +153,46 @@ async def second_run(daemon: Daemon, n: int, queue: int, rows: dict[str, Any]) -
         await api.aclose()
 
 
+async def in_process(n: int) -> dict[str, Any]:
+    """``--ledger N``: a page's, /metrics' and the old whole status's cost in one process, with N
+    idle channels made through the ledger (as a restart restores them) and 20 queued ones."""
+    from supervisor.config.settings import parse_config
+    from supervisor.host.supervisor import open_supervisor
+    from supervisor.serve.metrics import render
+
+    folder = short_tmp("cl-")
+    data = {**server_tables(), "agents": {"demo": DEMO_AGENT_TABLE}}
+    out: dict[str, Any] = {"channels": n, "load before": load()}
+    try:
+        async with open_supervisor(parse_config(data, file=str(folder / "corral.toml"), base=folder)) as sup:
+            for i in range(n):
+                sup._ledger.restore(f"ch-{i:06}", 0)
+            for i in range(20):
+                sup._ledger.accept(f"q-{i}", "demo", 10**9 + i, human=True)
+
+            async def page(**kw: Any) -> dict[str, Any]:
+                return sup.status(limit=200, **kw)
+
+            async def metrics() -> str:
+                return render(sup.summary(), sup.metrics)
+
+            async def whole() -> dict[str, Any]:
+                return sup.status()
+
+            ms, first = await timed(page)
+            out["status page"] = {"ms": round(ms, 1), "bytes": len(json.dumps(first))}
+            ms, idle = await timed(partial(page, idle=True))
+            out["status?idle=1 page"] = {"ms": round(ms, 1), "bytes": len(json.dumps(idle))}
+            ms, text = await timed(metrics)
+            out["/metrics"] = {"ms": round(ms, 1), "bytes": len(text)}
+            ms, every = await timed(whole, runs=1)
+            out["every channel (status before paging)"] = {"ms": round(ms, 1), "bytes": len(json.dumps(every))}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    out["load after"] = load()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--channels", type=int, default=10_000, help="how many channels (one message each)")
@@ -160,7 +200,12 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=32, help="sends at once")
     parser.add_argument("--queue", type=int, default=0, help="messages queued just before the restart")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object at the end")
+    parser.add_argument("--ledger", type=int, metavar="N", default=0,
+                        help="instead: N idle channels in one process (no daemon, no turns), a page's cost")
     args = parser.parse_args()
+    if args.ledger:
+        print(json.dumps(trio.run(in_process, args.ledger)))
+        return 0
     root = short_tmp("cc-")
     rows: dict[str, Any] = {"channels": args.channels, "max_turns": args.max_turns, "queue": args.queue,
                             "cpus": os.cpu_count(), "load before": load()}
