@@ -603,7 +603,7 @@ async def test_status_and_the_dashboard_show_each_agents_network(short_tmp: Path
     assert networks["a"]["policy"] == "internet" and networks["a"]["enforced"] is True
     assert networks["b"]["policy"] == "none"
     assert networks["c"] == {"policy": "1 name", "kind": "list", "names": ["pypi.org:443"], "allow": ["10.0.0.0/8"],
-                             "enforced": True}
+                             "enforced": True, "implicit": False}
     # A list row names an agent's network where it is not the default, enforced (which would
     # repeat on every row).
     row = list_view(status)["channels"][0]["agents"][0]
@@ -613,6 +613,11 @@ async def test_status_and_the_dashboard_show_each_agents_network(short_tmp: Path
                            ({"policy": "internet", "enforced": False}, "internet, NOT enforced")):
         status["agents"]["a"]["network"] = network
         assert list_view(status)["channels"][0]["agents"][0]["network"] == shown
+    # The demo adapter's own "none", unsaid by the config, is its default too: not on every row.
+    status["agents"]["a"]["network"] = {"policy": "none", "enforced": True, "implicit": True}
+    assert "network" not in list_view(status)["channels"][0]["agents"][0]
+    status["agents"]["a"]["network"] = {"policy": "none", "enforced": True, "implicit": False}
+    assert list_view(status)["channels"][0]["agents"][0]["network"] == "none"
 
 
 def test_the_metadata_service_and_a_lan_address_in_a_namespace_of_the_tests_own(short_tmp: Path) -> None:

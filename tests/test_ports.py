@@ -261,7 +261,7 @@ def test_the_public_names_are_these() -> None:
     assert sorted(supervisor.__all__) == [
         "APIError", "Accepted", "AgentConfig", "AsyncioSupervisor", "ChannelBusy", "Config", "ConfigError",
         "CorralError", "DaemonError", "DaemonUnavailable", "Draft", "Entry", "LedgerError", "Limits", "Problem",
-        "SHUTDOWN_NOTICE",
+        "QueueEditRefused", "QueueEditResult", "QueueFull", "SHUTDOWN_NOTICE",
         "STOP_NOTICE", "ServerConfig", "ShuttingDown", "StopResult", "StoreError", "StoreInUse", "Supervisor",
         "UnknownChannel", "UsageError", "__version__", "load_config", "open_asyncio_supervisor", "open_supervisor",
         "parse_config",

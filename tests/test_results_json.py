@@ -60,7 +60,8 @@ def test_the_json_forms_keep_the_apis_keys_in_its_order() -> None:
     assert StopResult("c", 1, cpu_ms=1.23456, elapsed_ms=2.0004).to_json()["cpu_ms"] == 1.235
     assert Accepted(5, "c", "bot", 1, 0, ("bot", "rev")).to_json() == {
         "seq": 5, "channel": "c", "agent": "bot", "generation": 1, "queued": 0, "to": ["bot", "rev"], "hints": [],
-        "delivery": "queue", "interrupted": [], "dropped": [], "steered": None, "fallback": None}
+        "delivery": "queue", "interrupted": [], "dropped": [], "steered": None, "fallback": None,
+        "replayed": False}
 
 
 def test_a_field_missing_takes_its_default_and_a_key_no_field_names_is_ignored() -> None:

@@ -826,7 +826,7 @@ class Supervisor:
             "store": self.config.store_name,
             "agents": {
                 name: {"adapter": a.adapter, "command": list(a.command), "model": a.model,
-                       "network": self._network_status(a.network)}
+                       "network": self._network_status(a.network, implicit=a.network_implicit)}
                 for name, a in self.config.agents.items()
             },
             "channels": channels,
@@ -872,10 +872,11 @@ class Supervisor:
             "capacity": self._capacity.status(),
         }
 
-    def _network_status(self, policy: Policy) -> dict[str, object]:
-        """An agent's network for ``status``: its policy, and whether it is enforced here."""
+    def _network_status(self, policy: Policy, *, implicit: bool = False) -> dict[str, object]:
+        """An agent's network for ``status``: its policy, whether it is enforced here, and
+        whether the config left it unsaid (``implicit``: the adapter's or corral's default)."""
         enforced = policy.kind in ("host", "none") or (self.sandbox.active and self.network is not None)
-        return {**policy.describe(), "enforced": enforced}
+        return {**policy.describe(), "enforced": enforced, "implicit": implicit}
 
     # ------------------------------------------------------------ restart and shutdown
 

@@ -195,14 +195,15 @@ def _agent_state(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def shown_network(network: Mapping[str, Any] | None) -> str | None:
-    """An agent's network as a list row says it: only where it is not the default, enforced
-    (``"internet"`` would repeat on every row); a policy that is not enforced says so."""
+    """An agent's network as a list row says it: only where the config chose it and it is not
+    the default, enforced (``"internet"``, or the demo agent's own ``"none"``, would repeat on
+    every row); a policy that is not enforced says so."""
     if not network:
         return None
     policy = str(network.get("policy"))
     if network.get("enforced") is False:
         return f"{policy}, NOT enforced"
-    return None if policy == DEFAULT_NETWORK else policy
+    return None if policy == DEFAULT_NETWORK or network.get("implicit") else policy
 
 
 def _group(agents: list[dict[str, Any]]) -> int:
