@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from .core.text import shown
-from .serve.routes import DEFAULT_AUTHOR, MAX_LIMIT
+from .serve.routes import DEFAULT_AUTHOR, DEFAULT_STATUS_PAGE, MAX_LIMIT, MAX_STATUS_PAGE
 
 if TYPE_CHECKING:
     from .config.settings import Config, Problem, ServerConfig
@@ -725,13 +726,24 @@ def tail(
         pass
 
 
-@main.command()
+@main.command(short_help="The daemon, its turns and channels, busy first.")
+@click.option("--all", "idle", is_flag=True, help="List the idle channels too (page by page).")
+@click.option("--after", metavar="CURSOR", default=None,
+              help="The page after CURSOR (the `next` a page printed).")
+@click.option("--limit", type=click.IntRange(1, MAX_STATUS_PAGE), default=DEFAULT_STATUS_PAGE, show_default=True,
+              metavar="N", help="At most N channels in the page.")
 @_client_options
 @click.pass_obj
-def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
-    """The daemon, its agents, channels and running turns."""
+def status(
+    obj: _Context, idle: bool, after: str | None, limit: int, config_path: str | None, as_json: bool
+) -> None:
+    """The daemon, its agents, running turns and its channels, busy ones first.
+
+    A host with more channels than a page holds lists its busy channels (running, then
+    queued) and counts the idle ones; --all lists those too, and --after pages on.
+    """
     ctx = _merge(obj, as_json, config_path)
-    result = _call(ctx, lambda c: c.status())
+    result = _call(ctx, lambda c: c.status(after=after, limit=limit, idle=idle))
     if ctx.json:
         _print_json(result)
         return
@@ -753,6 +765,13 @@ def status(obj: _Context, config_path: str | None, as_json: bool) -> None:
         click.echo(f"  channel {name}: generation {ch['generation']}{rests}")
         for agent_name, lane in (ch.get("agents") or {}).items():
             click.echo(f"    {agent_name}: {_lane_state(lane)}")
+    counts = result.get("channel_counts") or {}
+    if counts.get("idle") and not result.get("idle_listed"):
+        click.echo(f"  {counts['idle']} idle channel(s) not listed (of {counts['total']}):"
+                   " `corral status --all` lists them")
+    if result.get("next"):
+        again = "corral status" + (" --all" if idle else "") + f" --after {shlex.quote(result['next'])}"
+        click.echo(f"  more channels: `{again}`")
     recovered = result.get("recovered") or {}
     if recovered.get("killed") or recovered.get("turns") or recovered.get("stops"):
         click.echo(

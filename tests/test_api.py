@@ -43,6 +43,10 @@ async def test_bad_input_is_answered_and_the_daemon_keeps_serving(short_tmp: Pat
                 ("GET", "/v1/channels/c/messages", {}, 405, "method_not_allowed"),
                 ("GET", "/v1/channels/c/entries?after=minus", {}, 400, "bad_query"),
                 ("POST", "/v1/channels/c/wait?timeout=-1", {}, 400, "bad_query"),
+                ("GET", "/v1/status?after=c", {}, 400, "bad_request"),  # a cursor is GROUP:CHANNEL
+                ("GET", "/v1/status?limit=0", {}, 400, "bad_request"),
+                ("GET", "/v1/status?limit=1001", {}, 400, "bad_query"),
+                ("GET", "/v1/status?idle=yes", {}, 400, "bad_query"),
             ]
             for method, path, kw, status, code in cases:
                 response = await http.request(method, path, **kw)
@@ -221,7 +225,7 @@ async def test_an_error_in_one_connection_or_in_the_accept_loop_is_isolated(
 async def test_an_unexpected_handler_error_is_a_json_500_and_logged(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken_status(self: Supervisor) -> dict[str, Any]:
+    def broken_status(self: Supervisor, **page: object) -> dict[str, Any]:
         raise ZeroDivisionError("injected handler fault")
 
     monkeypatch.setattr(Supervisor, "status", broken_status)

@@ -18,6 +18,7 @@ import trio
 from conftest import make_config
 
 from supervisor import cli
+from supervisor.core import paging
 from supervisor.host.supervisor import Supervisor
 from supervisor.serve.api import ControlAPI
 from supervisor.serve.asyncio_host import AsyncioSupervisor, open_asyncio_supervisor
@@ -41,6 +42,9 @@ DIFFERENCES = {
     # A follow of None follows every channel (the dashboard's and the daemon's status watch).
     ("trio", "follow", "channel"): REQUIRED,
     ("asyncio", "follow", "channel"): REQUIRED,
+    # The daemon's own readers (the service manager's line, the demo) want every channel; the
+    # API asks the supervisor for the table's page.
+    ("trio", "status", "limit"): None,
 }
 
 
@@ -52,6 +56,8 @@ def test_the_table_declares_the_fifteen_operations() -> None:
         assert op.ok and op.method in ("GET", "POST", "DELETE") and op.returns
     assert OPERATIONS["entries"].param("limit").default == DEFAULT_LIMIT
     assert OPERATIONS["send"].param("author").default == DEFAULT_AUTHOR
+    status = OPERATIONS["status"]
+    assert (status.param("limit").default, status.param("limit").maximum) == (paging.DEFAULT_PAGE, paging.MAX_PAGE)
 
 
 def test_a_path_is_built_and_matched_the_same_way() -> None:

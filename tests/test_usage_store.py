@@ -44,7 +44,7 @@ def test_metrics_count_tokens_tool_calls_cost_and_budget_stops_by_agent() -> Non
     metrics = Metrics()
     metrics.spent("claude", (100, 20, 300, 0), 2, Decimal("0.25"), "USD", None)
     metrics.spent("claude", (1, 1, 0, 0), 1, Decimal("0.5"), "USD", "tokens")
-    page = render({"agents": {}, "channels": {}, "running": 0}, metrics)
+    page = render({"agents": []}, metrics)
     assert 'corral_tokens_total{agent="claude",kind="input"} 101' in page
     assert 'corral_tool_calls_total{agent="claude"} 3' in page
     assert 'corral_cost_total{agent="claude",currency="USD"} 0.75' in page

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import logging
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -42,6 +44,7 @@ import trio
 
 from ..config.preflight import passwd_home, private_of
 from ..config.settings import AgentConfig, Config
+from ..core import paging
 from ..core.budget import turn_cost
 from ..core.counters import Metrics
 from ..core.daily import utc_day
@@ -745,8 +748,68 @@ class Supervisor:
         """Wait until every write accepted so far is committed (a failure is not raised here)."""
         await self._store.flush()
 
-    def status(self) -> dict[str, Any]:
+    def _groups(self) -> list[paging.Key]:
+        """Every channel's ``(group, name)`` for a ``status`` page: running (or stopping),
+        queued or idle. An idle channel costs one look at its lanes: on a host of 100,000
+        channels nearly all are idle, and a turn the ledger has ended may still be in
+        ``Lanes.turns`` (ending), so those few are looked up first."""
+        ending = {channel for channel, _ in self._lanes.turns}
+        ledger = self._ledger
+        return [
+            (paging.RUNNING if name in ending else paging.IDLE if not ledger.is_busy(name)
+             else paging.RUNNING if ledger.current_turns(name) else paging.QUEUED, name)
+            for name in ledger.channels()
+        ]
+
+    def _channel_status(self, name: str, waiting: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+        """One channel as ``status`` shows it (see :meth:`status`)."""
+        agents: dict[str, Any] = {}
+        for agent in self._ledger.lanes(name):
+            turn = self._lanes.turns.get((name, agent))
+            queued = len(self._ledger.queued(name, agent))
+            phase = self._ledger.turn_phase(name, agent)
+            if turn is not None and turn.stop_reason is not None and not turn.done.is_set():
+                state = "stopping"
+            elif turn is not None or phase is not None:
+                state = "running"
+            else:
+                state = "queued" if queued else "idle"
+            agents[agent] = {
+                "state": state,
+                "queued": queued,
+                "waiting": waiting.get((name, agent)),
+                "turn": None
+                if turn is None
+                else {
+                    "id": turn.turn_id,
+                    "agent": turn.agent.name,
+                    "phase": phase.value if phase is not None else "ending",
+                    "pid": turn.tree.pid if turn.tree else None,
+                    "started": turn.started_at,
+                    "usage": self._running_usage(turn),
+                },
+            }
+        first = next((a["turn"] for a in agents.values() if a["turn"] is not None), None)
+        sessions = {a: sid for a in self.config.agents if (sid := self._store.session(name, a)[0])}
+        return {
+            "generation": self._ledger.generation(name),
+            "queued": len(self._ledger.queued(name)),
+            "rests": self._ledger.rests(name),
+            "members": list(self.config.members(name)),
+            "sessions": sessions,
+            "turn": first,
+            "agents": agents,
+        }
+
+    def status(self, *, after: str | None = None, limit: int | None = None, idle: bool = False) -> dict[str, Any]:
         """Agents, channels, and per channel each agent's state, at this instant.
+
+        ``channels`` holds a page of them (:mod:`~supervisor.core.paging`): busy ones first
+        (running, then queued), then — with ``idle``, or when the whole host fits in the page —
+        the idle ones, at most ``limit`` channels and about 56 KB of JSON; ``limit`` None
+        lists every channel (the daemon's own readers). ``channel_counts`` counts every
+        channel by group, ``idle_listed`` says whether idle ones are listed, and ``next`` is
+        the cursor (``after``) of the next page, or None on the last.
 
         A channel's ``agents`` maps each agent that has had work there to ``{"state",
         "queued", "waiting", "turn"}``: state ``idle``, ``queued`` (nothing running, ``queued`` > 0;
@@ -755,46 +818,24 @@ class Supervisor:
         its turn down). ``turn`` and ``queued`` at the channel's level are kept for
         single-agent readers: the first running turn, and every lane's queue together.
         """
-        channels: dict[str, Any] = {}
-        sessions = self._store.sessions_by_channel()
         waiting = self._capacity.waiting()
-        for name in sorted(self._ledger.channels()):
-            agents: dict[str, Any] = {}
-            for agent in self._ledger.lanes(name):
-                turn = self._lanes.turns.get((name, agent))
-                queued = len(self._ledger.queued(name, agent))
-                phase = self._ledger.turn_phase(name, agent)
-                if turn is not None and turn.stop_reason is not None and not turn.done.is_set():
-                    state = "stopping"
-                elif turn is not None or phase is not None:
-                    state = "running"
-                else:
-                    state = "queued" if queued else "idle"
-                agents[agent] = {
-                    "state": state,
-                    "queued": queued,
-                    "waiting": waiting.get((name, agent)),
-                    "turn": None
-                    if turn is None
-                    else {
-                        "id": turn.turn_id,
-                        "agent": turn.agent.name,
-                        "phase": phase.value if phase is not None else "ending",
-                        "pid": turn.tree.pid if turn.tree else None,
-                        "started": turn.started_at,
-                        "usage": self._running_usage(turn),
-                    },
-                }
-            first = next((a["turn"] for a in agents.values() if a["turn"] is not None), None)
-            channels[name] = {
-                "generation": self._ledger.generation(name),
-                "queued": len(self._ledger.queued(name)),
-                "rests": self._ledger.rests(name),
-                "members": list(self.config.members(name)),
-                "sessions": sessions.get(name, {}),
-                "turn": first,
-                "agents": agents,
-            }
+        ranked = self._groups()
+        chosen = paging.plan(ranked, after=after, limit=limit if limit is not None else max(1, len(ranked)),
+                             idle=idle or limit is None, bounded=limit is not None)
+        channels: dict[str, Any] = {}
+        following: str | None = None
+        size, last = 0, (0, "")
+        for n, key in enumerate(chosen.keys):
+            if n == chosen.limit:
+                following = paging.cursor(last)
+                break
+            shown = self._channel_status(key[1], waiting)
+            if limit is not None:
+                size += len(json.dumps(shown)) + len(json.dumps(key[1])) + 2
+                if channels and size > paging.MAX_PAGE_BYTES:
+                    following = paging.cursor(last)
+                    break
+            channels[key[1]], last = shown, key
         return {
             "pid": os.getpid(),
             "started": self.started,
@@ -807,12 +848,46 @@ class Supervisor:
                 for name, a in self.config.agents.items()
             },
             "channels": channels,
-            "running": sum(1 for c in channels.values() for a in c["agents"].values() if a["turn"]),
+            "channel_counts": chosen.counts,
+            "idle_listed": chosen.idle_listed,
+            "next": following,
+            "running": len(self._lanes.turns),
             "shutting_down": self._lanes.closing,
             "capacity": self._capacity.status(),
             "recovered": self.recovered.to_json() if self.recovered is not None else None,
             "sandbox": self.sandbox.describe(),
             "fleet": self._ownership.status(),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """What ``/metrics`` and the service manager's status line read, without building every
+        channel's state: running turns and waiting lanes by agent, channels by group, the
+        running channels' names, the queue's depth."""
+        running = Counter(agent for _, agent in self._lanes.turns)
+        waiting_lanes = self._capacity.waiting()
+        waiting = Counter(agent for _, agent in waiting_lanes)
+        counts = dict.fromkeys(paging.GROUPS, 0)
+        busy: list[str] = []
+        queued = 0
+        for group, name in self._groups():
+            counts[paging.GROUPS[group]] += 1
+            if group == paging.RUNNING:
+                busy.append(name)
+            if group != paging.IDLE:
+                queued += len(self._ledger.queued(name))
+        counts["total"] = sum(counts.values())
+        return {
+            "agents": list(self.config.agents),
+            "running_by_agent": dict(running),
+            "waiting_by_agent": dict(waiting),
+            "channels_running": len({c for c, _ in self._lanes.turns}),
+            "channels_waiting": len({c for c, _ in waiting_lanes}),
+            "channel_counts": counts,
+            "running_channels": sorted(busy),
+            "queued": queued,
+            "running": len(self._lanes.turns),
+            "shutting_down": self._lanes.closing,
+            "capacity": self._capacity.status(),
         }
 
     def _network_status(self, policy: Policy, *, implicit: bool = False) -> dict[str, object]:

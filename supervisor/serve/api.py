@@ -334,7 +334,7 @@ class ControlAPI:
                 return
             raise HTTPError(404, "not_found", f"no route {method} {path}")
         if parts == ["metrics"] and method == "GET":
-            page = render_metrics(self.sup.status(), self.sup.metrics).encode()
+            page = render_metrics(self.sup.summary(), self.sup.metrics).encode()
             await peer.send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", METRICS_TYPE), (b"content-length", str(len(page)).encode())]})
             return await peer.send({"type": "http.response.body", "body": page})
@@ -357,7 +357,9 @@ class ControlAPI:
         raise HTTPError(404, "not_found", f"no route {method} {path}")
 
     async def _status(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
-        await peer.respond(200, self.sup.status())
+        after = query["after"][-1] if "after" in query else None
+        limit = _query_number(query, op.param("limit"))
+        await peer.respond(200, self.sup.status(after=after, limit=limit, idle=_query_flag(query, "idle")))
 
     async def _usage(self, op: Operation, path: dict[str, str], query: Query, body: bytes, peer: _Exchange) -> None:
         channel = query["channel"][-1] if "channel" in query else None

@@ -29,7 +29,7 @@ from ..config.settings import Config
 from ..core.queue import QueueEditResult
 from ..host.supervisor import Accepted, StopResult, Supervisor, open_supervisor
 from ..store.store import Draft, Entry
-from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT
+from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, DEFAULT_STATUS_PAGE
 
 T = TypeVar("T")
 
@@ -136,10 +136,12 @@ class AsyncioSupervisor:
 
         return await self._call(reset)
 
-    async def status(self) -> dict[str, Any]:
-        """See :meth:`Supervisor.status`."""
+    async def status(
+        self, after: str | None = None, limit: int | None = DEFAULT_STATUS_PAGE, idle: bool = False
+    ) -> dict[str, Any]:
+        """See :meth:`Supervisor.status` (``limit`` None: every channel)."""
         async def status() -> dict[str, Any]:
-            return self.supervisor.status()
+            return self.supervisor.status(after=after, limit=limit, idle=idle)
 
         return await self._call(status)
 

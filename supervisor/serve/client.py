@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from ..core.errors import CorralError
-from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, OPERATIONS
+from .routes import DEFAULT_AUTHOR, DEFAULT_LIMIT, DEFAULT_STATUS_PAGE, OPERATIONS
 
 #: The daemon closes idle keep-alive connections after 5 s; reconnect before that.
 _REUSE_SECONDS = 4.0
@@ -234,9 +234,14 @@ class Client:
         accepted: dict[str, Any] = self._call("resend", path={"channel": channel}, json_body={"seq": seq})
         return accepted
 
-    def status(self) -> dict[str, Any]:
-        """The daemon's status."""
-        status: dict[str, Any] = self._call("status")
+    def status(self, after: str | None = None, limit: int = DEFAULT_STATUS_PAGE, idle: bool = False) -> dict[str, Any]:
+        """The daemon's status, with a page of its channels (see :meth:`Supervisor.status`)."""
+        params: dict[str, Any] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        if idle:
+            params["idle"] = 1
+        status: dict[str, Any] = self._call("status", params=params)
         return status
 
     def usage(self, channel: str | None = None, since: str | None = None) -> list[dict[str, Any]]:

@@ -190,7 +190,7 @@ async def run_daemon(
                     nursery.start_soon(_run_bridges, sup, config, bridges_scope, name="corral-bridges")
                 status_scope = trio.CancelScope()
                 if notifying:
-                    send(f"READY=1\nSTATUS={systemd.status_line(sup.status())}")
+                    send(f"READY=1\nSTATUS={systemd.status_line(sup.summary())}")
                     nursery.start_soon(_report_status, sup, send, status_scope, name=STATUS_TASK)
                 task_status.started()
                 await stopping.wait()
@@ -315,7 +315,7 @@ async def _report_status(sup: Supervisor, send: Callable[[str], object], scope: 
     with scope:
         async with open_commit_wakeups(sup) as changes:
             await systemd.report_status(
-                lambda: systemd.status_line(sup.status()), lambda: sup.status()["running"] > 0, changes, send,
+                lambda: systemd.status_line(sup.summary()), lambda: sup.summary()["running"] > 0, changes, send,
             )
 
 
@@ -353,10 +353,10 @@ async def _watch_signals(
                 log.info("received %s: shutting down in order", _signal_name(signum))
                 stopping.set()
             elif signum in STATUS_SIGNALS:
-                status = sup.status()
+                status = sup.summary()
                 log.info(
                     "received %s: status: pid %d, %d channel(s), %d running turn(s), shutting down: %s",
-                    _signal_name(signum), status["pid"], len(status["channels"]), status["running"],
+                    _signal_name(signum), os.getpid(), status["channel_counts"]["total"], status["running"],
                     status["shutting_down"],
                 )
             else:

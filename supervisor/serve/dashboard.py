@@ -30,6 +30,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -52,6 +53,9 @@ BUSY_REFRESH_SECONDS = 0.5
 #: The status stream re-reads the state at most this often: a burst of entries (a stop-all of
 #: 200 channels, many agents streaming) costs one re-read per interval, not one per entry.
 MIN_REFRESH_SECONDS = 0.05
+
+#: How many channels the list shows at once (busy ones first); the rest are a click away.
+DASHBOARD_PAGE = 200
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
@@ -202,20 +206,34 @@ def shown_network(network: Mapping[str, Any] | None) -> str | None:
     return None if policy == DEFAULT_NETWORK or network.get("implicit") else policy
 
 
+def _group(agents: list[dict[str, Any]]) -> int:
+    """A channel's place in the list: running (or stopping) first, then queued, then idle."""
+    states = {a["state"] for a in agents}
+    return 0 if states & {"running", "stopping"} else 1 if "queued" in states else 2
+
+
 def list_view(status: Mapping[str, Any]) -> dict[str, Any]:
-    """What the channel list shows, from ``Supervisor.status()``: channels by name, agents (with
-    each one's network where it is not the default's, see :func:`shown_network`), running turns."""
+    """What the channel list shows, from a page of ``Supervisor.status()``: busy channels first
+    (running, then queued), each group by name; agents (with each one's network where it is
+    not the default's, see :func:`shown_network`); running turns; how many idle channels the
+    page does not list (``idle``) and the cursor of the next page (``next``)."""
     agents = status.get("agents") or {}
     networks = {name: shown_network(agent.get("network")) for name, agent in agents.items()}
     channels = [
         {"name": name, "agents": [{**a, "network": networks.get(a["agent"])} if networks.get(a["agent"]) else a
                                   for a in agent_states(channel)]}
-        for name, channel in sorted(status["channels"].items())
+        for name, channel in status["channels"].items()
     ]
-    running = sum(1 for c in channels for a in c["agents"] if a["state"] in ("running", "stopping"))
+    channels.sort(key=lambda c: (_group(c["agents"]), c["name"]))
+    running = status.get("running")
+    if not isinstance(running, int):
+        running = sum(1 for c in channels for a in c["agents"] if a["state"] in ("running", "stopping"))
+    counts = status.get("channel_counts") or {}
+    unlisted = 0 if status.get("idle_listed", True) else int(counts.get("idle") or 0)
     capacity = status.get("capacity") or {}
     return {"running": running, "channels": channels, "shutting_down": bool(status.get("shutting_down")),
-            "waiting": len(capacity.get("waiting") or ()), "max_turns": capacity.get("max_turns")}
+            "waiting": len(capacity.get("waiting") or ()), "max_turns": capacity.get("max_turns"),
+            "idle": unlisted, "total": int(counts.get("total") or len(channels)), "next": status.get("next")}
 
 
 # ---------------------------------------------------------------- pages
@@ -268,6 +286,9 @@ def list_page(sandbox: Mapping[str, Any] | None = None) -> bytes:
         "<p id=\"ack\" class=\"ack\" role=\"status\"></p>"
         "<table id=\"channels\"><thead><tr><th scope=\"col\">Channel</th><th scope=\"col\">Agents</th></tr></thead>"
         "<tbody></tbody></table>"
+        "<p id=\"more\" class=\"more\" hidden><span id=\"more-text\"></span> "
+        "<a id=\"more-idle\" href=\"?idle=1\">List the idle channels</a> "
+        "<a id=\"more-next\" href=\"?\">Next page</a></p>"
         "<p id=\"empty\" class=\"empty\" hidden>No channels yet: send a message with <code>corral send</code>.</p>",
         sandbox,
     )
@@ -371,7 +392,10 @@ class Dashboard:
             page = channel_page(rest[1], members, members[0] if members else None, self.sup.sandbox.describe())
             await _send(peer, 200, PAGE_HEADERS, page)
         elif method == "GET" and rest == ["events"]:
-            await stream_events(peer, self._status_events, keepalive=KEEPALIVE_SECONDS)
+            idle = (query.get("idle") or ["0"])[-1] in ("1", "true")
+            after = (query.get("after") or [""])[-1] or None
+            await stream_events(peer, partial(self._status_events, idle=idle, after=after),
+                                keepalive=KEEPALIVE_SECONDS)
         elif method == "GET" and rest == ["login"]:
             await self._login(query, scope, peer)
         elif method == "POST" and rest == ["codes"]:
@@ -413,8 +437,9 @@ class Dashboard:
         ]
         await _send(peer, 303, headers, b"Logged in: go to /dashboard/\n")
 
-    async def _status_events(self, emit: Emit) -> None:
-        """The channel list's state now, then each time it changes.
+    async def _status_events(self, emit: Emit, *, idle: bool = False, after: str | None = None) -> None:
+        """The channel list's state now, then each time it changes: a page of ``status``
+        (busy channels first; the idle ones too with ``idle``; from the cursor ``after``).
 
         A committed entry (of any channel) wakes it; while anything is running or queued it
         also re-reads every :data:`BUSY_REFRESH_SECONDS` (a turn starting or ending stores
@@ -423,12 +448,12 @@ class Dashboard:
         async with open_commit_wakeups(self.sup) as changes:
             last = ""
             while True:
-                view = list_view(self.sup.status())
+                view = list_view(self.sup.status(after=after, limit=DASHBOARD_PAGE, idle=idle))
                 data = json.dumps(view, ensure_ascii=False)
                 if data != last:
                     await emit(sse_event(data, event="status"))
                     last = data
-                busy = any(a["state"] != "idle" for c in view["channels"] for a in c["agents"])
+                busy = bool(view["channels"]) and _group(view["channels"][0]["agents"]) < 2  # busy ones come first
                 read_at = trio.current_time()
                 with trio.move_on_after(BUSY_REFRESH_SECONDS if busy else math.inf):
                     await changes.receive()

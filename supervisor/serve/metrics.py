@@ -1,18 +1,18 @@
 """``GET /metrics``: what runs and waits, the limits, stops and turns, in Prometheus' text format.
 
 The counters live in :class:`~supervisor.core.counters.Metrics` (the supervisor counts turns
-and stops into it, in the step that decides them); the gauges are read from ``Supervisor.status()`` when the page
-is asked for. The text format (``# HELP``, ``# TYPE``, one sample a line, a histogram's
-cumulative ``_bucket{le=…}`` lines with ``_sum`` and ``_count``) is written here directly: it
-is a few lines of code, and the client library would add a dependency and a registry of its
-own for them. No label has a channel's name: a fleet's thousands of channels would be as
-many series; channels are counted instead.
+and stops into it, in the step that decides them); the gauges are read from
+``Supervisor.summary()`` (counts, never every channel's state) when the page is asked for.
+The text format (``# HELP``, ``# TYPE``, one sample a line, a histogram's cumulative
+``_bucket{le=…}`` lines with ``_sum`` and ``_count``) is written here directly: it is a few
+lines of code, and the client library would add a dependency and a registry of its own for
+them. No label has a channel's name: a fleet's thousands of channels would be as many
+series; channels are counted instead.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -45,26 +45,19 @@ class _Page:
         self.lines.append(f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}")
 
 
-def render(status: Mapping[str, Any], metrics: Metrics) -> str:
-    """The page, from ``Supervisor.status()`` and the counters."""
+def render(summary: Mapping[str, Any], metrics: Metrics) -> str:
+    """The page, from ``Supervisor.summary()`` (counts, not every channel's state) and the counters."""
     page = _Page()
-    capacity = status.get("capacity") or {}
-    agents = sorted(status.get("agents") or {})
-    running: Counter[str] = Counter()
-    waiting: Counter[str] = Counter()
-    channels_running = channels_waiting = 0
-    for channel in (status.get("channels") or {}).values():
-        lanes = (channel.get("agents") or {}).items()
-        busy = [a for a, lane in lanes if lane.get("turn")]
-        held = [a for a, lane in lanes if lane.get("waiting")]
-        running.update(busy)
-        waiting.update(held)
-        channels_running += bool(busy)
-        channels_waiting += bool(held)
+    capacity = summary.get("capacity") or {}
+    agents = sorted(summary.get("agents") or ())
+    running: Mapping[str, int] = summary.get("running_by_agent") or {}
+    waiting: Mapping[str, int] = summary.get("waiting_by_agent") or {}
+    channels_running = summary.get("channels_running", 0)
+    channels_waiting = summary.get("channels_waiting", 0)
     page.metric("corral_turns_running", "gauge", "Turns running now, by agent.",
-                (({"agent": a}, running[a]) for a in agents))
+                (({"agent": a}, running.get(a, 0)) for a in agents))
     page.metric("corral_turns_waiting", "gauge", "Turns waiting for a slot now, by agent.",
-                (({"agent": a}, waiting[a]) for a in agents))
+                (({"agent": a}, waiting.get(a, 0)) for a in agents))
     page.metric("corral_channels_running", "gauge", "Channels with a turn running.", [({}, channels_running)])
     page.metric("corral_channels_waiting", "gauge", "Channels with a turn waiting for a slot.",
                 [({}, channels_waiting)])

@@ -29,6 +29,10 @@ MAX_SEQ: Final = 2**63 - 1
 MAX_LIMIT: Final = 100_000
 #: How many entries ``entries`` answers when the query names no ``limit``.
 DEFAULT_LIMIT: Final = 10_000
+#: How many channels a ``status`` page lists by default, and at most (``core.paging`` holds
+#: the same numbers; a test checks they agree).
+DEFAULT_STATUS_PAGE: Final = 200
+MAX_STATUS_PAGE: Final = 1000
 #: The longest ``wait?timeout=`` in seconds (a year): anything longer is a mistake.
 MAX_WAIT: Final = 365 * 86400.0
 
@@ -155,7 +159,14 @@ OPERATIONS: Final[dict[str, Operation]] = {
         Operation("move_first", "POST", "/v1/channels/{channel}/queue/{seq}/first", (_CHANNEL, _SEQ, _BY), (200,),
                   "the queued message moved to the front of its lane(s), with its record's seq; 409, 404 "
                   "as cancel"),
-        Operation("status", "GET", "/v1/status", (), (200,), "the daemon, its agents, channels and running turns"),
+        Operation("status", "GET", "/v1/status",
+                  (Param("after", str, "query", None, optional=True),
+                   Param("limit", int, "query", DEFAULT_STATUS_PAGE, MAX_STATUS_PAGE),
+                   Param("idle", bool, "query", False)), (200,),
+                  "the daemon, its agents, running turns and a page of its channels: busy ones first (running, "
+                  "then queued), then the idle ones if `idle` (or if every channel fits in the page), at most "
+                  "`limit` and about 56 KB; `channel_counts` counts them all, `next` is the `after` of the next "
+                  "page (null: the last)"),
         Operation("usage", "GET", "/v1/usage",
                   (Param("channel", str, "query", None, optional=True),
                    Param("since", str, "query", None, optional=True)),

@@ -124,11 +124,10 @@ async def ping_watchdog(interval: float, send: Callable[[str], object]) -> None:
 
 
 def status_line(status: Mapping[str, Any]) -> str:
-    """``Supervisor.status()`` as the one line ``systemctl status`` shows."""
-    channels: Mapping[str, Any] = status["channels"]
-    running = sorted(name for name, ch in channels.items() if ch["turn"])
-    queued = sum(ch["queued"] for ch in channels.values())
-    text = f"{len(running)} turn(s) running, {queued} queued, {len(channels)} channel(s)"
+    """``Supervisor.summary()`` as the one line ``systemctl status`` shows."""
+    running: list[str] = status["running_channels"]
+    total = status["channel_counts"]["total"]
+    text = f"{status['running']} turn(s) running, {status['queued']} queued, {total} channel(s)"
     if status.get("shutting_down"):
         text = "shutting down: " + text
     if running:

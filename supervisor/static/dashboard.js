@@ -513,9 +513,28 @@
       }
       empty.hidden = view.channels.length > 0;
       body.dataset.rendered = String(view.channels.length);
+      // A page of a host with many channels: busy ones first; say what it leaves out.
+      const idle = view.idle || 0;
+      more.hidden = !idle && !view.next;
+      moreText.textContent = idle ? `${plural(idle, "idle channel", "idle channels")} not listed (of ${view.total}).`
+        : view.next ? `More channels (${view.total} in all).` : "";
+      moreIdle.hidden = !idle;
+      moreNext.hidden = !view.next;
+      if (view.next) {
+        const next = new URLSearchParams(query);
+        next.set("after", view.next);
+        moreNext.href = `?${next}`;
+      }
     }
 
-    follow(() => "/dashboard/events", { status: (event) => render(JSON.parse(event.data)) },
+    const query = new URLSearchParams(location.search);
+    const asked = new URLSearchParams();
+    for (const key of ["idle", "after"]) if (query.get(key)) asked.set(key, query.get(key));
+    const more = document.getElementById("more");
+    const moreText = document.getElementById("more-text");
+    const moreIdle = document.getElementById("more-idle");
+    const moreNext = document.getElementById("more-next");
+    follow(() => `/dashboard/events${asked.toString() ? `?${asked}` : ""}`, { status: (event) => render(JSON.parse(event.data)) },
       () => probeUrl("/v1/status"));
 
     stopButton(document.getElementById("stop-all"), document.getElementById("ack"), "/v1/stop", (result) => {
