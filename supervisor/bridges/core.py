@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import fnmatch
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ..core.records import Draft as Draft  # (live output, as the store shows it)
+from ..core.results import INTERRUPT_NOTICE, SHUTDOWN_NOTICE, STOP_NOTICE
 from ..core.text import BadText, check_message, repair, repair_text
 
 #: The reaction that stops a running turn, and the one that sends a dropped message again.
@@ -62,6 +63,8 @@ STOP_REACTION = "🛑"
 RESEND_REACTION = "🔁"
 #: What the room is told at once when a stop is asked for.
 STOPPING = "Stopping…"
+#: The notices that end a turn: a chat's Stop button goes with them.
+ENDINGS = (STOPPING, STOP_NOTICE, INTERRUPT_NOTICE, SHUTDOWN_NOTICE, "Task interrupted")
 #: corral's limit on one message (as the supervisor's).
 MAX_MESSAGE_BYTES = 256 * 1024
 #: A platform message is split into parts of at most this many bytes (Matrix caps an event at 64 KiB).
@@ -328,6 +331,33 @@ def split_text(text: str, limit: int = MAX_POST_BYTES) -> list[str]:
         text = text[cut:]
     parts.append(text)
     return parts
+
+
+def utf16_units(ch: str) -> int:
+    """A character's length in UTF-16 code units, as Telegram and Discord count a message."""
+    return 2 if ord(ch) > 0xFFFF else 1
+
+
+def split_by(text: str, limit: int, cost: Callable[[str], int], reserve: int = 0) -> list[str]:
+    """``text`` in parts whose characters' ``cost`` sums to at most ``limit`` (each cut
+    ``reserve`` short of it), cut at a line end where one is near; whitespace-only parts are
+    left out (a platform refuses them as empty). A platform's own measure of a message's
+    length: Telegram's UTF-16 units, Slack's escaped characters."""
+    parts: list[str] = []
+    while sum(map(cost, text)) > limit:
+        cut, used = 0, 0
+        for i, ch in enumerate(text):
+            used += cost(ch)
+            if used > limit - reserve:
+                cut = i
+                break
+        newline = text.rfind("\n", 0, cut)
+        if newline > cut // 2:
+            cut = newline + 1
+        parts.append(text[:cut])
+        text = text[cut:]
+    parts.append(text)
+    return [part for part in parts if part.strip()] or ["…"]
 
 
 def clip(text: str, limit: int = MAX_POST_BYTES) -> str:

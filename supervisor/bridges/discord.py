@@ -78,11 +78,10 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
-from ..core.results import INTERRUPT_NOTICE, SHUTDOWN_NOTICE, STOP_NOTICE
 from .core import (
+    ENDINGS,
     RESEND_REACTION,
     STOP_REACTION,
-    STOPPING,
     Edit,
     Inbound,
     Post,
@@ -91,10 +90,11 @@ from .core import (
     Said,
     Unreadable,
     safe,
+    split_by,
+    utf16_units,
 )
 from .kinds import DISCORD_API
 from .platform import Batch, Refused, Transient
-from .telegram import split_message
 
 if TYPE_CHECKING:
     from ..config.settings import BridgeConfig
@@ -122,7 +122,6 @@ NO_MENTIONS = {"parse": [], "replied_user": False}
 #: Message flags: SUPPRESS_EMBEDS (a link an agent writes does not unfurl).
 FLAGS = 1 << 2
 #: The notices that end a turn: the channel's Stop button goes with them.
-ENDINGS = (STOPPING, STOP_NOTICE, INTERRUPT_NOTICE, SHUTDOWN_NOTICE, "Task interrupted")
 #: Discord's global limit: requests a second from one bot.
 GLOBAL_RATE = 50
 #: How often one request is made again after a 429 before it is a Transient for the runner.
@@ -655,7 +654,7 @@ class DiscordPlatform:
         if op.notice and op.text.endswith(_RESEND_HINT):  # (a dropped message's answer: a button sends it again)
             text = op.text.removesuffix(_RESEND_HINT) + f"Press {RESEND_REACTION} to send it again."
             components = RESEND_ROW
-        parts = split_message(neutral(text), MAX_TEXT)
+        parts = split_by(neutral(text), MAX_TEXT, utf16_units)
         # The turn's first notice (its status message) carries its Stop button; one per channel.
         button = op.notice and op.turn is not None and self._button.get(op.room, ("", None))[1] != op.turn
         done = self._progress.setdefault(op.key, [])
@@ -679,7 +678,7 @@ class DiscordPlatform:
 
     async def edit(self, op: Edit, target: str) -> str:
         room, _, message = target.partition(":")
-        parts = split_message(neutral(op.text), MAX_TEXT)
+        parts = split_by(neutral(op.text), MAX_TEXT, utf16_units)
         await self._unbutton(op.room, op.turn, op.text, saved=op.final)
         # (components left out of a PATCH stay as they are: the Stop button with them)
         await self.call("PATCH", f"/channels/{room}/messages/{message}",

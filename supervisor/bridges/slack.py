@@ -61,11 +61,10 @@ import trio
 import wsproto
 import wsproto.events as ws
 
-from ..core.results import INTERRUPT_NOTICE, SHUTDOWN_NOTICE, STOP_NOTICE
 from .core import (
+    ENDINGS,
     RESEND_REACTION,
     STOP_REACTION,
-    STOPPING,
     Edit,
     Inbound,
     Invited,
@@ -75,6 +74,7 @@ from .core import (
     Said,
     Unreadable,
     safe,
+    split_by,
 )
 from .kinds import SLACK_API
 from .platform import Batch, Refused, Transient
@@ -94,7 +94,6 @@ RESEND_ACTION = "corral_resend"
 REACTIONS = {"octagonal_sign": STOP_REACTION, "repeat": RESEND_REACTION}
 EMOJI_NAMES = {v: k for k, v in REACTIONS.items()} | {"✅": "white_check_mark", "👀": "eyes"}
 _RESEND_HINT = f"React {RESEND_REACTION} to send it again."
-ENDINGS = (STOPPING, STOP_NOTICE, INTERRUPT_NOTICE, SHUTDOWN_NOTICE, "Task interrupted")
 #: ``/corral WORD …`` → the core's command.
 COMMANDS = {"stop": "!stop", "new": "!new", "interrupt": "!interrupt", "steer": "!steer"}
 #: Seconds without a frame before a ping; twice that without one and the socket is given up.
@@ -117,22 +116,9 @@ def _cost(ch: str) -> int:
 
 def split_message(text: str, limit: int = MAX_TEXT) -> list[str]:
     """``text`` in parts whose :func:`neutral` form is at most ``limit`` characters, cut at a
-    line end where one is near; whitespace-only parts are left out."""
-    parts: list[str] = []
-    while sum(map(_cost, text)) > limit:
-        cut, used = 0, 0
-        for i, ch in enumerate(text):
-            used += _cost(ch)
-            if used > limit - 2:  # (room for a word joiner or two)
-                cut = i
-                break
-        newline = text.rfind("\n", 0, cut)
-        if newline > cut // 2:
-            cut = newline + 1
-        parts.append(text[:cut])
-        text = text[cut:]
-    parts.append(text)
-    return [part for part in parts if part.strip()] or ["…"]
+    line end where one is near (with room for a word joiner or two); whitespace-only parts are
+    left out."""
+    return split_by(text, limit, _cost, reserve=2)
 
 
 def incoming(text: str) -> tuple[str, tuple[str, ...]]:

@@ -53,11 +53,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..core.results import INTERRUPT_NOTICE, SHUTDOWN_NOTICE, STOP_NOTICE
 from .core import (
+    ENDINGS,
     RESEND_REACTION,
     STOP_REACTION,
-    STOPPING,
     Edit,
     Inbound,
     Invited,
@@ -67,6 +66,8 @@ from .core import (
     Said,
     Unreadable,
     safe,
+    split_by,
+    utf16_units,
 )
 from .kinds import TELEGRAM_API, TELEGRAM_POLL
 from .platform import Batch, Refused, Transient
@@ -90,7 +91,6 @@ RESEND_DATA = "corral:resend"
 RESEND_BUTTON = {"inline_keyboard": [[{"text": f"{RESEND_REACTION} Send again", "callback_data": RESEND_DATA}]]}
 _RESEND_HINT = f"React {RESEND_REACTION} to send it again."
 #: The notices that end a turn: the chat's Stop button goes with them.
-ENDINGS = (STOPPING, STOP_NOTICE, INTERRUPT_NOTICE, SHUTDOWN_NOTICE, "Task interrupted")
 #: Slash commands → the core's commands.
 COMMANDS = {"stop": "!stop", "new": "!new", "interrupt": "!interrupt", "steer": "!steer"}
 #: (requests, seconds): the bot's whole rate, and one group's (Telegram's bots FAQ).
@@ -109,28 +109,10 @@ def neutral(text: str) -> str:
     return re.sub(r"@(?=[A-Za-z0-9_])", "@" + _WORD_JOINER, text)
 
 
-def _units(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
-
-
 def split_message(text: str, limit: int = MAX_TEXT) -> list[str]:
     """``text`` in parts of at most ``limit`` UTF-16 code units, cut at a line end where one is
     near; parts Telegram would refuse as empty (whitespace only) are left out."""
-    parts: list[str] = []
-    while _units(text) > limit:
-        cut, used = 0, 0
-        for i, ch in enumerate(text):
-            used += 2 if ord(ch) > 0xFFFF else 1
-            if used > limit:
-                cut = i
-                break
-        newline = text.rfind("\n", 0, cut)
-        if newline > cut // 2:
-            cut = newline + 1
-        parts.append(text[:cut])
-        text = text[cut:]
-    parts.append(text)
-    return [part for part in parts if part.strip()] or ["…"]
+    return split_by(text, limit, utf16_units)
 
 
 def slash_command(text: str, bot: str) -> str | None:
