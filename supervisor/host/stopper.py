@@ -20,6 +20,8 @@ are signalled in one synchronous pass, waited for together, and then ONE notice 
 last. A stop-all is one batch of decisions with one record write, and its notices one more:
 each channel's stop waits at a gate until every channel of the batch has ended its turns,
 then all submit their notices in the same step, so the group commit stores them together.
+A stopped turn's usage row (``turn_usage``) waits for its stop's notice and is submitted in
+that step too (:meth:`Stopper._hold_usage`): a stop, or a stop-all of any size, is two commits.
 
 :meth:`Stopper.kill` is the one kill step: a stop (the adapter's interrupt signal, then the
 teardown's grace), a lost lease (SIGKILL, no grace: the channel is no longer this host's to
