@@ -62,6 +62,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import os
+import select
 import shutil
 import signal
 import statistics
@@ -445,6 +446,34 @@ def kill_groups(procs: Iterable[subprocess.Popen[Any]]) -> None:
 BWRAP_FLOOR = ("bwrap", *BASE_ARGS, "--tmpfs", "/tmp", "--die-with-parent", "--")
 
 
+def pidfds(procs: Iterable[psutil.Process]) -> dict[int, int]:
+    """A pidfd of each process still there, by fd (its pid the value)."""
+    fds: dict[int, int] = {}
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            fds[os.pidfd_open(proc.pid)] = proc.pid
+    return fds
+
+
+def wait_pidfds(fds: dict[int, int], timeout: float) -> list[int]:
+    """Wait until every pidfd's process has exited (a pidfd turns readable then: no polling
+    loop, unlike ``psutil.wait_procs``, whose sleeps between checks were most of this floor);
+    close them; the pids still alive at ``timeout``."""
+    poll = select.poll()
+    for fd in fds:
+        poll.register(fd, select.POLLIN)
+    left, deadline = set(fds), time.monotonic() + timeout
+    try:
+        while left and (wait := deadline - time.monotonic()) > 0:
+            for fd, _ in poll.poll(wait * 1000):
+                poll.unregister(fd)
+                left.discard(fd)
+        return sorted(fds[fd] for fd in left)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def row_floor_killpg(
     folder: Path, setup: AgentSetup, n: int, tag: str, *, all_at_once: bool = False, sig: int = signal.SIGKILL,
     sandboxed: bool = False,
@@ -496,13 +525,13 @@ def row_floor_killpg(
                     row.errors.append(f"leader {proc.pid} was still running 30 s after the {signal.Signals(sig).name}")
             row.times_ms.append((time.perf_counter() - t0) * 1000)
         for proc in procs if not all_at_once else ():
-            tree = psutil.Process(proc.pid).children(recursive=True) if sandboxed else []
+            tree = pidfds(psutil.Process(proc.pid).children(recursive=True)) if sandboxed else {}
             t0 = time.perf_counter()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            if tree:  # (bwrap's init dies of its parent's death, the namespace's processes of the init's)
-                _, alive = psutil.wait_procs(tree, timeout=10)
-                row.errors += [f"{p.pid} of the sandboxed tree alive 10 s after the kill" for p in alive]
+            if tree:  # (the setsid process outside the group dies with the namespace's init)
+                alive = wait_pidfds(tree, timeout=10.0)
+                row.errors += [f"{pid} of the sandboxed tree alive 10 s after the kill" for pid in alive]
             row.times_ms.append((time.perf_counter() - t0) * 1000)
     finally:
         kill_groups(procs)

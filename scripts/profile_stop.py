@@ -10,7 +10,8 @@ wall time, the process's CPU (all threads: what the stop result's ``cpu_ms`` cou
 the main thread's, and the functions by own time and by cumulative time. No HTTP, so
 what is left is the stop path itself (the store's writer thread shows in the process CPU,
 not in the profile, which covers the main thread only). ``--no-profile`` times it without
-cProfile and shows the CPU of each kind of task instead; ``--trio-floor`` measures what Trio
+cProfile and shows the CPU of each kind of task instead; ``--one`` stops the channels one
+at a time instead (the stop-one path: each stop's wall and CPU); ``--trio-floor`` measures what Trio
 alone charges to cancel that many turn-shaped task groups, nothing else running.
 """
 
@@ -27,11 +28,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
 
 from supervisor import open_supervisor, parse_config
+from supervisor.store.store import Store
 
 
 class TaskCpu(trio.abc.Instrument):
@@ -72,10 +75,31 @@ class GcTime:
             self.by_generation[gen] = self.by_generation.get(gen, 0) + 1
 
 
+class Counted:
+    """Counts the writes submitted to the store (its writer's ``submit``), process-wide."""
+
+    calls = 0
+    _installed = False
+
+    @classmethod
+    def install(cls, store: Store) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+        writer = store._writer
+        submit = writer.submit
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            cls.calls += 1
+            return submit(*args, **kwargs)
+
+        writer.submit = counted  # type: ignore[method-assign]
+
+
 LIGHT_SCRIPT = 'sleep 600 & setsid sleep 600 & echo "tool running"; wait'
 
 
-async def run(channels: int, kill: str, top: int, profiling: bool = True, repeat: int = 1) -> int:
+async def run(channels: int, kill: str, top: int, profiling: bool = True, repeat: int = 1, one: bool = False) -> int:
     folder = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))
     config = parse_config(
         {
@@ -116,9 +140,25 @@ async def run(channels: int, kill: str, top: int, profiling: bool = True, repeat
                 trio.lowlevel.add_instrument(tasks)
             collections = GcTime()
             gc.callbacks.append(collections)
-            result = await sup.stop_all()
+            store = sup._store
+            commits, writes = store.commits, Counted.calls
+            Counted.install(store)
+            if one:  # each channel stopped in turn, one call at a time (the stop-one path)
+                walls, cpus = [], []
+                for name in names:
+                    t1, c1 = time.perf_counter(), time.process_time()
+                    result = await sup.stop(name)
+                    walls.append((time.perf_counter() - t1) * 1000)
+                    cpus.append((time.process_time() - c1) * 1000)
+                print(f"stop-one x {channels}: wall median {statistics.median(walls):.2f} ms,"
+                      f" p95 {sorted(walls)[int(0.95 * (len(walls) - 1))]:.2f}; CPU median"
+                      f" {statistics.median(cpus):.3f} ms per stop; load {os.getloadavg()[0]:.2f}")
+                result.stopped_turns = names  # (for the per-turn figures below: one turn a stop)
+            else:
+                result = await sup.stop_all()
             gc.callbacks.remove(collections)
             profile.disable()
+            commits, writes = store.commits - commits, Counted.calls - writes
             if not profiling:
                 trio.lowlevel.remove_instrument(tasks)
             wall = (time.perf_counter() - wall) * 1000
@@ -128,12 +168,14 @@ async def run(channels: int, kill: str, top: int, profiling: bool = True, repeat
             user, system = (after.user - times.user) * 1000, (after.system - times.system) * 1000
             turns = len(result.stopped_turns) or 1
             per_turn.append(cpu / turns)
+            what = "stop-one, each in turn, of" if one else "stop-all of"
             print(
-                f"stop-all of {turns} turns: {wall:.1f} ms wall, CPU {cpu:.1f} ms all threads"
+                f"{what} {turns} turns: {wall:.1f} ms wall, CPU {cpu:.1f} ms all threads"
                 f" ({cpu / turns:.3f} ms per turn; user {user:.0f}, system {system:.0f}), {main:.1f} ms main thread;"
                 f" ok={result.ok} kill={result.kill} killed={len(result.killed)} swept={len(result.swept)};"
                 f" load {os.getloadavg()[0]:.2f}"
             )
+            print(f"store commits during it: {commits} ({writes} writes)")
             print(f"garbage collections during it: {collections.count} (by generation {collections.by_generation}),"
                   f" {collections.seconds * 1000:.1f} ms; objects tracked: {len(gc.get_objects())}")
             if not profiling:
@@ -201,12 +243,14 @@ def main() -> int:
     parser.add_argument("--no-profile", action="store_true",
                         help="no cProfile: time the stop-all and show the CPU of each kind of task (an Instrument)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds (fresh trees each), then min and median")
+    parser.add_argument("--one", action="store_true",
+                        help="stop the channels one at a time (the stop-one path), not with one stop-all")
     parser.add_argument("--trio-floor", action="store_true",
                         help="only what Trio alone charges to cancel N turn-shaped task groups")
     args = parser.parse_args()
     if args.trio_floor:
         return trio.run(trio_floor, args.channels)
-    return trio.run(run, args.channels, args.kill, args.top, not args.no_profile, args.repeat)
+    return trio.run(run, args.channels, args.kill, args.top, not args.no_profile, args.repeat, args.one)
 
 
 if __name__ == "__main__":

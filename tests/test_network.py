@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from conftest import PYTHON, make_config
 
 from supervisor.host.supervisor import open_supervisor
@@ -649,3 +650,28 @@ def test_the_metadata_service_and_a_lan_address_in_a_namespace_of_the_tests_own(
     assert "link-local" in default["metadata by proxy"] and "private" in default["lan by proxy"], default
     assert got["default accepted"] == {"metadata": 0, "lan": 0}, "a refused connection reached its listener"
     assert got["granted accepted"] == {"metadata": 2, "lan": 2}
+
+
+async def test_a_turns_network_with_no_connection_open_closes_without_waiting_for_the_proxys_task() -> None:
+    """The turn's teardown goes on at once (one wake-up fewer per stopped turn); the proxy's
+    task ends the rest in its own step, and nothing of the turn is left served."""
+    from supervisor.core.netpolicy import parse_policy
+
+    policy = parse_policy("internet", [])
+    async with trio.open_nursery() as nursery:
+        pool = _LoopbackPool()
+        service = proxy_module.NetworkService(nursery, pool)  # type: ignore[arg-type]
+        service.nsenter = "nsenter"
+        idle, busy = await service.open("idle", policy), await service.open("busy", policy)
+        stream = await trio.open_tcp_stream(*busy.netns.listener.getsockname()[:2])
+        await trio.testing.wait_all_tasks_blocked()  # (the proxy has taken it, and reads its head)
+        assert busy.connections == 1
+        await idle.aclose()
+        assert not idle.closed.is_set() and "idle" in service.turns  # returned before the task ran
+        await busy.aclose()  # (a connection open: waited for)
+        assert busy.closed.is_set() and busy.connections == 0
+        await trio.testing.wait_all_tasks_blocked()
+        assert idle.closed.is_set() and not service.turns
+        assert all(ns.listener.fileno() == -1 for ns in pool.handed)
+        await stream.aclose()
+        nursery.cancel_scope.cancel()

@@ -371,8 +371,11 @@ async def test_contract_01_stop_all_stops_every_busy_channel(
 
         assert result.ok and result.channels is not None
         assert sorted(r.channel for r in result.channels) == ["c1", "c2", "c3"]
-        # The three notices in one commit (the records in one before it: contract 17's own tests).
-        assert [kinds.count("notice") for kinds in commits if "notice" in kinds] == [3]
+        # The three records in one commit, then the three notices in one (with the stopped
+        # turns' usage rows): two in all, however many channels (contract 17's own tests
+        # prove the record's comes before the kill).
+        assert [kinds.count("notice") for kinds in commits] == [0, 3]
+        assert set(result.stopped_turns) <= {r.turn for r in await sup._store.usage()}
         assert len(result.stopped_turns) == 3
         assert sorted(result.killed) == sorted(busy_trees)
         assert all(s.process.returncode is not None for s in spawned.calls)
@@ -380,6 +383,33 @@ async def test_contract_01_stop_all_stops_every_busy_channel(
             assert [e.text for e in notices(await sup.entries(channel))] == [STOP_NOTICE]
         assert len(notices(await sup.entries("quiet"))) == 1  # only its own earlier stop
         assert not turn_processes([s.turn_id for s in spawned.calls])
+
+
+async def test_contract_01_a_stop_of_one_channel_is_two_commits_its_record_then_its_notice_with_the_usage(
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop's record is committed before the kill (contract 17), its notice after the
+    teardown (10): two commits, and no third for the stopped turn's usage row, which waits
+    for the notice and goes in its commit (ending on its own, a turn's row goes at once)."""
+    gate = gates()
+    commits: list[list[str]] = []  # each commit's entries' kinds
+    commit = Store._commit
+
+    def counted(store: Store, batch: list[Any]) -> None:
+        commits.append([p.entry.kind for p in batch if p.entry is not None])
+        commit(store, batch)
+
+    monkeypatch.setattr(Store, "_commit", counted)
+    async with running(short_tmp) as (sup, _):
+        await send_and_wait_ready(sup, "c1", f"gate={gate}")
+        await sup.flush()
+        commits.clear()
+        with trio.fail_after(SLOW):
+            result = await sup.stop("c1")
+        await sup.flush()
+        assert result.ok and len(result.stopped_turns) == 1
+        assert [kinds.count("notice") for kinds in commits] == [0, 1], commits
+        assert result.stopped_turns[0] in {r.turn for r in await sup._store.usage("c1")}
 
 
 # ---------------------------------------------------------------- 2. on record before any await

@@ -12,6 +12,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -370,7 +372,7 @@ async def test_a_stop_does_not_read_the_unreaped_leaders_stat_again(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The leader's stat is read once, at the spawn: unreaped, it is the same process, and a
-    session leader keeps its group. A stop reads the others' only; the report is unchanged."""
+    session leader keeps its group. A stop reads the others' only, once each; the report is unchanged."""
     import supervisor.procs.tree as tree_module
 
     async with cgroup_root() as root:
@@ -389,7 +391,34 @@ async def test_a_stop_does_not_read_the_unreaped_leaders_stat_again(
         with trio.fail_after(SLOW):
             await tree.terminate(signal.SIGINT, 10.0)
             await tree.sweep(None)  # type: ignore[arg-type]
-        assert pids[0] not in read
+        # Each of the others once, when it was signalled: the reap of escapees after the
+        # cgroup emptied asks the kernel (``waitable``: none of them is this process's child).
+        assert sorted(read) == sorted(pids[1:]), read
         assert sorted(tree.report.killed) == sorted(pids[:2]) and tree.report.swept == [pids[2]]
         assert not any(alive(p) for p in pids) and tree.report.survivors == []
         close_streams([tree])
+
+
+_REAP_PASS = """
+import os, subprocess
+import supervisor.procs.tree as tree
+listed = []
+real = tree.child_pids
+tree.child_pids = lambda pid: listed.append(pid) or real(pid)
+child = subprocess.Popen(["sleep", "30"])
+assert tree.reap_orphans(()) == [] and listed == [], listed  # none dead: no list of children read
+child.kill()
+os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # (dead now, not reaped)
+assert tree.reap_orphans(()) == [child.pid] and listed == [os.getpid()], listed
+assert not tree.waitable()
+print("ok")
+"""
+
+
+def test_the_subreapers_pass_reads_the_children_only_when_one_is_dead() -> None:
+    """``reap_orphans`` runs after every turn; with no dead child (the usual case) it costs one
+    ``waitid``, not a list of the children and a stat of each. In a process of its own, whose
+    only child is the test's."""
+    out = subprocess.run([sys.executable, "-c", _REAP_PASS], capture_output=True, text=True, timeout=SLOW,
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -61,7 +61,7 @@ from ..core.daily import DailySpent, DailyTally, seconds_to_midnight, utc_day
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
 from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelled_text, stop_notice_text
 from ..core.router import route
-from ..core.usage import turn_record
+from ..core.usage import TurnRecord, turn_record
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
 from ..procs.netns import holder_pids
@@ -218,6 +218,10 @@ class Lanes:
         self.metrics = metrics
         self.daily = DailyTally()
         """Today's spend per agent and per channel, that the daily budgets are asked against."""
+        self.hold_usage: Callable[[RunningTurn, TurnRecord], bool] = lambda turn, record: False
+        """Asked at a turn's end with its usage row: True if the stop that ended it takes the row,
+        to store it in its notice's commit (the stopper's; a stop-all's 200 rows then cost no
+        commit of their own). False: the row is submitted at once."""
         self._daily_waits: dict[tuple[str, str], trio.Event] = {}
         """Lanes waiting for a spent daily budget: a reset, a stop or midnight sets the event."""
         self.acp = AcpAgentPool(nursery, on_gone=capacity.gone)
@@ -572,7 +576,8 @@ class Lanes:
         self.metrics.spent(turn.agent.name, (record.input_tokens, record.output_tokens, record.cache_read_tokens,
                                               record.cache_write_tokens), record.tool_calls, cost, record.currency,
                             budget)
-        self._store.record_usage(record)
+        if not self.hold_usage(turn, record):
+            self._store.record_usage(record)
 
     def _interrupted(self, channel: str, turn: RunningTurn) -> None:
         """The notice of a turn an interrupting message ended, submitted in the step its end is

@@ -20,6 +20,8 @@ are signalled in one synchronous pass, waited for together, and then ONE notice 
 last. A stop-all is one batch of decisions with one record write, and its notices one more:
 each channel's stop waits at a gate until every channel of the batch has ended its turns,
 then all submit their notices in the same step, so the group commit stores them together.
+A stopped turn's usage row (``turn_usage``) waits for its stop's notice and is submitted in
+that step too (:meth:`Stopper._hold_usage`): a stop, or a stop-all of any size, is two commits.
 
 :meth:`Stopper.kill` is the one kill step: a stop (the adapter's interrupt signal, then the
 teardown's grace), a lost lease (SIGKILL, no grace: the channel is no longer this host's to
@@ -44,6 +46,7 @@ from ..core.account import cancelled
 from ..core.budget import BudgetSpent, turn_cost
 from ..core.ledger import QueuedMessage, StopDecision, StopLedger
 from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult, plan_cancelled_text, stop_notice_text
+from ..core.usage import TurnRecord
 from ..procs.cgroup import CgroupRoot
 from ..procs.registry import ProcessRegistry
 from ..procs.teardown import CollectorPause, TreeBatch
@@ -78,6 +81,7 @@ class Stopper:
         """Where a stop no caller waits for (a spent budget's) is carried out."""
         self.budget_stops: list[StopResult] = []
         """The results of the budget stops carried out (the last few, for the log and the tests)."""
+        lanes.hold_usage = self._hold_usage
 
     def recording(self, channel: str) -> bool:
         """Is the channel's stop's record being stored right now (the registry freezes a late registration)?"""
@@ -163,7 +167,8 @@ class Stopper:
             plans = self._cancelled_plans(decision.channel)
             batch.seqs[decision.channel] = seq
             batch.plans[decision.channel] = plans
-            batch.progress[decision.channel] = self.stops[decision.channel] = _StopInProgress(plans)
+            batch.progress[decision.channel] = self.stops[decision.channel] = _StopInProgress(
+                plans, frozenset(turn_id for _, turn_id in decision.stopped_turns))
             records.append(
                 StopRecord(seq, decision.channel, decision.generation, tuple(m.id for m in decision.dropped),
                            tuple(turn_id for _, turn_id in decision.stopped_turns), plans)
@@ -238,8 +243,25 @@ class Stopper:
                 together.add(turn.own_tree, turn.stop_grace)
         return together if len(together) else None
 
+    def _hold_usage(self, turn: RunningTurn, record: TurnRecord) -> bool:
+        """A turn this channel's stop ended, ending before its notice is submitted: its usage
+        row waits for the notice and goes in the same commit (:meth:`_release_usage`)."""
+        progress = self.stops.get(turn.channel)
+        if progress is None or progress.noticed or turn.turn_id not in progress.turns:
+            return False
+        progress.usage.append(record)
+        return True
+
+    def _release_usage(self, progress: _StopInProgress) -> None:
+        """Submit the usage rows the stop held (right before its notice: one commit), and hold no more."""
+        progress.noticed = True
+        for record in progress.usage:
+            self._store.record_usage(record)
+        progress.usage.clear()
+
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
         """The record could not be stored (the ledger's stop is undone); nothing was killed."""
+        self._release_usage(progress)
         result = StopResult(decision.channel, decision.generation - 1, ok=False, error=error)
         result.elapsed_ms = (trio.current_time() - started) * 1000
         progress.finish(self.stops, decision.channel, result)
@@ -333,6 +355,7 @@ class Stopper:
             )
             result.elapsed_ms = (trio.current_time() - started) * 1000
             final = result.to_json()
+            self._release_usage(progress)  # (the stopped turns' usage rows: in the notice's commit)
             notice = self._store.submit_stop_notice(
                 channel, text, stop_seq=stop_seq, turn=decision.stopped_turn, generation=decision.generation,
                 result=final, turns=tuple(turn_id for _, turn_id in decision.stopped_turns),
@@ -353,6 +376,7 @@ class Stopper:
                 f"{exc.__cause__ or exc}"
             )
         finally:
+            self._release_usage(progress)  # (held rows are never lost, whatever failed)
             progress.finish(self.stops, channel, result)
         result.elapsed_ms = (trio.current_time() - started) * 1000
         log.info(
@@ -417,6 +441,11 @@ class _StopInProgress:
     """A stop between its decision and its end: repeats and shutdown wait for it."""
 
     plans: dict[str, list[dict[str, str]]]
+    turns: frozenset[str] = frozenset()
+    """The turns the stop ended: their usage rows wait for its notice (``Stopper._hold_usage``)."""
+    usage: list[TurnRecord] = field(default_factory=list)
+    noticed: bool = False
+    """The notice is submitted (or the stop is over): a usage row ending later goes alone."""
     recorded: bool = False
     """The record's write is over (committed, or failed and the stop undone)."""
     done: trio.Event = field(default_factory=trio.Event)

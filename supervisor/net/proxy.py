@@ -33,7 +33,8 @@ checkpoint every :data:`STEPS` moves): at most 128 KiB in flight per connection,
 the default bound. **A turn's
 connections end with it**: each turn's are tasks of its own cancel scope, and
 :meth:`TurnNetwork.aclose` (the turn's teardown, after its processes are ended) cancels it
-and waits until every socket is closed; the namespace's holder ends right after.
+and waits until every socket is closed (no wait when none is open); the namespace's holder
+ends right after.
 """
 
 from __future__ import annotations
@@ -106,8 +107,16 @@ class TurnNetwork:
     async def aclose(self) -> None:
         """End every connection of the turn (shielded; idempotent); its namespace's holder
         ends right after, in the proxy's own task (it is corral's process, not the turn's:
-        a stop need not wait for it)."""
+        a stop need not wait for it).
+
+        With no connection open there is nothing to wait for: the turn's processes are ended
+        (its teardown closes the network after them), its listeners only ever hand out new
+        connections, and any the cancelled scope still takes ends at its first checkpoint.
+        So the turn goes on at once, and the proxy's task closes the listeners and the holder
+        in its own step (a stop-all's turns each saved a wake-up on it)."""
         self.scope.cancel()
+        if self.connections == 0:
+            return
         with trio.CancelScope(shield=True):
             await self.closed.wait()
 

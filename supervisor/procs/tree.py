@@ -295,6 +295,22 @@ def kill_exact(ident: ProcId) -> bool:
         return False
 
 
+def waitable(pid: int | None = None) -> bool:
+    """Is there a dead, unreaped child of this process — ``pid``, or any child (None)?
+
+    Asked of the kernel without reaping anything (``waitid`` with ``WNOWAIT``): one system
+    call, where a read of ``/proc/PID/stat`` takes three and a parse. A stop asks it of every
+    process its tree had (nearly all are not this process's children: that answer is one
+    ``ECHILD``), and the subreaper's pass asks it before it reads the children's list at all.
+    """
+    try:
+        info = os.waitid(os.P_ALL if pid is None else os.P_PID, 0 if pid is None else pid,
+                         os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return info is not None
+
+
 def reap_if_child(pid: int) -> bool:
     """Reap ``pid`` if it is a dead child of this process. Never waits on any other pid."""
     try:
@@ -696,8 +712,8 @@ class ProcessTree:
         (exactly those: same pid and start time, a zombie child of this process)."""
         me = os.getpid()
         for pid, then in self._members.items():
-            if pid == self.pid or then is None:
-                continue
+            if pid == self.pid or then is None or not waitable(pid):
+                continue  # (most members never were this process's children: one ECHILD each)
             now = read_stat(pid)
             if now is not None and now.state == "Z" and now.ppid == me and now.started == then.started:
                 reap_if_child(pid)
@@ -727,11 +743,6 @@ class ProcessTree:
         return [i.pid for i in self.known if i.pid != self.pid and i.matches()]
 
 
-def _is_zombie(pid: int) -> bool:
-    stat = read_stat(pid)
-    return stat is not None and stat.state == "Z"
-
-
 def reap_orphans(exclude: Iterable[int]) -> list[int]:
     """Reap dead children of this process that nobody else waits for (subreaper adoptees).
 
@@ -740,9 +751,11 @@ def reap_orphans(exclude: Iterable[int]) -> list[int]:
     ``exclude`` holds the pids Trio waits for itself (live turn leaders). Only for a process
     whose every child is corral's: a host program's own children must not be reaped.
     """
-    skip = set(exclude)
     reaped: list[int] = []
+    if not waitable():
+        return reaped  # no dead child at all (the usual case): no list of children read
+    skip = set(exclude)
     for pid in child_pids(os.getpid()):
-        if pid not in skip and _is_zombie(pid) and reap_if_child(pid):
+        if pid not in skip and waitable(pid) and reap_if_child(pid):
             reaped.append(pid)
     return reaped
