@@ -326,8 +326,11 @@ class Stopper:
                 result.error = silent
             if gate is not None:
                 await gate.passed()  # (every channel of the stop-all is here: the notices go in one step)
-            # The plan's entries and the notice, last; the notice's commit completes the record.
-            writes = self._plan_entries(channel, decision.generation, progress.plans)
+            # What each turn spent, the plan's entries and the notice, last; the notice's commit
+            # completes the record.
+            spent = (self._lanes.usage_before_notice(channel, t) for t in turns if t.done.is_set())
+            writes = [w for w in spent if w is not None]
+            writes += self._plan_entries(channel, decision.generation, progress.plans)
             text = (
                 stop_notice_text(notice_text, result.dropped) if result.ok else f"Stopping failed — {result.error}."
             )
@@ -405,6 +408,8 @@ class Stopper:
         with trio.move_on_after(turn.stop_grace + STOP_SLACK):
             await turn.done.wait()
         try:
+            if turn.done.is_set():
+                self._lanes.usage_before_notice(turn.channel, turn)
             await self._store.submit_turn_notice(
                 turn.channel, SHUTDOWN_NOTICE, turn=turn.turn_id, generation=turn.generation
             ).committed()
