@@ -804,9 +804,12 @@ def _lane_state(lane: dict[str, Any]) -> str:
         what = f"{lane['state']} turn {turn['id']} since {since} ({turn['phase']}, pid {turn['pid']})"
         used = turn.get("usage")
         if used and (used["tokens"] or used["tool_calls"]):
-            of = f" of {used['max_turn_tokens']:,}" if used.get("max_turn_tokens") else ""
-            cost = f", cost {used['cost']} {used['currency']}" if used.get("cost") is not None else ""
-            what += f", {used['tokens']:,}{of} tokens, {used['tool_calls']} tool call(s){cost}"
+            # The line every surface shows (supervisor.core.usage.usage_line), then its budgets.
+            budgets = [f"{used['max_turn_tokens']:,} tokens" if used.get("max_turn_tokens") else "",
+                       f"{used['max_turn_cost']} {used['currency']}" if used.get("max_turn_cost") else "",
+                       f"{used['max_turn_tool_calls']:,} tools" if used.get("max_turn_tool_calls") else ""]
+            within = ", ".join(b for b in budgets if b)
+            what += f": {shown(str(used['line']), lines=False)}" + (f" (budget {within})" if within else "")
     else:
         what = lane["state"]
     waiting = lane.get("waiting")

@@ -317,3 +317,23 @@ class DaemonProcess:
             raise
         self.log.append(out or "")
         return self.proc.returncode
+
+
+#: A turn that calls a tool, reports its tokens under a hostile model name (markup, a mention's
+#: brackets, @everyone, a newline, IRC control codes), then answers: the bridges' and the
+#: dashboard's tests show its line of what it spent (``supervisor.core.usage.usage_line``).
+METERED = r"""
+import json, sys
+print(json.dumps({"type": "tool", "name": "Read", "input": "notes.txt"}), flush=True)
+print(json.dumps({"type": "usage", "input_tokens": 1200, "output_tokens": 34,
+                  "model": "m<@U1>\n@everyone**\x03\x02"}), flush=True)
+print(json.dumps({"type": "result", "text": "counted: " + sys.argv[-1]}), flush=True)
+"""
+#: The start of the line its turn ends with (then its wall time and the model's name, shown harmless).
+METERED_LINE = "meter used 1,200 tokens in · 34 out · 1 tool · "
+METERED_MODEL = "m?@U1?@everyone?"
+
+
+def metered_agent(folder: Path) -> dict[str, Any]:
+    """The agent ``meter`` of a bridge test's config: :data:`METERED`."""
+    return script_agent(METERED, sandbox_write=[str(folder)])

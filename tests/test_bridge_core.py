@@ -203,6 +203,23 @@ def test_status_lines_are_one_notice_edited_in_place_and_quiet_shows_none() -> N
     assert isinstance(irc.outbound(E(2, "status", "tool running"), "!r")[0], Post)
 
 
+def test_what_a_turn_spent_ends_its_status_notice_or_is_a_notice_of_its_own() -> None:
+    spent = {"usage": {"line": "1,200 tokens in · 34 out · 1.3 s"}}
+    c = core()
+    [first] = c.outbound(E(1, "tool", "Bash: ls"), "!r")
+    [end] = c.outbound(E(2, "status", "demo used 1,200 tokens in · 34 out · 1.3 s", author="system", meta=spent), "!r")
+    assert isinstance(end, Edit) and end.target == first.key and end.ends and end.final
+    assert end.text == "⚙ Bash: ls\ndemo used 1,200 tokens in · 34 out · 1.3 s"
+    # A turn with no status notice, a platform that edits nothing, verbose: a notice that ends the turn.
+    for other in (core(), core(can_edit=False), core(verbosity="verbose")):
+        [alone] = other.outbound(E(2, "status", "demo used 5 tokens in", turn="t2", author="system", meta=spent), "!r")
+        assert isinstance(alone, Post) and alone.notice and alone.ends and alone.text == "demo used 5 tokens in"
+    assert core(verbosity="quiet").outbound(E(2, "status", "demo used 5 tokens in", meta=spent), "!r") == []
+    # The turn's status is over: a later turn's status notice is a new one.
+    [again] = c.outbound(E(3, "tool", "Bash: pwd", turn="t3"), "!r")
+    assert isinstance(again, Post) and not again.ends
+
+
 def test_drafts_are_posted_once_edited_after_and_the_saved_entry_is_the_final_edit() -> None:
     c = core()
     [post] = c.draft(Draft("general", "agent:demo", "t1", "d1", "Hel", 0.0), "!r")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 from scripts._discord import FakeBot, FakeDiscord, snowflake
-from conftest import KILL, turn_processes
+from conftest import KILL, METERED_LINE, METERED_MODEL, metered_agent, turn_processes
 
 from supervisor import Config, ConfigError, Supervisor, open_supervisor, parse_config
 from supervisor.bridges.core import STOPPING
@@ -58,7 +58,8 @@ def discord_config(folder: Path, api: FakeDiscord, bot: FakeBot, rooms: dict[str
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
         "store": {"path": "corral.db"},
-        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]}},
+        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]},
+                   "meter": metered_agent(folder)},
         "bridges": {"dc": table},
         "defaults": {"agent": "demo"},
     }
@@ -272,6 +273,13 @@ async def test_hello_runs_once_a_stranger_is_ignored_and_nobody_can_be_mentioned
         echoed = await world.wait_for(lambda m: text(m).startswith("cli: ping"))
         assert text(echoed) == "cli: " + neutral(hostile) and "@everyone" not in text(echoed)
         assert humans(await sup.entries("general")) == ["hello", hostile]
+        # A turn's line of what it spent ends its status message, in plain text whatever its
+        # CLI names its model (@everyone, a mention, markdown); the Stop button goes with it.
+        await sup.send("general", "count", to=["meter"])
+        spent = await world.wait_for(lambda m: METERED_LINE in text(m))
+        assert text(spent).startswith("⚙ Read: notes.txt\n" + METERED_LINE), spent
+        assert text(spent).endswith(" s · " + neutral(METERED_MODEL)) and "@everyone" not in text(spent), spent
+        assert "**" not in text(spent) and "<@" not in text(spent) and not has_button(spent), spent
     assert f"{MALLORY['id']} may not talk to agents" in caplog.text
     assert not [t for t in world.texts() if "mallory" in t]
     [identify] = [d for kind, d in world.bot.gateway_log if kind == "identify"]

@@ -14,7 +14,7 @@ import pytest
 import trio
 from _ngircd import Ngircd, missing
 from scripts._synapse import free_port
-from conftest import KILL, turn_processes
+from conftest import KILL, METERED_LINE, METERED_MODEL, metered_agent, turn_processes
 
 from supervisor import Supervisor, open_supervisor, parse_config
 from supervisor.bridges.irc import parse_line
@@ -101,12 +101,14 @@ async def bridged(folder: Path, server: Ngircd, **extra: Any) -> AsyncIterator[t
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
         "store": {"path": "corral.db"},
-        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]}},
+        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]},
+                   "meter": metered_agent(folder)},
         "bridges": {"irc": {
             "type": "irc", "server": f"127.0.0.1:{server.port}", "nick": "corral",
             "admins": ["alice!*@127.0.0.1"], "users": ["bob!*@*"], "rooms": {ROOM: "general"}, "retry_max": 1.0,
             **extra,
         }},
+        "defaults": {"agent": "demo"},
     }
     config = parse_config(data, file=str(folder / "corral.toml"), base=folder)
     async with open_supervisor(config) as sup, trio.open_nursery() as nursery:
@@ -135,6 +137,11 @@ async def test_irc_hello_gets_a_reply_in_the_channel(short_tmp: Path, ngircd: Ng
         await alice.until(alice.room_says("corral", "demo: "))
         humans = [e for e in await sup.entries("general") if e.author.startswith("human:")]
         assert [e.text for e in humans] == ["hello"] and humans[0].author.startswith("human:alice!")
+        # A turn's line of what it spent is a notice of its own (IRC edits nothing), one line,
+        # with no control code whatever its CLI names its model.
+        await sup.send("general", "count", to=["meter"])
+        _, command, said = await alice.until(alice.room_says("corral", METERED_LINE))
+        assert command == "NOTICE" and said.startswith(METERED_LINE) and said.endswith(" s · " + METERED_MODEL), said
 
 
 async def test_irc_stop_is_acknowledged_then_the_notice_comes_last(short_tmp: Path, ngircd: Ngircd,

@@ -21,7 +21,7 @@ import pytest
 import trio
 from _matrix_human import Accounts, Human, body, bridge_table, is_text, messages, register_accounts
 from scripts._synapse import Synapse
-from conftest import KILL, turn_processes
+from conftest import KILL, METERED_LINE, METERED_MODEL, metered_agent, turn_processes
 
 from supervisor import Config, Supervisor, open_supervisor, parse_config
 from supervisor.bridges.core import STOP_REACTION
@@ -50,7 +50,8 @@ def bridge_config(folder: Path, bridge: dict[str, Any], agents: tuple[str, ...] 
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
         "store": {"path": "corral.db"},
-        "agents": {name: {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]} for name in agents},
+        "agents": {**{name: {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]} for name in agents},
+                   "meter": metered_agent(folder)},
         "bridges": {"matrix": bridge},
         "defaults": {"agent": agents[0]},
     }
@@ -119,6 +120,15 @@ async def test_hello_gets_a_reply_in_the_room_from_the_agents_own_user(world: Wo
         ]
         # The agent's own message came back through the sync: it is not a message to anyone.
         assert not [e for e in entries if e.kind == "message" and e.author == f"human:{world.accounts.demo[0]}"]
+        # A turn's line of what it spent ends its status notice (an edit, in plain text: no
+        # formatted body; a notice, which notifies nobody, whatever its CLI names its model).
+        await sup.send(world.channel, "count", to=["meter"])
+        bot = world.accounts.bot[0]
+        spent = await world.alice.wait_for(world.room, lambda e: is_text(e, bot, METERED_LINE))
+        content = spent["content"].get("m.new_content") or spent["content"]
+        assert content["msgtype"] == "m.notice" and "formatted_body" not in content and "format" not in content
+        assert body(spent).startswith("⚙ Read: notes.txt\n" + METERED_LINE), spent
+        assert body(spent).endswith(" s · " + METERED_MODEL), spent
 
 
 async def _long_task(world: World, sup: Supervisor) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 from scripts._slack import FakeApp, FakeSlack
-from conftest import KILL, turn_processes
+from conftest import KILL, METERED_LINE, METERED_MODEL, metered_agent, turn_processes
 
 from supervisor import Config, Supervisor, open_supervisor, parse_config
 from supervisor.bridges.core import STOPPING
@@ -37,7 +37,8 @@ def slack_config(folder: Path, api: FakeSlack, app: FakeApp, **extra: Any) -> Co
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
         "store": {"path": "corral.db"},
-        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]}},
+        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]},
+                   "meter": metered_agent(folder)},
         "bridges": {"sl": table},
         "defaults": {"agent": "demo"},
     }
@@ -130,6 +131,13 @@ async def test_an_agent_cannot_mention_anyone(world: World) -> None:
         assert text(shown) == ("cli: ping &lt;!channel&gt; &lt;!here&gt; &lt;@UALICE001&gt; "
                                "&lt;https://evil.example|docs&gt; @\u2060here &amp; @\u2060everyone")
         assert "<" not in text(shown) and ">" not in text(shown)
+        # A turn's line of what it spent ends its status message, in plain text whatever its
+        # CLI names its model; the Stop button goes with the turn's end.
+        await sup.send("general", "count", to=["meter"])
+        spent = await world.wait_for(DEV, lambda m: METERED_LINE in text(m))
+        assert text(spent).startswith("⚙ Read: notes.txt\n" + METERED_LINE), spent
+        assert text(spent).endswith(" s · " + neutral(METERED_MODEL)) and "<" not in text(spent), spent
+        assert "\x03" not in text(spent) and not has_button(spent), spent
     assert incoming("hi <@UBOT0001> &amp; <https://a.b/c|a.b/c> &lt;x&gt;") == (
         "hi @UBOT0001 & https://a.b/c <x>", ("UBOT0001",))
     assert neutral("@Channel") == "@\u2060Channel"

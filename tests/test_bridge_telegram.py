@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 from scripts._telegram import FakeBot, FakeBotApi
-from conftest import KILL, DaemonProcess, script_agent, turn_processes
+from conftest import KILL, METERED_LINE, METERED_MODEL, DaemonProcess, metered_agent, script_agent, turn_processes
 from test_sandbox import _needs_sandbox
 
 from supervisor import Config, Supervisor, open_supervisor, parse_config
@@ -39,7 +39,8 @@ def telegram_config(folder: Path, api: FakeBotApi, bot: FakeBot, **extra: Any) -
     data: dict[str, Any] = {
         "server": {"socket": "corral.sock", "cgroup": KILL["cgroup"]},
         "store": {"path": "corral.db"},
-        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]}},
+        "agents": {"demo": {"adapter": "demo", "delay": 0.01, "sandbox_write": [str(folder)]},
+                   "meter": metered_agent(folder)},
         "bridges": {"tg": table},
         "defaults": {"agent": "demo"},
     }
@@ -132,6 +133,14 @@ async def test_an_agent_cannot_mention_or_format_anyone(world: World) -> None:
         echoed = await world.wait_for(CHAT, lambda m: text(m).startswith("cli: ping"))
         assert "mention" not in [e["type"] for e in echoed.get("entities", [])], echoed
         assert "@\u2060everyone_here" in text(echoed) and "<b>x</b>" in text(echoed) and "*bold*" in text(echoed)
+        # A turn's line of what it spent ends its status message, in plain text: its CLI's model
+        # name (markup, a mention, a newline, control codes) mentions and formats nobody; the
+        # Stop button goes with the turn's end.
+        await sup.send("general", "count", to=["meter"])
+        spent = await world.wait_for(CHAT, lambda m: METERED_LINE in text(m))
+        assert text(spent).startswith("⚙ Read: notes.txt\n" + METERED_LINE), spent
+        assert text(spent).endswith(" s · " + neutral(METERED_MODEL)) and "\x03" not in text(spent), spent
+        assert "mention" not in [e["type"] for e in spent.get("entities", [])] and not has_button(spent), spent
     assert neutral("mail a@b.org or @someone") == "mail a@\u2060b.org or @\u2060someone"
 
 

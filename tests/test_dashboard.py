@@ -127,6 +127,7 @@ async def test_a_session_may_read_send_and_stop_but_not_shut_down_or_mint_codes(
         assert sent.status_code == 202, sent.text
         assert (await http.get("/v1/status", headers=page)).status_code == 200
         assert (await http.get("/v1/channels/c/entries", headers=page)).status_code == 200
+        assert (await http.get("/v1/usage?channel=c", headers=page)).status_code == 200  # (the day's spend)
         stopped = await http.post("/v1/channels/c/stop", headers=page)
         assert stopped.status_code == 200 and stopped.json()["ok"]
         for method, path in [("POST", "/v1/shutdown"), ("POST", "/dashboard/codes"), ("POST", "/v1/channels/c/wait")]:

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, DaemonProcess
+from conftest import METERED, METERED_LINE, METERED_MODEL, PYTHON, REPO, DaemonProcess
+
+from scripts._config import toml_value
 
 CHROMIUM = "/usr/bin/chromium"
 #: Headless, and quiet on an offline machine (no update checks, no sync, no QUIC probes).
@@ -76,6 +78,9 @@ delay = 0.01
 [agents.reviewer]
 adapter = "demo"
 delay = 0.01
+[agents.meter]
+adapter = "generic"
+command = {toml_value([PYTHON, "-c", METERED])}
 """)
 
     def login_url(self) -> str:
@@ -195,6 +200,24 @@ def test_send_a_message_and_see_the_reply_stream_in(browser: Browser, daemon: Da
     expect(page.get_by_role("textbox", name="Message")).to_have_value("")
     page.get_by_role("link", name="corral").click()
     expect(page.get_by_role("link", name="talk", exact=True)).to_be_visible()
+    context.close()
+
+
+def test_a_turns_usage_shows_under_its_answer_and_the_days_spend_above(
+    browser: Browser, daemon: DashboardDaemon
+) -> None:
+    context, page = _logged_in(browser, daemon)
+    _channel(page, daemon, "spend")
+    page.get_by_label("Agent").select_option("meter")
+    page.get_by_role("textbox", name="Message").fill("count")
+    page.get_by_role("button", name="Send").click()
+    spent = page.locator("#transcript > li.usage")
+    expect(spent.locator(".text")).to_have_text(re.compile("^" + re.escape(METERED_LINE) + ".* s · "
+                                                           + re.escape(METERED_MODEL) + "$"))
+    kinds = [(e["kind"], (e["text"] or "")[:9]) for e in _transcript(page)]
+    assert kinds[-2:] == [("message", "counted: "), ("status", "meter use")], kinds  # under the answer
+    expect(page.locator("#spend")).to_have_text(re.compile(r"^Today \(UTC\): 1 turn · 1,200 tokens in · 34 out · "
+                                                           r"1 tool · cost not known · [\d.]+ s$"))
     context.close()
 
 

@@ -32,7 +32,9 @@ I/O it returns, in the order returned. Everything that decides lives here:
   stop, in the room's one ordered outbox, so "Stopping…" always comes before the notice.
 * **Agent entries** become posts (:meth:`BridgeCore.outbound`): messages as the agent's own
   user, the stop notice exactly as stored, errors, plans as a list, tools and status as
-  one compact notice per turn that is edited in place (``verbosity``). A **draft** (live
+  one compact notice per turn that is edited in place (``verbosity``), whose last line is
+  what the turn spent (its end entry, "claude used 12,340 tokens in · …"; a notice of its own
+  where the turn had no status notice, or the platform edits nothing). A **draft** (live
   output, before it is saved) is posted once and edited, and the saved entry that names the
   draft is its final edit. After a stop's notice nothing of the stopped turn is posted.
 * **The outbox** (:class:`Outbox`) is one room's ordered queue: posts go in order; an edit
@@ -239,6 +241,9 @@ class Post:
     speaker: str | None = None
     """Who ``text`` is from, where it starts ``"speaker: "`` (an agent without a user of its
     own, a human relayed): a platform that posts each line apart (IRC) names them on each."""
+    ends: bool = False
+    """It ends its turn's status (the line of what the turn spent): it carries no Stop button,
+    and takes the turn's off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +260,8 @@ class Edit:
     final: bool = False
     """The saved text: due at once, whatever the interval."""
     seq: int | None = None
+    ends: bool = False
+    """As :attr:`Post.ends`: the post it edits carries no Stop button from now on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +323,12 @@ class Policy:
 
 
 # ------------------------------------------------------------------ text
+
+
+def _one_line(text: str) -> str:
+    """A status notice's line: the first of ``text``, at most 160 characters."""
+    line = text.splitlines()[0] if text else ""
+    return line[:159] + "…" if len(line) > 160 else line
 
 
 def split_text(text: str, limit: int = MAX_POST_BYTES) -> list[str]:
@@ -760,25 +773,42 @@ class BridgeCore:
         if kind in ("tool", "status"):
             if not self.can_edit and self.verbosity == "normal" and kind == "tool":
                 return []  # (a platform without edits gets the status lines, one post each; tools: verbose)
+            if kind == "status" and isinstance(meta.get("usage"), Mapping) and turn is not None:
+                return self._spent(room, key, text, turn, channel, seq)
             return self._status(room, key, text, turn, channel, seq)
         return []
+
+    def _status_text(self, lines: list[str]) -> str:
+        return "⚙ " + "\n⚙ ".join(lines[-5:]) + (f"\n(+{len(lines) - 5} earlier)" if len(lines) > 5 else "")
 
     def _status(self, room: str, key: str, text: str, turn: str | None, channel: str, seq: int) -> list[Op]:
         if self.verbosity == "quiet":
             return []
-        line = text.splitlines()[0] if text else ""
-        if len(line) > 160:
-            line = line[:159] + "…"
+        line = _one_line(text)
         if self.verbosity == "verbose" or turn is None or not self.can_edit:
             return [Post(room, key, clip(line), notice=True, turn=turn, channel=channel, seq=seq)]
         lines = self._status_lines.setdefault(turn, [])
         lines.append(line)
-        shown = "⚙ " + "\n⚙ ".join(lines[-5:]) + (f"\n(+{len(lines) - 5} earlier)" if len(lines) > 5 else "")
+        shown = self._status_text(lines)
         post = self._status_post.get(turn)
         if post is None:
             self._status_post[turn] = key
             return [Post(room, key, shown, notice=True, turn=turn, channel=channel, seq=seq)]
         return [Edit(room, f"{key}e", post, clip(shown), notice=True, turn=turn, seq=seq)]
+
+    def _spent(self, room: str, key: str, text: str, turn: str, channel: str, seq: int) -> list[Op]:
+        """The line of what a turn spent (its end entry: "AGENT used …"), the last line of the
+        turn's status notice where it has one (an edit, due at once), else a notice of its own;
+        either ends the turn's status, so a platform takes the turn's Stop button off with it."""
+        if self.verbosity == "quiet":
+            return []
+        line = _one_line(text)
+        lines = self._status_lines.pop(turn, [])
+        post = self._status_post.pop(turn, None)
+        if post is None or self.verbosity == "verbose" or not self.can_edit:
+            return [Post(room, key, clip(line), notice=True, turn=turn, channel=channel, seq=seq, ends=True)]
+        shown = self._status_text(lines) + "\n" + line
+        return [Edit(room, f"{key}e", post, clip(shown), notice=True, turn=turn, final=True, seq=seq, ends=True)]
 
     def draft(self, event: Draft, room: str) -> list[Op]:
         """Live output (a :class:`Draft`): the first draft of an id is posted, later

@@ -656,7 +656,8 @@ class DiscordPlatform:
             components = RESEND_ROW
         parts = split_by(neutral(text), MAX_TEXT, utf16_units)
         # The turn's first notice (its status message) carries its Stop button; one per channel.
-        button = op.notice and op.turn is not None and self._button.get(op.room, ("", None))[1] != op.turn
+        button = (op.notice and op.turn is not None and not op.ends
+                  and self._button.get(op.room, ("", None))[1] != op.turn)
         done = self._progress.setdefault(op.key, [])
         try:
             for i, part in enumerate(parts[len(done):], start=len(done)):
@@ -673,13 +674,13 @@ class DiscordPlatform:
             await self._take_off(op.room)
             self._button[op.room] = (done[-1], op.turn)
         else:
-            await self._unbutton(op.room, op.turn, op.text, saved=op.seq is not None and not op.notice)
+            await self._unbutton(op.room, op.turn, op.text, saved=(op.seq is not None and not op.notice) or op.ends)
         return f"{op.room}:{done[0]}"
 
     async def edit(self, op: Edit, target: str) -> str:
         room, _, message = target.partition(":")
         parts = split_by(neutral(op.text), MAX_TEXT, utf16_units)
-        await self._unbutton(op.room, op.turn, op.text, saved=op.final)
+        await self._unbutton(op.room, op.turn, op.text, saved=op.final or op.ends)
         # (components left out of a PATCH stay as they are: the Stop button with them)
         await self.call("PATCH", f"/channels/{room}/messages/{message}",
                         {"content": parts[0], "allowed_mentions": NO_MENTIONS}, major=room)

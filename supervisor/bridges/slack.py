@@ -481,7 +481,8 @@ class SlackPlatform:
             text = op.text.removesuffix(_RESEND_HINT) + f"Press {RESEND_REACTION} Send again to send it again."
             action, label = RESEND_ACTION, f"{RESEND_REACTION} Send again"
         parts = [neutral(part) for part in split_message(text)]
-        button = op.notice and op.turn is not None and self._button.get(op.room, ("", None, ""))[1] != op.turn
+        button = (op.notice and op.turn is not None and not op.ends
+                  and self._button.get(op.room, ("", None, ""))[1] != op.turn)
         thread = self._thread_for(op.room, op.reply_to)
         done = self._progress.setdefault(op.key, [])
         try:
@@ -500,7 +501,7 @@ class SlackPlatform:
             await self._take_off(op.room)
             self._button[op.room] = (done[-1], op.turn, parts[-1])
         else:
-            await self._unbutton(op.room, op.turn, op.text, saved=op.seq is not None and not op.notice)
+            await self._unbutton(op.room, op.turn, op.text, saved=(op.seq is not None and not op.notice) or op.ends)
         return f"{op.room}:{done[0]}"
 
     async def edit(self, op: Edit, target: str) -> str:
@@ -509,7 +510,7 @@ class SlackPlatform:
         params: dict[str, Any] = {"channel": channel, "ts": ts, "text": parts[0], "parse": "none",
                                   "link_names": False}
         had = self._button.get(op.room)
-        await self._unbutton(op.room, op.turn, op.text, saved=op.final)
+        await self._unbutton(op.room, op.turn, op.text, saved=op.final or op.ends)
         if had is not None and had[0] == ts:  # (an update without blocks would show the old ones' text)
             keep = self._button.get(op.room, ("",))[0] == ts
             params["blocks"] = _blocks(parts[0], STOP_ACTION if keep else None, "🛑 Stop")

@@ -415,7 +415,8 @@ class TelegramPlatform:
             markup = RESEND_BUTTON
         parts = split_message(neutral(text))
         # The turn's first notice (its status message) carries its Stop button; one per chat.
-        button = op.notice and op.turn is not None and self._button.get(op.room, (0, None))[1] != op.turn
+        button = (op.notice and op.turn is not None and not op.ends
+                  and self._button.get(op.room, (0, None))[1] != op.turn)
         done = self._progress.setdefault(op.key, [])
         try:
             for i, part in enumerate(parts[len(done):], start=len(done)):
@@ -431,7 +432,7 @@ class TelegramPlatform:
             await self._take_off(op.room)  # (one Stop button in a chat: the newest turn's)
             self._button[op.room] = (done[-1], op.turn)
         else:
-            await self._unbutton(op.room, op.turn, op.text, saved=op.seq is not None and not op.notice)
+            await self._unbutton(op.room, op.turn, op.text, saved=(op.seq is not None and not op.notice) or op.ends)
         return f"{op.room}:{done[0]}"
 
     async def edit(self, op: Edit, target: str) -> str:
@@ -443,8 +444,11 @@ class TelegramPlatform:
         params: dict[str, Any] = {"chat_id": chat, "message_id": message, "text": parts[0],
                                   "link_preview_options": {"is_disabled": True}}
         if self._button.get(op.room, (None,))[0] == message:
-            params["reply_markup"] = STOP_BUTTON  # (an edit without it takes the keyboard away)
-        await self._unbutton(op.room, op.turn, op.text, saved=op.final)
+            if op.ends:  # (the turn's status ends: this edit, without the keyboard, takes it off)
+                del self._button[op.room]
+            else:
+                params["reply_markup"] = STOP_BUTTON  # (an edit without it takes the keyboard away)
+        await self._unbutton(op.room, op.turn, op.text, saved=op.final or op.ends)
         try:
             await self.call("editMessageText", params, chat=op.room)
         except Refused as exc:

@@ -10,10 +10,19 @@ A report marked ``cumulative`` is the *conversation's* totals (Codex's ``turn.co
 resumed thread counts its earlier turns): the turn's part of it is what it adds to the
 session's totals before the turn (:attr:`Meter.base`, zero for a new session), field by
 field, never less than nothing; the latest such report replaces the one before it.
+
+What a person reads of it is one line, made here for every surface (``corral tail``, ``status``,
+the dashboard, the bridges), so they agree: :func:`usage_line` ("12,340 tokens in · 812 out ·
+3 tools · $0.041 · 38 s · claude-sonnet-4"), what is not known left out, and no money where
+the cost is not known; :func:`usage_entry` is the entry that ends a turn whose CLI reported its
+usage; :func:`spend_line` is a day's sum. A model's name comes from the CLI, which is not
+trusted: :func:`model_name` keeps it to a short run of the characters model names use, so it
+cannot carry markup, a mention's brackets, a control code or a second line into any of them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -173,7 +182,8 @@ def turn_record(turn: str, channel: str, agent: str, day: str, usage: TurnUsage,
 def sum_by_day(records: Iterable[TurnRecord]) -> list[dict[str, object]]:
     """The records summed per day, channel and agent (oldest day first), as the API answers:
     turns, each kind of tokens, tool calls, wall time, the cost per currency (a decimal's text)
-    and ``unpriced``, the turns whose cost is not known (their sum is then a floor)."""
+    ``unpriced``, the turns whose cost is not known (their sum is then a floor), and ``line``,
+    the sum as a person reads it (:func:`spend_line`)."""
     sums: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in records:
         row = sums.setdefault((r.day, r.channel, r.agent), {
@@ -196,5 +206,116 @@ def sum_by_day(records: Iterable[TurnRecord]) -> list[dict[str, object]]:
         row = sums[day_channel_agent]
         row["cost"] = {currency: str(amount) for currency, amount in sorted(row["cost"].items())}
         row["wall_seconds"] = round(row["wall_seconds"], 3)
+        row["line"] = spend_line(row)
         out.append(row)
     return out
+
+
+# ---------------------------------------------------------------- what a person reads
+
+#: The characters a model's name keeps (each run of any other becomes one ``?``), and its length.
+_NOT_MODEL = re.compile(r"[^A-Za-z0-9._:/+@-]+")
+MODEL_CHARS = 48
+#: The currencies written with their sign before the amount; any other follows it, by code.
+_SIGNS = {"USD": "$", "EUR": "€", "GBP": "£"}
+
+
+def model_name(name: str) -> str:
+    """A CLI's model name as a line may show it: letters, digits and ``._:/+@-`` (a run of
+    anything else, markup, brackets, controls or a newline among them, becomes one ``?``), at
+    most :data:`MODEL_CHARS` characters."""
+    kept = _NOT_MODEL.sub("?", name)
+    return kept if len(kept) <= MODEL_CHARS else kept[:MODEL_CHARS - 1] + "…"
+
+
+def money(amount: Decimal, currency: str) -> str:
+    """``$0.041``, ``$1.20``, ``0.50 CHF``: cents from a unit up, two significant digits below it."""
+    if amount == 0:
+        text = "0"
+    elif abs(amount) >= 1:
+        text = f"{amount:,.2f}"
+    else:
+        text = f"{amount.quantize(Decimal(1).scaleb(amount.adjusted() - 1)):f}"
+    sign = _SIGNS.get(currency)
+    return f"{sign}{text}" if sign else f"{text} {currency}"
+
+
+def duration(seconds: float) -> str:
+    """``0.4 s``, ``38 s``, ``2 min 5 s``, ``1 h 2 min``."""
+    if seconds < 9.95:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+def _counted(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
+def _tokens(input_tokens: int, cache_read: int, cache_write: int, output_tokens: int) -> list[str]:
+    """What the model read (fresh, from the cache, into it) and wrote; nothing if it used none."""
+    read = input_tokens + cache_read + cache_write
+    if not read and not output_tokens:
+        return []
+    cached = ", ".join(part for part in (f"{cache_read:,} cached" if cache_read else "",
+                                         f"{cache_write:,} to cache" if cache_write else "") if part)
+    return [f"{read:,} tokens in" + (f" ({cached})" if cached else ""), f"{output_tokens:,} out"]
+
+
+def usage_line(record: TurnRecord) -> str:
+    """One turn's usage as a person reads it: tokens in (of them cached, and written to the
+    cache) and out, tool calls, cost, wall time, models; each left out where not known (no
+    tokens reported, no tool called, no cost known, not timed, no model named)."""
+    parts = _tokens(record.input_tokens, record.cache_read_tokens, record.cache_write_tokens, record.output_tokens)
+    if record.tool_calls:
+        parts.append(_counted(record.tool_calls, "tool", "tools"))
+    if record.cost is not None and record.currency is not None:
+        parts.append(money(record.cost, record.currency))
+    if record.wall_seconds is not None:
+        parts.append(duration(record.wall_seconds))
+    if record.models:
+        parts.append(", ".join(model_name(m) for m in record.models))
+    return " · ".join(parts)
+
+
+def usage_json(record: TurnRecord) -> dict[str, object]:
+    """A turn's record as an entry's ``meta`` (and the API) carry it: the figures, the cost as a
+    decimal's text (None: not known) and the line :func:`usage_line` makes of them."""
+    return {"agent": record.agent, "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
+            "cache_read_tokens": record.cache_read_tokens, "cache_write_tokens": record.cache_write_tokens,
+            "tokens": record.tokens, "tool_calls": record.tool_calls,
+            "wall_seconds": None if record.wall_seconds is None else round(record.wall_seconds, 3),
+            "cost": None if record.cost is None else str(record.cost), "currency": record.currency,
+            "models": list(record.models), "budget": record.budget, "line": usage_line(record)}
+
+
+def usage_entry(record: TurnRecord, usage: TurnUsage) -> tuple[str, dict[str, object]] | None:
+    """The ``status`` entry that ends a turn whose CLI reported its usage: its text ("AGENT used
+    LINE") and its ``meta`` (``{"usage": ...}``, :func:`usage_json`); None when the CLI reported
+    none (a line of tool calls and time alone would follow every turn of an agent that says
+    nothing of its tokens: those are still stored, for ``corral usage``)."""
+    if not usage.reports:
+        return None
+    return f"{record.agent} used {usage_line(record)}", {"usage": usage_json(record)}
+
+
+def spend_line(row: Mapping[str, Any]) -> str:
+    """A day's sum (a row of :func:`sum_by_day`) as a person reads it: turns, tokens, tool
+    calls, the cost per currency (a floor, said so, when some turns were not priced), wall time."""
+    parts = [_counted(int(row["turns"]), "turn", "turns")]
+    parts += _tokens(int(row["input_tokens"]), int(row["cache_read_tokens"]), int(row["cache_write_tokens"]),
+                     int(row["output_tokens"]))
+    if row["tool_calls"]:
+        parts.append(_counted(int(row["tool_calls"]), "tool", "tools"))
+    costs = [money(Decimal(amount), currency) for currency, amount in row["cost"].items()]
+    if costs and row["unpriced"]:
+        costs[-1] += f" (and {_counted(int(row['unpriced']), 'turn', 'turns')} not priced)"
+    elif row["unpriced"]:
+        costs.append("cost not known")
+    parts += costs
+    parts.append(duration(float(row["wall_seconds"])))
+    return " · ".join(parts)

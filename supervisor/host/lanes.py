@@ -54,14 +54,13 @@ from adapters import get_adapter
 
 from ..config.settings import AgentConfig, Config
 from ..core.account import unfinished
-from ..core.budget import BudgetSpent, turn_cost
 from ..core.catchup import Missed, catch_up_prompt
 from ..core.counters import Metrics
 from ..core.daily import DailySpent, DailyTally, seconds_to_midnight, utc_day
 from ..core.ledger import QueuedMessage, StopLedger, TurnTicket
 from ..core.results import INTERRUPT_NOTICE, NUDGE_TEXT, Accepted, plan_cancelled_text, stop_notice_text
 from ..core.router import route
-from ..core.usage import TurnRecord, turn_record
+from ..core.usage import TurnRecord, usage_entry
 from ..procs.cgroup import TurnCgroup
 from ..procs.hooks import Hooks
 from ..procs.netns import holder_pids
@@ -166,6 +165,10 @@ class _TurnStore:
         """The agent's plan for the channel."""
         return self._store.save_todos(channel, agent, items, fence=self._fence(channel))
 
+    def record_usage(self, record: TurnRecord) -> Pending:
+        """What the ended turn spent."""
+        return self._store.record_usage(record)
+
     def turn_spawned(self, turn_id: str, pid: int, started: int | None) -> Pending:
         """The turn's process, on its row."""
         channel, fence = self._fences.get(turn_id, ("", None))
@@ -218,8 +221,8 @@ class Lanes:
         self.metrics = metrics
         self.daily = DailyTally()
         """Today's spend per agent and per channel, that the daily budgets are asked against."""
-        self.hold_usage: Callable[[RunningTurn, TurnRecord], bool] = lambda turn, record: False
-        """Asked at a turn's end with its usage row: True if the stop that ended it takes the row,
+        self.hold_usage: Callable[[RunningTurn], bool] = lambda turn: False
+        """Asked at a turn's end that has a usage row: True if the stop that ended it takes the row,
         to store it in its notice's commit (the stopper's; a stop-all's 200 rows then cost no
         commit of their own). False: the row is submitted at once."""
         self._daily_waits: dict[tuple[str, str], trio.Event] = {}
@@ -563,21 +566,36 @@ class Lanes:
     def _record_usage(self, turn: RunningTurn) -> None:
         """Store (and count) what a turn that ran spent, stopped or not: ``corral usage`` and the
         daily sums read it."""
-        usage = turn.outcome.usage
-        if usage.wall_seconds is None:
+        record = turn.outcome.record
+        if record is None:
             return  # (it never ran: its teardown did not take its account)
-        currency = self._config.usage_currency(turn.channel, turn.agent.name)
-        cost = turn_cost(usage, self._config.prices, currency)
-        spent = getattr(turn, "spent", None)
-        budget = spent.budget if isinstance(spent, BudgetSpent) else None
-        record = turn_record(turn.turn_id, turn.channel, turn.agent.name, utc_day(), usage, cost=cost,
-                             currency=currency, budget=budget)
         self.daily.add(record)  # (in this step: the lane's next take asks it)
         self.metrics.spent(turn.agent.name, (record.input_tokens, record.output_tokens, record.cache_read_tokens,
-                                              record.cache_write_tokens), record.tool_calls, cost, record.currency,
-                            budget)
-        if not self.hold_usage(turn, record):
-            self._store.record_usage(record)
+                                              record.cache_write_tokens), record.tool_calls, record.cost,
+                            record.currency, record.budget)
+        if not self.hold_usage(turn):
+            self.store_usage(turn)
+
+    def store_usage(self, turn: RunningTurn) -> None:
+        """The turn's ``turn_usage`` row, once: submitted before any entry that shows it (the
+        store commits in the order submitted), or at its end where none does (a stop that
+        ended the turn holds it for its notice's commit: :attr:`hold_usage`)."""
+        if turn.outcome.record is not None and not turn.outcome.stored:
+            self._store.record_usage(turn.outcome.record)
+            turn.outcome.stored = True
+
+    def usage_before_notice(self, channel: str, turn: RunningTurn) -> Pending | None:
+        """The line of what an ended turn spent, submitted right before the notice that ends
+        it (a stop's, an interrupt's, a shutdown's: the turn was silenced, so its own end
+        entry was not made): None if it never ran or its CLI reported no usage."""
+        record = turn.outcome.record
+        made = usage_entry(record, turn.outcome.usage) if record is not None else None
+        if made is None:
+            return None
+        text, meta = made
+        self.store_usage(turn)
+        return self._store.submit_entry(channel, "system", "status", text, turn=turn.turn_id,
+                                        generation=turn.generation, meta=meta)
 
     def _interrupted(self, channel: str, turn: RunningTurn) -> None:
         """The notice of a turn an interrupting message ended, submitted in the step its end is
@@ -598,6 +616,7 @@ class Lanes:
                 meta={"todos": info.plan, "agent": turn.agent.name},
             )
         text = stop_notice_text(INTERRUPT_NOTICE, len(info.dropped) if info else 0)
+        self.usage_before_notice(channel, turn)
         # The notice and the turn's row ended, in one transaction (as a stop's and a shutdown's).
         self._store.submit_turn_notice(channel, text, turn=turn.turn_id, generation=turn.generation, meta=meta)
 

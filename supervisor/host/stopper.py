@@ -46,7 +46,6 @@ from ..core.account import cancelled
 from ..core.budget import BudgetSpent, turn_cost
 from ..core.ledger import QueuedMessage, StopDecision, StopLedger
 from ..core.results import SHUTDOWN_NOTICE, STOP_NOTICE, STOP_SLACK, StopResult, plan_cancelled_text, stop_notice_text
-from ..core.usage import TurnRecord
 from ..procs.cgroup import CgroupRoot
 from ..procs.registry import ProcessRegistry
 from ..procs.teardown import CollectorPause, TreeBatch
@@ -243,20 +242,20 @@ class Stopper:
                 together.add(turn.own_tree, turn.stop_grace)
         return together if len(together) else None
 
-    def _hold_usage(self, turn: RunningTurn, record: TurnRecord) -> bool:
+    def _hold_usage(self, turn: RunningTurn) -> bool:
         """A turn this channel's stop ended, ending before its notice is submitted: its usage
         row waits for the notice and goes in the same commit (:meth:`_release_usage`)."""
         progress = self.stops.get(turn.channel)
         if progress is None or progress.noticed or turn.turn_id not in progress.turns:
             return False
-        progress.usage.append(record)
+        progress.usage.append(turn)
         return True
 
     def _release_usage(self, progress: _StopInProgress) -> None:
         """Submit the usage rows the stop held (right before its notice: one commit), and hold no more."""
         progress.noticed = True
-        for record in progress.usage:
-            self._store.record_usage(record)
+        for turn in progress.usage:
+            self._lanes.store_usage(turn)  # (once: a turn whose usage line was shown is stored already)
         progress.usage.clear()
 
     def _failed(self, decision: StopDecision, progress: _StopInProgress, error: str, started: float) -> StopResult:
@@ -348,8 +347,11 @@ class Stopper:
                 result.error = silent
             if gate is not None:
                 await gate.passed()  # (every channel of the stop-all is here: the notices go in one step)
-            # The plan's entries and the notice, last; the notice's commit completes the record.
-            writes = self._plan_entries(channel, decision.generation, progress.plans)
+            # What each turn spent, the plan's entries and the notice, last; the notice's commit
+            # completes the record.
+            spent = (self._lanes.usage_before_notice(channel, t) for t in turns if t.done.is_set())
+            writes = [w for w in spent if w is not None]
+            writes += self._plan_entries(channel, decision.generation, progress.plans)
             text = (
                 stop_notice_text(notice_text, result.dropped) if result.ok else f"Stopping failed — {result.error}."
             )
@@ -429,6 +431,8 @@ class Stopper:
         with trio.move_on_after(turn.stop_grace + STOP_SLACK):
             await turn.done.wait()
         try:
+            if turn.done.is_set():
+                self._lanes.usage_before_notice(turn.channel, turn)
             await self._store.submit_turn_notice(
                 turn.channel, SHUTDOWN_NOTICE, turn=turn.turn_id, generation=turn.generation
             ).committed()
@@ -443,7 +447,7 @@ class _StopInProgress:
     plans: dict[str, list[dict[str, str]]]
     turns: frozenset[str] = frozenset()
     """The turns the stop ended: their usage rows wait for its notice (``Stopper._hold_usage``)."""
-    usage: list[TurnRecord] = field(default_factory=list)
+    usage: list[RunningTurn] = field(default_factory=list)
     noticed: bool = False
     """The notice is submitted (or the stop is over): a usage row ending later goes alone."""
     recorded: bool = False

@@ -77,7 +77,7 @@ from ..core.results import (
 )
 from ..core.router import AddressError, address, near_misses
 from ..core.text import BadText, check_message
-from ..core.usage import sum_by_day
+from ..core.usage import sum_by_day, turn_record, usage_line
 from ..fleet.fleet import Fleet
 from ..net.proxy import NetworkService
 from ..procs.cgroup import CgroupRoot, cgroup2_mount, open_root
@@ -189,7 +189,8 @@ class Supervisor:
                 sandbox=sandbox, adopt_background=adopt_background, preparing=hooks.preparing,
                 covers=covers, refusal=refusal, network=network,
                 budgets=TurnBudgets(config.turn_limits, config.prices,
-                                    lambda channel, turn_id, spent: self._stopper.budget_stop(channel, turn_id, spent)),
+                                    lambda channel, turn_id, spent: self._stopper.budget_stop(channel, turn_id, spent),
+                                    config.usage_currency),
             )
 
         self._capacity = Capacity(
@@ -695,11 +696,16 @@ class Supervisor:
 
     def _running_usage(self, turn: RunningTurn) -> dict[str, Any]:
         """What a running turn has spent so far, as ``status`` shows it: tokens, tool calls,
-        its cost (a decimal's text, or None: not known) against its budgets."""
+        its cost (a decimal's text, or None: not known) against its budgets, and ``line``,
+        all of it as a person reads it (:func:`~supervisor.core.usage.usage_line`)."""
         so_far = turn.usage_so_far()
         limits = self.config.turn_limits(turn.channel, turn.agent.name)
         cost = turn_cost(so_far, self.config.prices, limits.currency)
-        return {"tokens": so_far.tokens, "tool_calls": so_far.tool_calls,
+        currency = self.config.usage_currency(turn.channel, turn.agent.name)  # (as its end entry will say)
+        shown = cost if currency == limits.currency else turn_cost(so_far, self.config.prices, currency)
+        line = usage_line(turn_record(turn.turn_id, turn.channel, turn.agent.name, "", so_far, cost=shown,
+                                      currency=currency))
+        return {"tokens": so_far.tokens, "tool_calls": so_far.tool_calls, "line": line,
                 "cost": None if cost is None else str(cost), "currency": limits.currency,
                 "max_turn_tokens": limits.max_turn_tokens,
                 "max_turn_cost": None if limits.max_turn_cost is None else str(limits.max_turn_cost),

@@ -150,6 +150,7 @@ SESSION_ROUTES = frozenset(
         ("POST", ("v1", "channels", "*", "reset")),
         ("POST", ("v1", "channels", "*", "resend")),
         ("GET", ("v1", "channels", "*", "queue")),
+        ("GET", ("v1", "usage")),
         ("DELETE", ("v1", "channels", "*", "queue", "*")),
         ("POST", ("v1", "stop")),
     }

@@ -5,7 +5,8 @@ may use it is decided in :mod:`.dashauth`. Routes, under ``/dashboard``:
 
 ==========================================  ============================================
 ``GET  /dashboard/``                        the channel list (session)
-``GET  /dashboard/channels/{channel}``      one channel's transcript, its waiting messages (each with
+``GET  /dashboard/channels/{channel}``      one channel's transcript (each turn's usage line under its
+                                            answer), today's spend, its waiting messages (each with
                                             a ✕ that takes it back), send box and Stop (session)
 ``GET  /dashboard/events``                  the channel list's state, as Server-Sent Events (session)
 ``GET  /dashboard/login?code=C``            spend a login code: set the session cookie, redirect
@@ -15,7 +16,8 @@ may use it is decided in :mod:`.dashauth`. Routes, under ``/dashboard``:
 
 The pages are HTML with every value escaped; what changes (entries, states) is filled in by
 ``static/dashboard.js`` with ``textContent`` only, from the control API's own endpoints: the
-transcript from ``/v1/channels/{channel}/events``, the stop from ``/v1/channels/{channel}/stop``.
+transcript from ``/v1/channels/{channel}/events``, the stop from ``/v1/channels/{channel}/stop``,
+today's spend from ``/v1/usage`` (each row's ``line``: :func:`~supervisor.core.usage.spend_line`).
 Nothing is shown that the store has not saved: the page renders entries as the SSE stream
 delivers them, in ``seq`` order, and a stop's outcome only once the API has answered.
 
@@ -316,6 +318,7 @@ def channel_page(
         "<button id=\"reset\" type=\"button\" title=\"Forget this channel's sessions and plans: the next message "
         "starts a new conversation\">Start over</button>"
         "<p id=\"ack\" class=\"ack\" role=\"status\"></p></div>"
+        "<p id=\"spend\" class=\"spend\" aria-live=\"polite\"></p>"
         "<ol id=\"transcript\" class=\"transcript\" aria-label=\"Transcript\"></ol>"
         "<section id=\"waiting\" class=\"waiting\" hidden><h2>Waiting</h2>"
         "<ol id=\"queue\" class=\"queue\" aria-label=\"Waiting messages\"></ol></section>"

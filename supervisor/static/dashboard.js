@@ -163,6 +163,8 @@
     const kind = KINDS.has(entry.kind) ? entry.kind : "other";
     const who = String(entry.author).split(":")[0];
     const item = element("li", `entry kind-${kind} author-${["human", "agent", "system"].includes(who) ? who : "other"}`);
+    // What the turn spent (the line corral made of it, text like any other): under its answer.
+    if (kind === "status" && entry.meta && entry.meta.usage) item.classList.add("usage");
     item.dataset.seq = String(entry.seq);
     item.dataset.kind = kind;
     item.__entry = entry; // (re-rendered when a later stop's notice says it was dropped)
@@ -264,6 +266,7 @@
           }
           place(renderEntry(entry), old);
           transcript.dispatchEvent(new Event("corral-entry"));
+          if (entry.meta && entry.meta.usage) refreshSpend();
           // A stop's (or an interrupt's) notice names the messages it dropped: shown before it,
           // they say so now (an interrupt is a stop of one lane: its mark is the interrupting message).
           for (const seq of (entry.kind === "notice" && entry.meta && entry.meta.dropped_entries) || []) {
@@ -294,6 +297,24 @@
       },
       () => probeUrl(`${path}/entries?after=${last}&limit=1`),
     );
+
+    // Today's spend (UTC) of the channel, per agent: the lines corral sums (GET /v1/usage), read
+    // at load and after each turn's usage line.
+    const spend = document.getElementById("spend");
+    async function refreshSpend() {
+      let days;
+      try {
+        const response = await fetch(`/v1/usage?channel=${encodeURIComponent(channel)}`, { cache: "no-store" });
+        if (!response.ok) return;
+        days = (await response.json()).days;
+      } catch (err) {
+        return;
+      }
+      const many = days.length > 1;
+      spend.textContent = days.length === 0 ? "Today (UTC): nothing spent yet"
+        : `Today (UTC): ${days.map((row) => (many ? `${row.agent}: ${row.line}` : row.line)).join("; ")}`;
+    }
+    refreshSpend();
 
     stopButton(document.getElementById("stop"), document.getElementById("ack"), `${path}/stop`, (result) => {
       const ms = result.elapsed_ms.toFixed(1);

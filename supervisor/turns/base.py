@@ -13,7 +13,8 @@ teardown). :class:`BaseTurn` writes what every kind shares once:
   shutdown cancels it), the turn's own failures worded into its outcome (never raised), and
   the teardown, shielded, in ``finally``;
 * the teardown's order: end the agent's processes (the kind's :meth:`BaseTurn._end`), close
-  the text run, the last words unless the turn was silenced, wait for its last write;
+  the text run, the last words unless the turn was silenced, then the line of what it spent
+  (:func:`~supervisor.core.usage.usage_entry`, where its CLI reported usage), wait for its last write;
 * the request an adapter builds the launch from, the environment (scrubbed, the markers
   last), the sandbox prefix;
 * every write: the ledger decides (``keep_output``, ``is_stale``) and the write is
@@ -42,11 +43,12 @@ from adapters import Adapter, Event, Launch, ToolUse, TurnRequest, Usage, get_ad
 
 from ..config.settings import AgentConfig
 from ..core.account import Effect, Post, SavePlan, SaveSession, ShowDraft, TurnAccount
-from ..core.budget import NO_LIMITS, BudgetSpent, spent
+from ..core.budget import DEFAULT_CURRENCY, NO_LIMITS, BudgetSpent, spent, turn_cost
+from ..core.daily import utc_day
 from ..core.ledger import OutputKind, TurnTicket
 from ..core.login import login_help
 from ..core.text import shown
-from ..core.usage import TurnUsage
+from ..core.usage import TurnUsage, turn_record, usage_entry
 from ..procs.covers import replaced_text
 from ..procs.files import CredentialsUnreadable
 from ..procs.sandbox import Network, NotStartable, SandboxRefused, TurnGrants, detachable
@@ -310,6 +312,9 @@ class BaseTurn:
                 self._carry_out(words.effects)
                 self.outcome.ok = words.ok
                 self.outcome.error = words.error
+                self._tally()
+                if not self.outcome.stale_session:  # (retried without its session: that turn ends it)
+                    self._post_usage()
             if self._last is not None:
                 try:
                     await self._last.committed()
@@ -318,8 +323,36 @@ class BaseTurn:
         except StoreError as exc:
             self.outcome.error = self.outcome.error or f"could not store the turn's output: {exc}"
         finally:
-            self.outcome.usage = self._account.usage(wall_seconds=time.time() - self.started_at)
+            if self.outcome.record is None:
+                self._tally()
             self.done.set()
+
+    def _tally(self) -> None:
+        """What the turn spent, once its CLI's output is all read: its usage, and its record
+        priced as it is stored (``turn_usage``) and shown (its end entry, a stop's)."""
+        usage = self.outcome.usage = self._account.usage(wall_seconds=time.time() - self.started_at)
+        budgets = self.ports.budgets
+        prices = budgets.prices if budgets is not None else {}
+        currency = budgets.currency(self.channel, self.agent.name) if budgets and budgets.currency else DEFAULT_CURRENCY
+        self.outcome.record = turn_record(
+            self.turn_id, self.channel, self.agent.name, utc_day(), usage, cost=turn_cost(usage, prices, currency),
+            currency=currency, budget=self.spent.budget if self.spent is not None else None,
+        )
+
+    def _post_usage(self) -> None:
+        """The entry that ends a turn that ended on its own and whose CLI reported its usage:
+        "AGENT used LINE" (:func:`~supervisor.core.usage.usage_entry`), after its last words.
+        A stopped turn's is the stop's, before its notice (``host.stopper``)."""
+        assert self.outcome.record is not None
+        made = usage_entry(self.outcome.record, self.outcome.usage)
+        if made is not None and self.ports.ledger.keep_output(self.channel, self.turn_id, OutputKind.OTHER):
+            text, meta = made
+            # The row first: a reader the entry wakes (the dashboard's spend) finds the turn summed.
+            self.ports.store.record_usage(self.outcome.record)
+            self.outcome.stored = True
+            self._last = self.ports.store.submit_entry(
+                self.channel, "system", "status", text, turn=self.turn_id, generation=self.generation, meta=meta,
+            )
 
     # ------------------------------------------------------------ launch inputs
 

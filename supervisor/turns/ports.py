@@ -28,7 +28,7 @@ from adapters import Adapter
 from ..config.settings import AgentConfig
 from ..core.budget import BudgetSpent, Prices, TurnLimits
 from ..core.ledger import OutputKind
-from ..core.usage import TurnUsage
+from ..core.usage import TurnRecord, TurnUsage
 from ..procs.cgroup import CgroupRoot
 from ..procs.covers import CoverWatch
 from ..procs.files import private_folder
@@ -72,6 +72,10 @@ class TurnOutcome:
     stale_session: bool = False
     usage: TurnUsage = field(default_factory=TurnUsage)
     """What the turn spent, as its CLI reported it (tokens, cost, tool calls, wall time)."""
+    record: TurnRecord | None = None
+    """The same, priced, as it is stored and shown (None: the turn never ran)."""
+    stored: bool = False
+    """Its record's write is submitted (once: by whoever shows it first, or at the turn's end)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,10 @@ class TurnStore(Protocol):
         """Show text being written to the channel's followers; nothing is stored."""
         ...
 
+    def record_usage(self, record: TurnRecord) -> Pending:
+        """What the ended turn spent (``turn_usage``), stored before the entry that shows it."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Places:
@@ -181,6 +189,8 @@ class TurnBudgets:
     spent: Callable[[str, str, BudgetSpent], None]
     """``(channel, turn id, what ran out)``: stop the channel as a stop does, with the budget's
     notice. Called in the step the budget is found spent, so the ledger decides in that step."""
+    currency: Callable[[str, str], str] | None = None
+    """``(channel, agent) -> the currency a turn's cost is stored and shown in`` (None: dollars)."""
 
 
 @dataclass(frozen=True, slots=True)
