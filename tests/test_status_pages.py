@@ -17,6 +17,7 @@ from conftest import make_config
 from supervisor import cli
 from supervisor.core import paging
 from supervisor.core.errors import UsageError
+from supervisor.core.names import SortedNames
 from supervisor.host.supervisor import Supervisor, open_supervisor
 from supervisor.serve.client import Client
 from supervisor.serve.dashboard import list_view
@@ -108,11 +109,11 @@ async def test_metrics_and_the_service_line_read_counts_not_every_channel(short_
 def test_a_bad_cursor_or_limit_is_refused_with_the_fix() -> None:
     for bad in ("x", "3:a", "idle-1"):
         with pytest.raises(UsageError, match="cursor from a status page"):
-            paging.plan([], after=bad, limit=10, idle=False)
+            paging.plan(set(), set(), SortedNames(), after=bad, limit=10, idle=False)
     with pytest.raises(UsageError, match="limit must be between 1 and"):
-        paging.plan([], after=None, limit=paging.MAX_PAGE + 1, idle=False)
+        paging.plan(set(), set(), SortedNames(), after=None, limit=paging.MAX_PAGE + 1, idle=False)
     # A small host's page lists its idle channels too, as status always did.
-    small = paging.plan([(2, "b"), (0, "a")], after=None, limit=10, idle=False)
+    small = paging.plan({"a"}, set(), SortedNames(["b", "a"]), after=None, limit=10, idle=False)
     assert small.keys == ((0, "a"), (2, "b")) and small.idle_listed
 
 
