@@ -46,7 +46,6 @@ from scripts._api import AsyncAPI
 from scripts._bench import DEMO_AGENT_TABLE, MARKER, Daemon, server_tables, short_tmp, sweep_leftovers
 from scripts._config import toml
 
-
 #: A light generic agent: one line of text and exit 0 (the prompt is its last argument, unread).
 LIGHT_AGENT_TABLE: dict[str, Any] = {"adapter": "generic", "command": ["sh", "-c", "echo ok", "light"]}
 AGENTS = {"light": LIGHT_AGENT_TABLE, "demo": DEMO_AGENT_TABLE}
