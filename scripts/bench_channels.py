@@ -3,7 +3,9 @@
 
 Run it from the repository root as ``.venv/bin/python -m scripts.bench_channels --channels N``
 (default 10,000; nice it on a shared machine). It starts its own ``corral run`` daemon in a
-temporary folder with the bundled demo agent (sandboxed, as by default) and ``[server]
+temporary folder with a light generic agent (``--agent light``, the default: ``sh -c 'echo ok'``,
+one line and exit, sandboxed under bubblewrap as by default) or the bundled demo agent
+(``--agent demo``: a Python process per turn, about five times the CPU), and ``[server]
 max_turns`` (``--max-turns``, default 8), so the turns go through the capacity limit.
 
 Figures, in order:
@@ -43,6 +45,10 @@ import trio
 from scripts._api import AsyncAPI
 from scripts._bench import DEMO_AGENT_TABLE, MARKER, Daemon, server_tables, short_tmp, sweep_leftovers
 from scripts._config import toml
+
+#: A light generic agent: one line of text and exit 0 (the prompt is its last argument, unread).
+LIGHT_AGENT_TABLE: dict[str, Any] = {"adapter": "generic", "command": ["sh", "-c", "echo ok", "light"]}
+AGENTS = {"light": LIGHT_AGENT_TABLE, "demo": DEMO_AGENT_TABLE}
 
 
 def mib(n: int) -> str:
@@ -197,6 +203,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--channels", type=int, default=10_000, help="how many channels (one message each)")
     parser.add_argument("--max-turns", type=int, default=8, help="[server] max_turns")
+    parser.add_argument("--agent", choices=sorted(AGENTS), default="light",
+                        help="light: sh -c 'echo ok' (default); demo: the bundled demo agent (Python)")
     parser.add_argument("--clients", type=int, default=32, help="sends at once")
     parser.add_argument("--queue", type=int, default=0, help="messages queued just before the restart")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object at the end")
@@ -207,10 +215,11 @@ def main() -> int:
         print(json.dumps(trio.run(in_process, args.ledger)))
         return 0
     root = short_tmp("cc-")
-    rows: dict[str, Any] = {"channels": args.channels, "max_turns": args.max_turns, "queue": args.queue,
+    rows: dict[str, Any] = {"channels": args.channels, "agent": args.agent, "max_turns": args.max_turns,
+                            "queue": args.queue,
                             "cpus": os.cpu_count(), "load before": load()}
     failures: list[str] = []
-    config = toml({**server_tables(max_turns=args.max_turns), "agents.demo": DEMO_AGENT_TABLE})
+    config = toml({**server_tables(max_turns=args.max_turns), f"agents.{args.agent}": AGENTS[args.agent]})
     try:
         daemon = Daemon(root, config)
         try:

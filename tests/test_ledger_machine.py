@@ -565,6 +565,17 @@ class LedgerMachine(RuleBasedStateMachine):
             assert model.notices_due == model.stops == model.generation
 
     @invariant()
+    def the_kept_busy_sets_are_exact(self) -> None:
+        # Kept where lanes change (issue 40.3: a status page costs the busy channels, not every one):
+        # against the model, and against a walk of every channel.
+        busy = {name for name, model in self.chans.items() if model.busy()}
+        with_turn = {name for name, model in self.chans.items() if any(lane.turn for lane in model.lanes.values())}
+        assert set(self.ledger.busy_channels()) == busy == {n for n in self.ledger.channels() if self.ledger.is_busy(n)}
+        assert set(self.ledger.running_channels()) == with_turn
+        assert list(self.ledger.names) == sorted(self.ledger.channels())
+        assert [self.ledger.queue_size(n) for n in CHANNELS] == [len(self.ledger.queued(n)) for n in CHANNELS]
+
+    @invariant()
     def stale_turns_stay_stale(self) -> None:
         for channel, turn_id in self.turns:
             if turn_id in self.stale:

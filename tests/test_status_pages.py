@@ -7,6 +7,7 @@ of channels in milliseconds, no agent process started.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from conftest import make_config
 from supervisor import cli
 from supervisor.core import paging
 from supervisor.core.errors import UsageError
+from supervisor.core.names import SortedNames
 from supervisor.host.supervisor import Supervisor, open_supervisor
 from supervisor.serve.client import Client
 from supervisor.serve.dashboard import list_view
@@ -108,11 +110,11 @@ async def test_metrics_and_the_service_line_read_counts_not_every_channel(short_
 def test_a_bad_cursor_or_limit_is_refused_with_the_fix() -> None:
     for bad in ("x", "3:a", "idle-1"):
         with pytest.raises(UsageError, match="cursor from a status page"):
-            paging.plan([], after=bad, limit=10, idle=False)
+            paging.plan(set(), set(), SortedNames(), after=bad, limit=10, idle=False)
     with pytest.raises(UsageError, match="limit must be between 1 and"):
-        paging.plan([], after=None, limit=paging.MAX_PAGE + 1, idle=False)
+        paging.plan(set(), set(), SortedNames(), after=None, limit=paging.MAX_PAGE + 1, idle=False)
     # A small host's page lists its idle channels too, as status always did.
-    small = paging.plan([(2, "b"), (0, "a")], after=None, limit=10, idle=False)
+    small = paging.plan({"a"}, set(), SortedNames(["b", "a"]), after=None, limit=10, idle=False)
     assert small.keys == ((0, "a"), (2, "b")) and small.idle_listed
 
 
@@ -138,3 +140,25 @@ async def test_the_cli_says_how_many_idle_channels_it_did_not_list_and_how_to_se
         assert "channel idle-001" in out and "channel idle-002" not in out and "not listed" not in out, out
         assert "more channels: `corral status --all --after 2:idle-001`" in out, out
         assert asked[-1] == {"after": None, "limit": 10, "idle": True}
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+async def test_after_a_restart_status_knows_every_stored_channel(
+    short_tmp: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    # Before: a restarted host knew only the channels with a stored state row or queue (0 of 250).
+    config = make_config(short_tmp)
+    if engine == "postgresql":
+        config = dataclasses.replace(config, store_url=request.getfixturevalue("postgres_url"))
+    async with open_supervisor(config) as sup:
+        for i in range(250):
+            sup._store.submit_entry(f"told-{i:03}", "human", "message", "hi")
+        await sup._store.append("told-250", "human", "message", "hi")
+    async with open_supervisor(config) as sup:
+        page = sup.status(limit=paging.DEFAULT_PAGE)
+        assert page["channel_counts"] == {"running": 0, "queued": 0, "idle": 251, "total": 251}
+        assert page["channels"] == {} and page["idle_listed"] is False
+        listed = sup.status(limit=paging.DEFAULT_PAGE, idle=True, after="2:told-100")
+        assert list(listed["channels"])[:2] == ["told-101", "told-102"] and listed["next"] is None
+        assert sup.summary()["channel_counts"]["total"] == 251
+        await sup.require_channel("told-007")

@@ -11,7 +11,8 @@ counters ``GET /metrics`` shows (:mod:`.counters`), the store's value types (ent
 drafts, queued messages, stop records: :mod:`.records`), a turn's network policy with the
 proxy's one decision (:mod:`.netpolicy`), what a turn used (tokens, cost, tool calls:
 :mod:`.usage`), whether a budget ran out (:mod:`.budget`), what a day has spent against the daily budgets
-(:mod:`.daily`), a status page of many channels (busy first, the idle counted: :mod:`.paging`),
+(:mod:`.daily`), a status page of many channels (busy first, the idle counted: :mod:`.paging`,
+:mod:`.names`: the names in order),
 and a queue seen and edited by people
 (its view, the depth policy, an idempotent send's origin: :mod:`.queue`). Each is synchronous code in the style
 of h11's ``_state.py``: the Trio layer drives it, passing events in and carrying out the work it

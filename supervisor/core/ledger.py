@@ -51,7 +51,8 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
   (generation, dropped messages, cancelled plan) is durably stored (17). If that store
   fails, ``abort_stop(decision)`` puts the channel back exactly as the stop found it:
   the generation, the repeat window, the routing rest, and the dropped messages at the
-  head of their lanes' queues, oldest first. Messages accepted while the record was being stored
+  head of their lanes' queues, each lane's in the order it held them (a ``move_first`` may
+  have put a later one first). Messages accepted while the record was being stored
   were stamped with the stop's generation; they are re-stamped with the restored one
   and stay queued behind the restored messages, and a turn begun in that window keeps
   running under the restored generation. A retried stop is then a real stop, not a
@@ -69,6 +70,13 @@ The rules, each a line of the stop contract (docs/stop-contract.md):
   begin, to have been dropped by a stop the ledger never saw drop it: ``unbegin`` gives
   the lane back and leaves the repeat window as it was (no turn began).
 
+The ledger keeps, for a host of 100,000 channels, the channels that are busy (a turn or a
+queued message in some lane) and those with a turn as two sets, changed in the same step
+as the lane that makes them so (``_mark``), and every channel's name in order (``names``,
+with the names a restart finds in the store: ``know``): a status page and the metrics then
+cost the busy channels, not every one. They are exact after every call (a state-machine
+test walks every channel to check).
+
 Violations of the driver's side of the protocol (ending a turn that is not running,
 starting a second turn in a busy lane, routing while the channel rests) raise :class:`LedgerError`: they are bugs.
 """
@@ -77,8 +85,10 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field, replace
+
+from .names import SortedNames
 
 
 class LedgerError(RuntimeError):
@@ -166,6 +176,9 @@ class StopDecision:
     """What ``abort_stop`` restores: the notice seq the channel had before this stop."""
     prior_routing_rests: bool = False
     """What ``abort_stop`` restores: whether routing rested before this stop."""
+    dropped_by_lane: tuple[tuple[str, tuple[QueuedMessage, ...]], ...] = ()
+    """What ``abort_stop`` restores: each lane's dropped messages in its queue's order (a
+    ``move_first`` may have put a later message ahead of an older one)."""
 
     @property
     def stopped_turn(self) -> str | None:
@@ -300,6 +313,12 @@ class StopLedger:
         self.max_nudges = max_nudges
         self._channels: dict[str, _Channel] = {}
         self._shut_down = False
+        # Kept where a lane's turn or queue changes (``_mark``), so a status page and the
+        # metrics cost what is busy, not every channel a host of 100,000 has seen.
+        self._busy: set[str] = set()
+        self._with_turn: set[str] = set()
+        self.names = SortedNames()
+        """Every channel seen, in name order (a restart adds the store's: :meth:`know`)."""
 
     # ------------------------------------------------------------ queries
 
@@ -307,7 +326,23 @@ class StopLedger:
         state = self._channels.get(channel)
         if state is None:
             state = self._channels[channel] = _Channel()
+            self.names.add(channel)
         return state
+
+    def _mark(self, channel: str, state: _Channel) -> None:
+        """Keep ``_busy`` and ``_with_turn`` exact after a change to a lane of ``channel``."""
+        turn = queue = False
+        for lane in state.lanes.values():
+            turn = turn or lane.turn is not None
+            queue = queue or bool(lane.queue)
+        if turn:
+            self._with_turn.add(channel)
+        else:
+            self._with_turn.discard(channel)
+        if turn or queue:
+            self._busy.add(channel)
+        else:
+            self._busy.discard(channel)
 
     def _lane(self, channel: str, agent: str | None) -> _Lane | None:
         """The named lane, or (``agent`` None) the first lane with a turn, else the first."""
@@ -324,8 +359,26 @@ class StopLedger:
         return state.generation if state else 0
 
     def channels(self) -> Iterable[str]:
-        """Every channel the ledger has seen."""
+        """Every channel the ledger has seen (has state for; :attr:`names` also holds the known ones)."""
         return self._channels.keys()
+
+    def know(self, names: Iterable[str]) -> None:
+        """Channels the store holds (a restart): named in :attr:`names`, idle, with no state
+        kept for them until they have some (a host of 100,000 restores their names only)."""
+        self.names.update(names)
+
+    def busy_channels(self) -> Set[str]:
+        """The channels with a turn or a queued message in some lane (read only: kept by the ledger)."""
+        return self._busy
+
+    def running_channels(self) -> Set[str]:
+        """The channels with a turn (preparing or started, stale or not) in some lane (read only)."""
+        return self._with_turn
+
+    def queue_size(self, channel: str) -> int:
+        """How many messages wait in the channel's lanes (``len(queued(channel))`` without the sort)."""
+        state = self._channels.get(channel)
+        return sum(len(lane.queue) for lane in state.lanes.values()) if state else 0
 
     def lanes(self, channel: str) -> tuple[str, ...]:
         """The agents that have had work in the channel, in the order they first had it."""
@@ -413,6 +466,7 @@ class StopLedger:
             raise LedgerError(f"channel {channel!r} rests: message {message_id} may not be routed")
         message = QueuedMessage(message_id, state.generation, human, nudge, payload, agent, hops, routed, entry)
         state.lane(agent).queue.append(message)
+        self._busy.add(channel)
         if human:
             state.routing_rests = False
         return message
@@ -420,6 +474,7 @@ class StopLedger:
     def requeue(self, channel: str, message: QueuedMessage) -> None:
         """Put back a message restored from the store, with the generation it was accepted under."""
         self._chan(channel).lane(message.agent).queue.append(message)
+        self._busy.add(channel)
 
     def take(self, channel: str, agent: str, turn_id: str) -> Take:
         """Begin the lane's next turn: pop its oldest current message; stale ones are dropped."""
@@ -442,7 +497,10 @@ class StopLedger:
             state.stopped = False
             if message.human:
                 lane.nudges_in_row = 0
+            self._with_turn.add(channel)
+            self._busy.add(channel)
             return Take(TurnTicket(turn_id, message, state.generation), tuple(dropped))
+        self._mark(channel, state)
         return Take(None, tuple(dropped))
 
     # ------------------------------------------------------------ a turn's life
@@ -474,6 +532,7 @@ class StopLedger:
             raise LedgerError(f"turn {turn_id!r} is not running in channel {channel!r}")
         turn = lane.turn
         lane.turn = None
+        self._mark(channel, state)
         stopped = turn.silenced or turn.generation < state.generation
         stale = stopped or turn.interrupted
         nudge = (
@@ -501,6 +560,7 @@ class StopLedger:
             raise LedgerError(f"turn {turn_id!r} is past its point of no return: it began")
         state.stopped = state.stopped or lane.turn.closed_window
         lane.turn = None
+        self._mark(channel, state)
 
     # ------------------------------------------------------------ queue edits (contract 21)
 
@@ -533,6 +593,7 @@ class StopLedger:
                              generation=state.generation if state else 0)
         for lane, _, message in found:
             lane.queue.remove(message)
+        self._mark(channel, state)
         return QueueEdit(channel, seq, "take_back", EditOutcome.DONE, tuple(m for _, _, m in found),
                          tuple(i for _, i, _ in found), running, state.generation)
 
@@ -568,6 +629,7 @@ class StopLedger:
             elif stopped or edit.action != "take_back":
                 continue
             lane.queue.insert(min(place, len(lane.queue)), message)
+        self._mark(edit.channel, state)
 
     # ------------------------------------------------------------ stops
 
@@ -585,14 +647,17 @@ class StopLedger:
         state.notice_seq = None
         state.routing_rests = True
         dropped = tuple(state.queued())
+        by_lane = tuple((agent, tuple(lane.queue)) for agent, lane in state.lanes.items() if lane.queue)
         stopped_turns = []
         for agent, lane in state.lanes.items():
             lane.queue.clear()
             if lane.turn is not None:
                 stopped_turns.append((agent, lane.turn.turn_id))
+        self._mark(channel, state)
         return StopDecision(
             channel=channel, generation=state.generation, repeat=False, stopped_turns=tuple(stopped_turns),
             dropped=dropped, notice_due=True, notice_seq=None, prior_notice_seq=prior[0], prior_routing_rests=prior[1],
+            dropped_by_lane=by_lane,
         )
 
     def abort_stop(self, decision: StopDecision) -> bool:
@@ -613,15 +678,17 @@ class StopLedger:
         state.notice_seq = decision.prior_notice_seq
         # A human who spoke since has lifted the rest already; that stands.
         state.routing_rests = decision.prior_routing_rests and state.routing_rests
-        back: dict[str, list[QueuedMessage]] = {}
-        for message in decision.dropped:
-            back.setdefault(message.agent, []).append(message)
+        back: dict[str, list[QueuedMessage]] = {agent: list(queue) for agent, queue in decision.dropped_by_lane}
+        if not back:  # (a decision made without it: oldest first)
+            for message in decision.dropped:
+                back.setdefault(message.agent, []).append(message)
         for agent in {*back, *state.lanes}:
             lane = state.lane(agent)
             later = [replace(m, generation=restored) if m.generation > restored else m for m in lane.queue]
             lane.queue = deque([*back.get(agent, ()), *later])
             if lane.turn is not None and lane.turn.generation > restored:
                 lane.turn.generation = restored
+        self._mark(decision.channel, state)
         return True
 
     def interrupt(self, channel: str, agent: str) -> InterruptDecision:
@@ -632,6 +699,7 @@ class StopLedger:
         lane = state.lane(agent)
         dropped = tuple(lane.queue)
         lane.queue.clear()
+        self._mark(channel, state)
         turn = lane.turn
         if turn is None or self.is_stale(channel, turn.turn_id):
             return InterruptDecision(channel, agent, None, dropped)
@@ -648,6 +716,7 @@ class StopLedger:
             lane.turn.interrupted = False
         kept = [m for m in decision.dropped if m.generation >= state.generation]  # (a stop since drops them)
         lane.queue = deque([*kept, *lane.queue])
+        self._mark(decision.channel, state)
 
     def stop_all(self) -> list[StopDecision]:
         """Stop every channel that has work; idle channels are left alone."""
@@ -693,6 +762,7 @@ class StopLedger:
         state = self._channels.get(channel)
         if state is not None and agent in state.lanes:
             state.lanes[agent].queue.clear()
+            self._mark(channel, state)
 
     def lose(self, channel: str) -> ShutdownDecision:
         """This host lost the channel's lease (a fleet): its current turns are silenced, as in
@@ -708,6 +778,7 @@ class StopLedger:
                 silenced.append((channel, turn.turn_id))
                 turn.silenced = True
             lane.queue.clear()
+        self._mark(channel, state)
         return ShutdownDecision(tuple(silenced))
 
     def notice_seq(self, channel: str) -> int | None:

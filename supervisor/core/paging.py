@@ -11,17 +11,23 @@ pages may be seen twice or not at all (the counts say how many there are now).
 A host whose channels all fit in one page lists them all, idle ones too: a small host's
 ``status`` reads as it always did.
 
-Pure code: the supervisor ranks its channels, this module picks the page.
+The page costs what is busy plus the page, not the host: the ledger keeps the busy channels
+as a set (changed where a lane's turn or queue changes) and every channel's name in order
+(:class:`~supervisor.core.names.SortedNames`), so the counts are three lengths and the idle
+channels are read in order after the cursor, not sorted each call.
+
+Pure code: the supervisor names its busy channels, this module picks the page.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import Final
 
 from .errors import UsageError
+from .names import SortedNames
 
 #: How many channels a page lists when the caller names no ``limit``.
 DEFAULT_PAGE: Final = 200
@@ -67,20 +73,39 @@ class PagePlan:
     limit: int
 
 
-def plan(ranked: Iterable[Key], *, after: str | None, limit: int, idle: bool, bounded: bool = True) -> PagePlan:
-    """Pick a page from every channel's ``(group, name)``: the first ``limit + 1`` after the cursor
-    (one more than fits, so the caller knows whether a next page exists). ``bounded`` False
-    (the daemon's own readers, which want every channel) lifts :data:`MAX_PAGE`."""
+def plan(
+    running: Set[str], queued: Set[str], names: SortedNames, *, after: str | None, limit: int, idle: bool,
+    bounded: bool = True,
+) -> PagePlan:
+    """Pick a page: the first ``limit + 1`` channels after the cursor (one more than fits, so
+    the caller knows whether a next page exists). ``running`` and ``queued`` are the busy
+    channels (disjoint), ``names`` every channel of the host in name order; the idle ones are
+    the rest. The cost is the busy channels' and the page's, not the host's: the idle ones
+    are read from ``names`` after the cursor, skipping the busy. ``bounded`` False (the
+    daemon's own readers, which want every channel) lifts :data:`MAX_PAGE`."""
     if not 1 <= limit <= (MAX_PAGE if bounded else limit):
         raise UsageError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     start = parse_cursor(after)
-    keys = list(ranked)
-    counts = dict.fromkeys(GROUPS, 0)
-    for group, _ in keys:
-        counts[GROUPS[group]] += 1
-    counts["total"] = len(keys)
-    listed = idle or (start is None and len(keys) <= limit)
-    chosen = heapq.nsmallest(
-        limit + 1, (k for k in keys if (start is None or k > start) and (listed or k[0] != IDLE))
-    )
-    return PagePlan(tuple(chosen), counts, listed, limit)
+    total = len(names)
+    counts = {"running": len(running), "queued": len(queued), "idle": total - len(running) - len(queued),
+              "total": total}
+    listed = idle or (start is None and total <= limit)
+    want = limit + 1
+    keys: list[Key] = []
+    for group, members in ((RUNNING, running), (QUEUED, queued)):
+        if start is not None and start[0] > group:
+            continue
+        floor = start[1] if start is not None and start[0] == group else None
+        after_floor = (n for n in members if floor is None or n > floor)
+        keys += ((group, n) for n in heapq.nsmallest(want - len(keys), after_floor))
+        if len(keys) >= want:
+            return PagePlan(tuple(keys), counts, listed, limit)
+    if listed:
+        floor = start[1] if start is not None and start[0] == IDLE else None
+        for name in names.after(floor):
+            if name in running or name in queued:
+                continue
+            keys.append((IDLE, name))
+            if len(keys) >= want:
+                break
+    return PagePlan(tuple(keys), counts, listed, limit)

@@ -662,10 +662,11 @@ class Supervisor:
         entry of it; the store is asked only when the ledger has not seen it.
         """
         check_channel(channel)
-        if channel in self._ledger.channels() or channel in self._stored_channels:
+        if channel in self._ledger.names or channel in self._stored_channels:
             return
         if await self._store.has_entries(channel):
             self._stored_channels.add(channel)
+            self._ledger.know((channel,))  # (stored since the restart, by another host: status lists it)
             return
         known = await self._store.channels() | set(self._ledger.channels())
         if channel not in known:  # (it may have been created while the store was asked)
@@ -744,7 +745,7 @@ class Supervisor:
 
     def channels_with_queue(self) -> list[str]:
         """Channels with messages waiting (after a restart: what was restored)."""
-        return [c for c in self._ledger.channels() if self._ledger.queued(c)]
+        return sorted(c for c in self._ledger.busy_channels() if self._ledger.queue_size(c))
 
     async def last_seq(self) -> int:
         """The seq of the newest committed entry (0: none)."""
@@ -754,18 +755,15 @@ class Supervisor:
         """Wait until every write accepted so far is committed (a failure is not raised here)."""
         await self._store.flush()
 
-    def _groups(self) -> list[paging.Key]:
-        """Every channel's ``(group, name)`` for a ``status`` page: running (or stopping),
-        queued or idle. An idle channel costs one look at its lanes: on a host of 100,000
-        channels nearly all are idle, and a turn the ledger has ended may still be in
-        ``Lanes.turns`` (ending), so those few are looked up first."""
-        ending = {channel for channel, _ in self._lanes.turns}
-        ledger = self._ledger
-        return [
-            (paging.RUNNING if name in ending else paging.IDLE if not ledger.is_busy(name)
-             else paging.RUNNING if ledger.current_turns(name) else paging.QUEUED, name)
-            for name in ledger.channels()
-        ]
+    def _groups(self) -> tuple[set[str], set[str]]:
+        """The busy channels for a ``status`` page: running (or stopping) and queued, disjoint;
+        every other channel of ``self._ledger.names`` is idle. A turn the ledger has ended may
+        still be in ``Lanes.turns`` (ending): its channel counts as running. The cost is the
+        busy channels', not the host's (the ledger keeps them as sets)."""
+        running = {channel for channel, _ in self._lanes.turns}
+        running.update(self._ledger.running_channels())
+        queued = {name for name in self._ledger.busy_channels() if name not in running}
+        return running, queued
 
     def _channel_status(self, name: str, waiting: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
         """One channel as ``status`` shows it (see :meth:`status`)."""
@@ -825,8 +823,10 @@ class Supervisor:
         single-agent readers: the first running turn, and every lane's queue together.
         """
         waiting = self._capacity.waiting()
-        ranked = self._groups()
-        chosen = paging.plan(ranked, after=after, limit=limit if limit is not None else max(1, len(ranked)),
+        running, queued = self._groups()
+        names = self._ledger.names
+        chosen = paging.plan(running, queued, names, after=after,
+                             limit=limit if limit is not None else max(1, len(names)),
                              idle=idle or limit is None, bounded=limit is not None)
         channels: dict[str, Any] = {}
         following: str | None = None
@@ -872,16 +872,11 @@ class Supervisor:
         running = Counter(agent for _, agent in self._lanes.turns)
         waiting_lanes = self._capacity.waiting()
         waiting = Counter(agent for _, agent in waiting_lanes)
-        counts = dict.fromkeys(paging.GROUPS, 0)
-        busy: list[str] = []
-        queued = 0
-        for group, name in self._groups():
-            counts[paging.GROUPS[group]] += 1
-            if group == paging.RUNNING:
-                busy.append(name)
-            if group != paging.IDLE:
-                queued += len(self._ledger.queued(name))
-        counts["total"] = sum(counts.values())
+        running_channels, queued_channels = self._groups()
+        total = len(self._ledger.names)
+        counts = {"running": len(running_channels), "queued": len(queued_channels),
+                  "idle": total - len(running_channels) - len(queued_channels), "total": total}
+        queued = sum(self._ledger.queue_size(name) for name in self._ledger.busy_channels())
         return {
             "agents": list(self.config.agents),
             "running_by_agent": dict(running),
@@ -889,7 +884,7 @@ class Supervisor:
             "channels_running": len({c for c, _ in self._lanes.turns}),
             "channels_waiting": len({c for c, _ in waiting_lanes}),
             "channel_counts": counts,
-            "running_channels": sorted(busy),
+            "running_channels": sorted(running_channels),
             "queued": queued,
             "running": len(self._lanes.turns),
             "shutting_down": self._lanes.closing,
@@ -910,6 +905,9 @@ class Supervisor:
         self._lanes.daily.add_all(await self._store.usage(None, utc_day()))
         for channel, state in (await self._store.load_channel_states()).items():
             self._ledger.restore(channel, state.generation, rests=state.rests, stopped=state.stopped)
+        # Every stored channel by name (one indexed query), so status counts and pages them;
+        # the ledger keeps no state for one until it has some.
+        self._ledger.know(await self._store.channels())
         rows = await self._store.load_queue()
         self._lanes.requeue(rows)
         return len(rows)
