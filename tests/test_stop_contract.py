@@ -344,11 +344,9 @@ async def test_contract_01_stop_in_an_idle_channel_touches_only_that_channel(sho
         assert not notices(busy) and busy[-1].text.startswith("done: ")
 
 
-async def test_contract_01_stop_all_stops_every_busy_channel(
-    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    gate = gates()
-    commits: list[list[str]] = []  # each commit's entries' kinds
+def count_commits(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The store's commits from now on, each as its entries' kinds (a list the test reads)."""
+    commits: list[list[str]] = []
     commit = Store._commit
 
     def counted(store: Store, batch: list[Any]) -> None:
@@ -356,6 +354,14 @@ async def test_contract_01_stop_all_stops_every_busy_channel(
         commit(store, batch)
 
     monkeypatch.setattr(Store, "_commit", counted)
+    return commits
+
+
+async def test_contract_01_stop_all_stops_every_busy_channel(
+    short_tmp: Path, gates: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = gates()
+    commits = count_commits(monkeypatch)
     async with running(short_tmp) as (sup, spawned):
         for channel in ("c1", "c2", "c3"):
             await send_and_wait_ready(sup, channel, f"gate={gate}")
@@ -392,14 +398,7 @@ async def test_contract_01_a_stop_of_one_channel_is_two_commits_its_record_then_
     teardown (10): two commits, and no third for the stopped turn's usage row, which waits
     for the notice and goes in its commit (ending on its own, a turn's row goes at once)."""
     gate = gates()
-    commits: list[list[str]] = []  # each commit's entries' kinds
-    commit = Store._commit
-
-    def counted(store: Store, batch: list[Any]) -> None:
-        commits.append([p.entry.kind for p in batch if p.entry is not None])
-        commit(store, batch)
-
-    monkeypatch.setattr(Store, "_commit", counted)
+    commits = count_commits(monkeypatch)
     async with running(short_tmp) as (sup, _):
         await send_and_wait_ready(sup, "c1", f"gate={gate}")
         await sup.flush()
